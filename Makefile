@@ -1,0 +1,95 @@
+# kpk: Kimi K3 on small machines.  `make` builds bin/kpack, bin/krun, bin/k3synth.
+# `make test` runs the fast suite; `make bench` the long measurements; `make demo`
+# the end-to-end tour.  Everything is C11, warnings are errors.
+
+CC      ?= cc
+OPT     ?= -O2
+# -ffp-contract=off: the floating-point contract (docs/NUMERICS.md) forbids the
+# compiler from fusing a*b+c, so the scalar and SIMD paths give the same bits.
+CFLAGS  ?= $(OPT) -g
+# -Wno-format-truncation: diagnostics are built with snprintf into fixed
+# buffers on purpose; a long path may shorten a message, never overflow it.
+CFLAGS  += -std=c11 -Wall -Wextra -Werror -Wno-format-truncation -ffp-contract=off -fno-fast-math \
+           -D_GNU_SOURCE -D_FILE_OFFSET_BITS=64 -Iformat -Ipack -Irun -MMD -MP
+LDLIBS  += -lzstd -lxxhash -lcrypto -ljansson -lpcre2-8 -luring -lpthread -lm
+
+BUILD   ?= build
+# Test-only compile options (ablations) go to a separate build directory so a
+# deliberately broken object never mixes with the real ones.
+ifneq ($(KRUN_ABLATE),)
+  CFLAGS += -DKRUN_ABLATE=$(KRUN_ABLATE)
+  BUILD  := build/ablate-$(KRUN_ABLATE)
+endif
+
+FORMAT_SRC := $(sort $(wildcard format/*.c))
+PACK_SRC   := $(sort $(filter-out pack/main.c,$(wildcard pack/*.c)))
+RUN_SRC    := $(sort $(filter-out run/main.c,$(wildcard run/*.c)))
+SYNTH_SRC  := $(sort $(wildcard tests/synth/*.c))
+UNIT_SRC   := $(sort $(wildcard tests/unit/test_*.c))
+
+obj = $(patsubst %.c,$(BUILD)/%.o,$(1))
+
+LIBFORMAT := $(BUILD)/libkpkformat.a
+LIBPACK   := $(BUILD)/libkpack.a
+LIBRUN    := $(BUILD)/libkrun.a
+UNIT_BIN  := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
+
+# The default build puts its tools in bin/; any other build (ablations,
+# sanitizers) keeps its own copies under its build directory.
+BINDIR := $(if $(filter build,$(BUILD)),bin,$(BUILD)/bin)
+
+.PHONY: all test bench demo deps clean unit asan valgrind
+all: $(BINDIR)/kpack $(BINDIR)/k3synth $(if $(wildcard run/main.c),$(BINDIR)/krun)
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(LIBFORMAT): $(call obj,$(FORMAT_SRC))
+	@mkdir -p $(dir $@)
+	$(AR) rcs $@ $^
+$(LIBPACK): $(call obj,$(PACK_SRC))
+	@mkdir -p $(dir $@)
+	$(AR) rcs $@ $^
+$(LIBRUN): $(call obj,$(RUN_SRC))
+	@mkdir -p $(dir $@)
+	$(AR) rcs $@ $^
+
+$(BINDIR)/kpack: $(call obj,pack/main.c) $(LIBPACK) $(LIBFORMAT)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+$(BINDIR)/krun: $(call obj,run/main.c) $(LIBRUN) $(LIBFORMAT)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+# k3synth uses krun's tokenizer tables to write a K3 tokenizer_config.json.
+$(BINDIR)/k3synth: $(call obj,$(SYNTH_SRC)) $(LIBRUN) $(LIBFORMAT)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+# Every unit test links against all three libraries; the linker takes only what it uses.
+$(BUILD)/tests/%: $(BUILD)/tests/unit/%.o $(LIBRUN) $(LIBPACK) $(LIBFORMAT)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+unit: $(UNIT_BIN)
+
+test: all unit
+	@BUILD=$(BUILD) BIN=$(BINDIR) tests/run_all.sh
+
+bench: all
+	@tests/bench/run_bench.sh
+
+demo: deps all
+	@tests/demo.sh
+
+deps:
+	@tests/deps.sh
+
+# Sanitizer and valgrind builds of the same suite.
+asan:
+	$(MAKE) BUILD=build/asan OPT="-O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" test
+
+clean:
+	rm -rf build bin
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

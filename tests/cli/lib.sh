@@ -1,0 +1,25 @@
+# Shared helpers for the CLI tests (sourced, not run).  Each check prints one
+# TAP-like line for tests/run_all.sh.
+set -u
+TOP=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+BIN=${BIN:-bin}
+case "$BIN" in /*) ;; *) BIN="$TOP/$BIN";; esac
+K3_SHARED=${K3_SHARED:-$TOP/../shared}
+T=$(mktemp -d "${KPK_TEST_TMP:-/tmp}/cli.XXXXXX")
+FAILS=0
+ok()     { echo "ok - $*"; }
+notok()  { echo "not ok - $*"; FAILS=$((FAILS + 1)); }
+skip()   { echo "skip - $*"; }
+check()  { local what=$1; shift; if "$@" >/dev/null 2>&1; then ok "$what"; else notok "$what"; fi; }
+# expect_exit CODE WHAT CMD...: the command exits with CODE.  Its stderr is kept
+# in $T/last.err for message checks.
+expect_exit() {
+    local code=$1 what=$2; shift 2
+    "$@" >"$T/last.out" 2>"$T/last.err"; local rc=$?
+    if [ "$rc" -eq "$code" ]; then ok "$what (exit $rc)"; else notok "$what: exit $rc, wanted $code: $(head -c 300 "$T/last.err")"; fi
+}
+# expect_err PATTERN WHAT: the last command's stderr matches PATTERN (grep -E).
+expect_err() {
+    if grep -qE -- "$1" "$T/last.err"; then ok "$2"; else notok "$2: stderr was: $(head -c 300 "$T/last.err")"; fi
+}
+finish() { rm -rf "$T"; [ "$FAILS" -eq 0 ]; }

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Installs the Debian packages the build and tests need (`make deps`).
+# As root it runs apt-get; otherwise it prints the command to run.
+set -eu
+PKGS="build-essential pkg-config bc libzstd-dev libxxhash-dev libssl-dev libjansson-dev libpcre2-dev liburing-dev python3-numpy"
+missing=""
+for p in $PKGS; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+done
+[ -z "$missing" ] && { echo "deps: all present"; exit 0; }
+if [ "$(id -u)" -eq 0 ]; then
+    echo "deps: installing$missing"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq $missing
+else
+    echo "deps: missing$missing"
+    echo "deps: run as root:  apt-get install -y$missing"
+    exit 1
+fi
