@@ -1,0 +1,22 @@
+/* Checked file I/O: every read and write either moves exactly the bytes asked
+ * for or fails with errno set.  A read that hits end of file is an error
+ * (errno = ENODATA): a reader never wants a silently short buffer. */
+#ifndef KIO_H
+#define KIO_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+/* Read exactly len bytes at off.  Returns 0, or -1 with errno (ENODATA on EOF). */
+int kio_pread_full(int fd, void *buf, size_t len, uint64_t off);
+/* Write exactly len bytes at off.  Returns 0, or -1 with errno. */
+int kio_pwrite_full(int fd, const void *buf, size_t len, uint64_t off);
+/* Whole small file into a malloc'd NUL-terminated buffer (limit: max bytes). */
+int kio_read_file(const char *path, size_t max, char **out, size_t *len);
+/* Size of an open file, or -1. */
+int64_t kio_file_size(int fd);
+/* 1 if every byte is zero. */
+int kio_is_zero(const void *p, size_t n);
+
+#endif

@@ -1,0 +1,243 @@
+/* Little-endian encoding of the KPK records (docs/FORMAT.md §3-§5).  Byte
+ * offsets here are the normative ones; keep them in step with the document. */
+#include "kpk.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <xxhash.h>
+
+uint64_t kpk_xxh3(const void *p, size_t n) { return XXH3_64bits(p, n); }
+
+void kpk_err_set(kpk_err *e, int code, const char *fmt, ...)
+{
+    va_list ap;
+    if (!e) return;
+    e->code = code;
+    va_start(ap, fmt);
+    vsnprintf(e->msg, sizeof e->msg, fmt, ap);
+    va_end(ap);
+}
+
+static void put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
+static void put32(uint8_t *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i)); }
+static void put64(uint8_t *p, uint64_t v) { for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i)); }
+static uint16_t get16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
+static uint32_t get32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static uint64_t get64(const uint8_t *p) { return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32; }
+
+/* ---- superblock ---------------------------------------------------------- */
+
+void kpk_superblock_encode(const kpk_superblock *sb, uint8_t out[KPK_SUPERBLOCK_SIZE])
+{
+    memset(out, 0, KPK_SUPERBLOCK_SIZE);
+    memcpy(out, KPK_MAGIC, KPK_MAGIC_LEN);
+    put16(out + 8, sb->major);
+    put16(out + 10, sb->minor);
+    put32(out + 12, KPK_SUPERBLOCK_SIZE);
+    put32(out + 16, sb->incompat);
+    put32(out + 20, sb->compat);
+    put32(out + 24, sb->align);
+    put32(out + 28, sb->order);
+    put64(out + 32, sb->file_size);
+    put64(out + 40, sb->set_id);
+    put16(out + 48, sb->member_index);
+    put16(out + 50, sb->member_count);
+    put64(out + 56, sb->extent_table_off);
+    put64(out + 64, sb->extent_count);
+    put64(out + 72, sb->extent_table_xxh3);
+    put64(out + 80, sb->tensor_table_off);
+    put64(out + 88, sb->tensor_count);
+    put64(out + 96, sb->tensor_table_xxh3);
+    put64(out + 104, sb->strings_off);
+    put64(out + 112, sb->strings_len);
+    put64(out + 120, sb->strings_xxh3);
+    put64(out + 128, sb->manifest_off);
+    put64(out + 136, sb->manifest_len);
+    put64(out + 144, sb->manifest_xxh3);
+    put64(out + 152, sb->data_bytes);
+    put64(out + KPK_SB_CHECKSUM_OFF, XXH3_64bits(out, KPK_SB_CHECKSUM_OFF));
+}
+
+int kpk_superblock_decode(const uint8_t in[KPK_SUPERBLOCK_SIZE], kpk_superblock *sb, kpk_err *err)
+{
+    memset(sb, 0, sizeof *sb);
+    if (memcmp(in, KPK_MAGIC, KPK_MAGIC_LEN) != 0) {
+        kpk_err_set(err, KPK_ENOTKPK, "not a KPK file (bad magic)");
+        return -1;
+    }
+    /* The version comes before the checksum: another major version may lay
+     * out (and checksum) its superblock differently. */
+    sb->major = get16(in + 8);
+    sb->minor = get16(in + 10);
+    if (sb->major != KPK_VERSION_MAJOR) {
+        kpk_err_set(err, KPK_EVERSION, "KPK format version %u.%u is not supported by this reader (it reads %u.x)",
+                    sb->major, sb->minor, KPK_VERSION_MAJOR);
+        return -1;
+    }
+    if (get64(in + KPK_SB_CHECKSUM_OFF) != XXH3_64bits(in, KPK_SB_CHECKSUM_OFF)) {
+        kpk_err_set(err, KPK_ECHECKSUM, "superblock checksum mismatch");
+        return -1;
+    }
+    if (get32(in + 12) != KPK_SUPERBLOCK_SIZE) {
+        kpk_err_set(err, KPK_EFORMAT, "superblock size %u, expected %u", get32(in + 12), KPK_SUPERBLOCK_SIZE);
+        return -1;
+    }
+    sb->incompat = get32(in + 16);
+    sb->compat = get32(in + 20);
+    if (sb->incompat & ~(uint32_t)KPK_INCOMPAT_KNOWN) {
+        kpk_err_set(err, KPK_EVERSION, "file uses features this reader does not know (incompat flags 0x%x)",
+                    sb->incompat & ~(uint32_t)KPK_INCOMPAT_KNOWN);
+        return -1;
+    }
+    sb->align = get32(in + 24);
+    sb->order = get32(in + 28);
+    sb->file_size = get64(in + 32);
+    sb->set_id = get64(in + 40);
+    sb->member_index = get16(in + 48);
+    sb->member_count = get16(in + 50);
+    sb->extent_table_off = get64(in + 56);
+    sb->extent_count = get64(in + 64);
+    sb->extent_table_xxh3 = get64(in + 72);
+    sb->tensor_table_off = get64(in + 80);
+    sb->tensor_count = get64(in + 88);
+    sb->tensor_table_xxh3 = get64(in + 96);
+    sb->strings_off = get64(in + 104);
+    sb->strings_len = get64(in + 112);
+    sb->strings_xxh3 = get64(in + 120);
+    sb->manifest_off = get64(in + 128);
+    sb->manifest_len = get64(in + 136);
+    sb->manifest_xxh3 = get64(in + 144);
+    sb->data_bytes = get64(in + 152);
+    if (sb->align < KPK_ALIGN_MIN || sb->align > KPK_ALIGN_MAX || (sb->align & (sb->align - 1))) {
+        kpk_err_set(err, KPK_EFORMAT, "superblock: alignment %u is not a power of two in 4096..2 MiB", sb->align);
+        return -1;
+    }
+    if (sb->order > KPK_ORDER_TRUNK_FIRST) {
+        kpk_err_set(err, KPK_EFORMAT, "superblock: unknown extent order %u", sb->order);
+        return -1;
+    }
+    if (sb->member_count == 0 || sb->member_index >= sb->member_count) {
+        kpk_err_set(err, KPK_EFORMAT, "superblock: member %u of %u", sb->member_index, sb->member_count);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- extent and tensor records ------------------------------------------ */
+
+void kpk_extent_encode(const kpk_extent *x, uint8_t out[KPK_EXTENT_RECORD_SIZE])
+{
+    memset(out, 0, KPK_EXTENT_RECORD_SIZE);
+    out[0] = x->kind;
+    out[1] = x->codec;
+    put16(out + 2, x->member);
+    put32(out + 4, x->layer);
+    put32(out + 8, x->expert);
+    put64(out + 16, x->offset);
+    put64(out + 24, x->stored_len);
+    put64(out + 32, x->raw_len);
+    put64(out + 40, x->stored_xxh3);
+    put64(out + 48, x->raw_xxh3);
+    put32(out + 56, x->first_tensor);
+    put32(out + 60, x->tensor_count);
+}
+
+void kpk_extent_decode(const uint8_t in[KPK_EXTENT_RECORD_SIZE], kpk_extent *x)
+{
+    x->kind = in[0];
+    x->codec = in[1];
+    x->member = get16(in + 2);
+    x->layer = get32(in + 4);
+    x->expert = get32(in + 8);
+    x->offset = get64(in + 16);
+    x->stored_len = get64(in + 24);
+    x->raw_len = get64(in + 32);
+    x->stored_xxh3 = get64(in + 40);
+    x->raw_xxh3 = get64(in + 48);
+    x->first_tensor = get32(in + 56);
+    x->tensor_count = get32(in + 60);
+}
+
+void kpk_tensor_encode(const kpk_tensor *t, uint32_t name_off, uint8_t out[KPK_TENSOR_RECORD_SIZE])
+{
+    memset(out, 0, KPK_TENSOR_RECORD_SIZE);
+    put32(out + 0, name_off);
+    put32(out + 4, t->name_len);
+    out[8] = t->dtype;
+    out[9] = t->ndim;
+    put32(out + 12, t->extent);
+    put64(out + 16, t->offset);
+    put64(out + 24, t->nbytes);
+    for (int i = 0; i < 4; i++) put64(out + 32 + 8 * i, t->shape[i]);
+}
+
+void kpk_tensor_decode(const uint8_t in[KPK_TENSOR_RECORD_SIZE], kpk_tensor *t, uint32_t *name_off)
+{
+    *name_off = get32(in + 0);
+    t->name = NULL;
+    t->name_len = get32(in + 4);
+    t->dtype = in[8];
+    t->ndim = in[9];
+    t->extent = get32(in + 12);
+    t->offset = get64(in + 16);
+    t->nbytes = get64(in + 24);
+    for (int i = 0; i < 4; i++) t->shape[i] = get64(in + 32 + 8 * i);
+}
+
+/* ---- names ---------------------------------------------------------------- */
+
+const char *kpk_dtype_name(int dt)
+{
+    switch (dt) {
+    case KPK_DT_F32: return "F32";
+    case KPK_DT_BF16: return "BF16";
+    case KPK_DT_F16: return "F16";
+    case KPK_DT_U8: return "U8";
+    case KPK_DT_BYTES: return "BYTES";
+    default: return "?";
+    }
+}
+
+int kpk_dtype_from_name(const char *s)
+{
+    static const struct { const char *n; int dt; } t[] = {
+        {"F32", KPK_DT_F32}, {"BF16", KPK_DT_BF16}, {"F16", KPK_DT_F16}, {"U8", KPK_DT_U8},
+    };
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
+        if (strcmp(s, t[i].n) == 0) return t[i].dt;
+    return 0;
+}
+
+uint64_t kpk_dtype_size(int dt)
+{
+    switch (dt) {
+    case KPK_DT_F32: return 4;
+    case KPK_DT_BF16: case KPK_DT_F16: return 2;
+    case KPK_DT_U8: case KPK_DT_BYTES: return 1;
+    default: return 0;
+    }
+}
+
+const char *kpk_kind_name(int kind)
+{
+    switch (kind) {
+    case KPK_KIND_META: return "meta";
+    case KPK_KIND_GLOBALS: return "globals";
+    case KPK_KIND_TRUNK: return "trunk";
+    case KPK_KIND_EXPERT: return "expert";
+    default: return "?";
+    }
+}
+
+void kpk_extent_describe(const kpk_extent *x, char *buf, size_t n)
+{
+    switch (x->kind) {
+    case KPK_KIND_TRUNK: snprintf(buf, n, "layer %u trunk", x->layer); break;
+    case KPK_KIND_EXPERT: snprintf(buf, n, "layer %u expert %u", x->layer, x->expert); break;
+    default: snprintf(buf, n, "%s", kpk_kind_name(x->kind)); break;
+    }
+}
