@@ -1,0 +1,37 @@
+/* Shared pieces of the kpack command line: exit codes, messages, options. */
+#ifndef CLI_H
+#define CLI_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#define KPACK_VERSION "0.1.0"
+
+/* Exit codes (documented in README and `kpack --help`). */
+enum {
+    KX_OK = 0,      /* success; for checks: everything is intact */
+    KX_BAD = 1,     /* the thing checked is bad: source problems, corrupt KPK file */
+    KX_FAIL = 2,    /* cannot do the job: usage error, unreadable or not a KPK file,
+                       output exists, not enough space, I/O error */
+};
+
+void kx_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void kx_note(int quiet, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* "4096", "64K", "2M", "1G" -> bytes; -1 if malformed. */
+int64_t kx_parse_size(const char *s);
+int kx_parse_int(const char *s, long lo, long hi, long *out);
+/* The number of online CPUs. */
+int kx_cpus(void);
+/* 1 if path is a readable directory; otherwise prints why and returns 0. */
+int kx_is_dir(const char *path);
+/* Every command's option loop: is argv[*i] the flag `name`?  For flags
+ * taking a value, *val gets it (from "--x=v" or the next argument). */
+int kx_flag(int argc, char **argv, int *i, const char *name, const char **val);
+
+int cmd_check_source(int argc, char **argv);
+int cmd_convert(int argc, char **argv);
+int cmd_verify(int argc, char **argv);
+int cmd_info(int argc, char **argv);
+int cmd_cat(int argc, char **argv);
+
+#endif

@@ -1,0 +1,43 @@
+/* kpack: verify a Kimi K3 download and repack it into one KPK file. */
+#include "cli.h"
+
+#include <string.h>
+
+static const char usage[] =
+    "usage: kpack COMMAND [ARGS]\n"
+    "\n"
+    "Commands:\n"
+    "  check-source DIR     verify a downloaded checkpoint (every shard present, whole,\n"
+    "                       every tensor right; SHA-256 with --sha256 or an HF snapshot)\n"
+    "  convert DIR OUT.kpk  repack it into one page-aligned, checksummed KPK file\n"
+    "                       (crash-safe and resumable)\n"
+    "  verify FILE.kpk      re-hash every extent and check all padding\n"
+    "  info FILE.kpk        configuration, extents, provenance\n"
+    "  cat FILE.kpk NAME    write one tensor's original bytes to stdout\n"
+    "\n"
+    "Run `kpack COMMAND --help` for a command's options.\n"
+    "\n"
+    "Exit codes: 0 success / intact; 1 the source or file checked is bad\n"
+    "(problems are named); 2 cannot run (usage, unreadable or not a KPK file,\n"
+    "output exists, not enough space, I/O error).\n";
+
+int main(int argc, char **argv)
+{
+    static const struct { const char *name; int (*fn)(int, char **); } cmds[] = {
+        {"check-source", cmd_check_source}, {"convert", cmd_convert}, {"verify", cmd_verify},
+        {"info", cmd_info}, {"cat", cmd_cat},
+    };
+    if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "help") == 0) {
+        fputs(usage, argc < 2 ? stderr : stdout);
+        return argc < 2 ? KX_FAIL : KX_OK;
+    }
+    if (strcmp(argv[1], "--version") == 0) {
+        printf("kpack %s (KPK format 1.0)\n", KPACK_VERSION);
+        return KX_OK;
+    }
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
+        if (strcmp(argv[1], cmds[i].name) == 0) return cmds[i].fn(argc - 1, argv + 1);
+    kx_error("unknown command %s", argv[1]);
+    fputs(usage, stderr);
+    return KX_FAIL;
+}

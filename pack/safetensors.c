@@ -1,0 +1,140 @@
+#include "safetensors.h"
+
+#include "kio.h"
+#include "kpk.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* The released headers are ~0.8 MB; anything past this is not a header. */
+#define ST_MAX_HEADER ((uint64_t)256 << 20)
+
+static int cmp_begin(const void *a, const void *b)
+{
+    const st_tensor *x = a, *y = b;
+    return x->begin < y->begin ? -1 : x->begin > y->begin ? 1 : (x->end > y->end) - (x->end < y->end);
+}
+
+void st_free(st_file *f)
+{
+    if (!f) return;
+    free(f->path);
+    free(f->t);
+    free(f->arena);
+    memset(f, 0, sizeof *f);
+}
+
+int st_open(const char *path, st_file *f, char *err, size_t errlen)
+{
+    int fd;
+    int64_t sz;
+    uint8_t len8[8];
+    char *hdr = NULL;
+    json_t *root = NULL;
+    json_error_t jerr;
+    const char *key;
+    json_t *val;
+    size_t arena_len = 0, arena_at = 0, i;
+    int rc = -1;
+
+    memset(f, 0, sizeof *f);
+    f->path = strdup(path);
+    if (!f->path) { snprintf(err, errlen, "%s: out of memory", path); return -1; }
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) { snprintf(err, errlen, "%s: %s", path, strerror(errno)); goto out_nofd; }
+    sz = kio_file_size(fd);
+    if (sz < 0) { snprintf(err, errlen, "%s: %s", path, strerror(errno)); goto out; }
+    f->file_size = (uint64_t)sz;
+    if (f->file_size < 8) { snprintf(err, errlen, "%s: truncated: %llu bytes, too short for a safetensors header", path, (unsigned long long)f->file_size); goto out; }
+    if (kio_pread_full(fd, len8, 8, 0)) { snprintf(err, errlen, "%s: %s", path, strerror(errno)); goto out; }
+    for (i = 0; i < 8; i++) f->header_len |= (uint64_t)len8[i] << (8 * i);
+    if (f->header_len < 2 || f->header_len > ST_MAX_HEADER) {
+        snprintf(err, errlen, "%s: header length %llu is not plausible (not a safetensors file?)", path, (unsigned long long)f->header_len);
+        goto out;
+    }
+    if (8 + f->header_len > f->file_size) {
+        snprintf(err, errlen, "%s: truncated: header length %llu runs past the end of the %llu-byte file", path,
+                 (unsigned long long)f->header_len, (unsigned long long)f->file_size);
+        goto out;
+    }
+    f->data_start = 8 + f->header_len;
+    hdr = malloc(f->header_len);
+    if (!hdr) { snprintf(err, errlen, "%s: out of memory", path); goto out; }
+    if (kio_pread_full(fd, hdr, f->header_len, 8)) { snprintf(err, errlen, "%s: %s", path, strerror(errno)); goto out; }
+    root = json_loadb(hdr, f->header_len, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root) { snprintf(err, errlen, "%s: malformed header JSON at byte %d: %s", path, jerr.position, jerr.text); goto out; }
+    if (!json_is_object(root)) { snprintf(err, errlen, "%s: header is not a JSON object", path); goto out; }
+
+    json_object_foreach(root, key, val) arena_len += strlen(key) + 1;
+    f->t = calloc(json_object_size(root) + 1, sizeof *f->t);
+    f->arena = malloc(arena_len + 1);
+    if (!f->t || !f->arena) { snprintf(err, errlen, "%s: out of memory", path); goto out; }
+
+    json_object_foreach(root, key, val) {
+        st_tensor *t = &f->t[f->n];
+        json_t *dt, *shape, *offs, *v;
+        uint64_t numel = 1, esz, a, b;
+        size_t j;
+        if (strcmp(key, "__metadata__") == 0) continue;
+        if (!json_is_object(val)) { snprintf(err, errlen, "%s: tensor %s: entry is not an object", path, key); goto out; }
+        dt = json_object_get(val, "dtype");
+        shape = json_object_get(val, "shape");
+        offs = json_object_get(val, "data_offsets");
+        if (!json_is_string(dt) || !json_is_array(shape) || !json_is_array(offs) || json_array_size(offs) != 2) {
+            snprintf(err, errlen, "%s: tensor %s: needs dtype, shape and data_offsets [begin, end]", path, key);
+            goto out;
+        }
+        t->dtype = kpk_dtype_from_name(json_string_value(dt));
+        if (!t->dtype) { snprintf(err, errlen, "%s: tensor %s: unsupported dtype %s", path, key, json_string_value(dt)); goto out; }
+        if (json_array_size(shape) > 8) { snprintf(err, errlen, "%s: tensor %s: %zu dimensions", path, key, json_array_size(shape)); goto out; }
+        t->ndim = (int)json_array_size(shape);
+        json_array_foreach(shape, j, v) {
+            if (!json_is_integer(v) || json_integer_value(v) < 0) { snprintf(err, errlen, "%s: tensor %s: bad shape", path, key); goto out; }
+            t->shape[j] = (uint64_t)json_integer_value(v);
+            if (t->shape[j] && numel > UINT64_MAX / t->shape[j]) { snprintf(err, errlen, "%s: tensor %s: shape overflows", path, key); goto out; }
+            numel *= t->shape[j];
+        }
+        if (!json_is_integer(json_array_get(offs, 0)) || !json_is_integer(json_array_get(offs, 1)) ||
+            json_integer_value(json_array_get(offs, 0)) < 0 || json_integer_value(json_array_get(offs, 1)) < 0) {
+            snprintf(err, errlen, "%s: tensor %s: data_offsets must be two non-negative integers", path, key);
+            goto out;
+        }
+        a = (uint64_t)json_integer_value(json_array_get(offs, 0));
+        b = (uint64_t)json_integer_value(json_array_get(offs, 1));
+        esz = kpk_dtype_size(t->dtype);
+        if (b < a || numel > UINT64_MAX / esz || b - a != numel * esz) {
+            snprintf(err, errlen, "%s: tensor %s: data_offsets [%llu, %llu] do not hold %llu elements of %s", path, key,
+                     (unsigned long long)a, (unsigned long long)b, (unsigned long long)numel, kpk_dtype_name(t->dtype));
+            goto out;
+        }
+        if (b > UINT64_MAX - f->data_start - 1) { snprintf(err, errlen, "%s: tensor %s: data_offsets out of range", path, key); goto out; }
+        t->begin = f->data_start + a;
+        t->end = f->data_start + b;
+        memcpy(f->arena + arena_at, key, strlen(key) + 1);
+        t->name = f->arena + arena_at;
+        arena_at += strlen(key) + 1;
+        f->n++;
+    }
+    f->expected_size = f->data_start;
+    qsort(f->t, f->n, sizeof *f->t, cmp_begin);
+    for (i = 0; i < f->n; i++) {
+        if (i && f->t[i].begin < f->t[i - 1].end && f->t[i].end > f->t[i].begin) {
+            snprintf(err, errlen, "%s: tensors %s and %s overlap", path, f->t[i - 1].name, f->t[i].name);
+            goto out;
+        }
+        if (f->t[i].end > f->expected_size) f->expected_size = f->t[i].end;
+    }
+    rc = 0;
+out:
+    close(fd);
+out_nofd:
+    free(hdr);
+    json_decref(root);
+    if (rc) st_free(f);
+    return rc;
+}

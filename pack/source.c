@@ -1,0 +1,431 @@
+/* Indexing and checking a checkpoint directory (kpack check-source). */
+#include "source.h"
+
+#include "kio.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define SMALL_FILE_MAX ((size_t)64 << 20)
+
+static char *path_join(const char *dir, const char *name)
+{
+    size_t n = strlen(dir) + strlen(name) + 2;
+    char *p = malloc(n);
+    if (p) snprintf(p, n, "%s/%s", dir, name);
+    return p;
+}
+
+static void add_problem(char **list, size_t *n, const char *fmt, va_list ap)
+{
+    if (*n < KS_MAX_PROBLEMS) {
+        char buf[600];
+        vsnprintf(buf, sizeof buf, fmt, ap);
+        list[*n] = strdup(buf); /* a lost message under OOM is tolerable; the count stays right */
+    }
+    (*n)++;
+}
+
+static void shard_problem(ks_shard *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void shard_problem(ks_shard *s, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    add_problem(s->problems, &s->n_problems, fmt, ap);
+    va_end(ap);
+}
+
+static void general_problem(k3_source *src, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void general_problem(k3_source *src, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    add_problem(src->general, &src->n_general, fmt, ap);
+    va_end(ap);
+}
+
+int ks_shard_ok(const ks_shard *s) { return s->n_problems == 0; }
+
+int ks_ok(const k3_source *src)
+{
+    if (!src->have_cfg || src->n_general) return 0;
+    for (size_t i = 0; i < src->n_shards; i++)
+        if (!ks_shard_ok(&src->shards[i])) return 0;
+    return 1;
+}
+
+static int is_hex64(const char *s)
+{
+    if (strlen(s) != 64) return 0;
+    for (int i = 0; i < 64; i++)
+        if (!isxdigit((unsigned char)s[i])) return 0;
+    return 1;
+}
+
+/* A Hugging Face cache snapshot stores files as symlinks to blobs/<sha256>. */
+static void hf_blob_sha(ks_shard *s)
+{
+    char target[4096];
+    ssize_t n = readlink(s->path, target, sizeof target - 1);
+    const char *base;
+    if (n <= 0) return;
+    target[n] = 0;
+    base = strrchr(target, '/');
+    base = base ? base + 1 : target;
+    if (is_hex64(base)) {
+        for (int i = 0; i < 64; i++) s->expect_sha[i] = (char)tolower((unsigned char)base[i]);
+        s->expect_sha[64] = 0;
+        s->sha_from = "hf-blob";
+    }
+}
+
+/* sha256sum format: "<64 hex><space><space or *><file name>". */
+static int load_sums(k3_source *src, const char *sums_path, char *err, size_t errlen)
+{
+    char *text, *line, *save = NULL;
+    size_t len, lineno = 0;
+    if (kio_read_file(sums_path, SMALL_FILE_MAX, &text, &len)) {
+        snprintf(err, errlen, "%s: %s", sums_path, strerror(errno));
+        return -1;
+    }
+    for (line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        char *name;
+        lineno++;
+        if (line[0] == '#' || line[0] == 0) continue;
+        if (strlen(line) < 67 || line[64] != ' ' || (line[65] != ' ' && line[65] != '*')) {
+            snprintf(err, errlen, "%s line %zu: not in sha256sum format", sums_path, lineno);
+            free(text);
+            return -1;
+        }
+        line[64] = 0;
+        name = line + 66;
+        if (!is_hex64(line)) {
+            snprintf(err, errlen, "%s line %zu: not a SHA-256", sums_path, lineno);
+            free(text);
+            return -1;
+        }
+        {
+            const char *base = strrchr(name, '/');
+            base = base ? base + 1 : name;
+            for (size_t i = 0; i < src->n_shards; i++) {
+                ks_shard *s = &src->shards[i];
+                if (strcmp(s->name, base) != 0) continue;
+                for (int k = 0; k < 64; k++) s->expect_sha[k] = (char)tolower((unsigned char)line[k]);
+                s->expect_sha[64] = 0;
+                s->sha_from = "--sha256";
+            }
+        }
+    }
+    free(text);
+    return 0;
+}
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* The shard list comes from the index's weight_map, or is the single file. */
+static int list_shards(k3_source *src, json_t **weight_map_out, char *err, size_t errlen)
+{
+    char *idx_path = path_join(src->dir, "model.safetensors.index.json");
+    char *text = NULL;
+    size_t len;
+    char **names = NULL;
+    size_t n = 0;
+    int rc = -1;
+    *weight_map_out = NULL;
+    if (!idx_path) { snprintf(err, errlen, "out of memory"); return -1; }
+    if (kio_read_file(idx_path, SMALL_FILE_MAX, &text, &len) == 0) {
+        json_error_t je;
+        json_t *root = json_loadb(text, len, 0, &je), *wm, *v;
+        const char *key;
+        if (!root || !json_is_object(root) || !json_is_object(wm = json_object_get(root, "weight_map"))) {
+            snprintf(err, errlen, "%s: not a safetensors index (needs an object \"weight_map\")%s%s", idx_path,
+                     root ? "" : ": ", root ? "" : je.text);
+            json_decref(root);
+            goto out;
+        }
+        names = malloc(sizeof *names * (json_object_size(wm) + 1));
+        if (!names) { json_decref(root); snprintf(err, errlen, "out of memory"); goto out; }
+        json_object_foreach(wm, key, v) {
+            const char *fn = json_string_value(v);
+            if (!fn || !*fn || strchr(fn, '/')) {
+                snprintf(err, errlen, "%s: weight_map entry %s does not name a file in the directory", idx_path, key);
+                json_decref(root);
+                goto out;
+            }
+            names[n++] = (char *)fn;
+        }
+        qsort(names, n, sizeof *names, cmp_str);
+        src->shards = calloc(n + 1, sizeof *src->shards);
+        if (!src->shards) { json_decref(root); snprintf(err, errlen, "out of memory"); goto out; }
+        for (size_t i = 0; i < n; i++) {
+            if (i && strcmp(names[i], names[i - 1]) == 0) continue;
+            src->shards[src->n_shards++].name = strdup(names[i]);
+        }
+        json_incref(wm);
+        *weight_map_out = wm;
+        json_decref(root);
+    } else if (errno == ENOENT) {
+        char *single = path_join(src->dir, "model.safetensors");
+        struct stat st;
+        int exists = single && stat(single, &st) == 0;
+        free(single);
+        if (!exists) {
+            snprintf(err, errlen, "%s: neither model.safetensors.index.json nor model.safetensors is present", src->dir);
+            goto out;
+        }
+        src->single_file = 1;
+        src->shards = calloc(1, sizeof *src->shards);
+        if (!src->shards) { snprintf(err, errlen, "out of memory"); goto out; }
+        src->shards[0].name = strdup("model.safetensors");
+        src->n_shards = 1;
+    } else {
+        snprintf(err, errlen, "%s: %s", idx_path, strerror(errno));
+        goto out;
+    }
+    for (size_t i = 0; i < src->n_shards; i++) {
+        ks_shard *s = &src->shards[i];
+        if (!s->name || !(s->path = path_join(src->dir, s->name))) { snprintf(err, errlen, "out of memory"); goto out; }
+    }
+    rc = 0;
+out:
+    free(names);
+    free(text);
+    free(idx_path);
+    return rc;
+}
+
+static void read_shard_headers(k3_source *src)
+{
+    for (size_t i = 0; i < src->n_shards; i++) {
+        ks_shard *s = &src->shards[i];
+        struct stat st, lst;
+        char err[600];
+        if (stat(s->path, &st) != 0) {
+            shard_problem(s, "%s", errno == ENOENT ? "missing: the index names this shard but the file is absent" : strerror(errno));
+            continue;
+        }
+        s->present = 1;
+        s->size = (uint64_t)st.st_size;
+        s->alloc_bytes = (uint64_t)st.st_blocks * 512;
+        s->mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
+        src->total_bytes += s->size;
+        if (lstat(s->path, &lst) == 0 && S_ISLNK(lst.st_mode)) {
+            hf_blob_sha(s);
+            if (s->expect_sha[0]) src->hf_snapshot = 1;
+        }
+        if (st_open(s->path, &s->st, err, sizeof err)) {
+            /* st_open names the file; the verdict line does too, so drop the prefix */
+            const char *m = strncmp(err, s->path, strlen(s->path)) == 0 ? err + strlen(s->path) + 2 : err;
+            shard_problem(s, "%s", m);
+            continue;
+        }
+        s->parsed = 1;
+        if (s->st.expected_size > s->size) {
+            const char *first_cut = "?";
+            for (size_t k = 0; k < s->st.n; k++)
+                if (s->st.t[k].end > s->size) { first_cut = s->st.t[k].name; break; }
+            shard_problem(s, "truncated: %llu bytes on disk, the header describes %llu (%llu missing; partial download?); "
+                          "tensor %s and any after it are cut off",
+                          (unsigned long long)s->size, (unsigned long long)s->st.expected_size,
+                          (unsigned long long)(s->st.expected_size - s->size), first_cut);
+        }
+        else if (s->st.expected_size < s->size)
+            shard_problem(s, "%llu bytes past the last tensor: the file is longer than its header describes",
+                          (unsigned long long)(s->size - s->st.expected_size));
+    }
+}
+
+static const char *dtype_list(unsigned mask, char *buf, size_t n)
+{
+    buf[0] = 0;
+    for (int dt = 1; dt <= KPK_DT_BYTES; dt++)
+        if (mask & K3_DTM(dt)) {
+            size_t u = strlen(buf);
+            snprintf(buf + u, n - u, "%s%s", u ? "/" : "", kpk_dtype_name(dt));
+        }
+    return buf;
+}
+
+static void shape_str(int ndim, const uint64_t *shape, char *buf, size_t n)
+{
+    size_t u = 0;
+    u += (size_t)snprintf(buf, n, "[");
+    for (int d = 0; d < ndim && u < n; d++) u += (size_t)snprintf(buf + u, n - u, "%s%llu", d ? "," : "", (unsigned long long)shape[d]);
+    if (u < n) snprintf(buf + u, n - u, "]");
+}
+
+static void check_coverage(k3_source *src, json_t *weight_map)
+{
+    const k3_config *c = &src->cfg;
+    uint64_t count = src->schema.count;
+    size_t cap_dropped = 0;
+    src->loc_shard = malloc(sizeof *src->loc_shard * (count ? count : 1));
+    src->loc_tensor = malloc(sizeof *src->loc_tensor * (count ? count : 1));
+    if (!src->loc_shard || !src->loc_tensor) { general_problem(src, "out of memory"); return; }
+    for (uint64_t i = 0; i < count; i++) src->loc_shard[i] = UINT32_MAX;
+
+    for (size_t si = 0; si < src->n_shards; si++) {
+        ks_shard *s = &src->shards[si];
+        if (!s->parsed) continue;
+        for (size_t ti = 0; ti < s->st.n; ti++) {
+            const st_tensor *t = &s->st.t[ti];
+            k3_tensor_spec spec;
+            char why[200], a[64], b[64];
+            int cls = k3_schema_classify(c, t->name, &spec, why, sizeof why);
+            if (weight_map) {
+                const char *fn = json_string_value(json_object_get(weight_map, t->name));
+                if (!fn) shard_problem(s, "tensor %s is in this shard but not in the index", t->name);
+                else if (strcmp(fn, s->name) != 0) shard_problem(s, "tensor %s is in this shard but the index says %s", t->name, fn);
+            }
+            if (cls == K3_CLASS_DROPPED) {
+                if (src->n_dropped == cap_dropped) {
+                    size_t ncap = cap_dropped ? cap_dropped * 2 : 256;
+                    const char **p = realloc(src->dropped, ncap * sizeof *p);
+                    if (!p) { general_problem(src, "out of memory"); return; }
+                    src->dropped = p;
+                    cap_dropped = ncap;
+                }
+                src->dropped[src->n_dropped++] = t->name;
+                src->dropped_bytes += t->end - t->begin;
+                continue;
+            }
+            if (cls == K3_CLASS_UNKNOWN) {
+                shard_problem(s, "extra unknown tensor %s: %s", t->name, why);
+                continue;
+            }
+            {
+                uint64_t canon = k3_schema_index(&src->schema, spec.role, spec.layer, spec.expert);
+                int shape_ok = t->ndim == spec.ndim;
+                for (int d = 0; shape_ok && d < spec.ndim; d++) shape_ok = t->shape[d] == spec.shape[d];
+                if (!(spec.dtypes & K3_DTM(t->dtype))) {
+                    shard_problem(s, "tensor %s: dtype %s, expected %s", t->name, kpk_dtype_name(t->dtype), dtype_list(spec.dtypes, a, sizeof a));
+                    continue;
+                }
+                if (!shape_ok) {
+                    shape_str(t->ndim, t->shape, a, sizeof a);
+                    shape_str(spec.ndim, spec.shape, b, sizeof b);
+                    shard_problem(s, "tensor %s: shape %s, expected %s", t->name, a, b);
+                    continue;
+                }
+                if (src->loc_shard[canon] != UINT32_MAX) {
+                    shard_problem(s, "tensor %s also appears in %s", t->name, src->shards[src->loc_shard[canon]].name);
+                    continue;
+                }
+                src->loc_shard[canon] = (uint32_t)si;
+                src->loc_tensor[canon] = (uint32_t)ti;
+                s->n_tensors++;
+                src->n_found++;
+            }
+        }
+    }
+    /* Missing tensors: charge each to the shard the index names, if any. */
+    for (uint64_t i = 0; i < count; i++) {
+        k3_tensor_spec spec;
+        const char *fn;
+        ks_shard *owner = NULL;
+        if (src->loc_shard[i] != UINT32_MAX) continue;
+        src->n_missing++;
+        k3_schema_at(&src->schema, i, &spec);
+        fn = weight_map ? json_string_value(json_object_get(weight_map, spec.name)) : NULL;
+        for (size_t si = 0; fn && si < src->n_shards; si++)
+            if (strcmp(src->shards[si].name, fn) == 0) owner = &src->shards[si];
+        if (owner && !owner->parsed) continue; /* already reported: missing or unreadable shard */
+        if (owner) shard_problem(owner, "missing tensor %s (the index lists it here)", spec.name);
+        else general_problem(src, "missing tensor %s (no shard holds it)", spec.name);
+    }
+    /* Index entries naming tensors no header has. */
+    if (weight_map) {
+        const char *key;
+        json_t *v;
+        json_object_foreach(weight_map, key, v) {
+            k3_tensor_spec spec;
+            char why[200];
+            if (k3_schema_classify(c, key, &spec, why, sizeof why) != K3_CLASS_UNKNOWN) continue;
+            general_problem(src, "the index lists %s, which is not a tensor of this model (%s)", key, why);
+        }
+    }
+}
+
+static int load_extras(k3_source *src, char *err, size_t errlen)
+{
+    static const char *const names[] = {"config.json", "tiktoken.model", "tokenizer_config.json"};
+    for (size_t i = 0; i < 3; i++) {
+        char *p = path_join(src->dir, names[i]);
+        ks_extra *x = &src->extras[src->n_extras];
+        if (!p) { snprintf(err, errlen, "out of memory"); return -1; }
+        if (kio_read_file(p, SMALL_FILE_MAX, &x->data, &x->len) == 0) {
+            x->name = names[i];
+            src->n_extras++;
+        } else if (errno != ENOENT || i == 0) {
+            snprintf(err, errlen, "%s: %s", p, strerror(errno));
+            free(p);
+            return -1;
+        }
+        free(p);
+    }
+    return 0;
+}
+
+int ks_open(const char *dir, const char *sums_path, k3_source *src, char *err, size_t errlen)
+{
+    json_t *weight_map = NULL;
+    char cerr[1200];
+    memset(src, 0, sizeof *src);
+    src->dir = strdup(dir);
+    if (!src->dir) { snprintf(err, errlen, "out of memory"); return -1; }
+    if (load_extras(src, err, errlen)) return -1;
+    if (k3_config_parse(src->extras[0].data, src->extras[0].len, &src->cfg, cerr, sizeof cerr)) {
+        snprintf(err, errlen, "%s/config.json: %s", dir, cerr);
+        return -1;
+    }
+    src->have_cfg = 1;
+    k3_schema_init(&src->schema, &src->cfg);
+    if (list_shards(src, &weight_map, err, errlen)) return -1;
+    if (sums_path && load_sums(src, sums_path, err, errlen)) { json_decref(weight_map); return -1; }
+    read_shard_headers(src);
+    check_coverage(src, weight_map);
+    json_decref(weight_map);
+    return 0;
+}
+
+void ks_free(k3_source *src)
+{
+    for (size_t i = 0; i < src->n_shards; i++) {
+        ks_shard *s = &src->shards[i];
+        free(s->name);
+        free(s->path);
+        st_free(&s->st);
+        for (size_t k = 0; k < s->n_problems && k < KS_MAX_PROBLEMS; k++) free(s->problems[k]);
+    }
+    for (size_t k = 0; k < src->n_general && k < KS_MAX_PROBLEMS; k++) free(src->general[k]);
+    for (size_t i = 0; i < src->n_extras; i++) free(src->extras[i].data);
+    free(src->shards);
+    free(src->loc_shard);
+    free(src->loc_tensor);
+    free(src->dropped);
+    free(src->dir);
+    memset(src, 0, sizeof *src);
+}
+
+const st_tensor *ks_tensor(const k3_source *src, uint64_t canon, const ks_shard **shard)
+{
+    uint32_t si;
+    if (canon >= src->schema.count || (si = src->loc_shard[canon]) == UINT32_MAX) return NULL;
+    if (shard) *shard = &src->shards[si];
+    return &src->shards[si].st.t[src->loc_tensor[canon]];
+}
+
+uint64_t ks_sha_bytes(const k3_source *src)
+{
+    uint64_t n = 0;
+    for (size_t i = 0; i < src->n_shards; i++)
+        if (src->shards[i].expect_sha[0] && src->shards[i].present) n += src->shards[i].size;
+    return n;
+}

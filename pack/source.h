@@ -1,0 +1,79 @@
+/* A downloaded Kimi K3 checkpoint directory, indexed and checked (the
+ * `check-source` logic, which `convert` runs first).  Opening never stops at
+ * the first problem: every shard gets a verdict and a list of problems, so
+ * the user sees everything that is wrong in one run. */
+#ifndef SOURCE_H
+#define SOURCE_H
+
+#include "k3_config.h"
+#include "k3_schema.h"
+#include "safetensors.h"
+
+#include <stdint.h>
+
+#define KS_MAX_PROBLEMS 12   /* listed per shard; the rest are counted */
+
+typedef struct ks_shard {
+    char *name;              /* file name as the index gives it */
+    char *path;              /* DIR/name */
+    int present;             /* the file exists */
+    int parsed;              /* its header parsed */
+    st_file st;
+    uint64_t size;           /* on disk */
+    uint64_t alloc_bytes;    /* blocks actually allocated (sparse files use less) */
+    int64_t mtime_ns;
+    uint64_t n_tensors;      /* text tensors it holds */
+    char expect_sha[65];     /* "" if unknown */
+    const char *sha_from;    /* "--sha256" or "hf-blob" */
+    char got_sha[65];        /* "" if not computed */
+    char *problems[KS_MAX_PROBLEMS];
+    size_t n_problems;       /* may exceed KS_MAX_PROBLEMS */
+} ks_shard;
+
+/* A small file copied verbatim into the KPK meta extent. */
+typedef struct ks_extra {
+    const char *name;        /* "config.json", "tiktoken.model", "tokenizer_config.json" */
+    char *data;
+    size_t len;
+} ks_extra;
+
+typedef struct k3_source {
+    char *dir;
+    int hf_snapshot;         /* shards are symlinks into an HF cache blobs/ dir */
+    int single_file;         /* model.safetensors without an index */
+    k3_config cfg;
+    int have_cfg;
+    k3_schema schema;
+    ks_shard *shards;
+    size_t n_shards;
+    ks_extra extras[3];
+    size_t n_extras;
+    /* For each canonical tensor index: which shard and which st_tensor. */
+    uint32_t *loc_shard, *loc_tensor;
+    uint64_t n_found, n_missing;
+    const char **dropped;    /* non-text tensors (vision), not carried over */
+    size_t n_dropped;
+    uint64_t dropped_bytes;
+    char *general[KS_MAX_PROBLEMS]; /* problems not tied to one shard */
+    size_t n_general;
+    uint64_t total_bytes;    /* sum of shard sizes */
+} k3_source;
+
+/* Index the directory: config, index/shards, every header, coverage.
+ * sums_path (sha256sum format) may be NULL.  Returns 0 when the directory
+ * could be indexed at all (check ks_ok() for the verdict), -1 with err when
+ * it cannot be read as a checkpoint (no config, no index, ...). */
+int ks_open(const char *dir, const char *sums_path, k3_source *src, char *err, size_t errlen);
+void ks_free(k3_source *src);
+/* 1 if no problem was found anywhere. */
+int ks_ok(const k3_source *src);
+int ks_shard_ok(const ks_shard *s);
+/* Bytes of tensor data with a known expected SHA-256. */
+uint64_t ks_sha_bytes(const k3_source *src);
+/* Compute SHA-256 of every shard with an expected hash, with `threads`
+ * workers and a progress line; mismatches become shard problems. */
+int ks_check_sha256(k3_source *src, int threads, int progress);
+/* Where a canonical tensor lives (NULL if missing). */
+const st_tensor *ks_tensor(const k3_source *src, uint64_t canon, const ks_shard **shard);
+
+#endif
