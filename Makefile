@@ -14,11 +14,10 @@ CFLAGS  += -std=c11 -Wall -Wextra -Werror -Wno-format-truncation -ffp-contract=o
 LDLIBS  += -lzstd -lxxhash -lcrypto -ljansson -lpcre2-8 -luring -lpthread -lm
 
 BUILD   ?= build
-# Test-only compile options (ablations) go to a separate build directory so a
-# deliberately broken object never mixes with the real ones.
-ifneq ($(KRUN_ABLATE),)
-  CFLAGS += -DKRUN_ABLATE=$(KRUN_ABLATE)
-  BUILD  := build/ablate-$(KRUN_ABLATE)
+# The ablation build (test only): every spec trap compiled in, selected at run
+# time by KRUN_ABLATE=NAME.  Normal builds never contain the broken code.
+ifneq ($(ABLATIONS),)
+  CFLAGS += -DKRUN_ABLATIONS
 endif
 
 FORMAT_SRC := $(sort $(wildcard format/*.c))
@@ -38,7 +37,7 @@ UNIT_BIN  := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
 # sanitizers) keeps its own copies under its build directory.
 BINDIR := $(if $(filter build,$(BUILD)),bin,$(BUILD)/bin)
 
-.PHONY: all test bench demo deps clean unit asan valgrind
+.PHONY: all test bench demo deps clean unit asan ablate
 all: $(BINDIR)/kpack $(BINDIR)/k3synth $(if $(wildcard run/main.c),$(BINDIR)/krun)
 
 $(BUILD)/%.o: %.c
@@ -73,7 +72,10 @@ $(BUILD)/tests/%: $(BUILD)/tests/unit/%.o $(LIBRUN) $(LIBPACK) $(LIBFORMAT)
 
 unit: $(UNIT_BIN)
 
-test: all unit
+ablate:
+	@$(MAKE) --no-print-directory BUILD=build/ablate ABLATIONS=1 build/ablate/bin/krun
+
+test: all unit ablate
 	@BUILD=$(BUILD) BIN=$(BINDIR) tests/run_all.sh
 
 bench: all
