@@ -358,6 +358,7 @@ int main(int argc, char **argv)
     }
     emit_bytes(&tout, NULL, 0, 1);
     if (o.print_ids || !tk || o.gen) printf("\n");
+    fflush(stdout);
     {
         kstore_stats st;
         size_t n_gen = n_seq - n_prompt;

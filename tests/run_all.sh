@@ -38,7 +38,7 @@ for t in "$BUILD"/tests/test_*; do
     case "$t" in *.d|*.o) continue;; esac
     run_one "unit/$(basename "$t")" "$t"
 done
-for t in tests/cli/*.sh; do
+for t in tests/cli/test_*.sh; do
     [ -f "$t" ] || continue
     run_one "cli/$(basename "$t" .sh)" bash "$t"
 done

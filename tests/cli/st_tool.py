@@ -94,7 +94,7 @@ def mutate(src, dst, kind, arg):
     elif kind == "bad-json":
         with open(path, "r+b") as f:
             f.seek(8)
-            f.write(b"{\"oops")
+            f.write(b"{\"x\":}")
     else:
         hdr, data = load_all(path)
         names = [k for k in hdr if k != "__metadata__"]
