@@ -55,7 +55,7 @@ int k3_run_init(k3_run *r, k3_model *m, kstore *store, kpool *pool, size_t ctx, 
     r->model = m;
     r->store = store;
     r->pool = pool;
-    r->expert_batch = 64;
+    r->expert_batch = kstore_expert_capacity(store) < 256 ? kstore_expert_capacity(store) : 256;
     if (k3_state_init(&r->state, &m->cfg, ctx)) { snprintf(err, errlen, "out of memory for the decoding state"); return -1; }
     r->globals_raw = kstore_get(store, m->globals_extent, &e);
     if (!r->globals_raw) { snprintf(err, errlen, "%s", e.msg); k3_state_free(&r->state); return -1; }
@@ -77,9 +77,22 @@ void k3_run_free(k3_run *r)
     memset(r, 0, sizeof *r);
 }
 
-static void embed_row(const k3_globals_w *g, int dtype, size_t E, int32_t id, float *out)
+/* One embedding row, read from the file on demand: the table (2.35 GB at
+ * full scale) is never held. */
+static int embed_row(k3_run *r, int32_t id, float *out, char *err, size_t errlen)
 {
-    const uint8_t *row = (const uint8_t *)g->embed + (size_t)id * E * kpk_dtype_size(dtype);
+    const k3_model *m = r->model;
+    const size_t E = (size_t)m->cfg.hidden;
+    const int dtype = r->globals.embed_dtype;
+    const size_t rowb = E * kpk_dtype_size(dtype);
+    uint8_t buf[16384], *row = rowb <= sizeof buf ? buf : malloc(rowb);
+    kpk_err e = {0};
+    if (!row) { snprintf(err, errlen, "out of memory"); return -1; }
+    if (kstore_read(r->store, m->globals_extent, m->globals[K3T_EMBED].offset + (uint64_t)id * rowb, rowb, row, &e)) {
+        snprintf(err, errlen, "%s", e.msg);
+        if (row != buf) free(row);
+        return -1;
+    }
     for (size_t i = 0; i < E; i++) {
         uint16_t h;
         switch (dtype) {
@@ -88,6 +101,8 @@ static void embed_row(const k3_globals_w *g, int dtype, size_t E, int32_t id, fl
         default: memcpy(&h, row + 2 * i, 2); out[i] = kf16_to_f32(h); break;
         }
     }
+    if (row != buf) free(row);
+    return 0;
 }
 
 /* ---- the forward pass ------------------------------------------------------- */
@@ -125,7 +140,8 @@ int k3_forward(k3_run *r, const int32_t *ids, size_t T, int all_positions, float
     if (!snap || !P || !a || !xn || !y || !src) { snprintf(err, errlen, "out of memory"); goto out; }
 
     /* §4.3: the embedding is the first hidden state; no scaling, no positions */
-    for (size_t t = 0; t < T; t++) embed_row(&r->globals, r->globals.embed_dtype, E, ids[t], P + t * E);
+    for (size_t t = 0; t < T; t++)
+        if (embed_row(r, ids[t], P + t * E, err, errlen)) goto out;
 
     for (int L = 0; L < c->n_layers; L++) {
         k3_layer_w w;

@@ -56,21 +56,45 @@ AI size_t wt_size(int wt) { return wt == WT_F32 ? 4 : 2; }
 
 #define MAXR 4
 #define MAXP 4
+#define MX_PREFETCH 8192 /* see the blocking notes above kmatmul_rows_avx512 */
 
-AI void tile_wide(int wt, int R, int P, const char *w0, size_t wstride, const float *x0, size_t ldx,
-                  size_t n, float *y0, size_t ldy)
+/* One pass of a tile of R rows x P positions over columns [i0, i1); see
+ * kernels_avx2.c for the protocol (the saved accumulators use the same layout). */
+typedef struct {
+    const char *w;
+    size_t ws;
+    const uint8_t *s;
+    size_t ss;
+    const float *x;
+    size_t ldx;
+    size_t i0, i1, n;
+    float *acc;
+    size_t accr;
+    int first, last;
+    size_t pf;
+    float *y;
+    size_t ldy;
+} tile_args;
+
+AI void tile_wide(int wt, int R, int P, const tile_args *a)
 {
+    const char *w0 = a->w;
+    const size_t ws = a->ws, ldx = a->ldx;
+    const float *x0 = a->x;
     __m512 acc[MAXR][MAXP];
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
-        for (int p = 0; p < P; p++) acc[r][p] = _mm512_setzero_ps();
-    size_t nb = n - n % 16;
-    for (size_t i = 0; i < nb; i += 16) {
+        for (int p = 0; p < P; p++)
+            acc[r][p] = a->first ? _mm512_setzero_ps() : _mm512_loadu_ps(a->acc + r * a->accr + p * 16);
+    const size_t pfo = a->pf;
+    for (size_t i = a->i0; i < a->i1; i += 16) {
+        if (pfo && ((i * wt_size(wt)) & 63) == 0)
+            for (int r = 0; r < R; r++) _mm_prefetch(w0 + r * ws + i * wt_size(wt) + pfo, _MM_HINT_T0);
         if (R <= P) {
             __m512 w[MAXR];
 #pragma GCC unroll 4
-            for (int r = 0; r < R; r++) w[r] = ld_w16(wt, w0 + r * wstride, i);
+            for (int r = 0; r < R; r++) w[r] = ld_w16(wt, w0 + r * ws, i);
 #pragma GCC unroll 4
             for (int p = 0; p < P; p++) {
                 __m512 x = _mm512_loadu_ps(x0 + p * ldx + i);
@@ -83,12 +107,21 @@ AI void tile_wide(int wt, int R, int P, const char *w0, size_t wstride, const fl
             for (int p = 0; p < P; p++) x[p] = _mm512_loadu_ps(x0 + p * ldx + i);
 #pragma GCC unroll 4
             for (int r = 0; r < R; r++) {
-                __m512 w = ld_w16(wt, w0 + r * wstride, i);
+                __m512 w = ld_w16(wt, w0 + r * ws, i);
 #pragma GCC unroll 4
                 for (int p = 0; p < P; p++) acc[r][p] = _mm512_add_ps(acc[r][p], _mm512_mul_ps(w, x[p]));
             }
         }
     }
+    if (!a->last) {
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+            for (int p = 0; p < P; p++) _mm512_storeu_ps(a->acc + r * a->accr + p * 16, acc[r][p]);
+        return;
+    }
+    float *y0 = a->y;
+    const size_t ldy = a->ldy, n = a->n, nb = n - n % 16;
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
@@ -98,7 +131,7 @@ AI void tile_wide(int wt, int R, int P, const char *w0, size_t wstride, const fl
         for (int r = 0; r < R; r++)
             for (int p = 0; p < P; p++) {
                 float s = y0[p * ldy + r];
-                for (size_t i = nb; i < n; i++) s = s + ld_w1(wt, w0 + r * wstride, i) * x0[p * ldx + i];
+                for (size_t i = nb; i < n; i++) s = s + ld_w1(wt, w0 + r * ws, i) * x0[p * ldx + i];
                 y0[p * ldy + r] = s;
             }
 }
@@ -121,22 +154,27 @@ AI void mx_decode(__m512 tab, const uint8_t *q, __m512 *w0, __m512 *w1)
     *w1 = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi8(b, h)), tab);
 }
 
-AI void tile_mx(int R, int P, const uint8_t *q0, size_t qstride, const uint8_t *s0, size_t sstride,
-                const float *x0, size_t ldx, size_t n, float *y0, size_t ldy)
+/* Column range [i0, i1) in multiples of 32; n % 32 == 0 (no tail). */
+AI void tile_mx(int R, int P, const tile_args *a)
 {
+    const uint8_t *q0 = (const uint8_t *)a->w, *s0 = a->s;
+    const size_t qs = a->ws, ss = a->ss, ldx = a->ldx;
+    const float *x0 = a->x;
     __m512 acc[MAXR][MAXP];
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
-        for (int p = 0; p < P; p++) acc[r][p] = _mm512_setzero_ps();
-    size_t ng = n / 32;
-    for (size_t g = 0; g < ng; g++) {
+        for (int p = 0; p < P; p++)
+            acc[r][p] = a->first ? _mm512_setzero_ps() : _mm512_loadu_ps(a->acc + r * a->accr + p * 16);
+    const size_t pfo = a->pf;
+    for (size_t g = a->i0 / 32; g < a->i1 / 32; g++) {
         const size_t i = 32 * g;
+        if (pfo && (g & 3) == 0)
+            for (int r = 0; r < R; r++) _mm_prefetch((const char *)(q0 + r * qs + 16 * g + pfo), _MM_HINT_T0);
         if (R <= P) {
             __m512 wa[MAXR], wb[MAXR];
 #pragma GCC unroll 4
-            for (int r = 0; r < R; r++)
-                mx_decode(mx_table(s0[r * sstride + g]), q0 + r * qstride + 16 * g, &wa[r], &wb[r]);
+            for (int r = 0; r < R; r++) mx_decode(mx_table(s0[r * ss + g]), q0 + r * qs + 16 * g, &wa[r], &wb[r]);
 #pragma GCC unroll 4
             for (int p = 0; p < P; p++) {
                 __m512 xa = _mm512_loadu_ps(x0 + p * ldx + i), xb = _mm512_loadu_ps(x0 + p * ldx + i + 16);
@@ -156,7 +194,7 @@ AI void tile_mx(int R, int P, const uint8_t *q0, size_t qstride, const uint8_t *
 #pragma GCC unroll 4
             for (int r = 0; r < R; r++) {
                 __m512 wa, wb;
-                mx_decode(mx_table(s0[r * sstride + g]), q0 + r * qstride + 16 * g, &wa, &wb);
+                mx_decode(mx_table(s0[r * ss + g]), q0 + r * qs + 16 * g, &wa, &wb);
 #pragma GCC unroll 4
                 for (int p = 0; p < P; p++) {
                     acc[r][p] = _mm512_add_ps(acc[r][p], _mm512_mul_ps(wa, xa[p]));
@@ -168,29 +206,41 @@ AI void tile_mx(int R, int P, const uint8_t *q0, size_t qstride, const uint8_t *
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
-        for (int p = 0; p < P; p++) y0[p * ldy + r] = hsum16(acc[r][p]);
+        for (int p = 0; p < P; p++) {
+            if (a->last) a->y[p * a->ldy + r] = hsum16(acc[r][p]);
+            else _mm512_storeu_ps(a->acc + r * a->accr + p * 16, acc[r][p]);
+        }
 }
 
 /* ---------------------------------------------------------------- entry points */
 
+static inline tile_args one_row(const void *w, const uint8_t *s, const float *x, size_t n, size_t nb, float *y)
+{
+    tile_args a = {(const char *)w, 0, s, 0, x, 0, 0, nb, n, NULL, 0, 1, 1, s ? MX_PREFETCH : 0, y, 0};
+    return a;
+}
+
 float kdot_f32_avx512(const float *w, const float *x, size_t n)
 {
     float y;
-    tile_wide(WT_F32, 1, 1, (const char *)w, 0, x, 0, n, &y, 0);
+    tile_args a = one_row(w, NULL, x, n, n - n % 16, &y);
+    tile_wide(WT_F32, 1, 1, &a);
     return y;
 }
 
 float kdot_bf16_avx512(const uint16_t *w, const float *x, size_t n)
 {
     float y;
-    tile_wide(WT_BF16, 1, 1, (const char *)w, 0, x, 0, n, &y, 0);
+    tile_args a = one_row(w, NULL, x, n, n - n % 16, &y);
+    tile_wide(WT_BF16, 1, 1, &a);
     return y;
 }
 
 float kdot_f16_avx512(const uint16_t *w, const float *x, size_t n)
 {
     float y;
-    tile_wide(WT_F16, 1, 1, (const char *)w, 0, x, 0, n, &y, 0);
+    tile_args a = one_row(w, NULL, x, n, n - n % 16, &y);
+    tile_wide(WT_F16, 1, 1, &a);
     return y;
 }
 
@@ -198,92 +248,152 @@ float kdot_mxfp4_avx512(const uint8_t *packed, const uint8_t *scales, const floa
 {
     if (n % 32) return kdot_mxfp4_scalar(packed, scales, x, n);
     float y;
-    tile_mx(1, 1, packed, 0, scales, 0, x, 0, n, &y, 0);
+    tile_args a = one_row(packed, scales, x, n, n, &y);
+    tile_mx(1, 1, &a);
     return y;
 }
 
-/* Tile shapes used by the driver below: (RB, 1..PB) and (1, 1..PB). */
-#define TILE_CASES(X) X(1, 1) X(1, 2) X(1, 3) X(1, 4) X(2, 1) X(4, 1) X(4, 2) X(4, 3) X(4, 4) \
-                      X(2, 2) X(2, 3) X(2, 4)
+/* Tile shapes used by the driver below: (RB, 1..PB), (1, 1..PB) and (RB1_MX, 1). */
+#define TILE_CASES(X) X(1, 1) X(1, 2) X(1, 3) X(1, 4) X(2, 1) X(2, 2) X(2, 3) X(2, 4) \
+                      X(4, 1) X(4, 2) X(4, 3) X(4, 4)
 
-#define WIDE_FN(wt, R, P)                                                                         \
-    static void tile_##wt##_##R##_##P(const char *w0, size_t ws, const float *x0, size_t ldx,     \
-                                       size_t n, float *y0, size_t ldy)                           \
-    {                                                                                             \
-        tile_wide(wt, R, P, w0, ws, x0, ldx, n, y0, ldy);                                         \
-    }
+typedef void (*tile_fn)(const tile_args *);
+
+#define WIDE_FN(wt, R, P) \
+    static void tile_##wt##_##R##_##P(const tile_args *a) { tile_wide(wt, R, P, a); }
 #define WIDE_F32(R, P) WIDE_FN(WT_F32, R, P)
 #define WIDE_BF16(R, P) WIDE_FN(WT_BF16, R, P)
 #define WIDE_F16(R, P) WIDE_FN(WT_F16, R, P)
 TILE_CASES(WIDE_F32)
 TILE_CASES(WIDE_BF16)
 TILE_CASES(WIDE_F16)
-
-#define MX_FN(R, P)                                                                               \
-    static void tile_mx_##R##_##P(const uint8_t *q0, size_t qs, const uint8_t *s0, size_t ss,     \
-                                  const float *x0, size_t ldx, size_t n, float *y0, size_t ldy)   \
-    {                                                                                             \
-        tile_mx(R, P, q0, qs, s0, ss, x0, ldx, n, y0, ldy);                                       \
-    }
+#define MX_FN(R, P) \
+    static void tile_mx_##R##_##P(const tile_args *a) { tile_mx(R, P, a); }
 TILE_CASES(MX_FN)
 
-typedef void (*wide_fn)(const char *, size_t, const float *, size_t, size_t, float *, size_t);
-typedef void (*mx_fn)(const uint8_t *, size_t, const uint8_t *, size_t, const float *, size_t, size_t,
-                      float *, size_t);
-
-static wide_fn wide_tile(int wt, int R, int P)
+static tile_fn pick_tile(int wt, int R, int P)
 {
 #define PICK(wtv, R_, P_) \
     if (wt == wtv && R == R_ && P == P_) return tile_##wtv##_##R_##_##P_;
 #define PICK_F32(R_, P_) PICK(WT_F32, R_, P_)
 #define PICK_BF16(R_, P_) PICK(WT_BF16, R_, P_)
 #define PICK_F16(R_, P_) PICK(WT_F16, R_, P_)
+#define PICK_MX(R_, P_) \
+    if (wt == 3 && R == R_ && P == P_) return tile_mx_##R_##_##P_;
     TILE_CASES(PICK_F32)
     TILE_CASES(PICK_BF16)
     TILE_CASES(PICK_F16)
-    return NULL;
-#undef PICK
-}
-
-static mx_fn mx_tile(int R, int P)
-{
-#define PICKMX(R_, P_) \
-    if (R == R_ && P == P_) return tile_mx_##R_##_##P_;
-    TILE_CASES(PICKMX)
+    TILE_CASES(PICK_MX)
     return NULL;
 }
 
-static void do_rows(const kmat *W, int mx, int wt, size_t r, int R, size_t PB, const float *X,
-                    size_t ldx, size_t T, float *Y, size_t ldy)
+/* Blocking: as in kernels_avx2.c, with 32 registers allowing 4-row x 4-position
+ * tiles (2 x 4 for MXFP4, whose decoded pairs take more registers). */
+#define RB1_WIDE 1
+#define RB1_MX 2
+#define RB_WIDE 4
+#define RB_MX 2
+#define PB 4
+#define TS 16
+#define MB 32
+#define CB 1024
+
+typedef struct {
+    const kmat *W;
+    int wt;
+    size_t esz;
+} mm_ctx;
+
+static void set_rows(const mm_ctx *c, tile_args *a, size_t r)
 {
-    size_t n = W->cols;
-    for (size_t t = 0; t < T; t += PB) {
-        int P = (int)(T - t < PB ? T - t : PB);
-        float *y0 = Y + t * ldy + r;
-        const float *x0 = X + t * ldx;
-        if (mx) {
-            mx_tile(R, P)((const uint8_t *)W->data + r * (n / 2), n / 2, W->scales + r * (n / 32), n / 32, x0,
-                          ldx, n, y0, ldy);
-        } else {
-            size_t ws = n * wt_size(wt);
-            wide_tile(wt, R, P)((const char *)W->data + r * ws, ws, x0, ldx, n, y0, ldy);
-        }
+    size_t n = c->W->cols;
+    if (c->wt == 3) {
+        a->w = (const char *)c->W->data + r * (n / 2);
+        a->ws = n / 2;
+        a->s = c->W->scales + r * (n / 32);
+        a->ss = n / 32;
+    } else {
+        a->w = (const char *)c->W->data + r * n * c->esz;
+        a->ws = n * c->esz;
     }
 }
 
 void kmatmul_rows_avx512(const kmat *W, size_t r0, size_t r1, const float *X, size_t ldx, size_t T,
                          float *Y, size_t ldy)
 {
-    int mx = W->type == KD_MXFP4;
-    if (mx && W->cols % 32) {
+    size_t n = W->cols;
+    if (W->type == KD_MXFP4 && n % 32) {
         kmatmul_rows_scalar(W, r0, r1, X, ldx, T, Y, ldy);
         return;
     }
-    int wt = W->type == KD_F32 ? WT_F32 : W->type == KD_BF16 ? WT_BF16 : WT_F16;
-    size_t RB = T == 1 ? 4 : (mx ? 2 : 4), PB = T == 1 ? 1 : 4;
-    size_t r = r0;
-    for (; r + RB <= r1; r += RB) do_rows(W, mx, wt, r, (int)RB, PB, X, ldx, T, Y, ldy);
-    for (; r < r1; r++) do_rows(W, mx, wt, r, 1, PB, X, ldx, T, Y, ldy);
+    mm_ctx c = {W, W->type == KD_F32 ? WT_F32 : W->type == KD_BF16 ? WT_BF16 : W->type == KD_F16 ? WT_F16 : 3,
+                W->type == KD_F32 ? 4 : 2};
+    size_t nb = c.wt == 3 ? n : n - n % 16;
+    tile_args a = {0};
+    a.n = n;
+    a.ldx = ldx;
+    a.ldy = ldy;
+
+    if (T == 1) {
+        size_t rb = c.wt == 3 ? RB1_MX : RB1_WIDE;
+        tile_fn full = pick_tile(c.wt, (int)rb, 1), one = pick_tile(c.wt, 1, 1);
+        a.i0 = 0;
+        a.i1 = nb;
+        a.first = a.last = 1;
+        a.pf = c.wt == 3 ? MX_PREFETCH : 0;
+        a.x = X;
+        size_t r = r0;
+        for (; r + rb <= r1; r += rb) {
+            set_rows(&c, &a, r);
+            a.y = Y + r;
+            full(&a);
+        }
+        for (; r < r1; r++) {
+            set_rows(&c, &a, r);
+            a.y = Y + r;
+            one(&a);
+        }
+        return;
+    }
+
+    const size_t RB = c.wt == 3 ? RB_MX : RB_WIDE;
+    float acc[MB * TS * 16];
+    a.acc = acc;
+    a.accr = TS * 16;
+    for (size_t t0 = 0; t0 < T; t0 += TS) {
+        size_t tt = T - t0 < TS ? T - t0 : TS;
+        for (size_t rb0 = r0; rb0 < r1; rb0 += MB) {
+            size_t mm = r1 - rb0 < MB ? r1 - rb0 : MB;
+            size_t c0 = 0;
+            do {
+                size_t c1 = nb - c0 < CB ? nb : c0 + CB;
+                a.i0 = c0;
+                a.i1 = c1;
+                a.first = c0 == 0;
+                a.last = c1 == nb;
+                for (size_t pb = 0; pb < tt; pb += PB) {
+                    int P = (int)(tt - pb < PB ? tt - pb : PB);
+                    tile_fn full = pick_tile(c.wt, (int)RB, P), one = pick_tile(c.wt, 1, P);
+                    a.x = X + (t0 + pb) * ldx;
+                    a.pf = pb == 0 ? (c.wt == 3 ? CB / 2 : CB * c.esz) : 0;
+                    size_t rl = 0;
+                    for (; rl + RB <= mm; rl += RB) {
+                        set_rows(&c, &a, rb0 + rl);
+                        a.acc = acc + rl * a.accr + pb * 16;
+                        a.y = Y + (t0 + pb) * ldy + rb0 + rl;
+                        full(&a);
+                    }
+                    for (; rl < mm; rl++) {
+                        set_rows(&c, &a, rb0 + rl);
+                        a.acc = acc + rl * a.accr + pb * 16;
+                        a.y = Y + (t0 + pb) * ldy + rb0 + rl;
+                        one(&a);
+                    }
+                }
+                c0 = c1;
+            } while (c0 < nb);
+        }
+    }
 }
 
 AI void matvec_t_wide(int wt, const char *w0, size_t ws, size_t nr, size_t n, const float *x, float *y)

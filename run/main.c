@@ -1,6 +1,7 @@
 /* krun: run Kimi K3 from a KPK file.  Text (or token ids) in, text out. */
 #include "ablate.h"
 #include "forward.h"
+#include "memplan.h"
 #include "kio.h"
 #include "kprogress.h"
 #include "sampler.h"
@@ -11,7 +12,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #define KRUN_VERSION "0.1.0"
@@ -39,6 +39,16 @@ static const char usage[] =
     "  --threads N           worker threads (default: all cores); results are identical for any N\n"
     "  --simd auto|scalar|avx2|avx512   kernel path (default auto); results are identical\n"
     "  --ctx N               positions to reserve (default: prompt + --gen)\n"
+    "Memory (without --mem or --preset the whole file is used in place from a mapping):\n"
+    "  --mem SIZE            memory budget, e.g. 8G, 512M (binary units); peak RSS stays below it\n"
+    "  --preset NAME         laptop 8G, desktop 32G, workstation 64G, server 128G, max 224G\n"
+    "  --plan                print the memory plan (and the minimum budget) and exit\n"
+    "  --pin N               trunk layers kept resident (default: as many as fit)\n"
+    "  --expert-slots N      experts cached (default: what the budget leaves)\n"
+    "  --cache lru|lfu       expert cache policy (default lru)\n"
+    "  --io mmap|pread|direct  how streamed extents are read (default direct, else pread)\n"
+    "  --io-threads N        concurrent reads (default 8)\n"
+    "  --trace FILE          every read: kind, offset, length, start, end (TSV)\n"
     "  --chunk N             prompt positions per forward block (default 64; results identical)\n"
     "  --verify first|always|off   check each extent's XXH3 on first use (default), every use, or never\n"
     "  --recompute           recompute the whole sequence every step (testing; same result)\n"
@@ -55,7 +65,9 @@ static const char usage[] =
 
 struct opts {
     const char *model, *prompt, *prompt_file, *ids, *json, *dump_logits, *dump_all;
-    long gen, top_k, threads, ctx, chunk;
+    const char *mem, *preset, *trace;
+    long gen, top_k, threads, ctx, chunk, pin, slots, io_threads;
+    int plan_only, io, policy, io_given;
     double temp, top_p, min_p;
     unsigned long long seed;
     int verify, recompute, print_ids, quiet, ignore_eos;
@@ -102,6 +114,9 @@ static void parse_args(int argc, char **argv, struct opts *o)
     o->chunk = 64;
     o->top_p = 1.0;
     o->verify = KSTORE_VERIFY_FIRST;
+    o->pin = -1;
+    o->slots = -1;
+    o->io = KSTORE_IO_DIRECT;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { fputs(usage, stdout); exit(KR_OK); }
@@ -132,6 +147,26 @@ static void parse_args(int argc, char **argv, struct opts *o)
             else if (!strcmp(v, "off")) o->verify = KSTORE_VERIFY_OFF;
             else die_usage("--verify: expected first, always or off, got %s", v);
         } else if (!strcmp(a, "--recompute")) o->recompute = 1;
+        else if (!strcmp(a, "--mem")) o->mem = need(argc, argv, &i);
+        else if (!strcmp(a, "--preset")) o->preset = need(argc, argv, &i);
+        else if (!strcmp(a, "--plan")) o->plan_only = 1;
+        else if (!strcmp(a, "--pin")) o->pin = parse_long(need(argc, argv, &i), 0, K3_MAX_LAYERS, "--pin");
+        else if (!strcmp(a, "--expert-slots")) o->slots = parse_long(need(argc, argv, &i), 1, 1L << 24, "--expert-slots");
+        else if (!strcmp(a, "--io-threads")) o->io_threads = parse_long(need(argc, argv, &i), 1, 256, "--io-threads");
+        else if (!strcmp(a, "--trace")) o->trace = need(argc, argv, &i);
+        else if (!strcmp(a, "--cache")) {
+            const char *v = need(argc, argv, &i);
+            if (!strcmp(v, "lru")) o->policy = KSTORE_LRU;
+            else if (!strcmp(v, "lfu")) o->policy = KSTORE_LFU;
+            else die_usage("--cache: expected lru or lfu, got %s", v);
+        } else if (!strcmp(a, "--io")) {
+            const char *v = need(argc, argv, &i);
+            o->io_given = 1;
+            if (!strcmp(v, "mmap")) o->io = KSTORE_IO_MMAP;
+            else if (!strcmp(v, "pread")) o->io = KSTORE_IO_PREAD;
+            else if (!strcmp(v, "direct")) o->io = KSTORE_IO_DIRECT;
+            else die_usage("--io: expected mmap, pread or direct, got %s", v);
+        }
         else if (!strcmp(a, "--json")) o->json = need(argc, argv, &i);
         else if (!strcmp(a, "--dump-logits")) o->dump_logits = need(argc, argv, &i);
         else if (!strcmp(a, "--dump-all-logits")) o->dump_all = need(argc, argv, &i);
@@ -143,7 +178,11 @@ static void parse_args(int argc, char **argv, struct opts *o)
         else die_usage("unexpected argument %s", a);
     }
     if (!o->model) { fputs(usage, stderr); exit(KR_USAGE); }
-    if (!!o->prompt + !!o->prompt_file + !!o->ids != 1) die_usage("%s", "give exactly one of --prompt, --prompt-file, --ids");
+    if (o->mem && o->preset) die_usage("%s", "give --mem or --preset, not both");
+    if ((o->plan_only || o->pin >= 0 || o->slots >= 0 || o->io_given || o->trace) && !o->mem && !o->preset)
+        die_usage("%s", "--plan, --pin, --expert-slots, --io and --trace need a budget: --mem SIZE or --preset NAME");
+    if (!o->plan_only && !!o->prompt + !!o->prompt_file + !!o->ids != 1)
+        die_usage("%s", "give exactly one of --prompt, --prompt-file, --ids");
 }
 
 static int parse_ids(const char *s, int32_t **out, size_t *n)
@@ -202,12 +241,6 @@ static int write_floats(const char *path, const float *x, size_t n)
     return ok ? 0 : -1;
 }
 
-static uint64_t peak_rss(void)
-{
-    struct rusage ru;
-    return getrusage(RUSAGE_SELF, &ru) == 0 ? (uint64_t)ru.ru_maxrss * 1024 : 0;
-}
-
 /* Streams decoded bytes, holding back an incomplete UTF-8 sequence. */
 struct text_out { uint8_t pend[64]; size_t n; };
 static void emit_bytes(struct text_out *o, const uint8_t *b, size_t len, int flush)
@@ -227,6 +260,25 @@ static void emit_bytes(struct text_out *o, const uint8_t *b, size_t len, int flu
     fflush(stdout);
 }
 
+/* The budget's plan.  extra: buffers only some runs need (--dump-all-logits). */
+static int make_plan(const struct opts *o, const k3_model *m, uint64_t extra, kmemplan *plan)
+{
+    char err[600];
+    int64_t budget = o->mem ? kmem_parse_size(o->mem) : kmem_preset(o->preset);
+    if (budget <= 0) {
+        fprintf(stderr, "krun: %s: expected a size like 8G or 512M, or a preset (laptop, desktop, workstation, server, max)\n",
+                o->mem ? o->mem : o->preset);
+        return -1;
+    }
+    if (kmemplan_make(m, (uint64_t)budget, (int)o->pin, (int)o->slots, (size_t)o->ctx, (size_t)o->chunk,
+                      kmem_base_bytes(m) + extra, plan, err, sizeof err)) {
+        fprintf(stderr, "krun: %s\n", err);
+        return -1;
+    }
+    plan->preset = o->preset;
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     struct opts o;
@@ -241,11 +293,14 @@ int main(int argc, char **argv)
     int32_t *prompt = NULL, *seq = NULL, stop_ids[3] = {-1, -1, -1};
     size_t n_prompt = 0, n_seq = 0, V;
     float *logits = NULL, *all = NULL;
-    double *spt = NULL, t_prefill = 0;
+    struct step { double seconds; uint64_t trunk, experts, globals, hits, misses, rss; } *steps = NULL;
+    size_t n_steps = 0;
+    double t_prefill = 0;
     char err[1024];
     int rc = KR_USAGE, have_model = 0, have_run = 0;
     struct text_out tout = {{0}, 0};
     kstore_opts sopt;
+    kmemplan plan;
 
     parse_args(argc, argv, &o);
     if (krun_ablation_from_env()) return KR_USAGE;
@@ -263,6 +318,21 @@ int main(int argc, char **argv)
     V = (size_t)m.cfg.vocab;
     tk = load_tokenizer(&m, err, sizeof err);
     if (!tk && m.tokenizer_rank_file) { fprintf(stderr, "krun: tokenizer: %s\n", err); rc = KR_DATA; goto out; }
+
+    if (o.plan_only) {
+        /* the plan alone: no prompt needed; --ctx defaults to 4096 */
+        if (!o.ctx) o.ctx = 4096;
+        rc = make_plan(&o, &m, 0, &plan) ? KR_USAGE : KR_OK;
+        if (rc == KR_OK) {
+            if (o.json) {
+                json_t *j = kmemplan_json(&plan);
+                if (json_dump_file(j, o.json, JSON_INDENT(1))) { fprintf(stderr, "krun: cannot write %s\n", o.json); rc = KR_USAGE; }
+                json_decref(j);
+            }
+            kmemplan_print(&plan, stdout);
+        }
+        goto out;
+    }
 
     /* the prompt */
     if (o.ids) {
@@ -296,8 +366,23 @@ int main(int argc, char **argv)
         if (tk) { stop_ids[1] = ktok_find_special(tk, "<|end_of_msg|>"); stop_ids[2] = ktok_find_special(tk, "[EOS]"); }
     }
 
+    memset(&sopt, 0, sizeof sopt);
     sopt.verify = o.verify;
-    if (kstore_open(f, &sopt, &store, &e)) { fprintf(stderr, "krun: %s\n", e.msg); rc = KR_DATA; goto out; }
+    sopt.model = &m;
+    if (o.mem || o.preset) {
+        if (make_plan(&o, &m, o.dump_all ? n_prompt * V * sizeof(float) : 0, &plan)) goto out;
+        if (!o.quiet) kmemplan_print(&plan, stderr);
+        sopt.plan = &plan;
+        sopt.io = o.io;
+        sopt.policy = o.policy;
+        sopt.io_threads = (int)o.io_threads;
+        sopt.trace = o.trace != NULL;
+    }
+    if (kstore_open(f, &sopt, &store, &e)) {
+        fprintf(stderr, "krun: %s\n", e.msg);
+        rc = e.code == KPK_EIO && o.io == KSTORE_IO_DIRECT ? KR_USAGE : KR_DATA;
+        goto out;
+    }
     pool = kpool_create(o.threads ? (int)o.threads : kpool_ncpu());
     if (!pool) { fprintf(stderr, "krun: cannot start threads\n"); rc = KR_DATA; goto out; }
     if (k3_run_init(&run, &m, store, pool, (size_t)o.ctx, err, sizeof err)) { fprintf(stderr, "krun: %s\n", err); rc = KR_DATA; goto out; }
@@ -306,9 +391,9 @@ int main(int argc, char **argv)
 
     logits = malloc(V * sizeof *logits);
     seq = malloc((n_prompt + (size_t)o.gen + 1) * sizeof *seq);
-    spt = malloc(((size_t)o.gen + 1) * sizeof *spt);
+    steps = calloc((size_t)o.gen + 1, sizeof *steps);
     if (o.dump_all) all = malloc(n_prompt * V * sizeof *all);
-    if (!logits || !seq || !spt || (o.dump_all && !all)) { fprintf(stderr, "krun: out of memory\n"); rc = KR_DATA; goto out_run; }
+    if (!logits || !seq || !steps || (o.dump_all && !all)) { fprintf(stderr, "krun: out of memory\n"); rc = KR_DATA; goto out_run; }
     memcpy(seq, prompt, n_prompt * sizeof *seq);
     n_seq = n_prompt;
 
@@ -329,20 +414,25 @@ int main(int argc, char **argv)
     if (o.dump_logits && write_floats(o.dump_logits, logits, V)) { fprintf(stderr, "krun: writing %s: %s\n", o.dump_logits, strerror(errno)); goto out_run; }
     if (o.dump_all && write_floats(o.dump_all, all, n_prompt * V)) { fprintf(stderr, "krun: writing %s: %s\n", o.dump_all, strerror(errno)); goto out_run; }
 
+    /* decoding: one forward pass per generated token (the last one needs none) */
     for (long g = 0; g < o.gen; g++) {
-        double t0 = know();
         int32_t next = ksampler_pick(&sampler, logits, V);
         int stop = 0;
+        kstore_stats a, b;
+        struct step *st;
+        double t0;
         if (next < 0) { fprintf(stderr, "krun: out of memory\n"); rc = KR_DATA; goto out_run; }
         seq[n_seq++] = next;
-        for (int s = 0; s < 3; s++) stop |= stop_ids[s] >= 0 && next == stop_ids[s];
+        for (int k = 0; k < 3; k++) stop |= stop_ids[k] >= 0 && next == stop_ids[k];
         if (o.print_ids || !tk) { printf("%s%d", g ? " " : "", next); fflush(stdout); }
         else if (!stop) {
             size_t len = 0;
-            const uint8_t *b = ktok_id_bytes(tk, next, &len);
-            if (b) emit_bytes(&tout, b, len, 0);
+            const uint8_t *bytes = ktok_id_bytes(tk, next, &len);
+            if (bytes) emit_bytes(&tout, bytes, len, 0);
         }
-        if (stop || g + 1 == o.gen) { spt[g] = know() - t0; if (stop) { o.gen = g + 1; } break; }
+        if (stop || g + 1 == o.gen) break;
+        kstore_stats_get(store, &a);
+        t0 = know();
         if (o.recompute) {
             k3_state_reset(&run.state);
             for (size_t p = 0; p < n_seq; p += (size_t)o.chunk) {
@@ -354,7 +444,23 @@ int main(int argc, char **argv)
             rc = KR_DATA;
             goto out_run;
         }
-        spt[g] = know() - t0;
+        kstore_stats_get(store, &b);
+        st = &steps[n_steps++];
+        st->seconds = know() - t0;
+        st->trunk = b.bytes_trunk - a.bytes_trunk;
+        st->experts = b.bytes_experts - a.bytes_experts;
+        st->globals = b.bytes_globals - a.bytes_globals;
+        st->hits = b.expert_hits - a.expert_hits;
+        st->misses = b.expert_misses - a.expert_misses;
+        st->rss = kmem_rss();
+        if (sopt.plan && !o.quiet) {
+            char t1[32], t2[32];
+            kfmt_bytes(st->trunk, t1, sizeof t1);
+            kfmt_bytes(st->experts, t2, sizeof t2);
+            fprintf(stderr, "\nkrun: step %zu: %.3f s, read trunk %s + experts %s (%.0f MB/s), resident hits %llu/%llu, RSS %.1f MB\n",
+                    n_steps, st->seconds, t1, t2, (double)(st->trunk + st->experts + st->globals) / st->seconds / 1e6,
+                    (unsigned long long)st->hits, (unsigned long long)(st->hits + st->misses), (double)st->rss / 1e6);
+        }
     }
     emit_bytes(&tout, NULL, 0, 1);
     if (o.print_ids || !tk || o.gen) printf("\n");
@@ -364,24 +470,50 @@ int main(int argc, char **argv)
         size_t n_gen = n_seq - n_prompt;
         double total = 0;
         kstore_stats_get(store, &st);
-        for (size_t g = 0; g < n_gen; g++) total += spt[g];
+        for (size_t k = 0; k < n_steps; k++) total += steps[k].seconds;
+        if (o.trace && kstore_trace_write(store, o.trace)) fprintf(stderr, "krun: cannot write %s: %s\n", o.trace, strerror(errno));
         if (!o.quiet)
-            fprintf(stderr, "krun: prompt %zu tokens in %.3f s; %zu generated, %.1f ms/token; %llu extents verified; peak RSS %.1f MB; simd %s, %d threads\n",
-                    n_prompt, t_prefill, n_gen, n_gen ? total / (double)n_gen * 1e3 : 0.0, (unsigned long long)st.extents_verified,
-                    (double)peak_rss() / 1e6, kern_simd_name(kern_simd_get()), kpool_threads(pool));
+            fprintf(stderr, "krun: prompt %zu tokens in %.3f s; %zu generated, %.1f ms per decoding step; read %.3g GB; "
+                    "%llu extents verified; peak RSS %.1f MB; simd %s, %d threads\n",
+                    n_prompt, t_prefill, n_gen, n_steps ? total / (double)n_steps * 1e3 : 0.0, (double)st.bytes_read / 1e9,
+                    (unsigned long long)st.extents_verified, (double)kmem_peak_rss() / 1e6, kern_simd_name(kern_simd_get()),
+                    kpool_threads(pool));
         if (o.json) {
-            json_t *j = json_object(), *pi = json_array(), *gi = json_array(), *sp = json_array();
+            json_t *j = json_object(), *pi = json_array(), *gi = json_array(), *sp = json_array(), *sa = json_array();
             for (size_t i = 0; i < n_prompt; i++) json_array_append_new(pi, json_integer(prompt[i]));
             for (size_t i = n_prompt; i < n_seq; i++) json_array_append_new(gi, json_integer(seq[i]));
-            for (size_t g = 0; g < n_gen; g++) json_array_append_new(sp, json_real(spt[g]));
+            for (size_t k = 0; k < n_steps; k++) {
+                const struct step *x = &steps[k];
+                json_t *o2 = json_object();
+                json_array_append_new(sp, json_real(x->seconds));
+                json_object_set_new(o2, "seconds", json_real(x->seconds));
+                json_object_set_new(o2, "bytes_trunk", json_integer((json_int_t)x->trunk));
+                json_object_set_new(o2, "bytes_experts", json_integer((json_int_t)x->experts));
+                json_object_set_new(o2, "bytes_globals", json_integer((json_int_t)x->globals));
+                json_object_set_new(o2, "mb_per_s", json_real((double)(x->trunk + x->experts + x->globals) / x->seconds / 1e6));
+                json_object_set_new(o2, "expert_hits", json_integer((json_int_t)x->hits));
+                json_object_set_new(o2, "expert_misses", json_integer((json_int_t)x->misses));
+                json_object_set_new(o2, "resident_hit_rate", x->hits + x->misses ? json_real((double)x->hits / (double)(x->hits + x->misses)) : json_null());
+                json_object_set_new(o2, "rss_bytes", json_integer((json_int_t)x->rss));
+                json_array_append_new(sa, o2);
+            }
             json_object_set_new(j, "prompt_ids", pi);
             json_object_set_new(j, "generated_ids", gi);
             json_object_set_new(j, "seconds_per_token", sp);
+            json_object_set_new(j, "steps", sa);
             json_object_set_new(j, "prefill_seconds", json_real(t_prefill));
             json_object_set_new(j, "bytes_read", json_integer((json_int_t)st.bytes_read));
-            json_object_set_new(j, "peak_rss_bytes", json_integer((json_int_t)peak_rss()));
+            json_object_set_new(j, "bytes_trunk", json_integer((json_int_t)st.bytes_trunk));
+            json_object_set_new(j, "bytes_experts", json_integer((json_int_t)st.bytes_experts));
+            json_object_set_new(j, "bytes_globals", json_integer((json_int_t)st.bytes_globals));
+            json_object_set_new(j, "bytes_resident", json_integer((json_int_t)st.bytes_resident));
+            json_object_set_new(j, "expert_hits", json_integer((json_int_t)st.expert_hits));
+            json_object_set_new(j, "expert_misses", json_integer((json_int_t)st.expert_misses));
+            json_object_set_new(j, "io_wait_seconds", json_real(st.io_wait_seconds));
+            json_object_set_new(j, "peak_rss_bytes", json_integer((json_int_t)kmem_peak_rss()));
             json_object_set_new(j, "simd", json_string(kern_simd_name(kern_simd_get())));
             json_object_set_new(j, "threads", json_integer(kpool_threads(pool)));
+            if (sopt.plan) json_object_set_new(j, "plan", kmemplan_json(&plan));
             if (json_dump_file(j, o.json, JSON_INDENT(1)) != 0) {
                 fprintf(stderr, "krun: cannot write %s\n", o.json);
                 json_decref(j);
@@ -400,6 +532,6 @@ out:
     if (have_model) k3_model_close(&m);
     ktok_free(tk);
     kpk_close(f);
-    free(prompt); free(seq); free(logits); free(all); free(spt);
+    free(prompt); free(seq); free(logits); free(all); free(steps);
     return rc;
 }

@@ -1,0 +1,74 @@
+/* The memory planner: how krun splits a budget (--mem / --preset) between the
+ * parts that hold model bytes and the parts that hold state.
+ *
+ *   resident globals   lm_head and the small global vectors (the embedding
+ *                      is read a row at a time, never held)
+ *   pinned trunk       a prefix of trunk layers kept resident (--pin)
+ *   trunk ring         two slots, each as large as the largest streamed trunk
+ *                      extent: one in use, one being read ahead
+ *   expert cache       slots of one routed expert each (--expert-slots)
+ *   state              KDA + ShortConv state and the MLA latent cache (--ctx)
+ *   scratch            activations of one prefill block (--chunk)
+ *   base               the process itself: code, the KPK directory, the
+ *                      tokenizer (computed from the file, so a plan is the
+ *                      same on every run)
+ *
+ * Default rule, measured upstream on the real model: memory goes to the trunk
+ * until it is fully pinned (a trunk layer is read on every token), then to the
+ * expert cache (experts are only sampled, and the router spreads load flat). */
+#ifndef KRUN_MEMPLAN_H
+#define KRUN_MEMPLAN_H
+
+#include "model.h"
+
+#include <jansson.h>
+#include <stdint.h>
+#include <stdio.h>
+
+typedef struct kmemplan {
+    uint64_t budget;
+    const char *preset;            /* NULL unless --preset */
+    uint64_t base;                 /* process overhead at planning time, with margin */
+    uint64_t globals_resident;
+    int n_layers;
+    int pin;                       /* layers [0, pin) are resident */
+    uint64_t pinned_bytes;
+    int ring_slots;                /* 2, or 0 when every layer is pinned */
+    uint64_t ring_slot_bytes;
+    int expert_slots;
+    uint64_t expert_slot_bytes;
+    uint64_t state_bytes, scratch_bytes;
+    uint64_t total;
+    size_t ctx, chunk;
+    /* what a decoding step must read at least */
+    uint64_t trunk_stream_bytes;   /* every unpinned trunk extent, padded */
+    uint64_t expert_reads_max;     /* MoE layers x top-k expert extents, padded */
+    uint64_t minimum;              /* the smallest budget that works (pin 0, top-k slots) */
+} kmemplan;
+
+/* What the process needs besides the plan's parts: code and libraries,
+ * thread stacks, allocator slack (a constant, checked under a cgroup limit by
+ * the tests), plus the KPK directory and the tokenizer, computed from the file. */
+#define KMEM_PROCESS_BYTES ((uint64_t)12 << 20)
+uint64_t kmem_base_bytes(const k3_model *m);
+
+/* Sizes like "8G", "512M", "300K", "1.5G" (binary units) -> bytes; -1 if malformed. */
+int64_t kmem_parse_size(const char *s);
+/* laptop, desktop, workstation, server, max -> bytes; -1 if unknown. */
+int64_t kmem_preset(const char *name);
+
+/* Bytes the forward pass allocates for a block of T positions with ctx reserved. */
+uint64_t kmem_scratch_bytes(const k3_config *c, size_t T, size_t ctx);
+
+/* Plan for a budget.  pin / slots < 0: choose by the default rule.  Returns -1
+ * with err saying what the minimum is when the budget cannot hold it. */
+int kmemplan_make(const k3_model *m, uint64_t budget, int pin, int slots, size_t ctx, size_t chunk, uint64_t base,
+                  kmemplan *p, char *err, size_t errlen);
+void kmemplan_print(const kmemplan *p, FILE *out);
+json_t *kmemplan_json(const kmemplan *p);
+
+/* Current resident set size of this process (VmRSS), and its peak (VmHWM). */
+uint64_t kmem_rss(void);
+uint64_t kmem_peak_rss(void);
+
+#endif

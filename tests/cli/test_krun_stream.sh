@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# krun within a memory budget: the same bits at every budget, --io mode and
+# cache policy; reads per step equal the planner's compulsory reads; peak RSS
+# below the budget under a real cgroup memory limit; corruption caught on the
+# first read of an extent.
+. "$(dirname "$0")/lib.sh"
+
+"$BIN/k3synth" "$T/m" --geometry tiny --seed 31 --shards 2 --quiet >/dev/null 2>"$T/err" || { notok "k3synth: $(cat "$T/err")"; finish; exit 1; }
+"$BIN/kpack" convert "$T/m" "$T/m.kpk" --quiet || { notok "convert"; finish; exit 1; }
+IDS=3,7,11,5,9,100,200,30
+GEN=8
+
+# The reference: no budget, everything in place from the mapping.
+"$BIN/krun" "$T/m.kpk" --ids $IDS --gen $GEN --dump-all-logits "$T/ref.bin" --json "$T/ref.json" --quiet >/dev/null
+
+# The smallest budget the planner accepts, and what it says below it.
+"$BIN/krun" "$T/m.kpk" --plan --mem 1G --ctx 16 --json "$T/plan.json" >/dev/null || notok "--plan"
+min=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["minimum_bytes"])' "$T/plan.json")
+expect_exit 2 "a budget below the minimum is refused" "$BIN/krun" "$T/m.kpk" --ids $IDS --gen $GEN --mem $((min - 4096)) --quiet
+expect_err "the minimum for this model with --ctx 16 is .*\($min bytes\)" "the refusal names the minimum ($min bytes)"
+expect_exit 0 "--plan at the minimum prints the plan" "$BIN/krun" "$T/m.kpk" --plan --mem $min --ctx 16
+grep -q "trunk ring" "$T/last.out" && grep -q "expert cache" "$T/last.out" && ok "the plan lists ring, cache, state, scratch" || notok "plan output"
+expect_exit 2 "--pin without a budget is a usage error" "$BIN/krun" "$T/m.kpk" --ids 1 --pin 2
+
+same() { # same LABEL ARGS...: ids and every logit bit equal the reference
+    local label=$1; shift
+    if "$BIN/krun" "$T/m.kpk" --ids $IDS --gen $GEN --dump-all-logits "$T/x.bin" --json "$T/x.json" --quiet "$@" >/dev/null 2>"$T/x.err" \
+        && cmp -s "$T/ref.bin" "$T/x.bin" \
+        && python3 -c 'import json,sys; assert json.load(open(sys.argv[1]))["generated_ids"]==json.load(open(sys.argv[2]))["generated_ids"]' "$T/ref.json" "$T/x.json"; then
+        ok "identical ids and logits bits: $label"
+    else
+        notok "results differ: $label: $(head -c 300 "$T/x.err")"
+    fi
+}
+# Four budgets, from the minimum (nothing pinned, top-k expert slots) to
+# everything resident, each with the three I/O modes.  The minimum of these
+# runs (which also hold every prompt position's logits) is read from the
+# planner's own refusal.
+"$BIN/krun" "$T/m.kpk" --ids $IDS --gen $GEN --dump-all-logits "$T/x.bin" --mem 4096 --quiet 2>"$T/x.err"
+minrun=$(sed -n 's/.*the minimum .* (\([0-9]*\) bytes)$/\1/p' "$T/x.err")
+[ -n "$minrun" ] || { notok "no minimum in: $(cat "$T/x.err")"; minrun=$min; }
+for mem in $minrun $((minrun + 300000)) $((minrun * 2)) 1G; do
+    for io in direct pread mmap; do same "--mem $mem --io $io" --mem $mem --io $io; done
+done
+# Forced streaming shapes, both cache policies
+same "--pin 0 --expert-slots 1 (one expert at a time)" --mem 1G --pin 0 --expert-slots 1
+same "--pin 5 --expert-slots 3 --cache lfu" --mem 1G --pin 5 --expert-slots 3 --cache lfu
+same "--pin 12 --expert-slots 2 --io-threads 1" --mem 1G --pin 12 --expert-slots 2 --io-threads 1
+same "--pin 3 --verify always --chunk 3" --mem 1G --pin 3 --expert-slots 4 --verify always --chunk 3
+
+# Reads per decoding step equal the planner's compulsory reads: every
+# unpinned trunk extent, plus one expert extent per cache miss.
+"$BIN/krun" "$T/m.kpk" --ids $IDS --gen $GEN --mem 1G --pin 4 --expert-slots 5 --json "$T/s.json" --trace "$T/trace.tsv" --quiet >/dev/null
+python3 - "$T/s.json" <<'PY' && ok "bytes per step = unpinned trunk + misses x expert extent (every step)" || notok "bytes per step differ from the plan"
+import json, sys
+j = json.load(open(sys.argv[1])); p = j["plan"]
+assert j["steps"], "no steps"
+for s in j["steps"]:
+    assert s["bytes_trunk"] == p["trunk_stream_bytes_per_token"], (s, p["trunk_stream_bytes_per_token"])
+    assert s["bytes_experts"] == s["expert_misses"] * p["expert_slot_bytes"], s
+    assert s["expert_hits"] + s["expert_misses"] > 0
+PY
+python3 - "$T/trace.tsv" "$T/s.json" <<'PY' && ok "--trace records every streamed read (offset, length, start, end)" || notok "--trace"
+import json, sys
+rows = [l.split("\t") for l in open(sys.argv[1]).read().splitlines()[1:]]
+j = json.load(open(sys.argv[2]))
+assert rows and all(len(r) == 5 and float(r[4]) >= float(r[3]) for r in rows)
+# the last read-ahead (the first streamed layer of a step that never runs) is read but not used
+extra = sum(int(r[2]) for r in rows if r[0] in "TE") - (j["bytes_trunk"] + j["bytes_experts"])
+assert 0 <= extra <= j["plan"]["ring_slot_bytes"], extra
+PY
+# A cache big enough for everything: later steps hit experts loaded earlier.
+"$BIN/krun" "$T/m.kpk" --ids $IDS --gen $GEN --mem 1G --pin 13 --json "$T/h.json" --quiet >/dev/null
+python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); assert j["expert_hits"] > 0 and j["steps"][-1]["resident_hit_rate"] > 0 and j["bytes_trunk"] == 0' "$T/h.json" \
+    && ok "with every layer pinned and a large cache: no trunk reads, resident expert hits reported" || notok "hit rate"
+
+# Peak RSS stays under the budget, enforced by a cgroup memory limit (swap off).
+cg_run() { # cg_run LIMIT CMD...: run CMD in a fresh memory cgroup limited to LIMIT bytes
+    local limit=$1; shift
+    local v1=/sys/fs/cgroup/memory v2=/sys/fs/cgroup d rc
+    if [ -d "$v1" ] && [ -w "$v1" ]; then
+        d="$v1/kpk-test-$$-$RANDOM"; mkdir "$d" || return 99
+        echo "$limit" > "$d/memory.limit_in_bytes" || { rmdir "$d"; return 99; }
+        [ -e "$d/memory.memsw.limit_in_bytes" ] && echo "$limit" > "$d/memory.memsw.limit_in_bytes" 2>/dev/null
+        echo 0 > "$d/memory.swappiness" 2>/dev/null
+        (echo $BASHPID > "$d/cgroup.procs" && exec "$@"); rc=$?
+        rmdir "$d" 2>/dev/null
+        return $rc
+    elif [ -e "$v2/cgroup.controllers" ] && grep -qw memory "$v2/cgroup.controllers" && [ -w "$v2" ]; then
+        d="$v2/kpk-test-$$-$RANDOM"; mkdir "$d" || return 99
+        echo "$limit" > "$d/memory.max" || { rmdir "$d"; return 99; }
+        echo 0 > "$d/memory.swap.max" 2>/dev/null
+        (echo $BASHPID > "$d/cgroup.procs" && exec "$@"); rc=$?
+        rmdir "$d" 2>/dev/null
+        return $rc
+    fi
+    return 99
+}
+for mem in $minrun $((minrun * 2)); do
+    cg_run $mem "$BIN/krun" "$T/m.kpk" --ids $IDS --gen $GEN --mem $mem --json "$T/cg.json" --dump-all-logits "$T/cg.bin" --quiet >/dev/null 2>"$T/cg.err"
+    rc=$?
+    if [ $rc -eq 99 ]; then skip "cgroup memory limit: no writable cgroup v1/v2 memory controller here"; break; fi
+    peak=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["peak_rss_bytes"])' "$T/cg.json" 2>/dev/null || echo 0)
+    if [ $rc -eq 0 ] && [ "$peak" -gt 0 ] && [ "$peak" -le $mem ] && cmp -s "$T/ref.bin" "$T/cg.bin"; then
+        ok "under a cgroup limit of $mem bytes: completes, peak RSS $peak <= budget, identical logits"
+    else
+        notok "cgroup limit $mem: rc $rc, peak $peak: $(head -c 300 "$T/cg.err")"
+    fi
+done
+
+# A corrupted expert extent: detected the first time it is read, the run
+# stops with the extent named and prints no token computed from it.
+python3 - "$T/m.kpk" "$T/bad.kpk" "$T/ref.json" <<'PY'
+import json, struct, sys
+d = bytearray(open(sys.argv[1], "rb").read())
+ext_off, ext_n = struct.unpack_from("<QQ", d, 56)
+# corrupt every expert of the last layer but two: some step must route to one
+for i in range(ext_n):
+    kind, codec, member, layer, expert = struct.unpack_from("<BBHII", d, ext_off + 64 * i)
+    off, stored = struct.unpack_from("<QQ", d, ext_off + 64 * i + 16)
+    if kind == 4 and layer == 12 and expert >= 2:
+        d[off + stored // 2] ^= 0x01
+open(sys.argv[2], "wb").write(d)
+PY
+"$BIN/krun" "$T/bad.kpk" --ids $IDS --gen $GEN --mem 1G --pin 2 --expert-slots 4 --print-ids --quiet >"$T/bad.out" 2>"$T/bad.err"
+rc=$?
+[ $rc -eq 1 ] && grep -qE "layer 12 expert [0-9]+ .*checksum mismatch" "$T/bad.err" && ok "corrupted expert: exit 1, extent named" \
+    || notok "corrupted expert: rc $rc: $(cat "$T/bad.err")"
+python3 - "$T/bad.out" "$T/ref.json" <<'PY' && ok "no token computed from the corrupt extent was printed" || notok "tokens after corruption"
+import json, sys
+got = open(sys.argv[1]).read().split()
+want = json.load(open(sys.argv[2]))["generated_ids"]
+assert len(got) < len(want) and [int(x) for x in got] == want[:len(got)], (got, want)
+PY
+finish
