@@ -60,8 +60,8 @@ $(BINDIR)/kpack: $(call obj,pack/main.c) $(LIBPACK) $(LIBFORMAT)
 $(BINDIR)/krun: $(call obj,run/main.c) $(LIBRUN) $(LIBFORMAT)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
-# k3synth uses krun's tokenizer tables to write a K3 tokenizer_config.json.
-$(BINDIR)/k3synth: $(call obj,$(SYNTH_SRC)) $(LIBRUN) $(LIBFORMAT)
+# k3synth uses krun's tokenizer (only it) to write and check tokenizer files.
+$(BINDIR)/k3synth: $(call obj,$(SYNTH_SRC) run/tokenizer.c run/tokenizer_specials.c) $(LIBFORMAT)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 

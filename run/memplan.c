@@ -157,7 +157,13 @@ int kmemplan_make(const k3_model *m, uint64_t budget, int pin, int slots, size_t
     p->expert_slot_bytes = s.expert_slot;
     max_slots = s.moe_layers * c->n_experts;
     min_slots = c->topk < max_slots ? c->topk : max_slots;
+    /* the smallest total over every pinned prefix: pinning a layer larger than
+     * twice the rest can cost less than streaming it through the ring */
     p->minimum = total_for(&s, p, c->n_layers, 0, min_slots, NULL, NULL);
+    for (int k = 1; k <= c->n_layers; k++) {
+        uint64_t t = total_for(&s, p, c->n_layers, k, min_slots, NULL, NULL);
+        if (t < p->minimum) p->minimum = t;
+    }
     if (pin > c->n_layers) pin = c->n_layers;
     if (slots > max_slots) slots = max_slots;
 

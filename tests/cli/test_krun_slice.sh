@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Streaming at full K3 widths: a small slice checkpoint (hidden 7168, 96 heads,
+# real 17.5 MB MXFP4 experts; 2 layers, 8 experts, ~2.4 GB) run at four
+# budgets and three I/O modes gives the same bits, and stays under a cgroup
+# memory limit at the smallest budget.
+. "$(dirname "$0")/lib.sh"
+
+avail=$(df -Pk "$T" | awk 'NR==2 {print $4}')
+if [ "${avail:-0}" -lt $((8 * 1024 * 1024)) ]; then
+    skip "full-width slice streaming: less than 8 GB free in $T"
+    finish; exit 0
+fi
+"$BIN/k3synth" "$T/sl" --geometry slice --layers 2 --experts 8 --topk 2 --vocab 512 --first-dense 0 --seed 5 --quiet >/dev/null 2>"$T/err" \
+    || { notok "k3synth slice: $(cat "$T/err")"; finish; exit 1; }
+"$BIN/kpack" convert "$T/sl" "$T/sl.kpk" --quiet || { notok "convert slice"; finish; exit 1; }
+rm -rf "$T/sl"
+IDS=11,400,23,7,300
+GEN=3
+"$BIN/krun" "$T/sl.kpk" --ids $IDS --gen $GEN --dump-all-logits "$T/ref.bin" --json "$T/ref.json" --quiet >/dev/null \
+    || { notok "krun on the slice"; finish; exit 1; }
+"$BIN/krun" "$T/sl.kpk" --ids $IDS --gen $GEN --dump-all-logits "$T/x.bin" --mem 4096 --quiet 2>"$T/x.err"
+minrun=$(sed -n 's/.*the minimum .* (\([0-9]*\) bytes)$/\1/p' "$T/x.err")
+[ -n "$minrun" ] || { notok "no minimum in: $(cat "$T/x.err")"; finish; exit 1; }
+
+same() {
+    local label=$1; shift
+    if "$BIN/krun" "$T/sl.kpk" --ids $IDS --gen $GEN --dump-all-logits "$T/x.bin" --json "$T/x.json" --quiet "$@" >/dev/null 2>"$T/x.err" \
+        && cmp -s "$T/ref.bin" "$T/x.bin" \
+        && python3 -c 'import json,sys; assert json.load(open(sys.argv[1]))["generated_ids"]==json.load(open(sys.argv[2]))["generated_ids"]' "$T/ref.json" "$T/x.json"; then
+        ok "slice: identical ids and logits bits: $label"
+    else
+        notok "slice: results differ: $label: $(head -c 300 "$T/x.err")"
+    fi
+}
+same "--mem $minrun (the minimum)" --mem $minrun
+same "--mem 3G --pin 0 --expert-slots 2 --io direct" --mem 3G --pin 0 --expert-slots 2 --io direct
+same "--mem 3G --pin 0 --expert-slots 3 --io pread --cache lfu" --mem 3G --pin 0 --expert-slots 3 --io pread --cache lfu
+same "--mem 3G --pin 1 --expert-slots 5 --io mmap" --mem 3G --pin 1 --expert-slots 5 --io mmap
+same "--mem 8G (all pinned, all experts cached)" --mem 8G
+python3 - "$T/x.json" <<'PY' && ok "slice: bytes per step match the plan" || notok "slice: bytes per step"
+import json, sys
+j = json.load(open(sys.argv[1])); p = j["plan"]
+for s in j["steps"]:
+    assert s["bytes_trunk"] == p["trunk_stream_bytes_per_token"] and s["bytes_experts"] == s["expert_misses"] * p["expert_slot_bytes"]
+PY
+
+# the smallest budget under a real memory cgroup (v1 or v2), swap off
+limit=$minrun
+d=""
+if [ -d /sys/fs/cgroup/memory ] && [ -w /sys/fs/cgroup/memory ]; then
+    d=/sys/fs/cgroup/memory/kpk-slice-$$
+    mkdir "$d" && echo $limit > "$d/memory.limit_in_bytes" && echo 0 > "$d/memory.swappiness" || d=""
+elif [ -e /sys/fs/cgroup/cgroup.controllers ] && [ -w /sys/fs/cgroup ]; then
+    d=/sys/fs/cgroup/kpk-slice-$$
+    mkdir "$d" && echo $limit > "$d/memory.max" && { echo 0 > "$d/memory.swap.max" 2>/dev/null; true; } || d=""
+fi
+if [ -n "$d" ]; then
+    (echo $BASHPID > "$d/cgroup.procs" && exec "$BIN/krun" "$T/sl.kpk" --ids $IDS --gen $GEN --mem $limit --dump-all-logits "$T/cg.bin" --json "$T/cg.json" --quiet) >/dev/null 2>"$T/cg.err"
+    rc=$?
+    rmdir "$d" 2>/dev/null
+    peak=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["peak_rss_bytes"])' "$T/cg.json" 2>/dev/null || echo 0)
+    [ $rc -eq 0 ] && [ "$peak" -gt 0 ] && [ "$peak" -le $limit ] && cmp -s "$T/ref.bin" "$T/cg.bin" \
+        && ok "slice under a cgroup limit of $limit bytes: peak RSS $peak, identical logits" \
+        || notok "slice cgroup: rc $rc peak $peak limit $limit: $(head -c 300 "$T/cg.err")"
+else
+    skip "slice cgroup limit: no writable memory cgroup"
+fi
+finish
