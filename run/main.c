@@ -482,6 +482,9 @@ int main(int argc, char **argv)
             json_t *j = json_object(), *pi = json_array(), *gi = json_array(), *sp = json_array(), *sa = json_array();
             for (size_t i = 0; i < n_prompt; i++) json_array_append_new(pi, json_integer(prompt[i]));
             for (size_t i = n_prompt; i < n_seq; i++) json_array_append_new(gi, json_integer(seq[i]));
+            /* the time until each generated token: the prompt pass for the first,
+             * one decoding step for each of the others */
+            if (n_gen) json_array_append_new(sp, json_real(t_prefill));
             for (size_t k = 0; k < n_steps; k++) {
                 const struct step *x = &steps[k];
                 json_t *o2 = json_object();

@@ -570,14 +570,15 @@ static void test_matmul_shapes(void)
 {
     if (nlevels < 2) return;
     static const struct { int type; size_t rows, cols; } S[] = {
-        {TBF16, 48, 7168}, {TMX, 40, 3584}, {TMX, 36, 3072}, {TF32, 20, 1536}, {TF16, 9, 1000}};
-    static const size_t TS[] = {1, 4, 16};
+        {TBF16, 48, 7168}, {TMX, 40, 3584}, {TMX, 36, 3072}, {TF32, 20, 1536}, {TF16, 9, 1000},
+        {TBF16, 37, 2061}, {TF32, 35, 1031}, {TMX, 33, 2080}};
+    static const size_t TS[] = {1, 4, 16, 21};
     kpool *p2 = kpool_create(2);
     for (size_t s = 0; s < sizeof S / sizeof *S; s++) {
         mat_t M;
         mat_make(&M, S[s].type, S[s].rows, S[s].cols, 0);
         int ok = 1;
-        for (size_t ti = 0; ti < 3; ti++) {
+        for (size_t ti = 0; ti < sizeof TS / sizeof *TS; ti++) {
             size_t T = TS[ti], cols = S[s].cols, rows = S[s].rows;
             float *X = xmalloc(T * cols * sizeof(float)), *A = xmalloc(T * rows * sizeof(float)),
                   *B = xmalloc(T * rows * sizeof(float));
@@ -593,7 +594,7 @@ static void test_matmul_shapes(void)
             free(A);
             free(B);
         }
-        CHECK(ok, "kmatmul %s %zux%zu, T in {1,4,16}: every SIMD level == scalar", tname[S[s].type], S[s].rows,
+        CHECK(ok, "kmatmul %s %zux%zu, T in {1,4,16,21}: every SIMD level == scalar", tname[S[s].type], S[s].rows,
               S[s].cols);
         row_free(&M.all);
     }

@@ -28,7 +28,7 @@ typedef struct {
     kpool *pool;         /* for the nested test */
 } cov_t;
 
-static uint64_t rs = 88172645463325252ull;
+static _Thread_local uint64_t rs = 88172645463325252ull;
 static uint64_t rnd(void)
 {
     rs ^= rs << 13;
