@@ -40,35 +40,42 @@ BINDIR := $(if $(filter build,$(BUILD)),bin,$(BUILD)/bin)
 .PHONY: all test bench demo deps clean unit asan ablate
 all: $(BINDIR)/kpack $(BINDIR)/k3synth $(if $(wildcard run/main.c),$(BINDIR)/krun)
 
+# V=1 shows the full command lines.
+Q := $(if $(V),,@)
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -c $< -o $@
+	@$(if $(V),true,echo "  CC      $<")
+	$(Q)$(CC) $(CFLAGS) -c $< -o $@
 
 $(LIBFORMAT): $(call obj,$(FORMAT_SRC))
 	@mkdir -p $(dir $@)
-	$(AR) rcs $@ $^
+	$(Q)$(AR) rcs $@ $^
 $(LIBPACK): $(call obj,$(PACK_SRC))
 	@mkdir -p $(dir $@)
-	$(AR) rcs $@ $^
+	$(Q)$(AR) rcs $@ $^
 $(LIBRUN): $(call obj,$(RUN_SRC))
 	@mkdir -p $(dir $@)
-	$(AR) rcs $@ $^
+	$(Q)$(AR) rcs $@ $^
 
 $(BINDIR)/kpack: $(call obj,pack/main.c) $(LIBPACK) $(LIBFORMAT)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+	@$(if $(V),true,echo "  LINK    $@")
+	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 $(BINDIR)/krun: $(call obj,run/main.c) $(LIBRUN) $(LIBFORMAT)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+	@$(if $(V),true,echo "  LINK    $@")
+	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 # k3synth uses krun's tokenizer (only it) to write and check tokenizer files.
 $(BINDIR)/k3synth: $(call obj,$(SYNTH_SRC) run/tokenizer.c run/tokenizer_specials.c) $(LIBFORMAT)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+	@$(if $(V),true,echo "  LINK    $@")
+	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
 # Every unit test links against all three libraries; the linker takes only what it uses.
 $(BUILD)/tests/%: $(BUILD)/tests/unit/%.o $(LIBRUN) $(LIBPACK) $(LIBFORMAT)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+	@$(if $(V),true,echo "  LINK    $@")
+	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
 unit: $(UNIT_BIN)
 
@@ -88,8 +95,9 @@ deps:
 	@tests/deps.sh
 
 # Sanitizer and valgrind builds of the same suite.
+# Shadow memory makes RSS meaningless under ASan: the RSS-bound checks skip.
 asan:
-	$(MAKE) BUILD=build/asan OPT="-O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" test
+	KPK_SANITIZED=1 $(MAKE) BUILD=build/asan OPT="-O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" test
 
 clean:
 	rm -rf build bin

@@ -7,6 +7,7 @@
  * both spellings in both shapes, but take the KDA head count and head dim only
  * from linear_attn_config in the nested shape: text_config may carry an
  * unrelated "num_heads"/"head_dim". */
+#include "errbuf.h"
 #include "k3_config.h"
 
 #include <jansson.h>
@@ -91,15 +92,6 @@ static json_t *lookup(const struct scopes *s, const char *key, const char *alias
     }
 }
 
-static void errf(char *err, size_t n, const char *fmt, ...)
-{
-    va_list ap;
-    if (!err || !n) return;
-    va_start(ap, fmt);
-    vsnprintf(err, n, fmt, ap);
-    va_end(ap);
-}
-
 /* Booleans may be JSON true/false or the integers 0/1. */
 static int json_bool(json_t *v, int *out)
 {
@@ -123,21 +115,21 @@ static int check_refused(const struct scopes *s, char *err, size_t errlen)
     json_t *v;
     int b;
     if ((v = lookup(s, "tie_word_embeddings", NULL, LM)) && (json_bool(v, &b) || b)) {
-        errf(err, errlen, "config: tie_word_embeddings is true; K3 has a separate lm_head and tied embeddings are not supported");
+        errbuf_set(err, errlen, "config: tie_word_embeddings is true; K3 has a separate lm_head and tied embeddings are not supported");
         return -1;
     }
     if ((v = lookup(s, "num_nextn_predict_layers", NULL, LM)) &&
         (!json_is_integer(v) || json_integer_value(v) != 0)) {
-        errf(err, errlen, "config: num_nextn_predict_layers must be 0 (MTP/draft layers are not supported)");
+        errbuf_set(err, errlen, "config: num_nextn_predict_layers must be 0 (MTP/draft layers are not supported)");
         return -1;
     }
     if ((v = lookup(s, "num_expert_group", NULL, LM)) &&
         (!json_is_integer(v) || json_integer_value(v) > 1)) {
-        errf(err, errlen, "config: num_expert_group > 1 (grouped routing) is not supported");
+        errbuf_set(err, errlen, "config: num_expert_group > 1 (grouped routing) is not supported");
         return -1;
     }
     if ((v = lookup(s, "mla_use_nope", NULL, LM)) && (json_bool(v, &b) || !b)) {
-        errf(err, errlen, "config: mla_use_nope is false; only NoPE MLA (no rotary embedding) is supported");
+        errbuf_set(err, errlen, "config: mla_use_nope is false; only NoPE MLA (no rotary embedding) is supported");
         return -1;
     }
     return 0;
@@ -150,30 +142,30 @@ static int parse_layer_map(const struct scopes *s, k3_config *c, char *err, size
     json_t *v;
     memset(c->layer_is_mla, 0, sizeof c->layer_is_mla);
     if (!json_is_array(arr) || json_array_size(arr) == 0) {
-        errf(err, errlen, "config: full_attn_layers must be a non-empty array of 1-based layer numbers");
+        errbuf_set(err, errlen, "config: full_attn_layers must be a non-empty array of 1-based layer numbers");
         return -1;
     }
     json_array_foreach(arr, i, v) {
         json_int_t x;
         if (!json_is_integer(v)) {
-            errf(err, errlen, "config: full_attn_layers[%zu] is not an integer", i);
+            errbuf_set(err, errlen, "config: full_attn_layers[%zu] is not an integer", i);
             return -1;
         }
         x = json_integer_value(v);
         /* 1-based (spec trap 1): 1..NL */
         if (x < 1 || x > c->n_layers) {
-            errf(err, errlen, "config: full_attn_layers[%zu] = %lld is outside 1..%d (the list is 1-based)",
+            errbuf_set(err, errlen, "config: full_attn_layers[%zu] = %lld is outside 1..%d (the list is 1-based)",
                  i, (long long)x, c->n_layers);
             return -1;
         }
         if (c->layer_is_mla[x - 1]) {
-            errf(err, errlen, "config: full_attn_layers lists layer %lld twice", (long long)x);
+            errbuf_set(err, errlen, "config: full_attn_layers lists layer %lld twice", (long long)x);
             return -1;
         }
         c->layer_is_mla[x - 1] = 1;
     }
     if (k3_config_mla_layer_count(c) >= c->n_layers) {
-        errf(err, errlen, "config: every layer is full attention; K3 needs at least one KDA layer");
+        errbuf_set(err, errlen, "config: every layer is full attention; K3 needs at least one KDA layer");
         return -1;
     }
     return 0;
@@ -181,7 +173,7 @@ static int parse_layer_map(const struct scopes *s, k3_config *c, char *err, size
 
 static int validate(const k3_config *c, char *err, size_t errlen)
 {
-#define NEED(cond, ...) do { if (!(cond)) { errf(err, errlen, __VA_ARGS__); return -1; } } while (0)
+#define NEED(cond, ...) do { if (!(cond)) { errbuf_set(err, errlen, __VA_ARGS__); return -1; } } while (0)
     const struct { const char *name; int v; } pos[] = {
         {"hidden_size", c->hidden}, {"vocab_size", c->vocab},
         {"kda head_dim", c->kda_head_dim}, {"kda num_heads", c->kda_heads},
@@ -224,23 +216,23 @@ int k3_config_parse(const char *json, size_t len, k3_config *c, char *err, size_
 
     memset(c, 0, sizeof *c);
     if (!root) {
-        errf(err, errlen, "config.json: invalid JSON at line %d: %s", jerr.line, jerr.text);
+        errbuf_set(err, errlen, "config.json: invalid JSON at line %d: %s", jerr.line, jerr.text);
         return -1;
     }
     if (!json_is_object(root)) {
-        errf(err, errlen, "config.json: top level is not an object");
+        errbuf_set(err, errlen, "config.json: top level is not an object");
         goto out;
     }
     s.root = root;
     s.text = json_object_get(root, "text_config");
     if (s.text) {
         if (!json_is_object(s.text)) {
-            errf(err, errlen, "config.json: text_config is not an object");
+            errbuf_set(err, errlen, "config.json: text_config is not an object");
             goto out;
         }
         s.lin = json_object_get(s.text, "linear_attn_config");
         if (!json_is_object(s.lin)) {
-            errf(err, errlen, "config.json: nested config without text_config.linear_attn_config");
+            errbuf_set(err, errlen, "config.json: nested config without text_config.linear_attn_config");
             goto out;
         }
         c->nested = 1;
@@ -261,21 +253,21 @@ int k3_config_parse(const char *json, size_t len, k3_config *c, char *err, size_
         switch (f->kind) {
         case INT:
             if (!json_is_integer(v) || json_integer_value(v) < -(1LL << 30) || json_integer_value(v) > (1LL << 30)) {
-                errf(err, errlen, "config: %s must be an integer", f->key);
+                errbuf_set(err, errlen, "config: %s must be an integer", f->key);
                 goto out;
             }
             *(int *)dst = (int)json_integer_value(v);
             break;
         case REAL:
             if (!json_is_number(v)) {
-                errf(err, errlen, "config: %s must be a number", f->key);
+                errbuf_set(err, errlen, "config: %s must be a number", f->key);
                 goto out;
             }
             *(double *)dst = json_number_value(v);
             break;
         case BOOL_DEFAULT_TRUE:
             if (json_bool(v, (int *)dst)) {
-                errf(err, errlen, "config: %s must be true/false or 0/1", f->key);
+                errbuf_set(err, errlen, "config: %s must be true/false or 0/1", f->key);
                 goto out;
             }
             break;
@@ -287,7 +279,7 @@ int k3_config_parse(const char *json, size_t len, k3_config *c, char *err, size_
         nmissing++;
     }
     if (nmissing) {
-        errf(err, errlen, "config: %zu required field%s missing: %s", nmissing, nmissing > 1 ? "s" : "", missing);
+        errbuf_set(err, errlen, "config: %zu required field%s missing: %s", nmissing, nmissing > 1 ? "s" : "", missing);
         goto out;
     }
     if (check_refused(&s, err, errlen)) goto out;

@@ -174,7 +174,7 @@ int cmd_verify(int argc, char **argv)
     for (int i = 1; i <= started; i++) pthread_join(tid[i], NULL);
     free(tid);
     secs = kprogress_finish(job.prog);
-    qsort(job.probs, job.n_probs < job.cap ? job.n_probs : job.cap, sizeof *job.probs, cmp_prob);
+    if (job.probs) qsort(job.probs, job.n_probs < job.cap ? job.n_probs : job.cap, sizeof *job.probs, cmp_prob);
 
     if (json) {
         json_t *j = json_object(), *a = json_array();

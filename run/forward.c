@@ -93,14 +93,7 @@ static int embed_row(k3_run *r, int32_t id, float *out, char *err, size_t errlen
         if (row != buf) free(row);
         return -1;
     }
-    for (size_t i = 0; i < E; i++) {
-        uint16_t h;
-        switch (dtype) {
-        case KPK_DT_F32: memcpy(&out[i], row + 4 * i, 4); break;
-        case KPK_DT_BF16: memcpy(&h, row + 2 * i, 2); out[i] = kbf16_to_f32(h); break;
-        default: memcpy(&h, row + 2 * i, 2); out[i] = kf16_to_f32(h); break;
-        }
-    }
+    k3_widen(row, dtype, E, out);
     if (row != buf) free(row);
     return 0;
 }

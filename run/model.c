@@ -124,7 +124,7 @@ int64_t k3_expert_extent(const k3_model *m, int L, int e) { return kpk_find_expe
 
 /* ---- binding --------------------------------------------------------------- */
 
-static void widen(const uint8_t *p, int dtype, size_t n, float *out)
+void k3_widen(const uint8_t *p, int dtype, size_t n, float *out)
 {
     for (size_t i = 0; i < n; i++) {
         uint16_t h;
@@ -156,7 +156,7 @@ static float *take_vec(struct arena *a, const kt_loc *l, const uint8_t *raw)
     size_t n = loc_elems(l);
     float *p = a->base + a->used;
     a->used += n;
-    widen(raw + l->offset, l->dtype, n, p);
+    k3_widen(raw + l->offset, l->dtype, n, p);
     return p;
 }
 

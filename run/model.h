@@ -78,6 +78,9 @@ void k3_unbind_layer(k3_layer_w *w);
 /* Looks the expert's six tensors up by name and checks them. */
 int k3_bind_expert(const k3_model *m, int L, int e, const uint8_t *raw, k3_expert_w *w, char *err, size_t errlen);
 
+/* n values of a float dtype (F32, BF16, F16) at p, widened exactly to float. */
+void k3_widen(const uint8_t *p, int dtype, size_t n, float *out);
+
 /* Extent index of expert (L, e). */
 int64_t k3_expert_extent(const k3_model *m, int L, int e);
 

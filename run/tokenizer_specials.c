@@ -1,4 +1,5 @@
 /* Special-token tables: built-in K2 / K3 tables (fixtures README §4) and tokenizer_config.json. */
+#include "errbuf.h"
 #include "tokenizer.h"
 
 #include <jansson.h>
@@ -60,19 +61,6 @@ static const named K3_NAMES[] = {
     {163838, "[UNK]"},
     {163839, "[PAD]"},
 };
-
-#if defined(__GNUC__)
-__attribute__((format(printf, 3, 4)))
-#endif
-static void seterr(char *err, size_t errlen, const char *fmt, ...);
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (!err || errlen == 0) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 static char *dupstr(const char *s)
 {
@@ -170,14 +158,14 @@ int ktok_specials_builtin(const char *family, ktok_special **out, size_t *n)
 int ktok_specials_from_config(const char *json, size_t len, ktok_special **out, size_t *n,
                               char *err, size_t errlen)
 {
-    if (!out || !n) { seterr(err, errlen, "tokenizer_config.json: NULL output"); return -1; }
+    if (!out || !n) { errbuf_set(err, errlen, "tokenizer_config.json: NULL output"); return -1; }
     *out = NULL;
     *n = 0;
-    if (!json && len) { seterr(err, errlen, "tokenizer_config.json: NULL buffer"); return -1; }
+    if (!json && len) { errbuf_set(err, errlen, "tokenizer_config.json: NULL buffer"); return -1; }
     json_error_t je;
     json_t *root = json_loadb(json ? json : "", len, JSON_REJECT_DUPLICATES, &je);
     if (!root) {
-        seterr(err, errlen, "tokenizer_config.json line %d column %d: %s", je.line, je.column, je.text);
+        errbuf_set(err, errlen, "tokenizer_config.json line %d column %d: %s", je.line, je.column, je.text);
         return -1;
     }
     int rc = -1;
@@ -185,12 +173,12 @@ int ktok_specials_from_config(const char *json, size_t len, ktok_special **out, 
     size_t k = 0;
     json_t *dec = json_is_object(root) ? json_object_get(root, "added_tokens_decoder") : NULL;
     if (!dec || !json_is_object(dec)) {
-        seterr(err, errlen, "tokenizer_config.json: no \"added_tokens_decoder\" object");
+        errbuf_set(err, errlen, "tokenizer_config.json: no \"added_tokens_decoder\" object");
         goto done;
     }
     size_t cnt = json_object_size(dec);
     s = calloc(cnt ? cnt : 1, sizeof *s);
-    if (!s) { seterr(err, errlen, "out of memory"); goto done; }
+    if (!s) { errbuf_set(err, errlen, "out of memory"); goto done; }
     const char *key;
     json_t *val;
     json_object_foreach(dec, key, val) {
@@ -206,21 +194,21 @@ int ktok_specials_from_config(const char *json, size_t len, ktok_special **out, 
         if (q - key > 1 && key[0] == '0') goto badkey;
         json_t *c = json_is_object(val) ? json_object_get(val, "content") : val;
         if (!c || !json_is_string(c) || json_string_length(c) == 0) {
-            seterr(err, errlen, "tokenizer_config.json: added_tokens_decoder[\"%s\"] has no \"content\" string", key);
+            errbuf_set(err, errlen, "tokenizer_config.json: added_tokens_decoder[\"%s\"] has no \"content\" string", key);
             goto done;
         }
         if (strlen(json_string_value(c)) != json_string_length(c)) {
-            seterr(err, errlen, "tokenizer_config.json: added_tokens_decoder[\"%s\"] content contains NUL", key);
+            errbuf_set(err, errlen, "tokenizer_config.json: added_tokens_decoder[\"%s\"] content contains NUL", key);
             goto done;
         }
         char *t = dupstr(json_string_value(c));
-        if (!t) { seterr(err, errlen, "out of memory"); goto done; }
+        if (!t) { errbuf_set(err, errlen, "out of memory"); goto done; }
         s[k].id = (int32_t)id;
         s[k].text = t;
         k++;
         continue;
     badkey:
-        seterr(err, errlen, "tokenizer_config.json: added_tokens_decoder key \"%.40s\" is not a token id", key);
+        errbuf_set(err, errlen, "tokenizer_config.json: added_tokens_decoder key \"%.40s\" is not a token id", key);
         goto done;
     }
     qsort(s, k, sizeof *s, cmp_id);

@@ -4,6 +4,7 @@
  * no gaps].  The data is streamed: worker threads each fill a chunk of rows
  * (<= 4 MiB) and pwrite it at its final offset, so memory stays at a few chunks
  * whatever the shard size. */
+#include "errbuf.h"
 #include "synth.h"
 
 #include "kio.h"
@@ -20,16 +21,6 @@
 #include <unistd.h>
 
 #define UNIT_BYTES (4u << 20)
-
-static void seterr(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-    if (!err || !errlen) return;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 /* ---- growable text buffer ------------------------------------------------ */
 
@@ -246,18 +237,18 @@ int synth_write_safetensors(synth_writer *w, const char *path, synth_tensor *t, 
     uint64_t total;
 
     if (synth_header(t, n, &hdr, &hlen) != 0) {
-        seterr(err, errlen, "%s: cannot build the header: %s", path, strerror(errno));
+        errbuf_set(err, errlen, "%s: cannot build the header: %s", path, strerror(errno));
         return -1;
     }
     total = 8 + (uint64_t)hlen + data_size;
     for (int i = 0; i < 8; i++) lenbuf[i] = (uint8_t)((uint64_t)hlen >> (8 * i));
     fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) {
-        seterr(err, errlen, "%s: cannot create: %s", path, strerror(errno));
+        errbuf_set(err, errlen, "%s: cannot create: %s", path, strerror(errno));
         goto out;
     }
     if (kio_pwrite_full(fd, lenbuf, 8, 0) != 0 || kio_pwrite_full(fd, hdr, hlen, 8) != 0) {
-        seterr(err, errlen, "%s: write failed: %s", path, strerror(errno));
+        errbuf_set(err, errlen, "%s: write failed: %s", path, strerror(errno));
         goto out;
     }
     if (!w->virt && n) {
@@ -265,7 +256,7 @@ int synth_write_safetensors(synth_writer *w, const char *path, synth_tensor *t, 
         pthread_t th[64];
         int nth = w->threads < 1 ? 1 : (w->threads > 64 ? 64 : w->threads), started = 0;
         if (make_units(t, n, &units, &nunits, &maxb) != 0) {
-            seterr(err, errlen, "%s: cannot plan the data: %s", path, strerror(errno));
+            errbuf_set(err, errlen, "%s: cannot plan the data: %s", path, strerror(errno));
             goto out;
         }
         memset(&j, 0, sizeof j);
@@ -289,24 +280,24 @@ int synth_write_safetensors(synth_writer *w, const char *path, synth_tensor *t, 
         run_units(&j, w->progress);
         for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
         if (atomic_load(&j.failed)) {
-            seterr(err, errlen, "%s: write failed: %s", path, strerror(j.err_no));
+            errbuf_set(err, errlen, "%s: write failed: %s", path, strerror(j.err_no));
             goto out;
         }
         progress(&j, 1);
     }
     /* exact size (and, with --virtual, the hole that stands for the data) */
     if (ftruncate(fd, (off_t)total) != 0) {
-        seterr(err, errlen, "%s: cannot set the size: %s", path, strerror(errno));
+        errbuf_set(err, errlen, "%s: cannot set the size: %s", path, strerror(errno));
         goto out;
     }
     if (kio_file_size(fd) != (int64_t)total) {
-        seterr(err, errlen, "%s: size is not %llu bytes after writing", path, (unsigned long long)total);
+        errbuf_set(err, errlen, "%s: size is not %llu bytes after writing", path, (unsigned long long)total);
         goto out;
     }
     rc = 0;
 out:
     if (fd >= 0 && close(fd) != 0 && rc == 0) {
-        seterr(err, errlen, "%s: close failed: %s", path, strerror(errno));
+        errbuf_set(err, errlen, "%s: close failed: %s", path, strerror(errno));
         rc = -1;
     }
     if (rc == 0) {
@@ -364,7 +355,7 @@ int synth_index_write(synth_index *ix, const char *path, char *err, size_t errle
     sbuf b = {0};
     int rc;
     if (!e) {
-        seterr(err, errlen, "%s: out of memory", path);
+        errbuf_set(err, errlen, "%s: out of memory", path);
         return -1;
     }
     for (size_t i = 0; i < ix->n; i++) {
@@ -385,7 +376,7 @@ int synth_index_write(synth_index *ix, const char *path, char *err, size_t errle
     free(e);
     if (b.oom) {
         free(b.p);
-        seterr(err, errlen, "%s: out of memory", path);
+        errbuf_set(err, errlen, "%s: out of memory", path);
         return -1;
     }
     rc = synth_write_file(path, b.p, b.len, err, errlen);
@@ -408,16 +399,16 @@ int synth_write_file(const char *path, const void *buf, size_t len, char *err, s
 {
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) {
-        seterr(err, errlen, "%s: cannot create: %s", path, strerror(errno));
+        errbuf_set(err, errlen, "%s: cannot create: %s", path, strerror(errno));
         return -1;
     }
     if (kio_pwrite_full(fd, buf, len, 0) != 0) {
-        seterr(err, errlen, "%s: write failed: %s", path, strerror(errno));
+        errbuf_set(err, errlen, "%s: write failed: %s", path, strerror(errno));
         close(fd);
         return -1;
     }
     if (close(fd) != 0) {
-        seterr(err, errlen, "%s: close failed: %s", path, strerror(errno));
+        errbuf_set(err, errlen, "%s: close failed: %s", path, strerror(errno));
         return -1;
     }
     return 0;

@@ -9,6 +9,7 @@
  * <|open|>, <|close|>, <|sep|>, ...); otherwise all 256.
  * Real (--tokenizer): the rank file is copied byte for byte and the 256-entry
  * K3 table follows its ranks (163,584 ranks -> ids 163,584..163,839). */
+#include "errbuf.h"
 #include "synth.h"
 
 #include "kio.h"
@@ -23,16 +24,6 @@
 
 #define K3_SPECIAL_BASE 163584
 #define MAX_TOKEN 64
-
-static void seterr(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-    if (!err || !errlen) return;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 static int count_lines(const char *p, size_t n)
 {
@@ -54,20 +45,20 @@ int synth_tok_plan(int vocab, const char *real_path, synth_tok *tok, char *err, 
         char *buf;
         size_t len;
         if (kio_read_file(real_path, 64u << 20, &buf, &len) != 0) {
-            seterr(err, errlen, "--tokenizer %s: cannot read: %s", real_path, strerror(errno));
+            errbuf_set(err, errlen, "--tokenizer %s: cannot read: %s", real_path, strerror(errno));
             return -1;
         }
         tok->n_ranks = count_lines(buf, len);
         free(buf);
         if (tok->n_ranks < 256) {
-            seterr(err, errlen, "--tokenizer %s: %d ranks; a byte-level rank file has at least 256", real_path,
+            errbuf_set(err, errlen, "--tokenizer %s: %d ranks; a byte-level rank file has at least 256", real_path,
                    tok->n_ranks);
             return -1;
         }
         tok->n_specials = 256;
     } else {
         if (vocab < 256) {
-            seterr(err, errlen, "--vocab %d: a byte-level vocabulary needs at least 256 ids", vocab);
+            errbuf_set(err, errlen, "--vocab %d: a byte-level vocabulary needs at least 256 ids", vocab);
             return -1;
         }
         tok->n_specials = vocab < 256 + 16 ? 0 : (vocab < 1024 ? 16 : 256);
@@ -330,31 +321,31 @@ int synth_tok_write(const char *outdir, const char *real_path, const synth_tok *
 
     if (real_path) {
         if (kio_read_file(real_path, 64u << 20, &ranks, &rlen) != 0) {
-            seterr(err, errlen, "--tokenizer %s: cannot read: %s", real_path, strerror(errno));
+            errbuf_set(err, errlen, "--tokenizer %s: cannot read: %s", real_path, strerror(errno));
             goto out;
         }
     } else if (synthetic_rank_file(tok->n_ranks, &ranks, &rlen) != 0) {
-        seterr(err, errlen, "cannot build a synthetic vocabulary of %d ranks", tok->n_ranks);
+        errbuf_set(err, errlen, "cannot build a synthetic vocabulary of %d ranks", tok->n_ranks);
         goto out;
     }
     if (special_table(tok->n_ranks, tok->n_specials, &sp, &nsp) != 0) {
-        seterr(err, errlen, "cannot build the special-token table");
+        errbuf_set(err, errlen, "cannot build the special-token table");
         goto out;
     }
     /* self-check with krun's own loader before writing anything */
     kt = ktok_load(ranks, rlen, sp, nsp, kerr, sizeof kerr);
     if (!kt) {
-        seterr(err, errlen, "%s: the tokenizer does not load: %s", real_path ? real_path : "synthetic tokenizer", kerr);
+        errbuf_set(err, errlen, "%s: the tokenizer does not load: %s", real_path ? real_path : "synthetic tokenizer", kerr);
         goto out;
     }
     if (ktok_n_ranks(kt) != (size_t)tok->n_ranks || ktok_vocab_size(kt) != (size_t)(tok->n_ranks + tok->n_specials)) {
-        seterr(err, errlen, "tokenizer: %zu ranks / vocab %zu, expected %d / %d", ktok_n_ranks(kt),
+        errbuf_set(err, errlen, "tokenizer: %zu ranks / vocab %zu, expected %d / %d", ktok_n_ranks(kt),
                ktok_vocab_size(kt), tok->n_ranks, tok->n_ranks + tok->n_specials);
         goto out;
     }
     cfg = tokenizer_config(sp, nsp);
     if (!cfg) {
-        seterr(err, errlen, "cannot build tokenizer_config.json");
+        errbuf_set(err, errlen, "cannot build tokenizer_config.json");
         goto out;
     }
     snprintf(path, sizeof path, "%s/tiktoken.model", outdir);
@@ -363,7 +354,7 @@ int synth_tok_write(const char *outdir, const char *real_path, const synth_tok *
     {
         size_t l = strlen(cfg);
         char *c2 = realloc(cfg, l + 2);
-        if (!c2) { seterr(err, errlen, "out of memory"); goto out; }
+        if (!c2) { errbuf_set(err, errlen, "out of memory"); goto out; }
         cfg = c2;
         cfg[l] = '\n';
         cfg[l + 1] = 0;

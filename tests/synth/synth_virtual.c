@@ -7,6 +7,7 @@
  * elements) absorb whatever bytes are left so the file size equals the
  * released one exactly.  Text inference never reads them; they are
  * there so a repacker sees (and drops) vision_tower.* / mm_projector.* names. */
+#include "errbuf.h"
 #include "synth.h"
 
 #include <errno.h>
@@ -14,16 +15,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static void seterr(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-    if (!err || !errlen) return;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 static void add(synth_tensor *t, size_t *n, const char *name, int ndim, uint64_t a, uint64_t b, uint64_t c,
                 uint64_t d)
@@ -57,7 +48,7 @@ int synth_vision_shard(int idx, uint64_t file_size, synth_tensor **out, size_t *
     uint64_t fixed = 0, last_n = 0;
 
     if (!t) {
-        seterr(err, errlen, "out of memory");
+        errbuf_set(err, errlen, "out of memory");
         return -1;
     }
     if (idx == 0) {
@@ -91,7 +82,7 @@ int synth_vision_shard(int idx, uint64_t file_size, synth_tensor **out, size_t *
         uint64_t rest, rows;
         synth_layout(t, n);
         if (synth_header(t, n, &hdr, &hlen) != 0) {
-            seterr(err, errlen, "out of memory");
+            errbuf_set(err, errlen, "out of memory");
             free(t);
             return -1;
         }
@@ -104,7 +95,7 @@ int synth_vision_shard(int idx, uint64_t file_size, synth_tensor **out, size_t *
         }
         last_n = hlen;
         if (file_size < 8 + hlen + fixed + 2 * C + 2 || (file_size - 8 - hlen - fixed) % 2) {
-            seterr(err, errlen, "vision shard %d: %llu bytes cannot be filled", idx + 95, (unsigned long long)file_size);
+            errbuf_set(err, errlen, "vision shard %d: %llu bytes cannot be filled", idx + 95, (unsigned long long)file_size);
             free(t);
             return -1;
         }
@@ -120,7 +111,7 @@ int synth_vision_shard(int idx, uint64_t file_size, synth_tensor **out, size_t *
             }
         }
     }
-    seterr(err, errlen, "vision shard %d: header size does not converge", idx + 95);
+    errbuf_set(err, errlen, "vision shard %d: header size does not converge", idx + 95);
     free(t);
     errno = EINVAL;
     return -1;
