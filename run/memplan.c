@@ -210,7 +210,8 @@ void kmemplan_print(const kmemplan *p, FILE *out)
             p->preset ? ")" : "", (unsigned long long)p->budget);
     ROW("process base", p->base, "code, threads, KPK directory, tokenizer");
     ROW("resident globals", p->globals_resident, "lm_head and global vectors (embedding rows read on demand)");
-    ROW("pinned trunk", p->pinned_bytes, "layers 0..%d of %d", p->pin - 1, p->n_layers);
+    if (p->pin) ROW("pinned trunk", p->pinned_bytes, "layers 0..%d of %d", p->pin - 1, p->n_layers);
+    else ROW("pinned trunk", p->pinned_bytes, "none of %d layers", p->n_layers);
     kfmt_bytes(p->ring_slot_bytes, c2, sizeof c2);
     ROW("trunk ring", (uint64_t)p->ring_slots * p->ring_slot_bytes, "%d slots x %s", p->ring_slots, c2);
     kfmt_bytes(p->expert_slot_bytes, c2, sizeof c2);

@@ -226,7 +226,13 @@ static const uint8_t *slot_data(const kstore *s, const struct slot *sl)
 static void slot_evict(kstore *s, struct slot *sl)
 {
     if (sl->extent < 0) return;
-    if (s->opt.io == KSTORE_IO_MMAP) drop_pages(s, kpk_extent_at(s->f, (uint32_t)sl->extent)->offset, padded(s, (uint32_t)sl->extent));
+    if (s->opt.io == KSTORE_IO_MMAP) {
+        /* out of our resident set, and out of the page cache too: the next use
+         * reads the disk again, as the budget says it must */
+        uint64_t off = kpk_extent_at(s->f, (uint32_t)sl->extent)->offset, len = padded(s, (uint32_t)sl->extent);
+        drop_pages(s, off, len);
+        posix_fadvise(s->fd_read, (off_t)off, (off_t)len, POSIX_FADV_DONTNEED);
+    }
     if (s->slot_of[sl->extent] >= 0 && sl >= s->eslots && sl < s->eslots + s->n_eslots) s->slot_of[sl->extent] = -1;
     sl->extent = -1;
 }
