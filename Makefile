@@ -38,6 +38,8 @@ UNIT_BIN  := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
 BINDIR := $(if $(filter build,$(BUILD)),bin,$(BUILD)/bin)
 
 .PHONY: all test bench demo deps clean unit asan ablate
+# keep the unit tests' objects (make would delete them as intermediates)
+.SECONDARY:
 all: $(BINDIR)/kpack $(BINDIR)/k3synth $(if $(wildcard run/main.c),$(BINDIR)/krun)
 
 # V=1 shows the full command lines.
