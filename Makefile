@@ -11,7 +11,7 @@ CFLAGS  ?= $(OPT) -g
 # buffers on purpose; a long path may shorten a message, never overflow it.
 CFLAGS  += -std=c11 -Wall -Wextra -Werror -Wno-format-truncation -ffp-contract=off -fno-fast-math \
            -D_GNU_SOURCE -D_FILE_OFFSET_BITS=64 -Iformat -Ipack -Irun -MMD -MP
-LDLIBS  += -lzstd -lxxhash -lcrypto -ljansson -lpcre2-8 -luring -lpthread -lm
+LDLIBS  += -lzstd -lxxhash -lcrypto -ljansson -lpcre2-8 -lpthread -lm
 
 BUILD   ?= build
 # The ablation build (test only): every spec trap compiled in, selected at run
