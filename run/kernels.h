@@ -32,8 +32,9 @@ typedef struct {
 
 typedef enum { KSIMD_SCALAR = 0, KSIMD_AVX2 = 1, KSIMD_AVX512 = 2 } ksimd;
 
-/* Best level the CPU (and OS) supports.  AVX2 needs AVX2+F16C; AVX-512 needs
- * AVX-512F+BW+VL (all checked with __builtin_cpu_supports). */
+/* Best level the CPU (and OS) supports: AVX2 needs AVX2+F16C, AVX-512 needs
+ * those plus AVX-512F (checked with __builtin_cpu_supports, which also checks
+ * that the OS saves the registers). */
 ksimd kern_simd_detect(void);
 /* Force a path (tests, --simd); clamps to what the CPU supports. */
 void  kern_simd_set(ksimd level);

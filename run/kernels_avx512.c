@@ -287,9 +287,12 @@ static tile_fn pick_tile(int wt, int R, int P)
     return NULL;
 }
 
-/* Blocking: as in kernels_avx2.c, with 32 registers allowing 4-row x 4-position
- * tiles (2 x 4 for MXFP4, whose decoded pairs take more registers). */
-#define RB1_WIDE 1
+/* Blocking: as in kernels_avx2.c (see the notes there), with 32 registers
+ * allowing 4-row x 4-position tiles for several positions (2 x 4 for MXFP4,
+ * whose decoded pairs take more registers). */
+#define RB1_WIDE_SHORT 1 /* rows of <= RB1_SHORT_COLS columns */
+#define RB1_WIDE_LONG 4
+#define RB1_SHORT_COLS 4096
 #define RB1_MX 2
 #define RB_WIDE 4
 #define RB_MX 2
@@ -335,7 +338,7 @@ void kmatmul_rows_avx512(const kmat *W, size_t r0, size_t r1, const float *X, si
     a.ldy = ldy;
 
     if (T == 1) {
-        size_t rb = c.wt == 3 ? RB1_MX : RB1_WIDE;
+        size_t rb = c.wt == 3 ? RB1_MX : n <= RB1_SHORT_COLS ? RB1_WIDE_SHORT : RB1_WIDE_LONG;
         tile_fn full = pick_tile(c.wt, (int)rb, 1), one = pick_tile(c.wt, 1, 1);
         a.i0 = 0;
         a.i1 = nb;

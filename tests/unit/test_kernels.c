@@ -322,7 +322,7 @@ static void test_kdot(void)
 static void test_levels_agree(void)
 {
     if (nlevels < 2) {
-        SKIP("no SIMD level on this CPU (scalar only)");
+        SKIP("SIMD vs scalar: only the scalar level is enabled (CPU or KRUN_SIMD)");
         return;
     }
     for (int type = 0; type < 4; type++) {
@@ -571,7 +571,7 @@ static void test_matmul_shapes(void)
     if (nlevels < 2) return;
     static const struct { int type; size_t rows, cols; } S[] = {
         {TBF16, 48, 7168}, {TMX, 40, 3584}, {TMX, 36, 3072}, {TF32, 20, 1536}, {TF16, 9, 1000},
-        {TBF16, 37, 2061}, {TF32, 35, 1031}, {TMX, 33, 2080}};
+        {TBF16, 37, 2061}, {TF32, 35, 1031}, {TMX, 33, 2080}, {TF16, 11, 4099}, {TBF16, 7, 4113}};
     static const size_t TS[] = {1, 4, 16, 21};
     kpool *p2 = kpool_create(2);
     for (size_t s = 0; s < sizeof S / sizeof *S; s++) {
