@@ -361,8 +361,11 @@ static struct slot *expert_victim(kstore *s)
         if (sl->extent < 0) return sl;
         if (!best) { best = sl; continue; }
         if (s->opt.policy == KSTORE_LFU) {
+            /* least often requested; among equals the MOST recently used: layers
+             * come round in a fixed cycle, so the expert used last is the one
+             * needed latest (LRU evicts exactly what the next step needs) */
             uint32_t a = s->uses[sl->extent], b = s->uses[best->extent];
-            if (a < b || (a == b && sl->last_use < best->last_use)) best = sl;
+            if (a < b || (a == b && sl->last_use > best->last_use)) best = sl;
         } else if (sl->last_use < best->last_use) {
             best = sl;
         }

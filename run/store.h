@@ -9,7 +9,8 @@
  *     embedding) are used from the mapping;
  *   - streamed trunk extents go through a ring of two budgeted slots; while
  *     one layer computes, the next streamed layer is read into the other;
- *   - routed experts go through a cache of budgeted slots (LRU or LFU), the
+ *   - routed experts go through a cache of budgeted slots (LFU with an MRU
+ *     tie-break by default, or LRU), the
  *     misses of one layer read concurrently, in file order;
  *   - --io pread|direct reads into the slots (O_DIRECT bypasses the page
  *     cache; pread drops what it read from it), --io mmap uses the mapping
@@ -24,7 +25,7 @@
 
 enum kstore_verify { KSTORE_VERIFY_OFF = 0, KSTORE_VERIFY_FIRST = 1, KSTORE_VERIFY_ALWAYS = 2 };
 enum kstore_io { KSTORE_IO_MMAP = 0, KSTORE_IO_PREAD = 1, KSTORE_IO_DIRECT = 2 };
-enum kstore_policy { KSTORE_LRU = 0, KSTORE_LFU = 1 };
+enum kstore_policy { KSTORE_LFU = 0, KSTORE_LRU = 1 };
 
 typedef struct kstore_opts {
     int verify;               /* enum kstore_verify */
