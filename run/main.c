@@ -39,7 +39,8 @@ static const char usage[] =
     "  --threads N           worker threads (default: all cores); results are identical for any N\n"
     "  --simd auto|scalar|avx2|avx512   kernel path (default auto); results are identical\n"
     "  --ctx N               positions to reserve (default: prompt + --gen)\n"
-    "Memory (without --mem or --preset the whole file is used in place from a mapping):\n"
+    "Memory (without --mem or --preset a file that fits in memory is used in place from a\n"
+    "mapping; a larger one gets --mem 80% of the available memory):\n"
     "  --mem SIZE            memory budget, e.g. 8G, 512M (binary units); peak RSS stays below it\n"
     "  --preset NAME         laptop 8G, desktop 32G, workstation 64G, server 128G, max 224G\n"
     "  --plan                print the memory plan (and the minimum budget) and exit\n"
@@ -302,6 +303,7 @@ int main(int argc, char **argv)
     struct text_out tout = {{0}, 0};
     kstore_opts sopt;
     kmemplan plan;
+    char auto_mem[32];
 
     parse_args(argc, argv, &o);
     if (krun_ablation_from_env()) return KR_USAGE;
@@ -370,6 +372,14 @@ int main(int argc, char **argv)
     memset(&sopt, 0, sizeof sopt);
     sopt.verify = o.verify;
     sopt.model = &m;
+    /* No budget given and the file does not fit comfortably: budget 80% of the
+     * available memory rather than let a mapping of the whole file push
+     * everything else out of RAM. */
+    if (!o.mem && !o.preset && kmem_available() && kpk_size(f) > kmem_available() / 10 * 8) {
+        snprintf(auto_mem, sizeof auto_mem, "%llu", (unsigned long long)(kmem_available() / 10 * 8));
+        o.mem = auto_mem;
+        if (!o.quiet) fprintf(stderr, "krun: the model file is larger than 80%% of available memory: using --mem %s\n", auto_mem);
+    }
     if (o.mem || o.preset) {
         if (make_plan(&o, &m, o.dump_all ? n_prompt * V * sizeof(float) : 0, &plan)) goto out;
         if (!o.quiet) kmemplan_print(&plan, stderr);

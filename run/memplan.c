@@ -51,6 +51,18 @@ static uint64_t read_status(const char *key)
     return kb * 1024;
 }
 
+uint64_t kmem_available(void)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    uint64_t kb = 0;
+    if (!f) return 0;
+    while (fgets(line, sizeof line, f))
+        if (strncmp(line, "MemAvailable:", 13) == 0) { kb = strtoull(line + 13, NULL, 10); break; }
+    fclose(f);
+    return kb * 1024;
+}
+
 uint64_t kmem_rss(void) { return read_status("VmRSS"); }
 uint64_t kmem_peak_rss(void) { return read_status("VmHWM"); }
 

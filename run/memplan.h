@@ -69,6 +69,8 @@ json_t *kmemplan_json(const kmemplan *p);
 
 /* Current resident set size of this process (VmRSS), and its peak (VmHWM). */
 uint64_t kmem_rss(void);
+/* MemAvailable of /proc/meminfo, 0 if unknown. */
+uint64_t kmem_available(void);
 uint64_t kmem_peak_rss(void);
 
 #endif
