@@ -14,6 +14,7 @@
 #include <fcntl.h>
 #include <jansson.h>
 #include <libgen.h>
+#include <malloc.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -164,6 +165,36 @@ static int fsync_parent(const char *path)
     if (fd >= 0) { rc = fsync(fd); close(fd); }
     free(copy);
     return rc;
+}
+
+/* Everything after the verified prefix is rewritten, but all-zero blocks are
+ * skipped (left as holes) and padding is never written: make the tail read as
+ * zeros again first, as in a fresh file, or a stale or damaged byte there
+ * would survive into the finished file. */
+static int clear_tail(int fd, uint64_t from, uint64_t size)
+{
+    if (from >= size) return 0;
+    if (fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)from, (off_t)(size - from)) == 0) return 0;
+    if (errno != EOPNOTSUPP && errno != ENOSYS && errno != EINVAL) return -1;
+    /* no hole punching here: cut and re-extend (a crash in between only costs the resume) */
+    return ftruncate(fd, (off_t)from) || ftruncate(fd, (off_t)size) ? -1 : 0;
+}
+
+/* The plan holds everything the copy needs (names, offsets, sizes): the
+ * parsed headers (~80 MB for the 497,220 tensors of K3) can go before the
+ * hours of copying. */
+static void drop_headers(k3_source *src)
+{
+    for (size_t i = 0; i < src->n_shards; i++) st_free(&src->shards[i].st);
+    free(src->loc_shard);
+    free(src->loc_tensor);
+    free(src->dropped); /* its names pointed into the headers; the manifest has them */
+    src->loc_shard = src->loc_tensor = NULL;
+    src->dropped = NULL;
+    src->n_dropped = 0;
+#ifdef __GLIBC__
+    malloc_trim(0);
+#endif
 }
 
 /* Decide where to start: 0 for a fresh run, or the number of leading
@@ -317,8 +348,13 @@ int cmd_convert(int argc, char **argv)
         r.fd = open(partial, O_RDWR | O_CLOEXEC);
         if (r.fd < 0) { kx_error("cannot open %s: %s", partial, strerror(errno)); goto out; }
         kfmt_bytes(plan.extents[first - 1].offset, b, sizeof b);
+        if (clear_tail(r.fd, plan.extents[first - 1].offset + kpk_round_up(plan.extents[first - 1].stored_len, opt.align), plan.file_size)) {
+            kx_error("cannot clear the unfinished part of %s: %s", partial, strerror(errno));
+            goto out;
+        }
         kx_note(quiet, "resuming %s: %u of %u extents (%s) already written and verified", partial, first, plan.n_extents, b);
     }
+    drop_headers(&src);
 
     prog = kprogress_start("convert", plan.data_bytes, !quiet);
     {

@@ -1,8 +1,12 @@
 /* Copying the planned extents from the source shards into the output file.
- * A reader thread gathers each extent's tensors into chunk buffers (zero
- * fill between tensors, holes in sparse sources detected with SEEK_DATA and
- * never read); the calling thread hashes each chunk and writes its non-zero
- * 4 KiB blocks, leaving all-zero blocks as holes in the pre-sized output. */
+ * A reader thread gathers each extent's tensors into 16 MiB chunk buffers
+ * (zero fill between tensors; holes in sparse sources detected with
+ * SEEK_DATA and never read, a chunk or extent of nothing but holes never
+ * even filled); the calling thread hashes each chunk and writes its non-zero
+ * 4 KiB blocks, leaving all-zero blocks as holes in the pre-sized output.
+ * Source pages are dropped from the page cache once read and output pages
+ * once written back (sync_file_range write-behind), so a 1.5 TB conversion
+ * keeps a few chunks in the page cache instead of all of memory. */
 #ifndef COPY_H
 #define COPY_H
 

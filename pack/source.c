@@ -5,8 +5,12 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
+#include <malloc.h>
+#include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +18,32 @@
 #include <unistd.h>
 
 #define SMALL_FILE_MAX ((size_t)64 << 20)
+/* The released index is ~60 MB of JSON (497,220 names); it is parsed as a
+ * stream, so only the parsed tree is in memory, and freed before the headers
+ * are read. */
+#define INDEX_MAX ((int64_t)1 << 30)
+#define INDEX_READ ((size_t)1 << 20)
+#define HEADER_THREADS 8
+
+/* What the index says, kept compactly once its JSON tree is freed. */
+struct index_map {
+    uint32_t *canon_shard;   /* per canonical tensor: 1 + the shard the index names, 0 if unlisted */
+    struct other_name { char *name; uint32_t shard; } *other; /* other names, sorted */
+    size_t n_other;
+    char **unknown;          /* "the index lists ..." problems, in index order (the first KS_MAX_PROBLEMS) */
+    size_t n_unknown;
+};
+
+static void index_map_free(struct index_map *m)
+{
+    if (!m) return;
+    free(m->canon_shard);
+    for (size_t i = 0; i < m->n_other; i++) free(m->other[i].name);
+    free(m->other);
+    for (size_t i = 0; i < m->n_unknown && i < KS_MAX_PROBLEMS; i++) free(m->unknown[i]);
+    free(m->unknown);
+    free(m);
+}
 
 static char *path_join(const char *dir, const char *name)
 {
@@ -128,50 +158,182 @@ static int load_sums(k3_source *src, const char *sums_path, char *err, size_t er
 }
 
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+static int cmp_other(const void *a, const void *b)
+{
+    return strcmp(((const struct other_name *)a)->name, ((const struct other_name *)b)->name);
+}
+
+/* The index file as a stream for json_load_callback. */
+struct index_reader { int fd; int err; size_t at, len; char *buf; };
+
+static size_t index_read(void *out, size_t n, void *data)
+{
+    struct index_reader *r = data;
+    if (r->at == r->len) {
+        ssize_t got;
+        do got = read(r->fd, r->buf, INDEX_READ);
+        while (got < 0 && errno == EINTR);
+        if (got < 0) { r->err = errno; return (size_t)-1; }
+        r->at = 0;
+        r->len = (size_t)got;
+        if (got == 0) return 0;
+    }
+    if (n > r->len - r->at) n = r->len - r->at;
+    memcpy(out, r->buf + r->at, n);
+    r->at += n;
+    return n;
+}
+
+static json_t *load_index(const char *path, char *err, size_t errlen, int *absent)
+{
+    struct index_reader r = {.fd = -1};
+    json_error_t je;
+    json_t *root = NULL;
+    struct stat st = {0};
+    *absent = 0;
+    r.fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (r.fd < 0) {
+        if (errno == ENOENT) *absent = 1;
+        else snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        return NULL;
+    }
+    if (fstat(r.fd, &st) != 0 || st.st_size > INDEX_MAX) {
+        int e = st.st_size > INDEX_MAX ? EFBIG : errno;
+        snprintf(err, errlen, "%s: %s", path, strerror(e));
+        close(r.fd);
+        return NULL;
+    }
+    posix_fadvise(r.fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+    r.buf = malloc(INDEX_READ);
+    if (!r.buf) { snprintf(err, errlen, "out of memory"); close(r.fd); return NULL; }
+    root = json_load_callback(index_read, &r, 0, &je);
+    if (r.err) {
+        snprintf(err, errlen, "%s: %s", path, strerror(r.err));
+        json_decref(root);
+        root = NULL;
+    } else if (!root || !json_is_object(root) || !json_is_object(json_object_get(root, "weight_map"))) {
+        snprintf(err, errlen, "%s: not a safetensors index (needs an object \"weight_map\")%s%s", path,
+                 root ? "" : ": ", root ? "" : je.text);
+        json_decref(root);
+        root = NULL;
+    }
+    free(r.buf);
+    close(r.fd);
+    return root;
+}
+
+static uint32_t shard_by_name(const k3_source *src, const char *name)
+{
+    size_t lo = 0, hi = src->n_shards;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        int c = strcmp(src->shards[mid].name, name);
+        if (c == 0) return (uint32_t)mid;
+        if (c < 0) lo = mid + 1; else hi = mid;
+    }
+    return UINT32_MAX;
+}
+
+/* The weight_map as: per canonical tensor the shard it names, the other
+ * (dropped or unknown) names sorted, and the problems of unknown names. */
+static struct index_map *index_map_build(k3_source *src, json_t *wm, char *err, size_t errlen)
+{
+    struct index_map *m = calloc(1, sizeof *m);
+    uint64_t count = src->schema.count;
+    size_t cap_other = 0;
+    const char *key;
+    json_t *v;
+    if (!m || !(m->canon_shard = calloc(count ? count : 1, sizeof *m->canon_shard)) ||
+        !(m->unknown = calloc(KS_MAX_PROBLEMS, sizeof *m->unknown)))
+        goto oom;
+    json_object_foreach(wm, key, v) {
+        k3_tensor_spec spec;
+        char why[200];
+        uint32_t shard = shard_by_name(src, json_string_value(v));
+        int cls = k3_schema_classify(&src->cfg, key, &spec, why, sizeof why);
+        if (cls == K3_CLASS_UNKNOWN) {
+            if (m->n_unknown < KS_MAX_PROBLEMS) {
+                char buf[600];
+                snprintf(buf, sizeof buf, "the index lists %s, which is not a tensor of this model (%s)", key, why);
+                m->unknown[m->n_unknown] = strdup(buf);
+            }
+            m->n_unknown++;
+        }
+        if (cls == K3_CLASS_TENSOR && strcmp(key, spec.name) == 0) {
+            m->canon_shard[k3_schema_index(&src->schema, spec.role, spec.layer, spec.expert)] = shard + 1;
+            continue;
+        }
+        if (m->n_other == cap_other) {
+            size_t ncap = cap_other ? cap_other * 2 : 256;
+            struct other_name *q = realloc(m->other, ncap * sizeof *q);
+            if (!q) goto oom;
+            m->other = q;
+            cap_other = ncap;
+        }
+        if (!(m->other[m->n_other].name = strdup(key))) goto oom;
+        m->other[m->n_other++].shard = shard;
+    }
+    if (m->n_other) qsort(m->other, m->n_other, sizeof *m->other, cmp_other);
+    return m;
+oom:
+    snprintf(err, errlen, "out of memory");
+    index_map_free(m);
+    return NULL;
+}
+
+/* The shard the index names for a tensor (UINT32_MAX: not in the index). */
+static uint32_t index_lookup(const k3_source *src, const struct index_map *m, const char *name, int cls,
+                             const k3_tensor_spec *spec)
+{
+    if (cls == K3_CLASS_TENSOR && strcmp(name, spec->name) == 0)
+        return m->canon_shard[k3_schema_index(&src->schema, spec->role, spec->layer, spec->expert)] - 1;
+    {
+        size_t lo = 0, hi = m->n_other;
+        while (lo < hi) {
+            size_t mid = lo + (hi - lo) / 2;
+            int c = strcmp(m->other[mid].name, name);
+            if (c == 0) return m->other[mid].shard;
+            if (c < 0) lo = mid + 1; else hi = mid;
+        }
+    }
+    return UINT32_MAX;
+}
 
 /* The shard list comes from the index's weight_map, or is the single file. */
-static int list_shards(k3_source *src, json_t **weight_map_out, char *err, size_t errlen)
+static int list_shards(k3_source *src, struct index_map **map_out, char *err, size_t errlen)
 {
     char *idx_path = path_join(src->dir, "model.safetensors.index.json");
-    char *text = NULL;
-    size_t len;
     char **names = NULL;
     size_t n = 0;
-    int rc = -1;
-    *weight_map_out = NULL;
+    int rc = -1, absent = 0;
+    json_t *root = NULL;
+    *map_out = NULL;
     if (!idx_path) { snprintf(err, errlen, "out of memory"); return -1; }
-    if (kio_read_file(idx_path, SMALL_FILE_MAX, &text, &len) == 0) {
-        json_error_t je;
-        json_t *root = json_loadb(text, len, 0, &je), *wm, *v;
+    root = load_index(idx_path, err, errlen, &absent);
+    if (root) {
+        json_t *wm = json_object_get(root, "weight_map"), *v;
         const char *key;
-        if (!root || !json_is_object(root) || !json_is_object(wm = json_object_get(root, "weight_map"))) {
-            snprintf(err, errlen, "%s: not a safetensors index (needs an object \"weight_map\")%s%s", idx_path,
-                     root ? "" : ": ", root ? "" : je.text);
-            json_decref(root);
-            goto out;
-        }
         names = malloc(sizeof *names * (json_object_size(wm) + 1));
-        if (!names) { json_decref(root); snprintf(err, errlen, "out of memory"); goto out; }
+        if (!names) { snprintf(err, errlen, "out of memory"); goto out; }
         json_object_foreach(wm, key, v) {
             const char *fn = json_string_value(v);
             if (!fn || !*fn || strchr(fn, '/')) {
                 snprintf(err, errlen, "%s: weight_map entry %s does not name a file in the directory", idx_path, key);
-                json_decref(root);
                 goto out;
             }
             names[n++] = (char *)fn;
         }
         qsort(names, n, sizeof *names, cmp_str);
         src->shards = calloc(n + 1, sizeof *src->shards);
-        if (!src->shards) { json_decref(root); snprintf(err, errlen, "out of memory"); goto out; }
+        if (!src->shards) { snprintf(err, errlen, "out of memory"); goto out; }
         for (size_t i = 0; i < n; i++) {
             if (i && strcmp(names[i], names[i - 1]) == 0) continue;
             src->shards[src->n_shards++].name = strdup(names[i]);
         }
-        json_incref(wm);
-        *weight_map_out = wm;
-        json_decref(root);
-    } else if (errno == ENOENT) {
+        for (size_t i = 0; i < src->n_shards; i++)
+            if (!src->shards[i].name) { snprintf(err, errlen, "out of memory"); goto out; }
+        if (!(*map_out = index_map_build(src, wm, err, errlen))) goto out;
+    } else if (absent) {
         char *single = path_join(src->dir, "model.safetensors");
         struct stat st;
         int exists = single && stat(single, &st) == 0;
@@ -186,8 +348,7 @@ static int list_shards(k3_source *src, json_t **weight_map_out, char *err, size_
         src->shards[0].name = strdup("model.safetensors");
         src->n_shards = 1;
     } else {
-        snprintf(err, errlen, "%s: %s", idx_path, strerror(errno));
-        goto out;
+        goto out; /* load_index said why */
     }
     for (size_t i = 0; i < src->n_shards; i++) {
         ks_shard *s = &src->shards[i];
@@ -195,51 +356,84 @@ static int list_shards(k3_source *src, json_t **weight_map_out, char *err, size_
     }
     rc = 0;
 out:
+    json_decref(root);
     free(names);
-    free(text);
     free(idx_path);
     return rc;
 }
 
+static void read_one_header(ks_shard *s, unsigned char *linked)
+{
+    struct stat st, lst;
+    char err[600];
+    if (stat(s->path, &st) != 0) {
+        shard_problem(s, "%s", errno == ENOENT ? "missing: the index names this shard but the file is absent" : strerror(errno));
+        return;
+    }
+    s->present = 1;
+    s->size = (uint64_t)st.st_size;
+    s->alloc_bytes = (uint64_t)st.st_blocks * 512;
+    s->mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
+    if (lstat(s->path, &lst) == 0 && S_ISLNK(lst.st_mode)) {
+        hf_blob_sha(s);
+        *linked = 1;
+    }
+    if (st_open(s->path, &s->st, err, sizeof err)) {
+        /* st_open names the file; the verdict line does too, so drop the prefix */
+        const char *m = strncmp(err, s->path, strlen(s->path)) == 0 ? err + strlen(s->path) + 2 : err;
+        shard_problem(s, "%s", m);
+        return;
+    }
+    s->parsed = 1;
+    if (s->st.expected_size > s->size) {
+        const char *first_cut = "?";
+        for (size_t k = 0; k < s->st.n; k++)
+            if (s->st.t[k].end > s->size) { first_cut = s->st.t[k].name; break; }
+        shard_problem(s, "truncated: %llu bytes on disk, the header describes %llu (%llu missing; partial download?); "
+                      "tensor %s and any after it are cut off",
+                      (unsigned long long)s->size, (unsigned long long)s->st.expected_size,
+                      (unsigned long long)(s->st.expected_size - s->size), first_cut);
+    }
+    else if (s->st.expected_size < s->size)
+        shard_problem(s, "%llu bytes past the last tensor: the file is longer than its header describes",
+                      (unsigned long long)(s->size - s->st.expected_size));
+}
+
+struct header_job { k3_source *src; unsigned char *linked; _Atomic size_t next; };
+
+static void *header_worker(void *arg)
+{
+    struct header_job *job = arg;
+    for (;;) {
+        size_t i = atomic_fetch_add(&job->next, 1);
+        if (i >= job->src->n_shards) return NULL;
+        read_one_header(&job->src->shards[i], &job->linked[i]); /* touches shard i only */
+    }
+}
+
+/* Parsing a header is CPU work (~30 ms for a 0.8 MB K3 header): a few
+ * threads, each shard's verdict written by the one worker that took it. */
 static void read_shard_headers(k3_source *src)
 {
+    struct header_job job = {.src = src, .linked = calloc(src->n_shards + 1, 1)};
+    pthread_t tid[HEADER_THREADS];
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    int want = ncpu < 1 ? 1 : ncpu > HEADER_THREADS ? HEADER_THREADS : (int)ncpu, started = 0;
+    if ((size_t)want > src->n_shards) want = src->n_shards ? (int)src->n_shards : 1;
+    if (!job.linked) want = 0; /* out of memory: the loop below reports every shard */
+    json_object_seed(0); /* before any thread creates a JSON object */
+    for (int i = 1; i < want; i++)
+        if (pthread_create(&tid[started], NULL, header_worker, &job) == 0) started++;
+        else break;
+    if (want) header_worker(&job);
+    for (int i = 0; i < started; i++) pthread_join(tid[i], NULL);
     for (size_t i = 0; i < src->n_shards; i++) {
-        ks_shard *s = &src->shards[i];
-        struct stat st, lst;
-        char err[600];
-        if (stat(s->path, &st) != 0) {
-            shard_problem(s, "%s", errno == ENOENT ? "missing: the index names this shard but the file is absent" : strerror(errno));
-            continue;
-        }
-        s->present = 1;
-        s->size = (uint64_t)st.st_size;
-        s->alloc_bytes = (uint64_t)st.st_blocks * 512;
-        s->mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
-        src->total_bytes += s->size;
-        if (lstat(s->path, &lst) == 0 && S_ISLNK(lst.st_mode)) {
-            hf_blob_sha(s);
-            if (s->expect_sha[0]) src->hf_snapshot = 1;
-        }
-        if (st_open(s->path, &s->st, err, sizeof err)) {
-            /* st_open names the file; the verdict line does too, so drop the prefix */
-            const char *m = strncmp(err, s->path, strlen(s->path)) == 0 ? err + strlen(s->path) + 2 : err;
-            shard_problem(s, "%s", m);
-            continue;
-        }
-        s->parsed = 1;
-        if (s->st.expected_size > s->size) {
-            const char *first_cut = "?";
-            for (size_t k = 0; k < s->st.n; k++)
-                if (s->st.t[k].end > s->size) { first_cut = s->st.t[k].name; break; }
-            shard_problem(s, "truncated: %llu bytes on disk, the header describes %llu (%llu missing; partial download?); "
-                          "tensor %s and any after it are cut off",
-                          (unsigned long long)s->size, (unsigned long long)s->st.expected_size,
-                          (unsigned long long)(s->st.expected_size - s->size), first_cut);
-        }
-        else if (s->st.expected_size < s->size)
-            shard_problem(s, "%llu bytes past the last tensor: the file is longer than its header describes",
-                          (unsigned long long)(s->size - s->st.expected_size));
+        if (!want) { shard_problem(&src->shards[i], "out of memory"); continue; }
+        if (!src->shards[i].present) continue;
+        src->total_bytes += src->shards[i].size;
+        if (job.linked[i] && src->shards[i].expect_sha[0]) src->hf_snapshot = 1;
     }
+    free(job.linked);
 }
 
 static const char *dtype_list(unsigned mask, char *buf, size_t n)
@@ -261,7 +455,7 @@ static void shape_str(int ndim, const uint64_t *shape, char *buf, size_t n)
     if (u < n) snprintf(buf + u, n - u, "]");
 }
 
-static void check_coverage(k3_source *src, json_t *weight_map)
+static void check_coverage(k3_source *src, const struct index_map *index)
 {
     const k3_config *c = &src->cfg;
     uint64_t count = src->schema.count;
@@ -279,10 +473,10 @@ static void check_coverage(k3_source *src, json_t *weight_map)
             k3_tensor_spec spec;
             char why[200], a[64], b[64];
             int cls = k3_schema_classify(c, t->name, &spec, why, sizeof why);
-            if (weight_map) {
-                const char *fn = json_string_value(json_object_get(weight_map, t->name));
-                if (!fn) shard_problem(s, "tensor %s is in this shard but not in the index", t->name);
-                else if (strcmp(fn, s->name) != 0) shard_problem(s, "tensor %s is in this shard but the index says %s", t->name, fn);
+            if (index) {
+                uint32_t at = index_lookup(src, index, t->name, cls, &spec);
+                if (at == UINT32_MAX) shard_problem(s, "tensor %s is in this shard but not in the index", t->name);
+                else if (at != si) shard_problem(s, "tensor %s is in this shard but the index says %s", t->name, src->shards[at].name);
             }
             if (cls == K3_CLASS_DROPPED) {
                 if (src->n_dropped == cap_dropped) {
@@ -328,27 +522,20 @@ static void check_coverage(k3_source *src, json_t *weight_map)
     /* Missing tensors: charge each to the shard the index names, if any. */
     for (uint64_t i = 0; i < count; i++) {
         k3_tensor_spec spec;
-        const char *fn;
         ks_shard *owner = NULL;
         if (src->loc_shard[i] != UINT32_MAX) continue;
         src->n_missing++;
         k3_schema_at(&src->schema, i, &spec);
-        fn = weight_map ? json_string_value(json_object_get(weight_map, spec.name)) : NULL;
-        for (size_t si = 0; fn && si < src->n_shards; si++)
-            if (strcmp(src->shards[si].name, fn) == 0) owner = &src->shards[si];
+        if (index && index->canon_shard[i]) owner = &src->shards[index->canon_shard[i] - 1];
         if (owner && !owner->parsed) continue; /* already reported: missing or unreadable shard */
         if (owner) shard_problem(owner, "missing tensor %s (the index lists it here)", spec.name);
         else general_problem(src, "missing tensor %s (no shard holds it)", spec.name);
     }
-    /* Index entries naming tensors no header has. */
-    if (weight_map) {
-        const char *key;
-        json_t *v;
-        json_object_foreach(weight_map, key, v) {
-            k3_tensor_spec spec;
-            char why[200];
-            if (k3_schema_classify(c, key, &spec, why, sizeof why) != K3_CLASS_UNKNOWN) continue;
-            general_problem(src, "the index lists %s, which is not a tensor of this model (%s)", key, why);
+    /* Index entries naming tensors that are not part of this model. */
+    if (index) {
+        for (size_t k = 0; k < index->n_unknown; k++) {
+            if (k < KS_MAX_PROBLEMS && index->unknown[k]) general_problem(src, "%s", index->unknown[k]);
+            else src->n_general++; /* counted, not listed, as general_problem would */
         }
     }
 }
@@ -375,7 +562,7 @@ static int load_extras(k3_source *src, char *err, size_t errlen)
 
 int ks_open(const char *dir, const char *sums_path, k3_source *src, char *err, size_t errlen)
 {
-    json_t *weight_map = NULL;
+    struct index_map *index = NULL;
     char cerr[1200];
     memset(src, 0, sizeof *src);
     src->dir = strdup(dir);
@@ -387,11 +574,14 @@ int ks_open(const char *dir, const char *sums_path, k3_source *src, char *err, s
     }
     src->have_cfg = 1;
     k3_schema_init(&src->schema, &src->cfg);
-    if (list_shards(src, &weight_map, err, errlen)) return -1;
-    if (sums_path && load_sums(src, sums_path, err, errlen)) { json_decref(weight_map); return -1; }
+    if (list_shards(src, &index, err, errlen)) return -1;
+#ifdef __GLIBC__
+    malloc_trim(0); /* give back the index's JSON tree before the headers are parsed on other threads */
+#endif
+    if (sums_path && load_sums(src, sums_path, err, errlen)) { index_map_free(index); return -1; }
     read_shard_headers(src);
-    check_coverage(src, weight_map);
-    json_decref(weight_map);
+    check_coverage(src, index);
+    index_map_free(index);
     return 0;
 }
 

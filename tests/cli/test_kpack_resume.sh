@@ -45,6 +45,24 @@ PY
     && ok "a damaged last journaled extent is re-verified and redone (resumed at 19)" \
     || notok "damaged partial: $(cat "$T/resume.err")"
 
+# A stale byte in a zero region past the verified prefix (padding, or an
+# all-zero block the writer leaves as a hole) must not survive the resume.
+rm -f "$T/x.kpk" "$T/x.kpk.partial" "$T/x.kpk.journal"
+KPACK_SYNC_BYTES=1 KPACK_TEST_KILL_AFTER=20 "$BIN/kpack" convert "$T/src" "$T/x.kpk" --quiet 2>/dev/null
+python3 - "$T/x.kpk.partial" "$T/ref.kpk" <<'PY'
+import struct, sys
+ref = open(sys.argv[2], "rb").read()
+ext_off, ext_n = struct.unpack_from("<QQ", ref, 56)
+off, stored = struct.unpack_from("<QQ", ref, ext_off + 64 * 40 + 16)   # extent 40: not yet written
+with open(sys.argv[1], "r+b") as f:
+    f.seek(off + stored + 7)                                        # in its zero padding
+    f.write(b"\x5a")
+PY
+"$BIN/kpack" convert "$T/src" "$T/x.kpk" 2>"$T/resume.err" >/dev/null \
+    && cmp -s "$T/x.kpk" "$T/ref.kpk" && "$BIN/kpack" verify "$T/x.kpk" --quiet >/dev/null \
+    && ok "a stale byte in the padding past the verified prefix is cleared on resume" \
+    || notok "stale padding byte survived the resume: $(cat "$T/resume.err")"
+
 # Options changed between runs: the old partial is not reused.
 rm -f "$T/x.kpk" "$T/x.kpk.partial" "$T/x.kpk.journal"
 KPACK_SYNC_BYTES=1 KPACK_TEST_KILL_AFTER=10 "$BIN/kpack" convert "$T/src" "$T/x.kpk" --quiet 2>/dev/null
