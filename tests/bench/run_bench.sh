@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# make bench: the long measurements.  Prints figures and ratios; never passes
+# or fails on a time (the exit status is non-zero only if a command failed).
+#
+#   kpack    tests/bench/bench_kpack.sh: convert vs cp, verify and check-source
+#            vs sha256sum on a full-width slice; the full-size virtual K3
+#            (indexing, plan, sparse convert, verify)
+#   kernels  tests/bench/bench_kernels.c, built with the line in its header
+#   krun     tests/bench/bench_krun.sh, given the virtual .kpk made by kpack
+#
+# Everything is generated under a temporary directory in build/ (the repo's
+# disk) and deleted at the end.
+#
+# Env: BENCH_ONLY       a subset of "kpack kernels krun" (default: all three)
+#      KPK_VIRTUAL_OUT  keep the converted virtual .kpk at this path (the
+#                       runtime's scale test uses it); otherwise it is deleted
+#      BENCH_RUNS, BENCH_SLICE, BENCH_SETTLE, BENCH_SKIP: see bench_kpack.sh
+set -u
+cd "$(dirname "$0")/../.." || exit 2
+TOP=$PWD
+mkdir -p "$TOP/build"
+TMP=$(mktemp -d "$TOP/build/bench.XXXXXX")
+trap 'rm -rf "$TMP"' EXIT
+trap 'exit 130' INT TERM
+ONLY=" ${BENCH_ONLY:-kpack kernels krun} "
+VIRT=${KPK_VIRTUAL_OUT:-$TMP/k3-virtual.kpk}
+rc=0
+start=$(date +%s)
+
+if [[ "$ONLY" == *" kpack "* ]]; then
+    echo "################ kpack"
+    BENCH_DIR="$TMP/kpack" KPK_VIRTUAL_OUT="$VIRT" bash tests/bench/bench_kpack.sh || rc=1
+    echo
+fi
+
+if [[ "$ONLY" == *" kernels "* ]]; then
+    echo "################ kernels (tests/bench/bench_kernels.c)"
+    if [ ! -f tests/bench/bench_kernels.c ]; then
+        echo "(tests/bench/bench_kernels.c is absent: skipped)"
+    elif ${CC:-gcc} -std=c11 -O2 -ffp-contract=off -D_GNU_SOURCE -Irun -o "$TMP/bench_kernels" \
+            tests/bench/bench_kernels.c run/kernels.c run/kernels_avx2.c run/kernels_avx512.c run/threadpool.c \
+            -lpthread -lm 2>"$TMP/cc.err"; then
+        "$TMP/bench_kernels" || { echo "FAILED: bench_kernels"; rc=1; }
+    else
+        echo "FAILED: building bench_kernels with the line in its header:"
+        head -20 "$TMP/cc.err"
+        rc=1
+    fi
+    echo
+fi
+
+if [[ "$ONLY" == *" krun "* ]]; then
+    echo "################ krun (tests/bench/bench_krun.sh)"
+    if [ ! -f tests/bench/bench_krun.sh ]; then
+        echo "(tests/bench/bench_krun.sh is absent: skipped)"
+    else
+        if [ -f "$VIRT" ]; then export KPK_VIRTUAL="$VIRT"; fi
+        bash tests/bench/bench_krun.sh || { echo "FAILED: bench_krun.sh"; rc=1; }
+    fi
+    echo
+fi
+
+echo "make bench: $(( $(date +%s) - start )) s in all"
+exit "$rc"
