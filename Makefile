@@ -9,7 +9,7 @@ OPT     ?= -O2
 CFLAGS  ?= $(OPT) -g
 # -Wno-format-truncation: diagnostics are built with snprintf into fixed
 # buffers on purpose; a long path may shorten a message, never overflow it.
-CFLAGS  += -std=c11 -Wall -Wextra -Werror -Wno-format-truncation -ffp-contract=off -fno-fast-math \
+CFLAGS  += -std=c11 -Wall -Wextra -Werror -Wvla -Wno-format-truncation -ffp-contract=off -fno-fast-math \
            -D_GNU_SOURCE -D_FILE_OFFSET_BITS=64 -Iformat -Ipack -Irun -MMD -MP
 LDLIBS  += -lzstd -lxxhash -lcrypto -ljansson -lpcre2-8 -lpthread -lm
 
