@@ -74,6 +74,17 @@ static int extent_is_hole(struct pipe *pp, uint32_t e)
     return 1;
 }
 
+/* The part [*a, *b) of tensor t that lies in [pos, pos+len): 1 if it is not
+ * empty, 0 if the tensor lies before the range, -1 if it lies past it (and,
+ * since tensors are in offset order, so do all that follow). */
+static int tensor_in_range(const kpk_tensor *t, uint64_t pos, uint64_t len, uint64_t *a, uint64_t *b)
+{
+    *a = t->offset > pos ? t->offset : pos;
+    *b = t->offset + t->nbytes < pos + len ? t->offset + t->nbytes : pos + len;
+    if (*a < *b) return 1;
+    return t->offset >= pos + len ? -1 : 0;
+}
+
 /* Fill chunk [pos, pos+len) of extent e from its tensors; returns -1 on I/O
  * error.  Tensors are in increasing offset order within an extent (the plan
  * builds them so), so only the gaps between them need zeroing. */
@@ -91,24 +102,20 @@ static int fill_chunk(struct pipe *pp, uint32_t e, uint64_t pos, size_t len, str
     for (uint64_t ti = x->first_tensor; ti < (uint64_t)x->first_tensor + x->tensor_count && c->all_zero; ti++) {
         const kpk_tensor *t = &p->tensors[ti];
         const kp_source_ref *from = &p->from[ti];
-        uint64_t a = t->offset > pos ? t->offset : pos;
-        uint64_t b = t->offset + t->nbytes < pos + len ? t->offset + t->nbytes : pos + len;
-        if (a >= b) {
-            if (t->offset >= pos + len) break;
-            continue;
-        }
+        uint64_t a, b;
+        int in = tensor_in_range(t, pos, len, &a, &b);
+        if (in < 0) break;
+        if (in == 0) continue;
         if (from->shard == UINT32_MAX || !range_is_hole(pp, from->shard, from->offset + (a - t->offset), b - a)) c->all_zero = 0;
     }
     if (c->all_zero) return 0;
     for (uint64_t ti = x->first_tensor; ti < (uint64_t)x->first_tensor + x->tensor_count; ti++) {
         const kpk_tensor *t = &p->tensors[ti];
         const kp_source_ref *from = &p->from[ti];
-        uint64_t a = t->offset > pos ? t->offset : pos;
-        uint64_t b = t->offset + t->nbytes < pos + len ? t->offset + t->nbytes : pos + len;
-        if (a >= b) {
-            if (t->offset >= pos + len) break;
-            continue;
-        }
+        uint64_t a, b;
+        int in = tensor_in_range(t, pos, len, &a, &b);
+        if (in < 0) break;
+        if (in == 0) continue;
         if (a > z) memset(c->buf + (z - pos), 0, a - z);
         if (b > z) z = b;
         if (from->shard == UINT32_MAX) {
