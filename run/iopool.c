@@ -22,6 +22,7 @@ struct kio_pool {
     int tracing;
     struct trace_rec *trace;
     size_t n_trace, cap_trace;
+    size_t trace_lost;      /* records dropped because memory ran out */
     double t0, waited;
 };
 
@@ -73,6 +74,8 @@ static void *worker(void *arg)
             }
             if (p->n_trace < p->cap_trace)
                 p->trace[p->n_trace++] = (struct trace_rec){r.off, r.len, a - p->t0, b - p->t0, r.kind};
+            else
+                p->trace_lost++;
         }
         if (err && !r.batch->err) r.batch->err = err;
         r.batch->bytes += r.len;
@@ -160,14 +163,17 @@ int kio_trace_write(kio_pool *p, const char *path)
 {
     FILE *f = fopen(path, "w");
     int ok;
+    size_t lost;
     if (!f) return -1;
     fprintf(f, "kind\toffset\tlength\tstart_s\tend_s\n");
     pthread_mutex_lock(&p->mu);
     for (size_t i = 0; i < p->n_trace; i++)
         fprintf(f, "%c\t%llu\t%llu\t%.6f\t%.6f\n", p->trace[i].kind, (unsigned long long)p->trace[i].off,
                 (unsigned long long)p->trace[i].len, p->trace[i].start, p->trace[i].end);
+    lost = p->trace_lost;
     pthread_mutex_unlock(&p->mu);
     ok = !ferror(f);
     if (fclose(f)) ok = 0;
-    return ok ? 0 : -1;
+    if (ok && lost) errno = ENOMEM; /* records were dropped: the file is incomplete */
+    return ok && !lost ? 0 : -1;
 }

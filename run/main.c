@@ -482,7 +482,11 @@ int main(int argc, char **argv)
         double total = 0;
         kstore_stats_get(store, &st);
         for (size_t k = 0; k < n_steps; k++) total += steps[k].seconds;
-        if (o.trace && kstore_trace_write(store, o.trace)) fprintf(stderr, "krun: cannot write %s: %s\n", o.trace, strerror(errno));
+        if (o.trace && kstore_trace_write(store, o.trace)) {
+            fprintf(stderr, "krun: cannot write %s: %s\n", o.trace, strerror(errno));
+            rc = KR_USAGE;
+            goto out_run;
+        }
         if (!o.quiet)
             fprintf(stderr, "krun: prompt %zu tokens in %.3f s; %zu generated, %.1f ms per decoding step; read %.3g GB; "
                     "%llu extents verified; peak RSS %.1f MB; simd %s, %d threads\n",
@@ -531,6 +535,7 @@ int main(int argc, char **argv)
             if (json_dump_file(j, o.json, JSON_INDENT(1)) != 0) {
                 fprintf(stderr, "krun: cannot write %s\n", o.json);
                 json_decref(j);
+                rc = KR_USAGE;
                 goto out_run;
             }
             json_decref(j);

@@ -69,6 +69,9 @@ assert rows and all(len(r) == 5 and float(r[4]) >= float(r[3]) for r in rows)
 extra = sum(int(r[2]) for r in rows if r[0] in "TE") - (j["bytes_trunk"] + j["bytes_experts"])
 assert 0 <= extra <= j["plan"]["ring_slot_bytes"], extra
 PY
+# An output the user asked for that cannot be written is a failed run.
+rc=0; "$BIN/krun" "$T/m.kpk" --ids $IDS --gen 1 --mem 1G --pin 4 --trace "$T/no/such/dir/t.tsv" --quiet >/dev/null 2>"$T/tr.err" || rc=$?
+[ "$rc" = 2 ] && grep -q "cannot write $T/no/such/dir/t.tsv" "$T/tr.err" && ok "--trace to an unwritable path: named, exit 2" || notok "--trace unwritable: rc=$rc $(cat "$T/tr.err")"
 # A cache big enough for everything: later steps hit experts loaded earlier.
 "$BIN/krun" "$T/m.kpk" --ids $IDS --gen $GEN --mem 1G --pin 13 --json "$T/h.json" --quiet >/dev/null
 python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); assert j["expert_hits"] > 0 and j["steps"][-1]["resident_hit_rate"] > 0 and j["bytes_trunk"] == 0' "$T/h.json" \
