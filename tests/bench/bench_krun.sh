@@ -63,6 +63,22 @@ run "--mem 6G --cache lfu" --mem 6G --cache lfu
 run "--mem 10G --io direct" --mem 10G --io direct
 run "--mem 12G (all pinned)" --mem 12G --io direct
 
+# io_uring against the pread pool, on the reads krun made at the minimum budget
+# (tests/bench/bench_io.c replays them; built only where liburing is installed).
+echo
+echo "== the same reads through krun's pread pool and through io_uring (tests/bench/bench_io.c)"
+if ! echo '#include <liburing.h>' | ${CC:-gcc} -E -x c - >/dev/null 2>&1; then
+    echo "(liburing-dev is not installed: skipped; apt-get install liburing-dev)"
+elif ${CC:-gcc} -std=c11 -O2 -Wall -Wextra -Werror -Wvla -D_GNU_SOURCE -Irun -Iformat -o "$W/bench_io" tests/bench/bench_io.c run/iopool.c format/kio.c \
+        format/kprogress.c -luring -lpthread 2>"$W/cc.err"; then
+    drop
+    "$BIN/krun" "$W/slice.kpk" --ids "$IDS" --gen "$GEN" --quiet --mem "$min" --io direct --trace "$W/reads.tsv" >/dev/null 2>"$W/err.txt" \
+        || echo "trace run FAILED: $(head -c 300 "$W/err.txt")"
+    "$W/bench_io" "$W/slice.kpk" "$W/reads.tsv" "${BENCH_RUNS:-5}" 8 32 || echo "FAILED: bench_io"
+else
+    echo "FAILED: building bench_io:"; head -20 "$W/cc.err"
+fi
+
 if [ -n "${KPK_VIRTUAL:-}" ] && [ -f "$KPK_VIRTUAL" ]; then
     echo
     echo "== the full-size virtual K3 ($KPK_VIRTUAL), real shapes, all-zero weights"
