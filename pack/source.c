@@ -99,21 +99,31 @@ static int is_hex64(const char *s)
     return 1;
 }
 
-/* A Hugging Face cache snapshot stores files as symlinks to blobs/<sha256>. */
+/* A Hugging Face cache snapshot stores files as symlinks to blobs/<sha256>:
+ * the blob's name is the expected SHA-256.  A published --sha256 list, when
+ * given, stays the reference; a blob name that disagrees with it is a problem
+ * (the cache holds something else than what was published). */
 static void hf_blob_sha(ks_shard *s)
 {
-    char target[4096];
+    char target[4096], *base, *parent;
     ssize_t n = readlink(s->path, target, sizeof target - 1);
-    const char *base;
     if (n <= 0) return;
     target[n] = 0;
     base = strrchr(target, '/');
-    base = base ? base + 1 : target;
-    if (is_hex64(base)) {
-        for (int i = 0; i < 64; i++) s->expect_sha[i] = (char)tolower((unsigned char)base[i]);
-        s->expect_sha[64] = 0;
-        s->sha_from = "hf-blob";
+    if (!base) return;
+    *base++ = 0;
+    parent = strrchr(target, '/');
+    parent = parent ? parent + 1 : target;
+    if (strcmp(parent, "blobs") != 0 || !is_hex64(base)) return;
+    for (int i = 0; i < 64; i++) base[i] = (char)tolower((unsigned char)base[i]);
+    s->hf_blob = 1;
+    if (s->expect_sha[0]) {
+        if (strcmp(s->expect_sha, base) != 0)
+            shard_problem(s, "its Hugging Face blob name says SHA-256 %.16s..., --sha256 says %.16s...", base, s->expect_sha);
+        return;
     }
+    memcpy(s->expect_sha, base, 65);
+    s->sha_from = "hf-blob";
 }
 
 /* sha256sum format: "<64 hex><space><space or *><file name>". */
@@ -362,7 +372,7 @@ out:
     return rc;
 }
 
-static void read_one_header(ks_shard *s, unsigned char *linked)
+static void read_one_header(ks_shard *s)
 {
     struct stat st, lst;
     char err[600];
@@ -374,10 +384,7 @@ static void read_one_header(ks_shard *s, unsigned char *linked)
     s->size = (uint64_t)st.st_size;
     s->alloc_bytes = (uint64_t)st.st_blocks * 512;
     s->mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
-    if (lstat(s->path, &lst) == 0 && S_ISLNK(lst.st_mode)) {
-        hf_blob_sha(s);
-        *linked = 1;
-    }
+    if (lstat(s->path, &lst) == 0 && S_ISLNK(lst.st_mode)) hf_blob_sha(s);
     if (st_open(s->path, &s->st, err, sizeof err)) {
         /* st_open names the file; the verdict line does too, so drop the prefix */
         const char *m = strncmp(err, s->path, strlen(s->path)) == 0 ? err + strlen(s->path) + 2 : err;
@@ -399,7 +406,7 @@ static void read_one_header(ks_shard *s, unsigned char *linked)
                       (unsigned long long)(s->size - s->st.expected_size));
 }
 
-struct header_job { k3_source *src; unsigned char *linked; _Atomic size_t next; };
+struct header_job { k3_source *src; _Atomic size_t next; };
 
 static void *header_worker(void *arg)
 {
@@ -407,7 +414,7 @@ static void *header_worker(void *arg)
     for (;;) {
         size_t i = atomic_fetch_add(&job->next, 1);
         if (i >= job->src->n_shards) return NULL;
-        read_one_header(&job->src->shards[i], &job->linked[i]); /* touches shard i only */
+        read_one_header(&job->src->shards[i]); /* touches shard i only */
     }
 }
 
@@ -415,25 +422,22 @@ static void *header_worker(void *arg)
  * threads, each shard's verdict written by the one worker that took it. */
 static void read_shard_headers(k3_source *src)
 {
-    struct header_job job = {.src = src, .linked = calloc(src->n_shards + 1, 1)};
+    struct header_job job = {.src = src};
     pthread_t tid[HEADER_THREADS];
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     int want = ncpu < 1 ? 1 : ncpu > HEADER_THREADS ? HEADER_THREADS : (int)ncpu, started = 0;
     if ((size_t)want > src->n_shards) want = src->n_shards ? (int)src->n_shards : 1;
-    if (!job.linked) want = 0; /* out of memory: the loop below reports every shard */
     json_object_seed(0); /* before any thread creates a JSON object */
     for (int i = 1; i < want; i++)
         if (pthread_create(&tid[started], NULL, header_worker, &job) == 0) started++;
         else break;
-    if (want) header_worker(&job);
+    header_worker(&job);
     for (int i = 0; i < started; i++) pthread_join(tid[i], NULL);
     for (size_t i = 0; i < src->n_shards; i++) {
-        if (!want) { shard_problem(&src->shards[i], "out of memory"); continue; }
         if (!src->shards[i].present) continue;
         src->total_bytes += src->shards[i].size;
-        if (job.linked[i] && src->shards[i].expect_sha[0]) src->hf_snapshot = 1;
+        if (src->shards[i].hf_blob) src->hf_snapshot = 1;
     }
-    free(job.linked);
 }
 
 static const char *dtype_list(unsigned mask, char *buf, size_t n)

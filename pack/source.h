@@ -25,6 +25,7 @@ typedef struct ks_shard {
     uint64_t n_tensors;      /* text tensors it holds */
     char expect_sha[65];     /* "" if unknown */
     const char *sha_from;    /* "--sha256" or "hf-blob" */
+    int hf_blob;             /* a symlink to blobs/<sha256> of a Hugging Face cache */
     char got_sha[65];        /* "" if not computed */
     char *problems[KS_MAX_PROBLEMS];
     size_t n_problems;       /* may exceed KS_MAX_PROBLEMS */

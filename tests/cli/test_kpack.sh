@@ -34,9 +34,28 @@ for f in "$T"/src/*; do
 done
 expect_exit 0 "check-source on an HF snapshot verifies blob hashes" "$BIN/kpack" check-source "$T/hf/snapshots/abc" --quiet
 [ "$(grep -c 'sha256 ok' "$T/last.out")" -eq 3 ] && ok "HF blob names used as SHA-256" || notok "HF hashes: $(cat "$T/last.out")"
+expect_exit 0 "check-source --json on an HF snapshot" "$BIN/kpack" check-source "$T/hf/snapshots/abc" --json
+python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); assert j["layout"]=="hf-snapshot", j["layout"]' "$T/last.out" \
+    && ok "an HF snapshot is reported as one" || notok "HF layout: $(head -c 300 "$T/last.out")"
+# The published list stays the reference: a blob name that disagrees with it is named.
+expect_exit 1 "an HF blob name that disagrees with --sha256" "$BIN/kpack" check-source "$T/hf/snapshots/abc" --sha256 "$T/sums.bad" --quiet
+grep -q "Hugging Face blob name says SHA-256" "$T/last.out" && ok "the disagreement is named" || notok "blob vs --sha256: $(cat "$T/last.out")"
 h=$(ls "$T/hf/blobs" | head -1); printf 'X' | dd of="$T/hf/blobs/$h" bs=1 seek=100 conv=notrunc 2>/dev/null
 expect_exit 1 "a corrupted HF blob is caught" "$BIN/kpack" check-source "$T/hf/snapshots/abc" --quiet
 rm -rf "$T/hf"
+# Symlinks that are not into a blobs/ directory: a plain sharded download, no hash implied.
+mkdir -p "$T/ln/store" "$T/ln/model"
+for f in "$T"/src/*; do
+    b=$(basename "$f")
+    case "$b" in
+        *.safetensors) h=$(sha256sum "$f" | cut -d' ' -f1); cp "$f" "$T/ln/store/$h"; ln -s "../store/$h" "$T/ln/model/$b";;
+        *) cp "$f" "$T/ln/model/$b";;
+    esac
+done
+expect_exit 0 "check-source on symlinked shards outside an HF cache" "$BIN/kpack" check-source "$T/ln/model" --json
+python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); assert j["layout"]=="sharded", j["layout"]' "$T/last.out" \
+    && ok "symlinks outside blobs/ are not taken for an HF cache" || notok "symlink layout: $(head -c 300 "$T/last.out")"
+rm -rf "$T/ln"
 
 # convert, dry run first
 expect_exit 0 "convert --dry-run" "$BIN/kpack" convert "$T/src" "$T/a.kpk" --dry-run
