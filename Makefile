@@ -81,8 +81,10 @@ $(BUILD)/tests/%: $(BUILD)/tests/unit/%.o $(LIBRUN) $(LIBPACK) $(LIBFORMAT)
 
 unit: $(UNIT_BIN)
 
+# Under this build's directory, so a sanitizer build's ablations are not mixed
+# with the plain build's.
 ablate:
-	@$(MAKE) --no-print-directory BUILD=build/ablate ABLATIONS=1 build/ablate/bin/krun
+	@$(MAKE) --no-print-directory BUILD=$(BUILD)/ablate ABLATIONS=1 $(BUILD)/ablate/bin/krun
 
 test: all unit ablate
 	@BUILD=$(BUILD) BIN=$(BINDIR) tests/run_all.sh

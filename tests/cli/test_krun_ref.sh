@@ -4,7 +4,8 @@
 # every deliberately broken build (one per spec trap) must fail these checks.
 . "$(dirname "$0")/lib.sh"
 CMP="$TOP/tests/cli/compare_ref.py"
-ABL_KRUN="$TOP/build/ablate/bin/krun"
+# make ablate builds it under the build directory
+case ${BUILD:-build} in /*) ABL_KRUN="$BUILD/ablate/bin/krun" ;; *) ABL_KRUN="$TOP/${BUILD:-build}/ablate/bin/krun" ;; esac
 mkdir -p "$T/refcache"
 
 # name | k3synth options | config edit (python on the nested config dict, or -) | prompt ids
