@@ -5,7 +5,9 @@
 #    dense layer 0, 64 experts of 17.5 MB, top-4; ~9 GB), page cache dropped
 #    before every run: seconds per decoding step, bytes per step against the
 #    planner's compulsory reads, peak RSS, at several budgets and I/O modes.
-# 2. With KPK_VIRTUAL=/path/k3-virtual.kpk (the sparse full-size K3 made by
+# 2. krun's reads at the minimum budget replayed through its pread pool and
+#    through io_uring (tests/bench/bench_io.c; skipped without liburing-dev).
+# 3. With KPK_VIRTUAL=/path/k3-virtual.kpk (the sparse full-size K3 made by
 #    bench_kpack.sh), the real shapes at --preset laptop for 2 tokens: peak
 #    RSS, bytes per step against the plan.
 #

@@ -6,7 +6,8 @@
 #            vs sha256sum on a full-width slice; the full-size virtual K3
 #            (indexing, plan, sparse convert, verify)
 #   kernels  tests/bench/bench_kernels.c, built with the line in its header
-#   krun     tests/bench/bench_krun.sh, given the virtual .kpk made by kpack
+#   krun     tests/bench/bench_krun.sh, given the virtual .kpk made by kpack;
+#            includes the pread pool vs io_uring replay (tests/bench/bench_io.c)
 #
 # Everything is generated under a temporary directory in build/ (the repo's
 # disk) and deleted at the end.
