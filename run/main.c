@@ -63,7 +63,8 @@ static const char usage[] =
     "\n"
     "Exit: 0 success; 1 the model file is damaged or unreadable mid-run (the bad\n"
     "extent is named; no token computed from it is printed); 2 usage error, bad\n"
-    "prompt (empty, token id out of range, longer than the context), not a KPK file.\n";
+    "prompt (empty, token id out of range, longer than the context), not a KPK file,\n"
+    "an output file (--json, --trace, --dump-logits) that cannot be written.\n";
 
 struct opts {
     const char *model, *prompt, *prompt_file, *ids, *json, *dump_logits, *dump_all;

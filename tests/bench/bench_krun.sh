@@ -61,7 +61,7 @@ run "--mem minimum --io direct" --mem "$min" --io direct
 run "--mem minimum --io pread" --mem "$min" --io pread
 run "--mem minimum --io mmap" --mem "$min" --io mmap
 run "--mem 6G --io direct" --mem 6G --io direct
-run "--mem 6G --cache lfu" --mem 6G --cache lfu
+run "--mem 6G --cache lru" --mem 6G --cache lru
 run "--mem 10G --io direct" --mem 10G --io direct
 run "--mem 12G (all pinned)" --mem 12G --io direct
 
