@@ -23,3 +23,16 @@ expect_err() {
     if grep -qE -- "$1" "$T/last.err"; then ok "$2"; else notok "$2: stderr was: $(head -c 300 "$T/last.err")"; fi
 }
 finish() { rm -rf "$T"; [ "$FAILS" -eq 0 ]; }
+
+# same_bits KPK LABEL ARGS...: krun on KPK with $IDS / $GEN and ARGS gives the
+# generated ids and every logit bit of the reference run ($T/ref.json, $T/ref.bin).
+same_bits() {
+    local kpk=$1 label=$2; shift 2
+    if "$BIN/krun" "$kpk" --ids $IDS --gen $GEN --dump-all-logits "$T/x.bin" --json "$T/x.json" --quiet "$@" >/dev/null 2>"$T/x.err" \
+        && cmp -s "$T/ref.bin" "$T/x.bin" \
+        && python3 -c 'import json,sys; assert json.load(open(sys.argv[1]))["generated_ids"]==json.load(open(sys.argv[2]))["generated_ids"]' "$T/ref.json" "$T/x.json"; then
+        ok "identical ids and logits bits: $label"
+    else
+        notok "results differ: $label: $(head -c 300 "$T/x.err")"
+    fi
+}

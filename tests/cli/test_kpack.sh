@@ -23,15 +23,22 @@ cmp -s "$T/sums" "$T/sums.bad" && sed -i '2s/^\(.\)/\1/;2s/^[0-9a-f]/e/' "$T/sum
 expect_exit 1 "check-source --sha256 with a wrong hash" "$BIN/kpack" check-source "$T/src" --sha256 "$T/sums.bad" --quiet
 grep -q "SHA-256 mismatch" "$T/last.out" && ok "the mismatching shard is named" || notok "no SHA mismatch message: $(cat "$T/last.out")"
 
+# link_shards STORE DIR: a copy of $T/src in DIR whose shards are symlinks to
+# STORE/<their sha256> (the layout of a Hugging Face cache when STORE is blobs/)
+link_shards() {
+    local store=$1 dir=$2 f b h
+    mkdir -p "$store" "$dir"
+    for f in "$T"/src/*; do
+        b=$(basename "$f")
+        case "$b" in
+            *.safetensors) h=$(sha256sum "$f" | cut -d' ' -f1); cp "$f" "$store/$h"; ln -s "$(realpath --relative-to="$dir" "$store")/$h" "$dir/$b";;
+            *) cp "$f" "$dir/$b";;
+        esac
+    done
+}
+
 # A Hugging Face cache snapshot: symlinks into blobs/<sha256>
-mkdir -p "$T/hf/blobs" "$T/hf/snapshots/abc"
-for f in "$T"/src/*; do
-    b=$(basename "$f")
-    case "$b" in
-        *.safetensors) h=$(sha256sum "$f" | cut -d' ' -f1); cp "$f" "$T/hf/blobs/$h"; ln -s "../../blobs/$h" "$T/hf/snapshots/abc/$b";;
-        *) cp "$f" "$T/hf/snapshots/abc/$b";;
-    esac
-done
+link_shards "$T/hf/blobs" "$T/hf/snapshots/abc"
 expect_exit 0 "check-source on an HF snapshot verifies blob hashes" "$BIN/kpack" check-source "$T/hf/snapshots/abc" --quiet
 [ "$(grep -c 'sha256 ok' "$T/last.out")" -eq 3 ] && ok "HF blob names used as SHA-256" || notok "HF hashes: $(cat "$T/last.out")"
 expect_exit 0 "check-source --json on an HF snapshot" "$BIN/kpack" check-source "$T/hf/snapshots/abc" --json
@@ -44,14 +51,7 @@ h=$(ls "$T/hf/blobs" | head -1); printf 'X' | dd of="$T/hf/blobs/$h" bs=1 seek=1
 expect_exit 1 "a corrupted HF blob is caught" "$BIN/kpack" check-source "$T/hf/snapshots/abc" --quiet
 rm -rf "$T/hf"
 # Symlinks that are not into a blobs/ directory: a plain sharded download, no hash implied.
-mkdir -p "$T/ln/store" "$T/ln/model"
-for f in "$T"/src/*; do
-    b=$(basename "$f")
-    case "$b" in
-        *.safetensors) h=$(sha256sum "$f" | cut -d' ' -f1); cp "$f" "$T/ln/store/$h"; ln -s "../store/$h" "$T/ln/model/$b";;
-        *) cp "$f" "$T/ln/model/$b";;
-    esac
-done
+link_shards "$T/ln/store" "$T/ln/model"
 expect_exit 0 "check-source on symlinked shards outside an HF cache" "$BIN/kpack" check-source "$T/ln/model" --json
 python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); assert j["layout"]=="sharded", j["layout"]' "$T/last.out" \
     && ok "symlinks outside blobs/ are not taken for an HF cache" || notok "symlink layout: $(head -c 300 "$T/last.out")"

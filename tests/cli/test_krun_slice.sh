@@ -22,16 +22,7 @@ GEN=3
 minrun=$(sed -n 's/.*the minimum .* (\([0-9]*\) bytes)$/\1/p' "$T/x.err")
 [ -n "$minrun" ] || { notok "no minimum in: $(cat "$T/x.err")"; finish; exit 1; }
 
-same() {
-    local label=$1; shift
-    if "$BIN/krun" "$T/sl.kpk" --ids $IDS --gen $GEN --dump-all-logits "$T/x.bin" --json "$T/x.json" --quiet "$@" >/dev/null 2>"$T/x.err" \
-        && cmp -s "$T/ref.bin" "$T/x.bin" \
-        && python3 -c 'import json,sys; assert json.load(open(sys.argv[1]))["generated_ids"]==json.load(open(sys.argv[2]))["generated_ids"]' "$T/ref.json" "$T/x.json"; then
-        ok "slice: identical ids and logits bits: $label"
-    else
-        notok "slice: results differ: $label: $(head -c 300 "$T/x.err")"
-    fi
-}
+same() { same_bits "$T/sl.kpk" "slice: $1" "${@:2}"; }
 same "--mem $minrun (the minimum)" --mem $minrun
 same "--mem 3G --pin 0 --expert-slots 2 --io direct" --mem 3G --pin 0 --expert-slots 2 --io direct
 same "--mem 3G --pin 0 --expert-slots 3 --io pread --cache lfu" --mem 3G --pin 0 --expert-slots 3 --io pread --cache lfu
