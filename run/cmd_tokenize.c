@@ -212,7 +212,7 @@ static json_t *ids_json(const ktok *tk, const int32_t *ids, size_t n)
 
 static void print_json(json_t *j)
 {
-    char *s = json_dumps(j, JSON_COMPACT);
+    char *s = json_dumps(j, JSON_COMPACT | JSON_ENCODE_ANY);
     if (s) puts(s);
     else fprintf(stderr, "krun tokenize: out of memory\n");
     free(s);
