@@ -232,6 +232,15 @@ static void print_decoded_json(const uint8_t *b, size_t n)
     print_json(o);
 }
 
+/* The bytes of ids (which it frees).  Returns 0, or -1 after saying so. */
+static int decode(const ktok *tk, int32_t *ids, size_t n, uint8_t **b, size_t *bl)
+{
+    long r = ktok_decode(tk, ids, n, b, bl);
+    free(ids);
+    if (r < 0) fprintf(stderr, "krun tokenize: out of memory\n");
+    return r < 0 ? -1 : 0;
+}
+
 static int do_encode(const ktok *tk, const struct topts *o, const char *text, size_t len)
 {
     int32_t *ids;
@@ -254,9 +263,7 @@ static int do_decode(const ktok *tk, const struct topts *o, const char *text, si
     }
     uint8_t *b;
     size_t bl;
-    long r = ktok_decode(tk, ids, n, &b, &bl);
-    free(ids);
-    if (r < 0) { fprintf(stderr, "krun tokenize: out of memory\n"); return TK_USAGE; }
+    if (decode(tk, ids, n, &b, &bl)) return TK_USAGE;
     if (o->json) print_decoded_json(b, bl);
     else fwrite(b, 1, bl, stdout);
     free(b);
@@ -302,9 +309,7 @@ static int do_jsonl(const ktok *tk, const struct topts *o, const char *buf, size
             }
             uint8_t *b;
             size_t bl;
-            long r = ktok_decode(tk, ids, n, &b, &bl);
-            free(ids);
-            if (r < 0) { fprintf(stderr, "krun tokenize: out of memory\n"); return TK_USAGE; }
+            if (decode(tk, ids, n, &b, &bl)) return TK_USAGE;
             kbuf t = {0};
             kutf8_sanitize((const char *)b, bl, &t);
             free(b);
@@ -360,7 +365,7 @@ static int do_chat(const ktok *tk, const struct topts *o)
     kchat_options opt = req.chat;
     if (o->think >= 0) opt.thinking = o->think;
     if (o->effort) opt.effort = strcmp(o->effort, "none") ? kchat_effort_parse(o->effort) : KCHAT_EFFORT_NONE;
-    if (opt.thinking && opt.effort == KCHAT_EFFORT_NONE && o->think == 1 && !o->effort && req.chat.thinking == 0)
+    if (o->think == 1 && !req.chat.thinking && !o->effort)
         opt.effort = KCHAT_EFFORT_MAX;   /* --think over a request that turned thinking off: the default effort */
     if (o->no_gen_prompt) opt.add_generation_prompt = 0;
     kchat_rendering r;

@@ -124,4 +124,12 @@ char *oai_sse_completion(const oai_meta *m, const char *text, size_t len, const 
 /* GET /v1/models: {"object": "list", "data": [{"id", "object": "model", "created", "owned_by"}]}. */
 char *oai_models_response(const char *model, long long created, const char *owned_by);
 
+/* One fuzzing input (libFuzzer's LLVMFuzzerTestOneInput or AFL can call it as is): data goes
+ * through both request parsers, what parses is rendered (text only) and its stream options
+ * answered, the error objects are built, and data is also read as a model reply (text, thinking
+ * on and off) whose events become SSE chunks.  Returns the number of inconsistencies found (an
+ * error without a status or message, a reply the parser rejects): 0.  Crashes and sanitizer
+ * reports are the other findings. */
+int oai_fuzz_one(const uint8_t *data, size_t n);
+
 #endif

@@ -60,6 +60,16 @@ static int oom(oai_error *e)
 }
 #define OOM(e) oom(e)
 
+/* The end of a parse (or a free): on success the request keeps the arena its pointers point into;
+ * otherwise the arena is freed and the request zeroed.  Returns 0 or -1. */
+static int parse_end(arena *a, void **own, void *req, size_t size, int ok)
+{
+    if (ok) { *own = a; return 0; }
+    arena_free(a);
+    memset(req, 0, size);
+    return -1;
+}
+
 /* The body: a JSON object. */
 static json_t *load_body(const char *body, size_t len, oai_error *e)
 {
@@ -486,19 +496,14 @@ int oai_parse_chat_request(const char *body, size_t len, oai_chat_request *req, 
         goto bad;
     }
     if (parse_sampling(o, &req->s, -1, a, e)) goto bad;
-    req->own = a;
-    return 0;
+    return parse_end(a, &req->own, req, sizeof *req, 1);
 bad:
-    arena_free(a);
-    memset(req, 0, sizeof *req);
-    return -1;
+    return parse_end(a, &req->own, req, sizeof *req, 0);
 }
 
 void oai_chat_request_free(oai_chat_request *req)
 {
-    if (!req) return;
-    arena_free(req->own);
-    memset(req, 0, sizeof *req);
+    if (req) parse_end(req->own, &req->own, req, sizeof *req, 0);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -570,19 +575,14 @@ int oai_parse_completion_request(const char *body, size_t len, size_t vocab, oai
         goto bad;
     }
     if (parse_sampling(o, &req->s, 16, a, e)) goto bad;
-    req->own = a;
-    return 0;
+    return parse_end(a, &req->own, req, sizeof *req, 1);
 bad:
-    arena_free(a);
-    memset(req, 0, sizeof *req);
-    return -1;
+    return parse_end(a, &req->own, req, sizeof *req, 0);
 }
 
 void oai_completion_request_free(oai_completion_request *req)
 {
-    if (!req) return;
-    arena_free(req->own);
-    memset(req, 0, sizeof *req);
+    if (req) parse_end(req->own, &req->own, req, sizeof *req, 0);
 }
 
 int oai_check_model(const char *requested, const char *served, oai_error *e)

@@ -369,7 +369,7 @@ static void test_stream(void)
     client c = {.m = &m};
     client_chunk(&c, oai_sse_chat_role(&m));
     kchat_parser *p = kchat_parser_new(NULL, 1);
-    for (size_t i = 0; reply[i]; i += 3) kchat_parser_feed_text(p, reply + i, strlen(reply + i) < 3 ? strlen(reply + i) : 3, client_event, &c);
+    for (size_t i = 0, n = strlen(reply); i < n; i += 3) kchat_parser_feed_text(p, reply + i, n - i < 3 ? n - i : 3, client_event, &c);
     kchat_parser_finish(p, client_event, &c);
     const char *fr = kchat_finish_reason(kchat_parser_where(p), kchat_parser_n_calls(p));
     client_chunk(&c, oai_sse_chat_finish(&m, fr));
@@ -469,6 +469,7 @@ static void test_mutations(void)
             if (kchat_parse_text(buf, n, it & 2, &rep) == 0) kchat_reply_free(&rep);
             else bad++;
         }
+        bad += oai_fuzz_one((const uint8_t *)buf, n);   /* the fuzzing entry point on the same input */
         if (!accepted && it > 1000) break;
         if (e.status) {
             char *j = oai_error_json(&e);
@@ -479,7 +480,8 @@ static void test_mutations(void)
         }
     }
     CHECK(bad == 0 && accepted > 100, "%d mutated bodies (random edits, truncation, invalid UTF-8, NUL): %d accepted, the "
-          "rest 400 with a message and a valid error object; the accepted ones render; the reply parser takes them all",
+          "rest 400 with a message and a valid error object; the accepted ones render; the reply parser takes them all; "
+          "oai_fuzz_one finds nothing",
           iters, accepted);
 }
 
