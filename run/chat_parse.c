@@ -111,13 +111,12 @@ size_t kchat_parser_n_calls(const kchat_parser *p) { return p->n_calls; }
 /* ------------------------------------------------------------------------------------------ */
 /* events                                                                                     */
 
-static int emit(kchat_parser *p, kchat_event_fn fn, void *ctx, kchat_event_kind kind, const char *text, size_t len,
-                int index, const char *name)
+static int emit(kchat_event_fn fn, void *ctx, kchat_event_kind kind, const char *text, size_t len, int index,
+                const char *name)
 {
     if (!fn) return 0;
     kchat_event ev = {kind, text ? text : "", len, index, name};
     return fn(ctx, &ev) ? -1 : 0;
-    (void)p;
 }
 
 /* Emit the held-back channel bytes: all of them (flush) or the complete UTF-8 prefix. */
@@ -126,7 +125,7 @@ static int drain(kchat_parser *p, kchat_event_fn fn, void *ctx, int flush)
     if (!p->pend.n) return 0;
     size_t k = flush ? p->pend.n : ktok_utf8_complete((const uint8_t *)p->pend.p, p->pend.n);
     if (!k) return 0;
-    int rc = emit(p, fn, ctx, (kchat_event_kind)p->pend_kind, p->pend.p, k, 0, NULL);
+    int rc = emit(fn, ctx, (kchat_event_kind)p->pend_kind, p->pend.p, k, 0, NULL);
     memmove(p->pend.p, p->pend.p + k, p->pend.n - k);
     p->pend.n -= k;
     p->pend.p[p->pend.n] = 0;
@@ -249,12 +248,12 @@ static int call_end(kchat_parser *p, kchat_event_fn fn, void *ctx)
         kutf8_sanitize(p->call_raw.p ? p->call_raw.p : "", p->call_raw.n, &s);
         kbuf_add(&s, "", 0);
         if (s.oom) p->oom = 1;
-        rc = emit(p, fn, ctx, KCHAT_EV_TOOL_CALL, s.p, s.n, index, p->call_name.p);
+        rc = emit(fn, ctx, KCHAT_EV_TOOL_CALL, s.p, s.n, index, p->call_name.p);
         kbuf_free(&s);
     } else {
         char *a = p->call_args ? json_dumps(p->call_args, JSON_COMPACT) : NULL;
         if (!a) p->oom = 1;
-        rc = emit(p, fn, ctx, KCHAT_EV_TOOL_CALL, a ? a : "{}", a ? strlen(a) : 2, index, p->call_name.p);
+        rc = emit(fn, ctx, KCHAT_EV_TOOL_CALL, a ? a : "{}", a ? strlen(a) : 2, index, p->call_name.p);
         free(a);
     }
     call_reset(p);
@@ -282,16 +281,14 @@ static int push_tag(kchat_parser *p, kchat_event_fn fn, void *ctx)
     if (k == TAG_CALL) {
         if (p->in_call && call_end(p, fn, ctx)) return -1;   /* a call inside a call: close the first */
         call_begin(p, h, n);
-        return emit(p, fn, ctx, KCHAT_EV_TOOL_CALL_BEGIN, NULL, 0, (int)p->n_calls, p->call_name.p);
+        return emit(fn, ctx, KCHAT_EV_TOOL_CALL_BEGIN, NULL, 0, (int)p->n_calls, p->call_name.p);
     }
     if (k == TAG_ARGUMENT) {
         p->arg_key.n = p->arg_type.n = p->arg_val.n = 0;
         if (!header_attr(h, n, "key", &p->arg_key)) p->malformed++;
         if (!header_attr(h, n, "type", &p->arg_type)) kbuf_puts(&p->arg_type, "string");
-        kbuf_add(&p->arg_key, "", 0);
+        kbuf_add(&p->arg_key, "", 0);     /* NUL-terminated even when empty */
         kbuf_add(&p->arg_type, "", 0);
-        kbuf_add(&p->arg_val, "", 0);
-        p->arg_val.n = 0;
     }
     return 0;
 }
@@ -364,7 +361,9 @@ static int on_text(kchat_parser *p, const char *s, size_t n, kchat_event_fn fn, 
 
 static int status(kchat_parser *p, int rc)
 {
-    if (p->oom || p->pend.oom || p->header.oom || p->arg_val.oom || p->call_raw.oom || p->call_name.oom) return -1;
+    if (p->oom || p->pend.oom || p->tpend.oom || p->header.oom || p->arg_key.oom || p->arg_type.oom || p->arg_val.oom ||
+        p->call_raw.oom || p->call_name.oom)
+        return -1;
     if (rc < 0) return -1;
     return p->ended;
 }

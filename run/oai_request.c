@@ -191,7 +191,8 @@ static int parse_sampling(json_t *o, oai_sampling *s, long default_max, arena *a
             if (!json_is_integer(v)) return wrong_type(e, maxkeys[i], "an integer", v);
             json_int_t x = json_integer_value(v);
             if (x < 1 || x > 0x7fffffff) {
-                oai_error_set(e, 400, maxkeys[i], "invalid_value", "%s must be at least 1, got %lld", maxkeys[i], (long long)x);
+                oai_error_set(e, 400, maxkeys[i], "invalid_value", "%s must be at least 1 (and at most 2147483647), got %lld",
+                              maxkeys[i], (long long)x);
                 return -1;
             }
             s->max_tokens = (long)x;
