@@ -1,5 +1,6 @@
 /* krun: run Kimi K3 from a KPK file.  Text (or token ids) in, text out. */
 #include "ablate.h"
+#include "cmd_tokenize.h"
 #include "forward.h"
 #include "memplan.h"
 #include "kio.h"
@@ -20,6 +21,7 @@ enum { KR_OK = 0, KR_DATA = 1, KR_USAGE = 2 };
 
 static const char usage[] =
     "usage: krun MODEL.kpk (--prompt TEXT | --prompt-file PATH | --ids 1,2,3) [options]\n"
+    "       krun tokenize MODEL.kpk ...   text <-> token ids, chat rendering (krun tokenize --help)\n"
     "\n"
     "Runs the exact Kimi K3 forward pass from a KPK file (made by kpack convert):\n"
     "the prompt is processed once, then one token per step with carried state;\n"
@@ -306,6 +308,8 @@ int main(int argc, char **argv)
     kmemplan plan;
     char auto_mem[32];
 
+    /* subcommands that need no model runtime */
+    if (argc > 1 && !strcmp(argv[1], "tokenize")) return krun_tokenize_main(argc - 1, argv + 1);
     parse_args(argc, argv, &o);
     if (krun_ablation_from_env()) return KR_USAGE;
     if (o.simd && strcmp(o.simd, "auto") != 0) {
