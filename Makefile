@@ -33,13 +33,15 @@ PACK_SRC   := $(sort $(filter-out pack/main.c,$(wildcard pack/*.c)))
 RUN_SRC    := $(sort $(filter-out run/main.c,$(wildcard run/*.c)))
 SYNTH_SRC  := $(sort $(wildcard tests/synth/*.c))
 UNIT_SRC   := $(sort $(wildcard tests/unit/test_*.c))
+# probes: test programs the CLI tests drive on a synthesized model
+PROBE_SRC  := $(sort $(wildcard tests/unit/probe_*.c))
 
 obj = $(patsubst %.c,$(BUILD)/%.o,$(1))
 
 LIBFORMAT := $(BUILD)/libkpkformat.a
 LIBPACK   := $(BUILD)/libkpack.a
 LIBRUN    := $(BUILD)/libkrun.a
-UNIT_BIN  := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
+UNIT_BIN  := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC) $(PROBE_SRC))
 
 # The default build puts its tools in bin/; any other build (ablations,
 # sanitizers) keeps its own copies under its build directory.
