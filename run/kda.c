@@ -73,11 +73,8 @@ static void recurrence(void *arg, size_t j0, size_t j1)
         for (size_t t = j->b->row0[g]; t < j->b->row0[g] + sg->n; t++) {
             const size_t at = t * P + h * D;
             const float beta = j->s->beta[t * j->Hk + h];
-            if (ABLATED(KDA_READ_BEFORE_DECAY) || ABLATED(KDA_OUTPUT_PRE_WRITE)) {
-                abl_kda_step(S, j->s->q + at, j->s->k + at, j->s->v + at, j->s->z + at, beta, j->s->o + at, D, u, d);
-                continue;
-            }
-            kda_step(S, j->s->q + at, j->s->k + at, j->s->v + at, j->s->z + at, beta, j->s->o + at, D, u, d);
+            (ABLATED(KDA_READ_BEFORE_DECAY) || ABLATED(KDA_OUTPUT_PRE_WRITE) ? abl_kda_step : kda_step)(
+                S, j->s->q + at, j->s->k + at, j->s->v + at, j->s->z + at, beta, j->s->o + at, D, u, d);
         }
     }
 }

@@ -91,6 +91,7 @@ struct opts {
     unsigned long long seed;
     int verify, recompute, print_ids, quiet, ignore_eos;
     const char *simd;
+    ksimd simd_level;
 };
 
 static void die_usage(const char *fmt, const char *arg)
@@ -298,6 +299,7 @@ static void model_opts(const struct opts *o, uint64_t budget, krun_model_opts *m
     mo->chunk = (size_t)o->chunk;
     mo->max_seqs = (size_t)o->max_seqs;
     mo->threads = (int)o->threads;
+    mo->simd = o->simd && strcmp(o->simd, "auto") != 0 ? (int)o->simd_level : -1;
 }
 
 /* The prompt as token ids.  A prompt file too large for the context is
@@ -481,11 +483,8 @@ int main(int argc, char **argv)
 
     parse_args(argc, argv, &o);
     if (krun_ablation_from_env()) return KRUN_EINPUT;
-    if (o.simd && strcmp(o.simd, "auto") != 0) {
-        ksimd lv;
-        if (kern_simd_parse(o.simd, &lv)) die_usage("--simd: expected auto, scalar, avx2 or avx512, got %s", o.simd);
-        kern_simd_set(lv);
-    }
+    if (o.simd && strcmp(o.simd, "auto") != 0 && kern_simd_parse(o.simd, &o.simd_level))
+        die_usage("--simd: expected auto, scalar, avx2 or avx512, got %s", o.simd);
     if (budget_of(&o, &budget)) return KRUN_EINPUT;
     if (krun_model_load(o.model, &m, &e)) { fprintf(stderr, "krun: %s\n", e.msg); return e.code; }
     if (o.plan_only) { rc = plan_only(&o, m, budget); goto out; }

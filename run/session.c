@@ -58,6 +58,7 @@ void krun_model_opts_init(krun_model_opts *o)
     o->ctx = 4096;
     o->chunk = 64;
     o->max_seqs = 1;
+    o->simd = -1;
 }
 
 /* ---- opening -------------------------------------------------------------------- */
@@ -154,6 +155,7 @@ int krun_model_prepare(krun_model *m, const krun_model_opts *o, krun_err *err)
     if (!opt.budget && kmem_available() && kpk_size(m->f) > kmem_available() / 10 * 8) {
         opt.budget = m->auto_budget = kmem_available() / 10 * 8;
     }
+    if (opt.simd >= 0) kern_simd_set((ksimd)opt.simd);
     memset(&so, 0, sizeof so);
     so.verify = opt.verify;
     so.model = &m->m;
@@ -345,7 +347,7 @@ static int push_tokens(krun_session *s, const int32_t *ids, size_t n, krun_err *
                          s->n_tokens + i, V - 1);
             return -1;
         }
-    memcpy(s->tokens + s->n_tokens, ids, n * sizeof *ids);
+    if (n) memcpy(s->tokens + s->n_tokens, ids, n * sizeof *ids);
     s->n_tokens += n;
     return 0;
 }

@@ -53,6 +53,7 @@ typedef struct krun_model_opts {
     size_t max_seqs;           /* sessions live at once, whose state the plan budgets (default 1, at most 256) */
     uint64_t extra_bytes;      /* the caller's own buffers, counted in the plan (e.g. all-position logits) */
     int threads;               /* compute threads; 0: every core */
+    int simd;                  /* -1: the best the CPU has; else a ksimd level (process-wide: kern_simd_set) */
 } krun_model_opts;
 
 void krun_model_opts_init(krun_model_opts *o);

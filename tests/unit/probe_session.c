@@ -38,7 +38,7 @@ static _Atomic unsigned long n_allocs;
 static size_t seen[MAX_SEEN];          /* sizes of the allocations while counting */
 static _Atomic unsigned long n_seen;
 
-static void note(size_t n)
+static __attribute__((unused)) void note(size_t n)
 {
     if (!atomic_load(&counting)) return;
     atomic_fetch_add(&n_allocs, 1);
