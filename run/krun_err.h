@@ -4,6 +4,8 @@
 #ifndef KRUN_ERR_H
 #define KRUN_ERR_H
 
+#include <stdio.h>
+
 enum krun_code {
     KRUN_OK = 0,
     KRUN_EDATA = 1,    /* the model file is damaged (checksum, structure), or the logits are not finite */
@@ -17,7 +19,8 @@ typedef struct krun_err {
     char msg[1024];
 } krun_err;
 
-void krun_err_set(krun_err *e, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Set e's code and message, printf-style (checked by -Wformat through snprintf). */
+#define krun_err_set(e, c, ...) ((void)((e)->code = (c)), (void)snprintf((e)->msg, sizeof (e)->msg, __VA_ARGS__))
 /* The krun code of a format/ error code (enum kpk_errcode). */
 int krun_code_of_kpk(int kpk_code);
 

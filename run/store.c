@@ -185,6 +185,14 @@ fail:
     return -1;
 }
 
+/* Free a per-extent table of buffers and the table. */
+static void free_table(uint8_t **t, uint32_t n)
+{
+    if (t)
+        for (uint32_t i = 0; i < n; i++) free(t[i]);
+    free(t);
+}
+
 void kstore_close(kstore *s)
 {
     if (!s) return;
@@ -195,17 +203,13 @@ void kstore_close(kstore *s)
     free(s->eslots);
     if (s->map) munmap((void *)s->map, s->map_len);
     if (s->fd_read >= 0) close(s->fd_read);
-    if (s->decoded)
-        for (uint32_t i = 0; i < kpk_extent_count(s->f); i++) free(s->decoded[i]);
-    free(s->decoded);
+    free_table(s->decoded, kpk_extent_count(s->f));
     free(s->role);
     free(s->verified);
     free(s->touched);
     free(s->slot_of);
     free(s->uses);
-    if (s->res_buf)
-        for (uint32_t i = 0; i < kpk_extent_count(s->f); i++) free(s->res_buf[i]);
-    free(s->res_buf);
+    free_table(s->res_buf, kpk_extent_count(s->f));
     free(s->res_first);
     free(s->res_loaded);
     free(s->window);
