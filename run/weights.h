@@ -9,7 +9,8 @@
  * The small vectors of a layer (norm weights, the AttnRes folds, conv taps,
  * A_log, biases) are widened to float, and AttnRes folded, ONCE: the first
  * time the layer's extent is handed out verified.  They live in an arena laid
- * out at open (k3_weights_carve), ~20 MB at full scale, counted in the plan. */
+ * out at open (k3_weights_carve), 56.8 MB at full scale (mostly the KDA conv
+ * taps), counted in the plan. */
 #ifndef KRUN_WEIGHTS_H
 #define KRUN_WEIGHTS_H
 
