@@ -175,20 +175,15 @@ static int check_finite(const k3_run *r, const float *logits, size_t rows, size_
 
 /* ---- the forward pass ------------------------------------------------------- */
 
-int k3_forward(k3_run *r, const k3_seg *segs, size_t nseg, krun_err *err)
+/* Check the segments and lay them out as one block: segment g is rows
+ * [row0[g], row0[g] + n) of every activation, its tokens in s->ids. */
+static int make_block(k3_run *r, const k3_seg *segs, size_t nseg, k3_block *b, krun_err *err)
 {
-    const k3_model *m = r->model;
-    const k3_config *c = &m->cfg;
-    const size_t E = (size_t)c->hidden, V = (size_t)c->vocab;
+    const size_t V = (size_t)r->model->cfg.vocab;
     k3_scratch *s = &r->s;
-    k3_block b;
-    size_t nsnap = 0, ng = 0;
-    int prefix_empty = 0;
-
-    /* the block: segment g is rows [row0[g], row0[g] + n) */
-    b.T = 0;
-    b.nseg = nseg;
-    b.seg = segs;
+    b->T = 0;
+    b->nseg = nseg;
+    b->seg = segs;
     if (nseg == 0 || nseg > s->S) { krun_err_set(err, KRUN_EINPUT, "%zu sequences in one block (1..%zu)", nseg, s->S); return -1; }
     for (size_t g = 0; g < nseg; g++) {
         const k3_seg *sg = &segs[g];
@@ -200,17 +195,68 @@ int k3_forward(k3_run *r, const k3_seg *segs, size_t nseg, krun_err *err)
         }
         for (size_t h = 0; h < g; h++)
             if (segs[h].st == sg->st) { krun_err_set(err, KRUN_EINPUT, "one sequence twice in a block"); return -1; }
-        if (b.T + sg->n > s->T) { krun_err_set(err, KRUN_EINPUT, "%zu positions in one block (at most %zu)", b.T + sg->n, s->T); return -1; }
+        if (b->T + sg->n > s->T) { krun_err_set(err, KRUN_EINPUT, "%zu positions in one block (at most %zu)", b->T + sg->n, s->T); return -1; }
         for (size_t i = 0; i < sg->n; i++) {
             if (sg->ids[i] < 0 || (size_t)sg->ids[i] >= V) {
                 krun_err_set(err, KRUN_EINPUT, "token id %d is outside the vocabulary (0..%zu)", sg->ids[i], V - 1);
                 return -1;
             }
-            s->ids[b.T + i] = sg->ids[i];
+            s->ids[b->T + i] = sg->ids[i];
         }
-        b.row0[g] = b.T;
-        b.T += sg->n;
+        b->row0[g] = b->T;
+        b->T += sg->n;
     }
+    return 0;
+}
+
+/* §4.9: the model-level aggregator, the final norm and lm_head, for the
+ * positions whose logits are wanted: every position of an all_positions
+ * segment, else the segment's last.  The rows of an all_positions segment go
+ * straight into its buffer; the last rows of the others are gathered so that
+ * lm_head is read once for all of them. */
+static int output(k3_run *r, const k3_block *b, size_t nsnap, krun_err *err)
+{
+    const k3_config *c = &r->model->cfg;
+    const size_t E = (size_t)c->hidden, V = (size_t)c->vocab;
+    const k3_vecs *g = k3_weights_vecs(&r->w, K3_GLOBALS);
+    const k3_role head = ABLATED(LM_HEAD_TIED) ? K3T_EMBED : K3T_LM_HEAD;
+    k3_scratch *s = &r->s;
+    size_t ng = 0;
+    for (size_t k = 0; k < b->nseg; k++) {
+        const k3_seg *sg = &b->seg[k];
+        for (size_t t = sg->all_positions ? b->row0[k] : b->row0[k] + sg->n - 1; t < b->row0[k] + sg->n; t++) {
+            if (ABLATED(NO_OUTPUT_AGGREGATOR)) memcpy(s->a + t * E, s->P + t * E, E * sizeof *s->a);
+            else attnres(r, t, nsnap, g->f_out, s->a + t * E);
+            op_rmsnorm(s->xn + t * E, s->a + t * E, g->final_norm, E, c->rms_eps);
+        }
+        if (sg->all_positions) {
+            wmatmul(r->pool, &r->w, K3_GLOBALS, head, s->xn + b->row0[k] * E, E, sg->n, sg->logits, V);
+            if (check_finite(r, sg->logits, sg->n, sg->st->pos, err)) return -1;
+        } else {
+            memcpy(s->xg + ng++ * E, s->xn + (b->row0[k] + sg->n - 1) * E, E * sizeof *s->xg);
+        }
+    }
+    if (ng) wmatmul(r->pool, &r->w, K3_GLOBALS, head, s->xg, E, ng, s->lg, V);
+    ng = 0;
+    for (size_t k = 0; k < b->nseg; k++) {
+        const k3_seg *sg = &b->seg[k];
+        if (sg->all_positions) continue;
+        if (check_finite(r, s->lg + ng * V, 1, sg->st->pos + sg->n - 1, err)) return -1;
+        memcpy(sg->logits, s->lg + ng++ * V, V * sizeof *sg->logits);
+    }
+    return 0;
+}
+
+int k3_forward(k3_run *r, const k3_seg *segs, size_t nseg, krun_err *err)
+{
+    const k3_config *c = &r->model->cfg;
+    const size_t E = (size_t)c->hidden;
+    k3_scratch *s = &r->s;
+    k3_block b;
+    size_t nsnap = 0;
+    int prefix_empty = 0;
+
+    if (make_block(r, segs, nseg, &b, err)) return -1;
 
     /* §4.3: the embedding is the first hidden state; no scaling, no positions */
     for (size_t t = 0; t < b.T; t++)
@@ -236,7 +282,7 @@ int k3_forward(k3_run *r, const k3_seg *segs, size_t nseg, krun_err *err)
             nsnap++;
             prefix_empty = !ABLATED(ATTNRES_NO_CLEAR);
         }
-        /* step 4: attention on the normalised aggregate */
+        /* step 4: attention on the normalised aggregate, each segment on its own state */
         for (size_t t = 0; t < b.T; t++) op_rmsnorm(s->xn + t * E, s->a + t * E, w->in_ln, E, c->rms_eps);
         if (c->layer_is_mla[L]) mla_forward(r, L, &b, s->xn, s->y);
         else kda_forward(r, L, &b, s->xn, s->y);
@@ -249,7 +295,7 @@ int k3_forward(k3_run *r, const k3_seg *segs, size_t nseg, krun_err *err)
             attnres(r, t, nsnap, f_mlp, s->a + t * E);
             op_rmsnorm(s->xn + t * E, s->a + t * E, w->post_ln, E, c->rms_eps);
         }
-        /* step 7: the FFN */
+        /* step 7: the FFN; the MoE fetches the union of the block's experts once */
         if (!k3_layer_is_moe(c, L)) dense_ffn_forward(r, L, b.T, s->xn, s->y);
         else if (moe_forward(r, L, b.T, s->xn, s->y, err)) {
             char tmp[sizeof err->msg];
@@ -263,38 +309,7 @@ int k3_forward(k3_run *r, const k3_seg *segs, size_t nseg, krun_err *err)
         release_layer(r, L);
     }
 
-    /* §4.9: the model-level aggregator and the final norm, for the positions
-     * whose logits are wanted: every position of an all_positions segment,
-     * else the segment's last */
-    {
-        const k3_vecs *g = k3_weights_vecs(&r->w, K3_GLOBALS);
-        const k3_role head = ABLATED(LM_HEAD_TIED) ? K3T_EMBED : K3T_LM_HEAD;
-        for (size_t k = 0; k < nseg; k++)
-            for (size_t t = segs[k].all_positions ? b.row0[k] : b.row0[k] + segs[k].n - 1; t < b.row0[k] + segs[k].n; t++) {
-                if (ABLATED(NO_OUTPUT_AGGREGATOR)) memcpy(s->a + t * E, s->P + t * E, E * sizeof *s->a);
-                else attnres(r, t, nsnap, g->f_out, s->a + t * E);
-                op_rmsnorm(s->xn + t * E, s->a + t * E, g->final_norm, E, c->rms_eps);
-            }
-        /* lm_head: the rows of every all_positions segment straight into its
-         * buffer; the last rows of the others gathered, so lm_head is read once */
-        for (size_t k = 0; k < nseg; k++) {
-            const k3_seg *sg = &segs[k];
-            if (sg->all_positions) {
-                wmatmul(r->pool, &r->w, K3_GLOBALS, head, s->xn + b.row0[k] * E, E, sg->n, sg->logits, V);
-                if (check_finite(r, sg->logits, sg->n, sg->st->pos, err)) return -1;
-            } else {
-                memcpy(s->xg + ng++ * E, s->xn + (b.row0[k] + sg->n - 1) * E, E * sizeof *s->xg);
-            }
-        }
-        if (ng) wmatmul(r->pool, &r->w, K3_GLOBALS, head, s->xg, E, ng, s->lg, V);
-        ng = 0;
-        for (size_t k = 0; k < nseg; k++) {
-            const k3_seg *sg = &segs[k];
-            if (sg->all_positions) continue;
-            if (check_finite(r, s->lg + ng * V, 1, sg->st->pos + sg->n - 1, err)) return -1;
-            memcpy(sg->logits, s->lg + ng++ * V, V * sizeof *sg->logits);
-        }
-    }
+    if (output(r, &b, nsnap, err)) return -1;
     for (size_t k = 0; k < nseg; k++) segs[k].st->pos += segs[k].n;
     return 0;
 }
