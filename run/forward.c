@@ -158,19 +158,36 @@ static void attnres(k3_run *r, size_t t, size_t nsnap, const float *f, float *ou
 }
 
 /* Logits that are not finite mean overflow somewhere in the weights or the
- * configuration: no token may be chosen from them. */
+ * configuration: no token may be chosen from them.  The scan is integer
+ * arithmetic the compiler vectorises: a masked exponent field plus one
+ * carries into bit 31 only when it is all ones (infinity or NaN). */
 static int check_finite(const k3_run *r, const float *logits, size_t rows, size_t pos, krun_err *err)
 {
-    const size_t V = (size_t)r->model->cfg.vocab;
-    for (size_t i = 0; i < rows * V; i++)
+    const size_t V = (size_t)r->model->cfg.vocab, n = rows * V;
+    uint32_t acc[16] = {0};
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int j = 0; j < 16; j++) {
+            uint32_t u;
+            memcpy(&u, &logits[i + (size_t)j], 4);
+            acc[j] |= (u & 0x7f800000u) + 0x00800000u;
+        }
+    for (; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &logits[i], 4);
+        acc[0] |= (u & 0x7f800000u) + 0x00800000u;
+    }
+    for (int j = 1; j < 16; j++) acc[0] |= acc[j];
+    if (!(acc[0] & 0x80000000u)) return 0;
+    for (size_t i = 0; i < n; i++)
         if (!isfinite(logits[i])) {
             krun_err_set(err, KRUN_EDATA,
                          "%s: the logits at position %zu are not finite (%s at token id %zu): the model's weights or "
                          "configuration overflow float; no token computed from them is used",
                          kpk_path(r->model->file), pos + i / V, isnan(logits[i]) ? "NaN" : "infinity", i % V);
-            return -1;
+            break;
         }
-    return 0;
+    return -1;
 }
 
 /* ---- the forward pass ------------------------------------------------------- */
@@ -236,7 +253,17 @@ static int output(k3_run *r, const k3_block *b, size_t nsnap, krun_err *err)
             memcpy(s->xg + ng++ * E, s->xn + (b->row0[k] + sg->n - 1) * E, E * sizeof *s->xg);
         }
     }
-    if (ng) wmatmul(r->pool, &r->w, K3_GLOBALS, head, s->xg, E, ng, s->lg, V);
+    if (ng == 0) return 0;
+    if (ng == 1) {
+        /* one row (a single sequence): straight into its buffer */
+        for (size_t k = 0; k < b->nseg; k++) {
+            const k3_seg *sg = &b->seg[k];
+            if (sg->all_positions) continue;
+            wmatmul(r->pool, &r->w, K3_GLOBALS, head, s->xg, E, 1, sg->logits, V);
+            return check_finite(r, sg->logits, 1, sg->st->pos + sg->n - 1, err);
+        }
+    }
+    wmatmul(r->pool, &r->w, K3_GLOBALS, head, s->xg, E, ng, s->lg, V);
     ng = 0;
     for (size_t k = 0; k < b->nseg; k++) {
         const k3_seg *sg = &b->seg[k];
