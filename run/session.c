@@ -387,6 +387,14 @@ int krun_step_batch(krun_model *m, krun_session *const *ss, const int32_t *ids, 
         for (size_t j = 0; j < k; j++)
             if (ss[j] == s) { krun_err_set(err, KRUN_EINPUT, "session %zu appears twice in one step", k); return -1; }
     }
+    {
+        size_t T = 0;
+        for (size_t k = 0; k < n; k++) T += ss[k]->n_tokens - ss[k]->st.pos + 1;
+        if (T > m->block) {
+            krun_err_set(err, KRUN_EINPUT, "%zu positions (pending tokens included) in one step; a block holds %zu", T, m->block);
+            return -1;
+        }
+    }
     for (size_t k = 0; k < n; k++)
         if (push_tokens(ss[k], &ids[k], 1, err)) {
             for (size_t j = 0; j < k; j++) ss[j]->n_tokens--;   /* the step did not happen */
