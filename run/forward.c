@@ -1,222 +1,342 @@
 /* The K3 forward pass, top to bottom (spec §4).
  *
- * A block of T new positions goes through one layer at a time: the layer's
- * trunk extent is fetched once and applied to all T positions as matrix x
- * matrix, its chosen experts are fetched once each, and the sequential state
- * (KDA, ShortConv, MLA cache) is advanced position by position inside. */
+ * A block of T new positions, possibly from several sequences, goes through
+ * one layer at a time: the layer's trunk extent is fetched once and applied
+ * to all T positions as matrix x matrix, the union of the experts its
+ * positions chose is fetched once each, and the sequential state (KDA,
+ * ShortConv, MLA cache) of each sequence is advanced by its own positions. */
 #include "forward.h"
 
 #include "ablate.h"
 #include "layers.h"
 #include "ops.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* ---- fetching experts through the store ------------------------------------ */
+/* ---- the run's memory: laid out once ------------------------------------------ */
 
-struct expert_ctx {
-    k3_run *r;
-    uint32_t *ids;
-};
-
-static int fetch_experts(void *p, int L, const int *experts, size_t n, k3_expert_w *out, char *err, size_t errlen)
+static void run_carve(k3_run *r, const k3_config *c, size_t T, size_t S, size_t ctx, karena *a)
 {
-    struct expert_ctx *x = p;
-    const k3_model *m = x->r->model;
-    const uint8_t *raw[256];
-    kpk_err e = {0};
-    if (n > 256) { snprintf(err, errlen, "expert batch too large"); return -1; }
-    for (size_t i = 0; i < n; i++) {
-        int64_t id = k3_expert_extent(m, L, experts[i]);
-        if (id < 0) { snprintf(err, errlen, "layer %d expert %d: no such extent", L, experts[i]); return -1; }
-        x->ids[i] = (uint32_t)id;
-    }
-    if (kstore_get_many(x->r->store, x->ids, n, raw, &e)) { snprintf(err, errlen, "%s", e.msg); return -1; }
-    for (size_t i = 0; i < n; i++)
-        if (k3_bind_expert(m, L, experts[i], raw[i], &out[i], err, errlen)) return -1;
-    x->r->expert_uses += n;
-    return 0;
+    k3_weights_carve(&r->w, c, a);
+    k3_scratch_carve(&r->s, c, T, S, ctx, a);
 }
 
-static void release_experts(void *p, int L, const int *experts, size_t n)
+size_t k3_run_vectors_bytes(const k3_config *c)
 {
-    struct expert_ctx *x = p;
-    for (size_t i = 0; i < n; i++) kstore_put(x->r->store, (uint32_t)k3_expert_extent(x->r->model, L, experts[i]));
+    k3_weights w;
+    karena a = {NULL, 0};
+    k3_weights_carve(&w, c, &a);
+    return karena_round(a.used);
 }
 
-/* ---- setup -------------------------------------------------------------------- */
-
-int k3_run_init(k3_run *r, k3_model *m, kstore *store, kpool *pool, size_t ctx, char *err, size_t errlen)
+size_t k3_run_bytes(const k3_config *c, size_t T, size_t S, size_t ctx)
 {
+    k3_run r;
+    karena a = {NULL, 0};
+    run_carve(&r, c, T, S, ctx, &a);
+    return karena_round(a.used);
+}
+
+int k3_run_init(k3_run *r, const k3_model *m, kstore *store, kpool *pool, size_t T, size_t S, size_t ctx, krun_err *err)
+{
+    const k3_config *c = &m->cfg;
+    karena a = {NULL, 0};
     kpk_err e = {0};
+    const uint8_t *g;
+    uint64_t first = 0;
     memset(r, 0, sizeof *r);
+    if (c->kda_head_dim > 1024) {
+        krun_err_set(err, KRUN_EDATA, "%s: kda head_dim %d is larger than krun supports (1024)", kpk_path(m->file), c->kda_head_dim);
+        return -1;
+    }
+    if (S > K3_MAX_SEQS || S > T) {
+        krun_err_set(err, KRUN_EINPUT, "%zu sequences per block: at most %d, and no more than the positions per block (%zu)", S,
+                     K3_MAX_SEQS, T);
+        return -1;
+    }
     r->model = m;
     r->store = store;
     r->pool = pool;
-    r->expert_batch = kstore_expert_capacity(store) < 256 ? kstore_expert_capacity(store) : 256;
-    if (k3_state_init(&r->state, &m->cfg, ctx)) { snprintf(err, errlen, "out of memory for the decoding state"); return -1; }
-    r->globals_raw = kstore_get(store, m->globals_extent, &e);
-    if (!r->globals_raw) { snprintf(err, errlen, "%s", e.msg); k3_state_free(&r->state); return -1; }
-    if (k3_bind_globals(m, r->globals_raw, &r->globals, err, errlen)) {
-        kstore_put(store, m->globals_extent);
-        k3_state_free(&r->state);
+    r->expert_batch = kstore_expert_capacity(store) < K3_EXPERT_BATCH ? kstore_expert_capacity(store) : K3_EXPERT_BATCH;
+    r->arena_bytes = k3_run_bytes(c, T, S, ctx);
+    r->arena = aligned_alloc(KARENA_ALIGN, r->arena_bytes);
+    if (!r->arena) {
+        krun_err_set(err, KRUN_ENOMEM, "out of memory: %zu bytes for the run state (activations of a %zu-position block)",
+                     r->arena_bytes, T);
         return -1;
     }
+    a.base = r->arena;
+    run_carve(r, c, T, S, ctx, &a);
+    r->w.m = m;
+    /* the globals are held for the whole run: lm_head and the output vectors */
+    g = kstore_get(store, m->globals_extent, &first, &e);
+    if (!g) {
+        krun_err_set(err, krun_code_of_kpk(e.code), "%s", e.msg);
+        k3_run_free(r);
+        return -1;
+    }
+    k3_weights_attach(&r->w, K3_GLOBALS, g, first);
     return 0;
 }
 
 void k3_run_free(k3_run *r)
 {
-    if (r->globals_raw) {
-        k3_unbind_globals(&r->globals);
-        kstore_put(r->store, r->model->globals_extent);
-    }
-    k3_state_free(&r->state);
+    if (r->w.raw && r->w.raw[r->model->cfg.n_layers]) kstore_put(r->store, r->model->globals_extent);
+    free(r->arena);
     memset(r, 0, sizeof *r);
+}
+
+/* ---- fetching through the store ------------------------------------------------ */
+
+int k3_fetch_experts(k3_run *r, int L, const int *experts, size_t n, k3_expert_w *out, krun_err *err)
+{
+    const k3_model *m = r->model;
+    k3_moe_scratch *s = &r->s.moe;
+    kpk_err e = {0};
+    for (size_t i = 0; i < n; i++) {
+        int64_t id = k3_expert_extent(m, L, experts[i]);
+        if (id < 0) { krun_err_set(err, KRUN_EDATA, "%s: layer %d expert %d: no such extent", kpk_path(m->file), L, experts[i]); return -1; }
+        s->extent[i] = (uint32_t)id;
+    }
+    if (kstore_get_many(r->store, s->extent, n, s->raw, &e)) {
+        krun_err_set(err, krun_code_of_kpk(e.code), "%s", e.msg);
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++) k3_bind_expert(m, L, s->raw[i], &out[i]);
+    r->expert_uses += n;
+    return 0;
+}
+
+void k3_release_experts(k3_run *r, int L, const int *experts, size_t n)
+{
+    for (size_t i = 0; i < n; i++) kstore_put(r->store, (uint32_t)k3_expert_extent(r->model, L, experts[i]));
+}
+
+static int fetch_layer(k3_run *r, int L, krun_err *err)
+{
+    kpk_err e = {0};
+    uint64_t first = 0;
+    const uint8_t *raw = kstore_get(r->store, r->model->trunk_extent[L], &first, &e);
+    if (!raw) { krun_err_set(err, krun_code_of_kpk(e.code), "%s", e.msg); return -1; }
+    k3_weights_attach(&r->w, L, raw, first);
+    return 0;
+}
+
+static void release_layer(k3_run *r, int L)
+{
+    k3_weights_detach(&r->w, L);
+    kstore_put(r->store, r->model->trunk_extent[L]);
 }
 
 /* One embedding row, read from the file on demand: the table (2.35 GB at
  * full scale) is never held. */
-static int embed_row(k3_run *r, int32_t id, float *out, char *err, size_t errlen)
+static int embed_row(k3_run *r, int32_t id, float *out, krun_err *err)
 {
     const k3_model *m = r->model;
-    const size_t E = (size_t)m->cfg.hidden;
-    const int dtype = r->globals.embed_dtype;
-    const size_t rowb = E * kpk_dtype_size(dtype);
-    uint8_t buf[16384], *row = rowb <= sizeof buf ? buf : malloc(rowb);
+    const kt_loc *emb = &m->globals[K3T_EMBED];
+    const size_t E = (size_t)m->cfg.hidden, rowb = E * kpk_dtype_size(emb->dtype);
     kpk_err e = {0};
-    if (!row) { snprintf(err, errlen, "out of memory"); return -1; }
-    if (kstore_read(r->store, m->globals_extent, m->globals[K3T_EMBED].offset + (uint64_t)id * rowb, rowb, row, &e)) {
-        snprintf(err, errlen, "%s", e.msg);
-        if (row != buf) free(row);
+    if (kstore_read(r->store, m->globals_extent, emb->offset + (uint64_t)id * rowb, rowb, r->s.embed_row, &e)) {
+        krun_err_set(err, krun_code_of_kpk(e.code), "%s", e.msg);
         return -1;
     }
-    k3_widen(row, dtype, E, out);
-    if (row != buf) free(row);
+    k3_widen(r->s.embed_row, emb->dtype, E, out);
     return 0;
+}
+
+/* AttnRes over position t's block snapshots and the prefix P (spec §4.4). */
+static void attnres(k3_run *r, size_t t, size_t nsnap, const float *f, float *out)
+{
+    const k3_config *c = &r->model->cfg;
+    const size_t E = (size_t)c->hidden;
+    for (size_t j = 0; j < nsnap; j++) r->s.src[j] = r->s.snap + (t * r->s.max_src + j) * E;
+    r->s.src[nsnap] = r->s.P + t * E;
+    op_attnres(out, r->s.src, nsnap + 1, f, E, c->rms_eps);
+}
+
+/* Logits that are not finite mean overflow somewhere in the weights or the
+ * configuration: no token may be chosen from them.  The scan is integer
+ * arithmetic the compiler vectorises: a masked exponent field plus one
+ * carries into bit 31 only when it is all ones (infinity or NaN). */
+static int check_finite(const k3_run *r, const float *logits, size_t rows, size_t pos, krun_err *err)
+{
+    const size_t V = (size_t)r->model->cfg.vocab, n = rows * V;
+    uint32_t acc[16] = {0};
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int j = 0; j < 16; j++) {
+            uint32_t u;
+            memcpy(&u, &logits[i + (size_t)j], 4);
+            acc[j] |= (u & 0x7f800000u) + 0x00800000u;
+        }
+    for (; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &logits[i], 4);
+        acc[0] |= (u & 0x7f800000u) + 0x00800000u;
+    }
+    for (int j = 1; j < 16; j++) acc[0] |= acc[j];
+    if (!(acc[0] & 0x80000000u)) return 0;
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(logits[i])) {
+            krun_err_set(err, KRUN_EDATA,
+                         "%s: the logits at position %zu are not finite (%s at token id %zu): the model's weights or "
+                         "configuration overflow float; no token computed from them is used",
+                         kpk_path(r->model->file), pos + i / V, isnan(logits[i]) ? "NaN" : "infinity", i % V);
+            break;
+        }
+    return -1;
 }
 
 /* ---- the forward pass ------------------------------------------------------- */
 
-int k3_forward(k3_run *r, const int32_t *ids, size_t T, int all_positions, float *logits, char *err, size_t errlen)
+/* Check the segments and lay them out as one block: segment g is rows
+ * [row0[g], row0[g] + n) of every activation, its tokens in s->ids. */
+static int make_block(k3_run *r, const k3_seg *segs, size_t nseg, k3_block *b, krun_err *err)
 {
-    const k3_model *m = r->model;
-    const k3_config *c = &m->cfg;
-    const size_t E = (size_t)c->hidden, V = (size_t)c->vocab;
-    const size_t max_src = (size_t)(c->n_layers / c->attn_res_block) + 2;
-    const size_t pos0 = r->state.pos;
-    float *snap = NULL, *P = NULL, *a = NULL, *xn = NULL, *y = NULL;
-    const float **src = NULL;
-    size_t nsnap = 0;
-    int prefix_empty = 0, rc = -1;
-    uint32_t expert_ids[256];
-    struct expert_ctx ectx = {r, expert_ids};
-    k3_expert_source esrc = {&ectx, r->expert_batch < 256 ? r->expert_batch : 256, fetch_experts, release_experts};
-    kpk_err e = {0};
-
-    if (T == 0) { snprintf(err, errlen, "no tokens to process"); return -1; }
-    if (pos0 + T > r->state.ctx) {
-        snprintf(err, errlen, "context full: %zu positions reserved, %zu needed", r->state.ctx, pos0 + T);
-        return -1;
+    const size_t V = (size_t)r->model->cfg.vocab;
+    k3_scratch *s = &r->s;
+    b->T = 0;
+    b->nseg = nseg;
+    b->seg = segs;
+    if (nseg == 0 || nseg > s->S) { krun_err_set(err, KRUN_EINPUT, "%zu sequences in one block (1..%zu)", nseg, s->S); return -1; }
+    for (size_t g = 0; g < nseg; g++) {
+        const k3_seg *sg = &segs[g];
+        if (sg->n == 0) { krun_err_set(err, KRUN_EINPUT, "no tokens to process"); return -1; }
+        if (sg->st->pos + sg->n > sg->st->ctx) {
+            krun_err_set(err, KRUN_EINPUT, "context full: %zu positions reserved, %zu needed (give a larger --ctx)",
+                         sg->st->ctx, sg->st->pos + sg->n);
+            return -1;
+        }
+        for (size_t h = 0; h < g; h++)
+            if (segs[h].st == sg->st) { krun_err_set(err, KRUN_EINPUT, "one sequence twice in a block"); return -1; }
+        if (b->T + sg->n > s->T) { krun_err_set(err, KRUN_EINPUT, "%zu positions in one block (at most %zu)", b->T + sg->n, s->T); return -1; }
+        for (size_t i = 0; i < sg->n; i++) {
+            if (sg->ids[i] < 0 || (size_t)sg->ids[i] >= V) {
+                krun_err_set(err, KRUN_EINPUT, "token id %d is outside the vocabulary (0..%zu)", sg->ids[i], V - 1);
+                return -1;
+            }
+            s->ids[b->T + i] = sg->ids[i];
+        }
+        b->row0[g] = b->T;
+        b->T += sg->n;
     }
-    for (size_t t = 0; t < T; t++)
-        if (ids[t] < 0 || (size_t)ids[t] >= V) { snprintf(err, errlen, "token id %d is outside the vocabulary (0..%zu)", ids[t], V - 1); return -1; }
+    return 0;
+}
 
-    snap = malloc(T * max_src * E * sizeof *snap);   /* B: the block snapshots of each position */
-    P = malloc(T * E * sizeof *P);                   /* the running block prefix */
-    a = malloc(T * E * sizeof *a);
-    xn = malloc(T * E * sizeof *xn);
-    y = malloc(T * E * sizeof *y);
-    src = malloc((max_src + 1) * sizeof *src);
-    if (!snap || !P || !a || !xn || !y || !src) { snprintf(err, errlen, "out of memory"); goto out; }
+/* §4.9: the model-level aggregator, the final norm and lm_head, for the
+ * positions whose logits are wanted: every position of an all_positions
+ * segment, else the segment's last.  The rows of an all_positions segment go
+ * straight into its buffer; the last rows of the others are gathered so that
+ * lm_head is read once for all of them. */
+static int output(k3_run *r, const k3_block *b, size_t nsnap, krun_err *err)
+{
+    const k3_config *c = &r->model->cfg;
+    const size_t E = (size_t)c->hidden, V = (size_t)c->vocab;
+    const k3_vecs *g = k3_weights_vecs(&r->w, K3_GLOBALS);
+    const k3_role head = ABLATED(LM_HEAD_TIED) ? K3T_EMBED : K3T_LM_HEAD;
+    k3_scratch *s = &r->s;
+    size_t ng = 0;
+    for (size_t k = 0; k < b->nseg; k++) {
+        const k3_seg *sg = &b->seg[k];
+        for (size_t t = sg->all_positions ? b->row0[k] : b->row0[k] + sg->n - 1; t < b->row0[k] + sg->n; t++) {
+            if (ABLATED(NO_OUTPUT_AGGREGATOR)) memcpy(s->a + t * E, s->P + t * E, E * sizeof *s->a);
+            else attnres(r, t, nsnap, g->f_out, s->a + t * E);
+            op_rmsnorm(s->xn + t * E, s->a + t * E, g->final_norm, E, c->rms_eps);
+        }
+        if (sg->all_positions) {
+            wmatmul(r->pool, &r->w, K3_GLOBALS, head, s->xn + b->row0[k] * E, E, sg->n, sg->logits, V);
+            if (check_finite(r, sg->logits, sg->n, sg->st->pos, err)) return -1;
+        } else {
+            memcpy(s->xg + ng++ * E, s->xn + (b->row0[k] + sg->n - 1) * E, E * sizeof *s->xg);
+        }
+    }
+    if (ng == 0) return 0;
+    if (ng == 1) {
+        /* one row (a single sequence): straight into its buffer */
+        for (size_t k = 0; k < b->nseg; k++) {
+            const k3_seg *sg = &b->seg[k];
+            if (sg->all_positions) continue;
+            wmatmul(r->pool, &r->w, K3_GLOBALS, head, s->xg, E, 1, sg->logits, V);
+            return check_finite(r, sg->logits, 1, sg->st->pos + sg->n - 1, err);
+        }
+    }
+    wmatmul(r->pool, &r->w, K3_GLOBALS, head, s->xg, E, ng, s->lg, V);
+    ng = 0;
+    for (size_t k = 0; k < b->nseg; k++) {
+        const k3_seg *sg = &b->seg[k];
+        if (sg->all_positions) continue;
+        if (check_finite(r, s->lg + ng * V, 1, sg->st->pos + sg->n - 1, err)) return -1;
+        memcpy(sg->logits, s->lg + ng++ * V, V * sizeof *sg->logits);
+    }
+    return 0;
+}
+
+int k3_forward(k3_run *r, const k3_seg *segs, size_t nseg, krun_err *err)
+{
+    const k3_config *c = &r->model->cfg;
+    const size_t E = (size_t)c->hidden;
+    k3_scratch *s = &r->s;
+    k3_block b;
+    size_t nsnap = 0;
+    int prefix_empty = 0;
+
+    if (make_block(r, segs, nseg, &b, err)) return -1;
 
     /* §4.3: the embedding is the first hidden state; no scaling, no positions */
-    for (size_t t = 0; t < T; t++)
-        if (embed_row(r, ids[t], P + t * E, err, errlen)) goto out;
+    for (size_t t = 0; t < b.T; t++)
+        if (embed_row(r, s->ids[t], s->P + t * E, err)) return -1;
 
     for (int L = 0; L < c->n_layers; L++) {
-        k3_layer_w w;
-        const uint8_t *raw = kstore_get(r->store, m->trunk_extent[L], &e);
+        const k3_vecs *w;
         const float *f_attn, *f_mlp;
-        if (!raw) { snprintf(err, errlen, "%s", e.msg); goto out; }
-        if (k3_bind_layer(m, L, raw, &w, err, errlen)) { kstore_put(r->store, m->trunk_extent[L]); goto out; }
-        f_attn = ABLATED(ATTNRES_FOLDS_SWAPPED) ? w.f_mlp : w.f_attn;
-        f_mlp = ABLATED(ATTNRES_FOLDS_SWAPPED) ? w.f_attn : w.f_mlp;
+        if (fetch_layer(r, L, err)) return -1;
+        w = k3_weights_vecs(&r->w, L);
+        f_attn = ABLATED(ATTNRES_FOLDS_SWAPPED) ? w->f_mlp : w->f_attn;
+        f_mlp = ABLATED(ATTNRES_FOLDS_SWAPPED) ? w->f_attn : w->f_mlp;
 
         /* §4.4 steps 1-2: a = AR(B, P) over the snapshots and the prefix (h = P here);
          * with no snapshot yet (layer 0) a = h. */
-        for (size_t t = 0; t < T; t++) {
-            float *Pt = P + t * E;
-            if (nsnap == 0) { memcpy(a + t * E, Pt, E * sizeof *a); continue; }
-            for (size_t j = 0; j < nsnap; j++) src[j] = snap + (t * max_src + j) * E;
-            src[nsnap] = Pt;
-            op_attnres(a + t * E, src, nsnap + 1, f_attn, E, c->rms_eps);
+        for (size_t t = 0; t < b.T; t++) {
+            if (nsnap == 0) memcpy(s->a + t * E, s->P + t * E, E * sizeof *s->a);
+            else attnres(r, t, nsnap, f_attn, s->a + t * E);
         }
         /* step 3: at a block boundary the prefix becomes a snapshot and is cleared */
         if (L % c->attn_res_block == 0 && !(ABLATED(ATTNRES_NO_EMBED_SOURCE) && L == 0)) {
-            for (size_t t = 0; t < T; t++) memcpy(snap + (t * max_src + nsnap) * E, P + t * E, E * sizeof *P);
+            for (size_t t = 0; t < b.T; t++) memcpy(s->snap + (t * s->max_src + nsnap) * E, s->P + t * E, E * sizeof *s->P);
             nsnap++;
             prefix_empty = !ABLATED(ATTNRES_NO_CLEAR);
         }
-        /* step 4: attention on the normalised aggregate */
-        for (size_t t = 0; t < T; t++) op_rmsnorm(xn + t * E, a + t * E, w.in_ln, E, c->rms_eps);
-        if (w.mla) rc = mla_forward(c, &w, r->pool, xn, T, y, r->state.mla_cache[L], pos0);
-        else rc = kda_forward(c, &w, r->pool, xn, T, y, r->state.kda_S[L], r->state.kda_conv[L]);
-        if (rc) { snprintf(err, errlen, "layer %d: out of memory in attention", L); goto layer_fail; }
-        rc = -1;
+        /* step 4: attention on the normalised aggregate, each segment on its own state */
+        for (size_t t = 0; t < b.T; t++) op_rmsnorm(s->xn + t * E, s->a + t * E, w->in_ln, E, c->rms_eps);
+        if (c->layer_is_mla[L]) mla_forward(r, L, &b, s->xn, s->y);
+        else kda_forward(r, L, &b, s->xn, s->y);
         /* step 5 */
-        if (prefix_empty) memcpy(P, y, T * E * sizeof *P);
-        else for (size_t i = 0; i < T * E; i++) P[i] = P[i] + y[i];
+        if (prefix_empty) memcpy(s->P, s->y, b.T * E * sizeof *s->P);
+        else for (size_t i = 0; i < b.T * E; i++) s->P[i] = s->P[i] + s->y[i];
         prefix_empty = 0;
         /* step 6: m = AR(B, P), unconditionally */
-        for (size_t t = 0; t < T; t++) {
-            for (size_t j = 0; j < nsnap; j++) src[j] = snap + (t * max_src + j) * E;
-            src[nsnap] = P + t * E;
-            op_attnres(a + t * E, src, nsnap + 1, f_mlp, E, c->rms_eps);
-            op_rmsnorm(xn + t * E, a + t * E, w.post_ln, E, c->rms_eps);
+        for (size_t t = 0; t < b.T; t++) {
+            attnres(r, t, nsnap, f_mlp, s->a + t * E);
+            op_rmsnorm(s->xn + t * E, s->a + t * E, w->post_ln, E, c->rms_eps);
         }
-        /* step 7: the FFN */
-        if (w.moe) {
-            if (moe_forward(c, &w, r->pool, &esrc, xn, T, y, NULL, err, errlen)) {
-                char tmp[600];
-                snprintf(tmp, sizeof tmp, "layer %d: %s", L, err);
-                snprintf(err, errlen, "%s", tmp);
-                goto layer_fail;
-            }
-        } else if (dense_ffn_forward(c, &w, r->pool, xn, T, y)) {
-            snprintf(err, errlen, "layer %d: out of memory in the FFN", L);
-            goto layer_fail;
+        /* step 7: the FFN; the MoE fetches the union of the block's experts once */
+        if (!k3_layer_is_moe(c, L)) dense_ffn_forward(r, L, b.T, s->xn, s->y);
+        else if (moe_forward(r, L, b.T, s->xn, s->y, err)) {
+            char tmp[sizeof err->msg];
+            snprintf(tmp, sizeof tmp, "layer %d: %s", L, err->msg);
+            memcpy(err->msg, tmp, sizeof tmp);
+            release_layer(r, L);
+            return -1;
         }
         /* step 8: the next layer's h is P */
-        for (size_t i = 0; i < T * E; i++) P[i] = P[i] + y[i];
-        k3_unbind_layer(&w);
-        kstore_put(r->store, m->trunk_extent[L]);
-        continue;
-layer_fail:
-        k3_unbind_layer(&w);
-        kstore_put(r->store, m->trunk_extent[L]);
-        goto out;
+        for (size_t i = 0; i < b.T * E; i++) s->P[i] = s->P[i] + s->y[i];
+        release_layer(r, L);
     }
 
-    /* §4.9: the model-level aggregator, the final norm and lm_head */
-    {
-        size_t t0 = all_positions ? 0 : T - 1;
-        kmat head = r->globals.lm_head;
-        if (ABLATED(LM_HEAD_TIED)) head.data = r->globals.embed;
-        for (size_t t = t0; t < T; t++) {
-            for (size_t j = 0; j < nsnap; j++) src[j] = snap + (t * max_src + j) * E;
-            src[nsnap] = P + t * E;
-            if (ABLATED(NO_OUTPUT_AGGREGATOR)) memcpy(a + t * E, P + t * E, E * sizeof *a);
-            else op_attnres(a + t * E, src, nsnap + 1, r->globals.f_out, E, c->rms_eps);
-            op_rmsnorm(xn + t * E, a + t * E, r->globals.final_norm, E, c->rms_eps);
-        }
-        kmatmul(r->pool, &head, xn + t0 * E, E, T - t0, logits, V);
-    }
-    r->state.pos += T;
-    rc = 0;
-out:
-    free(snap); free(P); free(a); free(xn); free(y); free(src);
-    return rc;
+    if (output(r, &b, nsnap, err)) return -1;
+    for (size_t k = 0; k < nseg; k++) segs[k].st->pos += segs[k].n;
+    return 0;
 }

@@ -26,19 +26,25 @@ struct kio_pool {
     double t0, waited;
 };
 
+static int q_grow(struct queue *q, size_t cap)
+{
+    size_t n = q->tail - q->head;
+    kio_req *nq;
+    if (cap <= q->cap) return 0;
+    nq = malloc(cap * sizeof *nq);
+    if (!nq) return -1;
+    for (size_t i = 0; i < n; i++) nq[i] = q->q[(q->head + i) % q->cap];
+    free(q->q);
+    q->q = nq;
+    q->cap = cap;
+    q->head = 0;
+    q->tail = n;
+    return 0;
+}
+
 static int q_push(struct queue *q, const kio_req *r)
 {
-    if (q->tail - q->head == q->cap) {
-        size_t cap = q->cap ? q->cap * 2 : 64, n = q->tail - q->head;
-        kio_req *nq = malloc(cap * sizeof *nq);
-        if (!nq) return -1;
-        for (size_t i = 0; i < n; i++) nq[i] = q->q[(q->head + i) % q->cap];
-        free(q->q);
-        q->q = nq;
-        q->cap = cap;
-        q->head = 0;
-        q->tail = n;
-    }
+    if (q->tail - q->head == q->cap && q_grow(q, q->cap ? q->cap * 2 : 64)) return -1;
     q->q[q->tail++ % q->cap] = *r;
     return 0;
 }
@@ -119,6 +125,15 @@ void kio_pool_destroy(kio_pool *p)
     pthread_cond_destroy(&p->work);
     pthread_cond_destroy(&p->done);
     free(p);
+}
+
+int kio_reserve(kio_pool *p, size_t n)
+{
+    int rc;
+    pthread_mutex_lock(&p->mu);
+    rc = q_grow(&p->level[0], n) || q_grow(&p->level[1], n) ? -1 : 0;
+    pthread_mutex_unlock(&p->mu);
+    return rc;
 }
 
 int kio_submit(kio_pool *p, const kio_req *reqs, size_t n)

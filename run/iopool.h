@@ -34,6 +34,8 @@ typedef struct kio_pool kio_pool;
 
 kio_pool *kio_pool_create(int threads);
 void kio_pool_destroy(kio_pool *p);
+/* Room for n queued requests per level, so that queueing allocates nothing. */
+int kio_reserve(kio_pool *p, size_t n);
 /* Queue n requests (copied); each one increments its batch's pending count. */
 int kio_submit(kio_pool *p, const kio_req *reqs, size_t n);
 /* Wait until the batch has no pending request; returns its err. */

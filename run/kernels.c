@@ -11,6 +11,7 @@
 
 #if defined(__x86_64__) || defined(__i386__)
 #define KERN_X86 1
+#include <cpuid.h>
 #else
 #define KERN_X86 0
 #endif
@@ -157,8 +158,10 @@ static _Atomic int g_level = -1;
 ksimd kern_simd_detect(void)
 {
 #if KERN_X86
+    unsigned a, b, c, d;
     __builtin_cpu_init();
-    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("f16c")) return KSIMD_SCALAR;
+    /* F16C through cpuid: clang's __builtin_cpu_supports does not know "f16c" */
+    if (!__builtin_cpu_supports("avx2") || !__get_cpuid(1, &a, &b, &c, &d) || !(c & bit_F16C)) return KSIMD_SCALAR;
     if (__builtin_cpu_supports("avx512f")) return KSIMD_AVX512;
     return KSIMD_AVX2;
 #else

@@ -18,12 +18,17 @@
  * bit 31 with a shift by 28 and XORed in.  The shift also moves bits 0..2 to bits
  * 28..30, so the table is stored pre-XORed with m<<28 to cancel them. */
 #if defined(__x86_64__) || defined(__i386__)
-#pragma GCC push_options
-#pragma GCC target("avx2,f16c")
 #include <immintrin.h>
 #include <string.h>
 
 #include "kernels.h"
+/* Everything below is compiled for AVX2 + F16C (selected at run time). */
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,f16c"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,f16c")
+#endif
 
 #define AI static inline __attribute__((always_inline))
 
@@ -388,7 +393,11 @@ void kmatvec_t_avx2(const kmat *W, size_t r0, size_t r1, const float *x, float *
     kmatvec_t_scalar(W, r0, r1, x, y);
 }
 
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 #else
 typedef int kernels_avx2_unused;
 #endif

@@ -12,16 +12,22 @@
  * element k, zero-extended to 32 bits and looked up with _mm512_permutexvar_ps,
  * which uses only bits 0..3 of each index. */
 #if defined(__x86_64__) || defined(__i386__)
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx2,f16c")
-/* AVX-512F includes FMA instructions, and GCC fuses _mm512_mul_ps + _mm512_add_ps
- * into vfmadd under -ffp-contract=fast (its default outside strict ISO mode), so
- * pin the contract off here whatever the command line says. */
-#pragma GCC optimize("fp-contract=off")
 #include <immintrin.h>
 #include <string.h>
 
 #include "kernels.h"
+/* Everything below is compiled for AVX-512F (selected at run time).
+ * AVX-512F includes FMA instructions, and GCC fuses _mm512_mul_ps + _mm512_add_ps
+ * into vfmadd under -ffp-contract=fast (its default outside strict ISO mode), so
+ * pin the contract off here whatever the command line says. */
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#pragma clang attribute push(__attribute__((target("avx512f,avx2,f16c"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx2,f16c")
+#pragma GCC optimize("fp-contract=off")
+#endif
 
 #define AI static inline __attribute__((always_inline))
 
@@ -355,7 +361,11 @@ void kmatvec_t_avx512(const kmat *W, size_t r0, size_t r1, const float *x, float
     kmatvec_t_scalar(W, r0, r1, x, y);
 }
 
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 #else
 typedef int kernels_avx512_unused;
 #endif

@@ -1,42 +1,38 @@
 /* The blocks of one decoder layer, each over a block of T positions:
  * x is the normalised layer input [T][E], y receives the block's output
- * [T][E].  Weights are applied as matrix x matrix; sequential state (KDA,
- * ShortConv, the MLA cache) is advanced position by position inside. */
+ * [T][E].  Weights go through the seam (weights.h) as matrix x matrix over
+ * every position of the block; the sequential parts (KDA recurrence and
+ * ShortConv, the MLA cache and attention) run per segment on that segment's
+ * own state.  Nothing here allocates: buffers come from the run's scratch. */
 #ifndef KRUN_LAYERS_H
 #define KRUN_LAYERS_H
 
-#include "model.h"
-#include "state.h"
-#include "threadpool.h"
+#include "forward.h"
 
-/* Kimi Delta Attention (spec §4.5).  S: [Hk][D][D]; conv: [3][Kc-1][P]. */
-int kda_forward(const k3_config *c, const k3_layer_w *w, kpool *pool, const float *x, size_t T, float *y,
-                float *S, float *conv);
+/* A block as the layers see it: segment k is rows [row0[k], row0[k] + seg[k].n). */
+typedef struct k3_block {
+    size_t T, nseg;
+    const k3_seg *seg;
+    size_t row0[K3_MAX_SEQS];
+} k3_block;
 
-/* Gated MLA with NoPE (spec §4.6), attending from the compressed latent
- * cache.  cache: [ctx][kv_lora + qk_rope]; positions pos0..pos0+T-1 are
- * written, 0..pos0+T-1 are attended. */
-int mla_forward(const k3_config *c, const k3_layer_w *w, kpool *pool, const float *x, size_t T, float *y,
-                float *cache, size_t pos0);
-
+/* Kimi Delta Attention (spec §4.5). */
+void kda_forward(k3_run *r, int L, const k3_block *b, const float *x, float *y);
+/* Gated MLA with NoPE (spec §4.6), attending from each segment's latent cache. */
+void mla_forward(k3_run *r, int L, const k3_block *b, const float *x, float *y);
 /* Dense SiTU-GLU FFN (spec §4.8). */
-int dense_ffn_forward(const k3_config *c, const k3_layer_w *w, kpool *pool, const float *x, size_t T, float *y);
+void dense_ffn_forward(k3_run *r, int L, size_t T, const float *x, float *y);
+/* Stable LatentMoE (spec §4.7): each chosen expert is fetched once for the
+ * whole block.  Fails only when the store cannot deliver an expert. */
+int moe_forward(k3_run *r, int L, size_t T, const float *x, float *y, krun_err *err);
 
-/* How the MoE obtains routed experts: fetch returns bound experts for n
- * expert ids (at most batch_max at a time), release gives them back. */
-typedef struct k3_expert_source {
-    void *ctx;
-    size_t batch_max;
-    int (*fetch)(void *ctx, int layer, const int *experts, size_t n, k3_expert_w *out, char *err, size_t errlen);
-    void (*release)(void *ctx, int layer, const int *experts, size_t n);
-} k3_expert_source;
+/* The router for one position: fills idx[topk] (descending selection score)
+ * and weight[topk]; scratch holds 2 * n_experts floats. */
+void moe_route(const k3_config *c, const float *logits, const float *bias, float *scratch, int *idx, float *weight);
 
-/* Stable LatentMoE (spec §4.7).  routed: optional [T][topk] chosen experts out. */
-int moe_forward(const k3_config *c, const k3_layer_w *w, kpool *pool, const k3_expert_source *src, const float *x,
-                size_t T, float *y, int *routed, char *err, size_t errlen);
-
-/* The router alone, for one position: fills idx[topk] (descending selection
- * score) and weight[topk].  Exposed for unit tests. */
-void moe_route(const k3_config *c, const float *logits, const float *bias, int *idx, float *weight);
+/* Routed experts of layer L through the store (forward.c): at most
+ * r->expert_batch at a time, bound by offset; release gives them back. */
+int k3_fetch_experts(k3_run *r, int L, const int *experts, size_t n, k3_expert_w *out, krun_err *err);
+void k3_release_experts(k3_run *r, int L, const int *experts, size_t n);
 
 #endif

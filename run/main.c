@@ -1,23 +1,28 @@
-/* krun: run Kimi K3 from a KPK file.  Text (or token ids) in, text out. */
+/* krun: run Kimi K3 from a KPK file.  Text (or token ids) in, text out.
+ * Argument parsing and output; the work is done through the session API
+ * (session.h). */
 #include "ablate.h"
 #include "cmd_tokenize.h"
-#include "forward.h"
-#include "memplan.h"
 #include "kio.h"
 #include "kprogress.h"
-#include "sampler.h"
-#include "tokenizer.h"
+#include "session.h"
+#include "statefile.h"
 
 #include <errno.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
-#define KRUN_VERSION "0.1.0"
-
-enum { KR_OK = 0, KR_DATA = 1, KR_USAGE = 2 };
+#define KRUN_VERSION "0.2.0"
+/* Without --ctx, a prompt may be this many positions at most, so that a huge
+ * prompt is refused instead of running for hours. */
+#define KRUN_CTX_DEFAULT_MAX ((size_t)1 << 18)
+/* A prompt file larger than this many bytes per position of the context is
+ * refused before tokenizing: no tokenizer gets near 64 bytes per token. */
+#define PROMPT_BYTES_PER_TOKEN 64
 
 static const char usage[] =
     "usage: krun MODEL.kpk (--prompt TEXT | --prompt-file PATH | --ids 1,2,3) [options]\n"
@@ -37,10 +42,17 @@ static const char usage[] =
     "  --temp T              temperature (default 0 = greedy argmax)\n"
     "  --top-k K  --top-p P  --min-p P   sampling filters (with --temp > 0)\n"
     "  --seed S              PRNG seed (xoshiro256**; same seed, same text)\n"
+    "Conversations:\n"
+    "  --save-state FILE     after the run, save the conversation (KDA/ShortConv/MLA state,\n"
+    "                        tokens, last logits; docs/STATE.md) to FILE\n"
+    "  --load-state FILE     continue a saved conversation: the prompt follows it (and may\n"
+    "                        be left out); the earlier turns are not run again.  Without\n"
+    "                        --seed, sampling continues the saved PRNG\n"
     "Execution:\n"
     "  --threads N           worker threads (default: all cores); results are identical for any N\n"
     "  --simd auto|scalar|avx2|avx512   kernel path (default auto); results are identical\n"
-    "  --ctx N               positions to reserve (default: prompt + --gen)\n"
+    "  --ctx N               positions to reserve (default: saved state + prompt + --gen; a\n"
+    "                        prompt beyond 262144 positions needs an explicit --ctx)\n"
     "Memory (without --mem or --preset a file that fits in memory is used in place from a\n"
     "mapping; a larger one gets --mem 80% of the available memory):\n"
     "  --mem SIZE            memory budget, e.g. 8G, 512M (binary units); peak RSS stays below it\n"
@@ -48,6 +60,7 @@ static const char usage[] =
     "  --plan                print the memory plan (and the minimum budget) and exit\n"
     "  --pin N               trunk layers kept resident (default: as many as fit)\n"
     "  --expert-slots N      experts cached (default: what the budget leaves)\n"
+    "  --max-seqs N          sessions whose state the plan budgets (default 1; for --plan)\n"
     "  --cache lfu|lru       expert cache policy (default lfu: least often used, ties to the most\n"
     "                        recently used; LRU evicts exactly what the next step needs)\n"
     "  --io mmap|pread|direct  how streamed extents are read (default direct, else pread)\n"
@@ -59,24 +72,28 @@ static const char usage[] =
     "Output:\n"
     "  --json FILE           prompt_ids, generated_ids, seconds_per_token, bytes_read, peak_rss_bytes, ...\n"
     "  --dump-logits FILE    float32 little-endian logits of the last prompt position\n"
-    "  --dump-all-logits FILE  the same for every prompt position, [positions][vocab]\n"
+    "  --dump-all-logits FILE  the same for every position run before generating, [positions][vocab]\n"
+    "                        (with --load-state: a saved pending token, then the prompt)\n"
     "  --print-ids           print generated ids instead of text\n"
     "  --quiet               no statistics on stderr\n"
     "\n"
-    "Exit: 0 success; 1 the model file is damaged or unreadable mid-run (the bad\n"
-    "extent is named; no token computed from it is printed); 2 usage error, bad\n"
-    "prompt (empty, token id out of range, longer than the context), not a KPK file,\n"
-    "an output file (--json, --trace, --dump-logits) that cannot be written.\n";
+    "Exit: 0 success; 1 the model file is damaged (the bad extent is named; no token\n"
+    "computed from it is printed) or the logits are not finite; 2 cannot run: usage\n"
+    "error, bad prompt (empty, token id out of range, longer than the context), not a\n"
+    "KPK file, an I/O error, a state file that is damaged or from another model, an\n"
+    "output file (--json, --trace, --dump-logits, --save-state) that cannot be written;\n"
+    "3 out of memory.\n";
 
 struct opts {
     const char *model, *prompt, *prompt_file, *ids, *json, *dump_logits, *dump_all;
-    const char *mem, *preset, *trace;
-    long gen, top_k, threads, ctx, chunk, pin, slots, io_threads;
-    int plan_only, io, policy, io_given;
+    const char *mem, *preset, *trace, *save_state, *load_state;
+    long gen, top_k, threads, ctx, chunk, pin, slots, io_threads, max_seqs;
+    int plan_only, io, policy, io_given, seed_given;
     double temp, top_p, min_p;
     unsigned long long seed;
     int verify, recompute, print_ids, quiet, ignore_eos;
     const char *simd;
+    ksimd simd_level;
 };
 
 static void die_usage(const char *fmt, const char *arg)
@@ -84,7 +101,7 @@ static void die_usage(const char *fmt, const char *arg)
     fprintf(stderr, "krun: ");
     fprintf(stderr, fmt, arg);
     fprintf(stderr, "\n");
-    exit(KR_USAGE);
+    exit(KRUN_EINPUT);
 }
 
 static const char *need(int argc, char **argv, int *i)
@@ -115,21 +132,21 @@ static void parse_args(int argc, char **argv, struct opts *o)
 {
     memset(o, 0, sizeof *o);
     o->gen = 32;
-    o->threads = 0;
     o->chunk = 64;
     o->top_p = 1.0;
     o->verify = KSTORE_VERIFY_FIRST;
     o->pin = -1;
     o->slots = -1;
+    o->max_seqs = 1;
     o->io = KSTORE_IO_DIRECT;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { fputs(usage, stdout); exit(KR_OK); }
-        else if (!strcmp(a, "--version")) { printf("krun %s\n", KRUN_VERSION); exit(KR_OK); }
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { fputs(usage, stdout); exit(KRUN_OK); }
+        else if (!strcmp(a, "--version")) { printf("krun %s\n", KRUN_VERSION); exit(KRUN_OK); }
 #ifdef KRUN_ABLATIONS
         else if (!strcmp(a, "--list-ablations")) {
             for (int k = 1; k < ABL_COUNT; k++) printf("%s\n", krun_ablation_name(k));
-            exit(KR_OK);
+            exit(KRUN_OK);
         }
 #endif
         else if (!strcmp(a, "--prompt")) o->prompt = need(argc, argv, &i);
@@ -140,10 +157,14 @@ static void parse_args(int argc, char **argv, struct opts *o)
         else if (!strcmp(a, "--top-k")) o->top_k = parse_long(need(argc, argv, &i), 0, 1L << 30, "--top-k");
         else if (!strcmp(a, "--top-p")) o->top_p = parse_double(need(argc, argv, &i), 0, 1, "--top-p");
         else if (!strcmp(a, "--min-p")) o->min_p = parse_double(need(argc, argv, &i), 0, 1, "--min-p");
-        else if (!strcmp(a, "--seed")) o->seed = (unsigned long long)parse_long(need(argc, argv, &i), 0, 0x7fffffffffffffffL, "--seed");
+        else if (!strcmp(a, "--seed")) {
+            o->seed = (unsigned long long)parse_long(need(argc, argv, &i), 0, 0x7fffffffffffffffL, "--seed");
+            o->seed_given = 1;
+        }
         else if (!strcmp(a, "--threads")) o->threads = parse_long(need(argc, argv, &i), 1, 1024, "--threads");
         else if (!strcmp(a, "--ctx")) o->ctx = parse_long(need(argc, argv, &i), 1, 1L << 40, "--ctx");
         else if (!strcmp(a, "--chunk")) o->chunk = parse_long(need(argc, argv, &i), 1, 1L << 20, "--chunk");
+        else if (!strcmp(a, "--max-seqs")) o->max_seqs = parse_long(need(argc, argv, &i), 1, K3_MAX_SEQS, "--max-seqs");
         else if (!strcmp(a, "--simd")) o->simd = need(argc, argv, &i);
         else if (!strcmp(a, "--verify")) {
             const char *v = need(argc, argv, &i);
@@ -175,6 +196,8 @@ static void parse_args(int argc, char **argv, struct opts *o)
         else if (!strcmp(a, "--json")) o->json = need(argc, argv, &i);
         else if (!strcmp(a, "--dump-logits")) o->dump_logits = need(argc, argv, &i);
         else if (!strcmp(a, "--dump-all-logits")) o->dump_all = need(argc, argv, &i);
+        else if (!strcmp(a, "--save-state")) o->save_state = need(argc, argv, &i);
+        else if (!strcmp(a, "--load-state")) o->load_state = need(argc, argv, &i);
         else if (!strcmp(a, "--print-ids")) o->print_ids = 1;
         else if (!strcmp(a, "--ignore-eos")) o->ignore_eos = 1;
         else if (!strcmp(a, "--quiet")) o->quiet = 1;
@@ -182,12 +205,14 @@ static void parse_args(int argc, char **argv, struct opts *o)
         else if (!o->model) o->model = a;
         else die_usage("unexpected argument %s", a);
     }
-    if (!o->model) { fputs(usage, stderr); exit(KR_USAGE); }
+    if (!o->model) { fputs(usage, stderr); exit(KRUN_EINPUT); }
     if (o->mem && o->preset) die_usage("%s", "give --mem or --preset, not both");
     if ((o->plan_only || o->pin >= 0 || o->slots >= 0 || o->io_given || o->trace) && !o->mem && !o->preset)
         die_usage("%s", "--plan, --pin, --expert-slots, --io and --trace need a budget: --mem SIZE or --preset NAME");
-    if (!o->plan_only && !!o->prompt + !!o->prompt_file + !!o->ids != 1)
-        die_usage("%s", "give exactly one of --prompt, --prompt-file, --ids");
+    if (!o->plan_only && !!o->prompt + !!o->prompt_file + !!o->ids > 1)
+        die_usage("%s", "give only one of --prompt, --prompt-file, --ids");
+    if (!o->plan_only && !o->load_state && !!o->prompt + !!o->prompt_file + !!o->ids != 1)
+        die_usage("%s", "give exactly one of --prompt, --prompt-file, --ids (or --load-state to continue a conversation)");
 }
 
 static int parse_ids(const char *s, int32_t **out, size_t *n)
@@ -214,28 +239,6 @@ static int parse_ids(const char *s, int32_t **out, size_t *n)
     }
     *out = v;
     return 0;
-}
-
-/* The tokenizer from the KPK file: ranks + specials from tokenizer_config.json,
- * every unnamed id after the ranks up to the vocabulary named reserved. */
-static ktok *load_tokenizer(const k3_model *m, char *err, size_t errlen)
-{
-    ktok_special *sp = NULL;
-    size_t nsp = 0, nranks = 0;
-    ktok *tk;
-    if (!m->tokenizer_rank_file) return NULL;
-    for (size_t i = 0; i < m->tokenizer_rank_len; i++) nranks += m->tokenizer_rank_file[i] == '\n';
-    if (m->tokenizer_config && ktok_specials_from_config(m->tokenizer_config, m->tokenizer_config_len, &sp, &nsp, err, errlen))
-        return NULL;
-    if ((size_t)m->cfg.vocab > nranks &&
-        ktok_specials_fill_reserved(&sp, &nsp, (int32_t)nranks, (int32_t)((size_t)m->cfg.vocab - nranks))) {
-        ktok_specials_free(sp, nsp);
-        snprintf(err, errlen, "out of memory");
-        return NULL;
-    }
-    tk = ktok_load(m->tokenizer_rank_file, m->tokenizer_rank_len, sp, nsp, err, errlen);
-    ktok_specials_free(sp, nsp);
-    return tk;
 }
 
 static int write_floats(const char *path, const float *x, size_t n)
@@ -265,202 +268,343 @@ static void emit_bytes(struct text_out *o, const uint8_t *b, size_t len, int flu
     fflush(stdout);
 }
 
-/* The budget's plan.  extra: buffers only some runs need (--dump-all-logits). */
-static int make_plan(const struct opts *o, const k3_model *m, uint64_t extra, kmemplan *plan)
+/* The budget of --mem / --preset in bytes (0: none given). */
+static int budget_of(const struct opts *o, uint64_t *budget)
 {
-    char err[600];
-    int64_t budget = o->mem ? kmem_parse_size(o->mem) : kmem_preset(o->preset);
-    if (budget <= 0) {
+    int64_t b;
+    *budget = 0;
+    if (!o->mem && !o->preset) return 0;
+    b = o->mem ? kmem_parse_size(o->mem) : kmem_preset(o->preset);
+    if (b <= 0) {
         fprintf(stderr, "krun: %s: expected a size like 8G or 512M, or a preset (laptop, desktop, workstation, server, max)\n",
                 o->mem ? o->mem : o->preset);
         return -1;
     }
-    if (kmemplan_make(m, (uint64_t)budget, (int)o->pin, (int)o->slots, (size_t)o->ctx, (size_t)o->chunk,
-                      kmem_base_bytes(m) + extra, plan, err, sizeof err)) {
-        fprintf(stderr, "krun: %s\n", err);
-        return -1;
-    }
-    plan->preset = o->preset;
+    *budget = (uint64_t)b;
     return 0;
+}
+
+static void model_opts(const struct opts *o, uint64_t budget, krun_model_opts *mo)
+{
+    krun_model_opts_init(mo);
+    mo->path = o->model;
+    mo->budget = budget;
+    mo->preset = o->preset;
+    mo->pin = (int)o->pin;
+    mo->expert_slots = (int)o->slots;
+    mo->io = o->io;
+    mo->cache_policy = o->policy;
+    mo->io_threads = (int)o->io_threads;
+    mo->verify = o->verify;
+    mo->trace = o->trace != NULL;
+    mo->ctx = (size_t)o->ctx;
+    mo->chunk = (size_t)o->chunk;
+    mo->max_seqs = (size_t)o->max_seqs;
+    mo->threads = (int)o->threads;
+    mo->simd = o->simd && strcmp(o->simd, "auto") != 0 ? (int)o->simd_level : -1;
+}
+
+/* The prompt as token ids.  A prompt file too large for the context is
+ * refused before it is read, and a text before it is tokenized. */
+static int read_prompt(const struct opts *o, krun_model *m, size_t max_tokens, int32_t **ids, size_t *n)
+{
+    const size_t max_bytes = max_tokens * PROMPT_BYTES_PER_TOKEN;
+    ktok *tk = krun_model_tokenizer(m);
+    char *text = NULL;
+    size_t len = 0;
+    *ids = NULL;
+    *n = 0;
+    if (o->ids) {
+        if (parse_ids(o->ids, ids, n)) { fprintf(stderr, "krun: --ids: expected comma-separated token ids\n"); return -1; }
+        return 0;
+    }
+    if (!o->prompt && !o->prompt_file) return 0;
+    if (o->prompt_file) {
+        struct stat sb;
+        if (stat(o->prompt_file, &sb) == 0 && (uint64_t)sb.st_size > max_bytes) {
+            fprintf(stderr, "krun: %s: %lld bytes is more than a context of %zu positions can take (at most %zu bytes are "
+                    "read, %d per position); give a larger --ctx or a shorter prompt\n", o->prompt_file, (long long)sb.st_size,
+                    max_tokens, max_bytes, PROMPT_BYTES_PER_TOKEN);
+            return -1;
+        }
+        if (kio_read_file(o->prompt_file, max_bytes, &text, &len)) {
+            fprintf(stderr, "krun: %s: %s\n", o->prompt_file, strerror(errno));
+            return -1;
+        }
+    } else {
+        len = strlen(o->prompt);
+        if (len > max_bytes) {
+            fprintf(stderr, "krun: --prompt: %zu bytes is more than a context of %zu positions can take; give a larger --ctx\n",
+                    len, max_tokens);
+            return -1;
+        }
+        text = strdup(o->prompt);
+    }
+    if (!tk) { free(text); fprintf(stderr, "krun: %s has no tokenizer; give the prompt with --ids\n", o->model); return -1; }
+    if (!text || ktok_encode(tk, text, len, 1, ids, n)) { free(text); fprintf(stderr, "krun: cannot tokenize the prompt\n"); return -1; }
+    free(text);
+    return 0;
+}
+
+/* Prefill progress on a terminal: positions done, positions/s, ETA. */
+struct prefill_progress {
+    int draw, quiet;
+    double t0, last;
+    size_t first_block;
+};
+
+static void on_prefill(void *ctx, size_t done, size_t total)
+{
+    struct prefill_progress *p = ctx;
+    double now = know(), rate = done / (now - p->t0 + 1e-9);
+    char eta[32];
+    if (done == p->first_block && done < total && !p->quiet) {
+        kfmt_duration((double)(total - done) / rate, eta, sizeof eta);
+        fprintf(stderr, "%skrun: the first block took %.1f s: about %s for the rest of the prompt\n", p->draw ? "\r" : "",
+                now - p->t0, eta);
+    }
+    if (!p->draw || (now - p->last < 0.25 && done < total)) return;
+    p->last = now;
+    kfmt_duration(done < total ? (double)(total - done) / rate : 0, eta, sizeof eta);
+    fprintf(stderr, "\rprefill: %zu/%zu positions, %.1f positions/s, ETA %s   ", done, total, rate, eta);
+    if (done == total) fprintf(stderr, "\r%*s\r", 70, "");
+}
+
+/* Say up front what a long prompt costs. */
+static void announce_prompt(krun_model *m, size_t n)
+{
+    const kmemplan *p = krun_model_plan(m);
+    const k3_config *c = krun_model_config(m);
+    size_t chunk = krun_model_chunk(m), blocks = (n + chunk - 1) / chunk;
+    if (blocks < 2) return;
+    if (p) {
+        /* a block reads every streamed trunk layer and, per MoE layer, the
+         * distinct experts its positions chose (at most all of them) */
+        uint64_t per_layer = (uint64_t)chunk * (uint64_t)c->topk < (uint64_t)c->n_experts ? (uint64_t)chunk * (uint64_t)c->topk
+                                                                                      : (uint64_t)c->n_experts;
+        uint64_t experts = p->expert_reads_max / (c->topk ? (uint64_t)c->topk : 1) * per_layer;
+        char b1[32], b2[32];
+        kfmt_bytes(p->trunk_stream_bytes + experts, b1, sizeof b1);
+        kfmt_bytes((p->trunk_stream_bytes + experts) * blocks, b2, sizeof b2);
+        fprintf(stderr, "krun: the prompt is %zu tokens: %zu blocks of %zu positions, each reading up to %s (unpinned trunk "
+                "+ chosen experts): up to %s in all\n", n, blocks, chunk, b1, b2);
+    } else {
+        fprintf(stderr, "krun: the prompt is %zu tokens: %zu blocks of %zu positions\n", n, blocks, chunk);
+    }
+}
+
+struct step { double seconds; uint64_t trunk, experts, globals, hits, misses, rss; };
+
+static int write_json(const struct opts *o, krun_model *m, const int32_t *prompt, size_t n_prompt, const int32_t *gen,
+                      size_t n_gen, const struct step *steps, size_t n_steps, double t_prefill)
+{
+    kstore_stats st;
+    json_t *j = json_object(), *pi = json_array(), *gi = json_array(), *sp = json_array(), *sa = json_array();
+    int rc = 0;
+    krun_model_stats(m, &st);
+    for (size_t i = 0; i < n_prompt; i++) json_array_append_new(pi, json_integer(prompt[i]));
+    for (size_t i = 0; i < n_gen; i++) json_array_append_new(gi, json_integer(gen[i]));
+    /* the time until each generated token: the prompt pass for the first,
+     * one decoding step for each of the others */
+    if (n_gen) json_array_append_new(sp, json_real(t_prefill));
+    for (size_t k = 0; k < n_steps; k++) {
+        const struct step *x = &steps[k];
+        json_t *o2 = json_object();
+        json_array_append_new(sp, json_real(x->seconds));
+        json_object_set_new(o2, "seconds", json_real(x->seconds));
+        json_object_set_new(o2, "bytes_trunk", json_integer((json_int_t)x->trunk));
+        json_object_set_new(o2, "bytes_experts", json_integer((json_int_t)x->experts));
+        json_object_set_new(o2, "bytes_globals", json_integer((json_int_t)x->globals));
+        json_object_set_new(o2, "mb_per_s", json_real((double)(x->trunk + x->experts + x->globals) / x->seconds / 1e6));
+        json_object_set_new(o2, "expert_hits", json_integer((json_int_t)x->hits));
+        json_object_set_new(o2, "expert_misses", json_integer((json_int_t)x->misses));
+        json_object_set_new(o2, "resident_hit_rate", x->hits + x->misses ? json_real((double)x->hits / (double)(x->hits + x->misses)) : json_null());
+        json_object_set_new(o2, "rss_bytes", json_integer((json_int_t)x->rss));
+        json_array_append_new(sa, o2);
+    }
+    json_object_set_new(j, "prompt_ids", pi);
+    json_object_set_new(j, "generated_ids", gi);
+    json_object_set_new(j, "seconds_per_token", sp);
+    json_object_set_new(j, "steps", sa);
+    json_object_set_new(j, "prefill_seconds", json_real(t_prefill));
+    json_object_set_new(j, "bytes_read", json_integer((json_int_t)st.bytes_read));
+    json_object_set_new(j, "bytes_trunk", json_integer((json_int_t)st.bytes_trunk));
+    json_object_set_new(j, "bytes_experts", json_integer((json_int_t)st.bytes_experts));
+    json_object_set_new(j, "bytes_globals", json_integer((json_int_t)st.bytes_globals));
+    json_object_set_new(j, "bytes_resident", json_integer((json_int_t)st.bytes_resident));
+    json_object_set_new(j, "expert_hits", json_integer((json_int_t)st.expert_hits));
+    json_object_set_new(j, "expert_misses", json_integer((json_int_t)st.expert_misses));
+    json_object_set_new(j, "io_wait_seconds", json_real(st.io_wait_seconds));
+    json_object_set_new(j, "peak_rss_bytes", json_integer((json_int_t)kmem_peak_rss()));
+    json_object_set_new(j, "simd", json_string(kern_simd_name(kern_simd_get())));
+    json_object_set_new(j, "threads", json_integer(krun_model_threads(m)));
+    if (krun_model_plan(m)) json_object_set_new(j, "plan", kmemplan_json(krun_model_plan(m)));
+    if (json_dump_file(j, o->json, JSON_INDENT(1)) != 0) {
+        fprintf(stderr, "krun: cannot write %s\n", o->json);
+        rc = -1;
+    }
+    json_decref(j);
+    return rc;
+}
+
+static int plan_only(const struct opts *o, krun_model *m, uint64_t budget)
+{
+    krun_model_opts mo;
+    kmemplan plan;
+    krun_err e;
+    model_opts(o, budget, &mo);
+    mo.ctx = o->ctx ? (size_t)o->ctx : 4096; /* the plan alone: no prompt needed */
+    if (krun_model_make_plan(m, &mo, &plan, &e)) { fprintf(stderr, "krun: %s\n", e.msg); return e.code; }
+    if (o->json) {
+        json_t *j = kmemplan_json(&plan);
+        int bad = json_dump_file(j, o->json, JSON_INDENT(1)) != 0;
+        json_decref(j);
+        if (bad) { fprintf(stderr, "krun: cannot write %s\n", o->json); return KRUN_EINPUT; }
+    }
+    kmemplan_print(&plan, stdout);
+    return KRUN_OK;
 }
 
 int main(int argc, char **argv)
 {
     struct opts o;
-    kpk_file *f = NULL;
-    kpk_err e = {0};
-    k3_model m;
-    kstore *store = NULL;
-    kpool *pool = NULL;
-    k3_run run;
-    ktok *tk = NULL;
-    ksampler sampler;
-    int32_t *prompt = NULL, *seq = NULL, stop_ids[3] = {-1, -1, -1};
-    size_t n_prompt = 0, n_seq = 0, V;
-    float *logits = NULL, *all = NULL;
-    struct step { double seconds; uint64_t trunk, experts, globals, hits, misses, rss; } *steps = NULL;
-    size_t n_steps = 0;
+    krun_model *m = NULL;
+    krun_session *s = NULL;
+    krun_err e = {0, {0}};
+    krun_model_opts mo;
+    ktok *tk;
+    int32_t *prompt = NULL, *gen_ids = NULL, *hist = NULL, stop_ids[3];
+    size_t n_prompt = 0, n_gen = 0, V, n_stop, n_steps = 0, state_tokens = 0, pending = 0, max_prompt;
+    float *all = NULL;
+    struct step *steps = NULL;
     double t_prefill = 0;
-    char err[1024];
-    int rc = KR_USAGE, have_model = 0, have_run = 0;
+    uint64_t budget;
+    int rc = KRUN_EINPUT;
     struct text_out tout = {{0}, 0};
-    kstore_opts sopt;
-    kmemplan plan;
-    char auto_mem[32];
+    ksampler_opts so;
 
     /* subcommands that need no model runtime */
     if (argc > 1 && !strcmp(argv[1], "tokenize")) return krun_tokenize_main(argc - 1, argv + 1);
     parse_args(argc, argv, &o);
-    if (krun_ablation_from_env()) return KR_USAGE;
-    if (o.simd && strcmp(o.simd, "auto") != 0) {
-        ksimd lv;
-        if (kern_simd_parse(o.simd, &lv)) die_usage("--simd: expected auto, scalar, avx2 or avx512, got %s", o.simd);
-        kern_simd_set(lv);
-    }
-    if (kpk_open(o.model, &f, &e)) {
-        fprintf(stderr, "krun: %s\n", e.msg);
-        return e.code == KPK_EFORMAT || e.code == KPK_ECHECKSUM ? KR_DATA : KR_USAGE;
-    }
-    if (k3_model_open(f, &m, err, sizeof err)) { fprintf(stderr, "krun: %s\n", err); rc = KR_DATA; goto out; }
-    have_model = 1;
-    V = (size_t)m.cfg.vocab;
-    tk = load_tokenizer(&m, err, sizeof err);
-    if (!tk && m.tokenizer_rank_file) { fprintf(stderr, "krun: tokenizer: %s\n", err); rc = KR_DATA; goto out; }
+    if (krun_ablation_from_env()) return KRUN_EINPUT;
+    if (o.simd && strcmp(o.simd, "auto") != 0 && kern_simd_parse(o.simd, &o.simd_level))
+        die_usage("--simd: expected auto, scalar, avx2 or avx512, got %s", o.simd);
+    if (budget_of(&o, &budget)) return KRUN_EINPUT;
+    if (krun_model_load(o.model, &m, &e)) { fprintf(stderr, "krun: %s\n", e.msg); return e.code; }
+    if (o.plan_only) { rc = plan_only(&o, m, budget); goto out; }
+    V = (size_t)krun_model_config(m)->vocab;
+    tk = krun_model_tokenizer(m);
 
-    if (o.plan_only) {
-        /* the plan alone: no prompt needed; --ctx defaults to 4096 */
-        if (!o.ctx) o.ctx = 4096;
-        rc = make_plan(&o, &m, 0, &plan) ? KR_USAGE : KR_OK;
-        if (rc == KR_OK) {
-            if (o.json) {
-                json_t *j = kmemplan_json(&plan);
-                if (json_dump_file(j, o.json, JSON_INDENT(1))) { fprintf(stderr, "krun: cannot write %s\n", o.json); rc = KR_USAGE; }
-                json_decref(j);
-            }
-            kmemplan_print(&plan, stdout);
-        }
-        goto out;
+    /* a saved conversation first: its length counts toward the context */
+    if (o.load_state) {
+        uint64_t pos, nt;
+        if (krun_state_peek(o.load_state, &pos, &nt, &e)) { fprintf(stderr, "krun: %s\n", e.msg); rc = e.code; goto out; }
+        state_tokens = (size_t)nt;
+        pending = (size_t)(nt - pos);
     }
-
-    /* the prompt */
-    if (o.ids) {
-        if (parse_ids(o.ids, &prompt, &n_prompt)) { fprintf(stderr, "krun: --ids: expected comma-separated token ids\n"); goto out; }
-    } else {
-        char *text = NULL;
-        size_t len = 0;
-        if (o.prompt) { text = strdup(o.prompt); len = strlen(o.prompt); }
-        else if (kio_read_file(o.prompt_file, (size_t)1 << 30, &text, &len)) {
-            fprintf(stderr, "krun: %s: %s\n", o.prompt_file, strerror(errno));
-            goto out;
-        }
-        if (!tk) { free(text); fprintf(stderr, "krun: %s has no tokenizer; give the prompt with --ids\n", o.model); goto out; }
-        if (!text || ktok_encode(tk, text, len, 1, &prompt, &n_prompt)) { free(text); fprintf(stderr, "krun: cannot tokenize the prompt\n"); goto out; }
-        free(text);
-    }
-    if (n_prompt == 0) { fprintf(stderr, "krun: the prompt is empty\n"); goto out; }
+    /* the prompt, bounded by the context before it is read or tokenized */
+    max_prompt = o.ctx ? ((size_t)o.ctx > state_tokens ? (size_t)o.ctx - state_tokens : 0) : KRUN_CTX_DEFAULT_MAX;
+    if (read_prompt(&o, m, max_prompt, &prompt, &n_prompt)) goto out;
+    if (n_prompt == 0 && !o.load_state) { fprintf(stderr, "krun: the prompt is empty\n"); goto out; }
     for (size_t i = 0; i < n_prompt; i++)
         if (prompt[i] < 0 || (size_t)prompt[i] >= V) {
             fprintf(stderr, "krun: token id %d at prompt position %zu is outside the vocabulary (0..%zu)\n", prompt[i], i, V - 1);
             goto out;
         }
-    /* the last generated token is never fed back, so prompt + gen - 1 positions are used */
-    if (!o.ctx) o.ctx = (long)(n_prompt + (size_t)o.gen);
-    if ((size_t)o.ctx < n_prompt + (o.gen > 0 ? (size_t)o.gen - 1 : 0)) {
-        fprintf(stderr, "krun: the prompt (%zu tokens) and --gen %ld do not fit the context of %ld positions\n", n_prompt, o.gen, o.ctx);
+    if (!o.ctx && n_prompt > KRUN_CTX_DEFAULT_MAX) {
+        fprintf(stderr, "krun: the prompt is %zu tokens, more than %zu without --ctx; give --ctx %zu or more to run it\n",
+                n_prompt, KRUN_CTX_DEFAULT_MAX, n_prompt + state_tokens + (size_t)o.gen);
         goto out;
     }
-    if (!o.ignore_eos) {
-        stop_ids[0] = m.eos_id;
-        if (tk) { stop_ids[1] = ktok_find_special(tk, "<|end_of_msg|>"); stop_ids[2] = ktok_find_special(tk, "[EOS]"); }
-    }
-
-    memset(&sopt, 0, sizeof sopt);
-    sopt.verify = o.verify;
-    sopt.model = &m;
-    /* No budget given and the file does not fit comfortably: budget 80% of the
-     * available memory rather than let a mapping of the whole file push
-     * everything else out of RAM. */
-    if (!o.mem && !o.preset && kmem_available() && kpk_size(f) > kmem_available() / 10 * 8) {
-        snprintf(auto_mem, sizeof auto_mem, "%llu", (unsigned long long)(kmem_available() / 10 * 8));
-        o.mem = auto_mem;
-        if (!o.quiet) fprintf(stderr, "krun: the model file is larger than 80%% of available memory: using --mem %s\n", auto_mem);
-    }
-    if (o.mem || o.preset) {
-        if (make_plan(&o, &m, o.dump_all ? n_prompt * V * sizeof(float) : 0, &plan)) goto out;
-        if (!o.quiet) kmemplan_print(&plan, stderr);
-        sopt.plan = &plan;
-        sopt.io = o.io;
-        sopt.policy = o.policy;
-        sopt.io_threads = (int)o.io_threads;
-        sopt.trace = o.trace != NULL;
-    }
-    if (kstore_open(f, &sopt, &store, &e)) {
-        fprintf(stderr, "krun: %s\n", e.msg);
-        rc = e.code == KPK_EIO && o.io == KSTORE_IO_DIRECT ? KR_USAGE : KR_DATA;
+    /* the last generated token is never fed back, so history + prompt + gen - 1 positions are used */
+    if (!o.ctx) o.ctx = (long)(state_tokens + n_prompt + (size_t)o.gen);
+    if ((size_t)o.ctx < state_tokens + n_prompt + (o.gen > 0 ? (size_t)o.gen - 1 : 0)) {
+        fprintf(stderr, "krun: the prompt (%zu tokens%s) and --gen %ld do not fit the context of %ld positions\n", n_prompt,
+                state_tokens ? " after the saved conversation's" : "", o.gen, o.ctx);
         goto out;
     }
-    pool = kpool_create(o.threads ? (int)o.threads : kpool_ncpu());
-    if (!pool) { fprintf(stderr, "krun: cannot start threads\n"); rc = KR_DATA; goto out; }
-    if (k3_run_init(&run, &m, store, pool, (size_t)o.ctx, err, sizeof err)) { fprintf(stderr, "krun: %s\n", err); rc = KR_DATA; goto out; }
-    have_run = 1;
-    ksampler_init(&sampler, (float)o.temp, (int)o.top_k, (float)o.top_p, (float)o.min_p, o.seed);
+    if (o.ctx < 1) o.ctx = 1;
 
-    logits = malloc(V * sizeof *logits);
-    seq = malloc((n_prompt + (size_t)o.gen + 1) * sizeof *seq);
+    model_opts(&o, budget, &mo);
+    if (o.dump_all) mo.extra_bytes = (uint64_t)(pending + n_prompt) * V * sizeof(float);
+    if (krun_model_prepare(m, &mo, &e)) { fprintf(stderr, "krun: %s\n", e.msg); rc = e.code; goto out; }
+    if (!o.quiet && krun_model_auto_budget(m))
+        fprintf(stderr, "krun: the model file is larger than 80%% of available memory: using --mem %llu\n",
+                (unsigned long long)krun_model_auto_budget(m));
+    if (!o.quiet && krun_model_plan(m)) kmemplan_print(krun_model_plan(m), stderr);
+    n_stop = o.ignore_eos ? 0 : krun_model_stop_ids(m, stop_ids);
+
+    if (krun_session_new(m, &s, &e)) { fprintf(stderr, "krun: %s\n", e.msg); rc = e.code; goto out; }
+    so = (ksampler_opts){(float)o.temp, (int)o.top_k, (float)o.top_p, (float)o.min_p, o.seed};
+    /* a loaded state brings its PRNG: set the sampler first unless --seed says otherwise */
+    if (!o.seed_given) krun_session_set_sampler(s, &so);
+    if (o.load_state && krun_session_load(s, o.load_state, &e)) { fprintf(stderr, "krun: %s\n", e.msg); rc = e.code; goto out; }
+    if (o.seed_given) krun_session_set_sampler(s, &so);
+
+    gen_ids = malloc(((size_t)o.gen + 1) * sizeof *gen_ids);
     steps = calloc((size_t)o.gen + 1, sizeof *steps);
-    if (o.dump_all) all = malloc(n_prompt * V * sizeof *all);
-    if (!logits || !seq || !steps || (o.dump_all && !all)) { fprintf(stderr, "krun: out of memory\n"); rc = KR_DATA; goto out_run; }
-    memcpy(seq, prompt, n_prompt * sizeof *seq);
-    n_seq = n_prompt;
+    if (o.recompute) hist = malloc(((size_t)o.ctx + 1) * sizeof *hist);
+    if (o.dump_all) all = malloc((pending + n_prompt) * V * sizeof *all);
+    if (!gen_ids || !steps || (o.recompute && !hist) || (o.dump_all && !all)) { fprintf(stderr, "krun: out of memory\n"); rc = KRUN_ENOMEM; goto out; }
 
     /* prefill, in blocks of --chunk positions (the result does not depend on it) */
-    {
-        double t0 = know();
-        for (size_t p = 0; p < n_prompt; p += (size_t)o.chunk) {
-            size_t n = n_prompt - p < (size_t)o.chunk ? n_prompt - p : (size_t)o.chunk;
-            if (k3_forward(&run, prompt + p, n, all != NULL, all ? all + p * V : logits, err, sizeof err)) {
-                fprintf(stderr, "krun: %s\n", err);
-                rc = KR_DATA;
-                goto out_run;
-            }
-        }
-        if (all) memcpy(logits, all + (n_prompt - 1) * V, V * sizeof *logits);
-        t_prefill = know() - t0;
+    if (pending + n_prompt > 0) {
+        struct prefill_progress pp = {!o.quiet && isatty(2), o.quiet, know(), 0, krun_model_chunk(m)};
+        if (!o.quiet) announce_prompt(m, pending + n_prompt);
+        krun_session_set_progress(s, on_prefill, &pp);
+        if (krun_session_feed(s, prompt, n_prompt, all, &e)) { fprintf(stderr, "\nkrun: %s\n", e.msg); rc = e.code; goto out; }
+        krun_session_set_progress(s, NULL, NULL);
+        t_prefill = know() - pp.t0;
+    } else if (!krun_session_logits(s) && o.gen > 0) {
+        fprintf(stderr, "krun: %s holds no logits to generate from; give a prompt\n", o.load_state);
+        goto out;
     }
-    if (o.dump_logits && write_floats(o.dump_logits, logits, V)) { fprintf(stderr, "krun: writing %s: %s\n", o.dump_logits, strerror(errno)); goto out_run; }
-    if (o.dump_all && write_floats(o.dump_all, all, n_prompt * V)) { fprintf(stderr, "krun: writing %s: %s\n", o.dump_all, strerror(errno)); goto out_run; }
+    if (o.dump_logits && krun_session_logits(s) && write_floats(o.dump_logits, krun_session_logits(s), V)) {
+        fprintf(stderr, "krun: writing %s: %s\n", o.dump_logits, strerror(errno));
+        goto out;
+    }
+    if (o.dump_all && write_floats(o.dump_all, all, (pending + n_prompt) * V)) {
+        fprintf(stderr, "krun: writing %s: %s\n", o.dump_all, strerror(errno));
+        goto out;
+    }
 
-    /* decoding: one forward pass per generated token (the last one needs none) */
+    /* decoding: one forward pass per generated token (the last one needs none;
+     * it joins the history as pending, for --save-state) */
     for (long g = 0; g < o.gen; g++) {
-        int32_t next = ksampler_pick(&sampler, logits, V);
+        int32_t next = krun_session_sample(s);
         int stop = 0;
         kstore_stats a, b;
         struct step *st;
         double t0;
-        if (next < 0) { fprintf(stderr, "krun: out of memory\n"); rc = KR_DATA; goto out_run; }
-        seq[n_seq++] = next;
-        for (int k = 0; k < 3; k++) stop |= stop_ids[k] >= 0 && next == stop_ids[k];
+        if (next < 0) { fprintf(stderr, "krun: no logits to sample from\n"); rc = KRUN_EINPUT; goto out; }
+        gen_ids[n_gen++] = next;
+        for (size_t k = 0; k < n_stop; k++) stop |= next == stop_ids[k];
         if (o.print_ids || !tk) { printf("%s%d", g ? " " : "", next); fflush(stdout); }
         else if (!stop) {
             size_t len = 0;
             const uint8_t *bytes = ktok_id_bytes(tk, next, &len);
             if (bytes) emit_bytes(&tout, bytes, len, 0);
         }
-        if (stop || g + 1 == o.gen) break;
-        kstore_stats_get(store, &a);
+        if (stop || g + 1 == o.gen) {
+            if (krun_session_append(s, &next, 1, &e)) { fprintf(stderr, "krun: %s\n", e.msg); rc = e.code; goto out; }
+            break;
+        }
+        krun_model_stats(m, &a);
         t0 = know();
         if (o.recompute) {
-            k3_state_reset(&run.state);
-            for (size_t p = 0; p < n_seq; p += (size_t)o.chunk) {
-                size_t n = n_seq - p < (size_t)o.chunk ? n_seq - p : (size_t)o.chunk;
-                if (k3_forward(&run, seq + p, n, 0, logits, err, sizeof err)) { fprintf(stderr, "krun: %s\n", err); rc = KR_DATA; goto out_run; }
-            }
-        } else if (k3_forward(&run, &next, 1, 0, logits, err, sizeof err)) {
-            fprintf(stderr, "krun: %s\n", err);
-            rc = KR_DATA;
-            goto out_run;
+            /* the whole history again from position 0: must equal incremental decoding */
+            size_t n = 0;
+            const int32_t *h = krun_session_tokens(s, &n);
+            memcpy(hist, h, n * sizeof *hist);
+            hist[n] = next;
+            krun_session_reset(s);
+            if (krun_session_feed(s, hist, n + 1, NULL, &e)) { fprintf(stderr, "krun: %s\n", e.msg); rc = e.code; goto out; }
+        } else if (krun_session_feed(s, &next, 1, NULL, &e)) {
+            fprintf(stderr, "krun: %s\n", e.msg);
+            rc = e.code;
+            goto out;
         }
-        kstore_stats_get(store, &b);
+        krun_model_stats(m, &b);
         st = &steps[n_steps++];
         st->seconds = know() - t0;
         st->trunk = b.bytes_trunk - a.bytes_trunk;
@@ -469,7 +613,7 @@ int main(int argc, char **argv)
         st->hits = b.expert_hits - a.expert_hits;
         st->misses = b.expert_misses - a.expert_misses;
         st->rss = kmem_rss();
-        if (sopt.plan && !o.quiet) {
+        if (krun_model_plan(m) && !o.quiet) {
             char t1[32], t2[32];
             kfmt_bytes(st->trunk, t1, sizeof t1);
             kfmt_bytes(st->experts, t2, sizeof t2);
@@ -481,81 +625,28 @@ int main(int argc, char **argv)
     emit_bytes(&tout, NULL, 0, 1);
     if (o.print_ids || !tk || o.gen) printf("\n");
     fflush(stdout);
+    if (o.save_state && krun_session_save(s, o.save_state, &e)) { fprintf(stderr, "krun: %s\n", e.msg); rc = e.code; goto out; }
     {
         kstore_stats st;
-        size_t n_gen = n_seq - n_prompt;
         double total = 0;
-        kstore_stats_get(store, &st);
+        krun_model_stats(m, &st);
         for (size_t k = 0; k < n_steps; k++) total += steps[k].seconds;
-        if (o.trace && kstore_trace_write(store, o.trace)) {
+        if (o.trace && krun_model_trace_write(m, o.trace)) {
             fprintf(stderr, "krun: cannot write %s: %s\n", o.trace, strerror(errno));
-            rc = KR_USAGE;
-            goto out_run;
+            goto out;
         }
         if (!o.quiet)
             fprintf(stderr, "krun: prompt %zu tokens in %.3f s; %zu generated, %.1f ms per decoding step; read %.3g GB; "
                     "%llu extents verified; peak RSS %.1f MB; simd %s, %d threads\n",
                     n_prompt, t_prefill, n_gen, n_steps ? total / (double)n_steps * 1e3 : 0.0, (double)st.bytes_read / 1e9,
                     (unsigned long long)st.extents_verified, (double)kmem_peak_rss() / 1e6, kern_simd_name(kern_simd_get()),
-                    kpool_threads(pool));
-        if (o.json) {
-            json_t *j = json_object(), *pi = json_array(), *gi = json_array(), *sp = json_array(), *sa = json_array();
-            for (size_t i = 0; i < n_prompt; i++) json_array_append_new(pi, json_integer(prompt[i]));
-            for (size_t i = n_prompt; i < n_seq; i++) json_array_append_new(gi, json_integer(seq[i]));
-            /* the time until each generated token: the prompt pass for the first,
-             * one decoding step for each of the others */
-            if (n_gen) json_array_append_new(sp, json_real(t_prefill));
-            for (size_t k = 0; k < n_steps; k++) {
-                const struct step *x = &steps[k];
-                json_t *o2 = json_object();
-                json_array_append_new(sp, json_real(x->seconds));
-                json_object_set_new(o2, "seconds", json_real(x->seconds));
-                json_object_set_new(o2, "bytes_trunk", json_integer((json_int_t)x->trunk));
-                json_object_set_new(o2, "bytes_experts", json_integer((json_int_t)x->experts));
-                json_object_set_new(o2, "bytes_globals", json_integer((json_int_t)x->globals));
-                json_object_set_new(o2, "mb_per_s", json_real((double)(x->trunk + x->experts + x->globals) / x->seconds / 1e6));
-                json_object_set_new(o2, "expert_hits", json_integer((json_int_t)x->hits));
-                json_object_set_new(o2, "expert_misses", json_integer((json_int_t)x->misses));
-                json_object_set_new(o2, "resident_hit_rate", x->hits + x->misses ? json_real((double)x->hits / (double)(x->hits + x->misses)) : json_null());
-                json_object_set_new(o2, "rss_bytes", json_integer((json_int_t)x->rss));
-                json_array_append_new(sa, o2);
-            }
-            json_object_set_new(j, "prompt_ids", pi);
-            json_object_set_new(j, "generated_ids", gi);
-            json_object_set_new(j, "seconds_per_token", sp);
-            json_object_set_new(j, "steps", sa);
-            json_object_set_new(j, "prefill_seconds", json_real(t_prefill));
-            json_object_set_new(j, "bytes_read", json_integer((json_int_t)st.bytes_read));
-            json_object_set_new(j, "bytes_trunk", json_integer((json_int_t)st.bytes_trunk));
-            json_object_set_new(j, "bytes_experts", json_integer((json_int_t)st.bytes_experts));
-            json_object_set_new(j, "bytes_globals", json_integer((json_int_t)st.bytes_globals));
-            json_object_set_new(j, "bytes_resident", json_integer((json_int_t)st.bytes_resident));
-            json_object_set_new(j, "expert_hits", json_integer((json_int_t)st.expert_hits));
-            json_object_set_new(j, "expert_misses", json_integer((json_int_t)st.expert_misses));
-            json_object_set_new(j, "io_wait_seconds", json_real(st.io_wait_seconds));
-            json_object_set_new(j, "peak_rss_bytes", json_integer((json_int_t)kmem_peak_rss()));
-            json_object_set_new(j, "simd", json_string(kern_simd_name(kern_simd_get())));
-            json_object_set_new(j, "threads", json_integer(kpool_threads(pool)));
-            if (sopt.plan) json_object_set_new(j, "plan", kmemplan_json(&plan));
-            if (json_dump_file(j, o.json, JSON_INDENT(1)) != 0) {
-                fprintf(stderr, "krun: cannot write %s\n", o.json);
-                json_decref(j);
-                rc = KR_USAGE;
-                goto out_run;
-            }
-            json_decref(j);
-        }
+                    krun_model_threads(m));
+        if (o.json && write_json(&o, m, prompt, n_prompt, gen_ids, n_gen, steps, n_steps, t_prefill)) goto out;
     }
-    rc = KR_OK;
-out_run:
-    ksampler_free(&sampler);
+    rc = KRUN_OK;
 out:
-    if (have_run) k3_run_free(&run);
-    kpool_destroy(pool);
-    kstore_close(store);
-    if (have_model) k3_model_close(&m);
-    ktok_free(tk);
-    kpk_close(f);
-    free(prompt); free(seq); free(logits); free(all); free(steps);
+    krun_session_free(s);
+    krun_model_close(m);
+    free(prompt); free(gen_ids); free(hist); free(all); free(steps);
     return rc;
 }

@@ -1,11 +1,15 @@
 #include "memplan.h"
 
+#include "forward.h"
 #include "kprogress.h"
-#include "state.h"
+#include "session.h"
+#include "store.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 int64_t kmem_parse_size(const char *s)
 {
@@ -38,17 +42,21 @@ int64_t kmem_preset(const char *name)
     return -1;
 }
 
+/* "KEY:   123 kB" of /proc/self/status.  open + read into the stack, not
+ * stdio: this runs every decoding step, which allocates nothing. */
 static uint64_t read_status(const char *key)
 {
-    FILE *f = fopen("/proc/self/status", "r");
-    char line[256];
-    uint64_t kb = 0;
-    size_t n = strlen(key);
-    if (!f) return 0;
-    while (fgets(line, sizeof line, f))
-        if (strncmp(line, key, n) == 0 && line[n] == ':') { kb = strtoull(line + n + 1, NULL, 10); break; }
-    fclose(f);
-    return kb * 1024;
+    char buf[4096];
+    size_t n = strlen(key), len = 0;
+    ssize_t got;
+    int fd = open("/proc/self/status", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    while (len < sizeof buf - 1 && (got = read(fd, buf + len, sizeof buf - 1 - len)) > 0) len += (size_t)got;
+    close(fd);
+    buf[len] = 0;
+    for (char *l = buf; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL)
+        if (strncmp(l, key, n) == 0 && l[n] == ':') return strtoull(l + n + 1, NULL, 10) * 1024;
+    return 0;
 }
 
 uint64_t kmem_available(void)
@@ -66,28 +74,6 @@ uint64_t kmem_available(void)
 uint64_t kmem_rss(void) { return read_status("VmRSS"); }
 uint64_t kmem_peak_rss(void) { return read_status("VmHWM"); }
 
-static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
-
-uint64_t kmem_scratch_bytes(const k3_config *c, size_t T, size_t ctx)
-{
-    const size_t E = (size_t)c->hidden, D = (size_t)c->kda_head_dim, Hk = (size_t)c->kda_heads, P = Hk * D;
-    const size_t H = (size_t)c->mla_heads, Rq = (size_t)c->q_lora, Rkv = (size_t)c->kv_lora, dr = (size_t)c->qk_rope;
-    const size_t dn = (size_t)c->qk_nope, dv = (size_t)c->v_head, Ne = (size_t)c->n_experts, k = (size_t)c->topk;
-    const size_t Lt = (size_t)c->latent, I = (size_t)c->moe_inter, Is = (size_t)k3_shared_inter(c), Id = (size_t)c->dense_inter;
-    const size_t max_src = (size_t)(c->n_layers / c->attn_res_block) + 2, V = (size_t)c->vocab;
-    /* floats alive in k3_forward for the whole block, plus the logits row */
-    size_t fwd = T * max_src * E + 4 * T * E + V;
-    size_t kda = 6 * T * P + T * Hk + T * D + (size_t)c->conv_width + T;
-    size_t mla = T * (Rq + H * (dn + dr) + (Rkv + dr) + 2 * H * dv) + H * (2 * Rkv + dv + ctx) + T * E;
-    size_t moe = T * (Ne + 2 * k + 3 * Lt + k * Lt + 2 * I + 2 * Is + E) + 3 * Ne + T * k;
-    size_t dense = 2 * T * Id;
-    /* the bound layer's widened vectors */
-    size_t arena = 6 * E + 3 * P * (size_t)c->conv_width + 2 * P + 2 * D + Rq + Rkv + Ne + Lt;
-    size_t floats = fwd + max_sz(max_sz(kda, mla), max_sz(moe, dense)) + arena;
-    /* allocator slack: every buffer is a separate malloc */
-    return (uint64_t)floats * sizeof(float) + (1u << 20);
-}
-
 uint64_t kmem_base_bytes(const k3_model *m)
 {
     const kpk_file *f = m->file;
@@ -101,7 +87,17 @@ uint64_t kmem_base_bytes(const k3_model *m)
           (uint64_t)kpk_layer_count(f) * (1 + kpk_expert_count(f)) * 8 +
           (kpk_size(f) - kpk_super(f)->tensor_table_off);
     /* the tokenizer: the rank file, its decoded pieces and hash table */
-    return KMEM_PROCESS_BYTES + dir + 4 * (uint64_t)m->tokenizer_rank_len + m->tokenizer_config_len;
+    return KMEM_PROCESS_BYTES + KSTORE_WINDOW_BYTES + dir + 4 * (uint64_t)m->tokenizer_rank_len + m->tokenizer_config_len +
+           m->config_len;
+}
+
+int64_t kmem_globals_first(const k3_model *m)
+{
+    const kt_loc *emb = &m->globals[K3T_EMBED];
+    uint64_t first = (emb->offset + emb->nbytes) / 4096 * 4096;
+    for (int r = 0; r <= K3T_OUT_RES_PROJ; r++)
+        if (r != K3T_EMBED && m->globals[r].offset < first) return -1;
+    return (int64_t)first;
 }
 
 struct sizes {
@@ -115,12 +111,17 @@ static int measure(const k3_model *m, struct sizes *s, char *err, size_t errlen)
 {
     const kpk_extent *g = kpk_extent_at(m->file, m->globals_extent);
     const k3_config *c = &m->cfg;
-    uint64_t emb = m->globals[K3T_EMBED].nbytes;
+    int64_t first = kmem_globals_first(m);
     memset(s, 0, sizeof *s);
+    if (first < 0) {
+        snprintf(err, errlen, "%s: the embedding is not the first tensor of the globals extent, so it cannot be left "
+                 "out of memory; run without --mem", kpk_path(m->file));
+        return -1;
+    }
     s->trunk = calloc((size_t)c->n_layers, sizeof *s->trunk);
     if (!s->trunk) { snprintf(err, errlen, "out of memory"); return -1; }
     /* everything of the globals extent but the embedding, page-rounded */
-    s->globals_resident = kpk_extent_padded_len(m->file, g) - (emb / 4096) * 4096;
+    s->globals_resident = kpk_extent_padded_len(m->file, g) - (uint64_t)first;
     for (int L = 0; L < c->n_layers; L++) {
         s->trunk[L] = kpk_extent_padded_len(m->file, kpk_extent_at(m->file, m->trunk_extent[L]));
         if (k3_layer_is_moe(c, L)) {
@@ -145,11 +146,12 @@ static uint64_t total_for(const struct sizes *s, const kmemplan *p, int n_layers
     }
     if (pinned) *pinned = pb;
     if (ring_slot) *ring_slot = rs;
-    return p->base + s->globals_resident + p->state_bytes + p->scratch_bytes + pb + 2 * rs + (uint64_t)slots * s->expert_slot;
+    return p->base + s->globals_resident + p->state_bytes + p->vectors_bytes + p->scratch_bytes + pb + 2 * rs +
+           (uint64_t)slots * s->expert_slot;
 }
 
-int kmemplan_make(const k3_model *m, uint64_t budget, int pin, int slots, size_t ctx, size_t chunk, uint64_t base,
-                  kmemplan *p, char *err, size_t errlen)
+int kmemplan_make(const k3_model *m, uint64_t budget, int pin, int slots, size_t ctx, size_t chunk, size_t max_seqs,
+                  uint64_t base, kmemplan *p, char *err, size_t errlen)
 {
     const k3_config *c = &m->cfg;
     struct sizes s;
@@ -162,10 +164,14 @@ int kmemplan_make(const k3_model *m, uint64_t budget, int pin, int slots, size_t
     p->base = base;
     p->ctx = ctx;
     p->chunk = chunk;
+    p->max_seqs = max_seqs;
+    p->block = chunk > max_seqs ? chunk : max_seqs;
     p->n_layers = c->n_layers;
     p->globals_resident = s.globals_resident;
-    p->state_bytes = k3_state_bytes(c, ctx);
-    p->scratch_bytes = kmem_scratch_bytes(c, chunk, ctx);
+    p->session_bytes = krun_session_bytes(c, ctx);
+    p->state_bytes = (uint64_t)max_seqs * p->session_bytes;
+    p->vectors_bytes = k3_run_vectors_bytes(c);
+    p->scratch_bytes = k3_run_bytes(c, p->block, max_seqs, ctx) - p->vectors_bytes;
     p->expert_slot_bytes = s.expert_slot;
     max_slots = s.moe_layers * c->n_experts;
     min_slots = c->topk < max_slots ? c->topk : max_slots;
@@ -201,6 +207,11 @@ int kmemplan_make(const k3_model *m, uint64_t budget, int pin, int slots, size_t
     if (!p->ring_slots) p->ring_slot_bytes = 0;
     for (int L = pin; L < c->n_layers; L++) p->trunk_stream_bytes += s.trunk[L];
     p->expert_reads_max = (uint64_t)s.moe_layers * (uint64_t)c->topk * s.expert_slot;
+    {
+        /* sessions that fit: the rest of the plan with the fewest expert slots */
+        uint64_t rest = total_for(&s, p, c->n_layers, pin, min_slots, NULL, NULL) - p->state_bytes;
+        p->sessions_fit = budget > rest && p->session_bytes ? (budget - rest) / p->session_bytes : 0;
+    }
     free(s.trunk);
     if (p->total > budget) {
         kfmt_bytes(budget, b1, sizeof b1);
@@ -228,8 +239,11 @@ void kmemplan_print(const kmemplan *p, FILE *out)
     ROW("trunk ring", (uint64_t)p->ring_slots * p->ring_slot_bytes, "%d slots x %s", p->ring_slots, c2);
     kfmt_bytes(p->expert_slot_bytes, c2, sizeof c2);
     ROW("expert cache", (uint64_t)p->expert_slots * p->expert_slot_bytes, "%d slots x %s", p->expert_slots, c2);
-    ROW("state", p->state_bytes, "KDA + ShortConv state, MLA latent cache for --ctx %zu", p->ctx);
-    ROW("scratch", p->scratch_bytes, "activations of a %zu-position block", p->chunk);
+    kfmt_bytes(p->session_bytes, c2, sizeof c2);
+    ROW("state", p->state_bytes, "%zu session%s x %s (KDA + ShortConv state, MLA latent cache for --ctx %zu); %llu would fit",
+        p->max_seqs, p->max_seqs == 1 ? "" : "s", c2, p->ctx, (unsigned long long)p->sessions_fit);
+    ROW("bound vectors", p->vectors_bytes, "norms, AttnRes folds, conv taps, biases of every layer, widened once");
+    ROW("scratch", p->scratch_bytes, "activations of a %zu-position block", p->block);
     ROW("total", p->total, "(minimum for this model and --ctx: %.3g GB)", (double)p->minimum / 1e9);
     kfmt_bytes(p->trunk_stream_bytes, b, sizeof b);
     kfmt_bytes(p->expert_reads_max, c2, sizeof c2);
@@ -251,7 +265,12 @@ json_t *kmemplan_json(const kmemplan *p)
     json_object_set_new(j, "expert_slots", json_integer(p->expert_slots));
     json_object_set_new(j, "expert_slot_bytes", json_integer((json_int_t)p->expert_slot_bytes));
     json_object_set_new(j, "state_bytes", json_integer((json_int_t)p->state_bytes));
+    json_object_set_new(j, "session_bytes", json_integer((json_int_t)p->session_bytes));
+    json_object_set_new(j, "max_seqs", json_integer((json_int_t)p->max_seqs));
+    json_object_set_new(j, "sessions_fit", json_integer((json_int_t)p->sessions_fit));
+    json_object_set_new(j, "vectors_bytes", json_integer((json_int_t)p->vectors_bytes));
     json_object_set_new(j, "scratch_bytes", json_integer((json_int_t)p->scratch_bytes));
+    json_object_set_new(j, "block_positions", json_integer((json_int_t)p->block));
     json_object_set_new(j, "total_bytes", json_integer((json_int_t)p->total));
     json_object_set_new(j, "minimum_bytes", json_integer((json_int_t)p->minimum));
     json_object_set_new(j, "ctx", json_integer((json_int_t)p->ctx));

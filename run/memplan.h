@@ -7,8 +7,10 @@
  *   trunk ring         two slots, each as large as the largest streamed trunk
  *                      extent: one in use, one being read ahead
  *   expert cache       slots of one routed expert each (--expert-slots)
- *   state              KDA + ShortConv state and the MLA latent cache (--ctx)
- *   scratch            activations of one prefill block (--chunk)
+ *   state              per session (--max-seqs of them): KDA + ShortConv state,
+ *                      the MLA latent cache (--ctx), tokens, logits, sampler
+ *   run state          the widened small vectors of every layer (bound once)
+ *                      and the activations of one forward block (--chunk)
  *   base               the process itself: code, the KPK directory, the
  *                      tokenizer (computed from the file, so a plan is the
  *                      same on every run)
@@ -37,9 +39,14 @@ typedef struct kmemplan {
     uint64_t ring_slot_bytes;
     int expert_slots;
     uint64_t expert_slot_bytes;
-    uint64_t state_bytes, scratch_bytes;
+    uint64_t state_bytes;          /* max_seqs x session_bytes */
+    uint64_t session_bytes;        /* one session's slot for ctx positions */
+    uint64_t vectors_bytes;        /* the bound vectors of every layer */
+    uint64_t scratch_bytes;        /* activations of one block */
     uint64_t total;
-    size_t ctx, chunk;
+    size_t ctx, chunk, max_seqs;
+    size_t block;                  /* positions per forward block: max(chunk, max_seqs) */
+    uint64_t sessions_fit;         /* sessions this budget could hold (with top-k expert slots) */
     /* what a decoding step must read at least */
     uint64_t trunk_stream_bytes;   /* every unpinned trunk extent, padded */
     uint64_t expert_reads_max;     /* MoE layers x top-k expert extents, padded */
@@ -57,13 +64,16 @@ int64_t kmem_parse_size(const char *s);
 /* laptop, desktop, workstation, server, max -> bytes; -1 if unknown. */
 int64_t kmem_preset(const char *name);
 
-/* Bytes the forward pass allocates for a block of T positions with ctx reserved. */
-uint64_t kmem_scratch_bytes(const k3_config *c, size_t T, size_t ctx);
+/* The globals extent is held from this byte on (the embedding before it is
+ * read a row at a time); -1 if the embedding is not first in the extent. */
+int64_t kmem_globals_first(const k3_model *m);
 
 /* Plan for a budget.  pin / slots < 0: choose by the default rule.  Returns -1
- * with err saying what the minimum is when the budget cannot hold it. */
-int kmemplan_make(const k3_model *m, uint64_t budget, int pin, int slots, size_t ctx, size_t chunk, uint64_t base,
-                  kmemplan *p, char *err, size_t errlen);
+ * with err saying what the minimum is when the budget cannot hold it.  The
+ * state, vectors and scratch sizes come from the functions that lay those
+ * buffers out (session.c, forward.c): what is planned is what is allocated. */
+int kmemplan_make(const k3_model *m, uint64_t budget, int pin, int slots, size_t ctx, size_t chunk, size_t max_seqs,
+                  uint64_t base, kmemplan *p, char *err, size_t errlen);
 void kmemplan_print(const kmemplan *p, FILE *out);
 json_t *kmemplan_json(const kmemplan *p);
 

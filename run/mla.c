@@ -8,118 +8,91 @@
 #include "ops.h"
 
 #include <math.h>
-#include <stdlib.h>
 #include <string.h>
 
 struct mla_job {
-    const k3_config *c;
-    const k3_layer_w *w;
-    size_t T, pos0;
-    const float *qfull;    /* [T][H*(dn+dr)] */
-    const float *gate;     /* [T][H*dv] or NULL */
-    const float *cache;    /* [ctx][Rkv+dr] */
-    float *out;            /* [T][H*dv] */
-    float *scratch;        /* per head: Rkv (q~) + Rkv (o_lat) + dv + ctx (scores) */
-    size_t scratch_per_head;
+    const k3_run *r;
+    int L;
+    const k3_seg *seg;
+    size_t row0;           /* the segment's first row in the block */
+    const k3_mla_scratch *s;
 };
 
+/* Heads [h0, h1) of every position of one segment. */
 static void heads(void *arg, size_t h0, size_t h1)
 {
-    struct mla_job *j = arg;
-    const k3_config *c = j->c;
+    const struct mla_job *j = arg;
+    const k3_config *c = &j->r->model->cfg;
+    const k3_mla_scratch *s = j->s;
     const size_t Rkv = (size_t)c->kv_lora, dr = (size_t)c->qk_rope, dn = (size_t)c->qk_nope, dv = (size_t)c->v_head;
     const size_t H = (size_t)c->mla_heads, row = Rkv + dr, qrow = H * (dn + dr);
+    const float *cache = j->seg->st->mla_cache[j->L];
+    const size_t pos0 = j->seg->st->pos;
     const float scale = (float)(1.0 / sqrt((double)(ABLATED(MLA_SCALE_NOPE) ? dn : dn + dr)));
     for (size_t h = h0; h < h1; h++) {
-        float *qt = j->scratch + h * j->scratch_per_head, *olat = qt + Rkv, *oh = olat + Rkv, *sc = oh + dv;
+        float *qt = s->heads + h * s->per_head, *olat = qt + Rkv, *oh = olat + Rkv, *sc = oh + dv;
         const size_t kr0 = h * (dn + dv);         /* this head's rows in kv_b_proj: dn key rows, then dv value rows */
-        for (size_t t = 0; t < j->T; t++) {
-            const float *qn = j->qfull + t * qrow + h * (dn + dr), *qr = qn + dn;
-            const size_t n = j->pos0 + t + 1;     /* causal: positions 0..pos0+t */
+        for (size_t i = 0; i < j->seg->n; i++) {
+            const size_t t = j->row0 + i;          /* row in the block */
+            const float *qn = s->qfull + t * qrow + h * (dn + dr), *qr = qn + dn;
+            const size_t n = pos0 + i + 1;         /* causal: positions 0..pos0+i */
             /* q~ = W_kvb^K,h^T q^N: the query in latent space */
-            kmatvec_t(&j->w->kvb, kr0, kr0 + dn, qn, qt);
-            for (size_t s = 0; s < n; s++) {
-                const float *cs = j->cache + s * row;
+            wmatvec_t(&j->r->w, j->L, K3T_MLA_KVB, kr0, kr0 + dn, qn, qt);
+            for (size_t p = 0; p < n; p++) {
+                const float *cs = cache + p * row;
                 float a = kdot_f32(qt, cs, Rkv);
                 float b = ABLATED(MLA_DROP_ROPE) ? 0.0f : kdot_f32(qr, cs + Rkv, dr); /* one rope key shared by all heads */
-                sc[s] = (a + b) * scale;
+                sc[p] = (a + b) * scale;
             }
             op_softmax(sc, n);
-            for (size_t i = 0; i < Rkv; i++) olat[i] = 0.0f;
-            for (size_t s = 0; s < n; s++) {
-                const float *cs = j->cache + s * row;
-                const float p = sc[s];
-                for (size_t i = 0; i < Rkv; i++) olat[i] = olat[i] + p * cs[i];
+            for (size_t q = 0; q < Rkv; q++) olat[q] = 0.0f;
+            for (size_t p = 0; p < n; p++) {
+                const float *cs = cache + p * row;
+                const float w = sc[p];
+                for (size_t q = 0; q < Rkv; q++) olat[q] = olat[q] + w * cs[q];
             }
             /* o_h = W_kvb^V,h o_lat */
-            for (size_t i = 0; i < dv; i++) oh[i] = kmat_row_dot(&j->w->kvb, kr0 + dn + i, olat);
-            for (size_t i = 0; i < dv; i++) {
-                float v = oh[i];
-                if (j->gate) v = v * op_sigmoid(j->gate[t * H * dv + h * dv + i]);
-                j->out[t * H * dv + h * dv + i] = v;
+            wmatmul_rows(&j->r->w, j->L, K3T_MLA_KVB, kr0 + dn, kr0 + dn + dv, olat, Rkv, 1, oh, dv);
+            for (size_t q = 0; q < dv; q++) {
+                float v = oh[q];
+                if (s->gate) v = v * op_sigmoid(s->gate[t * H * dv + h * dv + q]);
+                s->out[t * H * dv + h * dv + q] = v;
             }
         }
     }
 }
 
-int mla_forward(const k3_config *c, const k3_layer_w *w, kpool *pool, const float *x, size_t T, float *y,
-                float *cache, size_t pos0)
+void mla_forward(k3_run *r, int L, const k3_block *b, const float *x, float *y)
 {
-    const size_t E = (size_t)c->hidden, Rq = (size_t)c->q_lora, Rkv = (size_t)c->kv_lora, dr = (size_t)c->qk_rope;
-    const size_t dn = (size_t)c->qk_nope, dv = (size_t)c->v_head, H = (size_t)c->mla_heads, row = Rkv + dr;
-    float *cq = NULL, *qfull = NULL, *kv = NULL, *gate = NULL, *out = NULL, *scratch = NULL;
-    struct mla_job job;
-    size_t per_head = 2 * Rkv + dv + pos0 + T;
-    int rc = -1;
-
-    cq = malloc(T * Rq * sizeof *cq);
-    qfull = malloc(T * H * (dn + dr) * sizeof *qfull);
-    kv = malloc(T * row * sizeof *kv);
-    out = malloc(T * H * dv * sizeof *out);
-    scratch = malloc(H * per_head * sizeof *scratch);
-    if (c->mla_output_gate) gate = malloc(T * H * dv * sizeof *gate);
-    if (!cq || !qfull || !kv || !out || !scratch || (c->mla_output_gate && !gate)) goto out;
+    const k3_config *c = &r->model->cfg;
+    const k3_vecs *w = k3_weights_vecs(&r->w, L);
+    const k3_mla_scratch *s = &r->s.mla;
+    const size_t T = b->T, E = (size_t)c->hidden, Rq = (size_t)c->q_lora, Rkv = (size_t)c->kv_lora;
+    const size_t dr = (size_t)c->qk_rope, dn = (size_t)c->qk_nope, dv = (size_t)c->v_head, H = (size_t)c->mla_heads;
+    const size_t row = Rkv + dr;
 
     /* 1. queries through the LoRA path */
-    kmatmul(pool, &w->qa, x, E, T, cq, Rq);
-    for (size_t t = 0; t < T; t++) op_rmsnorm(cq + t * Rq, cq + t * Rq, w->qa_ln, Rq, c->rms_eps);
-    kmatmul(pool, &w->qb, cq, Rq, T, qfull, H * (dn + dr));
-    /* 2. the latent [c | k^R]: normalise the kv_lora part only, keep k^R raw, append to the cache */
-    kmatmul(pool, &w->kva, x, E, T, kv, row);
-    for (size_t t = 0; t < T; t++) {
-        float *dst = cache + (pos0 + t) * row, *src = kv + t * row;
-        if (ABLATED(MLA_NORM_ROPE)) {
-            double ss = 0;
-            float inv;
-            for (size_t i = 0; i < row; i++) ss += (double)src[i] * src[i];
-            inv = (float)(1.0 / sqrt(ss / (double)row + c->rms_eps));
-            for (size_t i = 0; i < Rkv; i++) dst[i] = (src[i] * inv) * w->kva_ln[i];
-            for (size_t i = Rkv; i < row; i++) dst[i] = src[i] * inv;
-            continue;
+    wmatmul(r->pool, &r->w, L, K3T_MLA_QA, x, E, T, s->cq, Rq);
+    for (size_t t = 0; t < T; t++) op_rmsnorm(s->cq + t * Rq, s->cq + t * Rq, w->qa_ln, Rq, c->rms_eps);
+    wmatmul(r->pool, &r->w, L, K3T_MLA_QB, s->cq, Rq, T, s->qfull, H * (dn + dr));
+    /* 2. the latent [c | k^R]: normalise the kv_lora part only, keep k^R raw,
+     *    append to each segment's cache */
+    wmatmul(r->pool, &r->w, L, K3T_MLA_KVA, x, E, T, s->kv, row);
+    for (size_t g = 0; g < b->nseg; g++)
+        for (size_t i = 0; i < b->seg[g].n; i++) {
+            const k3_state *st = b->seg[g].st;
+            float *dst = st->mla_cache[L] + (st->pos + i) * row, *src = s->kv + (b->row0[g] + i) * row;
+            if (ABLATED(MLA_NORM_ROPE)) { abl_mla_norm_rope(dst, src, w->kva_ln, Rkv, row, c->rms_eps); continue; }
+            op_rmsnorm(dst, src, w->kva_ln, Rkv, c->rms_eps);
+            memcpy(dst + Rkv, src + Rkv, dr * sizeof *dst);
         }
-        op_rmsnorm(dst, src, w->kva_ln, Rkv, c->rms_eps);
-        memcpy(dst + Rkv, src + Rkv, dr * sizeof *dst);
-    }
     /* 6. the output gate reads the normalised layer input x */
-    if (gate) {
-        if (ABLATED(MLA_GATE_FROM_LATENT)) {
-            /* wrong input: the gate projection of the residual-free latent query */
-            float *xx = calloc(T * E, sizeof *xx);
-            if (!xx) goto out;
-            for (size_t t = 0; t < T; t++) memcpy(xx + t * E, cq + t * Rq, (Rq < E ? Rq : E) * sizeof *xx);
-            kmatmul(pool, &w->mg, xx, E, T, gate, H * dv);
-            free(xx);
-        } else {
-            kmatmul(pool, &w->mg, x, E, T, gate, H * dv);
-        }
+    if (s->gate && ABLATED(MLA_GATE_FROM_LATENT)) abl_mla_gate_from_latent(r->pool, &r->w, L, s->cq, Rq, E, T, s->gate, H * dv);
+    else if (s->gate) wmatmul(r->pool, &r->w, L, K3T_MLA_G, x, E, T, s->gate, H * dv);
+    /* 3-5. per segment, heads in parallel: scores against the segment's cache, softmax, values */
+    for (size_t g = 0; g < b->nseg; g++) {
+        struct mla_job job = {r, L, &b->seg[g], b->row0[g], s};
+        kpool_for(r->pool, H, heads, &job);
     }
-    /* 3-5. per head, per position: scores against the cache, softmax, values */
-    job.c = c; job.w = w; job.T = T; job.pos0 = pos0; job.qfull = qfull; job.gate = gate;
-    job.cache = cache; job.out = out; job.scratch = scratch; job.scratch_per_head = per_head;
-    kpool_for(pool, H, heads, &job);
-    kmatmul(pool, &w->mo, out, H * dv, T, y, E);
-    rc = 0;
-out:
-    free(cq); free(qfull); free(kv); free(gate); free(out); free(scratch);
-    return rc;
+    wmatmul(r->pool, &r->w, L, K3T_MLA_O, s->out, H * dv, T, y, E);
 }

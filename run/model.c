@@ -6,16 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int kd_of(int dtype)
-{
-    switch (dtype) {
-    case KPK_DT_F32: return KD_F32;
-    case KPK_DT_BF16: return KD_BF16;
-    case KPK_DT_F16: return KD_F16;
-    default: return -1;
-    }
-}
-
 /* eos_token_id may sit at the root or under text_config; ints or a list. */
 static int read_eos(const char *cfg_text, size_t len)
 {
@@ -36,6 +26,8 @@ void k3_model_close(k3_model *m)
     free(m->trunk);
     free(m->tokenizer_rank_file);
     free(m->tokenizer_config);
+    free(m->config_text);
+    free(m->expert_off);
     memset(m, 0, sizeof *m);
 }
 
@@ -54,13 +46,13 @@ int k3_model_open(kpk_file *f, k3_model *m, char *err, size_t errlen)
         snprintf(err, errlen, "%s", e.msg);
         return -1;
     }
+    m->config_text = cfg_text;   /* freed by k3_model_close on failure */
     if (k3_config_parse(cfg_text, cfg_len, &m->cfg, cerr, sizeof cerr)) {
         snprintf(err, errlen, "%s: embedded config.json: %s", kpk_path(f), cerr);
-        free(cfg_text);
-        return -1;
+        goto bad;
     }
     m->eos_id = read_eos(cfg_text, cfg_len);
-    free(cfg_text);
+    m->config_len = cfg_len;
     /* The tokenizer is optional: without it krun takes token ids only. */
     if (kpk_meta_file(f, "tiktoken.model", &m->tokenizer_rank_file, &m->tokenizer_rank_len, &e) != 0) {
         m->tokenizer_rank_file = NULL;
@@ -73,7 +65,8 @@ int k3_model_open(kpk_file *f, k3_model *m, char *err, size_t errlen)
     m->globals_extent = (uint32_t)g;
     m->trunk_extent = calloc((size_t)m->cfg.n_layers, sizeof *m->trunk_extent);
     m->trunk = calloc((size_t)m->cfg.n_layers * K3T_COUNT, sizeof *m->trunk);
-    if (!m->trunk_extent || !m->trunk) { snprintf(err, errlen, "out of memory"); goto bad; }
+    m->expert_off = calloc((size_t)m->cfg.n_layers * 6, sizeof *m->expert_off);
+    if (!m->trunk_extent || !m->trunk || !m->expert_off) { snprintf(err, errlen, "out of memory"); goto bad; }
     for (int L = 0; L < m->cfg.n_layers; L++) {
         int64_t x = kpk_find_trunk(f, (uint32_t)L);
         if (x < 0) { snprintf(err, errlen, "%s: layer %d has no trunk extent", kpk_path(f), L); goto bad; }
@@ -104,7 +97,18 @@ int k3_model_open(kpk_file *f, k3_model *m, char *err, size_t errlen)
             snprintf(err, errlen, "%s: tensor %s is stored in the wrong extent", kpk_path(f), s.name);
             goto bad;
         }
-        if (k3_role_is_expert(s.role)) continue;
+        if (k3_role_is_expert(s.role)) {
+            /* one layout for every expert of a layer: the forward pass binds by offset */
+            uint64_t *off = &m->expert_off[(size_t)s.layer * 6 + (size_t)(s.role - K3T_EXP_W1_PACKED)];
+            if (s.expert == 0) *off = t.offset;
+            else if (*off != t.offset) {
+                snprintf(err, errlen, "%s: tensor %s is at offset %llu of its extent, expert 0 of the layer has it at %llu: "
+                         "every expert of a layer must be laid out alike (docs/FORMAT.md)", kpk_path(f), s.name,
+                         (unsigned long long)t.offset, (unsigned long long)*off);
+                goto bad;
+            }
+            continue;
+        }
         {
             kt_loc *loc = k3_role_is_global(s.role) ? &m->globals[s.role] : &m->trunk[(size_t)s.layer * K3T_COUNT + s.role];
             loc->offset = t.offset;
@@ -136,142 +140,19 @@ void k3_widen(const uint8_t *p, int dtype, size_t n, float *out)
     }
 }
 
-static size_t loc_elems(const kt_loc *l) { return (size_t)(l->nbytes / kpk_dtype_size(l->dtype)); }
-
-static kmat mat_of(const kt_loc *l, const uint8_t *raw)
+void k3_bind_expert(const k3_model *m, int L, const uint8_t *raw, k3_expert_w *w)
 {
-    kmat k;
-    memset(&k, 0, sizeof k);
-    k.type = (kd_type)kd_of(l->dtype);
-    k.rows = (size_t)l->shape[0];
-    k.cols = (size_t)l->shape[1];
-    k.data = raw + l->offset;
-    return k;
-}
-
-struct arena { float *base; size_t used, cap; };
-
-static float *take_vec(struct arena *a, const kt_loc *l, const uint8_t *raw)
-{
-    size_t n = loc_elems(l);
-    float *p = a->base + a->used;
-    a->used += n;
-    k3_widen(raw + l->offset, l->dtype, n, p);
-    return p;
-}
-
-/* res_norm ⊙ res_proj, folded once (spec §4.4). */
-static float *take_fold(struct arena *a, const kt_loc *norm, const kt_loc *proj, const uint8_t *raw, size_t E)
-{
-    float *f = take_vec(a, norm, raw), *p = take_vec(a, proj, raw);
-    for (size_t i = 0; i < E; i++) f[i] = f[i] * p[i];
-    a->used -= E; /* the proj copy is scratch */
-    return f;
-}
-
-int k3_bind_globals(const k3_model *m, const uint8_t *raw, k3_globals_w *w, char *err, size_t errlen)
-{
-    const size_t E = (size_t)m->cfg.hidden;
-    struct arena a = {0};
-    memset(w, 0, sizeof *w);
-    a.cap = 4 * E;
-    a.base = malloc(a.cap * sizeof(float));
-    if (!a.base) { snprintf(err, errlen, "out of memory"); return -1; }
-    w->arena = a.base;
-    w->embed = raw + m->globals[K3T_EMBED].offset;
-    w->embed_dtype = m->globals[K3T_EMBED].dtype;
-    w->lm_head = mat_of(&m->globals[K3T_LM_HEAD], raw);
-    w->final_norm = take_vec(&a, &m->globals[K3T_FINAL_NORM], raw);
-    w->f_out = take_fold(&a, &m->globals[K3T_OUT_RES_NORM], &m->globals[K3T_OUT_RES_PROJ], raw, E);
-    return 0;
-}
-
-void k3_unbind_globals(k3_globals_w *w) { free(w->arena); memset(w, 0, sizeof *w); }
-
-int k3_bind_layer(const k3_model *m, int L, const uint8_t *raw, k3_layer_w *w, char *err, size_t errlen)
-{
+    const uint64_t *off = m->expert_off + (size_t)L * 6;
     const k3_config *c = &m->cfg;
-    const kt_loc *t = &m->trunk[(size_t)L * K3T_COUNT];
-    const size_t E = (size_t)c->hidden;
-    struct arena a = {0};
-    memset(w, 0, sizeof *w);
-    w->layer = L;
-    w->mla = c->layer_is_mla[L];
-    w->moe = k3_layer_is_moe(c, L);
-    for (int r = 0; r < K3T_COUNT; r++)
-        if (t[r].nbytes && t[r].dtype != KPK_DT_U8 && (t[r].ndim == 1 || t[r].ndim == 3 || (t[r].ndim == 2 && t[r].shape[0] == 1)))
-            a.cap += loc_elems(&t[r]);
-    a.cap += E; /* fold scratch */
-    a.base = malloc(a.cap * sizeof(float));
-    if (!a.base) { snprintf(err, errlen, "out of memory binding layer %d", L); return -1; }
-    w->arena = a.base;
-
-    w->in_ln = take_vec(&a, &t[K3T_INPUT_LN], raw);
-    w->post_ln = take_vec(&a, &t[K3T_POST_ATTN_LN], raw);
-    w->f_attn = take_fold(&a, &t[K3T_ATTN_RES_NORM], &t[K3T_ATTN_RES_PROJ], raw, E);
-    w->f_mlp = take_fold(&a, &t[K3T_MLP_RES_NORM], &t[K3T_MLP_RES_PROJ], raw, E);
-    if (!w->mla) {
-        w->q = mat_of(&t[K3T_KDA_Q], raw);
-        w->k = mat_of(&t[K3T_KDA_K], raw);
-        w->v = mat_of(&t[K3T_KDA_V], raw);
-        w->g = mat_of(&t[K3T_KDA_G], raw);
-        w->o = mat_of(&t[K3T_KDA_O], raw);
-        w->fa = mat_of(&t[K3T_KDA_FA], raw);
-        w->fb = mat_of(&t[K3T_KDA_FB], raw);
-        w->b = mat_of(&t[K3T_KDA_B], raw);
-        w->qconv = take_vec(&a, &t[K3T_KDA_QCONV], raw);
-        w->kconv = take_vec(&a, &t[K3T_KDA_KCONV], raw);
-        w->vconv = take_vec(&a, &t[K3T_KDA_VCONV], raw);
-        w->a_log = take_vec(&a, &t[K3T_KDA_ALOG], raw);
-        w->dt_bias = take_vec(&a, &t[K3T_KDA_DTBIAS], raw);
-        w->o_norm = take_vec(&a, &t[K3T_KDA_ONORM], raw);
-    } else {
-        w->qa = mat_of(&t[K3T_MLA_QA], raw);
-        w->qb = mat_of(&t[K3T_MLA_QB], raw);
-        w->kva = mat_of(&t[K3T_MLA_KVA], raw);
-        w->kvb = mat_of(&t[K3T_MLA_KVB], raw);
-        w->mo = mat_of(&t[K3T_MLA_O], raw);
-        if (c->mla_output_gate) w->mg = mat_of(&t[K3T_MLA_G], raw);
-        w->qa_ln = take_vec(&a, &t[K3T_MLA_QA_NORM], raw);
-        w->kva_ln = take_vec(&a, &t[K3T_MLA_KVA_NORM], raw);
-    }
-    if (!w->moe) {
-        w->ffn_gate = mat_of(&t[K3T_FFN_GATE], raw);
-        w->ffn_up = mat_of(&t[K3T_FFN_UP], raw);
-        w->ffn_down = mat_of(&t[K3T_FFN_DOWN], raw);
-    } else {
-        w->router = mat_of(&t[K3T_MOE_ROUTER], raw);
-        w->moe_down = mat_of(&t[K3T_MOE_DOWN], raw);
-        w->moe_up = mat_of(&t[K3T_MOE_UP], raw);
-        w->sh_gate = mat_of(&t[K3T_SH_GATE], raw);
-        w->sh_up = mat_of(&t[K3T_SH_UP], raw);
-        w->sh_down = mat_of(&t[K3T_SH_DOWN], raw);
-        w->router_bias = take_vec(&a, &t[K3T_MOE_BIAS], raw);
-        w->moe_norm = take_vec(&a, &t[K3T_MOE_NORM], raw);
-    }
-    return 0;
-}
-
-void k3_unbind_layer(k3_layer_w *w) { free(w->arena); memset(w, 0, sizeof *w); }
-
-int k3_bind_expert(const k3_model *m, int L, int e, const uint8_t *raw, k3_expert_w *w, char *err, size_t errlen)
-{
-    static const k3_role roles[3][2] = {
-        {K3T_EXP_W1_PACKED, K3T_EXP_W1_SCALE}, {K3T_EXP_W2_PACKED, K3T_EXP_W2_SCALE}, {K3T_EXP_W3_PACKED, K3T_EXP_W3_SCALE}};
     kmat *out[3] = {&w->w1, &w->w2, &w->w3};
+    /* w1, w3: [moe_inter][latent]; w2: [latent][moe_inter] (spec §2) */
+    const size_t rows[3] = {(size_t)c->moe_inter, (size_t)c->latent, (size_t)c->moe_inter};
+    const size_t cols[3] = {(size_t)c->latent, (size_t)c->moe_inter, (size_t)c->latent};
     for (int k = 0; k < 3; k++) {
-        k3_tensor_spec sp, ss;
-        kpk_tensor tp, ts;
-        if (k3_schema_spec(&m->cfg, roles[k][0], L, e, &sp) || k3_schema_spec(&m->cfg, roles[k][1], L, e, &ss) ||
-            kpk_find_tensor(m->file, sp.name, &tp) < 0 || kpk_find_tensor(m->file, ss.name, &ts) < 0) {
-            snprintf(err, errlen, "layer %d expert %d: tensors not found", L, e);
-            return -1;
-        }
         out[k]->type = KD_MXFP4;
-        out[k]->rows = (size_t)sp.shape[0];
-        out[k]->cols = (size_t)sp.shape[1] * 2;
-        out[k]->data = raw + tp.offset;
-        out[k]->scales = raw + ts.offset;
+        out[k]->rows = rows[k];
+        out[k]->cols = cols[k];
+        out[k]->data = raw + off[2 * k];
+        out[k]->scales = raw + off[2 * k + 1];
     }
-    return 0;
 }

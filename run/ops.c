@@ -62,17 +62,9 @@ void op_attnres(float *out, const float *const *v, size_t n, const float *f, siz
         s[j] = (float)dot;
     }
     op_softmax(s, n);
+    if (ABLATED(ATTNRES_NORMALISED_VALUES)) { abl_attnres_values(out, v, s, n, E, eps); return; }
+    /* the values are the raw sources (spec trap 13) */
     memset(out, 0, E * sizeof *out);
-    for (size_t j = 0; j < n; j++) {
-        /* the values are the raw sources (spec trap 13) */
-        if (ABLATED(ATTNRES_NORMALISED_VALUES)) {
-            double ss = 0;
-            float inv;
-            for (size_t i = 0; i < E; i++) ss += (double)v[j][i] * v[j][i];
-            inv = (float)(1.0 / sqrt(ss / (double)E + eps));
-            for (size_t i = 0; i < E; i++) out[i] = out[i] + s[j] * (v[j][i] * inv);
-            continue;
-        }
+    for (size_t j = 0; j < n; j++)
         for (size_t i = 0; i < E; i++) out[i] = out[i] + s[j] * v[j][i];
-    }
 }

@@ -23,22 +23,15 @@ static uint64_t xoshiro256ss(uint64_t s[4])
 
 double ksampler_uniform(ksampler *s) { return (double)(xoshiro256ss(s->s) >> 11) * 0x1.0p-53; }
 
-int ksampler_init(ksampler *s, float temp, int top_k, float top_p, float min_p, uint64_t seed)
+void ksampler_init(ksampler *s, const ksampler_opts *o, uint32_t *order, double *prob, size_t cap)
 {
+    uint64_t seed = o->seed;
     memset(s, 0, sizeof *s);
-    s->temp = temp;
-    s->top_k = top_k;
-    s->top_p = top_p;
-    s->min_p = min_p;
+    s->o = *o;
     for (int i = 0; i < 4; i++) s->s[i] = splitmix64(&seed);
-    return 0;
-}
-
-void ksampler_free(ksampler *s)
-{
-    free(s->order);
-    free(s->prob);
-    memset(s, 0, sizeof *s);
+    s->order = order;
+    s->prob = prob;
+    s->cap = cap;
 }
 
 int32_t ksampler_argmax(const float *x, size_t n)
@@ -48,46 +41,58 @@ int32_t ksampler_argmax(const float *x, size_t n)
     return (int32_t)best;
 }
 
-static const float *sort_logits;
-static int by_logit(const void *a, const void *b)
+/* Ids by descending logit, ties to the lower id: a total order, so any
+ * correct sort gives the same permutation. */
+static int before(const float *x, uint32_t i, uint32_t j) { return x[i] != x[j] ? x[i] > x[j] : i < j; }
+
+static void sift(uint32_t *a, size_t root, size_t n, const float *x)
 {
-    uint32_t i = *(const uint32_t *)a, j = *(const uint32_t *)b;
-    if (sort_logits[i] != sort_logits[j]) return sort_logits[i] > sort_logits[j] ? -1 : 1;
-    return (i > j) - (i < j);  /* ties: lower id first, so the order is total */
+    for (;;) {
+        size_t c = 2 * root + 1;
+        uint32_t t;
+        if (c >= n) return;
+        /* a max-heap of "last in the order" */
+        if (c + 1 < n && before(x, a[c], a[c + 1])) c++;
+        if (!before(x, a[root], a[c])) return;
+        t = a[root]; a[root] = a[c]; a[c] = t;
+        root = c;
+    }
+}
+
+/* Heapsort: in place, no allocation, O(n log n) whatever the input. */
+static void sort_by_logit(uint32_t *a, size_t n, const float *x)
+{
+    for (size_t i = n / 2; i-- > 0;) sift(a, i, n, x);
+    for (size_t end = n; end-- > 1;) {
+        uint32_t t = a[0]; a[0] = a[end]; a[end] = t;
+        sift(a, 0, end, x);
+    }
 }
 
 int32_t ksampler_pick(ksampler *s, const float *logits, size_t n)
 {
     size_t m = n;
     double z = 0, u, acc = 0;
-    if (s->temp <= 0) return ksampler_argmax(logits, n);
-    if (s->cap < n) {
-        uint32_t *o = realloc(s->order, n * sizeof *o);
-        double *p = o ? realloc(s->prob, n * sizeof *p) : NULL;
-        if (o) s->order = o;
-        if (!o || !p) return -1;
-        s->prob = p;
-        s->cap = n;
-    }
+    if (s->o.temp <= 0) return ksampler_argmax(logits, n);
+    if (n > s->cap || n == 0) return -1;
     for (size_t i = 0; i < n; i++) s->order[i] = (uint32_t)i;
-    sort_logits = logits;
-    qsort(s->order, n, sizeof *s->order, by_logit);
-    if (s->top_k > 0 && (size_t)s->top_k < m) m = (size_t)s->top_k;
+    sort_by_logit(s->order, n, logits);
+    if (s->o.top_k > 0 && (size_t)s->o.top_k < m) m = (size_t)s->o.top_k;
     /* probabilities at temperature, in descending order */
     for (size_t i = 0; i < m; i++) {
-        s->prob[i] = exp(((double)logits[s->order[i]] - (double)logits[s->order[0]]) / s->temp);
+        s->prob[i] = exp(((double)logits[s->order[i]] - (double)logits[s->order[0]]) / s->o.temp);
         z += s->prob[i];
     }
     for (size_t i = 0; i < m; i++) s->prob[i] /= z;
-    if (s->min_p > 0) {
+    if (s->o.min_p > 0) {
         size_t k = 1;
-        while (k < m && s->prob[k] >= s->min_p * s->prob[0]) k++;
+        while (k < m && s->prob[k] >= s->o.min_p * s->prob[0]) k++;
         m = k;
     }
-    if (s->top_p < 1) {
+    if (s->o.top_p < 1) {
         double c = 0;
         size_t k = 0;
-        while (k < m) { c += s->prob[k++]; if (c >= s->top_p) break; }
+        while (k < m) { c += s->prob[k++]; if (c >= s->o.top_p) break; }
         m = k;
     }
     z = 0;

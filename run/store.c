@@ -13,9 +13,13 @@
 #include <xxhash.h>
 
 #define READ_CHUNK ((size_t)8 << 20)   /* one request: large, aligned, several in flight */
-#define HASH_WINDOW ((size_t)64 << 20)
+#define HASH_WINDOW ((size_t)64 << 20) /* in-place mode: hash a mapped extent this much at a time */
+#define FAULT_AROUND ((uint64_t)64 << 10) /* the kernel maps up to this much around a faulting page */
 
-enum role { ROLE_MAPPED = 0, ROLE_RING = 1, ROLE_EXPERT = 2 };
+/* ROLE_MAPPED: in place from the mapping (no plan).  With a plan: ROLE_RESIDENT
+ * is read once into its own budgeted buffer, ROLE_RING and ROLE_EXPERT go
+ * through slots. */
+enum role { ROLE_MAPPED = 0, ROLE_RING = 1, ROLE_EXPERT = 2, ROLE_RESIDENT = 3 };
 
 struct slot {
     uint8_t *buf;          /* pread/direct: an aligned buffer of the slot size; mmap: NULL */
@@ -36,6 +40,11 @@ struct kstore {
     uint8_t *verified;     /* per extent */
     uint8_t *touched;      /* per mapped extent: counted once as read */
     uint8_t **decoded;     /* compressed extents, unplanned mode */
+    uint8_t **res_buf;     /* per resident extent: its bytes from res_first on */
+    uint64_t *res_first;
+    uint8_t *res_loaded;
+    uint8_t *window;       /* KSTORE_WINDOW_BYTES: hashing the part of the globals never held */
+    XXH3_state_t *xxh;
     uint64_t drop_off, drop_len; /* the embedding: never kept resident */
     int64_t drop_extent;
     struct slot ring[2];
@@ -94,19 +103,31 @@ int kstore_open(kpk_file *f, const kstore_opts *opt, kstore **out, kpk_err *err)
     s->decoded = calloc(n + 1, sizeof *s->decoded);
     s->slot_of = malloc((n + 1) * sizeof *s->slot_of);
     s->uses = calloc(n + 1, sizeof *s->uses);
-    if (!s->role || !s->verified || !s->touched || !s->decoded || !s->slot_of || !s->uses) goto oom;
+    s->xxh = XXH3_createState();
+    if (!s->role || !s->verified || !s->touched || !s->decoded || !s->slot_of || !s->uses || !s->xxh) goto oom;
     for (uint32_t i = 0; i <= n; i++) s->slot_of[i] = -1;
-    s->map = mmap(NULL, s->map_len, PROT_READ, MAP_SHARED, kpk_fd(f), 0);
-    if (s->map == MAP_FAILED) {
-        s->map = NULL;
-        kpk_err_set(err, KPK_EIO, "%s: mmap: %s", kpk_path(f), strerror(errno));
-        goto fail;
+    /* In place, everything comes from one mapping.  With a plan only --io
+     * mmap maps the file (for the streaming slots): a resident extent touched
+     * through a shared mapping would count toward RSS outside the plan, and
+     * the kernel maps pages around each fault when the page cache is warm. */
+    if (!p || opt->io == KSTORE_IO_MMAP) {
+        s->map = mmap(NULL, s->map_len, PROT_READ, MAP_SHARED, kpk_fd(f), 0);
+        if (s->map == MAP_FAILED) {
+            s->map = NULL;
+            kpk_err_set(err, KPK_EIO, "%s: mmap: %s", kpk_path(f), strerror(errno));
+            goto fail;
+        }
     }
     if (!p) { *out = s; return 0; }
 
-    /* planned mode: who is where */
+    /* planned mode: who is where; resident extents get their buffers now */
     {
         const k3_model *m = opt->model;
+        s->res_buf = calloc(n + 1, sizeof *s->res_buf);
+        s->res_first = calloc(n + 1, sizeof *s->res_first);
+        s->res_loaded = calloc(n + 1, 1);
+        s->window = alloc_aligned(KSTORE_WINDOW_BYTES);
+        if (!s->res_buf || !s->res_first || !s->res_loaded || !s->window) goto oom;
         for (uint32_t i = 0; i < n; i++) {
             const kpk_extent *x = kpk_extent_at(f, i);
             if (x->codec != KPK_CODEC_NONE) {
@@ -115,6 +136,11 @@ int kstore_open(kpk_file *f, const kstore_opts *opt, kstore **out, kpk_err *err)
             }
             if (x->kind == KPK_KIND_TRUNK && (int)x->layer >= p->pin) s->role[i] = ROLE_RING;
             else if (x->kind == KPK_KIND_EXPERT) s->role[i] = ROLE_EXPERT;
+            else if (x->kind == KPK_KIND_TRUNK || i == m->globals_extent) {
+                s->role[i] = ROLE_RESIDENT;
+                s->res_first[i] = i == m->globals_extent ? kmem_globals_first(m) : 0;
+                if (!(s->res_buf[i] = alloc_aligned(padded(s, i) - s->res_first[i]))) goto oom;
+            }
         }
         s->drop_extent = m->globals_extent;
         s->drop_off = m->globals[K3T_EMBED].offset;
@@ -133,6 +159,10 @@ int kstore_open(kpk_file *f, const kstore_opts *opt, kstore **out, kpk_err *err)
     }
     s->io = kio_pool_create(opt->io_threads > 0 ? opt->io_threads : 8);
     if (!s->io) goto oom;
+    /* every read that can be in flight at once has its queue entry now */
+    if (kio_reserve(s->io, (size_t)(p->ring_slots * (p->ring_slot_bytes / READ_CHUNK + 1) +
+                                    (uint64_t)p->expert_slots * (p->expert_slot_bytes / READ_CHUNK + 1) + 64)))
+        goto oom;
     if (opt->trace) kio_trace_enable(s->io);
     s->n_ring = p->ring_slots;
     for (int k = 0; k < s->n_ring; k++) {
@@ -155,6 +185,14 @@ fail:
     return -1;
 }
 
+/* Free a per-extent table of buffers and the table. */
+static void free_table(uint8_t **t, uint32_t n)
+{
+    if (t)
+        for (uint32_t i = 0; i < n; i++) free(t[i]);
+    free(t);
+}
+
 void kstore_close(kstore *s)
 {
     if (!s) return;
@@ -165,14 +203,17 @@ void kstore_close(kstore *s)
     free(s->eslots);
     if (s->map) munmap((void *)s->map, s->map_len);
     if (s->fd_read >= 0) close(s->fd_read);
-    if (s->decoded)
-        for (uint32_t i = 0; i < kpk_extent_count(s->f); i++) free(s->decoded[i]);
-    free(s->decoded);
+    free_table(s->decoded, kpk_extent_count(s->f));
     free(s->role);
     free(s->verified);
     free(s->touched);
     free(s->slot_of);
     free(s->uses);
+    free_table(s->res_buf, kpk_extent_count(s->f));
+    free(s->res_first);
+    free(s->res_loaded);
+    free(s->window);
+    if (s->xxh) XXH3_freeState(s->xxh);
     free(s);
 }
 
@@ -187,9 +228,8 @@ static int need_verify(kstore *s, uint32_t i)
 static int verify_mapped(kstore *s, uint32_t i, kpk_err *err)
 {
     const kpk_extent *x = kpk_extent_at(s->f, i);
-    XXH3_state_t *st = XXH3_createState();
+    XXH3_state_t *st = s->xxh;
     uint64_t h;
-    if (!st) { kpk_err_set(err, KPK_ENOMEM, "out of memory"); return -1; }
     XXH3_64bits_reset(st);
     for (uint64_t pos = 0; pos < x->stored_len; pos += HASH_WINDOW) {
         uint64_t n = x->stored_len - pos < HASH_WINDOW ? x->stored_len - pos : HASH_WINDOW;
@@ -201,7 +241,6 @@ static int verify_mapped(kstore *s, uint32_t i, kpk_err *err)
         }
     }
     h = XXH3_64bits_digest(st);
-    XXH3_freeState(st);
     if (h != x->stored_xxh3) { err_extent(s, i, err, KPK_ECHECKSUM, "checksum mismatch"); return -1; }
     s->verified[i] = 1;
     s->st.extents_verified++;
@@ -230,7 +269,10 @@ static void slot_evict(kstore *s, struct slot *sl)
         /* out of our resident set, and out of the page cache too: the next use
          * reads the disk again, as the budget says it must */
         uint64_t off = kpk_extent_at(s->f, (uint32_t)sl->extent)->offset, len = padded(s, (uint32_t)sl->extent);
-        drop_pages(s, off, len);
+        /* with the pages the kernel mapped around our faults (fault-around) */
+        uint64_t a = off > FAULT_AROUND ? off - FAULT_AROUND : 0;
+        uint64_t b = off + len + FAULT_AROUND < s->map_len ? off + len + FAULT_AROUND : s->map_len;
+        drop_pages(s, a, b - a);
         posix_fadvise(s->fd_read, (off_t)off, (off_t)len, POSIX_FADV_DONTNEED);
     }
     if (s->slot_of[sl->extent] >= 0 && sl >= s->eslots && sl < s->eslots + s->n_eslots) s->slot_of[sl->extent] = -1;
@@ -373,11 +415,16 @@ static struct slot *expert_victim(kstore *s)
     return best;
 }
 
-static int by_offset_ctx_cmp(const void *a, const void *b, void *ctx)
+/* Extents in file order (insertion sort: a layer's misses are few, and qsort may allocate). */
+static void sort_by_offset(const kstore *s, uint32_t *v, size_t n)
 {
-    const kstore *s = ctx;
-    uint64_t x = kpk_extent_at(s->f, *(const uint32_t *)a)->offset, y = kpk_extent_at(s->f, *(const uint32_t *)b)->offset;
-    return (x > y) - (x < y);
+    for (size_t i = 1; i < n; i++) {
+        uint32_t x = v[i];
+        uint64_t off = kpk_extent_at(s->f, x)->offset;
+        size_t j = i;
+        for (; j > 0 && kpk_extent_at(s->f, v[j - 1])->offset > off; j--) v[j] = v[j - 1];
+        v[j] = x;
+    }
 }
 
 size_t kstore_expert_capacity(const kstore *s) { return s->opt.plan ? (size_t)s->n_eslots : 256; }
@@ -388,7 +435,7 @@ int kstore_get_many(kstore *s, const uint32_t *ids, size_t n, const uint8_t **ou
     size_t nm = 0;
     if (!s->opt.plan || n == 0) {
         for (size_t k = 0; k < n; k++)
-            if (!(out[k] = kstore_get(s, ids[k], err))) return -1;
+            if (!(out[k] = kstore_get(s, ids[k], NULL, err))) return -1;
         return 0;
     }
     if (n > 256 || n > (size_t)s->n_eslots) {
@@ -408,7 +455,7 @@ int kstore_get_many(kstore *s, const uint32_t *ids, size_t n, const uint8_t **ou
         }
     }
     /* the misses, read concurrently in file order */
-    qsort_r(miss, nm, sizeof *miss, by_offset_ctx_cmp, s);
+    sort_by_offset(s, miss, nm);
     for (size_t k = 0; k < nm; k++) {
         struct slot *v = expert_victim(s);
         if (!v) { kpk_err_set(err, KPK_EINVAL, "expert cache full (%d slots in use)", s->n_eslots); goto fail; }
@@ -447,17 +494,77 @@ fail:
     return -1;
 }
 
+/* ---- resident extents (with a plan) ------------------------------------------- */
+
+/* The whole stored extent's hash: the part never held (the embedding of the
+ * globals) is streamed through the window and dropped from the page cache. */
+static int verify_resident(kstore *s, uint32_t i, kpk_err *err)
+{
+    const kpk_extent *x = kpk_extent_at(s->f, i);
+    const uint64_t first = s->res_first[i];
+    XXH3_64bits_reset(s->xxh);
+    for (uint64_t pos = 0; pos < first; pos += KSTORE_WINDOW_BYTES) {
+        size_t n = first - pos < KSTORE_WINDOW_BYTES ? (size_t)(first - pos) : KSTORE_WINDOW_BYTES;
+        if (kio_pread_full(s->fd_read, s->window, n, x->offset + pos)) { err_extent(s, i, err, KPK_EIO, strerror(errno)); return -1; }
+        posix_fadvise(s->fd_read, (off_t)(x->offset + pos), (off_t)n, POSIX_FADV_DONTNEED);
+        XXH3_64bits_update(s->xxh, s->window, n);
+        s->st.bytes_resident += n;
+        s->st.bytes_read += n;
+    }
+    XXH3_64bits_update(s->xxh, s->res_buf[i], x->stored_len - first);
+    if (XXH3_64bits_digest(s->xxh) != x->stored_xxh3) { err_extent(s, i, err, KPK_ECHECKSUM, "checksum mismatch"); return -1; }
+    s->verified[i] = 1;
+    s->st.extents_verified++;
+    return 0;
+}
+
+static const uint8_t *resident_get(kstore *s, uint32_t i, uint64_t *first, kpk_err *err)
+{
+    if (s->res_first[i] && !first) { err_extent(s, i, err, KPK_EINVAL, "asked for whole, held in part"); return NULL; }
+    if (!s->res_loaded[i]) {
+        const kpk_extent *x = kpk_extent_at(s->f, i);
+        uint64_t len = padded(s, i) - s->res_first[i];
+        kio_batch b;
+        kio_req reqs[64];
+        size_t nr = 0;
+        int e = 0;
+        memset(&b, 0, sizeof b);
+        for (uint64_t pos = 0; pos < len && !e; pos += READ_CHUNK) {
+            kio_req *r = &reqs[nr++];
+            r->fd = s->fd_read;
+            r->buf = s->res_buf[i] + pos;
+            r->off = x->offset + s->res_first[i] + pos;
+            r->len = len - pos < READ_CHUNK ? (size_t)(len - pos) : READ_CHUNK;
+            r->prio = KIO_URGENT;
+            r->kind = 'R';
+            r->drop_cache = s->opt.io != KSTORE_IO_DIRECT;
+            r->batch = &b;
+            if (nr == 64 || pos + READ_CHUNK >= len) { e = kio_submit(s->io, reqs, nr); nr = 0; }
+        }
+        if (kio_wait(s->io, &b) || e) { err_extent(s, i, err, KPK_EIO, strerror(b.err ? b.err : ENOMEM)); return NULL; }
+        s->res_loaded[i] = 1;
+        s->st.bytes_resident += len;
+        s->st.bytes_read += len;
+    }
+    if (need_verify(s, i) && verify_resident(s, i, err)) return NULL;
+    if (first) *first = s->res_first[i];
+    return s->res_buf[i];
+}
+
 /* ---- get / put ---------------------------------------------------------------- */
 
-const uint8_t *kstore_get(kstore *s, uint32_t i, kpk_err *err)
+const uint8_t *kstore_get(kstore *s, uint32_t i, uint64_t *first, kpk_err *err)
 {
     const kpk_extent *x = kpk_extent_at(s->f, i);
     if (!x) { kpk_err_set(err, KPK_EINVAL, "no extent %u", i); return NULL; }
+    if (first) *first = 0;
     if (s->role[i] == ROLE_RING) return ring_get(s, i, err);
+    if (s->role[i] == ROLE_RESIDENT) return resident_get(s, i, first, err);
     if (s->role[i] == ROLE_EXPERT) {
         const uint8_t *p;
         return kstore_get_many(s, &i, 1, &p, err) ? NULL : p;
     }
+    if (!s->map) { err_extent(s, i, err, KPK_EINVAL, "not part of the plan"); return NULL; }
     /* in place from the mapping */
     if (need_verify(s, i) && verify_mapped(s, i, err)) return NULL;
     if (!s->touched[i]) {

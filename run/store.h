@@ -6,7 +6,8 @@
  * Without a memory plan every extent is used in place from a read-only
  * mapping of the file.  With a plan (krun --mem / --preset):
  *   - resident extents (the pinned trunk prefix, the globals but the
- *     embedding) are used from the mapping;
+ *     embedding) are read once into budgeted buffers: never touched through
+ *     a file mapping, so a warm page cache cannot add to the resident set;
  *   - streamed trunk extents go through a ring of two budgeted slots; while
  *     one layer computes, the next streamed layer is read into the other;
  *   - routed experts go through a cache of budgeted slots (LFU with an MRU
@@ -51,11 +52,17 @@ typedef struct kstore_stats {
 
 typedef struct kstore kstore;
 
+/* Hashing the part of the globals that is never held (the embedding) goes
+ * through a window this large (counted in the process base of the plan). */
+#define KSTORE_WINDOW_BYTES ((size_t)1 << 20)
+
 int kstore_open(kpk_file *f, const kstore_opts *opt, kstore **out, kpk_err *err);
 void kstore_close(kstore *s);
 /* The decoded bytes of extent i, valid until kstore_put(s, i).  NULL with
- * err set when it cannot be read or fails its checksum. */
-const uint8_t *kstore_get(kstore *s, uint32_t i, kpk_err *err);
+ * err set when it cannot be read or fails its checksum.  The result points at
+ * extent byte *first: 0, except for the globals with a plan, which are held
+ * without the embedding (pass first = NULL to insist on the whole extent). */
+const uint8_t *kstore_get(kstore *s, uint32_t i, uint64_t *first, kpk_err *err);
 void kstore_put(kstore *s, uint32_t i);
 /* Several experts of one layer at once; out[k] receives extent ids[k]'s
  * bytes.  At most kstore_expert_capacity() at a time. */

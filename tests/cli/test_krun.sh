@@ -25,6 +25,19 @@ done
 KRUN_SIMD=scalar "$BIN/krun" "$T/m.kpk" --ids $IDS --gen 8 --dump-all-logits "$T/x.bin" --quiet --threads 1 >/dev/null
 cmp -s "$T/ref.bin" "$T/x.bin" && ok "identical logits bits: scalar, 1 thread (KRUN_SIMD) vs default" || notok "KRUN_SIMD=scalar differs"
 
+# Another build of the same source (gcc's bin/ when this suite runs a clang,
+# sanitizer or other build): the same bits.  Skipped when bin/krun is older
+# than the source (it would not be the same program).
+if [ "$(cd "$BIN" && pwd)" != "$TOP/bin" ] && [ -x "$TOP/bin/krun" ] && \
+   [ -z "$(find "$TOP/run" "$TOP/format" -name '*.[ch]' -newer "$TOP/bin/krun" 2>/dev/null | head -1)" ]; then
+    "$TOP/bin/krun" "$T/m.kpk" --ids $IDS --gen 8 --dump-all-logits "$T/x.bin" --json "$T/x.json" --quiet --print-ids >/dev/null
+    cmp -s "$T/ref.bin" "$T/x.bin" && python3 -c 'import json,sys; assert json.load(open(sys.argv[1]))["generated_ids"]==json.load(open(sys.argv[2]))["generated_ids"]' "$T/ref.json" "$T/x.json" \
+        && ok "identical logits bits and ids from $BIN/krun and the default build bin/krun (another compiler or flags)" \
+        || notok "$BIN/krun and bin/krun give different bits"
+else
+    skip "bits across builds: this is the default build, or bin/krun is missing or older than the source"
+fi
+
 # JSON report keys
 python3 - "$T/ref.json" <<'PY' && ok "--json has prompt_ids, generated_ids, seconds_per_token, bytes_read, peak_rss_bytes" || notok "--json keys"
 import json, sys

@@ -35,6 +35,16 @@ for s in j["steps"]:
     assert s["bytes_trunk"] == p["trunk_stream_bytes_per_token"] and s["bytes_experts"] == s["expert_misses"] * p["expert_slot_bytes"]
 PY
 
+# planned bytes == allocated bytes at full width, at several ctx / chunk / max_seqs
+case ${BUILD:-build} in /*) PROBE="$BUILD/tests/probe_session" ;; *) PROBE="$TOP/${BUILD:-build}/tests/probe_session" ;; esac
+if [ -x "$PROBE" ]; then
+    tag() { sed -e "s/^ok - /ok - $1: /" -e "s/^not ok - /not ok - $1: /" -e "s/^skip - /skip - $1: /"; }
+    "$PROBE" memory "$T/sl.kpk" | tag slice
+    "$PROBE" memory "$T/sl.kpk" --mem 3G | tag "slice --mem 3G"
+else
+    notok "the session probe $PROBE is missing (make unit)"
+fi
+
 # the smallest budget under a real memory cgroup (v1 or v2), swap off
 limit=$minrun
 d=""
