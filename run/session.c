@@ -5,6 +5,7 @@
 #include "forward.h"
 #include "kio.h"
 #include "statefile.h"
+#include "tokenizer_kpk.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -63,28 +64,6 @@ void krun_model_opts_init(krun_model_opts *o)
 
 /* ---- opening -------------------------------------------------------------------- */
 
-/* The tokenizer from the KPK file: ranks + specials from tokenizer_config.json,
- * every unnamed id after the ranks up to the vocabulary named reserved. */
-static ktok *load_tokenizer(const k3_model *m, char *err, size_t errlen)
-{
-    ktok_special *sp = NULL;
-    size_t nsp = 0, nranks = 0;
-    ktok *tk;
-    if (!m->tokenizer_rank_file) return NULL;
-    for (size_t i = 0; i < m->tokenizer_rank_len; i++) nranks += m->tokenizer_rank_file[i] == '\n';
-    if (m->tokenizer_config && ktok_specials_from_config(m->tokenizer_config, m->tokenizer_config_len, &sp, &nsp, err, errlen))
-        return NULL;
-    if ((size_t)m->cfg.vocab > nranks &&
-        ktok_specials_fill_reserved(&sp, &nsp, (int32_t)nranks, (int32_t)((size_t)m->cfg.vocab - nranks))) {
-        ktok_specials_free(sp, nsp);
-        snprintf(err, errlen, "out of memory");
-        return NULL;
-    }
-    tk = ktok_load(m->tokenizer_rank_file, m->tokenizer_rank_len, sp, nsp, err, errlen);
-    ktok_specials_free(sp, nsp);
-    return tk;
-}
-
 int krun_model_load(const char *path, krun_model **out, krun_err *err)
 {
     krun_model *m = calloc(1, sizeof *m);
@@ -104,11 +83,14 @@ int krun_model_load(const char *path, krun_model **out, krun_err *err)
         return -1;
     }
     m->have_m = 1;
-    m->tok = load_tokenizer(&m->m, msg, sizeof msg);
-    if (!m->tok && m->m.tokenizer_rank_file) {
-        krun_err_set(err, KRUN_EDATA, "%s: tokenizer: %s", path, msg);
-        krun_model_close(m);
-        return -1;
+    {
+        int st;
+        m->tok = ktok_load_kpk(m->f, &st, msg, sizeof msg);
+        if (!m->tok && st != KTOK_KPK_ABSENT) {   /* absent: the file takes token ids only */
+            krun_err_set(err, st == KTOK_KPK_BAD ? KRUN_EDATA : KRUN_EINPUT, "%s", msg);
+            krun_model_close(m);
+            return -1;
+        }
     }
     if (m->m.eos_id >= 0) m->stop[m->n_stop++] = m->m.eos_id;
     if (m->tok) {
