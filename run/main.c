@@ -317,6 +317,12 @@ int main(int argc, char **argv)
         fprintf(stderr, "krun: %s\n", e.msg);
         return e.code == KPK_EFORMAT || e.code == KPK_ECHECKSUM ? KR_DATA : KR_USAGE;
     }
+    if (kpk_member_count(f) > 1) {
+        fprintf(stderr, "krun: %s is a set of %u member files; krun cannot read sets yet. Make a single file with "
+                "`kpack convert %s SINGLE.kpk` and run that\n", o.model, kpk_member_count(f), o.model);
+        kpk_close(f);
+        return KR_USAGE;
+    }
     if (k3_model_open(f, &m, err, sizeof err)) { fprintf(stderr, "krun: %s\n", err); rc = KR_DATA; goto out; }
     have_model = 1;
     V = (size_t)m.cfg.vocab;
