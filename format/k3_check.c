@@ -4,6 +4,7 @@
 #include "errbuf.h"
 #include "k3_schema.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -51,7 +52,7 @@ int k3_check_file(const kpk_file *f, const k3_config *c, char *err, size_t errle
     uint64_t in_model = 0, prev_index = 0;
     uint32_t prev_extent = UINT32_MAX;
     int half = 0;             /* the 16-bit float type seen first */
-    const char *half_name = NULL;
+    char half_name[K3_NAME_MAX] = "";
 
     if (check_meta(f, err, errlen) || check_extents(f, c, err, errlen)) return -1;
     k3_schema_init(&sch, c);
@@ -81,7 +82,7 @@ int k3_check_file(const kpk_file *f, const k3_config *c, char *err, size_t errle
         prev_extent = t.extent;
         prev_index = (uint64_t)idx;
         if (t.dtype == KPK_DT_BF16 || t.dtype == KPK_DT_F16) {
-            if (!half) { half = t.dtype; half_name = s.name; }
+            if (!half) { half = t.dtype; snprintf(half_name, sizeof half_name, "%s", s.name); }
             else if (t.dtype != half) {
                 errbuf_set(err, errlen, "%s: tensor %s is %s but %s is %s: a checkpoint uses one 16-bit float type "
                            "(a relabelled tensor?)", kpk_path(f), s.name, kpk_dtype_name(t.dtype), half_name, kpk_dtype_name(half));

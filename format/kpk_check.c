@@ -142,7 +142,7 @@ int kpk_check_extents(kpk_file *f, kpk_err *err)
     if (!target_end) return kpk_fail(err, KPK_ENOMEM, f, "out of memory");
     for (uint32_t m = 0; m <= sb->member_count; m++) target_end[m] = m < sb->member_count ? A : 0;
 
-#define BAD(code, ...) do { free(target_end); return kpk_extent_fail(err, code, f, (uint32_t)i, __VA_ARGS__); } while (0)
+#define BAD(code, ...) do { kpk_extent_fail(err, code, f, (uint32_t)i, __VA_ARGS__); free(target_end); return -1; } while (0)
     for (uint64_t i = 0; i < sb->extent_count; i++) {
         const kpk_extent *x = &f->extents[i];
         uint64_t lo, hi, padded, *end;

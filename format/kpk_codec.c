@@ -391,6 +391,7 @@ void kpk_extent_describe(const kpk_extent *x, char *buf, size_t n)
     switch (x->kind) {
     case KPK_KIND_TRUNK: snprintf(buf, n, "layer %u trunk", x->layer); break;
     case KPK_KIND_EXPERT: snprintf(buf, n, "layer %u expert %u", x->layer, x->expert); break;
-    default: snprintf(buf, n, "%s", kpk_kind_name(x->kind)); break;
+    case KPK_KIND_META: case KPK_KIND_GLOBALS: case KPK_KIND_ARCHIVE: snprintf(buf, n, "%s", kpk_kind_name(x->kind)); break;
+    default: snprintf(buf, n, "extent of kind %u", x->kind); break;
     }
 }
