@@ -885,6 +885,8 @@ def load(path):
             st = os.stat(p)
         except OSError as e:
             raise KpkError("member", "%s: %s (missing)" % (label, e.strerror))
+        if not os.path.isfile(p):
+            raise KpkError("member", "%s: not a regular file (missing)" % label)
         for j, o in enumerate(seen):
             if (o.st_dev, o.st_ino) == (st.st_dev, st.st_ino):
                 raise KpkError("member", "%s: duplicated: the same file as member %d" % (label, j))
