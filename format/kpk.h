@@ -197,6 +197,19 @@ void kpk_extent_describe(const kpk_extent *x, char *buf, size_t n);
 
 static inline uint64_t kpk_round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
+/* The stripe mapping (§7.3), the one place it is computed (reader and
+ * writer): stripe-space position pos lies in the stripe member with stripe
+ * index *stripe, at *off in that member file, with *left bytes to the end of
+ * its unit.  U = stripe_unit, N = stripe_count, A = align. */
+static inline void kpk_stripe_locate(uint64_t U, uint64_t N, uint64_t A, uint64_t pos, uint32_t *stripe, uint64_t *off,
+                                     uint64_t *left)
+{
+    uint64_t k = pos / U, in = pos % U;
+    *stripe = (uint32_t)(k % N);
+    *off = A + (k / N) * U + in;
+    *left = U - in;
+}
+
 /* ---- encoding (used by the writer; the reader uses the decoders) -------- */
 
 /* The decoders return the number of reserved bytes (or bits) that are not

@@ -312,17 +312,26 @@ int kpk_member_decode(const uint8_t in[KPK_MEMBER_RECORD_SIZE], kpk_member *m)
 
 /* ---- names ---------------------------------------------------------------- */
 
-const char *kpk_dtype_name(int dt)
+/* names[v], or "?" for a value without a name */
+static const char *name_of(const char *const *names, size_t n, int v)
 {
-    switch (dt) {
-    case KPK_DT_F32: return "F32";
-    case KPK_DT_BF16: return "BF16";
-    case KPK_DT_F16: return "F16";
-    case KPK_DT_U8: return "U8";
-    case KPK_DT_BYTES: return "BYTES";
-    default: return "?";
-    }
+    return v >= 0 && (size_t)v < n && names[v] ? names[v] : "?";
 }
+#define NAME_OF(table, v) name_of(table, sizeof table / sizeof table[0], v)
+
+static const char *const dtype_names[] = {[KPK_DT_F32] = "F32", [KPK_DT_BF16] = "BF16", [KPK_DT_F16] = "F16",
+                                          [KPK_DT_U8] = "U8", [KPK_DT_BYTES] = "BYTES"};
+static const char *const kind_names[] = {[KPK_KIND_META] = "meta", [KPK_KIND_GLOBALS] = "globals", [KPK_KIND_TRUNK] = "trunk",
+                                         [KPK_KIND_EXPERT] = "expert", [KPK_KIND_ARCHIVE] = "archive"};
+static const char *const codec_names[] = {[KPK_CODEC_NONE] = "none", [KPK_CODEC_ZSTD] = "zstd", [KPK_CODEC_BLOCKS] = "blocks"};
+static const char *const method_names[] = {[KPK_METHOD_RAW] = "raw", [KPK_METHOD_ZSTD] = "zstd", [KPK_METHOD_SPLIT2] = "split2"};
+static const char *const role_names[] = {[KPK_ROLE_ENTRY] = "entry", [KPK_ROLE_PLAIN] = "plain", [KPK_ROLE_STRIPE] = "stripe"};
+
+const char *kpk_dtype_name(int dt) { return NAME_OF(dtype_names, dt); }
+const char *kpk_kind_name(int kind) { return NAME_OF(kind_names, kind); }
+const char *kpk_codec_name(int codec) { return NAME_OF(codec_names, codec); }
+const char *kpk_method_name(int method) { return NAME_OF(method_names, method); }
+const char *kpk_role_name(int role) { return NAME_OF(role_names, role); }
 
 int kpk_dtype_from_name(const char *s)
 {
@@ -341,48 +350,6 @@ uint64_t kpk_dtype_size(int dt)
     case KPK_DT_BF16: case KPK_DT_F16: return 2;
     case KPK_DT_U8: case KPK_DT_BYTES: return 1;
     default: return 0;
-    }
-}
-
-const char *kpk_kind_name(int kind)
-{
-    switch (kind) {
-    case KPK_KIND_META: return "meta";
-    case KPK_KIND_GLOBALS: return "globals";
-    case KPK_KIND_TRUNK: return "trunk";
-    case KPK_KIND_EXPERT: return "expert";
-    case KPK_KIND_ARCHIVE: return "archive";
-    default: return "?";
-    }
-}
-
-const char *kpk_codec_name(int codec)
-{
-    switch (codec) {
-    case KPK_CODEC_NONE: return "none";
-    case KPK_CODEC_ZSTD: return "zstd";
-    case KPK_CODEC_BLOCKS: return "blocks";
-    default: return "?";
-    }
-}
-
-const char *kpk_method_name(int method)
-{
-    switch (method) {
-    case KPK_METHOD_RAW: return "raw";
-    case KPK_METHOD_ZSTD: return "zstd";
-    case KPK_METHOD_SPLIT2: return "split2";
-    default: return "?";
-    }
-}
-
-const char *kpk_role_name(int role)
-{
-    switch (role) {
-    case KPK_ROLE_ENTRY: return "entry";
-    case KPK_ROLE_PLAIN: return "plain";
-    case KPK_ROLE_STRIPE: return "stripe";
-    default: return "?";
     }
 }
 

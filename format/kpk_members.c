@@ -146,9 +146,11 @@ size_t kpk_stripe_segments(const kpk_file *f, uint64_t pos, uint64_t len, kpk_se
     *done = 0;
     if (!N || !kpk_fits(pos, len, f->sb.stripe_len)) return 0;
     while (*done < len) {
-        uint64_t p = pos + *done, k = p / U, in = p % U, l = U - in;
+        uint32_t k;
+        uint64_t off, l;
+        kpk_stripe_locate(U, N, A, pos + *done, &k, &off, &l);
         if (l > len - *done) l = len - *done;
-        n = push_seg(out, n, max, f->stripe_member[k % N], A + (k / N) * U + in, l, &full);
+        n = push_seg(out, n, max, f->stripe_member[k], off, l, &full);
         if (full) break;
         *done += l;
     }
