@@ -291,6 +291,7 @@ static int read_directory(kpk_file *f, kpk_err *err)
     }
     for (uint64_t i = 0; i < sb->extent_count; i++)
         kpk_extent_decode((uint8_t *)p[0] + i * KPK_EXTENT_RECORD_SIZE, &f->extents[i]);
+    free(p[0]);
     f->tensor_records = p[1];
     f->strings = p[2];
     f->manifest = p[3];

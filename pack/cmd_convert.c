@@ -147,7 +147,7 @@ static void per_disk(void *ctx, double elapsed, char *buf, size_t n)
         if (mb->role == KPK_ROLE_STRIPE) snprintf(label, sizeof label, "s%u", mb->stripe_index);
         else snprintf(label, sizeof label, "%s", m ? "trunk" : "entry");
         kfmt_bytes(bytes, b, sizeof b);
-        at += (size_t)snprintf(buf + at, n - at, "%s%s %s %.0f MB/s", at ? ", " : "", label, b,
+        at += (size_t)snprintf(buf + at, n - at, "%s%s %s %.1f MB/s", at ? ", " : "", label, b,
                                elapsed > 0 ? (double)bytes / elapsed / 1e6 : 0.0);
     }
 }
@@ -326,7 +326,7 @@ int cmd_convert(int argc, char **argv)
     kp_layout layout = {0};
     struct run r;
     char err[2000], *journal = NULL;
-    uint64_t *cursor = NULL;
+    uint64_t *cursor = NULL, written = 0;
     uint32_t first = 0;
     int rc = KX_FAIL, have_src = 0, have_plan = 0;
     kprogress *prog = NULL;
@@ -493,6 +493,7 @@ int cmd_convert(int argc, char **argv)
     }
     t_copy = kprogress_finish(prog);
     prog = NULL;
+    for (uint16_t m = 0; m < plan.n_members; m++) written += kp_out_written(r.out, m);
     if (kp_out_stop(r.out, err, sizeof err)) { r.out = NULL; kx_error("%s", err); goto out; }
     r.out = NULL;
     if (kp_layout_finish(&plan, cursor, &layout) || kp_finish_files(&plan, &layout, r.fds, err, sizeof err)) {
@@ -532,6 +533,7 @@ int cmd_convert(int argc, char **argv)
             json_object_set_new(j, "resumed_at_extent", json_integer(first));
             json_object_set_new(j, "bytes_copied", json_integer((json_int_t)stats.bytes_in));
             json_object_set_new(j, "bytes_read", json_integer((json_int_t)stats.bytes_read));
+            json_object_set_new(j, "bytes_written", json_integer((json_int_t)written));
             json_object_set_new(j, "copy_seconds", json_real(t_copy));
             json_object_set_new(j, "seconds", json_real(secs));
             json_object_set_new(j, "mb_per_s", json_real(mbps));

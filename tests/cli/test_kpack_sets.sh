@@ -194,6 +194,20 @@ layout k2
 same_set "$T/k2/e/k3.kpk" "$T/k/e/k3.kpk" && grep -q "another source or with other options.*starting over" "$T/resume.err" \
     && ok "a partial set from another stripe unit is discarded, not mixed in" || notok "changed unit: $(cat "$T/resume.err")"
 
+# ---- one writer per output (issue 12.2), for sets ---------------------------
+layout l
+KPACK_SYNC_BYTES=1 KPACK_TEST_DELAY_MS=30 "$BIN/kpack" convert "$T/src" "$T/l/e/k3.kpk" --stripe "$T/l/d1,$T/l/d2" $SET3 --quiet 2>"$T/first.err" &
+pid=$!
+for _ in $(seq 200); do [ -e "$T/l/d2/k3.kpk.s1.partial" ] && break; sleep 0.05; done
+expect_exit 2 "a second conversion of the same set while the first runs" "$BIN/kpack" convert "$T/src" "$T/l/e/k3.kpk" --stripe "$T/l/d1,$T/l/d2" $SET3 --quiet
+expect_err "k3.kpk is being converted by another kpack \(pid $pid, lock" "it names the first's pid"
+mkdir -p "$T/l/e2"
+expect_exit 2 "another output of the same name striped into the same directories meanwhile" "$BIN/kpack" convert "$T/src" "$T/l/e2/k3.kpk" --stripe "$T/l/d1,$T/l/d2" $SET3 --quiet
+expect_err "k3.kpk.s0.partial is being written by another kpack" "the shared member file is named"
+wait $pid; rc=$?
+[ $rc -eq 0 ] && "$BIN/kpack" verify "$T/l/e/k3.kpk" --quiet >/dev/null && ok "the first completes intact (exit 0, verify OK)" \
+    || notok "the first conversion: rc $rc: $(cat "$T/first.err")"
+
 # ---- re-layout from a KPK file or set == conversion of the shards ----------
 layout r
 expect_exit 0 "convert single.kpk into a set (no shards needed)" "$BIN/kpack" convert "$S" "$T/r/e/k3.kpk" \
