@@ -236,6 +236,24 @@ expect_exit 0 "verify it" "$BIN/kpack" verify "$T/arch2.kpk" --quiet
 "$BIN/kpack" info "$T/arch2.kpk" >"$T/info.txt"
 grep -q "archive:   1 file of the download" "$T/info.txt" && [ "$("$BIN/kpack" cat "$T/arch2.kpk" archive/files/README.md | head -c 6)" = "# a fi" ] \
     && ok "the archive is kept (extents and recipe)" || notok "archive after re-layout: $(cat "$T/info.txt")"
+# a source laid out otherwise (tensors of its trunks spread apart): copied tensor by tensor,
+# each such source extent checked whole first
+$PY "$KPY" mutate "$S" "$T/spread.kpk" spread >/dev/null
+expect_exit 0 "a valid KPK file whose trunk tensors are spread apart verifies" "$BIN/kpack" verify "$T/spread.kpk" --quiet
+expect_exit 0 "re-layout of it" "$BIN/kpack" convert "$T/spread.kpk" "$T/unspread.kpk" --quiet
+cmp -s "$T/unspread.kpk" "$S" && ok "... == the shard conversion (canonical layout again)" || notok "re-layout of a spread file differs"
+$PY - "$T/spread.kpk" <<'PY'
+import struct, sys
+p = sys.argv[1]; d = bytearray(open(p, "rb").read())
+eo, n = struct.unpack_from("<QQ", d, 56)
+for i in range(n):
+    kind, = struct.unpack_from("<B", d, eo + 64 * i)
+    off, stored = struct.unpack_from("<QQ", d, eo + 64 * i + 16)
+    if kind == 3: d[off + stored // 2] ^= 2; break
+open(p, "wb").write(d)
+PY
+expect_exit 1 "re-layout of a damaged source copied tensor by tensor" "$BIN/kpack" convert "$T/spread.kpk" "$T/unspread2.kpk" --quiet
+expect_err "the source is damaged: .*layer 0 trunk .*checksum mismatch" "the damaged source extent is named"
 # a damaged source is caught while it is read (exit 1), nothing published
 cp "$S" "$T/bad.kpk"
 $PY - "$T/bad.kpk" <<'PY'

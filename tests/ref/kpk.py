@@ -1417,6 +1417,25 @@ def _repack(p):
         cursor[x["member"]] = x["offset"] + round_up(len(p.stored[i]), p.align)
 
 
+def _spread(p, a):
+    """A valid but unusual layout: the tensors of every uncompressed trunk extent moved 64 bytes apart
+    (zero gaps between them), so the extent's decoded bytes differ from the canonical layout."""
+    n = 0
+    for i, x in enumerate(p.extents):
+        if x["kind"] != TRUNK or x["codec"] != 0:
+            continue
+        raw, out = p.stored[i], bytearray()
+        for t in p.tensors[x["first_tensor"]:x["first_tensor"] + x["tensor_count"]]:
+            data = raw[t["offset"]:t["offset"] + t["nbytes"]]
+            off = round_up(len(out), 64) + 64
+            out += bytes(off - len(out)) + data
+            t["offset"] = off
+        p.stored[i] = bytes(out)
+        n += 1
+    _repack(p)
+    return "%d trunk extents spread out" % n
+
+
 MUTATIONS = {
     # the container's structure: the reader refuses (damage, exit 1)
     "drop-meta": ("the meta extent removed", lambda p, a: _drop_extent(p, _first(p, META))),
@@ -1455,6 +1474,8 @@ MUTATIONS = {
     "unknown-method": ("a block with method 3", lambda p, a: p.blocks[0].update(method=3)),
     "unknown-incompat": ("an unknown incompat bit", lambda p, a: setattr(p, "incompat", p.incompat | 0x100)),
     "unknown-role": ("a member with role 3", lambda p, a: p.members[1].update(record=dict(role=3))),
+    # valid files of an unusual shape (a writer other than kpack could make them)
+    "spread": ("(valid) tensors of the trunk extents spread 64 bytes apart", _spread),
     # the model (format/k3_check.c, run by kpack verify: damage, exit 1)
     "layer-beyond": ("the last trunk extent renumbered past the config's layers", _layer_beyond),
     "expert-beyond": ("the last expert extent renumbered past the config's experts", _expert_beyond),
