@@ -17,6 +17,8 @@ struct kprogress {
     _Atomic double last_draw;
     int draw;
     pthread_mutex_t lock;
+    kprogress_detail_fn detail;
+    void *detail_ctx;
 };
 
 double know(void)
@@ -61,7 +63,7 @@ static void draw(kprogress *p, int force)
 {
     double now = know();
     uint64_t done = atomic_load(&p->done);
-    char d[32], t[32], eta[32], line[200];
+    char d[32], t[32], eta[32], line[400], more[240] = "";
     double rate, el;
     if (!p->draw) return;
     if (!force && now - atomic_load(&p->last_draw) < 0.25) return;
@@ -72,8 +74,9 @@ static void draw(kprogress *p, int force)
     kfmt_bytes(done, d, sizeof d);
     kfmt_bytes(p->total, t, sizeof t);
     kfmt_duration(rate > 0 && p->total > done ? (double)(p->total - done) / rate : -1, eta, sizeof eta);
-    snprintf(line, sizeof line, "\r%s: %s / %s (%.1f%%)  %.1f MB/s  ETA %s\033[K", p->label, d, t,
-             p->total ? 100.0 * (double)done / (double)p->total : 100.0, rate / 1e6, eta);
+    if (p->detail) p->detail(p->detail_ctx, el, more, sizeof more);
+    snprintf(line, sizeof line, "\r%s: %s / %s (%.1f%%)  %.1f MB/s  ETA %s%s%s\033[K", p->label, d, t,
+             p->total ? 100.0 * (double)done / (double)p->total : 100.0, rate / 1e6, eta, more[0] ? "  | " : "", more);
     fputs(line, stderr);
     fflush(stderr);
     pthread_mutex_unlock(&p->lock);
@@ -92,6 +95,13 @@ void kprogress_set_done(kprogress *p, uint64_t done)
     atomic_store(&p->done, done);
     p->base = done;
     draw(p, 1);
+}
+
+void kprogress_set_detail(kprogress *p, kprogress_detail_fn fn, void *ctx)
+{
+    if (!p) return;
+    p->detail_ctx = ctx;
+    p->detail = fn;
 }
 
 double kprogress_elapsed(const kprogress *p) { return p ? know() - p->t0 : 0; }

@@ -4,6 +4,7 @@
 #ifndef KPROGRESS_H
 #define KPROGRESS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 typedef struct kprogress kprogress;
@@ -12,6 +13,10 @@ typedef struct kprogress kprogress;
 kprogress *kprogress_start(const char *label, uint64_t total, int enabled);
 void kprogress_add(kprogress *p, uint64_t bytes);      /* thread-safe */
 void kprogress_set_done(kprogress *p, uint64_t done);  /* absolute, e.g. when resuming */
+/* More on the line, e.g. per disk: fn writes into buf (n bytes) when the
+ * line is drawn, from whichever thread draws it. */
+typedef void (*kprogress_detail_fn)(void *ctx, double elapsed, char *buf, size_t n);
+void kprogress_set_detail(kprogress *p, kprogress_detail_fn fn, void *ctx);
 /* Clears the line; returns elapsed seconds. */
 double kprogress_finish(kprogress *p);
 double kprogress_elapsed(const kprogress *p);

@@ -5,7 +5,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#define KPACK_VERSION "0.1.0"
+#define KPACK_VERSION "0.2.0"
 
 /* Exit codes (documented in README and `kpack --help`). */
 enum {

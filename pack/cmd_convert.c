@@ -1,14 +1,21 @@
-/* kpack convert DIR OUT.kpk: check the source, plan the layout, copy the
- * extents into OUT.partial (resumable through OUT.journal), write the
- * directory and superblocks, fsync, rename. */
+/* kpack convert SRC OUT.kpk: check the source (a checkpoint directory, or a
+ * KPK file or set to re-lay out), plan the member files and extents, copy
+ * the extents into the partial member files, all written in parallel
+ * (resumable through OUT.journal), write the directory and superblocks,
+ * fsync, rename. */
 #include "cli.h"
 #include "copy.h"
 #include "directory.h"
+#include "guard.h"
 #include "journal.h"
+#include "k3_check.h"
 #include "kprogress.h"
+#include "output.h"
 #include "plan.h"
 #include "report.h"
+#include "resume.h"
 #include "source.h"
+#include "space.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -18,39 +25,61 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
-#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 
 static const char usage[] =
-    "usage: kpack convert DIR OUT.kpk [--align N] [--order layer-major|trunk-first]\n"
+    "usage: kpack convert SRC OUT.kpk [--stripe DIR,DIR,...] [--stripe-unit SIZE] [--trunk-to DIR]\n"
+    "                     [--align N] [--order layer-major|trunk-first]\n"
     "                     [--sha256 SUMS] [--threads N] [--force] [--dry-run] [--json] [--quiet]\n"
     "\n"
-    "Repacks a checked Kimi K3 checkpoint into one KPK file. It writes\n"
-    "OUT.kpk.partial and OUT.kpk.journal next to OUT; if it is interrupted (even\n"
-    "by kill -9 or a power cut), rerunning the same command resumes from the last\n"
-    "completed, verified extent and produces the same bytes as an uninterrupted run.\n"
-    "The finished file is fsynced and renamed into place.\n"
+    "Repacks a checked Kimi K3 checkpoint (SRC a directory) into a KPK file, or\n"
+    "re-lays out an existing KPK file or set (SRC its entry file; the original\n"
+    "shards are not needed, and the result equals a conversion of them with the\n"
+    "same options). OUT may be one file, or a set of member files on several disks:\n"
+    "\n"
+    "  --stripe DIR,DIR,..  one stripe member per directory (OUT's name + .s0, .s1, ...):\n"
+    "                  the globals, trunks and experts are striped over them in units,\n"
+    "                  so every read keeps every disk busy; OUT keeps the directory\n"
+    "  --stripe-unit SIZE  the stripe unit: a power of two, a multiple of the\n"
+    "                  alignment, at most 64M (default 4M)\n"
+    "  --trunk-to DIR  the globals and every trunk layer (read on every token) in one\n"
+    "                  member on a faster disk (OUT's name + .trunk); with --stripe,\n"
+    "                  the experts are striped\n"
+    "Member files are found through paths relative to OUT's directory: move a set as\n"
+    "a whole. Each member file is written by its own thread, front to back.\n"
+    "\n"
+    "It writes NAME.partial for each output file and OUT.journal next to OUT; if it is\n"
+    "interrupted (even by kill -9 or a power cut), rerunning the same command resumes\n"
+    "from the last completed, verified extent and produces the same bytes as an\n"
+    "uninterrupted run. The finished files are fsynced and renamed into place (the\n"
+    "members first, OUT last). One conversion per output: OUT.lock is held while it\n"
+    "runs, and a second one stops naming the first's pid.\n"
     "\n"
     "  --align N       extent alignment: 4096 (default) up to 2M, a power of two\n"
     "  --order O       layer-major (default): globals, then each layer's trunk followed\n"
-    "                  by its experts, so one decoding step reads the file front to back;\n"
+    "                  by its experts, so one decoding step reads each file front to back;\n"
     "                  trunk-first: every trunk layer before all experts\n"
     "  --sha256 SUMS   verify the shards' SHA-256 first (sha256sum format) and record it\n"
     "  --threads N     files hashed at once for --sha256 (default: all cores)\n"
-    "  --force         replace OUT if it exists (the old file stays until the new one is complete)\n"
-    "  --dry-run       print the plan (extents, output size, largest extent) and stop\n"
+    "  --force         replace OUT (and its members) if they exist (the old files stay\n"
+    "                  until the new ones are complete)\n"
+    "  --dry-run       print the plan (extents, each output file's size) and stop\n"
     "  --json          machine-readable summary on stdout\n"
     "  --quiet         no progress line or notes\n"
     "\n"
-    "Exit: 0 converted, 1 the source has problems (see check-source),\n"
-    "      2 cannot convert (usage, OUT exists, not enough space, I/O error).\n";
+    "Exit: 0 converted, 1 the source has problems (see check-source) or a source KPK\n"
+    "      file is damaged, 2 cannot convert (usage, OUT exists, another kpack is\n"
+    "      converting to OUT, not enough space, I/O error).\n";
 
 struct run {
-    const k3_source *src;
     kp_plan *plan;
-    int fd;
+    const uint64_t *cursor;  /* where each target continues: the ends of the completed extents */
+    uint64_t *ends;          /* per member, scratch */
+    kp_out *out;
+    int *fds;
     kjournal jr;
     kj_record *pending;
     uint64_t n_pending;
@@ -59,28 +88,40 @@ struct run {
     uint32_t done_count;
     long kill_after;         /* test hook: SIGKILL ourselves after this many extents */
     long delay_ms;           /* test hook: slow down so a test can kill -9 us */
-    char err[600];
+    char err[800];
 };
 
+static long env_long(const char *name, long dflt)
+{
+    const char *v = getenv(name);
+    long n;
+    return v && kx_parse_int(v, 0, 1L << 40, &n) == 0 ? n : dflt;
+}
+
+/* Records go to the journal only once every member file holds their data durably. */
 static int flush_journal(struct run *r)
 {
     if (!r->n_pending) return 0;
-    if (fdatasync(r->fd)) { snprintf(r->err, sizeof r->err, "fdatasync: %s", strerror(errno)); return -1; }
+    for (uint16_t m = 0; m < r->plan->n_members; m++) r->ends[m] = kp_member_end(r->plan, r->cursor, m);
+    if (kp_out_sync(r->out, r->ends)) { kp_out_failed(r->out, r->err, sizeof r->err); return -1; }
     if (kj_append(&r->jr, r->pending, r->n_pending)) { snprintf(r->err, sizeof r->err, "writing the journal: %s", strerror(errno)); return -1; }
     r->n_pending = 0;
     r->since_sync = 0;
     return 0;
 }
 
-static int on_extent_done(void *ctx, uint32_t i, uint64_t h)
+static int on_extent_done(void *ctx, uint32_t i)
 {
     struct run *r = ctx;
-    kpk_extent *x = &r->plan->extents[i];
-    x->stored_xxh3 = x->raw_xxh3 = h;
-    r->pending[r->n_pending].extent = i;
-    r->pending[r->n_pending].stored_xxh3 = h;
-    r->pending[r->n_pending].stored_len = x->stored_len;
-    r->n_pending++;
+    const kpk_extent *x = &r->plan->extents[i];
+    kj_record *rec = &r->pending[r->n_pending++];
+    memset(rec, 0, sizeof *rec);
+    rec->extent = i;
+    rec->member = x->member;
+    rec->offset = x->offset;
+    rec->stored_len = x->stored_len;
+    rec->stored_xxh3 = x->stored_xxh3;
+    rec->raw_xxh3 = x->raw_xxh3;
     r->since_sync += kpk_round_up(x->stored_len, r->plan->opt.align);
     r->done_count++;
     if (r->since_sync >= r->sync_bytes && flush_journal(r)) return -1;
@@ -92,92 +133,103 @@ static int on_extent_done(void *ctx, uint32_t i, uint64_t h)
     return 0;
 }
 
-static long env_long(const char *name, long dflt)
+/* The progress line's per-disk part: bytes and MB/s of each member file. */
+static void per_disk(void *ctx, double elapsed, char *buf, size_t n)
 {
-    const char *v = getenv(name);
-    long n;
-    return v && kx_parse_int(v, 0, 1L << 40, &n) == 0 ? n : dflt;
+    const struct run *r = ctx;
+    const kp_plan *p = r->plan;
+    size_t at = 0;
+    if (p->n_members < 2 || !r->out) return;
+    for (uint16_t m = 0; m < p->n_members && at + 40 < n; m++) {
+        const kp_member *mb = &p->members[m];
+        char b[32], label[16];
+        uint64_t bytes = kp_out_bytes(r->out, m);
+        if (mb->role == KPK_ROLE_STRIPE) snprintf(label, sizeof label, "s%u", mb->stripe_index);
+        else snprintf(label, sizeof label, "%s", m ? "trunk" : "entry");
+        kfmt_bytes(bytes, b, sizeof b);
+        at += (size_t)snprintf(buf + at, n - at, "%s%s %s %.1f MB/s", at ? ", " : "", label, b,
+                               elapsed > 0 ? (double)bytes / elapsed / 1e6 : 0.0);
+    }
 }
 
-static void print_plan(const k3_source *src, const kp_plan *p, const char *out, int json)
+static void print_plan(const kp_input *in, const kp_plan *p, const char *out, int json)
 {
-    uint32_t by_kind[5] = {0};
-    uint64_t bytes_kind[5] = {0};
+    uint32_t by_kind[KPK_KIND_MAX + 1] = {0};
+    uint64_t bytes_kind[KPK_KIND_MAX + 1] = {0}, total = 0;
     char d[64], b1[32], b2[32], b3[32];
+    kp_layout l;
+    if (kp_plan_estimate(p, &l)) { kx_error("out of memory"); return; }
     for (uint32_t i = 0; i < p->n_extents; i++) {
         by_kind[p->extents[i].kind]++;
-        bytes_kind[p->extents[i].kind] += p->extents[i].stored_len;
+        bytes_kind[p->extents[i].kind] += p->extents[i].raw_len;
     }
+    for (uint32_t m = 0; m < p->n_members; m++) total += l.member_size[m];
     kpk_extent_describe(&p->extents[p->largest_extent_index], d, sizeof d);
     if (json) {
-        json_t *j = json_object(), *k = json_object();
+        json_t *j = json_object(), *k = json_object(), *mem = json_array();
         json_object_set_new(j, "output", json_string(out));
         json_object_set_new(j, "order", json_string(kp_order_name(p->opt.order)));
         json_object_set_new(j, "align", json_integer(p->opt.align));
         json_object_set_new(j, "extents", json_integer(p->n_extents));
         json_object_set_new(j, "tensors", json_integer((json_int_t)p->n_tensors));
-        json_object_set_new(j, "output_bytes", json_integer((json_int_t)p->file_size));
+        json_object_set_new(j, "output_bytes", json_integer((json_int_t)total));
         json_object_set_new(j, "data_bytes", json_integer((json_int_t)p->data_bytes));
-        json_object_set_new(j, "directory_bytes", json_integer((json_int_t)(p->backup_off - p->extent_table_off)));
+        json_object_set_new(j, "directory_bytes", json_integer((json_int_t)(l.backup_off - l.extent_table_off)));
         json_object_set_new(j, "largest_extent", json_string(d));
         json_object_set_new(j, "largest_extent_bytes", json_integer((json_int_t)p->largest_extent));
-        for (int kind = KPK_KIND_META; kind <= KPK_KIND_EXPERT; kind++) {
+        for (int kind = KPK_KIND_META; kind <= KPK_KIND_MAX; kind++) {
             json_t *o = json_object();
             json_object_set_new(o, "count", json_integer(by_kind[kind]));
             json_object_set_new(o, "bytes", json_integer((json_int_t)bytes_kind[kind]));
             json_object_set_new(k, kpk_kind_name(kind), o);
         }
         json_object_set_new(j, "by_kind", k);
-        json_object_set_new(j, "dropped_tensors", json_integer((json_int_t)src->n_dropped));
+        for (uint32_t m = 0; m < p->n_members; m++) {
+            json_t *o = json_object();
+            json_object_set_new(o, "path", json_string(p->members[m].path));
+            json_object_set_new(o, "role", json_string(kpk_role_name(p->members[m].role)));
+            json_object_set_new(o, "bytes", json_integer((json_int_t)l.member_size[m]));
+            json_array_append_new(mem, o);
+        }
+        json_object_set_new(j, "members", mem);
+        json_object_set_new(j, "stripe_unit", json_integer(p->stripe_unit));
+        json_object_set_new(j, "dropped_tensors", json_integer(in->src ? (json_int_t)in->src->n_dropped : 0));
         json_dumpf(j, stdout, JSON_INDENT(1) | JSON_SORT_KEYS);
         fputc('\n', stdout);
         json_decref(j);
+        kp_layout_free(&l);
         return;
     }
-    kfmt_bytes(p->file_size, b1, sizeof b1);
+    kfmt_bytes(total, b1, sizeof b1);
     kfmt_bytes(p->largest_extent, b2, sizeof b2);
-    kfmt_bytes(p->backup_off - p->extent_table_off, b3, sizeof b3);
+    kfmt_bytes(l.backup_off - l.extent_table_off, b3, sizeof b3);
     printf("plan for %s:\n", out);
     printf("  order %s, extents aligned to %u bytes\n", kp_order_name(p->opt.order), p->opt.align);
-    printf("  extents: %u (%u meta, %u globals, %u trunk, %u expert)\n", p->n_extents, by_kind[KPK_KIND_META],
+    printf("  extents: %u (%u meta, %u globals, %u trunk, %u expert", p->n_extents, by_kind[KPK_KIND_META],
            by_kind[KPK_KIND_GLOBALS], by_kind[KPK_KIND_TRUNK], by_kind[KPK_KIND_EXPERT]);
-    printf("  tensors: %llu (%zu non-text tensors dropped)\n", (unsigned long long)p->n_tensors, src->n_dropped);
-    printf("  output size: %s (%llu bytes; directory %s)\n", b1, (unsigned long long)p->file_size, b3);
+    if (by_kind[KPK_KIND_ARCHIVE]) printf(", %u archive", by_kind[KPK_KIND_ARCHIVE]);
+    printf(")\n");
+    if (in->src) printf("  tensors: %llu (%zu non-text tensors dropped)\n", (unsigned long long)p->n_tensors, in->src->n_dropped);
+    else printf("  tensors: %llu (re-laid out from %s)\n", (unsigned long long)p->n_tensors, kpk_path(in->kpk));
+    printf("  output size: %s (%llu bytes; directory %s)\n", b1, (unsigned long long)total, b3);
     printf("  largest extent: %s, %s\n", d, b2);
+    if (p->n_members > 1) {
+        printf("  %u member files", p->n_members);
+        if (p->n_stripe) printf(" (%u striped in units of %u KiB)", p->n_stripe, p->stripe_unit >> 10);
+        printf(":\n");
+        for (uint32_t m = 0; m < p->n_members; m++) {
+            kfmt_bytes(l.member_size[m], b1, sizeof b1);
+            printf("    %-6s %9s  %s\n", kpk_role_name(p->members[m].role), b1, p->members[m].path);
+        }
+    }
+    kp_layout_free(&l);
 }
 
-/* Space the output will take: sparse sources (all-zero data) make a sparse output. */
-static uint64_t space_needed(const k3_source *src, const kp_plan *p, uint64_t already)
+static int fsync_dir(const char *dir)
 {
-    uint64_t alloc = 0, size = 0, need;
-    for (size_t i = 0; i < src->n_shards; i++) { alloc += src->shards[i].alloc_bytes; size += src->shards[i].size; }
-    need = p->file_size > already ? p->file_size - already : 0;
-    if (size && alloc < size) need = (uint64_t)((double)need * ((double)alloc / (double)size)) + (p->file_size - p->data_end);
-    return need;
-}
-
-static int fsync_parent(const char *path)
-{
-    char *copy = strdup(path);
-    int fd, rc = -1;
-    if (!copy) return -1;
-    fd = open(dirname(copy), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC), rc = -1;
     if (fd >= 0) { rc = fsync(fd); close(fd); }
-    free(copy);
     return rc;
-}
-
-/* Everything after the verified prefix is rewritten, but all-zero blocks are
- * skipped (left as holes) and padding is never written: make the tail read as
- * zeros again first, as in a fresh file, or a stale or damaged byte there
- * would survive into the finished file. */
-static int clear_tail(int fd, uint64_t from, uint64_t size)
-{
-    if (from >= size) return 0;
-    if (fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)from, (off_t)(size - from)) == 0) return 0;
-    if (errno != EOPNOTSUPP && errno != ENOSYS && errno != EINVAL) return -1;
-    /* no hole punching here: cut and re-extend (a crash in between only costs the resume) */
-    return ftruncate(fd, (off_t)from) || ftruncate(fd, (off_t)size) ? -1 : 0;
 }
 
 /* The plan holds everything the copy needs (names, offsets, sizes): the
@@ -197,50 +249,84 @@ static void drop_headers(k3_source *src)
 #endif
 }
 
-/* Decide where to start: 0 for a fresh run, or the number of leading
- * extents a previous run completed and that still verify. */
-static uint32_t resume_point(struct run *r, const char *partial, const char *journal, int quiet)
+/* 1 if path is a KPK file (by its magic), 0 if not, -1 if unreadable. */
+static int is_kpk_file(const char *path)
 {
-    kj_record *recs = NULL;
-    uint64_t n = 0;
+    char magic[KPK_MAGIC_LEN];
     struct stat st;
-    kp_plan *p = r->plan;
-    int rc = kj_open(&r->jr, journal, p->plan_id, &recs, &n);
-    if (rc != 0 || stat(partial, &st) != 0 || (uint64_t)st.st_size != p->file_size) {
-        if (rc == 0) kj_close(&r->jr);
-        if (rc == 0 || access(partial, F_OK) == 0)
-            kx_note(quiet, "an earlier %s does not match this conversion (source or options changed); starting over", partial);
-        free(recs);
-        return 0;
+    int fd, r;
+    if (stat(path, &st) != 0) return -1;
+    if (!S_ISREG(st.st_mode)) return 0;
+    if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0) return -1;
+    r = read(fd, magic, sizeof magic) == (ssize_t)sizeof magic && memcmp(magic, KPK_MAGIC, KPK_MAGIC_LEN) == 0;
+    close(fd);
+    return r;
+}
+
+/* Split "a,b,c" into the options' stripe directories (each must exist). */
+static int parse_dirs(char *list, const char ***out, uint16_t *n)
+{
+    const char **v = NULL;
+    uint16_t k = 0;
+    char *save = NULL;
+    for (char *d = strtok_r(list, ",", &save); d; d = strtok_r(NULL, ",", &save)) {
+        const char **g;
+        if (!*d) continue;
+        if (k == KPK_MAX_MEMBERS - 2) { kx_error("--stripe: at most %u directories", KPK_MAX_MEMBERS - 2); free(v); return -1; }
+        if (!kx_is_dir(d)) { free(v); return -1; }
+        if (!(g = realloc(v, sizeof *v * (k + 1u)))) { free(v); kx_error("out of memory"); return -1; }
+        v = g;
+        v[k++] = d;
     }
-    if (n > p->n_extents) n = 0;
-    for (uint64_t i = 0; i < n; i++)
-        if (recs[i].stored_len != p->extents[i].stored_len) { n = i; break; }
-    /* The journal's records were appended after their data was synced; re-hash
-     * the newest one from disk anyway, and step back past any that fail. */
-    while (n > 0) {
-        int fd = open(partial, O_RDONLY | O_CLOEXEC);
-        uint64_t h = 0;
-        int ok = fd >= 0 && kp_hash_written_extent(fd, p, (uint32_t)(n - 1), &h) == 0 && h == recs[n - 1].stored_xxh3;
-        if (fd >= 0) close(fd);
-        if (ok) break;
-        n--;
+    if (!k) { kx_error("--stripe: expected one or more directories, separated by commas"); free(v); return -1; }
+    *out = v;
+    *n = k;
+    return 0;
+}
+
+/* Open (fresh: create empty; resumed: keep, cut to what is kept) every
+ * partial file, each locked: OUT.lock guards OUT's conversion, but another
+ * output of the same name can stripe into the same directories. */
+static int open_partials(const kp_plan *p, const uint64_t *cursor, int fresh, int *fds)
+{
+    for (uint32_t m = 0; m < p->n_members; m++) {
+        const char *path = p->members[m].partial;
+        fds[m] = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+        if (fds[m] < 0) { kx_error("cannot %s %s: %s", fresh ? "create" : "open", path, strerror(errno)); return -1; }
+        if (flock(fds[m], LOCK_EX | LOCK_NB)) {
+            kx_error("%s is being written by another kpack (converting another output of the same name into the same "
+                     "directory?); wait for it, or give this output another name", path);
+            return -1;
+        }
+        /* everything past the verified prefix is rewritten, but all-zero
+         * blocks are skipped and padding never written: cut the file there so
+         * a stale byte cannot survive into the finished file */
+        if (ftruncate(fds[m], fresh ? 0 : (off_t)kp_member_end(p, cursor, (uint16_t)m))) {
+            kx_error("cannot clear the unfinished part of %s: %s", path, strerror(errno));
+            return -1;
+        }
     }
-    for (uint64_t i = 0; i < n; i++) p->extents[i].stored_xxh3 = p->extents[i].raw_xxh3 = recs[i].stored_xxh3;
-    free(recs);
-    if (kj_truncate(&r->jr, n)) { kj_close(&r->jr); return 0; }
-    return (uint32_t)n;
+    return 0;
 }
 
 int cmd_convert(int argc, char **argv)
 {
-    const char *dir = NULL, *out = NULL, *sums = NULL, *v;
+    const char *src_path = NULL, *out = NULL, *sums = NULL, *v;
+    char *stripe_list = NULL;
+    const char **stripe_dirs = NULL;
     kp_options opt = {.align = 4096, .order = KPK_ORDER_LAYER_MAJOR};
-    int json = 0, quiet = 0, force = 0, dry = 0, threads = kx_cpus();
+    int json = 0, quiet = 0, force = 0, dry = 0, threads = kx_cpus(), kind;
+    int64_t unit = 0;
     k3_source src;
+    kpk_file *kpk = NULL;
+    k3_config kcfg;
+    k3_schema kschema;
+    kp_input in = {0};
     kp_plan plan;
+    kp_layout layout = {0};
     struct run r;
-    char err[1500], *partial = NULL, *journal = NULL;
+    char err[2000], *journal = NULL;
+    uint64_t *cursor = NULL, written = 0;
     uint32_t first = 0;
     int rc = KX_FAIL, have_src = 0, have_plan = 0;
     kprogress *prog = NULL;
@@ -248,9 +334,9 @@ int cmd_convert(int argc, char **argv)
     double t0 = know(), t_copy;
     struct stat st;
     long n;
+    kp_lock lock = KP_LOCK_INIT;
 
     memset(&r, 0, sizeof r);
-    r.fd = -1;
     r.jr.fd = -1;
     for (int i = 1; i < argc; i++) {
         if (kx_flag(argc, argv, &i, "--help", NULL) || kx_flag(argc, argv, &i, "-h", NULL)) { fputs(usage, stdout); return KX_OK; }
@@ -262,7 +348,15 @@ int cmd_convert(int argc, char **argv)
             if (strcmp(v, "layer-major") == 0) opt.order = KPK_ORDER_LAYER_MAJOR;
             else if (strcmp(v, "trunk-first") == 0) opt.order = KPK_ORDER_TRUNK_FIRST;
             else { kx_error("--order: expected layer-major or trunk-first, got %s", v); return KX_FAIL; }
-        } else if (kx_flag(argc, argv, &i, "--sha256", &v)) sums = v;
+        } else if (kx_flag(argc, argv, &i, "--stripe-unit", &v)) {
+            unit = kx_parse_size(v);
+            if (unit < 4096 || unit > KPK_MAX_STRIPE_UNIT || (unit & (unit - 1))) {
+                kx_error("--stripe-unit: expected a power of two from 4K to 64M, got %s", v);
+                return KX_FAIL;
+            }
+        } else if (kx_flag(argc, argv, &i, "--stripe", &v)) stripe_list = (char *)v;
+        else if (kx_flag(argc, argv, &i, "--trunk-to", &v)) opt.trunk_dir = v;
+        else if (kx_flag(argc, argv, &i, "--sha256", &v)) sums = v;
         else if (kx_flag(argc, argv, &i, "--threads", &v)) {
             if (kx_parse_int(v, 1, 256, &n)) { kx_error("--threads: expected 1..256, got %s", v); return KX_FAIL; }
             threads = (int)n;
@@ -271,154 +365,217 @@ int cmd_convert(int argc, char **argv)
         else if (kx_flag(argc, argv, &i, "--json", NULL)) json = 1;
         else if (kx_flag(argc, argv, &i, "--quiet", NULL)) quiet = 1;
         else if (argv[i][0] == '-') { kx_error("convert: unknown option %s", argv[i]); fputs(usage, stderr); return KX_FAIL; }
-        else if (!dir) dir = argv[i];
+        else if (!src_path) src_path = argv[i];
         else if (!out) out = argv[i];
         else { kx_error("convert: unexpected argument %s", argv[i]); return KX_FAIL; }
     }
-    if (!dir || !out) { fputs(usage, stderr); return KX_FAIL; }
+    if (!src_path || !out) { fputs(usage, stderr); return KX_FAIL; }
     if (json) quiet = 1;
+    if (unit && !stripe_list) { kx_error("--stripe-unit needs --stripe"); return KX_FAIL; }
+    if (unit && (uint64_t)unit < opt.align) {
+        kx_error("--stripe-unit %lld is smaller than the alignment %u; it must be a multiple of it", (long long)unit, opt.align);
+        return KX_FAIL;
+    }
+    opt.stripe_unit = (uint32_t)unit;
+    if (stripe_list) {
+        stripe_list = strdup(stripe_list);
+        if (!stripe_list || parse_dirs(stripe_list, &stripe_dirs, &opt.n_stripe)) { free(stripe_list); return KX_FAIL; }
+        opt.stripe_dirs = stripe_dirs;
+    }
+    if (opt.trunk_dir && !kx_is_dir(opt.trunk_dir)) goto out;
 
-    if (!kx_is_dir(dir)) return KX_FAIL;
-    if (ks_open(dir, sums, &src, err, sizeof err)) {
-        kx_error("%s; nothing was written", err);
-        ks_free(&src);
-        return KX_BAD;
+    kind = is_kpk_file(src_path);
+    if (kind < 0) { kx_error("%s: %s", src_path, strerror(errno)); goto out; }
+    if (!kind && !kx_is_dir(src_path)) goto out;
+    if (kind && sums) { kx_error("--sha256 checks a checkpoint directory; a KPK source is checked by its own checksums"); goto out; }
+    if (!dry) {
+        /* From here on, this process is the only kpack writing OUT's files
+         * (taken before the source check, which may hash for hours). */
+        if (kp_lock_take(&lock, out, err, sizeof err)) { kx_error("%s", err); goto out; }
+        if (!force && lstat(out, &st) == 0) { kx_error("%s already exists; use --force to replace it", out); goto out; }
     }
-    have_src = 1;
-    if (sums) ks_check_sha256(&src, threads, !quiet);
-    if (!ks_ok(&src)) {
-        kx_error("%s is not a complete, intact Kimi K3 checkpoint; nothing was written:", dir);
-        kr_source_problems(&src, stderr);
-        rc = KX_BAD;
-        goto out;
+    if (kind) {
+        kpk_err e = {0};
+        if (kpk_open(src_path, &kpk, &e)) {
+            kx_error("%s", e.msg);
+            rc = kpk_err_is_damage(e.code) ? KX_BAD : KX_FAIL;
+            goto out;
+        }
+        if (k3_check_kpk(kpk, &kcfg, err, sizeof err)) {
+            kx_error("%s; the source is not a complete Kimi K3 model, nothing was written", err);
+            rc = KX_BAD;
+            goto out;
+        }
+        k3_schema_init(&kschema, &kcfg);
+        in.kpk = kpk;
+        in.cfg = &kcfg;
+        in.schema = &kschema;
+    } else {
+        if (ks_open(src_path, sums, &src, err, sizeof err)) {
+            kx_error("%s; nothing was written", err);
+            ks_free(&src);
+            rc = KX_BAD;
+            goto out;
+        }
+        have_src = 1;
+        if (sums) ks_check_sha256(&src, threads, !quiet);
+        if (!ks_ok(&src)) {
+            kx_error("%s is not a complete, intact Kimi K3 checkpoint; nothing was written:", src_path);
+            kr_source_problems(&src, stderr);
+            rc = KX_BAD;
+            goto out;
+        }
+        in.src = &src;
+        in.cfg = &src.cfg;
+        in.schema = &src.schema;
     }
-    if (kp_plan_build(&src, &opt, "kpack " KPACK_VERSION, &plan, err, sizeof err)) { kx_error("%s", err); goto out; }
+    if (kp_plan_build(&in, &opt, out, "kpack " KPACK_VERSION, &plan, err, sizeof err)) { kx_error("%s", err); goto out; }
     have_plan = 1;
     if (dry) {
-        print_plan(&src, &plan, out, json);
+        print_plan(&in, &plan, out, json);
         rc = KX_OK;
         goto out;
     }
-    if (!force && lstat(out, &st) == 0) {
-        kx_error("%s already exists; use --force to replace it", out);
-        goto out;
-    }
-    if (asprintf(&partial, "%s.partial", out) < 0 || asprintf(&journal, "%s.journal", out) < 0) {
-        partial = journal = NULL;
-        kx_error("out of memory");
-        goto out;
-    }
-
-    r.src = &src;
+    for (uint32_t m = 1; m < plan.n_members; m++)
+        if (!force && lstat(plan.members[m].path, &st) == 0) {
+            kx_error("%s already exists; use --force to replace it", plan.members[m].path);
+            goto out;
+        }
+    if (asprintf(&journal, "%s.journal", out) < 0) { journal = NULL; kx_error("out of memory"); goto out; }
     r.plan = &plan;
     r.sync_bytes = (uint64_t)env_long("KPACK_SYNC_BYTES", 1L << 30);
     r.kill_after = env_long("KPACK_TEST_KILL_AFTER", 0);
     r.delay_ms = env_long("KPACK_TEST_DELAY_MS", 0);
     r.pending = malloc(sizeof *r.pending * (plan.n_extents + 1));
-    if (!r.pending) { kx_error("out of memory"); goto out; }
+    r.fds = malloc(sizeof *r.fds * plan.n_members);
+    cursor = malloc(sizeof *cursor * ((size_t)plan.n_members + 1));
+    r.ends = malloc(sizeof *r.ends * plan.n_members);
+    r.cursor = cursor;
+    if (!r.pending || !r.fds || !cursor || !r.ends) { kx_error("out of memory"); goto out; }
+    for (uint32_t m = 0; m < plan.n_members; m++) r.fds[m] = -1;
 
-    first = resume_point(&r, partial, journal, quiet);
-    {
-        uint64_t done_bytes = first ? plan.extents[first - 1].offset + kpk_round_up(plan.extents[first - 1].stored_len, opt.align) : 0;
-        uint64_t need = space_needed(&src, &plan, done_bytes);
-        struct statvfs vfs;
-        char *copy = strdup(out);
-        int sv = copy ? statvfs(dirname(copy), &vfs) : -1;
-        uint64_t avail = sv == 0 ? (uint64_t)vfs.f_bavail * vfs.f_frsize : 0;
-        long fake = env_long("KPACK_TEST_FREE_BYTES", -1);
-        free(copy);
-        if (fake >= 0) avail = (uint64_t)fake, sv = 0;
-        if (sv == 0 && avail < need) {
-            char b1[32], b2[32];
-            kfmt_bytes(need, b1, sizeof b1);
-            kfmt_bytes(avail, b2, sizeof b2);
-            kx_error("not enough free space for %s: need %s (%llu bytes), %s (%llu bytes) available",
-                     out, b1, (unsigned long long)need, b2, (unsigned long long)avail);
+    if (kp_resume_point(&plan, journal, &r.jr, cursor, &first, quiet, err, sizeof err)) { kx_error("%s", err); goto out; }
+    if (kp_space_check(&plan, &in, cursor, err, sizeof err)) { kx_error("%s", err); goto out; }
+    if (first == 0) {
+        /* the journal first: a partial file without one is never taken for resumable */
+        if (kj_create(&r.jr, journal, plan.plan_id, plan.n_extents, plan.n_members)) {
+            kx_error("cannot create %s: %s", journal, strerror(errno));
             goto out;
         }
-    }
-    if (first == 0) {
-        kj_close(&r.jr);
-        r.fd = open(partial, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-        if (r.fd < 0) { kx_error("cannot create %s: %s", partial, strerror(errno)); goto out; }
-        if (ftruncate(r.fd, (off_t)plan.file_size)) { kx_error("cannot size %s to %llu bytes: %s", partial, (unsigned long long)plan.file_size, strerror(errno)); goto out; }
-        if (kj_create(&r.jr, journal, plan.plan_id, plan.n_extents, plan.file_size)) { kx_error("cannot create %s: %s", journal, strerror(errno)); goto out; }
+        if (open_partials(&plan, cursor, 1, r.fds)) goto out;
     } else {
         char b[32];
-        r.fd = open(partial, O_RDWR | O_CLOEXEC);
-        if (r.fd < 0) { kx_error("cannot open %s: %s", partial, strerror(errno)); goto out; }
-        kfmt_bytes(plan.extents[first - 1].offset, b, sizeof b);
-        if (clear_tail(r.fd, plan.extents[first - 1].offset + kpk_round_up(plan.extents[first - 1].stored_len, opt.align), plan.file_size)) {
-            kx_error("cannot clear the unfinished part of %s: %s", partial, strerror(errno));
-            goto out;
-        }
-        kx_note(quiet, "resuming %s: %u of %u extents (%s) already written and verified", partial, first, plan.n_extents, b);
+        uint64_t done_bytes = 0;
+        if (open_partials(&plan, cursor, 0, r.fds)) goto out;
+        for (uint32_t i = 0; i < first; i++) done_bytes += plan.extents[i].stored_len;
+        kfmt_bytes(done_bytes, b, sizeof b);
+        kx_note(quiet, "resuming %s: %u of %u extents (%s) already written and verified", plan.members[0].partial, first,
+                plan.n_extents, b);
     }
-    drop_headers(&src);
+    if (have_src) drop_headers(&src);
 
     prog = kprogress_start("convert", plan.data_bytes, !quiet);
     {
         uint64_t done_data = 0;
-        for (uint32_t i = 0; i < first; i++) done_data += plan.extents[i].stored_len;
+        for (uint32_t i = 0; i < first; i++) done_data += plan.extents[i].raw_len;
         kprogress_set_done(prog, done_data);
     }
-    if (kp_copy_extents(&src, &plan, r.fd, first, on_extent_done, &r, prog, &stats, err, sizeof err)) {
+    if (kp_out_start(&r.out, &plan, r.fds, kp_chunk_hold, kp_chunk_release, NULL, err, sizeof err)) { kx_error("%s", err); goto out; }
+    kprogress_set_detail(prog, per_disk, &r);
+    if (kp_copy_extents(&in, &plan, r.out, cursor, first, on_extent_done, &r, prog, &stats, err, sizeof err) ||
+        flush_journal(&r)) {
         kprogress_finish(prog);
         prog = NULL;
-        kx_error("%s%s%s", err, r.err[0] ? ": " : "", r.err);
-        kx_error("%s and %s are kept; rerun the same command to resume", partial, journal);
+        kx_error("%s%s%s", err, r.err[0] && err[0] ? ": " : "", r.err);
+        kx_error("the .partial files and %s are kept; rerun the same command to resume", journal);
+        if (stats.source_damaged) rc = KX_BAD;
         goto out;
     }
     t_copy = kprogress_finish(prog);
     prog = NULL;
-    if (flush_journal(&r)) { kx_error("%s", r.err); goto out; }
-    if (kp_write_directory(r.fd, &plan) || kp_write_superblocks(r.fd, &plan)) {
-        kx_error("writing the directory of %s: %s", partial, strerror(errno));
+    for (uint16_t m = 0; m < plan.n_members; m++) written += kp_out_written(r.out, m);
+    if (kp_out_stop(r.out, err, sizeof err)) { r.out = NULL; kx_error("%s", err); goto out; }
+    r.out = NULL;
+    if (kp_layout_finish(&plan, cursor, &layout) || kp_finish_files(&plan, &layout, r.fds, err, sizeof err)) {
+        kx_error("%s", layout.member_size ? err : "out of memory");
         goto out;
     }
-    if (close(r.fd)) { r.fd = -1; kx_error("closing %s: %s", partial, strerror(errno)); goto out; }
-    r.fd = -1;
-    if (rename(partial, out)) { kx_error("renaming %s to %s: %s", partial, out, strerror(errno)); goto out; }
-    fsync_parent(out);
+    if (kp_check_before_publish(r.fds, journal, &plan, &layout, err, sizeof err)) {
+        kx_error("%s; nothing was published. Rerun the same command: it resumes from what still verifies", err);
+        goto out;
+    }
+    for (uint32_t m = 0; m < plan.n_members; m++) {
+        int bad = close(r.fds[m]);
+        r.fds[m] = -1;
+        if (bad) { kx_error("closing %s: %s", plan.members[m].partial, strerror(errno)); goto out; }
+    }
+    /* the members first, the entry last: an entry in place means a complete set */
+    for (uint32_t m = plan.n_members; m-- > 0;)
+        if (rename(plan.members[m].partial, plan.members[m].path)) {
+            kx_error("renaming %s to %s: %s", plan.members[m].partial, plan.members[m].path, strerror(errno));
+            goto out;
+        }
+    for (uint32_t m = 0; m < plan.n_members; m++) fsync_dir(plan.members[m].dir);
     kj_close(&r.jr);
     unlink(journal);
-    fsync_parent(journal);
+    fsync_dir(plan.members[0].dir);
     {
         double secs = know() - t0;
         double mbps = t_copy > 0 ? (double)stats.bytes_in / t_copy / 1e6 : 0;
+        uint64_t total = 0;
+        for (uint32_t m = 0; m < plan.n_members; m++) total += layout.member_size[m];
         if (json) {
-            json_t *j = json_object();
+            json_t *j = json_object(), *mem = json_array();
             json_object_set_new(j, "output", json_string(out));
-            json_object_set_new(j, "output_bytes", json_integer((json_int_t)plan.file_size));
+            json_object_set_new(j, "output_bytes", json_integer((json_int_t)total));
             json_object_set_new(j, "extents", json_integer(plan.n_extents));
             json_object_set_new(j, "tensors", json_integer((json_int_t)plan.n_tensors));
             json_object_set_new(j, "resumed_at_extent", json_integer(first));
             json_object_set_new(j, "bytes_copied", json_integer((json_int_t)stats.bytes_in));
             json_object_set_new(j, "bytes_read", json_integer((json_int_t)stats.bytes_read));
-            json_object_set_new(j, "bytes_written", json_integer((json_int_t)stats.bytes_written));
+            json_object_set_new(j, "bytes_written", json_integer((json_int_t)written));
             json_object_set_new(j, "copy_seconds", json_real(t_copy));
             json_object_set_new(j, "seconds", json_real(secs));
             json_object_set_new(j, "mb_per_s", json_real(mbps));
+            for (uint32_t m = 0; m < plan.n_members; m++) {
+                json_t *o = json_object();
+                json_object_set_new(o, "path", json_string(plan.members[m].path));
+                json_object_set_new(o, "role", json_string(kpk_role_name(plan.members[m].role)));
+                json_object_set_new(o, "bytes", json_integer((json_int_t)layout.member_size[m]));
+                json_array_append_new(mem, o);
+            }
+            json_object_set_new(j, "members", mem);
             json_dumpf(j, stdout, JSON_INDENT(1) | JSON_SORT_KEYS);
             fputc('\n', stdout);
             json_decref(j);
         } else if (!quiet) {
-            char b1[32], b2[32];
-            kfmt_bytes(plan.file_size, b1, sizeof b1);
+            char b1[32], b2[32], mem[48] = "";
+            kfmt_bytes(total, b1, sizeof b1);
             kfmt_bytes(stats.bytes_in, b2, sizeof b2);
-            fprintf(stderr, "kpack: wrote %s (%s, %u extents, %llu tensors); copied %s in %.1f s (%.0f MB/s)\n", out, b1,
-                    plan.n_extents, (unsigned long long)plan.n_tensors, b2, t_copy, mbps);
+            if (plan.n_members > 1) snprintf(mem, sizeof mem, " in %u member files", plan.n_members);
+            fprintf(stderr, "kpack: wrote %s (%s%s, %u extents, %llu tensors); copied %s in %.1f s (%.0f MB/s)\n", out, b1,
+                    mem, plan.n_extents, (unsigned long long)plan.n_tensors, b2, t_copy, mbps);
         }
     }
     rc = KX_OK;
 out:
     if (prog) kprogress_finish(prog);
-    if (r.fd >= 0) close(r.fd);
+    if (r.out) kp_out_stop(r.out, NULL, 0);
+    if (r.fds)
+        for (uint32_t m = 0; have_plan && m < plan.n_members; m++)
+            if (r.fds[m] >= 0) close(r.fds[m]);
     kj_close(&r.jr);
+    kp_lock_release(&lock);
+    kp_layout_free(&layout);
     free(r.pending);
-    free(partial);
+    free(r.fds);
+    free(r.ends);
+    free(cursor);
     free(journal);
     if (have_plan) kp_plan_free(&plan);
     if (have_src) ks_free(&src);
+    kpk_close(kpk);
+    free(stripe_dirs);
+    free(stripe_list);
     return rc;
 }

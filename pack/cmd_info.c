@@ -14,18 +14,22 @@
 static const char info_usage[] =
     "usage: kpack info FILE.kpk [--json]\n"
     "\n"
-    "Prints the model configuration, extents and bytes by kind, the extent order\n"
-    "and alignment, the tokenizer files, the provenance (kpack version, options,\n"
-    "source files with their sizes and SHA-256 when it was checked) and the\n"
-    "tensors that were dropped (vision).\n"
-    "Exit: 0, 1 if the file is damaged, 2 if it is unreadable or not a KPK file.\n";
+    "Prints the model configuration, extents and bytes by kind (stored and decoded,\n"
+    "with the compression ratio), the extent order and alignment, the member files\n"
+    "of a set (path, role, size) and its stripe geometry, the tokenizer files, the\n"
+    "provenance (kpack version, options, source files with their sizes and SHA-256\n"
+    "when it was checked), the tensors that were dropped (vision) or, in a file\n"
+    "with an archive, what the archive keeps.\n"
+    "Exit: 0, 1 if the file is damaged, 2 if it is unreadable, not a KPK file, or a\n"
+    "member file of a set is missing or wrong.\n";
 
 static const char cat_usage[] =
     "usage: kpack cat FILE.kpk TENSOR_NAME\n"
     "\n"
     "Writes the tensor's bytes, exactly as in the source checkpoint, to stdout\n"
-    "(after checking its extent's checksum). Embedded files are named\n"
-    "meta/config.json, meta/tiktoken.model, meta/tokenizer_config.json.\n"
+    "(after checking its extent: checksums, and every block of a compressed one).\n"
+    "Embedded files are named meta/config.json, meta/tiktoken.model,\n"
+    "meta/tokenizer_config.json.\n"
     "Exit: 0, 1 if the extent is corrupt, 2 if there is no such tensor or the file is unreadable.\n";
 
 static int open_or_report(const char *path, kpk_file **f)
@@ -33,7 +37,81 @@ static int open_or_report(const char *path, kpk_file **f)
     kpk_err e = {0};
     if (kpk_open(path, f, &e) == 0) return KX_OK;
     kx_error("%s", e.msg);
-    return e.code == KPK_EFORMAT || e.code == KPK_ECHECKSUM ? KX_BAD : KX_FAIL;
+    return kpk_err_is_damage(e.code) ? KX_BAD : KX_FAIL;
+}
+
+struct by_kind { uint32_t count; uint64_t stored, raw; uint32_t compressed; };
+
+static double ratio(uint64_t stored, uint64_t raw) { return raw ? (double)stored / (double)raw : 1.0; }
+
+static json_t *members_json(const kpk_file *f)
+{
+    json_t *a = json_array();
+    for (uint16_t m = 0; m < kpk_member_count(f); m++) {
+        const kpk_member *r = kpk_member_at(f, m);
+        json_t *o = json_object();
+        json_object_set_new(o, "index", json_integer(m));
+        json_object_set_new(o, "path", json_string(m ? kpk_member_name(f, m) : kpk_path(f)));
+        json_object_set_new(o, "role", json_string(kpk_role_name(r->role)));
+        json_object_set_new(o, "bytes", json_integer((json_int_t)r->file_size));
+        if (r->role == KPK_ROLE_STRIPE) json_object_set_new(o, "stripe_index", json_integer(r->stripe_index));
+        json_array_append_new(a, o);
+    }
+    return a;
+}
+
+static void print_members(const kpk_file *f)
+{
+    const kpk_superblock *sb = kpk_super(f);
+    char b[32];
+    if (kpk_member_count(f) == 1) return;
+    printf("members:   %u files", kpk_member_count(f));
+    if (sb->stripe_count) {
+        kfmt_bytes(sb->stripe_len, b, sizeof b);
+        printf("; stripe space %s over %u members in units of %u KiB", b, sb->stripe_count, sb->stripe_unit >> 10);
+    }
+    printf("\n");
+    for (uint16_t m = 0; m < kpk_member_count(f); m++) {
+        const kpk_member *r = kpk_member_at(f, m);
+        uint64_t held = 0;
+        for (uint32_t i = 0; i < kpk_extent_count(f); i++) {
+            const kpk_extent *x = kpk_extent_at(f, i);
+            if (x->member == m) held += x->stored_len;
+        }
+        kfmt_bytes(r->file_size, b, sizeof b);
+        if (r->role == KPK_ROLE_STRIPE)
+            printf("  %3u %-6s %9s  %s (stripe %u)\n", m, kpk_role_name(r->role), b, kpk_member_name(f, m), r->stripe_index);
+        else {
+            char h[32];
+            kfmt_bytes(held, h, sizeof h);
+            printf("  %3u %-6s %9s  %s (extents: %s)\n", m, kpk_role_name(r->role), b, m ? kpk_member_name(f, m) : kpk_path(f), h);
+        }
+    }
+}
+
+/* What the archive keeps (§9.2): the recipe's files, or nothing. */
+static void print_archive(json_t *manifest, const struct by_kind *k)
+{
+    json_t *ar = json_object_get(manifest, "archive"), *files = json_object_get(ar, "files"), *it;
+    size_t i;
+    uint64_t total = 0;
+    char b[32];
+    if (!ar) return;
+    json_array_foreach(files, i, it) total += (uint64_t)json_integer_value(json_object_get(it, "size"));
+    kfmt_bytes(total, b, sizeof b);
+    printf("archive:   %zu file%s of the download (%s) can be rebuilt", json_array_size(files),
+           json_array_size(files) == 1 ? "" : "s", b);
+    kfmt_bytes(k[KPK_KIND_ARCHIVE].stored, b, sizeof b);
+    printf("; %u archive extent%s hold %s\n", k[KPK_KIND_ARCHIVE].count, k[KPK_KIND_ARCHIVE].count == 1 ? "" : "s", b);
+    json_array_foreach(files, i, it) {
+        if (i == 8) { printf("  ... %zu more\n", json_array_size(files) - 8); break; }
+        kfmt_bytes((uint64_t)json_integer_value(json_object_get(it, "size")), b, sizeof b);
+        printf("  %-12s %9s  %s\n", json_string_value(json_object_get(it, "kind")), b,
+               json_string_value(json_object_get(it, "name")));
+    }
+    if (json_array_size(json_object_get(ar, "not_kept")))
+        printf("  not kept: %zu file%s\n", json_array_size(json_object_get(ar, "not_kept")),
+               json_array_size(json_object_get(ar, "not_kept")) == 1 ? "" : "s");
 }
 
 int cmd_info(int argc, char **argv)
@@ -41,8 +119,7 @@ int cmd_info(int argc, char **argv)
     const char *path = NULL;
     int json = 0, rc;
     kpk_file *f;
-    uint32_t count[5] = {0};
-    uint64_t bytes[5] = {0};
+    struct by_kind k[KPK_KIND_MAX + 1];
     char *cfg_text = NULL, cfg_err[600] = "";
     size_t cfg_len;
     k3_config cfg;
@@ -52,6 +129,7 @@ int cmd_info(int argc, char **argv)
     kpk_err e = {0};
     size_t mlen;
     const char *mtext;
+    const kpk_superblock *sb;
 
     for (int i = 1; i < argc; i++) {
         if (kx_flag(argc, argv, &i, "--help", NULL) || kx_flag(argc, argv, &i, "-h", NULL)) { fputs(info_usage, stdout); return KX_OK; }
@@ -62,11 +140,15 @@ int cmd_info(int argc, char **argv)
     }
     if (!path) { fputs(info_usage, stderr); return KX_FAIL; }
     if ((rc = open_or_report(path, &f))) return rc;
+    sb = kpk_super(f);
 
+    memset(k, 0, sizeof k);
     for (uint32_t i = 0; i < kpk_extent_count(f); i++) {
         const kpk_extent *x = kpk_extent_at(f, i);
-        count[x->kind]++;
-        bytes[x->kind] += x->stored_len;
+        k[x->kind].count++;
+        k[x->kind].stored += x->stored_len;
+        k[x->kind].raw += x->raw_len;
+        k[x->kind].compressed += x->codec != KPK_CODEC_NONE;
     }
     if (kpk_meta_file(f, "config.json", &cfg_text, &cfg_len, &e) == 0)
         have_cfg = k3_config_parse(cfg_text, cfg_len, &cfg, cfg_err, sizeof cfg_err) == 0;
@@ -75,26 +157,37 @@ int cmd_info(int argc, char **argv)
     manifest = json_loadb(mtext, mlen, 0, &je);
 
     if (json) {
-        json_t *j = json_object(), *k = json_object(), *files = json_array();
-        const kpk_superblock *sb = kpk_super(f);
+        json_t *j = json_object(), *kinds = json_object(), *files = json_array();
+        const kpk_extent *meta = kpk_extent_at(f, (uint32_t)kpk_find_meta(f));
         json_object_set_new(j, "file", json_string(path));
-        json_object_set_new(j, "bytes", json_integer((json_int_t)kpk_size(f)));
+        json_object_set_new(j, "bytes", json_integer((json_int_t)kpk_total_size(f)));
         json_object_set_new(j, "version", json_sprintf("%u.%u", sb->major, sb->minor));
         json_object_set_new(j, "align", json_integer(sb->align));
         json_object_set_new(j, "order", json_string(sb->order == KPK_ORDER_TRUNK_FIRST ? "trunk-first" : "layer-major"));
         json_object_set_new(j, "tensors", json_integer((json_int_t)kpk_tensor_count(f)));
-        for (int kind = KPK_KIND_META; kind <= KPK_KIND_EXPERT; kind++) {
+        for (int kind = KPK_KIND_META; kind <= KPK_KIND_MAX; kind++) {
             json_t *o = json_object();
-            json_object_set_new(o, "count", json_integer(count[kind]));
-            json_object_set_new(o, "bytes", json_integer((json_int_t)bytes[kind]));
-            json_object_set_new(k, kpk_kind_name(kind), o);
+            json_object_set_new(o, "count", json_integer(k[kind].count));
+            json_object_set_new(o, "bytes", json_integer((json_int_t)k[kind].stored));
+            json_object_set_new(o, "raw_bytes", json_integer((json_int_t)k[kind].raw));
+            json_object_set_new(o, "compressed", json_integer(k[kind].compressed));
+            json_object_set_new(o, "ratio", json_real(ratio(k[kind].stored, k[kind].raw)));
+            json_object_set_new(kinds, kpk_kind_name(kind), o);
         }
-        json_object_set_new(j, "extents", k);
-        for (uint64_t i = 0; i < kpk_tensor_count(f); i++) {
+        json_object_set_new(j, "extents", kinds);
+        json_object_set_new(j, "members", members_json(f));
+        if (sb->stripe_count) {
+            json_t *s = json_object();
+            json_object_set_new(s, "members", json_integer(sb->stripe_count));
+            json_object_set_new(s, "unit", json_integer(sb->stripe_unit));
+            json_object_set_new(s, "length", json_integer((json_int_t)sb->stripe_len));
+            json_object_set_new(j, "stripe", s);
+        } else json_object_set_new(j, "stripe", json_null());
+        json_object_set_new(j, "blocks", json_integer((json_int_t)sb->block_count));
+        for (uint64_t i = meta->first_tensor; i < (uint64_t)meta->first_tensor + meta->tensor_count; i++) {
             kpk_tensor t;
             kpk_tensor_at(f, i, &t);
-            if (t.dtype == KPK_DT_BYTES) json_array_append_new(files, json_string(t.name + strlen(KPK_META_PREFIX)));
-            else break; /* the meta extent comes first */
+            json_array_append_new(files, json_string(t.name + strlen(KPK_META_PREFIX)));
         }
         json_object_set_new(j, "embedded_files", files);
         if (have_cfg) {
@@ -114,9 +207,9 @@ int cmd_info(int argc, char **argv)
         fputc('\n', stdout);
         json_decref(j);
     } else {
-        const kpk_superblock *sb = kpk_super(f);
-        char b[32];
-        kfmt_bytes(kpk_size(f), b, sizeof b);
+        const kpk_extent *meta = kpk_extent_at(f, (uint32_t)kpk_find_meta(f));
+        char b[32], r[32];
+        kfmt_bytes(kpk_total_size(f), b, sizeof b);
         printf("file:      %s (%s), KPK %u.%u, extents aligned to %u, order %s\n", path, b, sb->major, sb->minor,
                sb->align, sb->order == KPK_ORDER_TRUNK_FIRST ? "trunk-first" : "layer-major");
         if (have_cfg)
@@ -124,36 +217,45 @@ int cmd_info(int argc, char **argv)
                    cfg.n_layers, k3_config_mla_layer_count(&cfg), cfg.n_layers - k3_config_mla_layer_count(&cfg), cfg.hidden,
                    cfg.vocab, cfg.n_experts, cfg.topk, cfg.n_shared, cfg.latent);
         else printf("model:     config unreadable: %s\n", cfg_err);
-        printf("extents:   %u in all, %llu tensors\n", kpk_extent_count(f), (unsigned long long)kpk_tensor_count(f));
-        for (int kind = KPK_KIND_META; kind <= KPK_KIND_EXPERT; kind++) {
-            kfmt_bytes(bytes[kind], b, sizeof b);
-            printf("  %-8s %7u  %s\n", kpk_kind_name(kind), count[kind], b);
+        print_members(f);
+        printf("extents:   %u in all, %llu tensors%s\n", kpk_extent_count(f), (unsigned long long)kpk_tensor_count(f),
+               sb->block_count ? "; stored / decoded (ratio)" : "");
+        for (int kind = KPK_KIND_META; kind <= KPK_KIND_MAX; kind++) {
+            if (kind == KPK_KIND_ARCHIVE && !k[kind].count) continue;
+            kfmt_bytes(k[kind].stored, b, sizeof b);
+            if (!k[kind].compressed) { printf("  %-8s %7u  %s\n", kpk_kind_name(kind), k[kind].count, b); continue; }
+            kfmt_bytes(k[kind].raw, r, sizeof r);
+            printf("  %-8s %7u  %s / %s (%.3f; %u compressed)\n", kpk_kind_name(kind), k[kind].count, b, r,
+                   ratio(k[kind].stored, k[kind].raw), k[kind].compressed);
         }
         printf("files:    ");
-        for (uint64_t i = 0; i < kpk_tensor_count(f); i++) {
+        for (uint64_t i = meta->first_tensor; i < (uint64_t)meta->first_tensor + meta->tensor_count; i++) {
             kpk_tensor t;
             kpk_tensor_at(f, i, &t);
-            if (t.dtype != KPK_DT_BYTES) break;
             printf(" %s", t.name + strlen(KPK_META_PREFIX));
         }
         printf("\n");
         if (manifest) {
             json_t *src = json_object_get(manifest, "source"), *fl = json_object_get(src, "files"), *d = json_object_get(manifest, "dropped");
+            json_t *opts = json_object_get(manifest, "options");
             size_t nf = json_array_size(fl), nsha = 0, i;
             json_t *it;
             json_array_foreach(fl, i, it) nsha += json_is_string(json_object_get(it, "sha256"));
             printf("producer:  %s; options: align %lld, order %s\n", json_string_value(json_object_get(manifest, "producer")),
-                   (long long)json_integer_value(json_object_get(json_object_get(manifest, "options"), "align")),
-                   json_string_value(json_object_get(json_object_get(manifest, "options"), "order")));
+                   (long long)json_integer_value(json_object_get(opts, "align")),
+                   json_string_value(json_object_get(opts, "order")));
             printf("source:    %s, %zu file%s, SHA-256 verified for %zu\n", json_string_value(json_object_get(src, "layout")),
                    nf, nf == 1 ? "" : "s", nsha);
-            kfmt_bytes((uint64_t)json_integer_value(json_object_get(d, "bytes")), b, sizeof b);
-            printf("dropped:   %lld non-text tensors (%s)", (long long)json_integer_value(json_object_get(d, "count")), b);
-            json_array_foreach(json_object_get(d, "names"), i, it) {
-                if (i == 3) { printf(", ..."); break; }
-                printf("%s%s", i ? ", " : ": ", json_string_value(it));
+            if (d) {
+                kfmt_bytes((uint64_t)json_integer_value(json_object_get(d, "bytes")), b, sizeof b);
+                printf("dropped:   %lld non-text tensors (%s)", (long long)json_integer_value(json_object_get(d, "count")), b);
+                json_array_foreach(json_object_get(d, "names"), i, it) {
+                    if (i == 3) { printf(", ..."); break; }
+                    printf("%s%s", i ? ", " : ": ", json_string_value(it));
+                }
+                printf("\n");
             }
-            printf("\n");
+            print_archive(manifest, k);
         } else printf("manifest:  unreadable JSON\n");
     }
     json_decref(manifest);
@@ -192,30 +294,22 @@ int cmd_cat(int argc, char **argv)
         kx_error("%s", e.msg);
         free(buf);
         kpk_close(f);
-        return e.code == KPK_EIO ? KX_FAIL : KX_BAD;
+        return kpk_err_is_damage(e.code) ? KX_BAD : KX_FAIL;
     }
-    {
-        const kpk_extent *x = kpk_extent_at(f, t.extent);
-        if (x->codec != KPK_CODEC_NONE) {
-            uint8_t *raw = malloc(x->raw_len);
-            if (!raw || kpk_extent_read(f, t.extent, raw, 1, &e) ||
-                (t.nbytes && fwrite(raw + t.offset, 1, t.nbytes, stdout) != t.nbytes)) {
-                kx_error("%s", raw ? e.msg : "out of memory");
-                free(raw); free(buf); kpk_close(f);
-                return KX_FAIL;
-            }
-            free(raw);
-        } else {
-            for (uint64_t pos = 0; pos < t.nbytes;) {
-                size_t n = t.nbytes - pos < CH ? (size_t)(t.nbytes - pos) : CH;
-                if (kio_pread_full(kpk_fd(f), buf, n, x->offset + t.offset + pos) || fwrite(buf, 1, n, stdout) != n) {
-                    kx_error("%s: %s", path, strerror(errno));
-                    free(buf); kpk_close(f);
-                    return KX_FAIL;
-                }
-                pos += n;
-            }
+    /* raw bytes through the member files and the blocks, a chunk at a time */
+    for (uint64_t pos = 0; pos < t.nbytes;) {
+        size_t n = t.nbytes - pos < CH ? (size_t)(t.nbytes - pos) : CH;
+        if (kpk_extent_read_raw(f, t.extent, buf, n, t.offset + pos, &e)) {
+            kx_error("%s", e.msg);
+            free(buf); kpk_close(f);
+            return kpk_err_is_damage(e.code) ? KX_BAD : KX_FAIL;
         }
+        if (fwrite(buf, 1, n, stdout) != n) {
+            kx_error("writing stdout: %s", strerror(errno));
+            free(buf); kpk_close(f);
+            return KX_FAIL;
+        }
+        pos += n;
     }
     free(buf);
     kpk_close(f);

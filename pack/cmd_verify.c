@@ -1,6 +1,10 @@
-/* kpack verify FILE.kpk: re-hash every extent and check that every byte
- * that is not checksummed is zero, so one flipped bit anywhere is found. */
+/* kpack verify FILE.kpk: re-hash every extent of every member file, decode
+ * every compressed block, check that every byte that is not checksummed is
+ * zero (so one flipped bit anywhere is found), that the manifest is JSON and
+ * that the file holds exactly the model its config describes (so "verify
+ * OK" means krun will accept it). */
 #include "cli.h"
+#include "k3_check.h"
 #include "kio.h"
 #include "kprogress.h"
 #include "kpk_reader.h"
@@ -13,24 +17,32 @@
 #include <string.h>
 
 static const char usage[] =
-    "usage: kpack verify FILE.kpk [--threads N] [--json] [--quiet]\n"
+    "usage: kpack verify FILE.kpk [--shallow] [--threads N] [--json] [--quiet]\n"
     "\n"
-    "Checks the superblocks, the directory checksums, every extent's XXH3 and\n"
-    "that every padding byte is zero. Names each bad extent, e.g.\n"
-    "\"layer 17 expert 403: checksum mismatch\".\n"
+    "Checks the superblocks of every member file, the directory checksums, every\n"
+    "extent's XXH3, every compressed block (decoded, with its checksum), that every\n"
+    "padding byte, every gap between tensors and all unused stripe space is zero,\n"
+    "that the manifest is JSON, and that the file holds exactly the model its\n"
+    "config.json describes (what krun checks before it runs a file). Names each\n"
+    "problem, e.g. \"layer 17 expert 403: checksum mismatch\" or\n"
+    "\"layer 17 trunk: block 212: decoded checksum mismatch\".\n"
+    "A set is verified through its entry file (member 0).\n"
     "\n"
+    "  --shallow     compressed extents: check the stored bytes only (no decoding)\n"
     "  --threads N   extents checked at once (default: all cores)\n"
     "  --json        machine-readable report on stdout\n"
     "  --quiet       no progress line\n"
     "\n"
-    "Exit: 0 intact, 1 corrupt (damaged or truncated), 2 unreadable or not a KPK file.\n";
+    "Exit: 0 intact, 1 damaged (corrupt or truncated), 2 unreadable, not a KPK file,\n"
+    "a newer format, or a member file of a set missing or wrong.\n";
 
 #define SCRATCH ((size_t)8 << 20)
 
-struct problem { uint64_t offset; char what[64]; char msg[600]; };
+struct problem { uint64_t order; char what[160]; char msg[600]; };
 
 struct vjob {
     kpk_file *f;
+    int flags;
     _Atomic uint32_t next;
     kprogress *prog;
     pthread_mutex_t mu;
@@ -39,7 +51,7 @@ struct vjob {
     int io_error;
 };
 
-static void add_problem(struct vjob *j, uint64_t off, const char *what, const char *msg)
+static void add_problem(struct vjob *j, uint64_t order, const char *what, const char *msg)
 {
     pthread_mutex_lock(&j->mu);
     if (j->n_probs == j->cap) {
@@ -49,18 +61,32 @@ static void add_problem(struct vjob *j, uint64_t off, const char *what, const ch
         j->probs = p;
         j->cap = cap;
     }
-    j->probs[j->n_probs].offset = off;
+    j->probs[j->n_probs].order = order;
     snprintf(j->probs[j->n_probs].what, sizeof j->probs[0].what, "%s", what);
     snprintf(j->probs[j->n_probs].msg, sizeof j->probs[0].msg, "%s", msg);
     j->n_probs++;
     pthread_mutex_unlock(&j->mu);
 }
 
+/* An extent error reads "<path>: <what> (extent N): <why>"; keep <why>. */
+static const char *extent_why(const char *msg)
+{
+    const char *p = strstr(msg, " (extent ");
+    if (p && (p = strstr(p, "): "))) return p + 3;
+    p = strrchr(msg, ':');
+    return p ? p + 2 : msg;
+}
+
+/* Problems are listed: the file as a whole, zero regions, then extents in table order. */
+#define ORDER_FILE 0
+#define ORDER_REGION ((uint64_t)1 << 32)
+#define ORDER_EXTENT ((uint64_t)2 << 32)
+
 static void *worker(void *arg)
 {
     struct vjob *j = arg;
     void *scratch = malloc(SCRATCH);
-    if (!scratch) { add_problem(j, 0, "verify", "out of memory"); j->io_error = 1; return NULL; }
+    if (!scratch) { add_problem(j, ORDER_FILE, "verify", "out of memory"); j->io_error = 1; return NULL; }
     for (;;) {
         uint32_t i = atomic_fetch_add(&j->next, 1);
         const kpk_extent *x;
@@ -68,12 +94,10 @@ static void *worker(void *arg)
         char d[64];
         if (i >= kpk_extent_count(j->f)) break;
         x = kpk_extent_at(j->f, i);
-        if (kpk_extent_verify(j->f, i, scratch, SCRATCH, &e)) {
-            /* the message is "<path>: <what> (...): <why>"; keep <why> */
-            const char *why = strrchr(e.msg, ':');
+        if (kpk_extent_verify_ex(j->f, i, scratch, SCRATCH, j->flags, &e)) {
             kpk_extent_describe(x, d, sizeof d);
-            add_problem(j, x->offset, d, why ? why + 2 : e.msg);
-            if (e.code == KPK_EIO) j->io_error = 1;
+            add_problem(j, ORDER_EXTENT + i, d, extent_why(e.msg));
+            if (e.code == KPK_EIO || e.code == KPK_ENOMEM) j->io_error = 1;
         }
         kprogress_add(j->prog, kpk_extent_padded_len(j->f, x));
     }
@@ -81,26 +105,78 @@ static void *worker(void *arg)
     return NULL;
 }
 
-/* Bytes in [a, b) must be zero. */
-static void check_zero(struct vjob *j, uint64_t a, uint64_t b, const char *what)
+/* Every region the format requires to be zero. */
+static void check_regions(struct vjob *j)
 {
+    kpk_region *r;
+    size_t n;
+    kpk_err e = {0};
     uint8_t *buf;
-    if (a >= b) return;
+    if (kpk_zero_regions(j->f, &r, &n, &e)) { add_problem(j, ORDER_FILE, "verify", e.msg); j->io_error = 1; return; }
     buf = malloc(SCRATCH);
-    if (!buf) { add_problem(j, a, what, "out of memory"); return; }
-    for (uint64_t pos = a; pos < b;) {
-        size_t n = b - pos < SCRATCH ? (size_t)(b - pos) : SCRATCH;
-        if (kio_pread_full(kpk_fd(j->f), buf, n, pos)) { add_problem(j, pos, what, strerror(errno)); j->io_error = 1; break; }
-        if (!kio_is_zero(buf, n)) { add_problem(j, pos, what, "non-zero bytes where the format requires zero padding"); break; }
-        pos += n;
+    if (!buf) { free(r); add_problem(j, ORDER_FILE, "verify", "out of memory"); j->io_error = 1; return; }
+    for (size_t k = 0; k < n; k++) {
+        for (uint64_t pos = r[k].off; pos < r[k].off + r[k].len;) {
+            size_t len = r[k].off + r[k].len - pos < SCRATCH ? (size_t)(r[k].off + r[k].len - pos) : SCRATCH;
+            if (kpk_target_pread(j->f, r[k].target, buf, len, pos, &e)) {
+                add_problem(j, ORDER_REGION + k, r[k].what, e.msg);
+                j->io_error = 1;
+                break;
+            }
+            if (!kio_is_zero(buf, len)) {
+                add_problem(j, ORDER_REGION + k, r[k].what, "non-zero bytes where the format requires zero padding");
+                break;
+            }
+            pos += len;
+        }
     }
     free(buf);
+    free(r);
+}
+
+/* The manifest is a JSON object; the model is the one the config describes. */
+static void check_contents(struct vjob *j)
+{
+    size_t len;
+    const char *m = kpk_manifest(j->f, &len);
+    json_error_t je;
+    json_t *root = json_loadb(m, len, 0, &je);
+    k3_config cfg;
+    char err[1200];
+    if (!root || !json_is_object(root)) {
+        char msg[300];
+        snprintf(msg, sizeof msg, "not a JSON object%s%s", root ? "" : ": ", root ? "" : je.text);
+        add_problem(j, ORDER_FILE, "manifest", msg);
+    }
+    json_decref(root);
+    if (k3_check_kpk(j->f, &cfg, err, sizeof err)) {
+        const char *p = strncmp(err, kpk_path(j->f), strlen(kpk_path(j->f))) == 0 ? err + strlen(kpk_path(j->f)) + 2 : err;
+        add_problem(j, ORDER_FILE, "model", p);
+    }
 }
 
 static int cmp_prob(const void *a, const void *b)
 {
     const struct problem *x = a, *y = b;
-    return (x->offset > y->offset) - (x->offset < y->offset);
+    return (x->order > y->order) - (x->order < y->order);
+}
+
+static int report_open_error(const char *path, const kpk_err *e, int json)
+{
+    int damage = kpk_err_is_damage(e->code);
+    if (json) {
+        json_t *j = json_object();
+        json_object_set_new(j, "file", json_string(path));
+        json_object_set_new(j, "ok", json_false());
+        json_object_set_new(j, "readable", json_boolean(damage));
+        json_object_set_new(j, "member_error", json_boolean(e->code == KPK_EMEMBER));
+        json_object_set_new(j, "error", json_string(e->msg));
+        json_dumpf(j, stdout, JSON_INDENT(1) | JSON_SORT_KEYS);
+        fputc('\n', stdout);
+        json_decref(j);
+    }
+    kx_error("%s", e->msg);
+    return damage ? KX_BAD : KX_FAIL;
 }
 
 int cmd_verify(int argc, char **argv)
@@ -116,12 +192,15 @@ int cmd_verify(int argc, char **argv)
     double secs;
     long n;
 
+    memset(&job, 0, sizeof job);
     for (int i = 1; i < argc; i++) {
         if (kx_flag(argc, argv, &i, "--help", NULL) || kx_flag(argc, argv, &i, "-h", NULL)) { fputs(usage, stdout); return KX_OK; }
         else if (kx_flag(argc, argv, &i, "--threads", &v)) {
             if (kx_parse_int(v, 1, 256, &n)) { kx_error("--threads: expected 1..256, got %s", v); return KX_FAIL; }
             threads = (int)n;
-        } else if (kx_flag(argc, argv, &i, "--json", NULL)) json = 1;
+        } else if (kx_flag(argc, argv, &i, "--shallow", NULL)) job.flags |= KPK_VERIFY_SHALLOW;
+        else if (kx_flag(argc, argv, &i, "--deep", NULL)) job.flags &= ~KPK_VERIFY_SHALLOW;
+        else if (kx_flag(argc, argv, &i, "--json", NULL)) json = 1;
         else if (kx_flag(argc, argv, &i, "--quiet", NULL)) quiet = 1;
         else if (argv[i][0] == '-') { kx_error("verify: unknown option %s", argv[i]); fputs(usage, stderr); return KX_FAIL; }
         else if (!path) path = argv[i];
@@ -129,44 +208,17 @@ int cmd_verify(int argc, char **argv)
     }
     if (!path) { fputs(usage, stderr); return KX_FAIL; }
 
-    if (kpk_open(path, &f, &e)) {
-        int corrupt = e.code == KPK_EFORMAT || e.code == KPK_ECHECKSUM;
-        if (json) {
-            json_t *j = json_object();
-            json_object_set_new(j, "file", json_string(path));
-            json_object_set_new(j, "ok", json_false());
-            json_object_set_new(j, "readable", json_boolean(corrupt));
-            json_object_set_new(j, "error", json_string(e.msg));
-            json_dumpf(j, stdout, JSON_INDENT(1) | JSON_SORT_KEYS);
-            fputc('\n', stdout);
-            json_decref(j);
-        }
-        kx_error("%s", e.msg);
-        return corrupt ? KX_BAD : KX_FAIL;
-    }
-    memset(&job, 0, sizeof job);
+    if (kpk_open(path, &f, &e)) return report_open_error(path, &e, json);
     job.f = f;
     pthread_mutex_init(&job.mu, NULL);
-    if (kpk_warning(f)) add_problem(&job, 0, "superblock", kpk_warning(f));
+    if (kpk_warning(f)) add_problem(&job, ORDER_FILE, "superblock", kpk_warning(f));
     for (uint32_t i = 0; i < kpk_extent_count(f); i++) total += kpk_extent_padded_len(f, kpk_extent_at(f, i));
     job.prog = kprogress_start("verify", total, !quiet && !json);
 
-    {   /* the gaps: after the superblock, between extents, between sections */
-        const kpk_superblock *sb = kpk_super(f);
-        uint64_t at = KPK_SUPERBLOCK_SIZE;
-        for (uint32_t i = 0; i < kpk_extent_count(f); i++) {
-            const kpk_extent *x = kpk_extent_at(f, i);
-            check_zero(&job, at, x->offset, "padding before an extent");
-            at = x->offset + kpk_extent_padded_len(f, x);
-        }
-        check_zero(&job, at, sb->extent_table_off, "padding before the directory");
-        check_zero(&job, sb->extent_table_off + sb->extent_count * KPK_EXTENT_RECORD_SIZE, sb->tensor_table_off, "directory padding");
-        check_zero(&job, sb->tensor_table_off + sb->tensor_count * KPK_TENSOR_RECORD_SIZE, sb->strings_off, "directory padding");
-        check_zero(&job, sb->strings_off + sb->strings_len, sb->manifest_off, "directory padding");
-        check_zero(&job, sb->manifest_off + sb->manifest_len, kpk_size(f) - KPK_SUPERBLOCK_SIZE, "directory padding");
-    }
+    check_contents(&job);
+    check_regions(&job);
     tid = calloc((size_t)threads, sizeof *tid);
-    if (!tid) { kx_error("out of memory"); kpk_close(f); return KX_FAIL; }
+    if (!tid) { kx_error("out of memory"); kprogress_finish(job.prog); free(job.probs); kpk_close(f); return KX_FAIL; }
     for (int i = 1; i < threads; i++)
         if (pthread_create(&tid[i], NULL, worker, &job) == 0) started++;
         else break;
@@ -181,27 +233,28 @@ int cmd_verify(int argc, char **argv)
         for (size_t i = 0; i < job.n_probs && i < job.cap; i++) {
             json_t *o = json_object();
             json_object_set_new(o, "what", json_string(job.probs[i].what));
-            json_object_set_new(o, "offset", json_integer((json_int_t)job.probs[i].offset));
             json_object_set_new(o, "error", json_string(job.probs[i].msg));
             json_array_append_new(a, o);
         }
         json_object_set_new(j, "file", json_string(path));
         json_object_set_new(j, "ok", json_boolean(job.n_probs == 0));
         json_object_set_new(j, "readable", json_true());
+        json_object_set_new(j, "members", json_integer(kpk_member_count(f)));
         json_object_set_new(j, "extents", json_integer(kpk_extent_count(f)));
-        json_object_set_new(j, "bytes", json_integer((json_int_t)kpk_size(f)));
+        json_object_set_new(j, "bytes", json_integer((json_int_t)kpk_total_size(f)));
+        json_object_set_new(j, "deep", json_boolean(!(job.flags & KPK_VERIFY_SHALLOW)));
         json_object_set_new(j, "seconds", json_real(secs));
         json_object_set_new(j, "problems", a);
         json_dumpf(j, stdout, JSON_INDENT(1) | JSON_SORT_KEYS);
         fputc('\n', stdout);
         json_decref(j);
     } else {
-        char b[32];
+        char b[32], mem[48] = "";
         for (size_t i = 0; i < job.n_probs && i < job.cap; i++) printf("%s: %s\n", job.probs[i].what, job.probs[i].msg);
-        kfmt_bytes(kpk_size(f), b, sizeof b);
-        printf("%s: %u extents, %s checked in %.2f s (%.0f MB/s): %s\n", path, kpk_extent_count(f), b, secs,
-               secs > 0 ? (double)kpk_size(f) / secs / 1e6 : 0.0,
-               job.n_probs ? "CORRUPT" : "OK");
+        kfmt_bytes(kpk_total_size(f), b, sizeof b);
+        if (kpk_member_count(f) > 1) snprintf(mem, sizeof mem, " in %u member files", kpk_member_count(f));
+        printf("%s: %u extents, %s%s checked in %.2f s (%.0f MB/s): %s\n", path, kpk_extent_count(f), b, mem, secs,
+               secs > 0 ? (double)kpk_total_size(f) / secs / 1e6 : 0.0, job.n_probs ? "CORRUPT" : "OK");
     }
     {
         int rc = job.io_error ? KX_FAIL : job.n_probs ? KX_BAD : KX_OK;

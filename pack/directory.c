@@ -3,91 +3,145 @@
 #include "kio.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 #include <xxhash.h>
 
-static uint8_t *encode_extents(const kp_plan *p, uint64_t *len)
-{
-    uint8_t *b = malloc((uint64_t)p->n_extents * KPK_EXTENT_RECORD_SIZE + 1);
-    if (!b) return NULL;
-    for (uint32_t i = 0; i < p->n_extents; i++) kpk_extent_encode(&p->extents[i], b + (uint64_t)i * KPK_EXTENT_RECORD_SIZE);
-    *len = (uint64_t)p->n_extents * KPK_EXTENT_RECORD_SIZE;
-    return b;
-}
+struct dir_bytes { uint8_t *extents, *tensors, *strings, *members; uint64_t n_ext, n_ten, n_str, n_mem; };
 
-static uint8_t *encode_tensors(const kp_plan *p, uint64_t *len)
-{
-    uint8_t *b = malloc(p->n_tensors * KPK_TENSOR_RECORD_SIZE + 1);
-    if (!b) return NULL;
-    for (uint64_t i = 0; i < p->n_tensors; i++) kpk_tensor_encode(&p->tensors[i], p->name_off[i], b + i * KPK_TENSOR_RECORD_SIZE);
-    *len = p->n_tensors * KPK_TENSOR_RECORD_SIZE;
-    return b;
-}
+static void dir_free(struct dir_bytes *d) { free(d->extents); free(d->tensors); free(d->strings); free(d->members); }
 
-void kp_superblock_for(const kp_plan *p, kpk_superblock *sb)
+/* The shared part of every superblock of the set (§3). */
+static void shared_fields(const kp_plan *p, const kp_layout *l, uint64_t set_id, kpk_superblock *sb)
 {
-    uint64_t len;
-    uint8_t *b;
     memset(sb, 0, sizeof *sb);
     sb->major = KPK_VERSION_MAJOR;
     sb->minor = KPK_VERSION_MINOR;
-    sb->incompat = 0;
+    sb->incompat = p->n_members > 1 ? KPK_INCOMPAT_MEMBERS : 0;
+    for (uint32_t i = 0; i < p->n_extents; i++) {
+        if (p->extents[i].kind == KPK_KIND_ARCHIVE) sb->incompat |= KPK_INCOMPAT_ARCHIVE;
+        if (p->extents[i].codec == KPK_CODEC_BLOCKS) sb->incompat |= KPK_INCOMPAT_BLOCKS;
+    }
     sb->compat = KPK_COMPAT_SPARSE;
     sb->align = p->opt.align;
     sb->order = (uint32_t)p->opt.order;
-    sb->file_size = p->file_size;
-    sb->member_index = 0;
-    sb->member_count = 1;
-    sb->extent_table_off = p->extent_table_off;
-    sb->extent_count = p->n_extents;
-    sb->tensor_table_off = p->tensor_table_off;
-    sb->tensor_count = p->n_tensors;
-    sb->strings_off = p->strings_off;
-    sb->strings_len = p->names_len;
-    sb->strings_xxh3 = XXH3_64bits(p->names, p->names_len);
-    sb->manifest_off = p->manifest_off;
-    sb->manifest_len = p->manifest_len;
-    sb->manifest_xxh3 = XXH3_64bits(p->manifest, p->manifest_len);
-    sb->data_bytes = p->data_bytes;
-    if ((b = encode_extents(p, &len))) { sb->extent_table_xxh3 = XXH3_64bits(b, len); free(b); }
-    if ((b = encode_tensors(p, &len))) { sb->tensor_table_xxh3 = XXH3_64bits(b, len); free(b); }
-    /* The set id ties the members of a stripe set together; with one member it
-     * is simply a fingerprint of the layout. */
-    sb->set_id = sb->extent_table_xxh3 ^ sb->tensor_table_xxh3;
+    sb->set_id = set_id;
+    sb->member_count = p->n_members;
+    if (p->n_stripe) {
+        sb->stripe_unit = p->stripe_unit;
+        sb->stripe_count = p->n_stripe;
+        sb->stripe_len = l->stripe_len;
+    }
 }
 
-int kp_write_directory(int fd, const kp_plan *p)
+/* Write a superblock copy; what names the file in errors. */
+static int put_block(int fd, const uint8_t *blk, uint64_t off, const char *what, char *err, size_t errlen)
 {
-    uint64_t len;
-    uint8_t *b;
-    int rc;
-    if (!(b = encode_extents(p, &len))) { errno = ENOMEM; return -1; }
-    rc = kio_pwrite_full(fd, b, len, p->extent_table_off);
-    free(b);
-    if (rc) return -1;
-    if (!(b = encode_tensors(p, &len))) { errno = ENOMEM; return -1; }
-    rc = kio_pwrite_full(fd, b, len, p->tensor_table_off);
-    free(b);
-    if (rc) return -1;
-    if (kio_pwrite_full(fd, p->names, p->names_len, p->strings_off)) return -1;
-    return kio_pwrite_full(fd, p->manifest, p->manifest_len, p->manifest_off);
+    if (kio_pwrite_full(fd, blk, KPK_SUPERBLOCK_SIZE, off)) {
+        snprintf(err, errlen, "writing the superblock of %s: %s", what, strerror(errno));
+        return -1;
+    }
+    return 0;
 }
 
-int kp_write_superblocks(int fd, const kp_plan *p)
+int kp_finish_files(const kp_plan *p, const kp_layout *l, const int *fds, char *err, size_t errlen)
 {
+    struct dir_bytes d = {0};
+    uint8_t (*blk)[KPK_SUPERBLOCK_SIZE] = calloc(p->n_members, KPK_SUPERBLOCK_SIZE);
     kpk_superblock sb;
-    uint8_t *blk = malloc(KPK_SUPERBLOCK_SIZE);
+    uint64_t set_id, data = 0, at;
     int rc = -1;
-    if (!blk) { errno = ENOMEM; return -1; }
-    kp_superblock_for(p, &sb);
-    if (!sb.extent_table_xxh3 && p->n_extents) { errno = ENOMEM; goto out; }
-    kpk_superblock_encode(&sb, blk);
-    if (kio_pwrite_full(fd, blk, KPK_SUPERBLOCK_SIZE, p->backup_off) || fdatasync(fd)) goto out;
-    if (kio_pwrite_full(fd, blk, KPK_SUPERBLOCK_SIZE, 0) || fsync(fd)) goto out;
+
+    d.n_ext = (uint64_t)p->n_extents * KPK_EXTENT_RECORD_SIZE;
+    d.n_ten = p->n_tensors * KPK_TENSOR_RECORD_SIZE;
+    d.n_str = l->strings_len;
+    d.n_mem = p->n_members > 1 ? (uint64_t)p->n_members * KPK_MEMBER_RECORD_SIZE : 0;
+    d.extents = malloc(d.n_ext + 1);
+    d.tensors = malloc(d.n_ten + 1);
+    d.strings = malloc(d.n_str + 1);
+    d.members = calloc(1, d.n_mem + 1);
+    if (!blk || !d.extents || !d.tensors || !d.strings || !d.members) { errno = ENOMEM; snprintf(err, errlen, "out of memory"); goto out; }
+    for (uint32_t i = 0; i < p->n_extents; i++) {
+        kpk_extent_encode(&p->extents[i], d.extents + (uint64_t)i * KPK_EXTENT_RECORD_SIZE);
+        data += p->extents[i].stored_len;
+    }
+    for (uint64_t i = 0; i < p->n_tensors; i++) kpk_tensor_encode(&p->tensors[i], p->name_off[i], d.tensors + i * KPK_TENSOR_RECORD_SIZE);
+    /* the string pool: the names, then the member paths (§5, §7.2) */
+    memcpy(d.strings, p->names, p->names_len);
+    at = p->names_len;
+    for (uint32_t m = 1; m < p->n_members; m++) {
+        size_t n = strlen(p->members[m].rel) + 1;
+        memcpy(d.strings + at, p->members[m].rel, n);
+        at += n;
+    }
+    set_id = XXH3_64bits(d.extents, d.n_ext) ^ XXH3_64bits(d.tensors, d.n_ten);
+
+    /* the other members' superblocks first: the member table records their checksums */
+    at = p->names_len;
+    for (uint32_t m = 0; m < p->n_members && p->n_members > 1; m++) {
+        kpk_member r = {.index = (uint16_t)m, .role = p->members[m].role, .stripe_index = p->members[m].stripe_index,
+                        .file_size = l->member_size[m]};
+        if (m) {
+            shared_fields(p, l, set_id, &sb);
+            sb.file_size = l->member_size[m];
+            sb.member_index = (uint16_t)m;
+            kpk_superblock_encode(&sb, blk[m]);
+            r.superblock_xxh3 = kpk_xxh3(blk[m], KPK_SB_CHECKSUM_OFF);
+            r.path_off = (uint32_t)at;
+            r.path_len = (uint32_t)strlen(p->members[m].rel);
+            at += r.path_len + 1;
+        }
+        kpk_member_encode(&r, d.members + (uint64_t)m * KPK_MEMBER_RECORD_SIZE);
+    }
+    shared_fields(p, l, set_id, &sb);
+    sb.file_size = l->member_size[0];
+    sb.extent_table_off = l->extent_table_off;
+    sb.extent_count = p->n_extents;
+    sb.extent_table_xxh3 = XXH3_64bits(d.extents, d.n_ext);
+    sb.tensor_table_off = l->tensor_table_off;
+    sb.tensor_count = p->n_tensors;
+    sb.tensor_table_xxh3 = XXH3_64bits(d.tensors, d.n_ten);
+    sb.strings_off = l->strings_off;
+    sb.strings_len = d.n_str;
+    sb.strings_xxh3 = XXH3_64bits(d.strings, d.n_str);
+    sb.manifest_off = l->manifest_off;
+    sb.manifest_len = p->manifest_len;
+    sb.manifest_xxh3 = XXH3_64bits(p->manifest, p->manifest_len);
+    sb.data_bytes = data;
+    if (p->n_members > 1) {
+        sb.member_table_off = l->member_table_off;
+        sb.member_table_xxh3 = XXH3_64bits(d.members, d.n_mem);
+    }
+    kpk_superblock_encode(&sb, blk[0]);
+
+    /* 1. every file at its size, with its directory (the entry) and its backup superblock */
+    if (kio_pwrite_full(fds[0], d.extents, d.n_ext, l->extent_table_off) ||
+        kio_pwrite_full(fds[0], d.tensors, d.n_ten, l->tensor_table_off) ||
+        kio_pwrite_full(fds[0], d.strings, d.n_str, l->strings_off) ||
+        kio_pwrite_full(fds[0], p->manifest, p->manifest_len, l->manifest_off) ||
+        (d.n_mem && kio_pwrite_full(fds[0], d.members, d.n_mem, l->member_table_off))) {
+        snprintf(err, errlen, "writing the directory of %s: %s", p->members[0].partial, strerror(errno));
+        goto out;
+    }
+    for (uint32_t m = 0; m < p->n_members; m++) {
+        if (ftruncate(fds[m], (off_t)(l->member_size[m] - KPK_SUPERBLOCK_SIZE))) {
+            snprintf(err, errlen, "sizing %s: %s", p->members[m].partial, strerror(errno));
+            goto out;
+        }
+        if (put_block(fds[m], blk[m], l->member_size[m] - KPK_SUPERBLOCK_SIZE, p->members[m].partial, err, errlen)) goto out;
+    }
+    for (uint32_t m = 0; m < p->n_members; m++)
+        if (fdatasync(fds[m])) { snprintf(err, errlen, "fdatasync %s: %s", p->members[m].partial, strerror(errno)); goto out; }
+    /* 2. the primary superblocks: a member with a valid primary is complete */
+    for (uint32_t m = 0; m < p->n_members; m++)
+        if (put_block(fds[m], blk[m], 0, p->members[m].partial, err, errlen)) goto out;
+    for (uint32_t m = 0; m < p->n_members; m++)
+        if (fsync(fds[m])) { snprintf(err, errlen, "fsync %s: %s", p->members[m].partial, strerror(errno)); goto out; }
     rc = 0;
 out:
+    dir_free(&d);
     free(blk);
     return rc;
 }

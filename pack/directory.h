@@ -1,16 +1,15 @@
-/* Writing the KPK directory (extent table, tensor table, string pool,
- * manifest) and the two superblocks of a fully written plan. */
+/* Finishing a conversion's files (docs/FORMAT.md §2, §3, §7.2, §14): the
+ * entry's directory (extent table, tensor table, string pool with the
+ * member paths, manifest, member table), every member's superblocks, in the
+ * order that makes a crash at any point harmless: every backup superblock
+ * and the directory, fdatasync, then the primary superblocks, fsync. */
 #ifndef DIRECTORY_H
 #define DIRECTORY_H
 
 #include "plan.h"
 
-/* Writes the four sections at their planned offsets. */
-int kp_write_directory(int fd, const kp_plan *p);
-/* Fills the superblock for the plan (hashes computed from the plan). */
-void kp_superblock_for(const kp_plan *p, kpk_superblock *sb);
-/* Backup copy at the end, fdatasync, then the primary at offset 0: a file
- * with a valid primary superblock is complete. */
-int kp_write_superblocks(int fd, const kp_plan *p);
+/* fds[m]: the partial file of member m; every extent written and placed.
+ * Returns 0, or -1 with errno (err names the file). */
+int kp_finish_files(const kp_plan *p, const kp_layout *l, const int *fds, char *err, size_t errlen);
 
 #endif

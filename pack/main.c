@@ -1,5 +1,6 @@
 /* kpack: verify a Kimi K3 download and repack it into one KPK file. */
 #include "cli.h"
+#include "kpk.h"
 
 #include <string.h>
 
@@ -9,17 +10,20 @@ static const char usage[] =
     "Commands:\n"
     "  check-source DIR     verify a downloaded checkpoint (every shard present, whole,\n"
     "                       every tensor right; SHA-256 with --sha256 or an HF snapshot)\n"
-    "  convert DIR OUT.kpk  repack it into one page-aligned, checksummed KPK file\n"
-    "                       (crash-safe and resumable)\n"
-    "  verify FILE.kpk      re-hash every extent and check all padding\n"
-    "  info FILE.kpk        configuration, extents, provenance\n"
+    "  convert SRC OUT.kpk  repack it (or re-lay out a KPK file) into a page-aligned,\n"
+    "                       checksummed KPK file, or a set of member files on several\n"
+    "                       disks (crash-safe and resumable)\n"
+    "  verify FILE.kpk      re-hash every extent, decode every block, check all padding\n"
+    "                       and that the file holds the model its config describes\n"
+    "  info FILE.kpk        configuration, extents, member files, provenance\n"
     "  cat FILE.kpk NAME    write one tensor's original bytes to stdout\n"
     "\n"
     "Run `kpack COMMAND --help` for a command's options.\n"
     "\n"
     "Exit codes: 0 success / intact; 1 the source or file checked is bad\n"
     "(problems are named); 2 cannot run (usage, unreadable or not a KPK file,\n"
-    "output exists, not enough space, I/O error).\n";
+    "a newer format, a member file of a set missing or wrong, output exists,\n"
+    "not enough space, I/O error).\n";
 
 int main(int argc, char **argv)
 {
@@ -32,7 +36,7 @@ int main(int argc, char **argv)
         return argc < 2 ? KX_FAIL : KX_OK;
     }
     if (strcmp(argv[1], "--version") == 0) {
-        printf("kpack %s (KPK format 1.0)\n", KPACK_VERSION);
+        printf("kpack %s (KPK format %d.%d)\n", KPACK_VERSION, KPK_VERSION_MAJOR, KPK_VERSION_MINOR);
         return KX_OK;
     }
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)

@@ -1,17 +1,28 @@
-/* Planning the KPK layout (docs/FORMAT.md §2, §6). */
+/* Planning the KPK file or set (docs/FORMAT.md §2, §6, §7). */
 #include "plan.h"
 
+#include <errno.h>
 #include <jansson.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <xxhash.h>
 
 const char *kp_order_name(int order) { return order == KPK_ORDER_TRUNK_FIRST ? "trunk-first" : "layer-major"; }
 
 void kp_plan_free(kp_plan *p)
 {
+    for (uint32_t m = 0; p->members && m < p->n_members; m++) {
+        free(p->members[m].path);
+        free(p->members[m].partial);
+        free(p->members[m].rel);
+        free(p->members[m].dir);
+    }
+    free(p->members);
     free(p->extents);
+    free(p->origin);
     free(p->tensors);
     free(p->from);
     free(p->names);
@@ -20,11 +31,134 @@ void kp_plan_free(kp_plan *p)
     memset(p, 0, sizeof *p);
 }
 
+/* ---- output files ------------------------------------------------------------ */
+
+/* The directory part of a path ("." for a bare name). */
+static char *dir_of(const char *path)
+{
+    const char *s = strrchr(path, '/');
+    if (!s) return strdup(".");
+    if (s == path) return strdup("/");
+    return strndup(path, (size_t)(s - path));
+}
+
+/* The components of an absolute path ("/a/b/c" -> a, b, c), in place. */
+static size_t components(char *path, char **out, size_t max)
+{
+    size_t n = 0;
+    char *save = NULL;
+    for (char *c = strtok_r(path, "/", &save); c && n < max; c = strtok_r(NULL, "/", &save)) out[n++] = c;
+    return n;
+}
+
+/* target relative to the directory base (both absolute and canonical):
+ * "../" for each component of base after the common ones, then the rest of
+ * target ("/a/b", "/a/c/f" -> "../c/f"). */
+static char *relpath(const char *base, const char *target)
+{
+    char *b = strdup(base), *t = strdup(target), *bc[512], *tc[512], *out = NULL;
+    size_t nb, nt, common = 0, len = 1;
+    if (!b || !t) goto done;
+    nb = components(b, bc, 512);
+    nt = components(t, tc, 512);
+    while (common < nb && common < nt && strcmp(bc[common], tc[common]) == 0) common++;
+    for (size_t i = common; i < nt; i++) len += strlen(tc[i]) + 1;
+    len += 3 * (nb - common);
+    if (!(out = malloc(len))) goto done;
+    out[0] = 0;
+    for (size_t i = common; i < nb; i++) strcat(out, "../");
+    for (size_t i = common; i < nt; i++) {
+        strcat(out, tc[i]);
+        if (i + 1 < nt) strcat(out, "/");
+    }
+done:
+    free(b);
+    free(t);
+    return out;
+}
+
+/* Member k's files: DIR/NAME, DIR/NAME.partial, the path relative to the
+ * entry's directory. */
+static int set_member(kp_member *m, const char *dir, const char *name, const char *entry_real_dir, char *err, size_t errlen)
+{
+    char *real = realpath(dir, NULL), *abs = NULL;
+    if (!real) { snprintf(err, errlen, "%s: %s", dir, strerror(errno)); return -1; }
+    if (asprintf(&m->path, "%s/%s", dir, name) < 0) m->path = NULL;
+    if (asprintf(&m->partial, "%s/%s.partial", dir, name) < 0) m->partial = NULL;
+    if (asprintf(&abs, "%s/%s", real, name) < 0) abs = NULL;
+    m->dir = strdup(dir);
+    m->rel = abs && entry_real_dir ? relpath(entry_real_dir, abs) : strdup("");
+    free(real);
+    free(abs);
+    if (!m->path || !m->partial || !m->dir || !m->rel) { snprintf(err, errlen, "out of memory"); return -1; }
+    if (strlen(m->rel) > KPK_MAX_PATH) { snprintf(err, errlen, "%s: path longer than %u bytes", m->path, KPK_MAX_PATH); return -1; }
+    return 0;
+}
+
+static int plan_members(kp_plan *p, const char *out, char *err, size_t errlen)
+{
+    const kp_options *o = &p->opt;
+    char *odir = dir_of(out), *real = odir ? realpath(odir, NULL) : NULL, *name;
+    const char *base = strrchr(out, '/') ? strrchr(out, '/') + 1 : out;
+    uint16_t m = 0;
+    int rc = -1;
+    p->n_members = (uint16_t)(1 + (o->trunk_dir != NULL) + o->n_stripe);
+    p->n_stripe = o->n_stripe;
+    p->members = calloc(p->n_members, sizeof *p->members);
+    if (!odir || !p->members) { snprintf(err, errlen, "out of memory"); goto out; }
+    if (!real) { snprintf(err, errlen, "%s: %s", odir, strerror(errno)); goto out; }
+    /* the entry: OUT itself */
+    p->members[0].role = KPK_ROLE_ENTRY;
+    p->members[0].stripe_index = KPK_NO_STRIPE;
+    if (set_member(&p->members[0], odir, base, NULL, err, errlen)) goto out;
+    m = 1;
+    if (o->trunk_dir) {
+        if (asprintf(&name, "%s.trunk", base) < 0) { snprintf(err, errlen, "out of memory"); goto out; }
+        p->members[m].role = KPK_ROLE_PLAIN;
+        p->members[m].stripe_index = KPK_NO_STRIPE;
+        rc = set_member(&p->members[m++], o->trunk_dir, name, real, err, errlen);
+        free(name);
+        if (rc) goto out;
+        rc = -1;
+    }
+    for (uint16_t k = 0; k < o->n_stripe; k++) {
+        if (asprintf(&name, "%s.s%u", base, k) < 0) { snprintf(err, errlen, "out of memory"); goto out; }
+        p->members[m].role = KPK_ROLE_STRIPE;
+        p->members[m].stripe_index = k;
+        rc = set_member(&p->members[m++], o->stripe_dirs[k], name, real, err, errlen);
+        free(name);
+        if (rc) goto out;
+        rc = -1;
+    }
+    if (o->n_stripe) {
+        p->stripe_unit = o->stripe_unit ? o->stripe_unit : KP_DEFAULT_STRIPE_UNIT;
+        if (p->stripe_unit < o->align) p->stripe_unit = o->align;
+    }
+    rc = 0;
+out:
+    free(odir);
+    free(real);
+    return rc;
+}
+
+/* Which file an extent of this kind goes to (how kpack uses the roles, §7.1):
+ * globals and trunks to the trunk member, else with the experts to the stripe
+ * space, else the entry; meta and archive stay in the entry. */
+static uint16_t target_of(const kp_plan *p, int kind)
+{
+    int trunkish = kind == KPK_KIND_GLOBALS || kind == KPK_KIND_TRUNK;
+    if (trunkish && p->opt.trunk_dir) return 1;
+    if ((trunkish || kind == KPK_KIND_EXPERT) && p->n_stripe) return KPK_STRIPED;
+    return 0;
+}
+
+/* ---- extents and tensors ----------------------------------------------------- */
+
 struct builder {
-    const k3_source *src;
+    const kp_input *in;
     kp_plan *p;
-    uint64_t cap_names;
-    uint64_t at;             /* next extent offset */
+    uint64_t cap_names, cap_tensors;
+    uint32_t cap_extents;
 };
 
 static int add_name(struct builder *b, const char *name, uint32_t *off)
@@ -49,13 +183,29 @@ static int add_name(struct builder *b, const char *name, uint32_t *off)
 
 static kpk_extent *begin_extent(struct builder *b, int kind, uint32_t layer, uint32_t expert)
 {
-    kpk_extent *x = &b->p->extents[b->p->n_extents++];
+    kp_plan *p = b->p;
+    kpk_extent *x;
+    if (p->n_extents == b->cap_extents) {
+        uint32_t cap = b->cap_extents ? b->cap_extents * 2 : 1024;
+        kpk_extent *e = realloc(p->extents, sizeof *e * cap);
+        kp_origin *o = realloc(p->origin, sizeof *o * cap);
+        if (e) p->extents = e;
+        if (o) p->origin = o;
+        if (!e || !o) return NULL;
+        b->cap_extents = cap;
+    }
+    x = &p->extents[p->n_extents];
     memset(x, 0, sizeof *x);
+    p->origin[p->n_extents].extent = UINT32_MAX;
+    p->origin[p->n_extents].identical = 0;
+    p->origin[p->n_extents].expect_xxh3 = 0;
+    p->n_extents++;
     x->kind = (uint8_t)kind;
     x->layer = layer;
     x->expert = expert;
     x->codec = KPK_CODEC_NONE;
-    x->first_tensor = (uint32_t)b->p->n_tensors;
+    x->member = target_of(p, kind);
+    x->first_tensor = (uint32_t)p->n_tensors;
     return x;
 }
 
@@ -64,9 +214,21 @@ static int add_tensor(struct builder *b, kpk_extent *x, const char *name, int dt
                       uint64_t nbytes, kp_source_ref from)
 {
     kp_plan *p = b->p;
-    kpk_tensor *t = &p->tensors[p->n_tensors];
+    kpk_tensor *t;
     uint32_t off;
+    if (p->n_tensors == b->cap_tensors) {
+        uint64_t cap = b->cap_tensors ? b->cap_tensors * 2 : 4096;
+        kpk_tensor *nt = realloc(p->tensors, sizeof *nt * cap);
+        kp_source_ref *nf = realloc(p->from, sizeof *nf * cap);
+        uint32_t *no = realloc(p->name_off, sizeof *no * cap);
+        if (nt) p->tensors = nt;
+        if (nf) p->from = nf;
+        if (no) p->name_off = no;
+        if (!nt || !nf || !no) return -1;
+        b->cap_tensors = cap;
+    }
     if (add_name(b, name, &off)) return -1;
+    t = &p->tensors[p->n_tensors];
     memset(t, 0, sizeof *t);
     t->name_len = (uint32_t)strlen(name);
     t->dtype = (uint8_t)dtype;
@@ -83,42 +245,69 @@ static int add_tensor(struct builder *b, kpk_extent *x, const char *name, int dt
     return 0;
 }
 
+/* A tensor of the source KPK file, by name: its record and its extent. */
+static int add_kpk_tensor(struct builder *b, kpk_extent *x, const kpk_tensor *t, uint32_t src_extent)
+{
+    kp_source_ref from = {.shard = KP_FROM_KPK, .extra = src_extent, .offset = t->offset};
+    return add_tensor(b, x, t->name, t->dtype, t->ndim, t->shape, t->nbytes, from);
+}
+
+/* After a KPK source's extent is rebuilt: is it laid out like the source
+ * extent (same tensors at the same offsets, same length)?  Then its bytes are
+ * the source's decoded bytes, copied whole and checked against raw_xxh3. */
 static void end_extent(struct builder *b, kpk_extent *x)
 {
     kp_plan *p = b->p;
-    x->stored_len = x->raw_len;
-    x->offset = b->at;
-    b->at += kpk_round_up(x->stored_len, p->opt.align);
-    p->data_bytes += x->stored_len;
-    if (x->stored_len > p->largest_extent) {
-        p->largest_extent = x->stored_len;
+    kp_origin *o = &p->origin[p->n_extents - 1];
+    p->data_bytes += x->raw_len;
+    if (x->raw_len > p->largest_extent || p->n_extents == 1) {
+        p->largest_extent = x->raw_len;
         p->largest_extent_index = p->n_extents - 1;
+    }
+    if (b->in->kpk && x->tensor_count) {
+        const kpk_extent *s;
+        o->extent = p->from[x->first_tensor].extra;
+        s = kpk_extent_at(b->in->kpk, o->extent);
+        o->identical = s->raw_len == x->raw_len && s->tensor_count == x->tensor_count;
+        for (uint64_t i = 0; o->identical && i < x->tensor_count; i++) {
+            const kpk_tensor *t = &p->tensors[x->first_tensor + i];
+            const kp_source_ref *f = &p->from[x->first_tensor + i];
+            o->identical = f->extra == o->extent && f->offset == t->offset;
+        }
+        o->expect_xxh3 = s->raw_xxh3;
     }
 }
 
+/* One tensor of the model: from the shards, or from the source KPK file by name. */
 static int add_schema_tensor(struct builder *b, kpk_extent *x, k3_role role, int L, int e)
 {
-    const k3_source *src = b->src;
+    const kp_input *in = b->in;
     k3_tensor_spec spec;
-    const st_tensor *st;
-    const ks_shard *sh;
-    uint64_t canon;
-    kp_source_ref from;
-    if (k3_schema_spec(&src->cfg, role, L, e, &spec)) return -1;
-    canon = k3_schema_index(&src->schema, role, L, e);
-    st = ks_tensor(src, canon, &sh);
-    if (!st) return -1; /* the caller checked coverage */
-    from.shard = (uint32_t)(sh - src->shards);
-    from.extra = 0;
-    from.offset = st->begin;
-    return add_tensor(b, x, spec.name, st->dtype, st->ndim, st->shape, st->end - st->begin, from);
+    if (k3_schema_spec(in->cfg, role, L, e, &spec)) return -1;
+    if (in->kpk) {
+        kpk_tensor t;
+        if (kpk_find_tensor(in->kpk, spec.name, &t) < 0) return -1; /* the caller checked the file whole */
+        return add_kpk_tensor(b, x, &t, t.extent);
+    }
+    {
+        const st_tensor *st;
+        const ks_shard *sh;
+        kp_source_ref from;
+        st = ks_tensor(in->src, k3_schema_index(in->schema, role, L, e), &sh);
+        if (!st) return -1; /* the caller checked coverage */
+        from.shard = (uint32_t)(sh - in->src->shards);
+        from.extra = 0;
+        from.offset = st->begin;
+        return add_tensor(b, x, spec.name, st->dtype, st->ndim, st->shape, st->end - st->begin, from);
+    }
 }
 
 static int add_trunk(struct builder *b, int L)
 {
     k3_role roles[K3T_COUNT];
-    int n = k3_schema_layer_roles(&b->src->cfg, L, roles);
+    int n = k3_schema_layer_roles(b->in->cfg, L, roles);
     kpk_extent *x = begin_extent(b, KPK_KIND_TRUNK, (uint32_t)L, KPK_NONE);
+    if (!x) return -1;
     for (int i = 0; i < n; i++)
         if (add_schema_tensor(b, x, roles[i], L, -1)) return -1;
     end_extent(b, x);
@@ -127,9 +316,10 @@ static int add_trunk(struct builder *b, int L)
 
 static int add_experts(struct builder *b, int L)
 {
-    if (!k3_layer_is_moe(&b->src->cfg, L)) return 0;
-    for (int e = 0; e < b->src->cfg.n_experts; e++) {
+    if (!k3_layer_is_moe(b->in->cfg, L)) return 0;
+    for (int e = 0; e < b->in->cfg->n_experts; e++) {
         kpk_extent *x = begin_extent(b, KPK_KIND_EXPERT, (uint32_t)L, (uint32_t)e);
+        if (!x) return -1;
         for (int r = K3T_EXP_W1_PACKED; r <= K3T_EXP_W3_SCALE; r++)
             if (add_schema_tensor(b, x, (k3_role)r, L, e)) return -1;
         end_extent(b, x);
@@ -137,108 +327,211 @@ static int add_experts(struct builder *b, int L)
     return 0;
 }
 
-static char *build_manifest(const k3_source *src, const kp_plan *p, const char *producer)
+/* The meta extent: the small files, verbatim (a KPK source: its meta extent's). */
+static int add_meta(struct builder *b)
 {
-    json_t *m = json_object(), *files = json_array(), *dropped = json_array(), *opts = json_object();
-    json_t *d = json_object(), *srcj = json_object();
-    char *text;
-    if (!m || !files || !dropped || !opts || !d || !srcj) goto oom;
-    json_object_set_new(m, "format", json_string("KPK 1.0"));
-    json_object_set_new(m, "producer", json_string(producer));
-    json_object_set_new(opts, "align", json_integer(p->opt.align));
-    json_object_set_new(opts, "order", json_string(kp_order_name(p->opt.order)));
-    json_object_set_new(opts, "codec", json_string("none"));
-    json_object_set_new(m, "options", opts);
-    for (size_t i = 0; i < src->n_shards; i++) {
-        const ks_shard *s = &src->shards[i];
-        json_t *f = json_object();
-        if (!f) goto oom;
-        json_object_set_new(f, "name", json_string(s->name));
-        json_object_set_new(f, "size", json_integer((json_int_t)s->size));
-        json_object_set_new(f, "tensors", json_integer((json_int_t)s->n_tensors));
-        /* Only a hash we computed and checked is recorded. */
-        json_object_set_new(f, "sha256", s->got_sha[0] && strcmp(s->got_sha, s->expect_sha) == 0
-                                             ? json_string(s->got_sha) : json_null());
-        json_array_append_new(files, f);
+    const kp_input *in = b->in;
+    kpk_extent *x = begin_extent(b, KPK_KIND_META, KPK_NONE, KPK_NONE);
+    if (!x) return -1;
+    if (in->kpk) {
+        const kpk_extent *s = kpk_extent_at(in->kpk, (uint32_t)kpk_find_meta(in->kpk));
+        for (uint64_t i = s->first_tensor; i < (uint64_t)s->first_tensor + s->tensor_count; i++) {
+            kpk_tensor t;
+            kpk_tensor_at(in->kpk, i, &t);
+            if (add_kpk_tensor(b, x, &t, (uint32_t)kpk_find_meta(in->kpk))) return -1;
+        }
+    } else {
+        for (size_t i = 0; i < in->src->n_extras; i++) {
+            char name[128];
+            uint64_t shape[1] = {in->src->extras[i].len};
+            kp_source_ref from = {.shard = KP_FROM_EXTRA, .extra = (uint32_t)i, .offset = 0};
+            snprintf(name, sizeof name, KPK_META_PREFIX "%s", in->src->extras[i].name);
+            if (add_tensor(b, x, name, KPK_DT_BYTES, 1, shape, in->src->extras[i].len, from)) return -1;
+        }
     }
-    json_object_set_new(srcj, "layout", json_string(src->single_file ? "single-file" : src->hf_snapshot ? "hf-snapshot" : "sharded"));
-    json_object_set_new(srcj, "files", files);
-    json_object_set_new(m, "source", srcj);
-    for (size_t i = 0; i < src->n_dropped; i++) json_array_append_new(dropped, json_string(src->dropped[i]));
-    json_object_set_new(d, "reason", json_string("non-text tensors (vision tower, projector) are not used by text inference"));
-    json_object_set_new(d, "count", json_integer((json_int_t)src->n_dropped));
-    json_object_set_new(d, "bytes", json_integer((json_int_t)src->dropped_bytes));
-    json_object_set_new(d, "names", dropped);
-    json_object_set_new(m, "dropped", d);
+    end_extent(b, x);
+    return 0;
+}
+
+/* A KPK source's archive extents, kept as they are (issue 13: re-layout keeps the archive). */
+static int add_archive(struct builder *b)
+{
+    kpk_file *f = b->in->kpk;
+    if (!f) return 0;
+    for (uint32_t i = 0; i < kpk_extent_count(f); i++) {
+        const kpk_extent *s = kpk_extent_at(f, i);
+        kpk_extent *x;
+        if (s->kind != KPK_KIND_ARCHIVE) continue;
+        if (!(x = begin_extent(b, KPK_KIND_ARCHIVE, KPK_NONE, KPK_NONE))) return -1;
+        for (uint64_t k = s->first_tensor; k < (uint64_t)s->first_tensor + s->tensor_count; k++) {
+            kpk_tensor t;
+            kpk_tensor_at(f, k, &t);
+            if (add_kpk_tensor(b, x, &t, i)) return -1;
+        }
+        end_extent(b, x);
+    }
+    return 0;
+}
+
+/* ---- the manifest (§10) -------------------------------------------------------- */
+
+static json_t *options_json(const kp_plan *p)
+{
+    json_t *o = json_object();
+    json_object_set_new(o, "align", json_integer(p->opt.align));
+    json_object_set_new(o, "compress", json_string("none"));
+    json_object_set_new(o, "order", json_string(kp_order_name(p->opt.order)));
+    if (p->n_stripe) {
+        json_t *s = json_object();
+        json_object_set_new(s, "members", json_integer(p->n_stripe));
+        json_object_set_new(s, "unit", json_integer(p->stripe_unit));
+        json_object_set_new(o, "stripe", s);
+    } else {
+        json_object_set_new(o, "stripe", json_null());
+    }
+    json_object_set_new(o, "trunk_member", p->opt.trunk_dir ? json_integer(1) : json_null());
+    return o;
+}
+
+/* From shards: the source files and what was dropped.  From a KPK file: its
+ * manifest, keeping "source", "dropped" and "archive" (the provenance is the
+ * original download's), with this conversion's format, producer and options. */
+static char *build_manifest(const kp_input *in, const kp_plan *p, const char *producer)
+{
+    json_t *m;
+    char *text;
+    if (in->kpk) {
+        size_t len;
+        const char *old = kpk_manifest(in->kpk, &len);
+        m = json_loadb(old, len, 0, NULL);
+        if (!m || !json_is_object(m)) { json_decref(m); m = json_object(); }
+        if (!json_object_get(m, "source")) {
+            json_t *s = json_object();
+            json_object_set_new(s, "layout", json_string("kpk"));
+            json_object_set_new(s, "files", json_array());
+            json_object_set_new(m, "source", s);
+        }
+    } else {
+        const k3_source *src = in->src;
+        json_t *files = json_array(), *dropped = json_array(), *d = json_object(), *srcj = json_object();
+        m = json_object();
+        for (size_t i = 0; i < src->n_shards; i++) {
+            const ks_shard *s = &src->shards[i];
+            json_t *f = json_object();
+            json_object_set_new(f, "name", json_string(s->name));
+            json_object_set_new(f, "size", json_integer((json_int_t)s->size));
+            json_object_set_new(f, "tensors", json_integer((json_int_t)s->n_tensors));
+            /* Only a hash we computed and checked is recorded. */
+            json_object_set_new(f, "sha256", s->got_sha[0] && strcmp(s->got_sha, s->expect_sha) == 0
+                                                 ? json_string(s->got_sha) : json_null());
+            json_array_append_new(files, f);
+        }
+        json_object_set_new(srcj, "layout", json_string(src->single_file ? "single-file" : src->hf_snapshot ? "hf-snapshot" : "sharded"));
+        json_object_set_new(srcj, "files", files);
+        json_object_set_new(m, "source", srcj);
+        for (size_t i = 0; i < src->n_dropped; i++) json_array_append_new(dropped, json_string(src->dropped[i]));
+        json_object_set_new(d, "reason", json_string("non-text tensors (vision tower, projector) are not used by text inference"));
+        json_object_set_new(d, "count", json_integer((json_int_t)src->n_dropped));
+        json_object_set_new(d, "bytes", json_integer((json_int_t)src->dropped_bytes));
+        json_object_set_new(d, "names", dropped);
+        json_object_set_new(m, "dropped", d);
+    }
+    json_object_set_new(m, "format", json_string("KPK 1.1"));
+    json_object_set_new(m, "producer", json_string(producer));
+    json_object_set_new(m, "options", options_json(p));
     text = json_dumps(m, JSON_INDENT(1) | JSON_SORT_KEYS);
     json_decref(m);
     return text;
-oom:
-    json_decref(m); json_decref(files); json_decref(dropped); json_decref(opts); json_decref(d); json_decref(srcj);
-    return NULL;
 }
 
-/* The plan id covers every input of the output bytes: the layout, each
- * tensor's source file, size, mtime and offset, and the manifest. */
-static uint64_t compute_plan_id(const k3_source *src, const kp_plan *p)
+/* ---- the plan id --------------------------------------------------------------- */
+
+static void hash_u64(XXH3_state_t *st, uint64_t v)
+{
+    uint8_t b[8];
+    for (int i = 0; i < 8; i++) b[i] = (uint8_t)(v >> (8 * i));
+    XXH3_64bits_update(st, b, 8);
+}
+
+static void hash_str(XXH3_state_t *st, const char *s) { XXH3_64bits_update(st, s, strlen(s) + 1); }
+
+/* Everything the output bytes depend on: options, members, extents and
+ * targets, tensors and where each comes from, the source files' identity
+ * (name, size, mtime), the embedded files and the manifest. */
+static uint64_t compute_plan_id(const kp_input *in, const kp_plan *p)
 {
     XXH3_state_t *st = XXH3_createState();
     uint64_t id;
     if (!st) return 0;
     XXH3_64bits_reset(st);
-    XXH3_64bits_update(st, &p->opt, sizeof p->opt);
-    XXH3_64bits_update(st, &p->n_extents, sizeof p->n_extents);
+    hash_str(st, "kpack plan 2");
+    hash_u64(st, p->opt.align);
+    hash_u64(st, (uint64_t)p->opt.order);
+    hash_u64(st, p->stripe_unit);
+    for (uint32_t m = 0; m < p->n_members; m++) {
+        hash_u64(st, p->members[m].role);
+        hash_u64(st, p->members[m].stripe_index);
+        hash_str(st, p->members[m].rel);
+    }
+    hash_u64(st, p->n_extents);
     for (uint32_t i = 0; i < p->n_extents; i++) {
         uint8_t rec[KPK_EXTENT_RECORD_SIZE];
         kpk_extent_encode(&p->extents[i], rec);
         XXH3_64bits_update(st, rec, sizeof rec);
+        hash_u64(st, p->origin[i].extent);
+        hash_u64(st, p->origin[i].expect_xxh3);
     }
-    XXH3_64bits_update(st, p->from, sizeof *p->from * p->n_tensors);
+    for (uint64_t t = 0; t < p->n_tensors; t++) {
+        uint8_t rec[KPK_TENSOR_RECORD_SIZE];
+        kpk_tensor_encode(&p->tensors[t], p->name_off[t], rec);
+        XXH3_64bits_update(st, rec, sizeof rec);
+        hash_u64(st, p->from[t].shard);
+        hash_u64(st, p->from[t].extra);
+        hash_u64(st, p->from[t].offset);
+    }
     XXH3_64bits_update(st, p->names, p->names_len);
-    for (size_t i = 0; i < src->n_shards; i++) {
-        const ks_shard *s = &src->shards[i];
-        XXH3_64bits_update(st, s->name, strlen(s->name) + 1);
-        XXH3_64bits_update(st, &s->size, sizeof s->size);
-        XXH3_64bits_update(st, &s->mtime_ns, sizeof s->mtime_ns);
+    if (in->src) {
+        for (size_t i = 0; i < in->src->n_shards; i++) {
+            const ks_shard *s = &in->src->shards[i];
+            hash_str(st, s->name);
+            hash_u64(st, s->size);
+            hash_u64(st, (uint64_t)s->mtime_ns);
+        }
+        for (size_t i = 0; i < in->src->n_extras; i++) XXH3_64bits_update(st, in->src->extras[i].data, in->src->extras[i].len);
+    } else {
+        hash_u64(st, kpk_super(in->kpk)->set_id);
+        for (uint16_t m = 0; m < kpk_member_count(in->kpk); m++) {
+            struct stat s;
+            hash_str(st, kpk_member_path(in->kpk, m));
+            if (fstat(kpk_member_fd(in->kpk, m), &s) == 0) {
+                hash_u64(st, (uint64_t)s.st_size);
+                hash_u64(st, (uint64_t)s.st_mtim.tv_sec * 1000000000u + (uint64_t)s.st_mtim.tv_nsec);
+            }
+        }
     }
-    for (size_t i = 0; i < src->n_extras; i++) XXH3_64bits_update(st, src->extras[i].data, src->extras[i].len);
     XXH3_64bits_update(st, p->manifest, p->manifest_len);
     id = XXH3_64bits_digest(st);
     XXH3_freeState(st);
     return id;
 }
 
-int kp_plan_build(const k3_source *src, const kp_options *opt, const char *producer, kp_plan *p, char *err, size_t errlen)
+/* ---- building ------------------------------------------------------------------ */
+
+int kp_plan_build(const kp_input *in, const kp_options *opt, const char *out, const char *producer, kp_plan *p,
+                  char *err, size_t errlen)
 {
-    const k3_config *c = &src->cfg;
-    struct builder b = {.src = src, .p = p};
-    uint64_t max_tensors = src->schema.count + src->n_extras;
-    uint64_t max_extents = 2 + (uint64_t)c->n_layers * (1 + (uint64_t)c->n_experts);
+    const k3_config *c = in->cfg;
+    struct builder b = {.in = in, .p = p};
     static const k3_role globals[] = {K3T_EMBED, K3T_LM_HEAD, K3T_FINAL_NORM, K3T_OUT_RES_NORM, K3T_OUT_RES_PROJ};
 
     memset(p, 0, sizeof *p);
     p->opt = *opt;
-    if (!ks_ok(src)) { snprintf(err, errlen, "the source has problems; run kpack check-source"); return -1; }
-    p->extents = calloc(max_extents, sizeof *p->extents);
-    p->tensors = calloc(max_tensors, sizeof *p->tensors);
-    p->from = calloc(max_tensors, sizeof *p->from);
-    p->name_off = calloc(max_tensors, sizeof *p->name_off);
-    if (!p->extents || !p->tensors || !p->from || !p->name_off) goto oom;
-    b.at = opt->align; /* [0, align) holds the superblock */
-
-    {   /* meta: the small files, verbatim */
-        kpk_extent *x = begin_extent(&b, KPK_KIND_META, KPK_NONE, KPK_NONE);
-        for (size_t i = 0; i < src->n_extras; i++) {
-            char name[128];
-            uint64_t shape[1] = {src->extras[i].len};
-            kp_source_ref from = {.shard = UINT32_MAX, .extra = (uint32_t)i, .offset = 0};
-            snprintf(name, sizeof name, KPK_META_PREFIX "%s", src->extras[i].name);
-            if (add_tensor(&b, x, name, KPK_DT_BYTES, 1, shape, src->extras[i].len, from)) goto oom;
-        }
-        end_extent(&b, x);
-    }
+    if (in->src && !ks_ok(in->src)) { snprintf(err, errlen, "the source has problems; run kpack check-source"); return -1; }
+    if (plan_members(p, out, err, errlen)) { kp_plan_free(p); return -1; }
+    if (add_meta(&b)) goto oom;
     {
         kpk_extent *x = begin_extent(&b, KPK_KIND_GLOBALS, KPK_NONE, KPK_NONE);
+        if (!x) goto oom;
         for (size_t i = 0; i < sizeof globals / sizeof globals[0]; i++)
             if (add_schema_tensor(&b, x, globals[i], -1, -1)) goto oom;
         end_extent(&b, x);
@@ -250,22 +543,107 @@ int kp_plan_build(const k3_source *src, const kp_options *opt, const char *produ
         for (int L = 0; L < c->n_layers; L++)
             if (add_trunk(&b, L) || add_experts(&b, L)) goto oom;
     }
+    if (add_archive(&b)) goto oom;
     for (uint64_t i = 0; i < p->n_tensors; i++) p->tensors[i].name = p->names + p->name_off[i];
 
-    p->manifest = build_manifest(src, p, producer);
+    p->manifest = build_manifest(in, p, producer);
     if (!p->manifest) goto oom;
     p->manifest_len = strlen(p->manifest);
-    p->data_end = b.at;
-    p->extent_table_off = kpk_round_up(p->data_end, KPK_SECTION_ALIGN);
-    p->tensor_table_off = kpk_round_up(p->extent_table_off + (uint64_t)p->n_extents * KPK_EXTENT_RECORD_SIZE, KPK_SECTION_ALIGN);
-    p->strings_off = kpk_round_up(p->tensor_table_off + p->n_tensors * KPK_TENSOR_RECORD_SIZE, KPK_SECTION_ALIGN);
-    p->manifest_off = kpk_round_up(p->strings_off + p->names_len, KPK_SECTION_ALIGN);
-    p->backup_off = kpk_round_up(p->manifest_off + p->manifest_len, KPK_SECTION_ALIGN);
-    p->file_size = p->backup_off + KPK_SUPERBLOCK_SIZE;
-    p->plan_id = compute_plan_id(src, p);
+    p->plan_id = compute_plan_id(in, p);
     return 0;
 oom:
     snprintf(err, errlen, "out of memory while planning the layout");
     kp_plan_free(p);
     return -1;
+}
+
+/* ---- placement and the finished layout ------------------------------------------ */
+
+void kp_cursors_init(const kp_plan *p, uint64_t *cursor)
+{
+    for (uint32_t t = 0; t < p->n_members; t++) cursor[t] = p->opt.align;
+    cursor[p->n_members] = 0;
+}
+
+void kp_place(kp_plan *p, uint64_t *cursor, uint32_t i)
+{
+    kpk_extent *x = &p->extents[i];
+    uint32_t t = kp_target(p, x->member);
+    x->offset = cursor[t];
+    cursor[t] += kpk_round_up(x->stored_len, p->opt.align);
+}
+
+void kp_stripe_locate(const kp_plan *p, uint64_t pos, uint16_t *member, uint64_t *off, uint64_t *left)
+{
+    uint32_t k;
+    kpk_stripe_locate(p->stripe_unit, p->n_stripe, p->opt.align, pos, &k, off, left);
+    *member = (uint16_t)(p->n_members - p->n_stripe + k); /* stripe members come last, in stripe order */
+}
+
+uint64_t kp_member_end(const kp_plan *p, const uint64_t *cursor, uint16_t m)
+{
+    const kp_member *mb = &p->members[m];
+    uint64_t row, c, full, rem, mine;
+    if (mb->role != KPK_ROLE_STRIPE) return cursor[m];
+    row = (uint64_t)p->stripe_unit * p->n_stripe;
+    c = cursor[p->n_members];
+    full = c / row;
+    rem = c % row;
+    mine = rem > (uint64_t)mb->stripe_index * p->stripe_unit ? rem - (uint64_t)mb->stripe_index * p->stripe_unit : 0;
+    if (mine > p->stripe_unit) mine = p->stripe_unit;
+    return p->opt.align + full * p->stripe_unit + mine;
+}
+
+int kp_layout_finish(const kp_plan *p, const uint64_t *cursor, kp_layout *l)
+{
+    uint64_t at, paths = 0, n_blocks = 0; /* codec-2 blocks: written by a later kpack */
+    memset(l, 0, sizeof *l);
+    l->member_size = calloc(p->n_members, sizeof *l->member_size);
+    if (!l->member_size) return -1;
+    for (uint32_t m = 1; m < p->n_members; m++) paths += strlen(p->members[m].rel) + 1;
+    l->strings_len = p->names_len + paths;
+    if (p->n_stripe) {
+        uint64_t row = (uint64_t)p->stripe_unit * p->n_stripe;
+        l->stripe_len = kpk_round_up(cursor[p->n_members], row);
+    }
+    /* the entry: its extents, then the directory (§2) */
+    l->extent_table_off = kpk_round_up(cursor[0], KPK_SECTION_ALIGN);
+    l->tensor_table_off = kpk_round_up(l->extent_table_off + (uint64_t)p->n_extents * KPK_EXTENT_RECORD_SIZE, KPK_SECTION_ALIGN);
+    l->strings_off = kpk_round_up(l->tensor_table_off + p->n_tensors * KPK_TENSOR_RECORD_SIZE, KPK_SECTION_ALIGN);
+    l->manifest_off = kpk_round_up(l->strings_off + l->strings_len, KPK_SECTION_ALIGN);
+    at = kpk_round_up(l->manifest_off + p->manifest_len, KPK_SECTION_ALIGN);
+    if (p->n_members > 1) {
+        l->member_table_off = at;
+        at = kpk_round_up(at + (uint64_t)p->n_members * KPK_MEMBER_RECORD_SIZE, KPK_SECTION_ALIGN);
+    }
+    if (n_blocks) {
+        l->block_table_off = at;
+        at = kpk_round_up(at + n_blocks * KPK_BLOCK_RECORD_SIZE, KPK_SECTION_ALIGN);
+    }
+    l->backup_off = at;
+    l->member_size[0] = at + KPK_SUPERBLOCK_SIZE;
+    for (uint32_t m = 1; m < p->n_members; m++)
+        l->member_size[m] = p->members[m].role == KPK_ROLE_STRIPE
+                                ? p->opt.align + l->stripe_len / p->n_stripe + KPK_SUPERBLOCK_SIZE
+                                : cursor[m] + KPK_SUPERBLOCK_SIZE;
+    return 0;
+}
+
+void kp_layout_free(kp_layout *l)
+{
+    free(l->member_size);
+    l->member_size = NULL;
+}
+
+int kp_plan_estimate(const kp_plan *p, kp_layout *l)
+{
+    uint64_t *cursor = malloc(sizeof *cursor * ((size_t)p->n_members + 1));
+    int rc;
+    if (!cursor) return -1;
+    kp_cursors_init(p, cursor);
+    for (uint32_t i = 0; i < p->n_extents; i++)
+        cursor[kp_target(p, p->extents[i].member)] += kpk_round_up(p->extents[i].raw_len, p->opt.align);
+    rc = kp_layout_finish(p, cursor, l);
+    free(cursor);
+    return rc;
 }

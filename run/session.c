@@ -77,6 +77,12 @@ int krun_model_load(const char *path, krun_model **out, krun_err *err)
         free(m);
         return -1;
     }
+    if (kpk_member_count(m->f) > 1) {
+        krun_err_set(err, KRUN_EINPUT, "%s is a set of %u member files; krun cannot read sets yet. Make a single file "
+                     "with `kpack convert %s SINGLE.kpk` and run that", path, kpk_member_count(m->f), path);
+        krun_model_close(m);
+        return -1;
+    }
     if (k3_model_open(m->f, &m->m, msg, sizeof msg)) {
         krun_err_set(err, KRUN_EDATA, "%s", msg);
         krun_model_close(m);

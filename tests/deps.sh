@@ -2,7 +2,8 @@
 # Installs the Debian packages the build and tests need (`make deps`).
 # As root it runs apt-get; otherwise it prints the command to run.
 set -eu
-PKGS="build-essential clang pkg-config bc libzstd-dev libxxhash-dev libssl-dev libjansson-dev libpcre2-dev python3-numpy"
+# zstd: the command line tool; tests/ref/kpk.py codes and decodes zstd frames with it
+PKGS="build-essential clang pkg-config bc libzstd-dev libxxhash-dev libssl-dev libjansson-dev libpcre2-dev python3-numpy zstd"
 missing=""
 for p in $PKGS; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
