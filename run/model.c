@@ -1,6 +1,8 @@
 /* Opening the model from a KPK file and binding extents to typed weights. */
 #include "model.h"
 
+#include "k3_check.h"
+
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -73,28 +75,17 @@ int k3_model_open(kpk_file *f, k3_model *m, char *err, size_t errlen)
         m->trunk_extent[L] = (uint32_t)x;
     }
 
-    /* Every tensor the config implies: present, accepted dtype, right shape, right extent. */
+    /* Every tensor the config implies: present, accepted dtype, right shape,
+     * right extent, nothing else (the check kpack verify makes too). */
+    if (k3_check_file(f, &m->cfg, err, errlen)) goto bad;
+    /* Where each one is. */
     k3_schema_init(&sch, &m->cfg);
     for (uint64_t i = 0; i < sch.count; i++) {
         k3_tensor_spec s;
         kpk_tensor t;
-        const kpk_extent *x;
-        int ok_extent;
         k3_schema_at(&sch, i, &s);
-        if (kpk_find_tensor(f, s.name, &t) < 0) {
+        if (kpk_find_tensor(f, s.name, &t) < 0) { /* k3_check_file found it: cannot happen */
             snprintf(err, errlen, "%s: tensor %s is missing", kpk_path(f), s.name);
-            goto bad;
-        }
-        if (!(s.dtypes & K3_DTM(t.dtype)) || t.ndim != s.ndim || memcmp(t.shape, s.shape, sizeof s.shape) != 0) {
-            snprintf(err, errlen, "%s: tensor %s has dtype %s and a shape other than the config implies", kpk_path(f),
-                     s.name, kpk_dtype_name(t.dtype));
-            goto bad;
-        }
-        x = kpk_extent_at(f, t.extent);
-        ok_extent = s.kind == x->kind && (s.layer < 0 || (uint32_t)s.layer == x->layer) &&
-                    (s.expert < 0 || (uint32_t)s.expert == x->expert);
-        if (!ok_extent) {
-            snprintf(err, errlen, "%s: tensor %s is stored in the wrong extent", kpk_path(f), s.name);
             goto bad;
         }
         if (k3_role_is_expert(s.role)) {
