@@ -80,7 +80,15 @@ int st_open(const char *path, st_file *f, char *err, size_t errlen)
         json_t *dt, *shape, *offs, *v;
         uint64_t numel = 1, esz, a, b;
         size_t j;
-        if (strcmp(key, "__metadata__") == 0) continue;
+        if (strcmp(key, "__metadata__") == 0) {
+            /* the format's metadata is a map of strings; anything else is not a safetensors header */
+            const char *mk;
+            json_t *mv;
+            if (!json_is_object(val)) { snprintf(err, errlen, "%s: __metadata__ is not a JSON object (the safetensors format requires a map of strings)", path); goto out; }
+            json_object_foreach(val, mk, mv)
+                if (!json_is_string(mv)) { snprintf(err, errlen, "%s: __metadata__ entry %s is not a string (the safetensors format requires a map of strings)", path, mk); goto out; }
+            continue;
+        }
         if (!json_is_object(val)) { snprintf(err, errlen, "%s: tensor %s: entry is not an object", path, key); goto out; }
         dt = json_object_get(val, "dtype");
         shape = json_object_get(val, "shape");
