@@ -197,19 +197,51 @@ static void drop_headers(k3_source *src)
 #endif
 }
 
-/* Decide where to start: 0 for a fresh run, or the number of leading
- * extents a previous run completed and that still verify. */
-static uint32_t resume_point(struct run *r, const char *partial, const char *journal, int quiet)
+/* Why an earlier run's files cannot be resumed, for the "starting over"
+ * note: a kill can land before the partial file is sized or the journal is
+ * written, and that is not a change of source or options. */
+static void stale_reason(int jrc, const char *partial, const char *journal, const struct stat *st, int have_st,
+                         uint64_t want, char *buf, size_t len)
+{
+    struct stat js;
+    if (jrc == 0 && !have_st)
+        snprintf(buf, len, "its journal is there but %s is not", partial);
+    else if (jrc == 0)
+        snprintf(buf, len, "%s has %llu bytes, this conversion writes %llu: it was truncated or replaced since", partial,
+                 (unsigned long long)st->st_size, (unsigned long long)want);
+    else if (stat(journal, &js) != 0)
+        snprintf(buf, len, "the run that wrote %s was stopped before its journal was written: nothing to resume", partial);
+    else if ((uint64_t)js.st_size < KJ_HEADER_SIZE)
+        snprintf(buf, len, "the run that wrote %s was stopped while creating its journal: nothing to resume", partial);
+    else
+        snprintf(buf, len, "%s was written from another source or with other options (or its journal %s is damaged)",
+                 partial, journal);
+}
+
+/* Decide where to start: *first = 0 for a fresh run, or the number of
+ * leading extents a previous run completed and that still verify.  -1 (with
+ * the error printed) if the journal cannot be read: starting over would
+ * throw away what may be hours of verified work. */
+static int resume_point(struct run *r, const char *partial, const char *journal, int quiet, uint32_t *first)
 {
     kj_record *recs = NULL;
     uint64_t n = 0;
     struct stat st;
     kp_plan *p = r->plan;
     int rc = kj_open(&r->jr, journal, p->plan_id, &recs, &n);
-    if (rc != 0 || stat(partial, &st) != 0 || (uint64_t)st.st_size != p->file_size) {
+    int have_st = stat(partial, &st) == 0;
+    *first = 0;
+    if (rc < 0) {
+        kx_error("cannot read %s: %s; fix the cause, or remove it and %s to start over", journal, strerror(errno), partial);
+        return -1;
+    }
+    if (rc != 0 || !have_st || (uint64_t)st.st_size != p->file_size) {
+        char why[700];
         if (rc == 0) kj_close(&r->jr);
-        if (rc == 0 || access(partial, F_OK) == 0)
-            kx_note(quiet, "an earlier %s does not match this conversion (source or options changed); starting over", partial);
+        if (rc == 0 || have_st) {
+            stale_reason(rc, partial, journal, &st, have_st, p->file_size, why, sizeof why);
+            kx_note(quiet, "not resuming: %s; starting over", why);
+        }
         free(recs);
         return 0;
     }
@@ -229,7 +261,8 @@ static uint32_t resume_point(struct run *r, const char *partial, const char *jou
     for (uint64_t i = 0; i < n; i++) p->extents[i].stored_xxh3 = p->extents[i].raw_xxh3 = recs[i].stored_xxh3;
     free(recs);
     if (kj_truncate(&r->jr, n)) { kj_close(&r->jr); return 0; }
-    return (uint32_t)n;
+    *first = (uint32_t)n;
+    return 0;
 }
 
 int cmd_convert(int argc, char **argv)
@@ -317,7 +350,7 @@ int cmd_convert(int argc, char **argv)
     r.pending = malloc(sizeof *r.pending * (plan.n_extents + 1));
     if (!r.pending) { kx_error("out of memory"); goto out; }
 
-    first = resume_point(&r, partial, journal, quiet);
+    if (resume_point(&r, partial, journal, quiet, &first)) goto out;
     {
         uint64_t done_bytes = first ? plan.extents[first - 1].offset + kpk_round_up(plan.extents[first - 1].stored_len, opt.align) : 0;
         uint64_t need = space_needed(&src, &plan, done_bytes);
