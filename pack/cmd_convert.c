@@ -4,6 +4,7 @@
 #include "cli.h"
 #include "copy.h"
 #include "directory.h"
+#include "guard.h"
 #include "journal.h"
 #include "kprogress.h"
 #include "plan.h"
@@ -31,7 +32,8 @@ static const char usage[] =
     "OUT.kpk.partial and OUT.kpk.journal next to OUT; if it is interrupted (even\n"
     "by kill -9 or a power cut), rerunning the same command resumes from the last\n"
     "completed, verified extent and produces the same bytes as an uninterrupted run.\n"
-    "The finished file is fsynced and renamed into place.\n"
+    "The finished file is fsynced and renamed into place. One conversion per output:\n"
+    "OUT.kpk.lock is held while it runs, and a second one stops naming the first's pid.\n"
     "\n"
     "  --align N       extent alignment: 4096 (default) up to 2M, a power of two\n"
     "  --order O       layer-major (default): globals, then each layer's trunk followed\n"
@@ -45,7 +47,8 @@ static const char usage[] =
     "  --quiet         no progress line or notes\n"
     "\n"
     "Exit: 0 converted, 1 the source has problems (see check-source),\n"
-    "      2 cannot convert (usage, OUT exists, not enough space, I/O error).\n";
+    "      2 cannot convert (usage, OUT exists, another kpack is converting to OUT,\n"
+    "        not enough space, I/O error).\n";
 
 struct run {
     const k3_source *src;
@@ -281,6 +284,7 @@ int cmd_convert(int argc, char **argv)
     double t0 = know(), t_copy;
     struct stat st;
     long n;
+    kp_lock lock = KP_LOCK_INIT;
 
     memset(&r, 0, sizeof r);
     r.fd = -1;
@@ -312,9 +316,20 @@ int cmd_convert(int argc, char **argv)
     if (json) quiet = 1;
 
     if (!kx_is_dir(dir)) return KX_FAIL;
+    if (!dry) {
+        /* From here on, this process is the only kpack writing OUT's files
+         * (taken before the source check, which may hash for hours). */
+        if (kp_lock_take(&lock, out, err, sizeof err)) { kx_error("%s", err); return KX_FAIL; }
+        if (!force && lstat(out, &st) == 0) {
+            kx_error("%s already exists; use --force to replace it", out);
+            kp_lock_release(&lock);
+            return KX_FAIL;
+        }
+    }
     if (ks_open(dir, sums, &src, err, sizeof err)) {
         kx_error("%s; nothing was written", err);
         ks_free(&src);
+        kp_lock_release(&lock);
         return KX_BAD;
     }
     have_src = 1;
@@ -330,10 +345,6 @@ int cmd_convert(int argc, char **argv)
     if (dry) {
         print_plan(&src, &plan, out, json);
         rc = KX_OK;
-        goto out;
-    }
-    if (!force && lstat(out, &st) == 0) {
-        kx_error("%s already exists; use --force to replace it", out);
         goto out;
     }
     if (asprintf(&partial, "%s.partial", out) < 0 || asprintf(&journal, "%s.journal", out) < 0) {
@@ -409,6 +420,10 @@ int cmd_convert(int argc, char **argv)
         kx_error("writing the directory of %s: %s", partial, strerror(errno));
         goto out;
     }
+    if (kp_check_before_publish(r.fd, partial, journal, &plan, err, sizeof err)) {
+        kx_error("%s; nothing was published. Rerun the same command: it resumes from what still verifies", err);
+        goto out;
+    }
     if (close(r.fd)) { r.fd = -1; kx_error("closing %s: %s", partial, strerror(errno)); goto out; }
     r.fd = -1;
     if (rename(partial, out)) { kx_error("renaming %s to %s: %s", partial, out, strerror(errno)); goto out; }
@@ -448,6 +463,7 @@ out:
     if (prog) kprogress_finish(prog);
     if (r.fd >= 0) close(r.fd);
     kj_close(&r.jr);
+    kp_lock_release(&lock);
     free(r.pending);
     free(partial);
     free(journal);

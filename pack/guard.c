@@ -1,0 +1,126 @@
+/* The conversion lock and the check before publishing (guard.h). */
+#include "guard.h"
+
+#include "journal.h"
+#include "kio.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* The pid recorded in a lock file, or 0 if it has none (yet). */
+static long lock_owner(int fd)
+{
+    char buf[32] = "";
+    ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
+    if (n <= 0) return 0;
+    buf[n] = 0;
+    return strtol(buf, NULL, 10);
+}
+
+int kp_lock_take(kp_lock *lk, const char *out, char *err, size_t errlen)
+{
+    lk->fd = -1;
+    err[0] = 0;
+    if (asprintf(&lk->path, "%s.lock", out) < 0) {
+        lk->path = NULL;
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    /* The owner removes the file before it lets go, so a lock taken on a file
+     * that is no longer at the path is worthless: open it again. */
+    for (int attempt = 0; attempt < 100; attempt++) {
+        struct stat held, named;
+        char pid[32];
+        int fd = open(lk->path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+        if (fd < 0) {
+            snprintf(err, errlen, "cannot create %s: %s", lk->path, strerror(errno));
+            break;
+        }
+        if (flock(fd, LOCK_EX | LOCK_NB)) {
+            if (errno == EWOULDBLOCK) {
+                long owner = lock_owner(fd);
+                char who[48] = "pid unknown";
+                if (owner > 0) snprintf(who, sizeof who, "pid %ld", owner);
+                snprintf(err, errlen, "%s is being converted by another kpack (%s, lock %s); wait for it to finish, "
+                         "or stop it and rerun this command to resume", out, who, lk->path);
+            } else {
+                snprintf(err, errlen, "cannot lock %s: %s", lk->path, strerror(errno));
+            }
+            close(fd);
+            break;
+        }
+        if (fstat(fd, &held) || stat(lk->path, &named) || held.st_dev != named.st_dev || held.st_ino != named.st_ino) {
+            close(fd);
+            continue;
+        }
+        snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
+        if (ftruncate(fd, 0) || kio_pwrite_full(fd, pid, strlen(pid), 0)) {
+            snprintf(err, errlen, "cannot write %s: %s", lk->path, strerror(errno));
+            unlink(lk->path);
+            close(fd);
+            break;
+        }
+        lk->fd = fd;
+        return 0;
+    }
+    if (!err[0]) snprintf(err, errlen, "cannot lock %s: it keeps being replaced", lk->path);
+    free(lk->path);
+    lk->path = NULL;
+    return -1;
+}
+
+void kp_lock_release(kp_lock *lk)
+{
+    if (lk->fd >= 0) {
+        unlink(lk->path); /* while still holding it: see kp_lock_take */
+        close(lk->fd);
+    }
+    free(lk->path);
+    lk->fd = -1;
+    lk->path = NULL;
+}
+
+int kp_check_before_publish(int fd, const char *partial, const char *journal, const kp_plan *p, char *err,
+                            size_t errlen)
+{
+    struct stat mine, named;
+    kjournal j = {.fd = -1};
+    kj_record *recs = NULL;
+    uint64_t n = 0;
+    int rc;
+    if (fstat(fd, &mine) || stat(partial, &named) || mine.st_dev != named.st_dev || mine.st_ino != named.st_ino) {
+        snprintf(err, errlen, "%s was removed or replaced by another process while this conversion wrote it", partial);
+        return -1;
+    }
+    if ((uint64_t)mine.st_size != p->file_size) {
+        snprintf(err, errlen, "%s has %llu bytes, this conversion wrote %llu: another process changed it", partial,
+                 (unsigned long long)mine.st_size, (unsigned long long)p->file_size);
+        return -1;
+    }
+    rc = kj_open(&j, journal, p->plan_id, &recs, &n);
+    if (rc == 0) kj_close(&j);
+    if (rc < 0) {
+        snprintf(err, errlen, "cannot read %s to check it: %s", journal, strerror(errno));
+        free(recs);
+        return -1;
+    }
+    if (rc == 0 && n == p->n_extents)
+        for (uint64_t i = 0; i < n; i++)
+            if (recs[i].stored_len != p->extents[i].stored_len || recs[i].stored_xxh3 != p->extents[i].stored_xxh3) {
+                n = i;
+                break;
+            }
+    free(recs);
+    if (rc != 0 || n != p->n_extents) {
+        snprintf(err, errlen, "%s no longer records what this conversion wrote (%llu of %u extents agree): another "
+                 "process rewrote it", journal, rc == 0 ? (unsigned long long)n : 0ULL, p->n_extents);
+        return -1;
+    }
+    return 0;
+}
