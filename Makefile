@@ -37,7 +37,7 @@ UNIT_BIN  := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
 # sanitizers) keeps its own copies under its build directory.
 BINDIR := $(if $(filter build,$(BUILD)),bin,$(BUILD)/bin)
 
-.PHONY: all test bench demo deps clean unit asan ablate
+.PHONY: all test test-root bench demo deps clean unit asan ablate
 # keep the unit tests' objects (make would delete them as intermediates)
 .SECONDARY:
 all: $(BINDIR)/kpack $(BINDIR)/k3synth $(if $(wildcard run/main.c),$(BINDIR)/krun)
@@ -79,7 +79,16 @@ $(BUILD)/tests/%: $(BUILD)/tests/unit/%.o $(LIBRUN) $(LIBPACK) $(LIBFORMAT)
 	@$(if $(V),true,echo "  LINK    $@")
 	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
-unit: $(UNIT_BIN)
+# The fault-injection shim (tests/fault/kfault.c), LD_PRELOADed by the tests.
+# Never sanitized: it is loaded before the sanitizer runtime and only passes
+# calls on to the kernel.
+KFAULT := $(BUILD)/tests/libkfault.so
+$(KFAULT): tests/fault/kfault.c
+	@mkdir -p $(dir $@)
+	@$(if $(V),true,echo "  SHLIB   $@")
+	$(Q)$(CC) -std=gnu11 -O2 -g -fPIC -shared -Wall -Wextra -Werror -Wvla -o $@ $<
+
+unit: $(UNIT_BIN) $(KFAULT)
 
 # Under this build's directory, so a sanitizer build's ablations are not mixed
 # with the plain build's.
@@ -88,6 +97,10 @@ ablate:
 
 test: all unit ablate
 	@BUILD=$(BUILD) BIN=$(BINDIR) tests/run_all.sh
+
+# Tests that need root (loop mounts): out of space on a real ext4.
+test-root: all unit
+	@BUILD=$(BUILD) BIN=$(BINDIR) tests/run_all.sh tests/root/test_*.sh
 
 bench: all
 	@tests/bench/run_bench.sh

@@ -159,6 +159,32 @@ static uint64_t space_needed(const k3_source *src, const kp_plan *p, uint64_t al
     return need;
 }
 
+/* Bytes of free space the run gets back from an earlier run's partial file
+ * before it writes: its allocated blocks at or past `from` (clear_tail
+ * punches them out; a fresh start, from = 0, truncates the whole file).
+ * Data ranges (SEEK_DATA) within the file's allocated total: an overestimate
+ * only costs a run that stops on ENOSPC and resumes. */
+static uint64_t partial_reusable(const char *partial, uint64_t from)
+{
+    int fd = open(partial, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    uint64_t n = 0, alloc;
+    if (fd < 0) return 0;
+    if (fstat(fd, &st) != 0) { close(fd); return 0; }
+    alloc = (uint64_t)st.st_blocks * 512;
+    if (from == 0) {
+        n = alloc;
+    } else {
+        off_t d = (off_t)from, h;
+        while ((d = lseek(fd, d, SEEK_DATA)) >= 0 && (h = lseek(fd, d, SEEK_HOLE)) > d) {
+            n += (uint64_t)(h - d);
+            d = h;
+        }
+    }
+    close(fd);
+    return n < alloc ? n : alloc;
+}
+
 static int fsync_parent(const char *path)
 {
     char *copy = strdup(path);
@@ -365,6 +391,7 @@ int cmd_convert(int argc, char **argv)
     {
         uint64_t done_bytes = first ? plan.extents[first - 1].offset + kpk_round_up(plan.extents[first - 1].stored_len, opt.align) : 0;
         uint64_t need = space_needed(&src, &plan, done_bytes);
+        uint64_t reuse = partial_reusable(partial, done_bytes); /* an out-of-space run left them behind */
         struct statvfs vfs;
         char *copy = strdup(out);
         int sv = copy ? statvfs(dirname(copy), &vfs) : -1;
@@ -372,12 +399,15 @@ int cmd_convert(int argc, char **argv)
         long fake = env_long("KPACK_TEST_FREE_BYTES", -1);
         free(copy);
         if (fake >= 0) avail = (uint64_t)fake, sv = 0;
-        if (sv == 0 && avail < need) {
-            char b1[32], b2[32];
+        if (sv == 0 && avail + reuse < need) {
+            char b1[32], b2[32], b3[32], also[200] = "";
             kfmt_bytes(need, b1, sizeof b1);
             kfmt_bytes(avail, b2, sizeof b2);
-            kx_error("not enough free space for %s: need %s (%llu bytes), %s (%llu bytes) available",
-                     out, b1, (unsigned long long)need, b2, (unsigned long long)avail);
+            kfmt_bytes(reuse, b3, sizeof b3);
+            if (reuse) snprintf(also, sizeof also, " plus %s (%llu bytes) that %s holds and this run rewrites", b3,
+                                (unsigned long long)reuse, partial);
+            kx_error("not enough free space for %s: need %s (%llu bytes), %s (%llu bytes) available%s", out, b1,
+                     (unsigned long long)need, b2, (unsigned long long)avail, also);
             goto out;
         }
     }
