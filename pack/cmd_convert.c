@@ -62,14 +62,15 @@ struct run {
     uint32_t done_count;
     long kill_after;         /* test hook: SIGKILL ourselves after this many extents */
     long delay_ms;           /* test hook: slow down so a test can kill -9 us */
+    const char *partial, *journal;
     char err[600];
 };
 
 static int flush_journal(struct run *r)
 {
     if (!r->n_pending) return 0;
-    if (fdatasync(r->fd)) { snprintf(r->err, sizeof r->err, "fdatasync: %s", strerror(errno)); return -1; }
-    if (kj_append(&r->jr, r->pending, r->n_pending)) { snprintf(r->err, sizeof r->err, "writing the journal: %s", strerror(errno)); return -1; }
+    if (fdatasync(r->fd)) { snprintf(r->err, sizeof r->err, "fdatasync of %s: %s", r->partial, strerror(errno)); return -1; }
+    if (kj_append(&r->jr, r->pending, r->n_pending)) { snprintf(r->err, sizeof r->err, "writing the journal %s: %s", r->journal, strerror(errno)); return -1; }
     r->n_pending = 0;
     r->since_sync = 0;
     return 0;
@@ -381,6 +382,8 @@ int cmd_convert(int argc, char **argv)
 
     r.src = &src;
     r.plan = &plan;
+    r.partial = partial;
+    r.journal = journal;
     r.sync_bytes = (uint64_t)env_long("KPACK_SYNC_BYTES", 1L << 30);
     r.kill_after = env_long("KPACK_TEST_KILL_AFTER", 0);
     r.delay_ms = env_long("KPACK_TEST_DELAY_MS", 0);
@@ -445,7 +448,11 @@ int cmd_convert(int argc, char **argv)
     }
     t_copy = kprogress_finish(prog);
     prog = NULL;
-    if (flush_journal(&r)) { kx_error("%s", r.err); goto out; }
+    if (flush_journal(&r)) {
+        kx_error("%s", r.err);
+        kx_error("%s and %s are kept; rerun the same command to resume", partial, journal);
+        goto out;
+    }
     if (kp_write_directory(r.fd, &plan) || kp_write_superblocks(r.fd, &plan)) {
         kx_error("writing the directory of %s: %s", partial, strerror(errno));
         goto out;

@@ -44,14 +44,16 @@ int kj_open(kjournal *j, const char *path, uint64_t plan_id, kj_record **recs, u
     j->fd = open(path, O_RDWR | O_CLOEXEC);
     if (j->fd < 0) return errno == ENOENT ? 1 : -1;
     size = kio_file_size(j->fd);
-    if (size < (int64_t)KJ_HEADER_SIZE || kio_pread_full(j->fd, h, sizeof h, 0) || memcmp(h, KJ_MAGIC, 8) ||
-        get64(h + 56) != XXH3_64bits(h, 56) || get64(h + 8) != plan_id)
-        goto other;
+    if (size < 0) goto ioerr;
+    if (size < (int64_t)KJ_HEADER_SIZE) goto other;
+    /* an I/O error is not "another plan": the caller must not start over on it */
+    if (kio_pread_full(j->fd, h, sizeof h, 0)) goto ioerr;
+    if (memcmp(h, KJ_MAGIC, 8) || get64(h + 56) != XXH3_64bits(h, 56) || get64(h + 8) != plan_id) goto other;
     cap = ((uint64_t)size - KJ_HEADER_SIZE) / KJ_RECORD_SIZE;
     buf = malloc(cap * KJ_RECORD_SIZE + 1);
     *recs = malloc(sizeof **recs * (cap + 1));
     if (!buf || !*recs) { free(buf); free(*recs); *recs = NULL; close(j->fd); j->fd = -1; errno = ENOMEM; return -1; }
-    if (cap && kio_pread_full(j->fd, buf, cap * KJ_RECORD_SIZE, KJ_HEADER_SIZE)) goto other;
+    if (cap && kio_pread_full(j->fd, buf, cap * KJ_RECORD_SIZE, KJ_HEADER_SIZE)) goto ioerr;
     for (i = 0; i < cap; i++) {
         const uint8_t *r = buf + i * KJ_RECORD_SIZE;
         /* the valid prefix: right magic, own checksum, consecutive extent numbers */
@@ -71,6 +73,17 @@ other:
     close(j->fd);
     j->fd = -1;
     return 1;
+ioerr:
+    {
+        int e = errno;
+        free(buf);
+        free(*recs);
+        *recs = NULL;
+        close(j->fd);
+        j->fd = -1;
+        errno = e;
+        return -1;
+    }
 }
 
 int kj_truncate(kjournal *j, uint64_t n)

@@ -26,8 +26,9 @@ typedef struct kj_record {
 /* Create (truncate) a journal for plan_id. */
 int kj_create(kjournal *j, const char *path, uint64_t plan_id, uint32_t n_extents, uint64_t file_size);
 /* Open an existing journal: 0 if it belongs to plan_id (records are read
- * into *recs, malloc'd, *n set), 1 if it is for another plan or unreadable
- * (the caller starts over), -1 on I/O error. */
+ * into *recs, malloc'd, *n set), 1 if it is for another plan or not a
+ * journal (the caller starts over), -1 with errno when it cannot be read
+ * (an I/O error: the caller must not throw the partial file away). */
 int kj_open(kjournal *j, const char *path, uint64_t plan_id, kj_record **recs, uint64_t *n);
 /* Drop records past n (after a failed re-verification). */
 int kj_truncate(kjournal *j, uint64_t n);

@@ -16,10 +16,16 @@
  *                              crosses N is torn: its first part reaches the file
  *   KFAULT_LOG=FILE            one line appended per injected fault (a test checks
  *                              that its fault really fired)
+ *   KFAULT_TRUNCATE=PATH:SIZE  with KFAULT_CALLS=madvise: the N-th madvise(2)
+ *                              call truncates PATH to SIZE bytes instead of
+ *                              failing, as another process might while the file
+ *                              is mapped (the next touch of a page past SIZE is
+ *                              a SIGBUS)
  *
  * What it cannot reach: I/O glibc does internally (stdio buffers), and
- * memory-mapped reads (krun --io mmap), which touch pages without a call; a
- * mapped file that shrinks raises SIGBUS instead (docs/RELIABILITY.md).
+ * memory-mapped reads (krun --io mmap), which touch pages without a call:
+ * a read error or a shrunk file there is a SIGBUS, which KFAULT_TRUNCATE
+ * provokes (docs/RELIABILITY.md).
  * The real calls are made with syscall(2), so the shim needs no dlsym. */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -31,17 +37,19 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 enum {
     C_READ = 1 << 0, C_PREAD = 1 << 1, C_WRITE = 1 << 2, C_PWRITE = 1 << 3, C_FSYNC = 1 << 4,
     C_FDATASYNC = 1 << 5, C_OPEN = 1 << 6, C_FTRUNCATE = 1 << 7, C_FALLOCATE = 1 << 8, C_SYNC = 1 << 9,
+    C_MADVISE = 1 << 10,
 };
 static const struct { const char *name; unsigned bits; } call_names[] = {
     {"read", C_READ}, {"pread", C_PREAD}, {"write", C_WRITE}, {"pwrite", C_PWRITE}, {"fsync", C_FSYNC},
     {"fdatasync", C_FDATASYNC}, {"open", C_OPEN}, {"ftruncate", C_FTRUNCATE}, {"fallocate", C_FALLOCATE},
-    {"sync", C_SYNC}, {"io", C_READ | C_PREAD | C_WRITE | C_PWRITE},
+    {"sync", C_SYNC}, {"madvise", C_MADVISE}, {"io", C_READ | C_PREAD | C_WRITE | C_PWRITE},
 };
 
 #define SHORT (-1)
@@ -49,6 +57,8 @@ static unsigned k_calls;
 static unsigned long k_nth = 1, k_count = 1;
 static int k_err = EIO;
 static char k_path[512];
+static char k_trunc_path[512];
+static long long k_trunc_size = -1;
 static unsigned long long k_kill_after;
 static int k_log = -1;
 static unsigned long k_seen;          /* matching calls so far */
@@ -81,6 +91,12 @@ __attribute__((constructor)) static void kfault_init(void)
     }
     if ((v = getenv("KFAULT_PATH"))) snprintf(k_path, sizeof k_path, "%s", v);
     if ((v = getenv("KFAULT_KILL_AFTER_BYTES"))) k_kill_after = strtoull(v, NULL, 10);
+    if ((v = getenv("KFAULT_TRUNCATE"))) {
+        const char *colon = strrchr(v, ':');
+        if (!colon) { fprintf(stderr, "kfault: KFAULT_TRUNCATE wants PATH:SIZE\n"); _exit(99); }
+        snprintf(k_trunc_path, sizeof k_trunc_path, "%.*s", (int)(colon - v), v);
+        k_trunc_size = strtoll(colon + 1, NULL, 10);
+    }
     if ((v = getenv("KFAULT_LOG"))) k_log = (int)syscall(SYS_openat, AT_FDCWD, v, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
 }
 
@@ -120,7 +136,7 @@ static const char *err_name(void) { return k_err == SHORT ? "short count" : k_er
 
 /* 1 if this call is to fail: it is of a chosen kind, on a matching file, and
  * its number among such calls is in [nth, nth + count). */
-static int should_fail(unsigned bit, const char *call, int fd, const char *path)
+static int should_fail_how(unsigned bit, const char *call, int fd, const char *path, const char *how)
 {
     char fdp[4096];
     unsigned long k;
@@ -132,8 +148,13 @@ static int should_fail(unsigned bit, const char *call, int fd, const char *path)
     if (!path_matches(path)) return 0;
     k = __atomic_add_fetch(&k_seen, 1, __ATOMIC_SEQ_CST);
     if (k < k_nth || (k_count && k >= k_nth + k_count)) return 0;
-    log_fault(call, k, path, err_name());
+    log_fault(call, k, path, how ? how : err_name());
     return 1;
+}
+
+static int should_fail(unsigned bit, const char *call, int fd, const char *path)
+{
+    return should_fail_how(bit, call, fd, path, NULL);
 }
 
 /* Count bytes about to be written; kill once the limit is crossed (after
@@ -155,11 +176,21 @@ static void die_now(void)
     kill(getpid(), SIGKILL);
 }
 
+/* A short count as the kernel gives one: about half.  An O_DIRECT transfer
+ * ends on a block boundary (except at end of file), so on such a file it is
+ * whole 4 KiB blocks, and a single block is not cut. */
+static size_t short_count(int fd, size_t n)
+{
+    long fl = syscall(SYS_fcntl, fd, F_GETFL);
+    if (fl >= 0 && (fl & O_DIRECT)) return n >= 8192 ? n / 2 / 4096 * 4096 : n;
+    return n > 1 ? n / 2 : n;
+}
+
 static ssize_t do_read(unsigned bit, const char *call, int fd, void *buf, size_t n, off_t off, int positional)
 {
     if (should_fail(bit, call, fd, NULL)) {
         if (k_err != SHORT) { errno = k_err; return -1; }
-        if (n > 1) n /= 2;
+        n = short_count(fd, n);
     }
     return positional ? syscall(SYS_pread64, fd, buf, n, off) : syscall(SYS_read, fd, buf, n);
 }
@@ -170,7 +201,7 @@ static ssize_t do_write(unsigned bit, const char *call, int fd, const void *buf,
     ssize_t r;
     if (should_fail(bit, call, fd, NULL)) {
         if (k_err != SHORT) { errno = k_err; return -1; }
-        if (n > 1) n /= 2;
+        n = short_count(fd, n);
     }
     {
         size_t m = kill_check(fd, n, &kill_now);
@@ -207,6 +238,15 @@ int fallocate64(int fd, int mode, off_t off, off_t len) { return fallocate(fd, m
 int sync_file_range(int fd, off_t off, off_t len, unsigned int flags)
 {
     return should_fail(C_SYNC, "sync_file_range", fd, NULL) ? fail_errno() : (int)syscall(SYS_sync_file_range, fd, off, len, flags);
+}
+
+/* Not a failure of madvise itself (it never fails for a mapped range):
+ * the moment a mapped file is shrunk under the mapping. */
+int madvise(void *addr, size_t len, int advice)
+{
+    if (k_trunc_size >= 0 && should_fail_how(C_MADVISE, "madvise", -1, k_trunc_path, "file truncated under the mapping"))
+        syscall(SYS_truncate, k_trunc_path, k_trunc_size);
+    return (int)syscall(SYS_madvise, addr, len, advice);
 }
 
 static int do_open(int dirfd, const char *path, int flags, mode_t mode)
