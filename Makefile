@@ -39,7 +39,7 @@ UNIT_BIN  := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
 # sanitizers) keeps its own copies under its build directory.
 BINDIR := $(if $(filter build,$(BUILD)),bin,$(BUILD)/bin)
 
-.PHONY: all test test-root bench demo deps clean unit asan ablate fuzz fuzz-bins
+.PHONY: all test test-root bench demo deps clean unit asan ablate fuzz fuzz-bins soak
 # keep the unit tests' objects (make would delete them as intermediates)
 .SECONDARY:
 all: $(BINDIR)/kpack $(BINDIR)/k3synth $(if $(wildcard run/main.c),$(BINDIR)/krun)
@@ -140,6 +140,13 @@ test: all unit ablate
 # Tests that need root (loop mounts): out of space on a real ext4.
 test-root: all unit
 	@BUILD=$(BUILD) BIN=$(BINDIR) tests/run_all.sh tests/root/test_*.sh
+
+# The randomized campaign (tests/soak/soak.py): kill -9 at random byte counts
+# during convert, random bit flips, re-sealed structural mutations.  Prints
+# figures; SOAK_ARGS="--kills N --flips N --mutations N --seed S --json FILE".
+SOAK_ARGS ?= --kills 60 --flips 1200 --mutations 1200 --json $(BUILD)/soak.json
+soak: all unit
+	@nice -n 10 python3 tests/soak/soak.py --bin $(BINDIR) --shim $(KFAULT) $(SOAK_ARGS)
 
 bench: all
 	@tests/bench/run_bench.sh
