@@ -109,7 +109,9 @@ env KFAULT_CALLS=read KFAULT_COUNT=0 KFAULT_ERR=SHORT "$S" KFAULT_LOG="$T/fault.
 R='KFAULT_PATH=*/ref.kpk'
 faulty 2 "verify, EIO opening" "ref.kpk: Input/output error" KFAULT_CALLS=pread KFAULT_NTH=3 "$R" -- "$BIN/kpack" verify "$T/ref.kpk" --quiet
 faulty 2 "verify, EIO in an extent" "^layer [0-9]+ (trunk|expert [0-9]+): Input/output error" \
-    KFAULT_CALLS=pread KFAULT_NTH=40 "$R" -- "$BIN/kpack" verify "$T/ref.kpk" --quiet
+    KFAULT_CALLS=pread KFAULT_NTH=40 "$R" -- "$BIN/kpack" verify "$T/ref.kpk" --quiet \
+    && { grep -q "UNREADABLE (I/O error" "$T/f.out" && ! grep -q CORRUPT "$T/f.out" \
+        && ok "verify calls an unreadable file UNREADABLE, not CORRUPT" || notok "verify summary: $(tail -1 "$T/f.out")"; }
 faulty 2 "verify --json, EIO in an extent" '"error": "Input/output error"' \
     KFAULT_CALLS=pread KFAULT_NTH=40 "$R" -- "$BIN/kpack" verify "$T/ref.kpk" --json
 rm -f "$T/fault.log"
