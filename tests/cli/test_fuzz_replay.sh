@@ -24,6 +24,15 @@ replay() { # replay NAME LABEL WANT_ACCEPTED PATH...: WANT_ACCEPTED "all", "none
     else notok "fuzz_replay_$h $label: $out (wanted $want accepted)"; fi
 }
 
+"$BIN/k3synth" "$T/src" --geometry micro --quiet >/dev/null 2>&1 \
+    && "$BIN/kpack" convert "$T/src" "$T/small.kpk" --quiet \
+    || { notok "cannot make the small model"; finish; exit 1; }
+# fuzz_tokenizer's rank file: the real one when the shared fixtures are there,
+# else the synthetic one (same format)
+KPK_FUZZ_TIKTOKEN="$K3_SHARED/fixtures/tokenizer/tiktoken.model"
+[ -f "$KPK_FUZZ_TIKTOKEN" ] || KPK_FUZZ_TIKTOKEN="$T/src/tiktoken.model"
+export KPK_FUZZ_TIKTOKEN
+
 for dir in "$FZ"/corpus/*/; do
     h=$(basename "$dir")
     replay "$h" "seeds" all "$dir"
@@ -34,9 +43,6 @@ for dir in "$FZ"/regress/*/; do
     replay "$h" "regression inputs" none "$dir"
 done
 
-"$BIN/k3synth" "$T/src" --geometry micro --quiet >/dev/null 2>&1 \
-    && "$BIN/kpack" convert "$T/src" "$T/small.kpk" --quiet \
-    || { notok "cannot make the small model"; finish; exit 1; }
 replay kpk "a fresh small conversion" all "$T/small.kpk"
 cp "$T/small.kpk" "$T/flip.kpk"
 printf '\x01' | dd of="$T/flip.kpk" bs=1 seek=$((4096 * 3 + 100)) conv=notrunc 2>/dev/null
