@@ -47,7 +47,7 @@ UNIT_BIN  := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC) $(PROBE_SRC)
 # sanitizers) keeps its own copies under its build directory.
 BINDIR := $(if $(filter build,$(BUILD)),bin,$(BUILD)/bin)
 
-.PHONY: all test test-clang bench demo deps clean unit asan ablate
+.PHONY: all test test-clang test-root bench demo deps clean unit asan ablate fuzz fuzz-bins soak
 # keep the unit tests' objects (make would delete them as intermediates)
 .SECONDARY:
 all: $(BINDIR)/kpack $(BINDIR)/k3synth $(if $(wildcard run/main.c),$(BINDIR)/krun)
@@ -89,7 +89,53 @@ $(BUILD)/tests/%: $(BUILD)/tests/unit/%.o $(LIBRUN) $(LIBPACK) $(LIBFORMAT)
 	@$(if $(V),true,echo "  LINK    $@")
 	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
-unit: $(UNIT_BIN)
+# Fuzzing.  Every tests/fuzz/fuzz_NAME.c is one libFuzzer harness (adding a
+# harness is adding that file): `make fuzz` builds each with clang, ASan and
+# UBSan into build/fuzz/fuzz/ and runs it (tests/fuzz/run_fuzz.sh); every
+# build also links it with a replay driver into $(BUILD)/tests/fuzz_replay_NAME,
+# which tests/cli/test_fuzz_replay.sh runs on the regression inputs and seeds.
+FUZZ_NAMES  := $(patsubst tests/fuzz/fuzz_%.c,%,$(sort $(wildcard tests/fuzz/fuzz_*.c)))
+FUZZ_REPLAY := $(patsubst %,$(BUILD)/tests/fuzz_replay_%,$(FUZZ_NAMES))
+FUZZ_BIN    := $(patsubst %,$(BUILD)/fuzz/fuzz_%,$(FUZZ_NAMES))
+FUZZ_SECONDS ?= 60
+FUZZ_FLAGS  := -O1 -g -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+
+$(BUILD)/tests/fuzz_replay_%: $(call obj,tests/fuzz/fuzz_%.c tests/fuzz/replay.c tests/fuzz/input_file.c) $(LIBRUN) $(LIBPACK) $(LIBFORMAT)
+	@mkdir -p $(dir $@)
+	@$(if $(V),true,echo "  LINK    $@")
+	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+$(BUILD)/fuzz/fuzz_%: $(call obj,tests/fuzz/fuzz_%.c tests/fuzz/input_file.c) $(LIBRUN) $(LIBPACK) $(LIBFORMAT)
+	@mkdir -p $(dir $@)
+	@$(if $(V),true,echo "  LINK    $@")
+	$(Q)$(CC) $(CFLAGS) -fsanitize=fuzzer -o $@ $^ $(LDLIBS)
+fuzz-bins: $(FUZZ_BIN)
+# run/kernels*.c do not build with clang 14 (GCC target pragmas, the "f16c"
+# cpu feature): the fuzz build takes them from gcc, uninstrumented.  No
+# harness fuzzes the kernels; fuzz_kpk only links them through run/model.c.
+ifeq ($(FUZZ_KERNELS_GCC),1)
+$(call obj,$(wildcard run/kernels*.c)): $(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	@$(if $(V),true,echo "  GCC     $<")
+	$(Q)gcc $(filter-out -fsanitize%,$(CFLAGS)) -Wno-format-truncation -c $< -o $@
+endif
+
+# clang (Debian clang + libclang-rt-14-dev); FUZZ_SECONDS=N per harness, or
+# FUZZ_RUNS=N executions; FUZZ_ONLY=kpk,config.  Prints figures per harness.
+fuzz: all
+	@tests/deps.sh fuzz >/dev/null || { echo "make fuzz needs clang and libclang-rt-14-dev: tests/deps.sh fuzz"; exit 2; }
+	@$(MAKE) --no-print-directory BUILD=build/fuzz CC=clang OPT="$(FUZZ_FLAGS)" FUZZ_KERNELS_GCC=1 fuzz-bins
+	@FUZZ_SECONDS=$(FUZZ_SECONDS) FUZZ_RUNS=$(FUZZ_RUNS) FUZZ_ONLY=$(FUZZ_ONLY) FUZZ_BUILD=build/fuzz BIN=$(BINDIR) tests/fuzz/run_fuzz.sh
+
+# The fault-injection shim (tests/fault/kfault.c), LD_PRELOADed by the tests.
+# Never sanitized: it is loaded before the sanitizer runtime and only passes
+# calls on to the kernel.
+KFAULT := $(BUILD)/tests/libkfault.so
+$(KFAULT): tests/fault/kfault.c
+	@mkdir -p $(dir $@)
+	@$(if $(V),true,echo "  SHLIB   $@")
+	$(Q)$(CC) -std=gnu11 -O2 -g -fPIC -shared -Wall -Wextra -Werror -Wvla -o $@ $<
+
+unit: $(UNIT_BIN) $(FUZZ_REPLAY) $(KFAULT)
 
 # Under this build's directory, so a sanitizer build's ablations are not mixed
 # with the plain build's.
@@ -98,6 +144,17 @@ ablate:
 
 test: all unit ablate
 	@BUILD=$(BUILD) BIN=$(BINDIR) tests/run_all.sh
+
+# Tests that need root (loop mounts): out of space on a real ext4.
+test-root: all unit
+	@BUILD=$(BUILD) BIN=$(BINDIR) tests/run_all.sh tests/root/test_*.sh
+
+# The randomized campaign (tests/soak/soak.py): kill -9 at random byte counts
+# during convert, random bit flips, re-sealed structural mutations.  Prints
+# figures; SOAK_ARGS="--kills N --flips N --mutations N --seed S --json FILE".
+SOAK_ARGS ?= --kills 60 --flips 1200 --mutations 1200 --json $(BUILD)/soak.json
+soak: all unit
+	@nice -n 10 python3 tests/soak/soak.py --bin $(BINDIR) --shim $(KFAULT) $(SOAK_ARGS)
 
 bench: all
 	@tests/bench/run_bench.sh

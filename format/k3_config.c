@@ -19,44 +19,51 @@
 enum where { LM, KDA_STRICT, KDA_LOOSE };
 enum kind { INT, REAL, BOOL_DEFAULT_TRUE };
 
+/* Every numeric field with the range kpack and krun accept: wide around
+ * every Kimi model published (the K3 value is the last column), narrow
+ * enough that a value no model has (routed_scaling_factor = 1e308, a
+ * 2^40-wide layer) is refused by name before anything runs on it.  README
+ * "config.json: accepted values" lists this table. */
 struct field {
     const char *key;    /* released spelling */
     const char *alias;  /* flat spelling, or NULL */
     enum where where;
     enum kind kind;
     size_t off;         /* offset in k3_config */
+    double lo, hi;      /* accepted range, inclusive (INT and REAL) */
+    const char *k3;     /* the released K3 value, quoted in messages */
 };
 
-#define F(k, a, w, t, m) { k, a, w, t, offsetof(k3_config, m) }
+#define F(k, a, w, t, m, lo, hi, k3) { k, a, w, t, offsetof(k3_config, m), lo, hi, k3 }
 static const struct field fields[] = {
-    F("hidden_size", NULL, LM, INT, hidden),
-    F("num_hidden_layers", NULL, LM, INT, n_layers),
-    F("vocab_size", NULL, LM, INT, vocab),
-    F("rms_norm_eps", NULL, LM, REAL, rms_eps),
-    F("num_heads", "kda_num_heads", KDA_STRICT, INT, kda_heads),
-    F("head_dim", "kda_head_dim", KDA_STRICT, INT, kda_head_dim),
-    F("short_conv_kernel_size", NULL, KDA_LOOSE, INT, conv_width),
-    F("gate_lower_bound", NULL, KDA_LOOSE, REAL, gate_lb),
-    F("num_attention_heads", NULL, LM, INT, mla_heads),
-    F("q_lora_rank", NULL, LM, INT, q_lora),
-    F("kv_lora_rank", NULL, LM, INT, kv_lora),
-    F("qk_nope_head_dim", NULL, LM, INT, qk_nope),
-    F("qk_rope_head_dim", NULL, LM, INT, qk_rope),
-    F("v_head_dim", NULL, LM, INT, v_head),
-    F("mla_use_output_gate", NULL, LM, BOOL_DEFAULT_TRUE, mla_output_gate),
-    F("num_experts", NULL, LM, INT, n_experts),
-    F("num_experts_per_token", NULL, LM, INT, topk),
-    F("num_shared_experts", NULL, LM, INT, n_shared),
-    F("routed_expert_hidden_size", NULL, LM, INT, latent),
-    F("moe_intermediate_size", NULL, LM, INT, moe_inter),
-    F("routed_scaling_factor", NULL, LM, REAL, routed_scale),
-    F("moe_renormalize", NULL, LM, BOOL_DEFAULT_TRUE, moe_renormalize),
-    F("latent_moe_use_norm", NULL, LM, BOOL_DEFAULT_TRUE, latent_norm),
-    F("first_k_dense_replace", NULL, LM, INT, first_dense),
-    F("intermediate_size", NULL, LM, INT, dense_inter),
-    F("attn_res_block_size", NULL, LM, INT, attn_res_block),
-    F("activation_situ_beta", "situ_beta", LM, REAL, situ_beta1),
-    F("activation_situ_linear_beta", "situ_linear_beta", LM, REAL, situ_beta2),
+    F("hidden_size", NULL, LM, INT, hidden, 1, 65536, "7168"),
+    F("num_hidden_layers", NULL, LM, INT, n_layers, 1, K3_MAX_LAYERS, "93"),
+    F("vocab_size", NULL, LM, INT, vocab, 1, 1 << 24, "163840"),
+    F("rms_norm_eps", NULL, LM, REAL, rms_eps, 1e-10, 1e-2, "1e-5"),
+    F("num_heads", "kda_num_heads", KDA_STRICT, INT, kda_heads, 1, 1024, "96"),
+    F("head_dim", "kda_head_dim", KDA_STRICT, INT, kda_head_dim, 1, 1024, "128"),
+    F("short_conv_kernel_size", NULL, KDA_LOOSE, INT, conv_width, 1, 64, "4"),
+    F("gate_lower_bound", NULL, KDA_LOOSE, REAL, gate_lb, -100, -1e-6, "-5.0"),
+    F("num_attention_heads", NULL, LM, INT, mla_heads, 1, 1024, "96"),
+    F("q_lora_rank", NULL, LM, INT, q_lora, 1, 65536, "1536"),
+    F("kv_lora_rank", NULL, LM, INT, kv_lora, 1, 65536, "512"),
+    F("qk_nope_head_dim", NULL, LM, INT, qk_nope, 1, 1024, "128"),
+    F("qk_rope_head_dim", NULL, LM, INT, qk_rope, 1, 1024, "64"),
+    F("v_head_dim", NULL, LM, INT, v_head, 1, 1024, "128"),
+    F("mla_use_output_gate", NULL, LM, BOOL_DEFAULT_TRUE, mla_output_gate, 0, 1, "true"),
+    F("num_experts", NULL, LM, INT, n_experts, 1, 65536, "896"),
+    F("num_experts_per_token", NULL, LM, INT, topk, 1, 64, "16"),
+    F("num_shared_experts", NULL, LM, INT, n_shared, 1, 64, "2"),
+    F("routed_expert_hidden_size", NULL, LM, INT, latent, 32, 65536, "3584"),
+    F("moe_intermediate_size", NULL, LM, INT, moe_inter, 32, 262144, "3072"),
+    F("routed_scaling_factor", NULL, LM, REAL, routed_scale, 1e-3, 100, "1.0"),
+    F("moe_renormalize", NULL, LM, BOOL_DEFAULT_TRUE, moe_renormalize, 0, 1, "true"),
+    F("latent_moe_use_norm", NULL, LM, BOOL_DEFAULT_TRUE, latent_norm, 0, 1, "true"),
+    F("first_k_dense_replace", NULL, LM, INT, first_dense, 0, K3_MAX_LAYERS, "1"),
+    F("intermediate_size", NULL, LM, INT, dense_inter, 1, 1 << 20, "33792"),
+    F("attn_res_block_size", NULL, LM, INT, attn_res_block, 1, K3_MAX_LAYERS, "12"),
+    F("activation_situ_beta", "situ_beta", LM, REAL, situ_beta1, 1e-2, 1e3, "4.0"),
+    F("activation_situ_linear_beta", "situ_linear_beta", LM, REAL, situ_beta2, 1e-2, 1e3, "25.0"),
 };
 #undef F
 
@@ -171,36 +178,31 @@ static int parse_layer_map(const struct scopes *s, k3_config *c, char *err, size
     return 0;
 }
 
+/* One field's value against its range; the message names the field, the
+ * value, the range and the K3 value.  (JSON has no NaN or infinity; a
+ * number too large for a double does not parse.) */
+static int in_range(const struct field *f, double v, int is_int, long long iv, char *err, size_t errlen)
+{
+    if (isfinite(v) && v >= f->lo && v <= f->hi) return 0;
+    if (is_int)
+        errbuf_set(err, errlen, "config: %s = %lld is outside the accepted range %.0f..%.0f (Kimi K3: %s)", f->key, iv,
+                   f->lo, f->hi, f->k3);
+    else
+        errbuf_set(err, errlen, "config: %s = %.17g is outside the accepted range %g..%g (Kimi K3: %s)", f->key, v, f->lo,
+                   f->hi, f->k3);
+    return -1;
+}
+
+/* What one field's range cannot say. */
 static int validate(const k3_config *c, char *err, size_t errlen)
 {
 #define NEED(cond, ...) do { if (!(cond)) { errbuf_set(err, errlen, __VA_ARGS__); return -1; } } while (0)
-    const struct { const char *name; int v; } pos[] = {
-        {"hidden_size", c->hidden}, {"vocab_size", c->vocab},
-        {"kda head_dim", c->kda_head_dim}, {"kda num_heads", c->kda_heads},
-        {"short_conv_kernel_size", c->conv_width}, {"num_attention_heads", c->mla_heads},
-        {"q_lora_rank", c->q_lora}, {"kv_lora_rank", c->kv_lora}, {"qk_nope_head_dim", c->qk_nope},
-        {"qk_rope_head_dim", c->qk_rope}, {"v_head_dim", c->v_head}, {"num_experts", c->n_experts},
-        {"num_experts_per_token", c->topk}, {"num_shared_experts", c->n_shared},
-        {"routed_expert_hidden_size", c->latent}, {"moe_intermediate_size", c->moe_inter},
-        {"intermediate_size", c->dense_inter}, {"attn_res_block_size", c->attn_res_block},
-    };
-    for (size_t i = 0; i < sizeof pos / sizeof pos[0]; i++)
-        NEED(pos[i].v > 0 && pos[i].v <= (1 << 24), "config: %s = %d is out of range", pos[i].name, pos[i].v);
-    NEED(c->n_layers > 0 && c->n_layers <= K3_MAX_LAYERS, "config: num_hidden_layers = %d (1..%d supported)",
-         c->n_layers, K3_MAX_LAYERS);
-    NEED(c->topk <= 64 && c->topk <= c->n_experts, "config: num_experts_per_token = %d must be <= 64 and <= num_experts (%d)",
-         c->topk, c->n_experts);
-    NEED(c->first_dense >= 0 && c->first_dense <= c->n_layers, "config: first_k_dense_replace = %d is outside 0..%d",
+    NEED(c->topk <= c->n_experts, "config: num_experts_per_token = %d must be <= num_experts (%d)", c->topk, c->n_experts);
+    NEED(c->first_dense <= c->n_layers, "config: first_k_dense_replace = %d is outside 0..num_hidden_layers (%d)",
          c->first_dense, c->n_layers);
     /* MXFP4 groups 32 elements along the input axis of every expert matrix. */
     NEED(c->latent % 32 == 0, "config: routed_expert_hidden_size = %d is not a multiple of 32 (MXFP4 group)", c->latent);
     NEED(c->moe_inter % 32 == 0, "config: moe_intermediate_size = %d is not a multiple of 32 (MXFP4 group)", c->moe_inter);
-    NEED(c->rms_eps > 0 && c->rms_eps < 1, "config: rms_norm_eps = %g is out of range", c->rms_eps);
-    NEED(c->gate_lb < 0 && isfinite(c->gate_lb), "config: gate_lower_bound = %g must be negative", c->gate_lb);
-    NEED(c->situ_beta1 > 0 && c->situ_beta2 > 0 && isfinite(c->situ_beta1) && isfinite(c->situ_beta2),
-         "config: SiTU betas must be positive");
-    NEED(isfinite(c->routed_scale) && c->routed_scale > 0, "config: routed_scaling_factor = %g must be positive",
-         c->routed_scale);
     return 0;
 #undef NEED
 }
@@ -252,10 +254,11 @@ int k3_config_parse(const char *json, size_t len, k3_config *c, char *err, size_
         }
         switch (f->kind) {
         case INT:
-            if (!json_is_integer(v) || json_integer_value(v) < -(1LL << 30) || json_integer_value(v) > (1LL << 30)) {
+            if (!json_is_integer(v)) {
                 errbuf_set(err, errlen, "config: %s must be an integer", f->key);
                 goto out;
             }
+            if (in_range(f, (double)json_integer_value(v), 1, (long long)json_integer_value(v), err, errlen)) goto out;
             *(int *)dst = (int)json_integer_value(v);
             break;
         case REAL:
@@ -263,6 +266,7 @@ int k3_config_parse(const char *json, size_t len, k3_config *c, char *err, size_
                 errbuf_set(err, errlen, "config: %s must be a number", f->key);
                 goto out;
             }
+            if (in_range(f, json_number_value(v), 0, 0, err, errlen)) goto out;
             *(double *)dst = json_number_value(v);
             break;
         case BOOL_DEFAULT_TRUE:

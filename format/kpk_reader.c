@@ -362,7 +362,12 @@ int kpk_open(const char *path, kpk_file **out, kpk_err *err)
         kpk_fail(err, KPK_EFORMAT, f, "superblock: the set id is not the extent table checksum XOR the tensor table checksum");
         goto bad;
     }
-    if (!(f->dir = entry_dir(path))) { kpk_err_set(err, KPK_EIO, "%s: %s", path, strerror(errno)); goto bad; }
+    /* only a set needs it: a single file may sit behind a path realpath cannot
+     * name again (a memfd's /proc/self/fd/N) */
+    if (sb->member_count > 1 && !(f->dir = entry_dir(path))) {
+        kpk_err_set(err, KPK_EIO, "%s: %s", path, strerror(errno));
+        goto bad;
+    }
     if (read_directory(f, err)) goto bad;
     if (kpk_check_member_table(f, err) || kpk_check_string_pool(f, err) || kpk_check_extents(f, err) ||
         kpk_check_tensors(f, err) || kpk_check_blocks(f, err) || kpk_open_members(f, err))

@@ -81,6 +81,7 @@ struct run {
     kp_out *out;
     int *fds;
     kjournal jr;
+    const char *journal; /* its path, for messages */
     kj_record *pending;
     uint64_t n_pending;
     uint64_t since_sync;
@@ -104,7 +105,7 @@ static int flush_journal(struct run *r)
     if (!r->n_pending) return 0;
     for (uint16_t m = 0; m < r->plan->n_members; m++) r->ends[m] = kp_member_end(r->plan, r->cursor, m);
     if (kp_out_sync(r->out, r->ends)) { kp_out_failed(r->out, r->err, sizeof r->err); return -1; }
-    if (kj_append(&r->jr, r->pending, r->n_pending)) { snprintf(r->err, sizeof r->err, "writing the journal: %s", strerror(errno)); return -1; }
+    if (kj_append(&r->jr, r->pending, r->n_pending)) { snprintf(r->err, sizeof r->err, "writing the journal %s: %s", r->journal, strerror(errno)); return -1; }
     r->n_pending = 0;
     r->since_sync = 0;
     return 0;
@@ -443,6 +444,7 @@ int cmd_convert(int argc, char **argv)
         }
     if (asprintf(&journal, "%s.journal", out) < 0) { journal = NULL; kx_error("out of memory"); goto out; }
     r.plan = &plan;
+    r.journal = journal;
     r.sync_bytes = (uint64_t)env_long("KPACK_SYNC_BYTES", 1L << 30);
     r.kill_after = env_long("KPACK_TEST_KILL_AFTER", 0);
     r.delay_ms = env_long("KPACK_TEST_DELAY_MS", 0);

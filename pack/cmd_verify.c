@@ -254,7 +254,7 @@ int cmd_verify(int argc, char **argv)
         kfmt_bytes(kpk_total_size(f), b, sizeof b);
         if (kpk_member_count(f) > 1) snprintf(mem, sizeof mem, " in %u member files", kpk_member_count(f));
         printf("%s: %u extents, %s%s checked in %.2f s (%.0f MB/s): %s\n", path, kpk_extent_count(f), b, mem, secs,
-               secs > 0 ? (double)kpk_total_size(f) / secs / 1e6 : 0.0, job.n_probs ? "CORRUPT" : "OK");
+               secs > 0 ? (double)kpk_total_size(f) / secs / 1e6 : 0.0, job.io_error ? "UNREADABLE (I/O error: nothing is known of what could not be read)" : job.n_probs ? "CORRUPT" : "OK");
     }
     {
         int rc = job.io_error ? KX_FAIL : job.n_probs ? KX_BAD : KX_OK;

@@ -80,7 +80,15 @@ int st_open(const char *path, st_file *f, char *err, size_t errlen)
         json_t *dt, *shape, *offs, *v;
         uint64_t numel = 1, esz, a, b;
         size_t j;
-        if (strcmp(key, "__metadata__") == 0) continue;
+        if (strcmp(key, "__metadata__") == 0) {
+            /* the format's metadata is a map of strings; anything else is not a safetensors header */
+            const char *mk;
+            json_t *mv;
+            if (!json_is_object(val)) { snprintf(err, errlen, "%s: __metadata__ is not a JSON object (the safetensors format requires a map of strings)", path); goto out; }
+            json_object_foreach(val, mk, mv)
+                if (!json_is_string(mv)) { snprintf(err, errlen, "%s: __metadata__ entry %s is not a string (the safetensors format requires a map of strings)", path, mk); goto out; }
+            continue;
+        }
         if (!json_is_object(val)) { snprintf(err, errlen, "%s: tensor %s: entry is not an object", path, key); goto out; }
         dt = json_object_get(val, "dtype");
         shape = json_object_get(val, "shape");
@@ -122,12 +130,21 @@ int st_open(const char *path, st_file *f, char *err, size_t errlen)
     }
     f->expected_size = f->data_start;
     qsort(f->t, f->n, sizeof *f->t, cmp_begin);
-    for (i = 0; i < f->n; i++) {
-        if (i && f->t[i].begin < f->t[i - 1].end && f->t[i].end > f->t[i].begin) {
-            snprintf(err, errlen, "%s: tensors %s and %s overlap", path, f->t[i - 1].name, f->t[i].name);
-            goto out;
+    {
+        /* in begin order, each non-empty tensor starts at or after the end of
+         * the last non-empty one (an empty tensor in between must not hide an
+         * overlap: compare with the last that holds bytes, not the previous) */
+        const st_tensor *last = NULL;
+        for (i = 0; i < f->n; i++) {
+            const st_tensor *t = &f->t[i];
+            if (t->end > f->expected_size) f->expected_size = t->end;
+            if (t->end == t->begin) continue;
+            if (last && t->begin < last->end) {
+                snprintf(err, errlen, "%s: tensors %s and %s overlap", path, last->name, t->name);
+                goto out;
+            }
+            last = t;
         }
-        if (f->t[i].end > f->expected_size) f->expected_size = f->t[i].end;
     }
     rc = 0;
 out:

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the build and tests need (`make deps`).
 # As root it runs apt-get; otherwise it prints the command to run.
+#   tests/deps.sh fuzz   what `make fuzz` needs besides: clang and libFuzzer
+#                        (libclang-rt-14-dev); `make test` does not need them.
 set -eu
 # zstd: the command line tool; tests/ref/kpk.py codes and decodes zstd frames with it
 PKGS="build-essential clang pkg-config bc libzstd-dev libxxhash-dev libssl-dev libjansson-dev libpcre2-dev python3-numpy zstd"
+[ "${1:-}" = fuzz ] && PKGS="clang libclang-rt-14-dev"
 missing=""
 for p in $PKGS; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

@@ -36,3 +36,13 @@ same_bits() {
         notok "results differ: $label: $(head -c 300 "$T/x.err")"
     fi
 }
+
+# need_shim: $SHIM is the fault-injection shim (tests/fault/kfault.c) of this
+# build, or the test stops.  A sanitized binary must let it be preloaded
+# ahead of the sanitizer runtime.
+need_shim() {
+    SHIM=${BUILD:-build}/tests/libkfault.so
+    case $SHIM in /*) ;; *) SHIM="$TOP/$SHIM";; esac
+    [ -f "$SHIM" ] || { notok "fault shim $SHIM not built (make unit)"; finish; exit 1; }
+    export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}verify_asan_link_order=0"
+}

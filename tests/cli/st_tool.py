@@ -6,7 +6,7 @@
   st_tool.py mutate SRC_DIR DST_DIR KIND [ARG]
         copy a checkpoint directory and break it in one way:
         truncate | header-len | bad-json | offset-range | overlap | dtype | shape |
-        drop NAME | extra | config-drop KEY
+        drop NAME | extra | config-drop KEY | metadata JSON (the header's __metadata__)
 """
 import json, os, shutil, struct, sys
 
@@ -36,6 +36,15 @@ def write_file(path, hdr, data_by_name, order=None):
         f.write(js)
         for b in blobs:
             f.write(b)
+
+
+def rewrite_header(path, n, hdr):
+    """Replace the header (n bytes long now) by hdr, keeping the data bytes."""
+    js = json.dumps(hdr, separators=(",", ":")).encode()
+    js += b" " * ((8 - len(js) % 8) % 8)
+    body = open(path, "rb").read()[8 + n:]
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(js)) + js + body)
 
 
 def load_all(path):
@@ -103,11 +112,7 @@ def mutate(src, dst, kind, arg):
             k = max(names, key=lambda k: hdr[k]["data_offsets"][1])
             a, b = hdr[k]["data_offsets"]
             hdr[k]["data_offsets"] = [a + 4096, b + 4096]
-            js = json.dumps(hdr, separators=(",", ":")).encode()
-            js += b" " * ((8 - len(js) % 8) % 8)
-            body = open(path, "rb").read()[8 + n:]
-            with open(path, "wb") as f:
-                f.write(struct.pack("<Q", len(js)) + js + body)
+            rewrite_header(path, n, hdr)
             return
         if kind == "overlap":
             ks = sorted(names, key=lambda k: hdr[k]["data_offsets"][0])
@@ -115,11 +120,10 @@ def mutate(src, dst, kind, arg):
             a1, b1 = hdr[ks[1]]["data_offsets"]
             ln = b1 - a1
             hdr[ks[1]]["data_offsets"] = [a0, a0 + ln] if ln <= b0 - a0 else [a1 - 2, b1 - 2]
-            js = json.dumps(hdr, separators=(",", ":")).encode()
-            js += b" " * ((8 - len(js) % 8) % 8)
-            body = open(path, "rb").read()[8 + n:]
-            with open(path, "wb") as f:
-                f.write(struct.pack("<Q", len(js)) + js + body)
+            rewrite_header(path, n, hdr)
+            return
+        if kind == "metadata":
+            rewrite_header(path, n, dict([("__metadata__", json.loads(arg))] + [(k, hdr[k]) for k in names]))
             return
         if kind == "dtype":
             # a BF16 matrix relabelled F16 would be legal; U8 with the same bytes is not

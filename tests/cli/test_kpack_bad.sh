@@ -11,7 +11,7 @@ ST="$TOP/tests/cli/st_tool.py"
 bad_source() {
     local kind=$1 arg=$2 pat=$3 d="$T/bad-$1"
     rm -rf "$d"
-    python3 "$ST" mutate "$T/src" "$d" "$kind" $arg || { notok "mutation $kind failed"; return; }
+    python3 "$ST" mutate "$T/src" "$d" "$kind" ${arg:+"$arg"} || { notok "mutation $kind failed"; return; }
     expect_exit 1 "check-source: $kind" "$BIN/kpack" check-source "$d" --quiet
     if grep -qE -- "$pat" "$T/last.out" "$T/last.err"; then ok "check-source names the problem ($kind)"
     else notok "check-source $kind: wanted /$pat/, got: $(cat "$T/last.out" "$T/last.err" | grep -E 'BAD|-|error' | head -5)"; fi
@@ -30,6 +30,11 @@ bad_source drop "language_model.model.layers.5.block_sparse_moe.experts.3.w2.wei
                               "missing tensor language_model.model.layers.5.block_sparse_moe.experts.3.w2.weight_scale"
 bad_source extra ""           "extra unknown tensor language_model.model.layers.0.self_attn.bogus.weight"
 bad_source config-drop "num_experts_per_token" "required field.* missing: num_experts_per_token"
+bad_source metadata '[1, 2]'  "__metadata__ is not a JSON object"
+bad_source metadata '{"format": 1}' "__metadata__ entry format is not a string"
+# the released shards carry {"format": "pt"}: still accepted
+rm -rf "$T/meta-ok"; python3 "$ST" mutate "$T/src" "$T/meta-ok" metadata '{"format": "pt"}'
+expect_exit 0 "check-source: a __metadata__ map of strings is accepted" "$BIN/kpack" check-source "$T/meta-ok" --quiet
 rm -rf "$T/two"; python3 "$ST" mutate "$T/src" "$T/two" config-drop "full_attn_layers" && \
     python3 - "$T/two/config.json" <<'PY'
 import json, sys

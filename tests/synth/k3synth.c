@@ -19,10 +19,12 @@ static const char USAGE[] =
     "shards model-NNNNN-of-0000MM.safetensors + model.safetensors.index.json, tiktoken.model\n"
     "and tokenizer_config.json.\n"
     "\n"
-    "  --geometry tiny|slice  tiny: the 13-layer oracle geometry (hidden 128, vocab 256, 8 experts,\n"
+    "  --geometry tiny|slice|micro  tiny: the 13-layer oracle geometry (hidden 128, vocab 256, 8 experts,\n"
     "                         top-2; default).  slice: full K3 widths (hidden 7168, 96x128 KDA,\n"
     "                         96-head MLA, 3072-wide MXFP4 experts) with 2 layers, 64 experts,\n"
-    "                         top-4 and vocab 32768 unless overridden (about 5 GB)\n"
+    "                         top-4 and vocab 32768 unless overridden (about 5 GB).  micro: the\n"
+    "                         smallest that exercises every tensor kind (hidden 32, 2 layers,\n"
+    "                         2 experts; about 50 kB): seeds for the fuzzers\n"
     "  --seed N               weights seed (default 1); same options -> identical bytes\n"
     "  --shards N             number of shard files (default: one per layer plus one for the\n"
     "                         globals, as released; layers are never split across shards)\n"
@@ -49,7 +51,7 @@ static const char USAGE[] =
 
 typedef struct opts {
     const char *outdir;
-    int geometry;           /* 0 tiny, 1 slice */
+    int geometry;           /* 0 tiny, 1 slice, 2 micro */
     int geometry_set;
     uint64_t seed;
     int shards;             /* 0 = default */
@@ -131,7 +133,8 @@ static void parse_args(int argc, char **argv, opts *o)
             const char *g = VALUE();
             if (strcmp(g, "tiny") == 0) o->geometry = 0;
             else if (strcmp(g, "slice") == 0) o->geometry = 1;
-            else die_usage("--geometry must be tiny or slice (got '%s')", g);
+            else if (strcmp(g, "micro") == 0) o->geometry = 2;
+            else die_usage("--geometry must be tiny, slice or micro (got '%s')", g);
             o->geometry_set = 1;
         } else if (strcmp(name, "--seed") == 0) {
             const char *s = VALUE();
@@ -198,6 +201,11 @@ static void build_geometry(const opts *o, synth_geom *g)
         g->shared = 2; g->latent = 3584; g->moe_inter = 3072; g->dense_inter = 33792; g->block = 12;
         if (o->virt) { g->layers = 93; g->experts = 896; g->topk = 16; g->vocab = 163840; }
         else { g->layers = 2; g->experts = 64; g->topk = 4; g->vocab = 32768; }
+    } else if (o->geometry == 2) { /* micro: every role, smallest widths (fuzz seeds) */
+        g->hidden = 32; g->layers = 2; g->vocab = 256; g->kda_heads = 2; g->kda_dim = 8;
+        g->mla_heads = 2; g->q_lora = 16; g->kv_lora = 8; g->nope = 8; g->rope = 4; g->vdim = 8;
+        g->experts = 2; g->topk = 1; g->shared = 1; g->latent = 32; g->moe_inter = 32; g->dense_inter = 32;
+        g->block = 1;
     } else { /* the oracle geometry (spec §7, moe_intermediate 64) */
         g->hidden = 128; g->layers = 13; g->vocab = 256; g->kda_heads = 4; g->kda_dim = 16;
         g->mla_heads = 4; g->q_lora = 64; g->kv_lora = 32; g->nope = 24; g->rope = 8; g->vdim = 16;

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The fuzz harnesses without libFuzzer (tests/fuzz/): every crash input the
+# fuzzers found (tests/fuzz/regress/NAME/) is replayed and must neither crash
+# nor break an invariant; every committed seed (tests/fuzz/corpus/NAME/) is a
+# valid input and must be accepted all the way through, which proves each
+# harness really reaches the code it fuzzes.  The KPK harness gets a fresh
+# small conversion (accepted) and a damaged copy (refused).
+. "$(dirname "$0")/lib.sh"
+FZ="$TOP/tests/fuzz"
+
+replay() { # replay NAME LABEL WANT_ACCEPTED PATH...: WANT_ACCEPTED "all", "none" or a number
+    local h=$1 label=$2 want=$3; shift 3
+    local bin="${BUILD:-build}/tests/fuzz_replay_$h" out n acc
+    case $bin in /*) ;; *) bin="$TOP/$bin";; esac
+    [ -x "$bin" ] || { notok "fuzz_replay_$h is not built"; return; }
+    if ! out=$("$bin" "$@" 2>"$T/replay.err"); then
+        notok "fuzz_replay_$h $label: crashed or broke an invariant: $(tail -5 "$T/replay.err")"
+        return
+    fi
+    n=$(sed -n 's/^replayed \([0-9]*\) inputs, \([0-9]*\) accepted$/\1/p' <<<"$out")
+    acc=$(sed -n 's/^replayed \([0-9]*\) inputs, \([0-9]*\) accepted$/\2/p' <<<"$out")
+    case $want in all) want=$n;; none) want=0;; esac
+    if [ -n "$n" ] && [ "$n" -gt 0 ] && [ "$acc" = "$want" ]; then ok "fuzz_replay_$h $label: $n inputs, $acc accepted"
+    else notok "fuzz_replay_$h $label: $out (wanted $want accepted)"; fi
+}
+
+"$BIN/k3synth" "$T/src" --geometry micro --quiet >/dev/null 2>&1 \
+    && "$BIN/kpack" convert "$T/src" "$T/small.kpk" --quiet \
+    || { notok "cannot make the small model"; finish; exit 1; }
+# fuzz_tokenizer's rank file: the real one when the shared fixtures are there,
+# else the synthetic one (same format)
+KPK_FUZZ_TIKTOKEN="$K3_SHARED/fixtures/tokenizer/tiktoken.model"
+[ -f "$KPK_FUZZ_TIKTOKEN" ] || KPK_FUZZ_TIKTOKEN="$T/src/tiktoken.model"
+export KPK_FUZZ_TIKTOKEN
+
+for dir in "$FZ"/corpus/*/; do
+    h=$(basename "$dir")
+    replay "$h" "seeds" all "$dir"
+done
+for dir in "$FZ"/regress/*/; do
+    [ -d "$dir" ] || continue
+    h=$(basename "$dir")
+    replay "$h" "regression inputs" none "$dir"
+done
+
+replay kpk "a fresh small conversion" all "$T/small.kpk"
+cp "$T/small.kpk" "$T/flip.kpk"
+printf '\x01' | dd of="$T/flip.kpk" bs=1 seek=$((4096 * 3 + 100)) conv=notrunc 2>/dev/null
+replay kpk "the same with one byte changed" none "$T/flip.kpk"
+n=$(python3 -c 'import struct,sys; print(struct.unpack("<Q", open(sys.argv[1],"rb").read(8))[0])' "$T/src/model-00001-of-000003.safetensors")
+head -c $((8 + n)) "$T/src/model-00001-of-000003.safetensors" > "$T/header"
+replay safetensors "a real shard's header" all "$T/header" "$T/src/model-00001-of-000003.safetensors"
+replay config "the model's config.json" all "$T/src/config.json"
+finish
