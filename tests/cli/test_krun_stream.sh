@@ -51,14 +51,14 @@ for s in j["steps"]:
     assert s["bytes_experts"] == s["expert_misses"] * p["expert_slot_bytes"], s
     assert s["expert_hits"] + s["expert_misses"] > 0
 PY
-python3 - "$T/trace.tsv" "$T/s.json" <<'PY' && ok "--trace records every streamed read (offset, length, start, end)" || notok "--trace"
+python3 - "$T/trace.tsv" "$T/s.json" <<'PY' && ok "--trace records every streamed read (member, offset, length, start, end)" || notok "--trace"
 import json, sys
 rows = [l.split("\t") for l in open(sys.argv[1]).read().splitlines()[1:]]
 j = json.load(open(sys.argv[2]))
-assert rows and all(len(r) == 5 and float(r[4]) >= float(r[3]) for r in rows)
-# the last read-ahead (the first streamed layer of a step that never runs) is read but not used
-extra = sum(int(r[2]) for r in rows if r[0] in "TE") - (j["bytes_trunk"] + j["bytes_experts"])
-assert 0 <= extra <= j["plan"]["ring_slot_bytes"], extra
+assert rows and all(len(r) == 6 and float(r[5]) >= float(r[4]) for r in rows)
+# the last read-ahead (the first pieces of a step that never runs) is read but not used
+extra = sum(int(r[3]) for r in rows if r[0] in "THE") - (j["bytes_trunk"] + j["bytes_head"] + j["bytes_experts"])
+assert 0 <= extra <= j["plan"]["ring_slots"] * j["plan"]["ring_slot_bytes"], extra
 PY
 # An output the user asked for that cannot be written is a failed run.
 rc=0; "$BIN/krun" "$T/m.kpk" --ids $IDS --gen 1 --mem 1G --pin 4 --trace "$T/no/such/dir/t.tsv" --quiet >/dev/null 2>"$T/tr.err" || rc=$?
