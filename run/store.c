@@ -590,6 +590,7 @@ int kstore_read(kstore *s, uint32_t i, uint64_t off, size_t len, void *dst, kpk_
         if (lo == n || off + len > b[lo].raw_off + b[lo].raw_len) { kstore_err_extent(s, i, err, KPK_EINVAL, "a row across blocks"); return -1; }
         if (b[lo].method == KPK_METHOD_RAW) {
             if (kpk_extent_pread(s->f, i, dst, len, b[lo].stored_off + (off - b[lo].raw_off), err)) return -1;
+            kstore_count_sync(s, i, b[lo].stored_off + (off - b[lo].raw_off), len);
             s->st.bytes_globals += len;
             s->st.bytes_read += len;
         } else {
@@ -611,6 +612,7 @@ int kstore_read(kstore *s, uint32_t i, uint64_t off, size_t len, void *dst, kpk_
         return 0;
     }
     if (kpk_extent_pread(s->f, i, dst, len, off, err)) return -1;
+    kstore_count_sync(s, i, off, len);
     s->st.bytes_globals += len;
     s->st.bytes_read += len;
     return 0;
@@ -620,7 +622,8 @@ void kstore_stats_get(const kstore *s, kstore_stats *st)
 {
     *st = s->st;
     st->io_wait_seconds = s->io ? kio_wait_seconds(s->io) : 0;
-    for (uint16_t m = 0; m < s->nm && m < KSTORE_MAX_MEMBERS; m++) st->member_bytes[m] = s->io ? kio_member_bytes(s->io, m) : 0;
+    for (uint16_t m = 0; m < s->nm && m < KSTORE_MAX_MEMBERS; m++)
+        st->member_bytes[m] = s->io ? kio_member_bytes(s->io, m) + s->sync_bytes[m] : 0;
 }
 
 int kstore_trace_write(kstore *s, const char *path)

@@ -45,6 +45,7 @@ struct kstore {
     const uint8_t **map;       /* [nm]: each member's mapping (in place, --io mmap) */
     uint64_t *map_len;
     kio_member *io_m;          /* [nm]: how each member is read */
+    uint64_t *sync_bytes;      /* [nm]: read outside the queues (the prefix, embedding rows) */
     uint64_t stage_bytes;      /* a decode request's largest read */
     char notice[1024];
     uint8_t *role;             /* per extent */
@@ -106,6 +107,8 @@ size_t kstore_submit(kstore *s, uint32_t i, const krange *r, uint8_t *dst, int p
 int kstore_wait(kstore *s, uint32_t i, kio_batch *b, kpk_err *err);
 /* Stored bytes [pos, pos + len) of extent i into buf, now (pos and len aligned for O_DIRECT). */
 int kstore_read_stored(kstore *s, uint32_t i, uint64_t pos, uint64_t len, uint8_t *buf, kpk_err *err);
+/* Count stored bytes [pos, pos + len) of extent i as read from their members (outside the queues). */
+void kstore_count_sync(kstore *s, uint32_t i, uint64_t pos, uint64_t len);
 /* Drop the pages of [off, off+len) of member m's mapping from our resident set and the page cache. */
 void kstore_drop_mapped(kstore *s, uint16_t m, uint64_t off, uint64_t len);
 

@@ -69,7 +69,8 @@ int kstore_io_open(kstore *s, kpk_err *err)
     size_t used = 0;
     char label[600];
     s->io_m = calloc(s->nm, sizeof *s->io_m);
-    if (!s->io_m) { kpk_err_set(err, KPK_ENOMEM, "out of memory setting up the store"); return -1; }
+    s->sync_bytes = calloc(s->nm, sizeof *s->sync_bytes);
+    if (!s->io_m || !s->sync_bytes) { kpk_err_set(err, KPK_ENOMEM, "out of memory setting up the store"); return -1; }
     for (uint16_t m = 0; m < s->nm; m++) s->io_m[m].fd = -1;
     for (uint16_t m = 0; m < s->nm; m++) {
         kio_member *im = &s->io_m[m];
@@ -126,7 +127,9 @@ void kstore_io_close(kstore *s)
         for (uint16_t m = 0; m < s->nm; m++)
             if (s->io_m[m].fd >= 0) close(s->io_m[m].fd);
     free(s->io_m);
+    free(s->sync_bytes);
     s->io_m = NULL;
+    s->sync_bytes = NULL;
 }
 
 int kstore_mappable(const kstore *s, uint32_t i)
@@ -307,6 +310,19 @@ int kstore_wait(kstore *s, uint32_t i, kio_batch *b, kpk_err *err)
     return -1;
 }
 
+void kstore_count_sync(kstore *s, uint32_t i, uint64_t pos, uint64_t len)
+{
+    while (len) {
+        kpk_seg seg[64];
+        uint64_t done = 0;
+        size_t n = kpk_extent_segments(s->f, i, pos, len, seg, 64, &done);
+        if (!n) return;
+        for (size_t k = 0; k < n; k++) s->sync_bytes[seg[k].member] += seg[k].len;
+        pos += done;
+        len -= done;
+    }
+}
+
 int kstore_read_stored(kstore *s, uint32_t i, uint64_t pos, uint64_t len, uint8_t *buf, kpk_err *err)
 {
     while (len) {
@@ -325,6 +341,7 @@ int kstore_read_stored(kstore *s, uint32_t i, uint64_t pos, uint64_t len, uint8_
                 return -1;
             }
             if (m->drop_cache) posix_fadvise(m->fd, (off_t)seg[k].off, (off_t)seg[k].len, POSIX_FADV_DONTNEED);
+            s->sync_bytes[seg[k].member] += seg[k].len;
             buf += seg[k].len;
         }
         pos += done;
