@@ -60,6 +60,8 @@ static const char usage[] =
     "  --plan                print the memory plan (and the minimum budget) and exit\n"
     "  --pin N               trunk layers kept resident (default: as many as fit)\n"
     "  --expert-slots N      experts cached (default: what the budget leaves)\n"
+    "  --head hold|stream    lm_head held, or streamed in pieces every token (default: held\n"
+    "                        when it fits)\n"
     "  --piece SIZE          streamed pieces' target size (default: the largest that fits; a\n"
     "                        trunk layer or lm_head larger than a ring slot streams in pieces)\n"
     "  --max-seqs N          sessions whose state the plan budgets (default 1; for --plan)\n"
@@ -91,7 +93,7 @@ static const char usage[] =
 struct opts {
     const char *model, *prompt, *prompt_file, *ids, *json, *dump_logits, *dump_all;
     const char *mem, *preset, *trace, *save_state, *load_state, *piece;
-    long gen, top_k, threads, ctx, chunk, pin, slots, io_threads, max_seqs;
+    long gen, top_k, threads, ctx, chunk, pin, slots, io_threads, max_seqs, head;
     int plan_only, io, policy, io_given, seed_given;
     double temp, top_p, min_p;
     unsigned long long seed;
@@ -140,6 +142,7 @@ static void parse_args(int argc, char **argv, struct opts *o)
     o->top_p = 1.0;
     o->verify = KSTORE_VERIFY_FIRST;
     o->pin = -1;
+    o->head = -1;
     o->slots = -1;
     o->max_seqs = 1;
     o->io = KSTORE_IO_DIRECT;
@@ -183,6 +186,12 @@ static void parse_args(int argc, char **argv, struct opts *o)
         else if (!strcmp(a, "--pin")) o->pin = parse_long(need(argc, argv, &i), 0, K3_MAX_LAYERS, "--pin");
         else if (!strcmp(a, "--expert-slots")) o->slots = parse_long(need(argc, argv, &i), 1, 1L << 24, "--expert-slots");
         else if (!strcmp(a, "--piece")) o->piece = need(argc, argv, &i);
+        else if (!strcmp(a, "--head")) {
+            const char *v = need(argc, argv, &i);
+            if (!strcmp(v, "hold")) o->head = 0;
+            else if (!strcmp(v, "stream")) o->head = 1;
+            else die_usage("--head: expected hold or stream, got %s", v);
+        }
         else if (!strcmp(a, "--io-threads")) o->io_threads = parse_long(need(argc, argv, &i), 1, 256, "--io-threads");
         else if (!strcmp(a, "--trace")) o->trace = need(argc, argv, &i);
         else if (!strcmp(a, "--cache")) {
@@ -212,8 +221,8 @@ static void parse_args(int argc, char **argv, struct opts *o)
     }
     if (!o->model) { fputs(usage, stderr); exit(KRUN_EINPUT); }
     if (o->mem && o->preset) die_usage("%s", "give --mem or --preset, not both");
-    if ((o->plan_only || o->pin >= 0 || o->slots >= 0 || o->io_given || o->trace || o->piece) && !o->mem && !o->preset)
-        die_usage("%s", "--plan, --pin, --expert-slots, --piece, --io and --trace need a budget: --mem SIZE or --preset NAME");
+    if ((o->plan_only || o->pin >= 0 || o->slots >= 0 || o->io_given || o->trace || o->piece || o->head >= 0) && !o->mem && !o->preset)
+        die_usage("%s", "--plan, --pin, --expert-slots, --head, --piece, --io and --trace need a budget: --mem SIZE or --preset NAME");
     if (o->piece && kmem_parse_size(o->piece) <= 0) die_usage("--piece: expected a size like 64M, got %s", o->piece);
     if (!o->plan_only && !!o->prompt + !!o->prompt_file + !!o->ids > 1)
         die_usage("%s", "give only one of --prompt, --prompt-file, --ids");
@@ -299,6 +308,7 @@ static void model_opts(const struct opts *o, uint64_t budget, krun_model_opts *m
     mo->pin = (int)o->pin;
     mo->expert_slots = (int)o->slots;
     mo->piece = o->piece ? (uint64_t)kmem_parse_size(o->piece) : 0;
+    mo->head = (int)o->head;
     mo->io = o->io;
     mo->cache_policy = o->policy;
     mo->io_threads = (int)o->io_threads;

@@ -285,13 +285,20 @@ int kmemplan_make(const k3_model *m, const kmemplan_req *q, kmemplan *p, char *e
             for (ch.cand = 0; ch.cand < s.ncand; ch.cand++) {
                 uint64_t t = total_for(&s, p, &ch, min_slots);
                 if (t < p->minimum) p->minimum = t;
-                if (found || (q->pin >= 0 && ch.pin != (q->pin > NL ? NL : q->pin))) continue;
+                if (found || (q->pin >= 0 && ch.pin != (q->pin > NL ? NL : q->pin)) || (q->head >= 0 && ch.head != q->head)) continue;
                 if (total_for(&s, p, &ch, slots >= 0 ? slots : min_slots) <= q->budget) { best = ch; found = 1; }
             }
+    if (q->head > 0 && !s.head_streamable) {
+        snprintf(err, errlen, "%s: lm_head does not follow the embedding in the globals extent, so it cannot stream (--head stream)",
+                 kpk_path(m->file));
+        sizes_free(&s);
+        return -1;
+    }
     if (!found) { /* report the plan closest to what was asked: nothing pinned, the smallest total */
         uint64_t low = UINT64_MAX;
         for (ch.head = 0; ch.head <= s.head_streamable; ch.head++)
             for (ch.cand = 0; ch.cand < s.ncand; ch.cand++) {
+                if (q->head >= 0 && ch.head != q->head) continue;
                 ch.pin = q->pin >= 0 ? (q->pin > NL ? NL : q->pin) : 0;
                 if (total_for(&s, p, &ch, slots >= 0 ? slots : min_slots) < low) { low = total_for(&s, p, &ch, slots >= 0 ? slots : min_slots); best = ch; }
             }

@@ -88,6 +88,7 @@ int64_t kmem_globals_first(const k3_model *m);
 typedef struct kmemplan_req {
     uint64_t budget;
     int pin, slots;                /* --pin, --expert-slots; -1: choose */
+    int head;                      /* --head: 0 hold lm_head, 1 stream it; -1: choose */
     uint64_t piece;                /* --piece; 0: choose */
     size_t ctx, chunk, max_seqs;
     int io_threads;                /* 0: 8 */

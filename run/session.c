@@ -53,6 +53,7 @@ void krun_model_opts_init(krun_model_opts *o)
     memset(o, 0, sizeof *o);
     o->pin = -1;
     o->expert_slots = -1;
+    o->head = -1;
     o->io = KSTORE_IO_DIRECT;
     o->cache_policy = KSTORE_LFU;
     o->verify = KSTORE_VERIFY_FIRST;
@@ -105,7 +106,7 @@ int krun_model_load(const char *path, krun_model **out, krun_err *err)
 int krun_model_make_plan(const krun_model *m, const krun_model_opts *o, kmemplan *plan, krun_err *err)
 {
     char msg[800];
-    kmemplan_req q = {o->budget, o->pin, o->expert_slots, o->piece, o->ctx, o->chunk, o->max_seqs, o->io_threads,
+    kmemplan_req q = {o->budget, o->pin, o->expert_slots, o->head, o->piece, o->ctx, o->chunk, o->max_seqs, o->io_threads,
                       kmem_base_bytes(&m->m) + o->extra_bytes};
     if (kmemplan_make(&m->m, &q, plan, msg, sizeof msg)) {
         krun_err_set(err, KRUN_EINPUT, "%s", msg);

@@ -44,6 +44,7 @@ typedef struct krun_model_opts {
     int pin;                   /* trunk layers kept resident; -1: the planner decides */
     int expert_slots;          /* experts cached; -1: the planner decides */
     uint64_t piece;            /* streamed pieces' target size in bytes; 0: the planner decides */
+    int head;                  /* lm_head: 0 held, 1 streamed in pieces; -1: the planner decides */
     int io;                    /* enum kstore_io, with a budget */
     int cache_policy;          /* enum kstore_policy */
     int io_threads;            /* concurrent reads; 0: 8 */

@@ -38,6 +38,20 @@ same "--pin 0 --expert-slots 1 (one expert at a time)" --mem 1G --pin 0 --expert
 same "--pin 5 --expert-slots 3 --cache lfu" --mem 1G --pin 5 --expert-slots 3 --cache lfu
 same "--pin 12 --expert-slots 2 --io-threads 1" --mem 1G --pin 12 --expert-slots 2 --io-threads 1
 same "--pin 3 --verify always --chunk 3" --mem 1G --pin 3 --expert-slots 4 --verify always --chunk 3
+# Pieces: every matrix and lm_head in row blocks of at most 4 KB, o_proj held
+# in pieces while the tensors stored after it are used first, in every --io mode
+for io in direct pread mmap; do
+    same "--pin 0 --head stream --piece 4K --io $io" --mem 1G --pin 0 --head stream --piece 4K --expert-slots 2 --io $io
+done
+same "--pin 6 --head stream --piece 8K --chunk 3 --verify always" --mem 1G --pin 6 --head stream --piece 8K --chunk 3 --verify always
+"$BIN/krun" "$T/m.kpk" --plan --mem 1G --pin 0 --head stream --piece 4K --ctx 16 --json "$T/p4.json" >/dev/null
+python3 - "$T/p4.json" <<'PY' && ok "--piece 4K: lm_head streams, hundreds of pieces per step, more than 2 slots (held pieces)" || notok "--piece 4K plan"
+import json, sys
+p = json.load(open(sys.argv[1]))
+assert p["head_streamed"] and p["ring_pieces"] > 500 and p["ring_slots"] > 2 and p["piece_bytes"] == 4096, p
+PY
+expect_exit 2 "--head stream without a budget is a usage error" "$BIN/krun" "$T/m.kpk" --ids 1 --head stream
+expect_exit 2 "--piece with a bad size is a usage error" "$BIN/krun" "$T/m.kpk" --ids 1 --mem 1G --piece 12Q
 
 # Reads per decoding step equal the planner's compulsory reads: every
 # unpinned trunk extent, plus one expert extent per cache miss.
