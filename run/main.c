@@ -401,8 +401,8 @@ static void announce_prompt(krun_model *m, size_t n)
                                                                                       : (uint64_t)c->n_experts;
         uint64_t experts = p->expert_reads_max / (c->topk ? (uint64_t)c->topk : 1) * per_layer;
         char b1[32], b2[32];
-        kfmt_bytes(p->trunk_stream_bytes + experts, b1, sizeof b1);
-        kfmt_bytes((p->trunk_stream_bytes + experts) * blocks, b2, sizeof b2);
+        kfmt_bytes(p->trunk_stream_bytes + p->head_stream_bytes + experts, b1, sizeof b1);
+        kfmt_bytes((p->trunk_stream_bytes + p->head_stream_bytes + experts) * blocks, b2, sizeof b2);
         fprintf(stderr, "krun: the prompt is %zu tokens: %zu blocks of %zu positions, each reading up to %s (unpinned trunk "
                 "+ chosen experts): up to %s in all\n", n, blocks, chunk, b1, b2);
     } else {

@@ -572,9 +572,9 @@ int kstore_read(kstore *s, uint32_t i, uint64_t off, size_t len, void *dst, kpk_
 {
     const kpk_extent *x = kpk_extent_at(s->f, i);
     if (!x || off + len > x->raw_len) { kpk_err_set(err, KPK_EINVAL, "bad read of extent %u", i); return -1; }
-    if (!s->opt.plan) {
-        const uint8_t *d = s->decoded[i] ? s->decoded[i] : mapped_or_decoded(s, i, err);
-        if (!d) return -1;
+    if (!s->opt.plan) { /* the extent was checked when the run attached it */
+        const uint8_t *d = x->codec == KPK_CODEC_NONE && x->member != KPK_STRIPED ? s->map[x->member] + x->offset : s->decoded[i];
+        if (!d && !(d = mapped_or_decoded(s, i, err))) return -1;
         memcpy(dst, d + off, len);
         return 0;
     }

@@ -89,10 +89,35 @@ for src in cg ct; do
         $PY "$KPY" mutate "$T/$src.kpk" "$T/$src-$mut.kpk" $mut >"$T/mut.txt" 2>&1 || notok "kpk.py mutate $mut: $(cat "$T/mut.txt")"
     done
 done
-for bad in cg-block-tamper cg-raw-block-flip ct-block-tamper ct-raw-block-flip; do
+# two more on layer 0's trunk: a zstd block that is no zstd frame (its magic
+# changed), and one whose frame says another decoded length (its content
+# size field changed); kpk.py re-seals the stored checksums around them
+$PY - "$KPY" "$T/ct.kpk" "$T/ct-bad-frame.kpk" "$T/ct-bad-length.kpk" <<'PY' || notok "crafting a bad frame and a wrong length"
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("kpk", sys.argv[1]); kpk = importlib.util.module_from_spec(spec); spec.loader.exec_module(kpk)
+for out, what in ((sys.argv[3], "magic"), (sys.argv[4], "length")):
+    p = kpk.from_kpk(kpk.load(sys.argv[2]))
+    i = next(i for i, x in enumerate(p.extents) if x["kind"] == kpk.TRUNK)
+    fb = sum(e.get("nblocks", 0) for e in p.extents[:i])
+    b = next(b for b in p.blocks[fb:fb + p.extents[i]["nblocks"]] if b["method"] == kpk.ZSTD and b["stored_len"] > 40)
+    s = bytearray(p.stored[i]); o = b["stored_off"]
+    if what == "magic":
+        s[o] ^= 0xFF
+    else:  # the frame header's Frame_Content_Size, one more than the block's raw length
+        fhd = s[o + 4]; single = fhd >> 5 & 1
+        at = o + 5 + (0 if single else 1) + [0, 1, 2, 4][fhd & 3]
+        size = [1 if single else 0, 2, 4, 8][fhd >> 6]
+        assert size, "no content size in the frame"
+        v = int.from_bytes(s[at:at + size], "little") + 1
+        assert v < 1 << (8 * size)
+        s[at:at + size] = v.to_bytes(size, "little")
+    p.stored[i] = bytes(s)
+    kpk.serialize(p, out)
+PY
+for bad in cg-block-tamper cg-raw-block-flip ct-block-tamper ct-raw-block-flip ct-bad-frame ct-bad-length; do
     for args in "" "--mem 1G --pin 0 --piece 4K" "--mem 1G --io mmap"; do
         rc=0; "$BIN/krun" "$T/$bad.kpk" --ids $IDS --gen $GEN --print-ids --quiet $args >"$T/bad.out" 2>"$T/bad.err" || rc=$?
-        if [ $rc -eq 1 ] && grep -qE "(layer [0-9]+ (trunk|expert [0-9]+)|globals).*block [0-9]+: (decoded checksum mismatch|zstd|.*zstd frame)" "$T/bad.err" \
+        if [ $rc -eq 1 ] && grep -qE "(layer [0-9]+ (trunk|expert [0-9]+)|globals).*block [0-9]+: (decoded checksum mismatch|zstd|not a zstd frame|zstd frame says)" "$T/bad.err" \
             && [ ! -s "$T/bad.out" ]; then
             ok "damaged block ($bad${args:+, $args}): exit 1, extent and block named, no token printed"
         else
