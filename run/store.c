@@ -63,22 +63,6 @@ static uint8_t *alloc_aligned(size_t n)
     return p;
 }
 
-/* In place: every member mapped (what is striped or compressed is read whole when first used). */
-static int map_members(kstore *s, kpk_err *err)
-{
-    s->map = calloc(s->nm, sizeof *s->map);
-    s->map_len = calloc(s->nm, sizeof *s->map_len);
-    if (!s->map || !s->map_len) { kpk_err_set(err, KPK_ENOMEM, "out of memory"); return -1; }
-    for (uint16_t m = 0; m < s->nm; m++) {
-        void *p;
-        s->map_len[m] = kpk_member_at(s->f, m)->file_size;
-        p = mmap(NULL, s->map_len[m], PROT_READ, MAP_SHARED, kpk_member_fd(s->f, m), 0);
-        if (p == MAP_FAILED) { kpk_err_set(err, KPK_EIO, "%s: mmap %s: %s", kpk_path(s->f), kpk_member_path(s->f, m), strerror(errno)); return -1; }
-        s->map[m] = p;
-    }
-    return 0;
-}
-
 /* With a plan: who is where; held extents get their buffers now. */
 static int plan_roles(kstore *s, kpk_err *err)
 {
@@ -190,7 +174,7 @@ int kstore_open(kpk_file *f, const kstore_opts *opt, kstore **out, kpk_err *err)
     for (uint32_t i = 0; i <= n; i++) s->slot_of[i] = -1;
     s->st.n_members = s->nm;
     if (!p) {
-        if (map_members(s, err)) goto fail;
+        if (kstore_map_members(s, err)) goto fail;
         *out = s;
         return 0;
     }

@@ -95,6 +95,8 @@ int kstore_need_verify(const kstore *s, uint32_t i);
 int kstore_io_open(kstore *s, kpk_err *err);
 size_t kstore_sub_size(void);
 void kstore_io_close(kstore *s);
+/* Map every member file read-only (in place; --io mmap). */
+int kstore_map_members(kstore *s, kpk_err *err);
 /* 1 if a whole decoded range [r0, r1) of extent i can be a window of a member's mapping. */
 int kstore_mappable(const kstore *s, uint32_t i);
 /* Queue the reads that put extent i's decoded bytes [r.r0, r.r1) at

@@ -63,6 +63,26 @@ static int open_direct(kstore *s, uint16_t m)
     return fd;
 }
 
+int kstore_map_members(kstore *s, kpk_err *err)
+{
+    char label[600];
+    s->map = calloc(s->nm, sizeof *s->map);
+    s->map_len = calloc(s->nm, sizeof *s->map_len);
+    if (!s->map || !s->map_len) { kpk_err_set(err, KPK_ENOMEM, "out of memory setting up the store"); return -1; }
+    for (uint16_t m = 0; m < s->nm; m++) {
+        void *p;
+        s->map_len[m] = kpk_member_at(s->f, m)->file_size;
+        p = mmap(NULL, s->map_len[m], PROT_READ, MAP_SHARED, kpk_member_fd(s->f, m), 0);
+        if (p == MAP_FAILED) {
+            member_label(s, m, label, sizeof label);
+            kpk_err_set(err, KPK_EIO, "%s: mmap %s: %s", kpk_path(s->f), label, strerror(errno));
+            return -1;
+        }
+        s->map[m] = p;
+    }
+    return 0;
+}
+
 int kstore_io_open(kstore *s, kpk_err *err)
 {
     int threads[KSTORE_MAX_MEMBERS];
@@ -96,22 +116,7 @@ int kstore_io_open(kstore *s, kpk_err *err)
     if (used && used < sizeof s->notice)
         snprintf(s->notice + used, sizeof s->notice - used, " refuses O_DIRECT: reading it buffered instead, dropping what is "
                  "read from the page cache");
-    if (s->opt.io == KSTORE_IO_MMAP) {
-        s->map = calloc(s->nm, sizeof *s->map);
-        s->map_len = calloc(s->nm, sizeof *s->map_len);
-        if (!s->map || !s->map_len) { kpk_err_set(err, KPK_ENOMEM, "out of memory setting up the store"); return -1; }
-        for (uint16_t m = 0; m < s->nm; m++) {
-            void *p;
-            s->map_len[m] = kpk_member_at(s->f, m)->file_size;
-            p = mmap(NULL, s->map_len[m], PROT_READ, MAP_SHARED, kpk_member_fd(s->f, m), 0);
-            if (p == MAP_FAILED) {
-                member_label(s, m, label, sizeof label);
-                kpk_err_set(err, KPK_EIO, "%s: mmap %s: %s", kpk_path(s->f), label, strerror(errno));
-                return -1;
-            }
-            s->map[m] = p;
-        }
-    }
+    if (s->opt.io == KSTORE_IO_MMAP && kstore_map_members(s, err)) return -1;
     kstore_io_threads(s->f, s->opt.io_threads, threads);
     s->io = kio_pool_create(s->io_m, s->nm, threads, s->stage_bytes ? s->f : NULL, s->stage_bytes);
     if (!s->io) { kpk_err_set(err, KPK_ENOMEM, "out of memory starting the I/O threads"); return -1; }
