@@ -288,7 +288,12 @@ static int slot_load(kstore *s, struct slot *sl, uint32_t i, kpk_err *err)
     }
     kring_range(s->f, i, 0, x->raw_len, s->stage_bytes, &r);
     sl->data = sl->buf;
-    if (!kstore_submit(s, i, &r, sl->buf, KIO_URGENT, 'E', &sl->batch, 0, err)) return -1;
+    if (!kstore_submit(s, i, &r, sl->buf, KIO_URGENT, 'E', &sl->batch, 0, err)) {
+        kio_wait(s->io, &sl->batch); /* what was queued before the failure lands in the buffer first */
+        sl->loading = 0;
+        slot_evict(s, sl);
+        return -1;
+    }
     return 0;
 }
 

@@ -264,7 +264,10 @@ size_t kstore_submit(kstore *s, uint32_t i, const krange *rg, uint8_t *dst, int 
     const kpk_file *f = s->f;
     const kpk_extent *x = kpk_extent_at(f, i);
     struct kstore_sub *u = s->sub; /* large (an open request per member): allocated with the store */
-    memset(u, 0, sizeof *u);
+    /* not cleared whole: open[m] is set when runs[m] is 0, q[] as filled */
+    u->nq = u->total = 0;
+    u->failed = 0;
+    memset(u->runs, 0, s->nm * sizeof *u->runs);
     u->s = s;
     u->prio = prio;
     u->kind = kind;

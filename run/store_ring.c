@@ -75,6 +75,7 @@ static int slot_load(kstore *s, struct rslot *r, uint32_t q, kpk_err *err)
     {
         krange rg = range_of(p);
         if (!kstore_submit(s, p->extent, &rg, r->buf, KIO_AHEAD, p->slot == s->ring.n_slots - 1 ? 'H' : 'T', &r->batch, 0, err)) {
+            kio_wait(s->io, &r->batch); /* what was queued before the failure lands in the buffer first */
             r->loading = 0;
             slot_free(s, r);
             return -1;
