@@ -47,7 +47,7 @@ UNIT_BIN  := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC) $(PROBE_SRC)
 # sanitizers) keeps its own copies under its build directory.
 BINDIR := $(if $(filter build,$(BUILD)),bin,$(BUILD)/bin)
 
-.PHONY: all test test-clang test-root bench demo deps clean unit asan ablate fuzz fuzz-bins soak
+.PHONY: all test test-clang test-root bench bench-hdd demo deps clean unit asan ablate fuzz fuzz-bins soak
 # keep the unit tests' objects (make would delete them as intermediates)
 .SECONDARY:
 all: $(BINDIR)/kpack $(BINDIR)/k3synth $(if $(wildcard run/main.c),$(BINDIR)/krun)
@@ -158,6 +158,11 @@ soak: all unit
 
 bench: all
 	@tests/bench/run_bench.sh
+
+# krun on modelled HDDs (root: loop devices throttled by a block-I/O cgroup):
+# 1, 2 and 4 drives, a trunk member on the fast disk, stripe units, compression.
+bench-hdd: all
+	@tests/bench/bench_hdd.sh
 
 demo: deps all
 	@tests/demo.sh

@@ -70,7 +70,7 @@ int k3_run_init(k3_run *r, const k3_model *m, kstore *store, kpool *pool, size_t
     }
     a.base = r->arena;
     run_carve(r, c, T, S, ctx, &a);
-    r->w.m = m;
+    k3_weights_setup(&r->w, m, store);
     /* the globals are held for the whole run: lm_head and the output vectors */
     g = kstore_get(store, m->globals_extent, &first, &e);
     if (!g) {
@@ -115,20 +115,20 @@ void k3_release_experts(k3_run *r, int L, const int *experts, size_t n)
     for (size_t i = 0; i < n; i++) kstore_put(r->store, (uint32_t)k3_expert_extent(r->model, L, experts[i]));
 }
 
+/* Layer L's weights: held whole, or streamed in pieces under the seam (weights.h). */
 static int fetch_layer(k3_run *r, int L, krun_err *err)
 {
     kpk_err e = {0};
-    uint64_t first = 0;
-    const uint8_t *raw = kstore_get(r->store, r->model->trunk_extent[L], &first, &e);
-    if (!raw) { krun_err_set(err, krun_code_of_kpk(e.code), "%s", e.msg); return -1; }
-    k3_weights_attach(&r->w, L, raw, first);
+    if (k3_weights_begin(&r->w, L, &e)) { krun_err_set(err, krun_code_of_kpk(e.code), "%s", e.msg); return -1; }
     return 0;
 }
 
-static void release_layer(k3_run *r, int L)
+/* Fails when anything read for the layer was bad: its results must not be used. */
+static int release_layer(k3_run *r, int L, krun_err *err)
 {
-    k3_weights_detach(&r->w, L);
-    kstore_put(r->store, r->model->trunk_extent[L]);
+    kpk_err e = {0};
+    if (k3_weights_end(&r->w, L, &e)) { krun_err_set(err, krun_code_of_kpk(e.code), "%s", e.msg); return -1; }
+    return 0;
 }
 
 /* One embedding row, read from the file on demand: the table (2.35 GB at
@@ -238,7 +238,8 @@ static int output(k3_run *r, const k3_block *b, size_t nsnap, krun_err *err)
     const k3_vecs *g = k3_weights_vecs(&r->w, K3_GLOBALS);
     const k3_role head = ABLATED(LM_HEAD_TIED) ? K3T_EMBED : K3T_LM_HEAD;
     k3_scratch *s = &r->s;
-    size_t ng = 0;
+    wcall calls[K3_MAX_SEQS + 1];
+    size_t ng = 0, nc = 0, last = 0;
     for (size_t k = 0; k < b->nseg; k++) {
         const k3_seg *sg = &b->seg[k];
         for (size_t t = sg->all_positions ? b->row0[k] : b->row0[k] + sg->n - 1; t < b->row0[k] + sg->n; t++) {
@@ -247,29 +248,31 @@ static int output(k3_run *r, const k3_block *b, size_t nsnap, krun_err *err)
             op_rmsnorm(s->xn + t * E, s->a + t * E, g->final_norm, E, c->rms_eps);
         }
         if (sg->all_positions) {
-            wmatmul(r->pool, &r->w, K3_GLOBALS, head, s->xn + b->row0[k] * E, E, sg->n, sg->logits, V);
-            if (check_finite(r, sg->logits, sg->n, sg->st->pos, err)) return -1;
+            calls[nc++] = (wcall){s->xn + b->row0[k] * E, E, sg->n, sg->logits, V};
         } else {
             memcpy(s->xg + ng++ * E, s->xn + (b->row0[k] + sg->n - 1) * E, E * sizeof *s->xg);
+            last = k;
         }
     }
-    if (ng == 0) return 0;
-    if (ng == 1) {
-        /* one row (a single sequence): straight into its buffer */
-        for (size_t k = 0; k < b->nseg; k++) {
-            const k3_seg *sg = &b->seg[k];
-            if (sg->all_positions) continue;
-            wmatmul(r->pool, &r->w, K3_GLOBALS, head, s->xg, E, 1, sg->logits, V);
-            return check_finite(r, sg->logits, 1, sg->st->pos + sg->n - 1, err);
-        }
+    /* the last rows of the other segments, gathered: one row (a single
+     * sequence) straight into its buffer */
+    if (ng) calls[nc++] = (wcall){s->xg, E, ng, ng == 1 ? b->seg[last].logits : s->lg, V};
+    {   /* lm_head read once for every row wanted (it may stream in pieces) */
+        kpk_err e = {0};
+        if (k3_weights_begin(&r->w, K3_GLOBALS, &e)) { krun_err_set(err, krun_code_of_kpk(e.code), "%s", e.msg); return -1; }
+        wmatmul_many(r->pool, &r->w, K3_GLOBALS, head, calls, nc);
+        if (k3_weights_end(&r->w, K3_GLOBALS, &e)) { krun_err_set(err, krun_code_of_kpk(e.code), "%s", e.msg); return -1; }
     }
-    wmatmul(r->pool, &r->w, K3_GLOBALS, head, s->xg, E, ng, s->lg, V);
     ng = 0;
     for (size_t k = 0; k < b->nseg; k++) {
         const k3_seg *sg = &b->seg[k];
-        if (sg->all_positions) continue;
-        if (check_finite(r, s->lg + ng * V, 1, sg->st->pos + sg->n - 1, err)) return -1;
-        memcpy(sg->logits, s->lg + ng++ * V, V * sizeof *sg->logits);
+        if (sg->all_positions) {
+            if (check_finite(r, sg->logits, sg->n, sg->st->pos, err)) return -1;
+        } else {
+            const float *row = calls[nc - 1].Y + ng++ * V;
+            if (check_finite(r, row, 1, sg->st->pos + sg->n - 1, err)) return -1;
+            if (row != sg->logits) memcpy(sg->logits, row, V * sizeof *sg->logits);
+        }
     }
     return 0;
 }
@@ -284,6 +287,10 @@ int k3_forward(k3_run *r, const k3_seg *segs, size_t nseg, krun_err *err)
     int prefix_empty = 0;
 
     if (make_block(r, segs, nseg, &b, err)) return -1;
+    {
+        kpk_err e = {0};
+        if (k3_weights_step_begin(&r->w, &e)) { krun_err_set(err, krun_code_of_kpk(e.code), "%s", e.msg); return -1; }
+    }
 
     /* §4.3: the embedding is the first hidden state; no scaling, no positions */
     for (size_t t = 0; t < b.T; t++)
@@ -328,12 +335,12 @@ int k3_forward(k3_run *r, const k3_seg *segs, size_t nseg, krun_err *err)
             char tmp[sizeof err->msg];
             snprintf(tmp, sizeof tmp, "layer %d: %s", L, err->msg);
             memcpy(err->msg, tmp, sizeof tmp);
-            release_layer(r, L);
+            release_layer(r, L, &(krun_err){0, {0}});
             return -1;
         }
         /* step 8: the next layer's h is P */
         for (size_t i = 0; i < b.T * E; i++) s->P[i] = s->P[i] + s->y[i];
-        release_layer(r, L);
+        if (release_layer(r, L, err)) return -1;
     }
 
     if (output(r, &b, nsnap, err)) return -1;

@@ -1,10 +1,23 @@
-/* Asynchronous reads for streaming: a few threads execute pread requests
- * (buffered or O_DIRECT) from a two-level queue, urgent requests (experts the
- * router just chose) before read-ahead (the next trunk layer).  Requests are
- * served in the order they were queued within a level; the store queues them
- * in file-offset order.  Every read can be traced (offset, length, start, end). */
+/* Asynchronous reads for streaming: one queue per member file (per disk),
+ * each served by its own threads, so every disk of a set works at once and
+ * each reads its own requests front to back.  Each queue has two levels,
+ * urgent (experts the router just chose) before read-ahead (the next trunk
+ * pieces); within a level requests are served in the order they were queued,
+ * and the store queues them in offset order, so one step is one forward
+ * sweep per disk.
+ *
+ * A request reads one member file's contiguous byte range, scattered into the
+ * destination as stripe units (units k, k+N, ... of a stripe set are adjacent
+ * in the member file but N units apart in the extent): one large sequential
+ * read per disk however small the stripe unit.  A decode request (a run of
+ * whole compressed blocks, docs/FORMAT.md §8) reads the blocks' stored bytes
+ * into the worker's own staging buffer and decodes each block straight into
+ * its destination, checking its raw XXH3 (kpk_block_decode), as the read
+ * completes.  Every read can be traced (member, offset, length, start, end). */
 #ifndef KRUN_IOPOOL_H
 #define KRUN_IOPOOL_H
+
+#include "kpk_reader.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -12,40 +25,74 @@
 
 enum { KIO_URGENT = 0, KIO_AHEAD = 1 };
 
+/* Runs (stripe units) of one scatter request at most: iovecs on the worker's stack. */
+#define KIO_MAX_RUNS 64
+
 /* A group of requests completed together. */
 typedef struct kio_batch {
     int pending;
-    int err;            /* errno of the first failure, 0 if none */
-    uint64_t bytes;
+    int err;            /* errno of the first failed read, 0 if none */
+    uint16_t err_member;
+    uint64_t err_off;
+    int decode_failed;  /* a block failed to decode or to match its checksum: decode_err says which */
+    kpk_err decode_err;
+    uint64_t bytes;     /* bytes read from disk */
 } kio_batch;
 
 typedef struct kio_req {
-    int fd;
-    void *buf;
-    uint64_t off;
-    size_t len;
+    uint16_t member;    /* the queue, and for a plain read the member file read */
+    uint64_t off, len;  /* plain: member-file bytes; decode: the extent's stored bytes (aligned) */
+    uint8_t *buf;       /* plain: where the first byte goes */
+    /* plain reads of a stripe set: the first `first` bytes go to buf, then
+     * runs of `unit` bytes, run j >= 1 at buf + run1 + (j - 1) * stride.
+     * first == len: one run. */
+    uint64_t first, run1, stride, unit;
+    /* decode (b1 > b0): blocks [b0, b1) of extent; block b0's decoded bytes go to raw */
+    uint32_t extent, b0, b1;
+    uint8_t *raw;
     int prio;
-    char kind;          /* for the trace: 'T' trunk, 'E' expert, 'G' globals, 'R' resident */
-    int drop_cache;     /* posix_fadvise(DONTNEED) after reading: no hidden page cache */
+    char kind;          /* for the trace: 'T' trunk, 'H' lm_head, 'E' expert, 'R' resident */
     kio_batch *batch;
 } kio_req;
 
+/* How one member file is read: its descriptor (O_DIRECT or buffered), and
+ * whether what is read is dropped from the page cache afterwards. */
+typedef struct kio_member {
+    int fd;
+    int drop_cache;
+} kio_member;
+
 typedef struct kio_pool kio_pool;
 
-kio_pool *kio_pool_create(int threads);
+/* threads[m] workers for member m (0: that member is never read).  f is
+ * needed for decode requests (NULL otherwise); each worker then has a
+ * staging buffer of stage_bytes (kio_stage_bytes). */
+kio_pool *kio_pool_create(const kio_member *members, int n_members, const int *threads, const kpk_file *f, size_t stage_bytes);
 void kio_pool_destroy(kio_pool *p);
-/* Room for n queued requests per level, so that queueing allocates nothing. */
+int kio_pool_threads(const kio_pool *p);
+/* Room for n queued requests per member and level, so queueing allocates nothing. */
 int kio_reserve(kio_pool *p, size_t n);
 /* Queue n requests (copied); each one increments its batch's pending count. */
 int kio_submit(kio_pool *p, const kio_req *reqs, size_t n);
-/* Wait until the batch has no pending request; returns its err. */
+/* Wait until the batch has no pending request; returns its err (EIO for a
+ * failed decode: see decode_failed). */
 int kio_wait(kio_pool *p, kio_batch *b);
 /* 1 if the batch is complete (no waiting). */
 int kio_done(kio_pool *p, kio_batch *b);
+/* Bytes read from member m so far. */
+uint64_t kio_member_bytes(const kio_pool *p, int m);
 /* Start recording every read; kio_trace_write dumps them as TSV. */
 void kio_trace_enable(kio_pool *p);
 int kio_trace_write(kio_pool *p, const char *path);
 /* Seconds the caller spent blocked in kio_wait. */
 double kio_wait_seconds(const kio_pool *p);
+
+/* Decode requests: the most stored bytes one request reads (its span,
+ * aligned), and what each worker holds to serve them: the staging buffer,
+ * the decoder's plane buffer and zstd context.  0 when the file has no
+ * compressed extent krun streams. */
+#define KIO_STAGE_TARGET ((uint64_t)8 << 20)
+uint64_t kio_stage_bytes(const kpk_file *f);
+uint64_t kio_worker_bytes(const kpk_file *f);
 
 #endif

@@ -60,12 +60,18 @@ static const char usage[] =
     "  --plan                print the memory plan (and the minimum budget) and exit\n"
     "  --pin N               trunk layers kept resident (default: as many as fit)\n"
     "  --expert-slots N      experts cached (default: what the budget leaves)\n"
+    "  --head hold|stream    lm_head held, or streamed in pieces every token (default: held\n"
+    "                        when it fits)\n"
+    "  --piece SIZE          streamed pieces' target size (default: the largest that fits; a\n"
+    "                        trunk layer or lm_head larger than a ring slot streams in pieces)\n"
     "  --max-seqs N          sessions whose state the plan budgets (default 1; for --plan)\n"
     "  --cache lfu|lru       expert cache policy (default lfu: least often used, ties to the most\n"
     "                        recently used; LRU evicts exactly what the next step needs)\n"
-    "  --io mmap|pread|direct  how streamed extents are read (default direct, else pread)\n"
-    "  --io-threads N        concurrent reads (default 8)\n"
-    "  --trace FILE          every read: kind, offset, length, start, end (TSV)\n"
+    "  --io mmap|pread|direct  how streamed extents are read (default direct; where a file\n"
+    "                        system refuses O_DIRECT, buffered reads, said once)\n"
+    "  --io-threads N        concurrent reads (default 8; a set: shared by its disks, at least\n"
+    "                        2 per disk)\n"
+    "  --trace FILE          every read: kind, member, offset, length, start, end (TSV)\n"
     "  --chunk N             prompt positions per forward block (default 64; results identical)\n"
     "  --verify first|always|off   check each extent's XXH3 on first use (default), every use, or never\n"
     "  --recompute           recompute the whole sequence every step (testing; same result)\n"
@@ -86,8 +92,8 @@ static const char usage[] =
 
 struct opts {
     const char *model, *prompt, *prompt_file, *ids, *json, *dump_logits, *dump_all;
-    const char *mem, *preset, *trace, *save_state, *load_state;
-    long gen, top_k, threads, ctx, chunk, pin, slots, io_threads, max_seqs;
+    const char *mem, *preset, *trace, *save_state, *load_state, *piece;
+    long gen, top_k, threads, ctx, chunk, pin, slots, io_threads, max_seqs, head;
     int plan_only, io, policy, io_given, seed_given;
     double temp, top_p, min_p;
     unsigned long long seed;
@@ -136,6 +142,7 @@ static void parse_args(int argc, char **argv, struct opts *o)
     o->top_p = 1.0;
     o->verify = KSTORE_VERIFY_FIRST;
     o->pin = -1;
+    o->head = -1;
     o->slots = -1;
     o->max_seqs = 1;
     o->io = KSTORE_IO_DIRECT;
@@ -178,6 +185,13 @@ static void parse_args(int argc, char **argv, struct opts *o)
         else if (!strcmp(a, "--plan")) o->plan_only = 1;
         else if (!strcmp(a, "--pin")) o->pin = parse_long(need(argc, argv, &i), 0, K3_MAX_LAYERS, "--pin");
         else if (!strcmp(a, "--expert-slots")) o->slots = parse_long(need(argc, argv, &i), 1, 1L << 24, "--expert-slots");
+        else if (!strcmp(a, "--piece")) o->piece = need(argc, argv, &i);
+        else if (!strcmp(a, "--head")) {
+            const char *v = need(argc, argv, &i);
+            if (!strcmp(v, "hold")) o->head = 0;
+            else if (!strcmp(v, "stream")) o->head = 1;
+            else die_usage("--head: expected hold or stream, got %s", v);
+        }
         else if (!strcmp(a, "--io-threads")) o->io_threads = parse_long(need(argc, argv, &i), 1, 256, "--io-threads");
         else if (!strcmp(a, "--trace")) o->trace = need(argc, argv, &i);
         else if (!strcmp(a, "--cache")) {
@@ -207,8 +221,9 @@ static void parse_args(int argc, char **argv, struct opts *o)
     }
     if (!o->model) { fputs(usage, stderr); exit(KRUN_EINPUT); }
     if (o->mem && o->preset) die_usage("%s", "give --mem or --preset, not both");
-    if ((o->plan_only || o->pin >= 0 || o->slots >= 0 || o->io_given || o->trace) && !o->mem && !o->preset)
-        die_usage("%s", "--plan, --pin, --expert-slots, --io and --trace need a budget: --mem SIZE or --preset NAME");
+    if ((o->plan_only || o->pin >= 0 || o->slots >= 0 || o->io_given || o->trace || o->piece || o->head >= 0) && !o->mem && !o->preset)
+        die_usage("%s", "--plan, --pin, --expert-slots, --head, --piece, --io and --trace need a budget: --mem SIZE or --preset NAME");
+    if (o->piece && kmem_parse_size(o->piece) <= 0) die_usage("--piece: expected a size like 64M, got %s", o->piece);
     if (!o->plan_only && !!o->prompt + !!o->prompt_file + !!o->ids > 1)
         die_usage("%s", "give only one of --prompt, --prompt-file, --ids");
     if (!o->plan_only && !o->load_state && !!o->prompt + !!o->prompt_file + !!o->ids != 1)
@@ -292,6 +307,8 @@ static void model_opts(const struct opts *o, uint64_t budget, krun_model_opts *m
     mo->preset = o->preset;
     mo->pin = (int)o->pin;
     mo->expert_slots = (int)o->slots;
+    mo->piece = o->piece ? (uint64_t)kmem_parse_size(o->piece) : 0;
+    mo->head = (int)o->head;
     mo->io = o->io;
     mo->cache_policy = o->policy;
     mo->io_threads = (int)o->io_threads;
@@ -384,8 +401,8 @@ static void announce_prompt(krun_model *m, size_t n)
                                                                                       : (uint64_t)c->n_experts;
         uint64_t experts = p->expert_reads_max / (c->topk ? (uint64_t)c->topk : 1) * per_layer;
         char b1[32], b2[32];
-        kfmt_bytes(p->trunk_stream_bytes + experts, b1, sizeof b1);
-        kfmt_bytes((p->trunk_stream_bytes + experts) * blocks, b2, sizeof b2);
+        kfmt_bytes(p->trunk_stream_bytes + p->head_stream_bytes + experts, b1, sizeof b1);
+        kfmt_bytes((p->trunk_stream_bytes + p->head_stream_bytes + experts) * blocks, b2, sizeof b2);
         fprintf(stderr, "krun: the prompt is %zu tokens: %zu blocks of %zu positions, each reading up to %s (unpinned trunk "
                 "+ chosen experts): up to %s in all\n", n, blocks, chunk, b1, b2);
     } else {
@@ -393,7 +410,23 @@ static void announce_prompt(krun_model *m, size_t n)
     }
 }
 
-struct step { double seconds; uint64_t trunk, experts, globals, hits, misses, rss; };
+struct step { double seconds; uint64_t trunk, head, experts, globals, hits, misses, rss; uint64_t *member; };
+
+/* Bytes each member file gave in a step, and at what rate. */
+static json_t *members_json(krun_model *m, const uint64_t *bytes, double seconds)
+{
+    kstore_stats st;
+    json_t *a = json_array();
+    krun_model_stats(m, &st);
+    for (uint16_t k = 0; k < st.n_members; k++) {
+        json_t *o = json_object();
+        json_object_set_new(o, "member", json_integer(k));
+        json_object_set_new(o, "bytes", json_integer((json_int_t)bytes[k]));
+        json_object_set_new(o, "mb_per_s", seconds > 0 ? json_real((double)bytes[k] / seconds / 1e6) : json_null());
+        json_array_append_new(a, o);
+    }
+    return a;
+}
 
 static int write_json(const struct opts *o, krun_model *m, const int32_t *prompt, size_t n_prompt, const int32_t *gen,
                       size_t n_gen, const struct step *steps, size_t n_steps, double t_prefill)
@@ -413,9 +446,11 @@ static int write_json(const struct opts *o, krun_model *m, const int32_t *prompt
         json_array_append_new(sp, json_real(x->seconds));
         json_object_set_new(o2, "seconds", json_real(x->seconds));
         json_object_set_new(o2, "bytes_trunk", json_integer((json_int_t)x->trunk));
+        json_object_set_new(o2, "bytes_head", json_integer((json_int_t)x->head));
         json_object_set_new(o2, "bytes_experts", json_integer((json_int_t)x->experts));
         json_object_set_new(o2, "bytes_globals", json_integer((json_int_t)x->globals));
-        json_object_set_new(o2, "mb_per_s", json_real((double)(x->trunk + x->experts + x->globals) / x->seconds / 1e6));
+        json_object_set_new(o2, "mb_per_s", json_real((double)(x->trunk + x->head + x->experts + x->globals) / x->seconds / 1e6));
+        json_object_set_new(o2, "members", members_json(m, x->member, x->seconds));
         json_object_set_new(o2, "expert_hits", json_integer((json_int_t)x->hits));
         json_object_set_new(o2, "expert_misses", json_integer((json_int_t)x->misses));
         json_object_set_new(o2, "resident_hit_rate", x->hits + x->misses ? json_real((double)x->hits / (double)(x->hits + x->misses)) : json_null());
@@ -429,6 +464,9 @@ static int write_json(const struct opts *o, krun_model *m, const int32_t *prompt
     json_object_set_new(j, "prefill_seconds", json_real(t_prefill));
     json_object_set_new(j, "bytes_read", json_integer((json_int_t)st.bytes_read));
     json_object_set_new(j, "bytes_trunk", json_integer((json_int_t)st.bytes_trunk));
+    json_object_set_new(j, "bytes_head", json_integer((json_int_t)st.bytes_head));
+    json_object_set_new(j, "member_bytes", members_json(m, st.member_bytes, 0));
+    json_object_set_new(j, "notice", krun_model_notice(m) ? json_string(krun_model_notice(m)) : json_null());
     json_object_set_new(j, "bytes_experts", json_integer((json_int_t)st.bytes_experts));
     json_object_set_new(j, "bytes_globals", json_integer((json_int_t)st.bytes_globals));
     json_object_set_new(j, "bytes_resident", json_integer((json_int_t)st.bytes_resident));
@@ -477,6 +515,7 @@ int main(int argc, char **argv)
     size_t n_prompt = 0, n_gen = 0, V, n_stop, n_steps = 0, state_tokens = 0, pending = 0, max_prompt;
     float *all = NULL;
     struct step *steps = NULL;
+    uint64_t *step_members = NULL;
     double t_prefill = 0;
     uint64_t budget;
     int rc = KRUN_EINPUT;
@@ -532,6 +571,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "krun: the model file is larger than 80%% of available memory: using --mem %llu\n",
                 (unsigned long long)krun_model_auto_budget(m));
     if (!o.quiet && krun_model_plan(m)) kmemplan_print(krun_model_plan(m), stderr);
+    if (!o.quiet && krun_model_notice(m)) fprintf(stderr, "krun: %s\n", krun_model_notice(m));
     n_stop = o.ignore_eos ? 0 : krun_model_stop_ids(m, stop_ids);
 
     if (krun_session_new(m, &s, &e)) { fprintf(stderr, "krun: %s\n", e.msg); rc = e.code; goto out; }
@@ -543,9 +583,10 @@ int main(int argc, char **argv)
 
     gen_ids = malloc(((size_t)o.gen + 1) * sizeof *gen_ids);
     steps = calloc((size_t)o.gen + 1, sizeof *steps);
+    step_members = calloc(((size_t)o.gen + 1) * KSTORE_MAX_MEMBERS, sizeof *step_members);
     if (o.recompute) hist = malloc(((size_t)o.ctx + 1) * sizeof *hist);
     if (o.dump_all) all = malloc((pending + n_prompt) * V * sizeof *all);
-    if (!gen_ids || !steps || (o.recompute && !hist) || (o.dump_all && !all)) { fprintf(stderr, "krun: out of memory\n"); rc = KRUN_ENOMEM; goto out; }
+    if (!gen_ids || !steps || !step_members || (o.recompute && !hist) || (o.dump_all && !all)) { fprintf(stderr, "krun: out of memory\n"); rc = KRUN_ENOMEM; goto out; }
 
     /* prefill, in blocks of --chunk positions (the result does not depend on it) */
     if (pending + n_prompt > 0) {
@@ -608,6 +649,9 @@ int main(int argc, char **argv)
         st = &steps[n_steps++];
         st->seconds = know() - t0;
         st->trunk = b.bytes_trunk - a.bytes_trunk;
+        st->head = b.bytes_head - a.bytes_head;
+        st->member = step_members + (n_steps - 1) * KSTORE_MAX_MEMBERS;
+        for (uint16_t k = 0; k < b.n_members; k++) st->member[k] = b.member_bytes[k] - a.member_bytes[k];
         st->experts = b.bytes_experts - a.bytes_experts;
         st->globals = b.bytes_globals - a.bytes_globals;
         st->hits = b.expert_hits - a.expert_hits;
@@ -615,11 +659,19 @@ int main(int argc, char **argv)
         st->rss = kmem_rss();
         if (krun_model_plan(m) && !o.quiet) {
             char t1[32], t2[32];
-            kfmt_bytes(st->trunk, t1, sizeof t1);
+            kfmt_bytes(st->trunk + st->head, t1, sizeof t1);
             kfmt_bytes(st->experts, t2, sizeof t2);
             fprintf(stderr, "\nkrun: step %zu: %.3f s, read trunk %s + experts %s (%.0f MB/s), resident hits %llu/%llu, RSS %.1f MB\n",
-                    n_steps, st->seconds, t1, t2, (double)(st->trunk + st->experts + st->globals) / st->seconds / 1e6,
+                    n_steps, st->seconds, t1, t2, (double)(st->trunk + st->head + st->experts + st->globals) / st->seconds / 1e6,
                     (unsigned long long)st->hits, (unsigned long long)(st->hits + st->misses), (double)st->rss / 1e6);
+            if (b.n_members > 1) {
+                fprintf(stderr, "krun: step %zu per member:", n_steps);
+                for (uint16_t k = 0; k < b.n_members; k++) {
+                    kfmt_bytes(st->member[k], t1, sizeof t1);
+                    fprintf(stderr, " %u: %s %.0f MB/s;", k, t1, (double)st->member[k] / st->seconds / 1e6);
+                }
+                fputc('\n', stderr);
+            }
         }
     }
     emit_bytes(&tout, NULL, 0, 1);
@@ -647,6 +699,6 @@ int main(int argc, char **argv)
 out:
     krun_session_free(s);
     krun_model_close(m);
-    free(prompt); free(gen_ids); free(hist); free(all); free(steps);
+    free(prompt); free(gen_ids); free(hist); free(all); free(steps); free(step_members);
     return rc;
 }

@@ -3,7 +3,9 @@
 #include "forward.h"
 #include "kprogress.h"
 #include "session.h"
+#include "iopool.h"
 #include "store.h"
+#include "store_pieces.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -87,7 +89,7 @@ uint64_t kmem_base_bytes(const k3_model *m)
           (uint64_t)kpk_layer_count(f) * (1 + kpk_expert_count(f)) * 8 +
           (kpk_size(f) - kpk_super(f)->tensor_table_off);
     /* the tokenizer: the rank file, its decoded pieces and hash table */
-    return KMEM_PROCESS_BYTES + KSTORE_WINDOW_BYTES + dir + 4 * (uint64_t)m->tokenizer_rank_len + m->tokenizer_config_len +
+    return KMEM_PROCESS_BYTES + kstore_window_bytes(m) + dir + 4 * (uint64_t)m->tokenizer_rank_len + m->tokenizer_config_len +
            m->config_len;
 }
 
@@ -100,125 +102,238 @@ int64_t kmem_globals_first(const k3_model *m)
     return (int64_t)first;
 }
 
-struct sizes {
-    uint64_t globals_resident;
-    uint64_t expert_slot;
-    uint64_t *trunk;              /* padded, per layer */
-    int moe_layers;
+/* Everything a plan is assembled from, measured once. */
+struct cand {                  /* one piece size: the cut of every layer and lm_head */
+    uint64_t piece;
+    uint64_t slot_max[K3_MAX_LAYERS + 1];   /* the largest slot of slot s's pieces */
+    uint64_t slot_read[K3_MAX_LAYERS + 1];  /* bytes slot s reads per step */
+    int slot_k[K3_MAX_LAYERS + 1];          /* the fewest ring slots slot s runs with */
+    uint32_t slot_n[K3_MAX_LAYERS + 1];     /* its pieces */
 };
 
-static int measure(const k3_model *m, struct sizes *s, char *err, size_t errlen)
+struct sizes {
+    uint64_t globals_held[2];  /* [head streamed?] the held part of the globals */
+    int head_streamable;
+    uint64_t expert_slot;
+    uint64_t trunk[K3_MAX_LAYERS]; /* a pinned layer's buffer */
+    uint64_t io;               /* every I/O worker's decode buffers */
+    int io_threads;
+    int moe_layers;
+    struct cand *cand;
+    int ncand;
+};
+
+static void sizes_free(struct sizes *s) { free(s->cand); }
+
+/* Piece sizes the planner tries, largest first: the largest streamed range
+ * whole, then halving, down to what keeps a step under 65,536 pieces. */
+static int candidates(const k3_model *m, uint64_t forced, uint64_t *out)
 {
-    const kpk_extent *g = kpk_extent_at(m->file, m->globals_extent);
+    const kpk_file *f = m->file;
+    uint64_t whole = 0, total = 0, floor_, p;
+    int n = 0;
+    if (forced) { out[0] = forced; return 1; }
+    for (int L = 0; L <= m->cfg.n_layers; L++) {
+        uint64_t len = L < m->cfg.n_layers ? kpk_extent_at(f, m->trunk_extent[L])->raw_len : m->globals[K3T_LM_HEAD].nbytes;
+        if (len > whole) whole = len;
+        total += len;
+    }
+    out[n++] = whole ? whole : 1;
+    floor_ = total / 65536 > KPIECE_ALIGN ? total / 65536 : KPIECE_ALIGN;
+    for (p = 1; p * 2 < whole; p *= 2) {}
+    for (; p >= floor_ && n < 48; p /= 2) out[n++] = p;
+    return n;
+}
+
+static int measure(const k3_model *m, const kmemplan_req *q, struct sizes *s, char *err, size_t errlen)
+{
+    const kpk_file *f = m->file;
     const k3_config *c = &m->cfg;
+    const uint32_t g = m->globals_extent;
+    const uint64_t stage = kio_stage_bytes(f);
     int64_t first = kmem_globals_first(m);
+    uint64_t cands[48];
+    krange r;
     memset(s, 0, sizeof *s);
     if (first < 0) {
         snprintf(err, errlen, "%s: the embedding is not the first tensor of the globals extent, so it cannot be left "
-                 "out of memory; run without --mem", kpk_path(m->file));
+                 "out of memory; run without --mem", kpk_path(f));
         return -1;
     }
-    s->trunk = calloc((size_t)c->n_layers, sizeof *s->trunk);
-    if (!s->trunk) { snprintf(err, errlen, "out of memory"); return -1; }
-    /* everything of the globals extent but the embedding, page-rounded */
-    s->globals_resident = kpk_extent_padded_len(m->file, g) - (uint64_t)first;
+    for (uint32_t i = 0; i < kpk_extent_count(f); i++) {
+        const kpk_extent *x = kpk_extent_at(f, i);
+        if (x->codec == KPK_CODEC_ZSTD && (x->kind == KPK_KIND_GLOBALS || x->kind == KPK_KIND_TRUNK || x->kind == KPK_KIND_EXPERT)) {
+            char d[64];
+            kpk_extent_name(f, i, d, sizeof d);
+            snprintf(err, errlen, "%s: %s is one zstd frame (codec 1), which krun decodes only whole; run without --mem, or "
+                     "re-lay the file out with blocks (codec 2)", kpk_path(f), d);
+            return -1;
+        }
+    }
+    /* the globals but the embedding, or but the embedding and lm_head */
+    kring_range(f, g, (uint64_t)first, kpk_extent_at(f, g)->raw_len, stage, &r);
+    s->globals_held[0] = r.buf_bytes;
+    s->head_streamable = kring_head_streamable(m);
+    if (s->head_streamable) {
+        kring_range(f, g, m->globals[K3T_LM_HEAD].offset + m->globals[K3T_LM_HEAD].nbytes, kpk_extent_at(f, g)->raw_len, stage, &r);
+        s->globals_held[1] = r.buf_bytes;
+    }
     for (int L = 0; L < c->n_layers; L++) {
-        s->trunk[L] = kpk_extent_padded_len(m->file, kpk_extent_at(m->file, m->trunk_extent[L]));
+        kring_range(f, m->trunk_extent[L], 0, kpk_extent_at(f, m->trunk_extent[L])->raw_len, stage, &r);
+        s->trunk[L] = r.buf_bytes;
         if (k3_layer_is_moe(c, L)) {
             s->moe_layers++;
             for (int e = 0; e < c->n_experts; e++) {
-                uint64_t x = kpk_extent_padded_len(m->file, kpk_extent_at(m->file, (uint32_t)k3_expert_extent(m, L, e)));
-                if (x > s->expert_slot) s->expert_slot = x;
+                uint32_t i = (uint32_t)k3_expert_extent(m, L, e);
+                kring_range(f, i, 0, kpk_extent_at(f, i)->raw_len, stage, &r);
+                if (r.buf_bytes > s->expert_slot) s->expert_slot = r.buf_bytes;
             }
         }
+    }
+    s->io_threads = kstore_io_threads(f, q->io_threads, NULL);
+    s->io = (uint64_t)s->io_threads * kio_worker_bytes(f);
+    /* every candidate piece size: the cut of every layer and (when it can stream) lm_head */
+    s->ncand = candidates(m, q->piece, cands);
+    s->cand = calloc((size_t)s->ncand, sizeof *s->cand);
+    if (!s->cand) { snprintf(err, errlen, "out of memory"); return -1; }
+    for (int k = 0; k < s->ncand; k++) {
+        struct cand *cd = &s->cand[k];
+        kring ring;
+        if (kring_build(&ring, m, cands[k], 0, s->head_streamable, stage, err, errlen)) { sizes_free(s); return -1; }
+        cd->piece = cands[k];
+        for (int t = 0; t < ring.n_slots; t++) {
+            cd->slot_n[t] = ring.slot_npieces[t];
+            cd->slot_k[t] = kring_slot_min_slots(&ring, m, t);
+            for (uint32_t j = ring.slot_piece0[t]; j < ring.slot_piece0[t] + ring.slot_npieces[t]; j++) {
+                if (ring.piece[j].slot_bytes > cd->slot_max[t]) cd->slot_max[t] = ring.piece[j].slot_bytes;
+                cd->slot_read[t] += ring.piece[j].read_bytes;
+            }
+        }
+        kring_free(&ring);
     }
     return 0;
 }
 
-/* Bytes for pin layers resident and the ring for the rest, with slots expert slots. */
-static uint64_t total_for(const struct sizes *s, const kmemplan *p, int n_layers, int pin, int slots,
-                          uint64_t *pinned, uint64_t *ring_slot)
+/* One way to lay the budget out. */
+struct choice { int head, pin, cand; };
+
+/* The ring for a choice: K slots of ring_slot bytes (0, 0 when nothing streams). */
+static void ring_of(const struct sizes *s, const struct choice *ch, int NL, int *k, uint64_t *slot_bytes, uint32_t *pieces)
 {
-    uint64_t pb = 0, rs = 0;
-    for (int L = 0; L < n_layers; L++) {
-        if (L < pin) pb += s->trunk[L];
-        else if (s->trunk[L] > rs) rs = s->trunk[L];
+    const struct cand *cd = &s->cand[ch->cand];
+    *k = 0;
+    *slot_bytes = 0;
+    *pieces = 0;
+    for (int t = ch->pin; t <= NL; t++) {
+        if (t == NL && !ch->head) break;
+        if (!cd->slot_n[t]) continue;
+        if (cd->slot_k[t] > *k) *k = cd->slot_k[t];
+        if (cd->slot_max[t] > *slot_bytes) *slot_bytes = cd->slot_max[t];
+        *pieces += cd->slot_n[t];
     }
-    if (pinned) *pinned = pb;
-    if (ring_slot) *ring_slot = rs;
-    return p->base + s->globals_resident + p->state_bytes + p->vectors_bytes + p->scratch_bytes + pb + 2 * rs +
-           (uint64_t)slots * s->expert_slot;
+    if (*k && *k < 2) *k = 2; /* one piece in use, one being read */
 }
 
-int kmemplan_make(const k3_model *m, uint64_t budget, int pin, int slots, size_t ctx, size_t chunk, size_t max_seqs,
-                  uint64_t base, kmemplan *p, char *err, size_t errlen)
+static uint64_t total_for(const struct sizes *s, const kmemplan *p, const struct choice *ch, int slots)
+{
+    int k;
+    uint64_t rs, pb = 0;
+    uint32_t np;
+    ring_of(s, ch, p->n_layers, &k, &rs, &np);
+    for (int L = 0; L < ch->pin; L++) pb += s->trunk[L];
+    return p->base + s->globals_held[ch->head] + p->state_bytes + p->vectors_bytes + p->scratch_bytes + s->io + pb +
+           (uint64_t)k * rs + (uint64_t)slots * s->expert_slot;
+}
+
+int kmemplan_make(const k3_model *m, const kmemplan_req *q, kmemplan *p, char *err, size_t errlen)
 {
     const k3_config *c = &m->cfg;
+    const int NL = c->n_layers;
     struct sizes s;
-    int min_slots, max_slots;
+    struct choice ch = {0, 0, 0}, best;
+    int min_slots, max_slots, slots = q->slots, found = 0;
     char b1[32], b2[32];
 
     memset(p, 0, sizeof *p);
-    if (measure(m, &s, err, errlen)) return -1;
-    p->budget = budget;
-    p->base = base;
-    p->ctx = ctx;
-    p->chunk = chunk;
-    p->max_seqs = max_seqs;
-    p->block = chunk > max_seqs ? chunk : max_seqs;
-    p->n_layers = c->n_layers;
-    p->globals_resident = s.globals_resident;
-    p->session_bytes = krun_session_bytes(c, ctx);
-    p->state_bytes = (uint64_t)max_seqs * p->session_bytes;
+    if (measure(m, q, &s, err, errlen)) return -1;
+    p->budget = q->budget;
+    p->base = q->base;
+    p->ctx = q->ctx;
+    p->chunk = q->chunk;
+    p->max_seqs = q->max_seqs;
+    p->block = q->chunk > q->max_seqs ? q->chunk : q->max_seqs;
+    p->n_layers = NL;
+    p->session_bytes = krun_session_bytes(c, q->ctx);
+    p->state_bytes = (uint64_t)q->max_seqs * p->session_bytes;
     p->vectors_bytes = k3_run_vectors_bytes(c);
-    p->scratch_bytes = k3_run_bytes(c, p->block, max_seqs, ctx) - p->vectors_bytes;
+    p->scratch_bytes = k3_run_bytes(c, p->block, q->max_seqs, q->ctx) - p->vectors_bytes;
     p->expert_slot_bytes = s.expert_slot;
+    p->io_threads = s.io_threads;
+    p->io_worker_bytes = s.io_threads ? s.io / (uint64_t)s.io_threads : 0;
+    p->io_bytes = s.io;
     max_slots = s.moe_layers * c->n_experts;
     min_slots = c->topk < max_slots ? c->topk : max_slots;
-    /* the smallest total over every pinned prefix: pinning a layer larger than
-     * twice the rest can cost less than streaming it through the ring */
-    p->minimum = total_for(&s, p, c->n_layers, 0, min_slots, NULL, NULL);
-    for (int k = 1; k <= c->n_layers; k++) {
-        uint64_t t = total_for(&s, p, c->n_layers, k, min_slots, NULL, NULL);
-        if (t < p->minimum) p->minimum = t;
-    }
-    if (pin > c->n_layers) pin = c->n_layers;
     if (slots > max_slots) slots = max_slots;
 
-    if (pin < 0) {
-        /* the trunk first: the longest prefix that fits with the fewest expert slots */
-        int need = slots >= 0 ? slots : min_slots;
-        /* not monotonic: pinning a large layer can shrink the ring by more than it costs */
-        pin = 0;
-        for (int k = 1; k <= c->n_layers; k++)
-            if (total_for(&s, p, c->n_layers, k, need, NULL, NULL) <= budget) pin = k;
+    /* The smallest total over every choice, and the choice: what is read on
+     * every token held first (lm_head, then the longest trunk prefix), then
+     * the largest pieces that fit (whole extents first). */
+    p->minimum = UINT64_MAX;
+    best = ch;
+    for (ch.head = 0; ch.head <= s.head_streamable; ch.head++)
+        for (ch.pin = NL; ch.pin >= 0; ch.pin--)
+            for (ch.cand = 0; ch.cand < s.ncand; ch.cand++) {
+                uint64_t t = total_for(&s, p, &ch, min_slots);
+                if (t < p->minimum) p->minimum = t;
+                if (found || (q->pin >= 0 && ch.pin != (q->pin > NL ? NL : q->pin)) || (q->head >= 0 && ch.head != q->head)) continue;
+                if (total_for(&s, p, &ch, slots >= 0 ? slots : min_slots) <= q->budget) { best = ch; found = 1; }
+            }
+    if (q->head > 0 && !s.head_streamable) {
+        snprintf(err, errlen, "%s: lm_head does not follow the embedding in the globals extent, so it cannot stream (--head stream)",
+                 kpk_path(m->file));
+        sizes_free(&s);
+        return -1;
     }
+    if (!found) { /* report the plan closest to what was asked: nothing pinned, the smallest total */
+        uint64_t low = UINT64_MAX;
+        for (ch.head = 0; ch.head <= s.head_streamable; ch.head++)
+            for (ch.cand = 0; ch.cand < s.ncand; ch.cand++) {
+                if (q->head >= 0 && ch.head != q->head) continue;
+                ch.pin = q->pin >= 0 ? (q->pin > NL ? NL : q->pin) : 0;
+                if (total_for(&s, p, &ch, slots >= 0 ? slots : min_slots) < low) { low = total_for(&s, p, &ch, slots >= 0 ? slots : min_slots); best = ch; }
+            }
+    }
+    ch = best;
     if (slots < 0) {
-        uint64_t rest = total_for(&s, p, c->n_layers, pin, 0, NULL, NULL);
-        slots = rest < budget && s.expert_slot ? (int)((budget - rest) / s.expert_slot) : 0;
+        uint64_t rest = total_for(&s, p, &ch, 0);
+        slots = rest < q->budget && s.expert_slot ? (int)((q->budget - rest) / s.expert_slot) : 0;
         if (slots > max_slots) slots = max_slots;
         if (slots < min_slots) slots = min_slots;
     }
     if (max_slots > 0 && slots < 1) slots = 1;
-    p->pin = pin;
+    p->pin = ch.pin;
+    p->head_streamed = ch.head;
     p->expert_slots = slots;
-    p->total = total_for(&s, p, c->n_layers, pin, slots, &p->pinned_bytes, &p->ring_slot_bytes);
-    p->ring_slots = pin < c->n_layers ? 2 : 0;
-    if (!p->ring_slots) p->ring_slot_bytes = 0;
-    for (int L = pin; L < c->n_layers; L++) p->trunk_stream_bytes += s.trunk[L];
+    p->total = total_for(&s, p, &ch, slots);
+    p->globals_resident = s.globals_held[ch.head];
+    for (int L = 0; L < ch.pin; L++) p->pinned_bytes += s.trunk[L];
+    ring_of(&s, &ch, NL, &p->ring_slots, &p->ring_slot_bytes, &p->ring_pieces);
+    p->piece_bytes = p->ring_slots ? s.cand[ch.cand].piece : 0;
+    for (int L = ch.pin; L < NL; L++) p->trunk_stream_bytes += s.cand[ch.cand].slot_read[L];
+    if (ch.head) p->head_stream_bytes = s.cand[ch.cand].slot_read[NL];
     p->expert_reads_max = (uint64_t)s.moe_layers * (uint64_t)c->topk * s.expert_slot;
     {
         /* sessions that fit: the rest of the plan with the fewest expert slots */
-        uint64_t rest = total_for(&s, p, c->n_layers, pin, min_slots, NULL, NULL) - p->state_bytes;
-        p->sessions_fit = budget > rest && p->session_bytes ? (budget - rest) / p->session_bytes : 0;
+        uint64_t rest = total_for(&s, p, &ch, min_slots) - p->state_bytes;
+        p->sessions_fit = q->budget > rest && p->session_bytes ? (q->budget - rest) / p->session_bytes : 0;
     }
-    free(s.trunk);
-    if (p->total > budget) {
-        kfmt_bytes(budget, b1, sizeof b1);
+    sizes_free(&s);
+    if (p->total > q->budget) {
+        kfmt_bytes(q->budget, b1, sizeof b1);
         kfmt_bytes(p->minimum, b2, sizeof b2);
         snprintf(err, errlen, "a budget of %s (%llu bytes) cannot hold this plan (%llu bytes); the minimum for this "
-                 "model with --ctx %zu is %s (%llu bytes)", b1, (unsigned long long)budget, (unsigned long long)p->total,
-                 ctx, b2, (unsigned long long)p->minimum);
+                 "model with --ctx %zu is %s (%llu bytes)", b1, (unsigned long long)q->budget, (unsigned long long)p->total,
+                 q->ctx, b2, (unsigned long long)p->minimum);
         return -1;
     }
     return 0;
@@ -226,19 +341,29 @@ int kmemplan_make(const k3_model *m, uint64_t budget, int pin, int slots, size_t
 
 void kmemplan_print(const kmemplan *p, FILE *out)
 {
-    char b[32], c2[32];
+    char b[32], c2[32], c3[32];
 #define ROW(label, bytes, ...) do { kfmt_bytes(bytes, b, sizeof b); fprintf(out, "  %-22s %10s  ", label, b); fprintf(out, __VA_ARGS__); fputc('\n', out); } while (0)
     kfmt_bytes(p->budget, b, sizeof b);
     fprintf(out, "memory plan: budget %s%s%s%s (%llu bytes)\n", b, p->preset ? " (preset " : "", p->preset ? p->preset : "",
             p->preset ? ")" : "", (unsigned long long)p->budget);
     ROW("process base", p->base, "code, threads, KPK directory, tokenizer");
-    ROW("resident globals", p->globals_resident, "lm_head and global vectors (embedding rows read on demand)");
+    if (p->head_streamed) ROW("held globals", p->globals_resident, "global vectors (lm_head streams; embedding rows read on demand)");
+    else ROW("held globals", p->globals_resident, "lm_head and global vectors (embedding rows read on demand)");
     if (p->pin) ROW("pinned trunk", p->pinned_bytes, "layers 0..%d of %d", p->pin - 1, p->n_layers);
     else ROW("pinned trunk", p->pinned_bytes, "none of %d layers", p->n_layers);
     kfmt_bytes(p->ring_slot_bytes, c2, sizeof c2);
-    ROW("trunk ring", (uint64_t)p->ring_slots * p->ring_slot_bytes, "%d slots x %s", p->ring_slots, c2);
+    kfmt_bytes(p->piece_bytes, c3, sizeof c3);
+    if (p->ring_slots)
+        ROW("trunk ring", (uint64_t)p->ring_slots * p->ring_slot_bytes, "%d slots x %s: %u pieces of up to ~%s per step%s", p->ring_slots,
+            c2, p->ring_pieces, c3, p->head_streamed ? ", lm_head last" : "");
+    else
+        ROW("trunk ring", (uint64_t)0, "none: nothing streams");
     kfmt_bytes(p->expert_slot_bytes, c2, sizeof c2);
     ROW("expert cache", (uint64_t)p->expert_slots * p->expert_slot_bytes, "%d slots x %s", p->expert_slots, c2);
+    if (p->io_bytes) {
+        kfmt_bytes(p->io_worker_bytes, c2, sizeof c2);
+        ROW("I/O staging", p->io_bytes, "%d I/O workers x %s: stored bytes of the compressed blocks each decodes", p->io_threads, c2);
+    }
     kfmt_bytes(p->session_bytes, c2, sizeof c2);
     ROW("state", p->state_bytes, "%zu session%s x %s (KDA + ShortConv state, MLA latent cache for --ctx %zu); %llu would fit",
         p->max_seqs, p->max_seqs == 1 ? "" : "s", c2, p->ctx, (unsigned long long)p->sessions_fit);
@@ -247,7 +372,9 @@ void kmemplan_print(const kmemplan *p, FILE *out)
     ROW("total", p->total, "(minimum for this model and --ctx: %.3g GB)", (double)p->minimum / 1e9);
     kfmt_bytes(p->trunk_stream_bytes, b, sizeof b);
     kfmt_bytes(p->expert_reads_max, c2, sizeof c2);
-    fprintf(out, "reads per decoding step: trunk %s (every unpinned layer), experts up to %s (top-k of every MoE layer, less cache hits)\n", b, c2);
+    kfmt_bytes(p->head_stream_bytes, c3, sizeof c3);
+    fprintf(out, "reads per decoding step: trunk %s (every unpinned layer)%s%s%s, experts up to %s (top-k of every MoE layer, less cache hits)\n",
+            b, p->head_streamed ? ", lm_head " : "", p->head_streamed ? c3 : "", p->head_streamed ? " (streamed)" : "", c2);
 #undef ROW
 }
 
@@ -258,6 +385,12 @@ json_t *kmemplan_json(const kmemplan *p)
     json_object_set_new(j, "preset", p->preset ? json_string(p->preset) : json_null());
     json_object_set_new(j, "base_bytes", json_integer((json_int_t)p->base));
     json_object_set_new(j, "globals_resident_bytes", json_integer((json_int_t)p->globals_resident));
+    json_object_set_new(j, "head_streamed", json_boolean(p->head_streamed));
+    json_object_set_new(j, "piece_bytes", json_integer((json_int_t)p->piece_bytes));
+    json_object_set_new(j, "ring_pieces", json_integer((json_int_t)p->ring_pieces));
+    json_object_set_new(j, "io_threads", json_integer(p->io_threads));
+    json_object_set_new(j, "io_worker_bytes", json_integer((json_int_t)p->io_worker_bytes));
+    json_object_set_new(j, "io_bytes", json_integer((json_int_t)p->io_bytes));
     json_object_set_new(j, "pinned_layers", json_integer(p->pin));
     json_object_set_new(j, "pinned_bytes", json_integer((json_int_t)p->pinned_bytes));
     json_object_set_new(j, "ring_slots", json_integer(p->ring_slots));
@@ -275,6 +408,7 @@ json_t *kmemplan_json(const kmemplan *p)
     json_object_set_new(j, "minimum_bytes", json_integer((json_int_t)p->minimum));
     json_object_set_new(j, "ctx", json_integer((json_int_t)p->ctx));
     json_object_set_new(j, "trunk_stream_bytes_per_token", json_integer((json_int_t)p->trunk_stream_bytes));
+    json_object_set_new(j, "head_stream_bytes_per_token", json_integer((json_int_t)p->head_stream_bytes));
     json_object_set_new(j, "expert_read_bytes_per_token_max", json_integer((json_int_t)p->expert_reads_max));
     return j;
 }

@@ -1,12 +1,18 @@
 /* The memory planner: how krun splits a budget (--mem / --preset) between the
  * parts that hold model bytes and the parts that hold state.
  *
- *   resident globals   lm_head and the small global vectors (the embedding
- *                      is read a row at a time, never held)
+ *   held globals       the small global vectors, and lm_head unless it
+ *                      streams (the embedding is read a row at a time,
+ *                      never held)
  *   pinned trunk       a prefix of trunk layers kept resident (--pin)
- *   trunk ring         two slots, each as large as the largest streamed trunk
- *                      extent: one in use, one being read ahead
+ *   trunk ring         K slots of one piece each: the other trunk layers
+ *                      (and lm_head when it streams) pass through them in
+ *                      pieces, read ahead in the order a step uses them
+ *                      (store_pieces.h); K is the fewest with which the
+ *                      forward pass's order of use never waits on a slot
  *   expert cache       slots of one routed expert each (--expert-slots)
+ *   I/O staging        compressed files only: each I/O worker's buffers for
+ *                      the stored bytes of the blocks it decodes
  *   state              per session (--max-seqs of them): KDA + ShortConv state,
  *                      the MLA latent cache (--ctx), tokens, logits, sampler
  *   run state          the widened small vectors of every layer (bound once)
@@ -15,9 +21,12 @@
  *                      tokenizer (computed from the file, so a plan is the
  *                      same on every run)
  *
- * Default rule, measured upstream on the real model: memory goes to the trunk
- * until it is fully pinned (a trunk layer is read on every token), then to the
- * expert cache (experts are only sampled, and the router spreads load flat). */
+ * Default rule, measured upstream on the real model: memory goes to what is
+ * read on every token first -- lm_head, then the trunk prefix, whole-extent
+ * ring slots before pieces -- then to the expert cache (experts are only
+ * sampled, and the router spreads load flat).  Streaming in pieces costs no
+ * extra bytes per layer; holding lm_head and pinning save their bytes on
+ * every token. */
 #ifndef KRUN_MEMPLAN_H
 #define KRUN_MEMPLAN_H
 
@@ -31,12 +40,18 @@ typedef struct kmemplan {
     uint64_t budget;
     const char *preset;            /* NULL unless --preset */
     uint64_t base;                 /* process overhead at planning time, with margin */
-    uint64_t globals_resident;
+    uint64_t globals_resident;     /* the held part of the globals */
+    int head_streamed;             /* lm_head streams through the ring */
     int n_layers;
     int pin;                       /* layers [0, pin) are resident */
     uint64_t pinned_bytes;
-    int ring_slots;                /* 2, or 0 when every layer is pinned */
-    uint64_t ring_slot_bytes;
+    uint64_t piece_bytes;          /* the pieces' target size (0: nothing streams) */
+    uint32_t ring_pieces;          /* pieces per step */
+    int ring_slots;                /* K, or 0 when nothing streams */
+    uint64_t ring_slot_bytes;      /* the largest piece's slot */
+    int io_threads;                /* I/O workers (every member file's) */
+    uint64_t io_worker_bytes;      /* each one's decode buffers (compressed files) */
+    uint64_t io_bytes;             /* io_threads x io_worker_bytes */
     int expert_slots;
     uint64_t expert_slot_bytes;
     uint64_t state_bytes;          /* max_seqs x session_bytes */
@@ -48,9 +63,10 @@ typedef struct kmemplan {
     size_t block;                  /* positions per forward block: max(chunk, max_seqs) */
     uint64_t sessions_fit;         /* sessions this budget could hold (with top-k expert slots) */
     /* what a decoding step must read at least */
-    uint64_t trunk_stream_bytes;   /* every unpinned trunk extent, padded */
+    uint64_t trunk_stream_bytes;   /* every unpinned trunk layer's pieces */
+    uint64_t head_stream_bytes;    /* lm_head's pieces, when it streams */
     uint64_t expert_reads_max;     /* MoE layers x top-k expert extents, padded */
-    uint64_t minimum;              /* the smallest budget that works (pin 0, top-k slots) */
+    uint64_t minimum;              /* the smallest budget that works (top-k slots, the best pieces) */
 } kmemplan;
 
 /* What the process needs besides the plan's parts: code and libraries,
@@ -68,12 +84,23 @@ int64_t kmem_preset(const char *name);
  * read a row at a time); -1 if the embedding is not first in the extent. */
 int64_t kmem_globals_first(const k3_model *m);
 
-/* Plan for a budget.  pin / slots < 0: choose by the default rule.  Returns -1
- * with err saying what the minimum is when the budget cannot hold it.  The
- * state, vectors and scratch sizes come from the functions that lay those
- * buffers out (session.c, forward.c): what is planned is what is allocated. */
-int kmemplan_make(const k3_model *m, uint64_t budget, int pin, int slots, size_t ctx, size_t chunk, size_t max_seqs,
-                  uint64_t base, kmemplan *p, char *err, size_t errlen);
+/* What the caller fixes (-1 / 0: the planner chooses). */
+typedef struct kmemplan_req {
+    uint64_t budget;
+    int pin, slots;                /* --pin, --expert-slots; -1: choose */
+    int head;                      /* --head: 0 hold lm_head, 1 stream it; -1: choose */
+    uint64_t piece;                /* --piece; 0: choose */
+    size_t ctx, chunk, max_seqs;
+    int io_threads;                /* 0: 8 */
+    uint64_t base;                 /* kmem_base_bytes + the caller's own buffers */
+} kmemplan_req;
+
+/* Plan for a budget.  Returns -1 with err saying what the minimum is when the
+ * budget cannot hold it.  The state, vectors and scratch sizes come from the
+ * functions that lay those buffers out (session.c, forward.c), the ring's
+ * from the cut the store reads (store_pieces.c): what is planned is what is
+ * allocated and read. */
+int kmemplan_make(const k3_model *m, const kmemplan_req *q, kmemplan *p, char *err, size_t errlen);
 void kmemplan_print(const kmemplan *p, FILE *out);
 json_t *kmemplan_json(const kmemplan *p);
 

@@ -53,6 +53,7 @@ void krun_model_opts_init(krun_model_opts *o)
     memset(o, 0, sizeof *o);
     o->pin = -1;
     o->expert_slots = -1;
+    o->head = -1;
     o->io = KSTORE_IO_DIRECT;
     o->cache_policy = KSTORE_LFU;
     o->verify = KSTORE_VERIFY_FIRST;
@@ -75,12 +76,6 @@ int krun_model_load(const char *path, krun_model **out, krun_err *err)
         /* a file that is not KPK or not readable is "cannot run"; a damaged KPK file is damaged data */
         krun_err_set(err, e.code == KPK_EFORMAT || e.code == KPK_ECHECKSUM ? KRUN_EDATA : krun_code_of_kpk(e.code), "%s", e.msg);
         free(m);
-        return -1;
-    }
-    if (kpk_member_count(m->f) > 1) {
-        krun_err_set(err, KRUN_EINPUT, "%s is a set of %u member files; krun cannot read sets yet. Make a single file "
-                     "with `kpack convert %s SINGLE.kpk` and run that", path, kpk_member_count(m->f), path);
-        krun_model_close(m);
         return -1;
     }
     if (k3_model_open(m->f, &m->m, msg, sizeof msg)) {
@@ -111,8 +106,9 @@ int krun_model_load(const char *path, krun_model **out, krun_err *err)
 int krun_model_make_plan(const krun_model *m, const krun_model_opts *o, kmemplan *plan, krun_err *err)
 {
     char msg[800];
-    if (kmemplan_make(&m->m, o->budget, o->pin, o->expert_slots, o->ctx, o->chunk, o->max_seqs,
-                      kmem_base_bytes(&m->m) + o->extra_bytes, plan, msg, sizeof msg)) {
+    kmemplan_req q = {o->budget, o->pin, o->expert_slots, o->head, o->piece, o->ctx, o->chunk, o->max_seqs, o->io_threads,
+                      kmem_base_bytes(&m->m) + o->extra_bytes};
+    if (kmemplan_make(&m->m, &q, plan, msg, sizeof msg)) {
         krun_err_set(err, KRUN_EINPUT, "%s", msg);
         return -1;
     }
@@ -140,7 +136,7 @@ int krun_model_prepare(krun_model *m, const krun_model_opts *o, krun_err *err)
     }
     /* A file that does not fit comfortably gets 80% of the available memory
      * as its budget rather than a mapping that pushes everything else out. */
-    if (!opt.budget && kmem_available() && kpk_size(m->f) > kmem_available() / 10 * 8) {
+    if (!opt.budget && kmem_available() && kpk_total_size(m->f) > kmem_available() / 10 * 8) {
         opt.budget = m->auto_budget = kmem_available() / 10 * 8;
     }
     if (opt.simd >= 0) kern_simd_set((ksimd)opt.simd);
@@ -226,6 +222,7 @@ size_t krun_model_stop_ids(const krun_model *m, int32_t out[3])
 }
 
 void krun_model_stats(const krun_model *m, kstore_stats *st) { kstore_stats_get(m->store, st); }
+const char *krun_model_notice(const krun_model *m) { return m->store ? kstore_notice(m->store) : NULL; }
 
 void krun_model_memory(const krun_model *m, uint64_t *planned, uint64_t *allocated)
 {

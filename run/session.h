@@ -43,6 +43,8 @@ typedef struct krun_model_opts {
     const char *preset;        /* the budget's name, shown in the plan (NULL) */
     int pin;                   /* trunk layers kept resident; -1: the planner decides */
     int expert_slots;          /* experts cached; -1: the planner decides */
+    uint64_t piece;            /* streamed pieces' target size in bytes; 0: the planner decides */
+    int head;                  /* lm_head: 0 held, 1 streamed in pieces; -1: the planner decides */
     int io;                    /* enum kstore_io, with a budget */
     int cache_policy;          /* enum kstore_policy */
     int io_threads;            /* concurrent reads; 0: 8 */
@@ -78,6 +80,9 @@ size_t krun_model_stop_ids(const krun_model *m, int32_t out[3]);
 const kmemplan *krun_model_plan(const krun_model *m);       /* NULL: in place, no plan */
 uint64_t krun_model_auto_budget(const krun_model *m);       /* the budget chosen for a too-large file, or 0 */
 void krun_model_stats(const krun_model *m, kstore_stats *st);
+/* Something the user should be told once about how the file is read (e.g.
+ * O_DIRECT refused by a file system, buffered reads used instead), or NULL. */
+const char *krun_model_notice(const krun_model *m);
 int krun_model_threads(const krun_model *m);
 size_t krun_model_ctx(const krun_model *m);
 size_t krun_model_chunk(const krun_model *m);

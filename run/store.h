@@ -1,26 +1,36 @@
-/* Where extent bytes come from while the model runs.  The forward pass asks
- * for an extent, uses it, and gives it back; the store decides where the bytes
- * live and checks each extent's XXH3 (the first time it is read, or every
- * time) before handing it out.
+/* Where extent bytes come from while the model runs.  The store decides where
+ * the bytes live, reads them through the member files of a set (one I/O
+ * queue per member, store_io.c), decodes compressed blocks in the I/O
+ * workers, and checks every extent's XXH3 (the first time it is read, or
+ * every time) before a token computed from it can be used.
  *
- * Without a memory plan every extent is used in place from a read-only
- * mapping of the file.  With a plan (krun --mem / --preset):
- *   - resident extents (the pinned trunk prefix, the globals but the
- *     embedding) are read once into budgeted buffers: never touched through
- *     a file mapping, so a warm page cache cannot add to the resident set;
- *   - streamed trunk extents go through a ring of two budgeted slots; while
- *     one layer computes, the next streamed layer is read into the other;
+ * Without a memory plan every extent is used in place: from a read-only
+ * mapping of its member file, or, when it is striped over a set or stored as
+ * compressed blocks, read and decoded once into memory.  With a plan
+ * (krun --mem / --preset):
+ *   - held extents (the pinned trunk prefix, the globals but the embedding
+ *     and, when it streams, lm_head) are read once into budgeted buffers:
+ *     never touched through a file mapping, so a warm page cache cannot add
+ *     to the resident set;
+ *   - streamed extents (the other trunk layers, lm_head when it does not fit)
+ *     go through a ring of K slots of one piece each (store_pieces.h): the
+ *     ring reads the step's pieces in order, as far ahead as slots are free,
+ *     and the forward pass takes each piece through the weights seam and
+ *     gives it back as soon as its parts are used;
  *   - routed experts go through a cache of budgeted slots (LFU with an MRU
- *     tie-break by default, or LRU), the
- *     misses of one layer read concurrently, in file order;
+ *     tie-break by default, or LRU), the misses of one layer read
+ *     concurrently, in file order on every disk;
  *   - --io pread|direct reads into the slots (O_DIRECT bypasses the page
- *     cache; pread drops what it read from it), --io mmap uses the mapping
- *     and madvise instead, so the page cache is never an unbudgeted cache. */
+ *     cache, and falls back to buffered reads on a file system that refuses
+ *     it; buffered reads drop what they read from the cache), --io mmap uses
+ *     the mapping and madvise instead for what lies contiguously in one
+ *     member file, so the page cache is never an unbudgeted cache. */
 #ifndef KRUN_STORE_H
 #define KRUN_STORE_H
 
 #include "kpk_reader.h"
 #include "memplan.h"
+#include "store_pieces.h"
 
 #include <stdint.h>
 
@@ -28,40 +38,56 @@ enum kstore_verify { KSTORE_VERIFY_OFF = 0, KSTORE_VERIFY_FIRST = 1, KSTORE_VERI
 enum kstore_io { KSTORE_IO_MMAP = 0, KSTORE_IO_PREAD = 1, KSTORE_IO_DIRECT = 2 };
 enum kstore_policy { KSTORE_LFU = 0, KSTORE_LRU = 1 };
 
+#define KSTORE_MAX_MEMBERS 256
+
 typedef struct kstore_opts {
     int verify;               /* enum kstore_verify */
     int io;                   /* enum kstore_io (with a plan) */
     int policy;               /* enum kstore_policy */
-    int io_threads;           /* concurrent reads (default 8) */
+    int io_threads;           /* concurrent reads (default 8; a set: per member, at least 2) */
     int trace;                /* record every read for kstore_trace_write */
-    const kmemplan *plan;     /* NULL: everything in place from the mapping */
-    const k3_model *model;    /* needed with a plan: which extent is what */
+    const kmemplan *plan;     /* NULL: everything in place */
+    const k3_model *model;    /* which extent is what */
 } kstore_opts;
 
 typedef struct kstore_stats {
     uint64_t bytes_read;      /* all bytes read or faulted in for use */
-    uint64_t bytes_trunk;     /* streamed trunk extents */
+    uint64_t bytes_trunk;     /* streamed trunk pieces */
+    uint64_t bytes_head;      /* streamed lm_head pieces */
     uint64_t bytes_experts;   /* routed experts that missed the cache */
     uint64_t bytes_globals;   /* embedding rows */
-    uint64_t bytes_resident;  /* resident extents, read once */
+    uint64_t bytes_resident;  /* held extents, read once */
     uint64_t expert_hits;     /* experts already resident when asked for */
     uint64_t expert_misses;
     uint64_t extents_verified;
     double io_wait_seconds;   /* compute blocked on reads */
+    uint16_t n_members;
+    uint64_t member_bytes[KSTORE_MAX_MEMBERS]; /* read through the I/O queues, per member file */
 } kstore_stats;
 
 typedef struct kstore kstore;
 
 /* Hashing the part of the globals that is never held (the embedding) goes
- * through a window this large (counted in the process base of the plan). */
+ * through a window (counted in the process base of the plan); compressed
+ * embeddings need a whole block of it, decoded. */
 #define KSTORE_WINDOW_BYTES ((size_t)1 << 20)
+uint64_t kstore_window_bytes(const k3_model *m);
+
+/* I/O workers per member file for io_threads (0: the member holds nothing
+ * krun reads); returns the total.  The planner counts each worker's decode
+ * buffers (kio_worker_bytes). */
+int kstore_io_threads(const kpk_file *f, int io_threads, int *per_member);
 
 int kstore_open(kpk_file *f, const kstore_opts *opt, kstore **out, kpk_err *err);
 void kstore_close(kstore *s);
+/* Something the user should know once (O_DIRECT refused by a file system):
+ * NULL if nothing. */
+const char *kstore_notice(const kstore *s);
 /* The decoded bytes of extent i, valid until kstore_put(s, i).  NULL with
  * err set when it cannot be read or fails its checksum.  The result points at
  * extent byte *first: 0, except for the globals with a plan, which are held
- * without the embedding (pass first = NULL to insist on the whole extent). */
+ * without the embedding (pass first = NULL to insist on the whole extent).
+ * Streamed trunk extents are not handed out whole: see the ring below. */
 const uint8_t *kstore_get(kstore *s, uint32_t i, uint64_t *first, kpk_err *err);
 void kstore_put(kstore *s, uint32_t i);
 /* Several experts of one layer at once; out[k] receives extent ids[k]'s
@@ -72,5 +98,24 @@ size_t kstore_expert_capacity(const kstore *s);
 int kstore_read(kstore *s, uint32_t i, uint64_t off, size_t len, void *dst, kpk_err *err);
 void kstore_stats_get(const kstore *s, kstore_stats *st);
 int kstore_trace_write(kstore *s, const char *path);
+
+/* ---- the ring: pieces of streamed extents (used by weights.c) ---- */
+/* The step's pieces; NULL when nothing streams. */
+const kring *kstore_ring(const kstore *s);
+/* A forward block starts: the ring must be at the step's first piece (after
+ * a block that failed half way, what it had read is dropped). */
+int kstore_ring_step(kstore *s, kpk_err *err);
+/* Slot s (a layer, or the globals for lm_head) starts its pass; bind: its
+ * vectors are being bound now, so their parts are given back explicitly. */
+int kstore_ring_begin(kstore *s, int slot, int bind, kpk_err *err);
+/* Piece q, with every piece before it in the step read, checked and handed
+ * out first: where its decoded byte r0 is.  NULL with err on a failed read,
+ * block or checksum. */
+const uint8_t *kstore_piece(kstore *s, uint32_t q, kpk_err *err);
+/* One part of piece q has been used; the last frees its slot. */
+void kstore_piece_done(kstore *s, uint32_t q);
+/* Slot s is done: its remaining pieces are read and the extent's checksum
+ * checked; every slot it held is freed. */
+int kstore_ring_end(kstore *s, int slot, kpk_err *err);
 
 #endif

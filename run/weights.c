@@ -1,7 +1,59 @@
 /* Binding weights once, and the seam every matrix product goes through. */
 #include "weights.h"
 
+#include "store.h"
+
 #include <string.h>
+
+/* ---- the order the forward pass uses a layer's tensors -------------------------------- */
+
+/* Keep in step with forward.c, kda.c, mla.c, moe.c: a streamed product out of
+ * this order fails the step (k3_weights_end names it), and the tests run every
+ * layer kind streamed. */
+static const k3_use_step ORDER_COMMON[] = {
+    /* AttnRes and the norms, all at the front of the extent */
+    {K3T_INPUT_LN, K3U_VEC}, {K3T_POST_ATTN_LN, K3U_VEC}, {K3T_ATTN_RES_NORM, K3U_VEC},
+    {K3T_ATTN_RES_PROJ, K3U_VEC}, {K3T_MLP_RES_NORM, K3U_VEC}, {K3T_MLP_RES_PROJ, K3U_VEC}};
+static const k3_use_step ORDER_KDA[] = { /* kda_forward */
+    {K3T_KDA_Q, K3U_ONCE}, {K3T_KDA_K, K3U_ONCE}, {K3T_KDA_V, K3U_ONCE}, {K3T_KDA_G, K3U_ONCE}, {K3T_KDA_B, K3U_ONCE},
+    {K3T_KDA_FA, K3U_ONCE}, {K3T_KDA_FB, K3U_ONCE}, {K3T_KDA_QCONV, K3U_VEC}, {K3T_KDA_KCONV, K3U_VEC},
+    {K3T_KDA_VCONV, K3U_VEC}, {K3T_KDA_ALOG, K3U_VEC}, {K3T_KDA_DTBIAS, K3U_VEC}, {K3T_KDA_ONORM, K3U_VEC},
+    {K3T_KDA_O, K3U_ONCE}};
+static const k3_use_step ORDER_MLA[] = { /* mla_forward */
+    {K3T_MLA_QA, K3U_ONCE}, {K3T_MLA_QA_NORM, K3U_VEC}, {K3T_MLA_QB, K3U_ONCE}, {K3T_MLA_KVA, K3U_ONCE},
+    {K3T_MLA_KVA_NORM, K3U_VEC}, {K3T_MLA_G, K3U_ONCE}, {K3T_MLA_KVB, K3U_MULTI}, {K3T_MLA_O, K3U_ONCE}};
+static const k3_use_step ORDER_DENSE[] = { /* dense_ffn_forward */
+    {K3T_FFN_GATE, K3U_ONCE}, {K3T_FFN_UP, K3U_ONCE}, {K3T_FFN_DOWN, K3U_ONCE}};
+static const k3_use_step ORDER_MOE[] = { /* moe_forward */
+    {K3T_MOE_ROUTER, K3U_ONCE}, {K3T_MOE_BIAS, K3U_VEC}, {K3T_MOE_DOWN, K3U_ONCE}, {K3T_MOE_NORM, K3U_VEC},
+    {K3T_MOE_UP, K3U_ONCE}, {K3T_SH_GATE, K3U_ONCE}, {K3T_SH_UP, K3U_ONCE}, {K3T_SH_DOWN, K3U_ONCE}};
+static const k3_use_step ORDER_HEAD[] = {{K3T_LM_HEAD, K3U_ONCE}}; /* output(): the vectors of the globals are held */
+/* the globals' vectors, widened from the held part */
+static const k3_role GLOBAL_VECS[] = {K3T_FINAL_NORM, K3T_OUT_RES_NORM, K3T_OUT_RES_PROJ};
+
+static int append(const k3_model *m, int L, const k3_use_step *src, size_t n, k3_use_step *out, int k)
+{
+    for (size_t i = 0; i < n; i++) {
+        const kt_loc *l = L == K3_GLOBALS ? &m->globals[src[i].role] : &m->trunk[(size_t)L * K3T_COUNT + src[i].role];
+        if (l->nbytes) out[k++] = src[i];
+    }
+    return k;
+}
+#define APPEND(T) (k = append(m, L, T, sizeof T / sizeof T[0], out, k))
+
+int k3_use_order(const k3_model *m, int L, k3_use_step *out)
+{
+    int k = 0;
+    if (L == K3_GLOBALS) return APPEND(ORDER_HEAD);
+    APPEND(ORDER_COMMON);
+    if (m->cfg.layer_is_mla[L]) APPEND(ORDER_MLA);
+    else APPEND(ORDER_KDA);
+    if (k3_layer_is_moe(&m->cfg, L)) APPEND(ORDER_MOE);
+    else APPEND(ORDER_DENSE);
+    return k;
+}
+
+/* ---- the arena ------------------------------------------------------------------------- */
 
 /* Elements of tensor (role, layer) in this config; 0 when the layer has none. */
 static size_t elems(const k3_config *c, k3_role role, int L)
@@ -31,6 +83,11 @@ void k3_weights_carve(k3_weights *w, const k3_config *c, karena *a)
     KTAKE(a, w->raw, NL + 1);
     KTAKE(a, w->first, NL + 1);
     KTAKE(a, w->fold_tmp, (size_t)c->hidden);
+    KTAKE(a, w->order, (NL + 1) * K3T_COUNT);
+    KTAKE(a, w->norder, NL + 1);
+    KTAKE(a, w->cursor, NL + 1);
+    KTAKE(a, w->held, (NL + 1) * K3T_COUNT);
+    KTAKE(a, w->fail, 1);
     for (int L = 0; L < (int)NL; L++) {
         k3_vecs v;
         memset(&v, 0, sizeof v);
@@ -60,65 +117,79 @@ void k3_weights_carve(k3_weights *w, const k3_config *c, karena *a)
             memset(w->bound, 0, NL + 1);
             memset(w->raw, 0, (NL + 1) * sizeof *w->raw);
             memset(w->first, 0, (NL + 1) * sizeof *w->first);
+            memset(w->cursor, 0, (NL + 1) * sizeof *w->cursor);
+            memset(w->held, 0, (NL + 1) * K3T_COUNT * sizeof *w->held);
+            memset(w->fail, 0, sizeof *w->fail);
         }
     }
 }
 
 static size_t slot(const k3_weights *w, int L) { return L == K3_GLOBALS ? (size_t)w->m->cfg.n_layers : (size_t)L; }
 
+void k3_weights_setup(k3_weights *w, const k3_model *m, struct kstore *store)
+{
+    w->m = m;
+    w->store = store;
+    for (int L = -1; L < m->cfg.n_layers; L++) {
+        size_t s = slot(w, L);
+        w->norder[s] = (uint8_t)k3_use_order(m, L, w->order + s * K3T_COUNT);
+    }
+}
+
 static const kt_loc *loc_of(const k3_weights *w, int L, k3_role role)
 {
     return L == K3_GLOBALS ? &w->m->globals[role] : &w->m->trunk[(size_t)L * K3T_COUNT + role];
 }
 
-/* Where tensor (L, role) is right now. */
-static const uint8_t *bytes_of(const k3_weights *w, int L, const kt_loc *l)
+/* Where tensor (L, role) is right now: held whole from a streamed piece, or in the attached extent. */
+static const uint8_t *bytes_of(const k3_weights *w, int L, k3_role role)
 {
     size_t k = slot(w, L);
-    return w->raw[k] + (l->offset - w->first[k]);
+    const kt_loc *l = loc_of(w, L, role);
+    if (w->held[k * K3T_COUNT + role]) return w->held[k * K3T_COUNT + role];
+    return w->raw[k] ? w->raw[k] + (l->offset - w->first[k]) : NULL; /* NULL: a streamed read failed */
 }
 
 static size_t loc_elems(const kt_loc *l) { return (size_t)(l->nbytes / kpk_dtype_size(l->dtype)); }
 
-static void widen(const k3_weights *w, int L, k3_role role, float *out)
-{
-    const kt_loc *l = loc_of(w, L, role);
-    if (out && l->nbytes) k3_widen(bytes_of(w, L, l), l->dtype, loc_elems(l), out);
-}
+/* ---- vectors: widened once ---------------------------------------------------------------- */
 
-/* f = norm ⊙ proj (spec §4.4), f holding the widened norm. */
-static void fold(const k3_weights *w, int L, k3_role proj, float *f)
-{
-    const size_t E = (size_t)w->m->cfg.hidden;
-    widen(w, L, proj, w->fold_tmp);
-    for (size_t i = 0; i < E; i++) f[i] = f[i] * w->fold_tmp[i];
-}
-
-static void bind_vectors(k3_weights *w, int L)
+/* Widen vector (L, role) held at p into its place; a res_proj is folded into
+ * the res_norm widened before it (spec §4.4: f = norm ⊙ proj). */
+static void bind_role(const k3_weights *w, int L, k3_role role, const uint8_t *p)
 {
     k3_vecs *v = &w->vec[slot(w, L)];
-    if (L == K3_GLOBALS) {
-        widen(w, L, K3T_FINAL_NORM, v->final_norm);
-        widen(w, L, K3T_OUT_RES_NORM, v->f_out);
-        fold(w, L, K3T_OUT_RES_PROJ, v->f_out);
-        return;
+    const kt_loc *l = loc_of(w, L, role);
+    float *dst = NULL, *fold = NULL;
+    switch (role) {
+    case K3T_INPUT_LN: dst = v->in_ln; break;
+    case K3T_POST_ATTN_LN: dst = v->post_ln; break;
+    case K3T_ATTN_RES_NORM: dst = v->f_attn; break;
+    case K3T_ATTN_RES_PROJ: fold = v->f_attn; break;
+    case K3T_MLP_RES_NORM: dst = v->f_mlp; break;
+    case K3T_MLP_RES_PROJ: fold = v->f_mlp; break;
+    case K3T_KDA_QCONV: dst = v->qconv; break;
+    case K3T_KDA_KCONV: dst = v->kconv; break;
+    case K3T_KDA_VCONV: dst = v->vconv; break;
+    case K3T_KDA_ALOG: dst = v->a_log; break;
+    case K3T_KDA_DTBIAS: dst = v->dt_bias; break;
+    case K3T_KDA_ONORM: dst = v->o_norm; break;
+    case K3T_MLA_QA_NORM: dst = v->qa_ln; break;
+    case K3T_MLA_KVA_NORM: dst = v->kva_ln; break;
+    case K3T_MOE_BIAS: dst = v->router_bias; break;
+    case K3T_MOE_NORM: dst = v->moe_norm; break;
+    case K3T_FINAL_NORM: dst = v->final_norm; break;
+    case K3T_OUT_RES_NORM: dst = v->f_out; break;
+    case K3T_OUT_RES_PROJ: fold = v->f_out; break;
+    default: return;
     }
-    widen(w, L, K3T_INPUT_LN, v->in_ln);
-    widen(w, L, K3T_POST_ATTN_LN, v->post_ln);
-    widen(w, L, K3T_ATTN_RES_NORM, v->f_attn);
-    fold(w, L, K3T_ATTN_RES_PROJ, v->f_attn);
-    widen(w, L, K3T_MLP_RES_NORM, v->f_mlp);
-    fold(w, L, K3T_MLP_RES_PROJ, v->f_mlp);
-    widen(w, L, K3T_KDA_QCONV, v->qconv);
-    widen(w, L, K3T_KDA_KCONV, v->kconv);
-    widen(w, L, K3T_KDA_VCONV, v->vconv);
-    widen(w, L, K3T_KDA_ALOG, v->a_log);
-    widen(w, L, K3T_KDA_DTBIAS, v->dt_bias);
-    widen(w, L, K3T_KDA_ONORM, v->o_norm);
-    widen(w, L, K3T_MLA_QA_NORM, v->qa_ln);
-    widen(w, L, K3T_MLA_KVA_NORM, v->kva_ln);
-    widen(w, L, K3T_MOE_BIAS, v->router_bias);
-    widen(w, L, K3T_MOE_NORM, v->moe_norm);
+    if (!l->nbytes) return;
+    if (dst) k3_widen(p, l->dtype, loc_elems(l), dst);
+    if (fold) {
+        const size_t E = (size_t)w->m->cfg.hidden;
+        k3_widen(p, l->dtype, E, w->fold_tmp);
+        for (size_t i = 0; i < E; i++) fold[i] = fold[i] * w->fold_tmp[i];
+    }
 }
 
 void k3_weights_attach(k3_weights *w, int L, const uint8_t *raw, uint64_t first)
@@ -126,15 +197,137 @@ void k3_weights_attach(k3_weights *w, int L, const uint8_t *raw, uint64_t first)
     size_t k = slot(w, L);
     w->raw[k] = raw;
     w->first[k] = first;
-    if (!w->bound[k]) {
-        bind_vectors(w, L);
-        w->bound[k] = 1;
+    if (w->bound[k]) return;
+    if (L == K3_GLOBALS) {
+        for (size_t i = 0; i < sizeof GLOBAL_VECS / sizeof GLOBAL_VECS[0]; i++)
+            bind_role(w, L, GLOBAL_VECS[i], bytes_of(w, L, GLOBAL_VECS[i]));
+    } else {
+        const k3_use_step *o = w->order + k * K3T_COUNT;
+        for (int i = 0; i < w->norder[k]; i++)
+            if (o[i].use == K3U_VEC) bind_role(w, L, (k3_role)o[i].role, bytes_of(w, L, (k3_role)o[i].role));
     }
+    w->bound[k] = 1;
 }
 
 void k3_weights_detach(k3_weights *w, int L) { w->raw[slot(w, L)] = NULL; }
 
 const k3_vecs *k3_weights_vecs(const k3_weights *w, int L) { return &w->vec[slot(w, L)]; }
+
+/* ---- streamed layers ---------------------------------------------------------------------- */
+
+static const kring *ring_of(const k3_weights *w) { return w->store ? kstore_ring(w->store) : NULL; }
+
+/* The parts of (L, role) in the ring; NULL (and *n = 0) when it is not streamed. */
+static const kpart *parts_of(const k3_weights *w, int L, k3_role role, uint32_t *n)
+{
+    const kring *r = ring_of(w);
+    size_t t;
+    *n = 0;
+    if (!r) return NULL;
+    t = slot(w, L) * K3T_COUNT + role;
+    *n = r->tnparts[t];
+    return *n ? r->part + r->tpart0[t] : NULL;
+}
+
+static int streamed(const k3_weights *w, int L)
+{
+    const kring *r = ring_of(w);
+    return r && r->slot_npieces[slot(w, L)];
+}
+
+/* Tensor (L, role) in one held piece: where its first byte is. */
+static const uint8_t *piece_tensor(const k3_weights *w, int L, k3_role role, const kpart *q, const uint8_t *data)
+{
+    const kring *r = ring_of(w);
+    return data + (loc_of(w, L, role)->offset - r->piece[q->piece].r0);
+}
+
+static void fail_with(const k3_weights *w, const kpk_err *e)
+{
+    if (w->fail->failed) return;
+    w->fail->failed = 1;
+    w->fail->err = *e;
+}
+
+/* Read, on the layer's first pass, the vectors and held matrices the forward
+ * pass uses before its next product: the order says which. */
+static void advance(const k3_weights *w, int L)
+{
+    const size_t k = slot(w, L);
+    const k3_use_step *o = w->order + k * K3T_COUNT;
+    while (w->cursor[k] < w->norder[k] && o[w->cursor[k]].use != K3U_ONCE && !w->fail->failed) {
+        const k3_use_step *st = &o[w->cursor[k]];
+        uint32_t n;
+        const kpart *q = parts_of(w, L, (k3_role)st->role, &n);
+        if (n && (st->use == K3U_MULTI || !w->bound[k])) {
+            kpk_err e = {0};
+            const uint8_t *d = kstore_piece(w->store, q->piece, &e);
+            if (!d) { fail_with(w, &e); return; }
+            if (st->use == K3U_VEC) {
+                bind_role(w, L, (k3_role)st->role, piece_tensor(w, L, (k3_role)st->role, q, d));
+                kstore_piece_done(w->store, q->piece);
+            } else {
+                w->held[k * K3T_COUNT + st->role] = piece_tensor(w, L, (k3_role)st->role, q, d);
+            }
+        }
+        w->cursor[k]++;
+    }
+}
+
+int k3_weights_step_begin(k3_weights *w, kpk_err *err)
+{
+    w->fail->failed = 0;
+    return ring_of(w) ? kstore_ring_step(w->store, err) : 0;
+}
+
+int k3_weights_begin(k3_weights *w, int L, kpk_err *err)
+{
+    const size_t k = slot(w, L);
+    if (streamed(w, L)) {
+        w->cursor[k] = 0;
+        if (kstore_ring_begin(w->store, (int)k, !w->bound[k], err)) return -1;
+        advance(w, L);
+        if (w->fail->failed) { *err = w->fail->err; return -1; }
+        return 0;
+    }
+    if (L != K3_GLOBALS) {
+        uint64_t first = 0;
+        const uint8_t *raw = kstore_get(w->store, w->m->trunk_extent[L], &first, err);
+        if (!raw) return -1;
+        k3_weights_attach(w, L, raw, first);
+    }
+    return 0;
+}
+
+int k3_weights_end(k3_weights *w, int L, kpk_err *err)
+{
+    const size_t k = slot(w, L);
+    if (!streamed(w, L)) {
+        if (L != K3_GLOBALS) {
+            k3_weights_detach(w, L);
+            kstore_put(w->store, w->m->trunk_extent[L]);
+        }
+        return 0;
+    }
+    for (int r = 0; r < K3T_COUNT; r++) w->held[k * K3T_COUNT + r] = NULL;
+    if (!w->fail->failed) {
+        kpk_err e = {0};
+        if (w->cursor[k] != w->norder[k]) {
+            const k3_use_step *o = w->order + k * K3T_COUNT;
+            kpk_err_set(&e, KPK_EINVAL, "internal: layer %d: the forward pass did not use role %d, which weights.c's use "
+                        "order lists next (k3_use_order must follow the forward pass)", L, o[w->cursor[k]].role);
+            fail_with(w, &e);
+        } else if (kstore_ring_end(w->store, (int)k, &e)) {
+            fail_with(w, &e);
+        }
+    }
+    if (w->fail->failed) {
+        *err = w->fail->err;
+        return -1;
+    }
+    w->bound[k] = 1;
+    return 0;
+}
 
 /* ---- the seam ------------------------------------------------------------------ */
 
@@ -147,42 +340,103 @@ static kd_type kd_of(int dtype)
     }
 }
 
-kmat wmat(const k3_weights *w, int L, k3_role role)
+static kmat mat_at(const kt_loc *l, const uint8_t *data)
 {
-    const kt_loc *l = loc_of(w, L, role);
     kmat k;
     memset(&k, 0, sizeof k);
     k.type = kd_of(l->dtype);
     k.rows = (size_t)l->shape[0];
     k.cols = (size_t)l->shape[1];
-    k.data = bytes_of(w, L, l);
+    k.data = data;
     return k;
 }
+
+kmat wmat(const k3_weights *w, int L, k3_role role) { return mat_at(loc_of(w, L, role), bytes_of(w, L, role)); }
 
 kmat wmat_rows(const k3_weights *w, int L, k3_role role, size_t r0, size_t r1)
 {
     kmat k = wmat(w, L, role);
+    if (!k.data) return k;
     k.data = (const uint8_t *)k.data + r0 * k.cols * (size_t)kpk_dtype_size(loc_of(w, L, role)->dtype);
     k.rows = r1 - r0;
     return k;
 }
 
+static void zero_out(const kt_loc *l, const wcall *calls, size_t n)
+{
+    for (size_t c = 0; c < n; c++)
+        for (size_t t = 0; t < calls[c].T; t++) memset(calls[c].Y + t * calls[c].ldy, 0, (size_t)l->shape[0] * sizeof(float));
+}
+
+/* A streamed matrix used once: each piece's rows as it arrives, for every call. */
+static void matmul_streamed(kpool *pool, const k3_weights *w, int L, k3_role role, const wcall *calls, size_t n)
+{
+    const size_t k = slot(w, L);
+    const kt_loc *l = loc_of(w, L, role);
+    const k3_use_step *o = w->order + k * K3T_COUNT;
+    const size_t rowb = (size_t)(l->nbytes / l->shape[0]);
+    uint32_t np;
+    const kpart *q = parts_of(w, L, role, &np);
+    if (w->fail->failed) { zero_out(l, calls, n); return; }
+    if (w->cursor[k] >= w->norder[k] || o[w->cursor[k]].role != role) {
+        kpk_err e;
+        kpk_err_set(&e, KPK_EINVAL, "internal: layer %d: the forward pass multiplied role %d where weights.c's use order "
+                    "lists role %d (k3_use_order must follow the forward pass)", L, role,
+                    w->cursor[k] < w->norder[k] ? o[w->cursor[k]].role : -1);
+        fail_with(w, &e);
+        zero_out(l, calls, n);
+        return;
+    }
+    for (uint32_t j = 0; j < np; j++) {
+        kpk_err e = {0};
+        const uint8_t *d = kstore_piece(w->store, q[j].piece, &e);
+        kmat m;
+        if (!d) { fail_with(w, &e); zero_out(l, calls, n); return; }
+        m = mat_at(l, piece_tensor(w, L, role, &q[j], d) + q[j].row0 * rowb);
+        m.rows = (size_t)(q[j].row1 - q[j].row0);
+        for (size_t c = 0; c < n; c++) kmatmul(pool, &m, calls[c].X, calls[c].ldx, calls[c].T, calls[c].Y + q[j].row0, calls[c].ldy);
+        kstore_piece_done(w->store, q[j].piece);
+    }
+    w->cursor[k]++;
+    advance(w, L);
+}
+
+void wmatmul_many(kpool *pool, const k3_weights *w, int L, k3_role role, const wcall *calls, size_t n)
+{
+    uint32_t np;
+    kmat k;
+    if (parts_of(w, L, role, &np) && !w->held[slot(w, L) * K3T_COUNT + role]) {
+        matmul_streamed(pool, w, L, role, calls, n);
+        return;
+    }
+    k = wmat(w, L, role);
+    if (!k.data) { zero_out(loc_of(w, L, role), calls, n); return; }
+    for (size_t c = 0; c < n; c++) kmatmul(pool, &k, calls[c].X, calls[c].ldx, calls[c].T, calls[c].Y, calls[c].ldy);
+}
+
 void wmatmul(kpool *pool, const k3_weights *w, int L, k3_role role, const float *X, size_t ldx, size_t T, float *Y,
              size_t ldy)
 {
-    kmat k = wmat(w, L, role);
-    kmatmul(pool, &k, X, ldx, T, Y, ldy);
+    const wcall c = {X, ldx, T, Y, ldy};
+    wmatmul_many(pool, w, L, role, &c, 1);
 }
 
+/* These two run on the pool's threads (MLA heads): they only read a tensor
+ * held whole.  If its read failed, zeros (k3_weights_end fails the step). */
 void wmatmul_rows(const k3_weights *w, int L, k3_role role, size_t r0, size_t r1, const float *X, size_t ldx, size_t T,
                   float *Y, size_t ldy)
 {
     kmat k = wmat_rows(w, L, role, r0, r1);
+    if (!bytes_of(w, L, role)) {
+        for (size_t t = 0; t < T; t++) memset(Y + t * ldy, 0, (r1 - r0) * sizeof *Y);
+        return;
+    }
     kmatmul_rows(&k, 0, k.rows, X, ldx, T, Y, ldy);
 }
 
 void wmatvec_t(const k3_weights *w, int L, k3_role role, size_t r0, size_t r1, const float *x, float *y)
 {
     kmat k = wmat(w, L, role);
+    if (!k.data) { memset(y, 0, k.cols * sizeof *y); return; }
     kmatvec_t(&k, r0, r1, x, y);
 }

@@ -138,7 +138,7 @@ for io in direct pread mmap; do
         && ok "krun --io $io with every read short: identical ids" || notok "krun --io $io short reads: $(head -c 200 "$T/f.err")"
 done
 for io in direct pread; do
-    faulty 2 "krun --io $io, EIO in the middle of generation" "layer [0-9]+ (trunk|expert [0-9]+) \(extent [0-9]+ at offset [0-9]+\): Input/output error" \
+    faulty 2 "krun --io $io, EIO in the middle of generation" "layer [0-9]+ (trunk|expert [0-9]+) \(extent [0-9]+\): reading .*ref.kpk at offset [0-9]+: Input/output error" \
         KFAULT_CALLS=pread KFAULT_NTH=200 "$R" -- "${KRUN[@]}" --io $io \
         && { prefix_of_ref && ok "krun --io $io: $(wc -w <"$T/f.out") tokens before the fault, none after" \
             || notok "krun --io $io printed after the fault: $(tr '\n' ' ' <"$T/f.out")"; }

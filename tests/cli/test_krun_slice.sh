@@ -28,6 +28,17 @@ same "--mem 3G --pin 0 --expert-slots 2 --io direct" --mem 3G --pin 0 --expert-s
 same "--mem 3G --pin 0 --expert-slots 3 --io pread --cache lfu" --mem 3G --pin 0 --expert-slots 3 --io pread --cache lfu
 same "--mem 3G --pin 1 --expert-slots 5 --io mmap" --mem 3G --pin 1 --expert-slots 5 --io mmap
 same "--mem 8G (all pinned, all experts cached)" --mem 8G
+# Small pieces: every matrix larger than 4 MB (q/k/v/g/o_proj 176 MB, the shared
+# expert, the MoE projections, lm_head) streams in row blocks, o_proj (stored
+# before the tensors used first) is held in pieces while they are used.
+same "--pin 0 --head stream --piece 4M (row blocks of every large tensor and lm_head, o_proj held)" --mem 3G --pin 0 --head stream --piece 4M --expert-slots 2
+same "--pin 0 --piece 48M --io pread --verify always" --mem 3G --pin 0 --piece 48M --expert-slots 2 --io pread --verify always
+"$BIN/krun" "$T/sl.kpk" --plan --mem 3G --pin 0 --head stream --piece 4M --expert-slots 2 --ctx 16 --json "$T/p4.json" >/dev/null
+python3 - "$T/p4.json" <<'PY' && ok "slice --piece 4M: lm_head streams in pieces, hundreds of pieces per step, more than 2 slots (held pieces)" || notok "slice --piece 4M plan"
+import json, sys
+p = json.load(open(sys.argv[1]))
+assert p["head_streamed"] and p["ring_pieces"] > 500 and p["ring_slots"] > 40, p
+PY
 python3 - "$T/x.json" <<'PY' && ok "slice: bytes per step match the plan" || notok "slice: bytes per step"
 import json, sys
 j = json.load(open(sys.argv[1])); p = j["plan"]

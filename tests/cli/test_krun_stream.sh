@@ -38,6 +38,20 @@ same "--pin 0 --expert-slots 1 (one expert at a time)" --mem 1G --pin 0 --expert
 same "--pin 5 --expert-slots 3 --cache lfu" --mem 1G --pin 5 --expert-slots 3 --cache lfu
 same "--pin 12 --expert-slots 2 --io-threads 1" --mem 1G --pin 12 --expert-slots 2 --io-threads 1
 same "--pin 3 --verify always --chunk 3" --mem 1G --pin 3 --expert-slots 4 --verify always --chunk 3
+# Pieces: every matrix and lm_head in row blocks of at most 4 KB, o_proj held
+# in pieces while the tensors stored after it are used first, in every --io mode
+for io in direct pread mmap; do
+    same "--pin 0 --head stream --piece 4K --io $io" --mem 1G --pin 0 --head stream --piece 4K --expert-slots 2 --io $io
+done
+same "--pin 6 --head stream --piece 8K --chunk 3 --verify always" --mem 1G --pin 6 --head stream --piece 8K --chunk 3 --verify always
+"$BIN/krun" "$T/m.kpk" --plan --mem 1G --pin 0 --head stream --piece 4K --ctx 16 --json "$T/p4.json" >/dev/null
+python3 - "$T/p4.json" <<'PY' && ok "--piece 4K: lm_head streams, hundreds of pieces per step, more than 2 slots (held pieces)" || notok "--piece 4K plan"
+import json, sys
+p = json.load(open(sys.argv[1]))
+assert p["head_streamed"] and p["ring_pieces"] > 500 and p["ring_slots"] > 2 and p["piece_bytes"] == 4096, p
+PY
+expect_exit 2 "--head stream without a budget is a usage error" "$BIN/krun" "$T/m.kpk" --ids 1 --head stream
+expect_exit 2 "--piece with a bad size is a usage error" "$BIN/krun" "$T/m.kpk" --ids 1 --mem 1G --piece 12Q
 
 # Reads per decoding step equal the planner's compulsory reads: every
 # unpinned trunk extent, plus one expert extent per cache miss.
@@ -51,14 +65,14 @@ for s in j["steps"]:
     assert s["bytes_experts"] == s["expert_misses"] * p["expert_slot_bytes"], s
     assert s["expert_hits"] + s["expert_misses"] > 0
 PY
-python3 - "$T/trace.tsv" "$T/s.json" <<'PY' && ok "--trace records every streamed read (offset, length, start, end)" || notok "--trace"
+python3 - "$T/trace.tsv" "$T/s.json" <<'PY' && ok "--trace records every streamed read (member, offset, length, start, end)" || notok "--trace"
 import json, sys
 rows = [l.split("\t") for l in open(sys.argv[1]).read().splitlines()[1:]]
 j = json.load(open(sys.argv[2]))
-assert rows and all(len(r) == 5 and float(r[4]) >= float(r[3]) for r in rows)
-# the last read-ahead (the first streamed layer of a step that never runs) is read but not used
-extra = sum(int(r[2]) for r in rows if r[0] in "TE") - (j["bytes_trunk"] + j["bytes_experts"])
-assert 0 <= extra <= j["plan"]["ring_slot_bytes"], extra
+assert rows and all(len(r) == 6 and float(r[5]) >= float(r[4]) for r in rows)
+# the last read-ahead (the first pieces of a step that never runs) is read but not used
+extra = sum(int(r[3]) for r in rows if r[0] in "THE") - (j["bytes_trunk"] + j["bytes_head"] + j["bytes_experts"])
+assert 0 <= extra <= j["plan"]["ring_slots"] * j["plan"]["ring_slot_bytes"], extra
 PY
 # An output the user asked for that cannot be written is a failed run.
 rc=0; "$BIN/krun" "$T/m.kpk" --ids $IDS --gen 1 --mem 1G --pin 4 --trace "$T/no/such/dir/t.tsv" --quiet >/dev/null 2>"$T/tr.err" || rc=$?

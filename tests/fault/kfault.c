@@ -1,7 +1,7 @@
 /* kfault: an LD_PRELOAD shim that makes chosen I/O calls fail, for the
  * fault-injection tests (tests/cli/test_faults.sh) and the soak campaign.
  *
- *   KFAULT_CALLS=pread,write   which calls: read pread write pwrite fsync
+ *   KFAULT_CALLS=pread,write   which calls: read pread (and preadv) write pwrite fsync
  *                              fdatasync open ftruncate fallocate sync (=
  *                              sync_file_range); "io" = read,pread,write,pwrite
  *   KFAULT_NTH=N               the N-th matching call fails (1-based; default 1)
@@ -39,6 +39,8 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
+#include <limits.h>
 #include <unistd.h>
 
 enum {
@@ -216,6 +218,30 @@ static ssize_t do_write(unsigned bit, const char *call, int fd, const void *buf,
     r = positional ? syscall(SYS_pwrite64, fd, buf, n, off) : syscall(SYS_write, fd, buf, n);
     return r;
 }
+
+/* preadv (krun's I/O workers read a request's pieces in one call) counts as
+ * "pread": a short count cuts the vector at about half its bytes. */
+static ssize_t do_readv(int fd, const struct iovec *iov, int cnt, off_t off)
+{
+    struct iovec cut[IOV_MAX];
+    if (cnt < 0 || cnt > IOV_MAX) { errno = EINVAL; return -1; }
+    if (should_fail(C_PREAD, "pread", fd, NULL)) {
+        size_t total = 0, want;
+        int k = 0;
+        if (k_err != SHORT) { errno = k_err; return -1; }
+        for (int i = 0; i < cnt; i++) total += iov[i].iov_len;
+        want = short_count(fd, total);
+        for (; k < cnt && want; k++) {
+            cut[k] = iov[k];
+            if (cut[k].iov_len > want) cut[k].iov_len = want;
+            want -= cut[k].iov_len;
+        }
+        return syscall(SYS_preadv, fd, cut, k, (long)off, 0L);
+    }
+    return syscall(SYS_preadv, fd, iov, cnt, (long)off, 0L);
+}
+ssize_t preadv(int fd, const struct iovec *iov, int cnt, off_t off) { return do_readv(fd, iov, cnt, off); }
+ssize_t preadv64(int fd, const struct iovec *iov, int cnt, off_t off) { return do_readv(fd, iov, cnt, off); }
 
 ssize_t read(int fd, void *buf, size_t n) { return do_read(C_READ, "read", fd, buf, n, 0, 0); }
 ssize_t pread(int fd, void *buf, size_t n, off_t off) { return do_read(C_PREAD, "pread", fd, buf, n, off, 1); }

@@ -1,0 +1,359 @@
+/* The store's reads: member files (O_DIRECT, or buffered with drop-behind),
+ * and the requests that bring a range of an extent into a buffer through
+ * the per-member queues (iopool.h). */
+#include "store_internal.h"
+
+#include "kio.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+/* ---- which members are read, and by how many workers ------------------------------ */
+
+static int read_by_krun(uint8_t kind) { return kind == KPK_KIND_GLOBALS || kind == KPK_KIND_TRUNK || kind == KPK_KIND_EXPERT; }
+
+int kstore_io_threads(const kpk_file *f, int io_threads, int *per_member)
+{
+    const uint16_t nm = kpk_member_count(f);
+    uint8_t used[KSTORE_MAX_MEMBERS] = {0};
+    int n_used = 0, per, total = 0;
+    if (io_threads <= 0) io_threads = 8;
+    for (uint32_t i = 0; i < kpk_extent_count(f); i++) {
+        const kpk_extent *x = kpk_extent_at(f, i);
+        if (!read_by_krun(x->kind)) continue;
+        if (x->member != KPK_STRIPED) { used[x->member] = 1; continue; }
+        for (uint16_t m = 0; m < nm; m++) used[m] |= kpk_member_at(f, m)->role == KPK_ROLE_STRIPE;
+    }
+    for (uint16_t m = 0; m < nm; m++) n_used += used[m];
+    /* one file: all of them on its queue; a set: a share each, but at least
+     * two per disk, so one request is always queued behind the one reading */
+    per = n_used <= 1 ? io_threads : (io_threads + n_used - 1) / n_used;
+    if (n_used > 1 && per < 2) per = 2;
+    for (uint16_t m = 0; m < nm; m++) {
+        if (per_member) per_member[m] = used[m] ? per : 0;
+        total += used[m] ? per : 0;
+    }
+    return total;
+}
+
+/* ---- opening the members -------------------------------------------------------------- */
+
+static void member_label(const kstore *s, uint16_t m, char *buf, size_t n)
+{
+    if (kpk_member_count(s->f) == 1) snprintf(buf, n, "%s", kpk_path(s->f));
+    else snprintf(buf, n, "member %u (%s)", m, kpk_member_path(s->f, m));
+}
+
+/* O_DIRECT on member m: opened and one aligned block read, or -1 with errno. */
+static int open_direct(kstore *s, uint16_t m)
+{
+    int fd = open(kpk_member_path(s->f, m), O_RDONLY | O_DIRECT | O_CLOEXEC);
+    if (fd < 0) return -1;
+    if (kio_pread_full(fd, s->window, KPIECE_ALIGN, 0)) {
+        int e = errno;
+        close(fd);
+        errno = e;
+        return -1;
+    }
+    return fd;
+}
+
+int kstore_map_members(kstore *s, kpk_err *err)
+{
+    char label[600];
+    s->map = calloc(s->nm, sizeof *s->map);
+    s->map_len = calloc(s->nm, sizeof *s->map_len);
+    if (!s->map || !s->map_len) { kpk_err_set(err, KPK_ENOMEM, "out of memory setting up the store"); return -1; }
+    for (uint16_t m = 0; m < s->nm; m++) {
+        void *p;
+        s->map_len[m] = kpk_member_at(s->f, m)->file_size;
+        p = mmap(NULL, s->map_len[m], PROT_READ, MAP_SHARED, kpk_member_fd(s->f, m), 0);
+        if (p == MAP_FAILED) {
+            member_label(s, m, label, sizeof label);
+            kpk_err_set(err, KPK_EIO, "%s: mmap %s: %s", kpk_path(s->f), label, strerror(errno));
+            return -1;
+        }
+        s->map[m] = p;
+    }
+    return 0;
+}
+
+int kstore_io_open(kstore *s, kpk_err *err)
+{
+    int threads[KSTORE_MAX_MEMBERS];
+    size_t used = 0;
+    char label[600];
+    s->io_m = calloc(s->nm, sizeof *s->io_m);
+    s->sync_bytes = calloc(s->nm, sizeof *s->sync_bytes);
+    if (!s->io_m || !s->sync_bytes) { kpk_err_set(err, KPK_ENOMEM, "out of memory setting up the store"); return -1; }
+    for (uint16_t m = 0; m < s->nm; m++) s->io_m[m].fd = -1;
+    for (uint16_t m = 0; m < s->nm; m++) {
+        kio_member *im = &s->io_m[m];
+        if (s->opt.io == KSTORE_IO_DIRECT) {
+            im->fd = open_direct(s, m);
+            if (im->fd >= 0) continue;
+            if (errno != EINVAL) {
+                member_label(s, m, label, sizeof label);
+                kpk_err_set(err, KPK_EIO, "%s: cannot open %s with O_DIRECT: %s", kpk_path(s->f), label, strerror(errno));
+                return -1;
+            }
+            /* the file system refuses O_DIRECT (tmpfs on older kernels, ramfs,
+             * some network file systems): buffered reads, dropped behind */
+            member_label(s, m, label, sizeof label);
+            if (!used) used = (size_t)snprintf(s->notice, sizeof s->notice, "--io direct: the file system of ");
+            else if (used < sizeof s->notice) used += (size_t)snprintf(s->notice + used, sizeof s->notice - used, ", ");
+            if (used < sizeof s->notice) used += (size_t)snprintf(s->notice + used, sizeof s->notice - used, "%s", label);
+        }
+        im->fd = dup(kpk_member_fd(s->f, m));
+        im->drop_cache = 1;
+        if (im->fd < 0) { kpk_err_set(err, KPK_EIO, "%s: %s", kpk_path(s->f), strerror(errno)); return -1; }
+    }
+    if (used && used < sizeof s->notice)
+        snprintf(s->notice + used, sizeof s->notice - used, " refuses O_DIRECT: reading it buffered instead, dropping what is "
+                 "read from the page cache");
+    if (s->opt.io == KSTORE_IO_MMAP && kstore_map_members(s, err)) return -1;
+    kstore_io_threads(s->f, s->opt.io_threads, threads);
+    s->io = kio_pool_create(s->io_m, s->nm, threads, s->stage_bytes ? s->f : NULL, s->stage_bytes);
+    if (!s->io) { kpk_err_set(err, KPK_ENOMEM, "out of memory starting the I/O threads"); return -1; }
+    if (s->opt.trace) kio_trace_enable(s->io);
+    return 0;
+}
+
+void kstore_io_close(kstore *s)
+{
+    kio_pool_destroy(s->io);
+    s->io = NULL;
+    if (s->io_m)
+        for (uint16_t m = 0; m < s->nm; m++)
+            if (s->io_m[m].fd >= 0) close(s->io_m[m].fd);
+    free(s->io_m);
+    free(s->sync_bytes);
+    s->io_m = NULL;
+    s->sync_bytes = NULL;
+}
+
+int kstore_mappable(const kstore *s, uint32_t i)
+{
+    const kpk_extent *x = kpk_extent_at(s->f, i);
+    return s->map && x->codec == KPK_CODEC_NONE && x->member != KPK_STRIPED && s->map[x->member];
+}
+
+void kstore_drop_mapped(kstore *s, uint16_t m, uint64_t off, uint64_t len)
+{
+    uint64_t a = (off + 4095) / 4096 * 4096, b = (off + len) / 4096 * 4096;
+    if (b > s->map_len[m]) b = s->map_len[m] / 4096 * 4096;
+    if (b > a) madvise((void *)(s->map[m] + a), b - a, MADV_DONTNEED);
+    posix_fadvise(kpk_member_fd(s->f, m), (off_t)off, (off_t)len, POSIX_FADV_DONTNEED);
+}
+
+/* ---- building requests -------------------------------------------------------------------- */
+
+struct kstore_sub {
+    kstore *s;
+    int prio, count, failed;
+    char kind;
+    kio_batch *b;
+    kio_req q[64];
+    size_t nq, total;
+    kpk_err *err;
+    /* plain reads: the open request of each member */
+    kio_req open[KSTORE_MAX_MEMBERS];
+    int runs[KSTORE_MAX_MEMBERS];
+    /* decode requests */
+    uint32_t extent;
+    uint8_t *dst;
+    uint64_t a0;
+};
+
+static void push(struct kstore_sub *u, const kio_req *r)
+{
+    u->total++;
+    if (u->count || u->failed) return;
+    u->q[u->nq++] = *r;
+    if (u->nq == sizeof u->q / sizeof u->q[0]) {
+        if (kio_submit(u->s->io, u->q, u->nq)) u->failed = 1;
+        u->nq = 0;
+    }
+}
+
+static void flush(struct kstore_sub *u, uint16_t m)
+{
+    if (!u->runs[m]) return;
+    push(u, &u->open[m]);
+    u->runs[m] = 0;
+}
+
+/* Bytes [off, off + len) of member m go to bp: appended to the member's open
+ * request when they continue it in the file and in the unit pattern. */
+static void place(struct kstore_sub *u, uint16_t m, uint64_t off, uint64_t len, uint8_t *bp, uint64_t unit)
+{
+    kio_req *o = &u->open[m];
+    if (u->runs[m] && unit && o->off + o->len == off && u->runs[m] < KIO_MAX_RUNS && o->len + len <= READ_CHUNK) {
+        uint64_t at = (uint64_t)(bp - o->buf);
+        /* run j >= 1 of a request lies at run1 + (j - 1) * stride: the second
+         * run fixes run1, the third the stride, the others must follow it */
+        int fits = u->runs[m] == 1 || (u->runs[m] == 2 && at > o->run1) ||
+                   (u->runs[m] > 2 && at == o->run1 + (uint64_t)(u->runs[m] - 1) * o->stride);
+        if (fits) {
+            if (u->runs[m] == 1) o->run1 = at;
+            else if (u->runs[m] == 2) o->stride = at - o->run1;
+            o->len += len;
+            u->runs[m]++;
+            return;
+        }
+    }
+    flush(u, m);
+    while (len > READ_CHUNK) { /* a long run alone: requests of READ_CHUNK */
+        kio_req r;
+        memset(&r, 0, sizeof r);
+        r.member = m;
+        r.off = off;
+        r.len = r.first = READ_CHUNK;
+        r.buf = bp;
+        r.prio = u->prio;
+        r.kind = u->kind;
+        r.batch = u->b;
+        push(u, &r);
+        off += READ_CHUNK;
+        bp += READ_CHUNK;
+        len -= READ_CHUNK;
+    }
+    memset(o, 0, sizeof *o);
+    o->member = m;
+    o->off = off;
+    o->len = o->first = len;
+    o->unit = unit;
+    o->buf = bp;
+    o->prio = u->prio;
+    o->kind = u->kind;
+    o->batch = u->b;
+    u->runs[m] = 1;
+}
+
+static void group(void *ctx, uint32_t g0, uint32_t g1, uint64_t span0, uint64_t span_len)
+{
+    struct kstore_sub *u = ctx;
+    const kpk_block *b = kpk_extent_blocks(u->s->f, u->extent);
+    kpk_seg seg;
+    uint64_t done;
+    kio_req r;
+    memset(&r, 0, sizeof r);
+    /* queued on the disk that holds its first bytes (a block crossing a stripe unit is read from two) */
+    r.member = kpk_extent_segments(u->s->f, u->extent, span0, 1, &seg, 1, &done) ? seg.member : 0;
+    r.off = span0;
+    r.len = span_len;
+    r.extent = u->extent;
+    r.b0 = g0;
+    r.b1 = g1;
+    r.raw = u->dst + (b[g0].raw_off - u->a0);
+    r.prio = u->prio;
+    r.kind = u->kind;
+    r.batch = u->b;
+    push(u, &r);
+}
+
+size_t kstore_sub_size(void) { return sizeof(struct kstore_sub); }
+
+size_t kstore_submit(kstore *s, uint32_t i, const krange *rg, uint8_t *dst, int prio, char kind, kio_batch *b, int count, kpk_err *err)
+{
+    const kpk_file *f = s->f;
+    const kpk_extent *x = kpk_extent_at(f, i);
+    struct kstore_sub *u = s->sub; /* large (an open request per member): allocated with the store */
+    /* not cleared whole: open[m] is set when runs[m] is 0, q[] as filled */
+    u->nq = u->total = 0;
+    u->failed = 0;
+    memset(u->runs, 0, s->nm * sizeof *u->runs);
+    u->s = s;
+    u->prio = prio;
+    u->kind = kind;
+    u->b = b;
+    u->count = count;
+    u->err = err;
+    u->extent = i;
+    u->dst = dst;
+    u->a0 = rg->a0;
+    if (x->codec == KPK_CODEC_BLOCKS) {
+        kring_groups(f, i, rg->b0, rg->b1, s->stage_bytes, group, u);
+    } else {
+        const uint64_t unit = x->member == KPK_STRIPED ? kpk_super(f)->stripe_unit : 0;
+        uint64_t pos = rg->a0;
+        while (pos < rg->a1) {
+            kpk_seg seg[64];
+            uint64_t done = 0;
+            size_t n = kpk_extent_segments(f, i, pos, rg->a1 - pos, seg, 64, &done);
+            if (!n) { u->failed = 1; break; }
+            for (size_t k = 0; k < n; k++) {
+                place(u, seg[k].member, seg[k].off, seg[k].len, dst + (pos - rg->a0), unit);
+                pos += seg[k].len;
+            }
+        }
+        for (uint16_t m = 0; m < s->nm; m++) flush(u, m);
+    }
+    if (!count && !u->failed && u->nq && kio_submit(s->io, u->q, u->nq)) u->failed = 1;
+    if (u->failed && !count) {
+        kstore_err_extent(s, i, err, KPK_ENOMEM, "cannot queue its reads");
+        return 0;
+    }
+    return u->total;
+}
+
+int kstore_wait(kstore *s, uint32_t i, kio_batch *b, kpk_err *err)
+{
+    int e = kio_wait(s->io, b);
+    char what[700], label[600];
+    if (b->decode_failed) {
+        *err = b->decode_err;
+        return -1;
+    }
+    if (!e) return 0;
+    member_label(s, b->err_member, label, sizeof label);
+    snprintf(what, sizeof what, "reading %s at offset %llu: %s", label, (unsigned long long)b->err_off,
+             e == ENODATA ? "unexpected end of file" : strerror(e));
+    kstore_err_extent(s, i, err, KPK_EIO, what);
+    return -1;
+}
+
+void kstore_count_sync(kstore *s, uint32_t i, uint64_t pos, uint64_t len)
+{
+    while (len) {
+        kpk_seg seg[64];
+        uint64_t done = 0;
+        size_t n = kpk_extent_segments(s->f, i, pos, len, seg, 64, &done);
+        if (!n) return;
+        for (size_t k = 0; k < n; k++) s->sync_bytes[seg[k].member] += seg[k].len;
+        pos += done;
+        len -= done;
+    }
+}
+
+int kstore_read_stored(kstore *s, uint32_t i, uint64_t pos, uint64_t len, uint8_t *buf, kpk_err *err)
+{
+    while (len) {
+        kpk_seg seg[64];
+        uint64_t done = 0;
+        size_t n = kpk_extent_segments(s->f, i, pos, len, seg, 64, &done);
+        if (!n) { kstore_err_extent(s, i, err, KPK_EINVAL, "read outside the extent"); return -1; }
+        for (size_t k = 0; k < n; k++) {
+            const kio_member *m = &s->io_m[seg[k].member];
+            if (kio_pread_full(m->fd, buf, (size_t)seg[k].len, seg[k].off)) {
+                char what[700], label[600];
+                member_label(s, seg[k].member, label, sizeof label);
+                snprintf(what, sizeof what, "reading %s at offset %llu: %s", label, (unsigned long long)seg[k].off,
+                         errno == ENODATA ? "unexpected end of file" : strerror(errno));
+                kstore_err_extent(s, i, err, KPK_EIO, what);
+                return -1;
+            }
+            if (m->drop_cache) posix_fadvise(m->fd, (off_t)seg[k].off, (off_t)seg[k].len, POSIX_FADV_DONTNEED);
+            s->sync_bytes[seg[k].member] += seg[k].len;
+            buf += seg[k].len;
+        }
+        pos += done;
+        len -= done;
+    }
+    return 0;
+}
