@@ -2,6 +2,7 @@
 #include "layers.h"
 
 #include "ablate.h"
+#include "kernels_seq.h"
 #include "ops.h"
 
 #include <math.h>
@@ -31,26 +32,20 @@ static void short_conv(float *xv, size_t T, size_t P, const float *wconv, int Kc
     }
 }
 
-/* Spec §4.5 step 6 for one head and one position; S is the head's [D][D]
- * state, u and d are D floats of scratch. */
-static void kda_step(float *S, const float *q, const float *k, const float *v, const float *alpha, float beta,
-                     float *o, size_t D, float *u, float *d)
+/* Spec §4.5 step 6 for one head and one position, in two passes over the
+ * head's [D][D] state (docs/NUMERICS.md §4: each element sees the same
+ * operations in the same order as decay, read, write and output done one
+ * after another): decay each row and read u = S^T k from it; then write
+ * S += k (x) beta (v - u) and read the output o = S^T q from the written
+ * rows.  Sin is the state before the step: S itself, or the state a copy S
+ * starts from (speculative verification, which must leave Sin as it was).
+ * With o == NULL only the state advances.  u and d are D floats of scratch. */
+static void kda_step(float *S, const float *Sin, const float *q, const float *k, const float *v, const float *alpha,
+                     float beta, float *o, size_t D, float *u, float *d)
 {
-    /* 1. decay: S[i][:] *= alpha_i */
-    for (size_t i = 0; i < D; i++)
-        for (size_t c = 0; c < D; c++) S[i * D + c] = S[i * D + c] * alpha[i];
-    /* 2. read: u = S^T k, sequential in i */
-    for (size_t c = 0; c < D; c++) u[c] = 0.0f;
-    for (size_t i = 0; i < D; i++)
-        for (size_t c = 0; c < D; c++) u[c] = u[c] + S[i * D + c] * k[i];
+    kseq_decay_read(S, Sin, D, alpha, k, u);
     for (size_t c = 0; c < D; c++) d[c] = beta * (v[c] - u[c]);
-    /* 3. delta write: S += k (x) beta (v - u) */
-    for (size_t i = 0; i < D; i++)
-        for (size_t c = 0; c < D; c++) S[i * D + c] = S[i * D + c] + k[i] * d[c];
-    /* 4. output from the updated state: o = S^T q */
-    for (size_t c = 0; c < D; c++) o[c] = 0.0f;
-    for (size_t i = 0; i < D; i++)
-        for (size_t c = 0; c < D; c++) o[c] = o[c] + S[i * D + c] * q[i];
+    kseq_write_out(S, D, k, d, q, o);
 }
 
 struct kda_job {
@@ -74,7 +69,7 @@ static void recurrence(void *arg, size_t j0, size_t j1)
             const size_t at = t * P + h * D;
             const float beta = j->s->beta[t * j->Hk + h];
             (ABLATED(KDA_READ_BEFORE_DECAY) || ABLATED(KDA_OUTPUT_PRE_WRITE) ? abl_kda_step : kda_step)(
-                S, j->s->q + at, j->s->k + at, j->s->v + at, j->s->z + at, beta, j->s->o + at, D, u, d);
+                S, S, j->s->q + at, j->s->k + at, j->s->v + at, j->s->z + at, beta, j->s->o + at, D, u, d);
         }
     }
 }
