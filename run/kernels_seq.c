@@ -56,6 +56,7 @@ void kseq_wsum_scalar(float *y, size_t ldy, const float *w, size_t ldw, size_t H
 #define VSET1 _mm256_set1_ps
 #define VZERO _mm256_setzero_ps
 #define SFX avx2
+#define KSEQ_WSUM_NB 2
 #include "kernels_seq_simd.h"
 #undef V
 #undef VW
@@ -66,6 +67,7 @@ void kseq_wsum_scalar(float *y, size_t ldy, const float *w, size_t ldw, size_t H
 #undef VSET1
 #undef VZERO
 #undef SFX
+#undef KSEQ_WSUM_NB
 #if defined(__clang__)
 #pragma clang attribute pop
 #else
@@ -91,6 +93,7 @@ void kseq_wsum_scalar(float *y, size_t ldy, const float *w, size_t ldw, size_t H
 #define VSET1 _mm512_set1_ps
 #define VZERO _mm512_setzero_ps
 #define SFX avx512
+#define KSEQ_WSUM_NB 4
 #include "kernels_seq_simd.h"
 #undef V
 #undef VW
@@ -101,6 +104,7 @@ void kseq_wsum_scalar(float *y, size_t ldy, const float *w, size_t ldw, size_t H
 #undef VSET1
 #undef VZERO
 #undef SFX
+#undef KSEQ_WSUM_NB
 #if defined(__clang__)
 #pragma clang attribute pop
 #else

@@ -23,7 +23,8 @@ struct mla_pos {
     const float *cache;    /* the segment's latent cache, rows of Rkv + dr */
     size_t t;              /* the position's row in the block */
     size_t n;              /* causal: cached positions 0..n-1 */
-    size_t items;          /* work items of the score pass */
+    size_t items;          /* work items of the score pass (position ranges) */
+    size_t col_items;      /* work items of the weighted sums (latent column ranges) */
     float scale;
 };
 
@@ -74,21 +75,21 @@ static void normalise(void *arg, size_t h0, size_t h1)
     const size_t Rkv = (size_t)j->r->model->cfg.kv_lora;
     for (size_t h = h0; h < h1; h++) {
         op_softmax(j->s->sc + h * j->s->ctx, j->n);
-        memset(j->s->olat + h * Rkv, 0, Rkv * sizeof *j->s->olat);
+        memset(j->s->olat + h * j->s->olat_ld, 0, Rkv * sizeof *j->s->olat);
     }
 }
 
-#define MLA_COLS 64 /* latent columns per work item of the weighted sums */
-
-/* 4. the weighted sums of latents, columns [MLA_COLS c0, MLA_COLS c1) of
- *    every head: each item reads its columns of every cached row once */
-static void values(void *arg, size_t c0, size_t c1)
+/* 4. the weighted sums of latents, every head, for the column ranges of
+ *    items [i0, i1): one item per thread, so each thread reads the scores
+ *    once and its columns of every cached row once */
+static void values(void *arg, size_t i0, size_t i1)
 {
     const struct mla_pos *j = arg;
     const k3_config *c = &j->r->model->cfg;
     const size_t Rkv = (size_t)c->kv_lora, row = Rkv + (size_t)c->qk_rope;
-    const size_t lo = c0 * MLA_COLS, hi = c1 * MLA_COLS < Rkv ? c1 * MLA_COLS : Rkv;
-    kseq_wsum(j->s->olat + lo, Rkv, j->s->sc, j->s->ctx, (size_t)c->mla_heads, j->cache + lo, row, j->n, hi - lo);
+    /* item boundaries on multiples of 16 columns, so the vector paths have whole vectors */
+    const size_t lo = i0 * Rkv / j->col_items / 16 * 16, hi = i1 == j->col_items ? Rkv : i1 * Rkv / j->col_items / 16 * 16;
+    kseq_wsum(j->s->olat + lo, j->s->olat_ld, j->s->sc, j->s->ctx, (size_t)c->mla_heads, j->cache + lo, row, j->n, hi - lo);
 }
 
 /* 5. heads [h0, h1): o_h = W_kvb^V,h o_lat, then the output gate */
@@ -101,7 +102,7 @@ static void outputs(void *arg, size_t h0, size_t h1)
     for (size_t h = h0; h < h1; h++) {
         const size_t kr0 = h * (dn + dv);
         float *oh = s->oh + h * dv;
-        wmatmul_rows(&j->r->w, j->L, K3T_MLA_KVB, kr0 + dn, kr0 + dn + dv, s->olat + h * Rkv, Rkv, 1, oh, dv);
+        wmatmul_rows(&j->r->w, j->L, K3T_MLA_KVB, kr0 + dn, kr0 + dn + dv, s->olat + h * s->olat_ld, Rkv, 1, oh, dv);
         for (size_t q = 0; q < dv; q++) {
             float v = oh[q];
             if (s->gate) v = v * op_sigmoid(s->gate[j->t * H * dv + h * dv + q]);
@@ -120,7 +121,7 @@ static void attend(k3_run *r, int L, const k3_seg *seg, size_t row0, size_t i)
     const size_t Rkv = (size_t)c->kv_lora, dr = (size_t)c->qk_rope, dn = (size_t)c->qk_nope, dv = (size_t)c->v_head;
     const size_t H = (size_t)c->mla_heads, n = seg->st->pos + i + 1;
     const size_t per_head = dn * Rkv + dv * Rkv, per_pos = H * (Rkv + dr);
-    struct mla_pos j = {r, L, &r->s.mla, seg->st->mla_cache[L], row0 + i, n, 0,
+    struct mla_pos j = {r, L, &r->s.mla, seg->st->mla_cache[L], row0 + i, n, 0, 0,
                         (float)(1.0 / sqrt((double)(ABLATED(MLA_SCALE_NOPE) ? dn : dn + dr)))};
     kpool *heads_pool = H * per_head >= MLA_PARALLEL_MIN ? r->pool : NULL;
     kpool *cache_pool = n * per_pos >= MLA_PARALLEL_MIN ? r->pool : NULL;
@@ -129,7 +130,8 @@ static void attend(k3_run *r, int L, const k3_seg *seg, size_t row0, size_t i)
     kpool_for(heads_pool, H, absorb, &j);
     kpool_for(cache_pool, j.items, scores, &j);
     kpool_for(cache_pool, H, normalise, &j);
-    kpool_for(cache_pool, (Rkv + MLA_COLS - 1) / MLA_COLS, values, &j);
+    j.col_items = (size_t)kpool_threads(cache_pool) < Rkv / 16 ? (size_t)kpool_threads(cache_pool) : Rkv / 16 ? Rkv / 16 : 1;
+    kpool_for(cache_pool, j.col_items, values, &j);
     kpool_for(heads_pool, H, outputs, &j);
 }
 

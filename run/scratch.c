@@ -29,7 +29,8 @@ static void mla_carve(k3_mla_scratch *m, const k3_config *c, size_t T, size_t ct
     KTAKE(a, m->qt, H * Rkv);
     KTAKE(a, m->qr, H * dr);
     KTAKE(a, m->sc, H * ctx);
-    KTAKE(a, m->olat, H * Rkv);
+    m->olat_ld = Rkv + 16;
+    KTAKE(a, m->olat, H * m->olat_ld);
     KTAKE(a, m->oh, H * dv);
     KTAKE(a, m->part, (size_t)K3_MLA_ITEMS * 2 * K3_MLA_PB * H);
     m->ctx = ctx;

@@ -144,7 +144,7 @@ static void check_kda(const char *level)
 
 static void check_wsum(const char *level)
 {
-    static const size_t shapes[][3] = {{1, 1, 1}, {3, 7, 5}, {4, 16, 33}, {96, 64, 40}, {5, 200, 17}, {2, 129, 3}, {96, 512, 9}};
+    static const size_t shapes[][3] = {{1, 1, 1}, {3, 7, 5}, {4, 16, 33}, {96, 64, 40}, {5, 200, 17}, {2, 129, 3}, {96, 512, 9}, {6, 70, 130}, {96, 512, 150}};
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         const size_t H = shapes[si][0], m = shapes[si][1], n = shapes[si][2];
         const size_t ldy = m + 3, ldw = n + 5, ldx = m + 11;
