@@ -151,7 +151,7 @@ static uint64_t total_for(const struct sizes *s, const kmemplan *p, int n_layers
 }
 
 int kmemplan_make(const k3_model *m, uint64_t budget, int pin, int slots, size_t ctx, size_t chunk, size_t max_seqs,
-                  uint64_t base, kmemplan *p, char *err, size_t errlen)
+                  size_t spec, uint64_t base, kmemplan *p, char *err, size_t errlen)
 {
     const k3_config *c = &m->cfg;
     struct sizes s;
@@ -165,13 +165,15 @@ int kmemplan_make(const k3_model *m, uint64_t budget, int pin, int slots, size_t
     p->ctx = ctx;
     p->chunk = chunk;
     p->max_seqs = max_seqs;
-    p->block = chunk > max_seqs ? chunk : max_seqs;
+    p->spec = spec;
+    p->block = k3_block_positions(chunk, max_seqs, spec);
     p->n_layers = c->n_layers;
     p->globals_resident = s.globals_resident;
     p->session_bytes = krun_session_bytes(c, ctx);
     p->state_bytes = (uint64_t)max_seqs * p->session_bytes;
     p->vectors_bytes = k3_run_vectors_bytes(c);
-    p->scratch_bytes = k3_run_bytes(c, p->block, max_seqs, ctx) - p->vectors_bytes;
+    p->scratch_bytes = k3_run_bytes(c, p->block, max_seqs, ctx, spec) - p->vectors_bytes;
+    p->spec_bytes = k3_journal_bytes(c, spec);
     p->expert_slot_bytes = s.expert_slot;
     max_slots = s.moe_layers * c->n_experts;
     min_slots = c->topk < max_slots ? c->topk : max_slots;
@@ -243,7 +245,12 @@ void kmemplan_print(const kmemplan *p, FILE *out)
     ROW("state", p->state_bytes, "%zu session%s x %s (KDA + ShortConv state, MLA latent cache for --ctx %zu); %llu would fit",
         p->max_seqs, p->max_seqs == 1 ? "" : "s", c2, p->ctx, (unsigned long long)p->sessions_fit);
     ROW("bound vectors", p->vectors_bytes, "norms, AttnRes folds, conv taps, biases of every layer, widened once");
-    ROW("scratch", p->scratch_bytes, "activations of a %zu-position block", p->block);
+    if (p->spec) {
+        kfmt_bytes(p->spec_bytes, c2, sizeof c2);
+        ROW("scratch", p->scratch_bytes, "activations of a %zu-position block; %s of it the --spec %zu journal", p->block, c2, p->spec);
+    } else {
+        ROW("scratch", p->scratch_bytes, "activations of a %zu-position block", p->block);
+    }
     ROW("total", p->total, "(minimum for this model and --ctx: %.3g GB)", (double)p->minimum / 1e9);
     kfmt_bytes(p->trunk_stream_bytes, b, sizeof b);
     kfmt_bytes(p->expert_reads_max, c2, sizeof c2);
@@ -271,6 +278,8 @@ json_t *kmemplan_json(const kmemplan *p)
     json_object_set_new(j, "vectors_bytes", json_integer((json_int_t)p->vectors_bytes));
     json_object_set_new(j, "scratch_bytes", json_integer((json_int_t)p->scratch_bytes));
     json_object_set_new(j, "block_positions", json_integer((json_int_t)p->block));
+    json_object_set_new(j, "spec", json_integer((json_int_t)p->spec));
+    json_object_set_new(j, "spec_journal_bytes", json_integer((json_int_t)p->spec_bytes));
     json_object_set_new(j, "total_bytes", json_integer((json_int_t)p->total));
     json_object_set_new(j, "minimum_bytes", json_integer((json_int_t)p->minimum));
     json_object_set_new(j, "ctx", json_integer((json_int_t)p->ctx));

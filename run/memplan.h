@@ -9,8 +9,9 @@
  *   expert cache       slots of one routed expert each (--expert-slots)
  *   state              per session (--max-seqs of them): KDA + ShortConv state,
  *                      the MLA latent cache (--ctx), tokens, logits, sampler
- *   run state          the widened small vectors of every layer (bound once)
- *                      and the activations of one forward block (--chunk)
+ *   run state          the widened small vectors of every layer (bound once),
+ *                      the activations of one forward block (--chunk) and,
+ *                      with --spec, the journal of a verification block
  *   base               the process itself: code, the KPK directory, the
  *                      tokenizer (computed from the file, so a plan is the
  *                      same on every run)
@@ -42,10 +43,12 @@ typedef struct kmemplan {
     uint64_t state_bytes;          /* max_seqs x session_bytes */
     uint64_t session_bytes;        /* one session's slot for ctx positions */
     uint64_t vectors_bytes;        /* the bound vectors of every layer */
-    uint64_t scratch_bytes;        /* activations of one block */
+    uint64_t scratch_bytes;        /* activations of one block, and the --spec journal */
+    size_t spec;                   /* drafts per verification block (--spec), 0: none */
+    uint64_t spec_bytes;           /* the part of scratch_bytes that is the journal (run/journal.h) */
     uint64_t total;
     size_t ctx, chunk, max_seqs;
-    size_t block;                  /* positions per forward block: max(chunk, max_seqs) */
+    size_t block;                  /* positions per forward block: max(chunk, max_seqs, spec + 1) */
     uint64_t sessions_fit;         /* sessions this budget could hold (with top-k expert slots) */
     /* what a decoding step must read at least */
     uint64_t trunk_stream_bytes;   /* every unpinned trunk extent, padded */
@@ -73,7 +76,7 @@ int64_t kmem_globals_first(const k3_model *m);
  * state, vectors and scratch sizes come from the functions that lay those
  * buffers out (session.c, forward.c): what is planned is what is allocated. */
 int kmemplan_make(const k3_model *m, uint64_t budget, int pin, int slots, size_t ctx, size_t chunk, size_t max_seqs,
-                  uint64_t base, kmemplan *p, char *err, size_t errlen);
+                  size_t spec, uint64_t base, kmemplan *p, char *err, size_t errlen);
 void kmemplan_print(const kmemplan *p, FILE *out);
 json_t *kmemplan_json(const kmemplan *p);
 

@@ -92,7 +92,7 @@ int main(int argc, char **argv)
         double *t = malloc(steps * sizeof *t);
         int32_t tok = 7;
         int n_mla = 0;
-        if (k3_run_init(&run, &m, store, pool, 1, 1, ctx, &err)) { fprintf(stderr, "bench_attn: %s\n", err.msg); return 2; }
+        if (k3_run_init(&run, &m, store, pool, 1, 1, ctx, 0, &err)) { fprintf(stderr, "bench_attn: %s\n", err.msg); return 2; }
         k3_state_carve(&st, c, ctx, &a);
         buf = aligned_alloc(KARENA_ALIGN, karena_round(a.used));
         if (!buf || !logits || !t) { fprintf(stderr, "bench_attn: out of memory\n"); return 3; }
@@ -105,7 +105,7 @@ int main(int argc, char **argv)
                 for (size_t i = 0; i < S[k] * row; i++) st.mla_cache[L][i] = unif();
             }
         for (size_t s = 0; s <= steps; s++) {
-            k3_seg seg = {&st, &tok, 1, logits, 0};
+            k3_seg seg = {&st, &tok, 1, logits, 0, 0};
             double t0 = now();
             st.pos = S[k];
             if (k3_forward(&run, &seg, 1, &err)) { fprintf(stderr, "bench_attn: %s\n", err.msg); return 1; }
