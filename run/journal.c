@@ -8,7 +8,7 @@ void k3_journal_carve(k3_journal *j, const k3_config *c, size_t drafts, karena *
     memset(j, 0, sizeof *j);
     if (drafts == 0) return;
     j->cap = drafts + 1;
-    j->rec_floats = k3_journal_beta(c) + Hk;
+    j->rec_floats = k3_journal_beta(c) + Hk;     /* 4P + Hk */
     KTAKE(a, j->rec, NL);
     for (size_t L = 0; L < NL; L++) {
         float *rec = NULL;

@@ -10,15 +10,20 @@
  * reads its history without moving it, and the journal records, per KDA
  * layer and position, what advancing them needs:
  *
- *   pre-conv q, k, v   (3P floats)  the new ShortConv history
- *   k, v, alpha        (3P floats)  the recurrence's inputs, after the conv,
- *   beta               (Hk floats)  the norms and the decay, as the block computed them
+ *   pre-conv q, k, v   (3P floats)  the ShortConv inputs
+ *   alpha              (P floats)   the decay, as the block computed it
+ *   beta               (Hk floats)  the write strength
  *
  * k3_commit then advances the state by the accepted positions only: the
- * history from the recorded inputs, the recurrence by replaying its update on
- * the real state, exactly the float operations a plain run of those
- * positions performs (docs/NUMERICS.md §5).  At full K3 scale that is
- * 295 KB per KDA layer per position, 20.4 MB per position over 69 layers.
+ * convolution runs again over their recorded inputs from the old history
+ * (moving it, and giving the recurrence's k and v), and the recurrence's
+ * update is replayed on the real state: exactly the float operations a
+ * plain run of those positions performs (docs/NUMERICS.md §5).  (Recording
+ * k and v after the convolution instead would take 2P more floats per
+ * position to save a convolution of Kc taps per channel.)  At full K3 scale
+ * that is 197 KB per KDA layer per position, 13.6 MB per position over the 69
+ * KDA layers, plus one layer's state copies (6.3 MB) and the block's logits
+ * (655 KB per position).
  *
  * Laid out once with the run state (arena.h), by this carve function, which
  * the planner calls too. */
@@ -33,16 +38,15 @@
 typedef struct k3_journal {
     size_t cap;            /* positions a verification block holds: drafts + 1; 0: no journal */
     size_t n;              /* positions recorded by the last verification (0 after a commit) */
-    size_t rec_floats;     /* floats recorded per KDA layer and position: 6P + Hk */
+    size_t rec_floats;     /* floats recorded per KDA layer and position: 4P + Hk */
     float **rec;           /* [layer] -> [cap][rec_floats]; NULL for MLA layers */
     float *S;              /* [Hk][D][D]: the state copies of the layer being verified */
     float *logits;         /* [cap][V]: the logits of every position of the block */
 } k3_journal;
 
-/* Offsets inside one position's record. */
-static inline size_t k3_journal_prex(const k3_config *c) { (void)c; return 0; }   /* pre-conv q | k | v */
-static inline size_t k3_journal_kva(const k3_config *c) { return 3 * (size_t)c->kda_heads * c->kda_head_dim; } /* k | v | alpha */
-static inline size_t k3_journal_beta(const k3_config *c) { return 6 * (size_t)c->kda_heads * c->kda_head_dim; }
+/* Offsets inside one position's record: pre-conv q | k | v, then alpha, then beta. */
+static inline size_t k3_journal_alpha(const k3_config *c) { return 3 * (size_t)c->kda_heads * c->kda_head_dim; }
+static inline size_t k3_journal_beta(const k3_config *c) { return 4 * (size_t)c->kda_heads * c->kda_head_dim; }
 
 /* Lay out a journal for verification blocks of up to drafts + 1 positions
  * (nothing when drafts is 0). */

@@ -103,7 +103,7 @@ void kda_forward(k3_run *r, int L, const k3_block *b, const float *x, float *y)
 
     /* a verification records the pre-conv inputs: the history it does not advance */
     for (size_t t = 0; rec && t < T; t++) {
-        float *at = rec + t * rf + k3_journal_prex(c);
+        float *at = rec + t * rf;
         memcpy(at, s->q + t * P, P * sizeof *at);
         memcpy(at + P, s->k + t * P, P * sizeof *at);
         memcpy(at + 2 * P, s->v + t * P, P * sizeof *at);
@@ -136,13 +136,10 @@ void kda_forward(k3_run *r, int L, const k3_block *b, const float *x, float *y)
             }
         }
 
-    /* and the recurrence's inputs, to replay the positions that are kept */
+    /* and the decay and write strength, to replay the positions that are kept */
     for (size_t t = 0; rec && t < T; t++) {
-        float *at = rec + t * rf + k3_journal_kva(c);
-        memcpy(at, s->k + t * P, P * sizeof *at);
-        memcpy(at + P, s->v + t * P, P * sizeof *at);
-        memcpy(at + 2 * P, s->z + t * P, P * sizeof *at);
-        memcpy(rec + t * rf + k3_journal_beta(c), s->beta + t * Hk, Hk * sizeof *at);
+        memcpy(rec + t * rf + k3_journal_alpha(c), s->z + t * P, P * sizeof *rec);
+        memcpy(rec + t * rf + k3_journal_beta(c), s->beta + t * Hk, Hk * sizeof *rec);
     }
 
     /* 6. the recurrence: every (segment, head) pair in parallel, each on its own state */
@@ -163,13 +160,14 @@ void kda_forward(k3_run *r, int L, const k3_block *b, const float *x, float *y)
 
 struct commit_job {
     const k3_config *c;
+    const k3_kda_scratch *s;
     const float *rec;
     size_t rf, keep;
     float *S;
 };
 
 /* Heads [h0, h1): the recurrence of the kept positions, replayed on the real
- * state from the recorded inputs (the same kda_step, without the output). */
+ * state (the same kda_step, without the output). */
 static void replay(void *arg, size_t h0, size_t h1)
 {
     const struct commit_job *j = arg;
@@ -178,8 +176,9 @@ static void replay(void *arg, size_t h0, size_t h1)
     for (size_t h = h0; h < h1; h++) {
         float *S = j->S + h * D * D;
         for (size_t t = 0; t < j->keep; t++) {
-            const float *kva = j->rec + t * j->rf + k3_journal_kva(j->c) + h * D;
-            kda_step(S, S, NULL, kva, kva + P, kva + 2 * P, j->rec[t * j->rf + k3_journal_beta(j->c) + h], NULL, D, u, d);
+            const float *r = j->rec + t * j->rf;
+            kda_step(S, S, NULL, j->s->k + t * P + h * D, j->s->v + t * P + h * D, r + k3_journal_alpha(j->c) + h * D,
+                     r[k3_journal_beta(j->c) + h], NULL, D, u, d);
         }
     }
 }
@@ -187,19 +186,25 @@ static void replay(void *arg, size_t h0, size_t h1)
 void kda_commit(k3_run *r, int L, k3_state *st, size_t keep)
 {
     const k3_config *c = &r->model->cfg;
-    const size_t H = (size_t)c->conv_width - 1, P = (size_t)c->kda_heads * c->kda_head_dim, rf = r->j.rec_floats;
+    const k3_vecs *w = k3_weights_vecs(&r->w, L);   /* bound once: still there after the layer's extent went back */
+    const k3_kda_scratch *s = &r->s.kda;            /* free between forward blocks */
+    const size_t D = (size_t)c->kda_head_dim, Hk = (size_t)c->kda_heads, P = Hk * D, H = (size_t)c->conv_width - 1;
+    const size_t rf = r->j.rec_floats;
+    const int Kc = c->conv_width;
     const float *rec = r->j.rec[L];
-    struct commit_job job = {c, rec, rf, keep, st->kda_S[L]};
-    /* the ShortConv histories: the last Kc-1 of (history, the kept positions' pre-conv inputs) */
-    for (size_t x = 0; x < 3; x++) {
-        float *hist = st->kda_conv[L] + x * H * P;
-        const float *in = rec + k3_journal_prex(c) + x * P;
-        if (keep >= H) {
-            for (size_t i = 0; i < H; i++) memcpy(hist + i * P, in + (keep - H + i) * rf, P * sizeof *hist);
-        } else {
-            memmove(hist, hist + keep * P, (H - keep) * P * sizeof *hist);
-            for (size_t i = 0; i < keep; i++) memcpy(hist + (H - keep + i) * P, in + i * rf, P * sizeof *hist);
-        }
+    float *hist = st->kda_conv[L];
+    struct commit_job job = {c, s, rec, rf, keep, st->kda_S[L]};
+    /* the kept positions' ShortConv inputs through the convolution again:
+     * it moves the histories as a plain run does, and gives k and v */
+    for (size_t t = 0; t < keep; t++) {
+        memcpy(s->q + t * P, rec + t * rf, P * sizeof *s->q);
+        memcpy(s->k + t * P, rec + t * rf + P, P * sizeof *s->k);
+        memcpy(s->v + t * P, rec + t * rf + 2 * P, P * sizeof *s->v);
     }
-    kpool_for(r->pool, (size_t)c->kda_heads, replay, &job);
+    short_conv(s->q, keep, P, w->qconv, Kc, hist + 0 * H * P, 1, s->tmp);
+    short_conv(s->k, keep, P, w->kconv, Kc, hist + 1 * H * P, 1, s->tmp);
+    short_conv(s->v, keep, P, w->vconv, Kc, hist + 2 * H * P, 1, s->tmp);
+    for (size_t t = 0; t < keep; t++)
+        for (size_t h = 0; h < Hk; h++) op_l2norm(s->k + t * P + h * D, D);
+    kpool_for(r->pool, Hk, replay, &job);
 }

@@ -5,7 +5,8 @@
  *   probe_session batch   FILE.kpk [--mem SIZE]   sessions stepped together == each alone, bit for bit
  *   probe_session spec    FILE.kpk [--mem SIZE]   speculative verification == plain decoding, bit for bit
  *                                                 (ids, logits, the saved state), a rollback at every
- *                                                 place of a block; nothing allocated per round
+ *                                                 place of a block (--quick: in the middle of it, and
+ *                                                 none); nothing allocated per round
  * Each takes --spec N: the model is prepared for verification blocks of N
  * drafts (the journal is planned and allocated; batching must not care).
  *
@@ -35,6 +36,7 @@
 
 static int fails;
 static size_t g_spec;              /* --spec N: drafts the model is prepared for */
+static int g_quick;                /* --quick: fewer variants (full-width models) */
 #define OK(cond, ...) do { int c_ = (cond); printf("%s - ", c_ ? "ok" : "not ok"); printf(__VA_ARGS__); printf("\n"); if (!c_) fails++; } while (0)
 
 /* ---- counting allocator ------------------------------------------------------- */
@@ -299,7 +301,8 @@ out:
 
 /* ---- spec: verification blocks == plain decoding ---------------------------------- */
 
-#define SPEC_GEN 14
+#define SPEC_GEN_MAX 14
+static size_t SPEC_GEN = SPEC_GEN_MAX;     /* tokens generated (--quick: 8) */
 
 /* Plain greedy decoding of `prompt`: the ids, the logits each was chosen
  * from, and the state saved at the end (the last id pending, as krun does). */
@@ -348,7 +351,7 @@ static void spec_run(krun_model *m, const int32_t *prompt, size_t n, const int32
     const size_t V = (size_t)krun_model_config(m)->vocab;
     krun_session *s;
     krun_err e;
-    int32_t ids[SPEC_GEN], acc[64], draft[64];
+    int32_t ids[SPEC_GEN_MAX], acc[64], draft[64];
     float *logits = malloc((size_t)SPEC_GEN * V * sizeof *logits);
     size_t g = 0, rounds = 0, expect_ok = 1, rolled = 0;
     int same_ids, same_logits;
@@ -375,7 +378,7 @@ static void spec_run(krun_model *m, const int32_t *prompt, size_t n, const int32
         rounds++;
         for (size_t i = 0; i < na; i++) ids[g++] = acc[i];
     }
-    same_ids = memcmp(ids, ref_ids, sizeof ids) == 0;
+    same_ids = memcmp(ids, ref_ids, SPEC_GEN * sizeof *ids) == 0;
     same_logits = memcmp(logits, ref_logits, (size_t)SPEC_GEN * V * sizeof *logits) == 0;
     if (krun_session_save(s, state, &e)) { printf("not ok - save: %s\n", e.msg); fails++; }
     OK(same_ids && same_logits && same_file(state, ref_state) && expect_ok,
@@ -393,10 +396,11 @@ static void check_spec(const char *path, const char *mem)
     krun_model *m;
     krun_session *s;
     krun_err e;
-    int32_t ref_ids[SPEC_GEN];
+    int32_t ref_ids[SPEC_GEN_MAX];
     float *ref_logits;
     size_t V;
     g_spec = k;
+    if (g_quick) SPEC_GEN = 8;
     snprintf(ref_state, sizeof ref_state, "/tmp/probe_spec_ref.%d", (int)getpid());
     snprintf(state, sizeof state, "/tmp/probe_spec.%d", (int)getpid());
     /* chunk 3: a verification block (k + 1 positions) is larger than a prefill chunk */
@@ -404,10 +408,13 @@ static void check_spec(const char *path, const char *mem)
     V = (size_t)krun_model_config(m)->vocab;
     ref_logits = malloc((size_t)SPEC_GEN * V * sizeof *ref_logits);
     if (!ref_logits || spec_reference(m, prompt, n, ref_ids, ref_logits, ref_state)) { free(ref_logits); krun_model_close(m); return; }
-    /* a wrong draft at every place of a block, and none */
-    for (size_t w = 0; w <= k; w++) spec_run(m, prompt, n, ref_ids, ref_logits, ref_state, state, k, w, mem);
-    spec_run(m, prompt, n, ref_ids, ref_logits, ref_state, state, 1, 0, mem);
-    spec_run(m, prompt, n, ref_ids, ref_logits, ref_state, state, 2, 1, mem);
+    /* a wrong draft at every place of a block, and none (--quick: in the middle, and none) */
+    for (size_t w = 0; w <= k; w++)
+        if (!g_quick || w == k / 2 || w == k) spec_run(m, prompt, n, ref_ids, ref_logits, ref_state, state, k, w, mem);
+    if (!g_quick) {
+        spec_run(m, prompt, n, ref_ids, ref_logits, ref_state, state, 1, 0, mem);
+        spec_run(m, prompt, n, ref_ids, ref_logits, ref_state, state, 2, 1, mem);
+    }
     /* what is refused, and leaves the session as it was */
     if (!krun_session_new(m, &s, &e) && !krun_session_feed(s, prompt, n, NULL, &e)) {
         ksampler_opts hot = {0.7f, 0, 1.0f, 0.0f, 3};
@@ -458,8 +465,10 @@ static void check_spec(const char *path, const char *mem)
 int main(int argc, char **argv)
 {
     const char *mem = NULL;
-    if (argc < 3) { fprintf(stderr, "usage: probe_session memory|allocs|batch|spec FILE.kpk [--mem SIZE] [--spec N]\n"); return 2; }
-    for (int i = 3; i + 1 < argc; i += 2) {
+    if (argc < 3) { fprintf(stderr, "usage: probe_session memory|allocs|batch|spec FILE.kpk [--mem SIZE] [--spec N] [--quick]\n"); return 2; }
+    for (int i = 3; i < argc; i += 2) {
+        if (!strcmp(argv[i], "--quick")) { g_quick = 1; i--; continue; }
+        if (i + 1 >= argc) { fprintf(stderr, "probe_session: %s needs a value\n", argv[i]); return 2; }
         if (!strcmp(argv[i], "--mem")) mem = argv[i + 1];
         else if (!strcmp(argv[i], "--spec")) g_spec = (size_t)atol(argv[i + 1]);
         else { fprintf(stderr, "probe_session: unknown option %s\n", argv[i]); return 2; }
