@@ -1,4 +1,4 @@
-/* The journal of a speculative verification block (docs/RUNTIME.md §6).
+/* The journal of a speculative verification block (docs/RUNTIME.md §7).
  *
  * A verification block runs a sampled token and the drafts after it through
  * the model in one forward block, but whether the drafts are kept is known

@@ -221,7 +221,7 @@ static void parse_args(int argc, char **argv, struct opts *o)
     if (!o->plan_only && !o->load_state && !!o->prompt + !!o->prompt_file + !!o->ids != 1)
         die_usage("%s", "give exactly one of --prompt, --prompt-file, --ids (or --load-state to continue a conversation)");
     /* the drafts are checked against the greedy choice: with sampling the text
-     * could not be --spec 0's (docs/RUNTIME.md §6) */
+     * could not be --spec 0's (docs/RUNTIME.md §7) */
     if (o->spec && o->temp > 0)
         die_usage("%s", "--spec is exact for greedy decoding only: drop --temp (or give --spec 0) to sample");
     if (o->spec && o->recompute) die_usage("%s", "--spec and --recompute exclude each other (--recompute reruns every position)");

@@ -128,7 +128,7 @@ void krun_session_set_progress(krun_session *s, krun_progress_fn fn, void *ctx);
  * bit-identical to feeding it alone. */
 int krun_step_batch(krun_model *m, krun_session *const *ss, const int32_t *ids, size_t n, krun_err *err);
 
-/* Speculative decoding (docs/RUNTIME.md §6), exact for greedy sampling:
+/* Speculative decoding (docs/RUNTIME.md §7), exact for greedy sampling:
  * runs id (a token sampled from the session's logits, as krun_session_feed
  * would), preceded by any pending tokens, together with up to max_draft
  * tokens drafted from the session's own history, in one forward block, and

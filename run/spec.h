@@ -1,5 +1,5 @@
 /* Drafting for speculative decoding: prompt lookup over the sequence's own
- * history (docs/RUNTIME.md §6).
+ * history (docs/RUNTIME.md §7).
  *
  * The draft is what followed the last time the history's most recent tokens
  * occurred: find the longest suffix of the history (at least `need` tokens,

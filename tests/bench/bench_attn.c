@@ -27,6 +27,14 @@
 #include <string.h>
 #include <time.h>
 
+/* Builds against trees before speculative decoding too (BENCH_OLD_BUILD in
+ * bench_seq.sh): they have no journal and no spec argument. */
+#ifdef KRUN_JOURNAL_H
+#define RUN_INIT(r, m, st, p, T, S, ctx, e) k3_run_init(r, m, st, p, T, S, ctx, 0, e)
+#else
+#define RUN_INIT(r, m, st, p, T, S, ctx, e) k3_run_init(r, m, st, p, T, S, ctx, e)
+#endif
+
 static double now(void)
 {
     struct timespec ts;
@@ -92,7 +100,7 @@ int main(int argc, char **argv)
         double *t = malloc(steps * sizeof *t);
         int32_t tok = 7;
         int n_mla = 0;
-        if (k3_run_init(&run, &m, store, pool, 1, 1, ctx, 0, &err)) { fprintf(stderr, "bench_attn: %s\n", err.msg); return 2; }
+        if (RUN_INIT(&run, &m, store, pool, 1, 1, ctx, &err)) { fprintf(stderr, "bench_attn: %s\n", err.msg); return 2; }
         k3_state_carve(&st, c, ctx, &a);
         buf = aligned_alloc(KARENA_ALIGN, karena_round(a.used));
         if (!buf || !logits || !t) { fprintf(stderr, "bench_attn: out of memory\n"); return 3; }
@@ -105,7 +113,7 @@ int main(int argc, char **argv)
                 for (size_t i = 0; i < S[k] * row; i++) st.mla_cache[L][i] = unif();
             }
         for (size_t s = 0; s <= steps; s++) {
-            k3_seg seg = {&st, &tok, 1, logits, 0, 0};
+            k3_seg seg = {.st = &st, .ids = &tok, .n = 1, .logits = logits};
             double t0 = now();
             st.pos = S[k];
             if (k3_forward(&run, &seg, 1, &err)) { fprintf(stderr, "bench_attn: %s\n", err.msg); return 1; }

@@ -45,7 +45,7 @@ else
     notok "the session probe $PROBE is missing (make unit)"
 fi
 
-# speculative decoding at full width (docs/RUNTIME.md §6): verification blocks
+# speculative decoding at full width (docs/RUNTIME.md §7): verification blocks
 # with a wrong draft in the middle, and with none, == plain decoding (ids,
 # logits, the saved state), in place and streaming at the minimum budget
 if [ -x "$PROBE" ]; then
