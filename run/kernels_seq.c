@@ -58,16 +58,6 @@ void kseq_wsum_scalar(float *y, size_t ldy, const float *w, size_t ldw, size_t H
 #define SFX avx2
 #define KSEQ_WSUM_NB 2
 #include "kernels_seq_simd.h"
-#undef V
-#undef VW
-#undef VLOAD
-#undef VSTORE
-#undef VADD
-#undef VMUL
-#undef VSET1
-#undef VZERO
-#undef SFX
-#undef KSEQ_WSUM_NB
 #if defined(__clang__)
 #pragma clang attribute pop
 #else
@@ -95,16 +85,6 @@ void kseq_wsum_scalar(float *y, size_t ldy, const float *w, size_t ldw, size_t H
 #define SFX avx512
 #define KSEQ_WSUM_NB 4
 #include "kernels_seq_simd.h"
-#undef V
-#undef VW
-#undef VLOAD
-#undef VSTORE
-#undef VADD
-#undef VMUL
-#undef VSET1
-#undef VZERO
-#undef SFX
-#undef KSEQ_WSUM_NB
 #if defined(__clang__)
 #pragma clang attribute pop
 #else

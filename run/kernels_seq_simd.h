@@ -9,7 +9,7 @@
  * exactly as in the scalar functions: VMUL then VADD (never fused: the file
  * is compiled with -ffp-contract=off and these targets are entered with the
  * contract pinned off), and elements left over after the last whole vector
- * take the scalar statements. */
+ * take the scalar statements.  It undefines those parameters at its end. */
 
 #define KSEQ_NB 8 /* vectors of independent columns kept in registers */
 /* Columns [c, cols) in blocks of 8, then 4, 2, 1 vectors: each call has a
@@ -169,3 +169,13 @@ void KSEQ_CAT(kseq_wsum, SFX)(float *y, size_t ldy, const float *w, size_t ldw, 
 #undef KSEQ_BLOCKS
 #undef KSEQ_CAT
 #undef KSEQ_CAT2
+#undef V
+#undef VW
+#undef VLOAD
+#undef VSTORE
+#undef VADD
+#undef VMUL
+#undef VSET1
+#undef VZERO
+#undef SFX
+#undef KSEQ_WSUM_NB

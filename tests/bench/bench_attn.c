@@ -14,6 +14,8 @@
  * hand, linking build/libkrun.a and build/libkpkformat.a); under
  * `valgrind --tool=callgrind --toggle-collect=mla_forward` it gives the MLA
  * layers' instructions alone. */
+#include "bench_util.h"
+#include "../unit/testrand.h"
 #include "forward.h"
 #include "kpk_reader.h"
 #include "model.h"
@@ -34,28 +36,6 @@
 #else
 #define RUN_INIT(r, m, st, p, T, S, ctx, e) k3_run_init(r, m, st, p, T, S, ctx, e)
 #endif
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int cmpd(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static uint64_t rs = 0x9E3779B97F4A7C15ull;
-static float unif(void)
-{
-    rs ^= rs << 13;
-    rs ^= rs >> 7;
-    rs ^= rs << 17;
-    return (float)((rs >> 40) * (2.0 / 16777216.0) - 1.0);
-}
 
 int main(int argc, char **argv)
 {
@@ -110,7 +90,7 @@ int main(int argc, char **argv)
         for (int L = 0; L < c->n_layers; L++)
             if (st.mla_cache[L]) {
                 n_mla++;
-                for (size_t i = 0; i < S[k] * row; i++) st.mla_cache[L][i] = unif();
+                for (size_t i = 0; i < S[k] * row; i++) st.mla_cache[L][i] = unif(-1.0f, 1.0f);
             }
         for (size_t s = 0; s <= steps; s++) {
             k3_seg seg = {.st = &st, .ids = &tok, .n = 1, .logits = logits};

@@ -12,6 +12,8 @@
  *
  * Under valgrind --tool=callgrind (with --toggle-collect=four_passes or
  * --toggle-collect=two_passes) it gives the instruction counts. */
+#include "bench_util.h"
+#include "../unit/testrand.h"
 #include "kernels.h"
 #include "kernels_seq.h"
 
@@ -24,28 +26,6 @@
 #define HEADS 96
 #define POS 64
 #define RUNS 5
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int cmpd(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static uint64_t rs = 0x2545F4914F6CDD1Dull;
-static float unif(float lo, float hi)
-{
-    rs ^= rs << 13;
-    rs ^= rs >> 7;
-    rs ^= rs << 17;
-    return lo + (hi - lo) * (float)((rs >> 40) * (1.0 / 16777216.0));
-}
 
 /* kda.c's kda_step before the change (commit 482403d), unchanged */
 __attribute__((noinline)) static void four_passes(float *S, const float *q, const float *k, const float *v, const float *alpha,

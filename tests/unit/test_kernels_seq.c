@@ -13,27 +13,13 @@
 #include "check.h"
 #include "kernels.h"
 #include "kernels_seq.h"
+#include "testrand.h"
 
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-static uint64_t rs = 0x2545F4914F6CDD1Dull;
-static uint64_t rnd(void)
-{
-    rs ^= rs << 13;
-    rs ^= rs >> 7;
-    rs ^= rs << 17;
-    return rs;
-}
-static float unif(float lo, float hi) { return lo + (hi - lo) * (float)((rnd() >> 40) * (1.0 / 16777216.0)); }
-static float bitsf(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
 /* Awkward values now and then, bounded so nothing overflows over a few steps. */
 static float special(void)
 {
@@ -47,13 +33,6 @@ static float special(void)
     default: return unif(-1.0f, 1.0f);
     }
 }
-static void *xmalloc(size_t n)
-{
-    void *p = malloc(n ? n : 1);
-    if (!p) { printf("not ok - out of memory\n"); exit(1); }
-    return p;
-}
-
 /* ---- the references: the spec's four passes, one after another ---- */
 
 static void ref_kda_step(float *S, const float *q, const float *k, const float *v, const float *alpha, float beta, float *o,
@@ -170,6 +149,7 @@ int main(void)
 {
     static const ksimd levels[] = {KSIMD_SCALAR, KSIMD_AVX2, KSIMD_AVX512};
     const ksimd best = kern_simd_detect();
+    rs = 0x2545F4914F6CDD1Dull;
     for (size_t l = 0; l < 3; l++) {
         if ((int)levels[l] > (int)best) { SKIP("%s: the CPU does not have it", kern_simd_name(levels[l])); continue; }
         kern_simd_set(levels[l]);

@@ -7,18 +7,10 @@
  * adaptation of the match length and the draft length. */
 #include "check.h"
 #include "spec.h"
+#include "testrand.h"
 
 #include <stdint.h>
 #include <string.h>
-
-static uint64_t rs = 0x853c49e6748fea9bull;
-static uint32_t rnd(uint32_t n)
-{
-    rs ^= rs << 13;
-    rs ^= rs >> 7;
-    rs ^= rs << 17;
-    return (uint32_t)(rs % n);
-}
 
 /* The reference: the longest m (need <= m <= KSPEC_MAX_MATCH) for which the
  * last m tokens occurred earlier (ending before the last token), the most
@@ -35,13 +27,21 @@ static size_t ref_draft(const int32_t *h, size_t n, size_t need, size_t k, const
         if (m == 0) break;
     }
     if (!found) return 0;
-    for (size_t i = 0; i < k; i++) {
-        int32_t t = at + i < n ? h[at + i] : out[at + i - n];
-        for (size_t s = 0; s < n_stop; s++)
-            if (t == stop[s]) return i;
-        out[i] = t;
+    {
+        /* copy the continuation one token at a time onto the end of the sequence itself */
+        int32_t seq[200];
+        size_t len = n;
+        memcpy(seq, h, n * sizeof *seq);
+        while (len < n + k) {
+            int stopped = 0;
+            for (size_t s = 0; s < n_stop; s++) stopped |= seq[at + len - n] == stop[s];
+            if (stopped) break;
+            seq[len] = seq[at + len - n];
+            len++;
+        }
+        memcpy(out, seq + n, (len - n) * sizeof *out);
+        return len - n;
     }
-    return k;
 }
 
 static void check_random(void)
@@ -50,12 +50,12 @@ static void check_random(void)
     size_t agree = 0, drafts = 0, runs = 0, trials = 20000;
     for (size_t t = 0; t < trials; t++) {
         int32_t h[80], a[64], b[64];
-        size_t n = 1 + rnd(60), alpha = 2 + rnd(3), limit = rnd(12);
+        size_t n = 1 + rnd() % 60, alpha = 2 + rnd() % 3, limit = rnd() % 12;
         kspec d;
         kspec_init(&d, 64);
-        d.len = 1 + rnd(16);
-        d.need = KSPEC_MIN_MATCH + rnd(KSPEC_MAX_MATCH - KSPEC_MIN_MATCH + 1);
-        for (size_t i = 0; i < n; i++) h[i] = (int32_t)rnd((uint32_t)alpha);
+        d.len = 1 + rnd() % 16;
+        d.need = KSPEC_MIN_MATCH + rnd() % (KSPEC_MAX_MATCH - KSPEC_MIN_MATCH + 1);
+        for (size_t i = 0; i < n; i++) h[i] = (int32_t)(rnd() % alpha);
         {
             const int use_stop = t % 3 == 0;
             size_t k = limit < d.len ? limit : d.len;
