@@ -163,7 +163,7 @@ static void attnres(k3_run *r, size_t t, size_t nsnap, const float *f, float *ou
  * configuration: no token may be chosen from them.  The scan is integer
  * arithmetic the compiler vectorises: a masked exponent field plus one
  * carries into bit 31 only when it is all ones (infinity or NaN). */
-static int check_finite(const k3_run *r, const float *logits, size_t rows, size_t pos, krun_err *err)
+int k3_check_finite(const k3_run *r, const float *logits, size_t rows, size_t pos, krun_err *err)
 {
     const size_t V = (size_t)r->model->cfg.vocab, n = rows * V;
     uint32_t acc[16] = {0};
@@ -255,7 +255,9 @@ static int output(k3_run *r, const k3_block *b, size_t nsnap, krun_err *err)
         }
         if (sg->all_positions) {
             wmatmul(r->pool, &r->w, K3_GLOBALS, head, s->xn + b->row0[k] * E, E, sg->n, sg->logits, V);
-            if (check_finite(r, sg->logits, sg->n, sg->st->pos, err)) return -1;
+            /* a verification block checks only the rows it keeps (session.c): a rejected
+             * draft's logits are never used, and a plain run would not compute them */
+            if (!sg->journal && k3_check_finite(r, sg->logits, sg->n, sg->st->pos, err)) return -1;
         } else {
             memcpy(s->xg + ng++ * E, s->xn + (b->row0[k] + sg->n - 1) * E, E * sizeof *s->xg);
         }
@@ -267,7 +269,7 @@ static int output(k3_run *r, const k3_block *b, size_t nsnap, krun_err *err)
             const k3_seg *sg = &b->seg[k];
             if (sg->all_positions) continue;
             wmatmul(r->pool, &r->w, K3_GLOBALS, head, s->xg, E, 1, sg->logits, V);
-            return check_finite(r, sg->logits, 1, sg->st->pos + sg->n - 1, err);
+            return k3_check_finite(r, sg->logits, 1, sg->st->pos + sg->n - 1, err);
         }
     }
     wmatmul(r->pool, &r->w, K3_GLOBALS, head, s->xg, E, ng, s->lg, V);
@@ -275,7 +277,7 @@ static int output(k3_run *r, const k3_block *b, size_t nsnap, krun_err *err)
     for (size_t k = 0; k < b->nseg; k++) {
         const k3_seg *sg = &b->seg[k];
         if (sg->all_positions) continue;
-        if (check_finite(r, s->lg + ng * V, 1, sg->st->pos + sg->n - 1, err)) return -1;
+        if (k3_check_finite(r, s->lg + ng * V, 1, sg->st->pos + sg->n - 1, err)) return -1;
         memcpy(sg->logits, s->lg + ng++ * V, V * sizeof *sg->logits);
     }
     return 0;

@@ -69,6 +69,12 @@ void k3_run_free(k3_run *r);
  * are unusable (reset them). */
 int k3_forward(k3_run *r, const k3_seg *segs, size_t nseg, krun_err *err);
 
+/* Logits that are not finite (rows x V of them, the first at position pos)
+ * fail with KRUN_EDATA naming the position; k3_forward checks every row it
+ * computes except a journaled segment's, whose caller checks the rows it
+ * keeps. */
+int k3_check_finite(const k3_run *r, const float *logits, size_t rows, size_t pos, krun_err *err);
+
 /* After a journaled block of n positions: advance st by its first keep
  * positions (1 <= keep <= n), bit for bit as if only they had run. */
 void k3_commit(k3_run *r, k3_state *st, size_t keep);

@@ -387,8 +387,16 @@ static int verify(krun_session *s, size_t k, int32_t *accepted, float *accepted_
         return -1;
     }
     /* row i of the block's logits follows id and the first i drafts: draft i
-     * stands if the sampler (greedy) picks it there */
-    while (a < k && ksampler_pick(&s->sampler, L + a * V, V) == draft[a]) a++;
+     * stands if the sampler (greedy) picks it there.  Each row kept is one a
+     * plain run computes, and is checked as it would be. */
+    for (;; a++) {
+        if (k3_check_finite(&m->run, L + a * V, 1, s->st.pos + a, err)) {
+            s->broken = 1;
+            s->have_logits = 0;
+            return -1;
+        }
+        if (a == k || ksampler_pick(&s->sampler, L + a * V, V) != draft[a]) break;
+    }
     k3_commit(&m->run, &s->st, a + 1);
     s->n_tokens += a;
     memcpy(s->logits, L + a * V, V * sizeof *s->logits);

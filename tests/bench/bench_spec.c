@@ -5,7 +5,7 @@
  * every m-th draft made wrong.  Prints the same figures as krun's --json
  * "decode" and "spec" objects, and checks that the ids are the plain run's.
  *
- *   bench_spec MODEL.kpk --ref PLAIN.json --drafts K [--wrong M] [--mem SIZE] [--json OUT]
+ *   bench_spec MODEL.kpk --ref PLAIN.json --drafts K [--wrong M] [--mem SIZE [--pin N] [--expert-slots N]] [--json OUT]
  *
  * PLAIN.json: `krun MODEL.kpk --ids ... --gen N --ignore-eos --json PLAIN.json`
  * (its prompt_ids and generated_ids).  Built by tests/bench/bench_spec.sh. */
@@ -36,6 +36,7 @@ int main(int argc, char **argv)
 {
     const char *path = NULL, *ref = NULL, *mem = NULL, *out = NULL;
     size_t K = 8, M = 0, np, ng, g = 0;
+    int pin = -1, slots = -1;
     krun_model_opts o;
     krun_model *m;
     krun_session *s;
@@ -52,12 +53,14 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--drafts") && i + 1 < argc) K = (size_t)atol(argv[++i]);
         else if (!strcmp(argv[i], "--wrong") && i + 1 < argc) M = (size_t)atol(argv[++i]);
         else if (!strcmp(argv[i], "--mem") && i + 1 < argc) mem = argv[++i];
+        else if (!strcmp(argv[i], "--pin") && i + 1 < argc) pin = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--expert-slots") && i + 1 < argc) slots = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--json") && i + 1 < argc) out = argv[++i];
         else if (!path) path = argv[i];
         else { fprintf(stderr, "bench_spec: unexpected %s\n", argv[i]); return 2; }
     }
     if (!path || !ref || K < 1 || K > 64) {
-        fprintf(stderr, "usage: bench_spec MODEL.kpk --ref PLAIN.json --drafts K [--wrong M] [--mem SIZE] [--json OUT]\n");
+        fprintf(stderr, "usage: bench_spec MODEL.kpk --ref PLAIN.json --drafts K [--wrong M] [--mem SIZE [--pin N] [--expert-slots N]] [--json OUT]\n");
         return 2;
     }
     if (!(j = json_load_file(ref, 0, &je))) { fprintf(stderr, "bench_spec: %s: %s\n", ref, je.text); return 2; }
@@ -70,6 +73,8 @@ int main(int argc, char **argv)
     o.ctx = np + ng;
     o.spec = K;
     if (mem) o.budget = (uint64_t)kmem_parse_size(mem);
+    o.pin = pin;
+    o.expert_slots = slots;
     if (krun_model_open(&o, &m, &e) || krun_session_new(m, &s, &e) || krun_session_feed(s, prompt, np, NULL, &e)) {
         fprintf(stderr, "bench_spec: %s\n", e.msg);
         return e.code;

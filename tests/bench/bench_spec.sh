@@ -5,9 +5,13 @@
 # on a time.
 #
 # The slice: hidden 7168, one KDA and one MLA layer, 64 experts of 17.5 MB,
-# top-4, vocabulary 512 (4.3 GB), at the planner's minimum budget for
-# --spec 8, the same budget for every run: each sweep streams both trunk
-# layers and reads the experts its positions chose.
+# top-4, vocabulary 512 (4.3 GB), at two splits, the same for every run:
+#  * the planner's minimum budget with --spec 8: with two layers that pins
+#    the trunk (cheaper than a ring of two slots), so a sweep reads the
+#    experts its positions chose that are not cached;
+#  * the trunk streamed (--pin 0, 16 expert slots): every sweep also reads
+#    both trunk layers (1.9 GB), as the full model does at any budget below
+#    ~110 GB.
 #
 # The synthetic model's text is random, and its greedy continuation depends
 # chaotically on the whole context: a prompt that merely contains an earlier
@@ -58,20 +62,24 @@ REPEAT="$CYCLE,$(tr ' ' ',' <"$W/lead.txt")"
 echo "repeating prompt: $REPEAT"
 "$BIN/krun" "$W/spec.kpk" --plan --mem 64G --ctx $((8 + LEAD + GEN)) --spec 8 --json "$W/plan.json" >/dev/null
 MIN=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["minimum_bytes"])' "$W/plan.json")
-echo "== speculative decoding, full-width slice (seed $SEED, $(ls -l "$W/spec.kpk" | awk '{printf "%.2f GB", $5/1e9}')), --mem $MIN (the minimum with --spec 8), $GEN tokens"
+echo "== speculative decoding, full-width slice (seed $SEED, $(ls -l "$W/spec.kpk" | awk '{printf "%.2f GB", $5/1e9}')), $GEN tokens"
 
 cli() { # cli LABEL IDS ARGS...: one krun run, its --json kept as $W/LABEL.N.json
     local label=$1 ids=$2; shift 2
     drop
-    "$BIN/krun" "$W/spec.kpk" --ids "$ids" --gen "$GEN" --ignore-eos --mem "$MIN" --quiet --json "$W/$label.$r.json" "$@" \
+    "$BIN/krun" "$W/spec.kpk" --ids "$ids" --gen "$GEN" --ignore-eos $SPLIT --quiet --json "$W/$label.$r.json" "$@" \
         >/dev/null 2>"$W/err" || { echo "FAILED: $label: $(head -c 300 "$W/err")"; rc=1; }
 }
-oracle() { # oracle LABEL REF ARGS...
+oracle() { # oracle LABEL REF ARGS...: bench_spec with the same split
     local label=$1 ref=$2; shift 2
     drop
-    "$W/bench_spec" "$W/spec.kpk" --ref "$ref" --mem "$MIN" --json "$W/$label.$r.json" "$@" >/dev/null 2>"$W/err" \
+    "$W/bench_spec" "$W/spec.kpk" --ref "$ref" $SPLIT --json "$W/$label.$r.json" "$@" >/dev/null 2>"$W/err" \
         || { echo "FAILED: $label: $(head -c 300 "$W/err")"; rc=1; }
 }
+for SPLIT in "--mem $MIN" "--mem 6G --pin 0 --expert-slots 16"; do
+echo
+echo "-- $SPLIT"
+rm -f "$W"/*.[0-9]*.json
 for r in $(seq 1 "$RUNS"); do
     echo "-- round $r"
     cli norep0 "$NOREP" --spec 0
@@ -104,5 +112,6 @@ for key, label, ref in rows:
     print("%-46s %7d %8d %9d %12.3f %10.2f   (x%.2f bytes, x%.2f time vs --spec 0)" % (
         label, d[0]["sweeps"], s["drafted"], s["accepted"], gb, sec, gb / b[0], sec / b[1]))
 PY
+done
 [ -n "${BENCH_KEEP:-}" ] || rm -f "$W/spec.kpk"
 exit $rc
