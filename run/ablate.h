@@ -60,9 +60,10 @@ extern int krun_ablation;
 #include <stddef.h>
 struct kpool;
 struct k3_weights;
-/* KDA_READ_BEFORE_DECAY, KDA_OUTPUT_PRE_WRITE: the recurrence step of kda.c with the read or the output moved */
-void abl_kda_step(float *S, const float *q, const float *k, const float *v, const float *alpha, float beta, float *o,
-                  size_t D, float *u, float *d);
+/* KDA_READ_BEFORE_DECAY, KDA_OUTPUT_PRE_WRITE: the recurrence step of kda.c with the read or the output
+ * moved (in place: Sin == S) */
+void abl_kda_step(float *S, const float *Sin, const float *q, const float *k, const float *v, const float *alpha,
+                  float beta, float *o, size_t D, float *u, float *d);
 /* KDA_GATE_BEFORE_NORM */
 void abl_kda_gate_before_norm(float *oh, const float *gh, const float *o_norm, size_t D, double eps);
 /* MLA_NORM_ROPE: the rope key normalised with the latent */

@@ -10,9 +10,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-void abl_kda_step(float *S, const float *q, const float *k, const float *v, const float *alpha, float beta, float *o,
-                  size_t D, float *u, float *d)
+void abl_kda_step(float *S, const float *Sin, const float *q, const float *k, const float *v, const float *alpha,
+                  float beta, float *o, size_t D, float *u, float *d)
 {
+    (void)Sin; /* in place only: the ablations never verify speculatively */
     if (ABLATED(KDA_READ_BEFORE_DECAY)) {
         for (size_t c = 0; c < D; c++) u[c] = 0.0f;
         for (size_t i = 0; i < D; i++)

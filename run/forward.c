@@ -18,10 +18,11 @@
 
 /* ---- the run's memory: laid out once ------------------------------------------ */
 
-static void run_carve(k3_run *r, const k3_config *c, size_t T, size_t S, size_t ctx, karena *a)
+static void run_carve(k3_run *r, const k3_config *c, size_t T, size_t S, size_t ctx, size_t spec, karena *a)
 {
     k3_weights_carve(&r->w, c, a);
     k3_scratch_carve(&r->s, c, T, S, ctx, a);
+    k3_journal_carve(&r->j, c, spec, a);
 }
 
 size_t k3_run_vectors_bytes(const k3_config *c)
@@ -32,15 +33,16 @@ size_t k3_run_vectors_bytes(const k3_config *c)
     return karena_round(a.used);
 }
 
-size_t k3_run_bytes(const k3_config *c, size_t T, size_t S, size_t ctx)
+size_t k3_run_bytes(const k3_config *c, size_t T, size_t S, size_t ctx, size_t spec)
 {
     k3_run r;
     karena a = {NULL, 0};
-    run_carve(&r, c, T, S, ctx, &a);
+    run_carve(&r, c, T, S, ctx, spec, &a);
     return karena_round(a.used);
 }
 
-int k3_run_init(k3_run *r, const k3_model *m, kstore *store, kpool *pool, size_t T, size_t S, size_t ctx, krun_err *err)
+int k3_run_init(k3_run *r, const k3_model *m, kstore *store, kpool *pool, size_t T, size_t S, size_t ctx, size_t spec,
+                krun_err *err)
 {
     const k3_config *c = &m->cfg;
     karena a = {NULL, 0};
@@ -52,16 +54,16 @@ int k3_run_init(k3_run *r, const k3_model *m, kstore *store, kpool *pool, size_t
         krun_err_set(err, KRUN_EDATA, "%s: kda head_dim %d is larger than krun supports (1024)", kpk_path(m->file), c->kda_head_dim);
         return -1;
     }
-    if (S > K3_MAX_SEQS || S > T) {
-        krun_err_set(err, KRUN_EINPUT, "%zu sequences per block: at most %d, and no more than the positions per block (%zu)", S,
-                     K3_MAX_SEQS, T);
+    if (S > K3_MAX_SEQS || S > T || spec + 1 > T) {
+        krun_err_set(err, KRUN_EINPUT, "%zu sequences per block: at most %d, and no more than the positions per block (%zu), "
+                     "which must hold %zu drafts and the token before them", S, K3_MAX_SEQS, T, spec);
         return -1;
     }
     r->model = m;
     r->store = store;
     r->pool = pool;
     r->expert_batch = kstore_expert_capacity(store) < K3_EXPERT_BATCH ? kstore_expert_capacity(store) : K3_EXPERT_BATCH;
-    r->arena_bytes = k3_run_bytes(c, T, S, ctx);
+    r->arena_bytes = k3_run_bytes(c, T, S, ctx, spec);
     r->arena = aligned_alloc(KARENA_ALIGN, r->arena_bytes);
     if (!r->arena) {
         krun_err_set(err, KRUN_ENOMEM, "out of memory: %zu bytes for the run state (activations of a %zu-position block)",
@@ -69,7 +71,7 @@ int k3_run_init(k3_run *r, const k3_model *m, kstore *store, kpool *pool, size_t
         return -1;
     }
     a.base = r->arena;
-    run_carve(r, c, T, S, ctx, &a);
+    run_carve(r, c, T, S, ctx, spec, &a);
     k3_weights_setup(&r->w, m, store);
     /* the globals are held for the whole run: lm_head and the output vectors */
     g = kstore_get(store, m->globals_extent, &first, &e);
@@ -161,7 +163,7 @@ static void attnres(k3_run *r, size_t t, size_t nsnap, const float *f, float *ou
  * configuration: no token may be chosen from them.  The scan is integer
  * arithmetic the compiler vectorises: a masked exponent field plus one
  * carries into bit 31 only when it is all ones (infinity or NaN). */
-static int check_finite(const k3_run *r, const float *logits, size_t rows, size_t pos, krun_err *err)
+int k3_check_finite(const k3_run *r, const float *logits, size_t rows, size_t pos, krun_err *err)
 {
     const size_t V = (size_t)r->model->cfg.vocab, n = rows * V;
     uint32_t acc[16] = {0};
@@ -212,6 +214,11 @@ static int make_block(k3_run *r, const k3_seg *segs, size_t nseg, k3_block *b, k
         }
         for (size_t h = 0; h < g; h++)
             if (segs[h].st == sg->st) { krun_err_set(err, KRUN_EINPUT, "one sequence twice in a block"); return -1; }
+        if (sg->journal && (nseg != 1 || sg->n > r->j.cap)) {
+            krun_err_set(err, KRUN_EINPUT, "a verification block of %zu positions: it must be alone in its block and hold at most %zu",
+                         sg->n, r->j.cap);
+            return -1;
+        }
         if (b->T + sg->n > s->T) { krun_err_set(err, KRUN_EINPUT, "%zu positions in one block (at most %zu)", b->T + sg->n, s->T); return -1; }
         for (size_t i = 0; i < sg->n; i++) {
             if (sg->ids[i] < 0 || (size_t)sg->ids[i] >= V) {
@@ -267,10 +274,12 @@ static int output(k3_run *r, const k3_block *b, size_t nsnap, krun_err *err)
     for (size_t k = 0; k < b->nseg; k++) {
         const k3_seg *sg = &b->seg[k];
         if (sg->all_positions) {
-            if (check_finite(r, sg->logits, sg->n, sg->st->pos, err)) return -1;
+            /* a verification block checks only the rows it keeps (session.c): a rejected
+             * draft's logits are never used, and a plain run would not compute them */
+            if (!sg->journal && k3_check_finite(r, sg->logits, sg->n, sg->st->pos, err)) return -1;
         } else {
             const float *row = calls[nc - 1].Y + ng++ * V;
-            if (check_finite(r, row, 1, sg->st->pos + sg->n - 1, err)) return -1;
+            if (k3_check_finite(r, row, 1, sg->st->pos + sg->n - 1, err)) return -1;
             if (row != sg->logits) memcpy(sg->logits, row, V * sizeof *sg->logits);
         }
     }
@@ -344,6 +353,18 @@ int k3_forward(k3_run *r, const k3_seg *segs, size_t nseg, krun_err *err)
     }
 
     if (output(r, &b, nsnap, err)) return -1;
-    for (size_t k = 0; k < nseg; k++) segs[k].st->pos += segs[k].n;
+    for (size_t k = 0; k < nseg; k++) {
+        if (segs[k].journal) r->j.n = segs[k].n;   /* k3_commit advances the state */
+        else segs[k].st->pos += segs[k].n;
+    }
     return 0;
+}
+
+void k3_commit(k3_run *r, k3_state *st, size_t keep)
+{
+    const k3_config *c = &r->model->cfg;
+    for (int L = 0; L < c->n_layers; L++)
+        if (!c->layer_is_mla[L]) kda_commit(r, L, st, keep);
+    st->pos += keep;
+    r->j.n = 0;
 }

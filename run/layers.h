@@ -16,8 +16,11 @@ typedef struct k3_block {
     size_t row0[K3_MAX_SEQS];
 } k3_block;
 
-/* Kimi Delta Attention (spec §4.5). */
+/* Kimi Delta Attention (spec §4.5).  A journaled segment's state is left as
+ * it was and its inputs recorded (journal.h); kda_commit advances it by the
+ * first keep positions of that record. */
 void kda_forward(k3_run *r, int L, const k3_block *b, const float *x, float *y);
+void kda_commit(k3_run *r, int L, k3_state *st, size_t keep);
 /* Gated MLA with NoPE (spec §4.6), attending from each segment's latent cache. */
 void mla_forward(k3_run *r, int L, const k3_block *b, const float *x, float *y);
 /* Dense SiTU-GLU FFN (spec §4.8). */

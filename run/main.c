@@ -6,6 +6,7 @@
 #include "kio.h"
 #include "kprogress.h"
 #include "session.h"
+#include "spec.h"
 #include "statefile.h"
 
 #include <errno.h>
@@ -42,6 +43,9 @@ static const char usage[] =
     "  --temp T              temperature (default 0 = greedy argmax)\n"
     "  --top-k K  --top-p P  --min-p P   sampling filters (with --temp > 0)\n"
     "  --seed S              PRNG seed (xoshiro256**; same seed, same text)\n"
+    "  --spec N              speculative decoding: draft up to N tokens (1..64) from the text so far\n"
+    "                        (where it repeats) and verify them in one forward block; the output is\n"
+    "                        bit-identical to --spec 0 (greedy only: refused with --temp > 0)\n"
     "Conversations:\n"
     "  --save-state FILE     after the run, save the conversation (KDA/ShortConv/MLA state,\n"
     "                        tokens, last logits; docs/STATE.md) to FILE\n"
@@ -80,6 +84,7 @@ static const char usage[] =
     "  --dump-logits FILE    float32 little-endian logits of the last prompt position\n"
     "  --dump-all-logits FILE  the same for every position run before generating, [positions][vocab]\n"
     "                        (with --load-state: a saved pending token, then the prompt)\n"
+    "  --dump-gen-logits FILE  float32 logits each generated token was chosen from, [generated][vocab]\n"
     "  --print-ids           print generated ids instead of text\n"
     "  --quiet               no statistics on stderr\n"
     "\n"
@@ -91,9 +96,9 @@ static const char usage[] =
     "3 out of memory.\n";
 
 struct opts {
-    const char *model, *prompt, *prompt_file, *ids, *json, *dump_logits, *dump_all;
+    const char *model, *prompt, *prompt_file, *ids, *json, *dump_logits, *dump_all, *dump_gen;
     const char *mem, *preset, *trace, *save_state, *load_state, *piece;
-    long gen, top_k, threads, ctx, chunk, pin, slots, io_threads, max_seqs, head;
+    long gen, top_k, threads, ctx, chunk, pin, slots, io_threads, max_seqs, head, spec;
     int plan_only, io, policy, io_given, seed_given;
     double temp, top_p, min_p;
     unsigned long long seed;
@@ -210,6 +215,8 @@ static void parse_args(int argc, char **argv, struct opts *o)
         else if (!strcmp(a, "--json")) o->json = need(argc, argv, &i);
         else if (!strcmp(a, "--dump-logits")) o->dump_logits = need(argc, argv, &i);
         else if (!strcmp(a, "--dump-all-logits")) o->dump_all = need(argc, argv, &i);
+        else if (!strcmp(a, "--dump-gen-logits")) o->dump_gen = need(argc, argv, &i);
+        else if (!strcmp(a, "--spec")) o->spec = parse_long(need(argc, argv, &i), 0, KSPEC_MAX_DRAFT, "--spec (0..64)");
         else if (!strcmp(a, "--save-state")) o->save_state = need(argc, argv, &i);
         else if (!strcmp(a, "--load-state")) o->load_state = need(argc, argv, &i);
         else if (!strcmp(a, "--print-ids")) o->print_ids = 1;
@@ -228,6 +235,11 @@ static void parse_args(int argc, char **argv, struct opts *o)
         die_usage("%s", "give only one of --prompt, --prompt-file, --ids");
     if (!o->plan_only && !o->load_state && !!o->prompt + !!o->prompt_file + !!o->ids != 1)
         die_usage("%s", "give exactly one of --prompt, --prompt-file, --ids (or --load-state to continue a conversation)");
+    /* the drafts are checked against the greedy choice: with sampling the text
+     * could not be --spec 0's (docs/RUNTIME.md §7) */
+    if (o->spec && o->temp > 0)
+        die_usage("%s", "--spec is exact for greedy decoding only: drop --temp (or give --spec 0) to sample");
+    if (o->spec && o->recompute) die_usage("%s", "--spec and --recompute exclude each other (--recompute reruns every position)");
 }
 
 static int parse_ids(const char *s, int32_t **out, size_t *n)
@@ -317,6 +329,7 @@ static void model_opts(const struct opts *o, uint64_t budget, krun_model_opts *m
     mo->ctx = (size_t)o->ctx;
     mo->chunk = (size_t)o->chunk;
     mo->max_seqs = (size_t)o->max_seqs;
+    mo->spec = (size_t)o->spec;
     mo->threads = (int)o->threads;
     mo->simd = o->simd && strcmp(o->simd, "auto") != 0 ? (int)o->simd_level : -1;
 }
@@ -410,7 +423,24 @@ static void announce_prompt(krun_model *m, size_t n)
     }
 }
 
-struct step { double seconds; uint64_t trunk, head, experts, globals, hits, misses, rss; uint64_t *member; };
+/* One decoding sweep: a forward block that produced `tokens` generated
+ * tokens (1, or with --spec the accepted drafts plus the model's next). */
+struct step { double seconds; uint64_t trunk, head, experts, globals, hits, misses, rss; uint64_t *member; size_t tokens, drafted; };
+
+/* Bytes read and seconds of the decoding sweeps, per generated token after
+ * the first (which comes from the prompt's logits). */
+struct decode_totals { size_t sweeps, tokens; double seconds; uint64_t bytes; };
+
+static struct decode_totals decode_totals(const struct step *steps, size_t n_steps)
+{
+    struct decode_totals d = {n_steps, 0, 0, 0};
+    for (size_t k = 0; k < n_steps; k++) {
+        d.tokens += steps[k].tokens;
+        d.seconds += steps[k].seconds;
+        d.bytes += steps[k].trunk + steps[k].head + steps[k].experts + steps[k].globals;
+    }
+    return d;
+}
 
 /* Bytes each member file gave in a step, and at what rate. */
 static json_t *members_json(krun_model *m, const uint64_t *bytes, double seconds)
@@ -429,8 +459,9 @@ static json_t *members_json(krun_model *m, const uint64_t *bytes, double seconds
 }
 
 static int write_json(const struct opts *o, krun_model *m, const int32_t *prompt, size_t n_prompt, const int32_t *gen,
-                      size_t n_gen, const struct step *steps, size_t n_steps, double t_prefill)
+                      size_t n_gen, const struct step *steps, size_t n_steps, double t_prefill, const krun_spec_stats *spec)
 {
+    struct decode_totals d = decode_totals(steps, n_steps);
     kstore_stats st;
     json_t *j = json_object(), *pi = json_array(), *gi = json_array(), *sp = json_array(), *sa = json_array();
     int rc = 0;
@@ -438,13 +469,16 @@ static int write_json(const struct opts *o, krun_model *m, const int32_t *prompt
     for (size_t i = 0; i < n_prompt; i++) json_array_append_new(pi, json_integer(prompt[i]));
     for (size_t i = 0; i < n_gen; i++) json_array_append_new(gi, json_integer(gen[i]));
     /* the time until each generated token: the prompt pass for the first,
-     * one decoding step for each of the others */
+     * one decoding sweep for each of the others (a sweep that gave several
+     * tokens, with --spec, shares its time among them) */
     if (n_gen) json_array_append_new(sp, json_real(t_prefill));
     for (size_t k = 0; k < n_steps; k++) {
         const struct step *x = &steps[k];
         json_t *o2 = json_object();
-        json_array_append_new(sp, json_real(x->seconds));
+        for (size_t i = 0; i < x->tokens; i++) json_array_append_new(sp, json_real(x->seconds / (double)x->tokens));
         json_object_set_new(o2, "seconds", json_real(x->seconds));
+        json_object_set_new(o2, "tokens", json_integer((json_int_t)x->tokens));
+        json_object_set_new(o2, "drafted", json_integer((json_int_t)x->drafted));
         json_object_set_new(o2, "bytes_trunk", json_integer((json_int_t)x->trunk));
         json_object_set_new(o2, "bytes_head", json_integer((json_int_t)x->head));
         json_object_set_new(o2, "bytes_experts", json_integer((json_int_t)x->experts));
@@ -462,6 +496,36 @@ static int write_json(const struct opts *o, krun_model *m, const int32_t *prompt
     json_object_set_new(j, "seconds_per_token", sp);
     json_object_set_new(j, "steps", sa);
     json_object_set_new(j, "prefill_seconds", json_real(t_prefill));
+    {
+        json_t *dj = json_object();
+        json_object_set_new(dj, "sweeps", json_integer((json_int_t)d.sweeps));
+        json_object_set_new(dj, "tokens", json_integer((json_int_t)d.tokens));
+        json_object_set_new(dj, "seconds", json_real(d.seconds));
+        json_object_set_new(dj, "bytes", json_integer((json_int_t)d.bytes));
+        json_object_set_new(dj, "seconds_per_token", d.tokens ? json_real(d.seconds / (double)d.tokens) : json_null());
+        json_object_set_new(dj, "bytes_per_token", d.tokens ? json_real((double)d.bytes / (double)d.tokens) : json_null());
+        json_object_set_new(j, "decode", dj);
+    }
+    if (spec) {
+        json_t *xj = json_object(), *rounds = json_array();
+        for (size_t k = 0; k < n_steps; k++)
+            if (steps[k].drafted) {
+                json_t *r = json_array();
+                json_array_append_new(r, json_integer((json_int_t)steps[k].drafted));
+                json_array_append_new(r, json_integer((json_int_t)(steps[k].tokens - 1)));
+                json_array_append_new(rounds, r);
+            }
+        json_object_set_new(xj, "max_drafts", json_integer(o->spec));
+        json_object_set_new(xj, "sweeps", json_integer((json_int_t)spec->sweeps));
+        json_object_set_new(xj, "verifications", json_integer((json_int_t)spec->verifications));
+        json_object_set_new(xj, "drafted", json_integer((json_int_t)spec->drafted));
+        json_object_set_new(xj, "accepted", json_integer((json_int_t)spec->accepted));
+        json_object_set_new(xj, "rollbacks", json_integer((json_int_t)spec->rollbacks));
+        json_object_set_new(xj, "rounds", rounds);   /* [drafted, accepted] of each verification */
+        json_object_set_new(j, "spec", xj);
+    } else {
+        json_object_set_new(j, "spec", json_null());
+    }
     json_object_set_new(j, "bytes_read", json_integer((json_int_t)st.bytes_read));
     json_object_set_new(j, "bytes_trunk", json_integer((json_int_t)st.bytes_trunk));
     json_object_set_new(j, "bytes_head", json_integer((json_int_t)st.bytes_head));
@@ -511,9 +575,9 @@ int main(int argc, char **argv)
     krun_err e = {0, {0}};
     krun_model_opts mo;
     ktok *tk;
-    int32_t *prompt = NULL, *gen_ids = NULL, *hist = NULL, stop_ids[3];
+    int32_t *prompt = NULL, *gen_ids = NULL, *hist = NULL, *accepted = NULL, stop_ids[3];
     size_t n_prompt = 0, n_gen = 0, V, n_stop, n_steps = 0, state_tokens = 0, pending = 0, max_prompt;
-    float *all = NULL;
+    float *all = NULL, *gen_logits = NULL;
     struct step *steps = NULL;
     uint64_t *step_members = NULL;
     double t_prefill = 0;
@@ -565,7 +629,8 @@ int main(int argc, char **argv)
     if (o.ctx < 1) o.ctx = 1;
 
     model_opts(&o, budget, &mo);
-    if (o.dump_all) mo.extra_bytes = (uint64_t)(pending + n_prompt) * V * sizeof(float);
+    if (o.dump_all) mo.extra_bytes += (uint64_t)(pending + n_prompt) * V * sizeof(float);
+    if (o.dump_gen) mo.extra_bytes += (uint64_t)o.gen * V * sizeof(float);
     if (krun_model_prepare(m, &mo, &e)) { fprintf(stderr, "krun: %s\n", e.msg); rc = e.code; goto out; }
     if (!o.quiet && krun_model_auto_budget(m))
         fprintf(stderr, "krun: the model file is larger than 80%% of available memory: using --mem %llu\n",
@@ -586,7 +651,14 @@ int main(int argc, char **argv)
     step_members = calloc(((size_t)o.gen + 1) * KSTORE_MAX_MEMBERS, sizeof *step_members);
     if (o.recompute) hist = malloc(((size_t)o.ctx + 1) * sizeof *hist);
     if (o.dump_all) all = malloc((pending + n_prompt) * V * sizeof *all);
-    if (!gen_ids || !steps || !step_members || (o.recompute && !hist) || (o.dump_all && !all)) { fprintf(stderr, "krun: out of memory\n"); rc = KRUN_ENOMEM; goto out; }
+    if (o.dump_gen) gen_logits = malloc(((size_t)o.gen + 1) * V * sizeof *gen_logits);
+    if (o.spec) accepted = malloc(((size_t)o.spec + 1) * sizeof *accepted);
+    if (!gen_ids || !steps || !step_members || (o.recompute && !hist) || (o.dump_all && !all) || (o.dump_gen && !gen_logits) ||
+        (o.spec && !accepted)) {
+        fprintf(stderr, "krun: out of memory\n");
+        rc = KRUN_ENOMEM;
+        goto out;
+    }
 
     /* prefill, in blocks of --chunk positions (the result does not depend on it) */
     if (pending + n_prompt > 0) {
@@ -610,27 +682,33 @@ int main(int argc, char **argv)
     }
 
     /* decoding: one forward pass per generated token (the last one needs none;
-     * it joins the history as pending, for --save-state) */
-    for (long g = 0; g < o.gen; g++) {
+     * it joins the history as pending, for --save-state).  With --spec a
+     * pass may also verify drafted tokens: those the model agrees with are
+     * generated tokens too, without a pass of their own. */
+    while (n_gen < (size_t)o.gen) {
         int32_t next = krun_session_sample(s);
+        size_t n_acc = 0;
         int stop = 0;
         kstore_stats a, b;
+        krun_spec_stats sa, sb;
         struct step *st;
         double t0;
         if (next < 0) { fprintf(stderr, "krun: no logits to sample from\n"); rc = KRUN_EINPUT; goto out; }
+        if (gen_logits) memcpy(gen_logits + n_gen * V, krun_session_logits(s), V * sizeof *gen_logits);
         gen_ids[n_gen++] = next;
         for (size_t k = 0; k < n_stop; k++) stop |= next == stop_ids[k];
-        if (o.print_ids || !tk) { printf("%s%d", g ? " " : "", next); fflush(stdout); }
+        if (o.print_ids || !tk) { printf("%s%d", n_gen > 1 ? " " : "", next); fflush(stdout); }
         else if (!stop) {
             size_t len = 0;
             const uint8_t *bytes = ktok_id_bytes(tk, next, &len);
             if (bytes) emit_bytes(&tout, bytes, len, 0);
         }
-        if (stop || g + 1 == o.gen) {
+        if (stop || n_gen == (size_t)o.gen) {
             if (krun_session_append(s, &next, 1, &e)) { fprintf(stderr, "krun: %s\n", e.msg); rc = e.code; goto out; }
             break;
         }
         krun_model_stats(m, &a);
+        krun_session_spec_stats(s, &sa);
         t0 = know();
         if (o.recompute) {
             /* the whole history again from position 0: must equal incremental decoding */
@@ -640,12 +718,21 @@ int main(int argc, char **argv)
             hist[n] = next;
             krun_session_reset(s);
             if (krun_session_feed(s, hist, n + 1, NULL, &e)) { fprintf(stderr, "krun: %s\n", e.msg); rc = e.code; goto out; }
+        } else if (o.spec) {
+            /* drafts may fill the generation but one: the model's own token comes last */
+            if (krun_session_feed_spec(s, next, (size_t)o.gen - n_gen - 1, accepted, gen_logits ? gen_logits + n_gen * V : NULL,
+                                       &n_acc, &e)) {
+                fprintf(stderr, "krun: %s\n", e.msg);
+                rc = e.code;
+                goto out;
+            }
         } else if (krun_session_feed(s, &next, 1, NULL, &e)) {
             fprintf(stderr, "krun: %s\n", e.msg);
             rc = e.code;
             goto out;
         }
         krun_model_stats(m, &b);
+        krun_session_spec_stats(s, &sb);
         st = &steps[n_steps++];
         st->seconds = know() - t0;
         st->trunk = b.bytes_trunk - a.bytes_trunk;
@@ -657,13 +744,27 @@ int main(int argc, char **argv)
         st->hits = b.expert_hits - a.expert_hits;
         st->misses = b.expert_misses - a.expert_misses;
         st->rss = kmem_rss();
+        st->tokens = n_acc + 1;
+        st->drafted = (size_t)(sb.drafted - sa.drafted);
+        /* the accepted drafts are generated tokens (never stop ids: drafts stop before one) */
+        for (size_t k = 0; k < n_acc; k++) {
+            gen_ids[n_gen++] = accepted[k];
+            if (o.print_ids || !tk) { printf(" %d", accepted[k]); fflush(stdout); }
+            else {
+                size_t len = 0;
+                const uint8_t *bytes = ktok_id_bytes(tk, accepted[k], &len);
+                if (bytes) emit_bytes(&tout, bytes, len, 0);
+            }
+        }
         if (krun_model_plan(m) && !o.quiet) {
             char t1[32], t2[32];
             kfmt_bytes(st->trunk + st->head, t1, sizeof t1);
             kfmt_bytes(st->experts, t2, sizeof t2);
-            fprintf(stderr, "\nkrun: step %zu: %.3f s, read trunk %s + experts %s (%.0f MB/s), resident hits %llu/%llu, RSS %.1f MB\n",
+            fprintf(stderr, "\nkrun: step %zu: %.3f s, read trunk %s + experts %s (%.0f MB/s), resident hits %llu/%llu, RSS %.1f MB",
                     n_steps, st->seconds, t1, t2, (double)(st->trunk + st->head + st->experts + st->globals) / st->seconds / 1e6,
                     (unsigned long long)st->hits, (unsigned long long)(st->hits + st->misses), (double)st->rss / 1e6);
+            if (st->drafted) fprintf(stderr, "; %zu of %zu drafts accepted", n_acc, st->drafted);
+            fputc('\n', stderr);
             if (b.n_members > 1) {
                 fprintf(stderr, "krun: step %zu per member:", n_steps);
                 for (uint16_t k = 0; k < b.n_members; k++) {
@@ -678,6 +779,10 @@ int main(int argc, char **argv)
     if (o.print_ids || !tk || o.gen) printf("\n");
     fflush(stdout);
     if (o.save_state && krun_session_save(s, o.save_state, &e)) { fprintf(stderr, "krun: %s\n", e.msg); rc = e.code; goto out; }
+    if (o.dump_gen && write_floats(o.dump_gen, gen_logits, n_gen * V)) {
+        fprintf(stderr, "krun: writing %s: %s\n", o.dump_gen, strerror(errno));
+        goto out;
+    }
     {
         kstore_stats st;
         double total = 0;
@@ -693,12 +798,28 @@ int main(int argc, char **argv)
                     n_prompt, t_prefill, n_gen, n_steps ? total / (double)n_steps * 1e3 : 0.0, (double)st.bytes_read / 1e9,
                     (unsigned long long)st.extents_verified, (double)kmem_peak_rss() / 1e6, kern_simd_name(kern_simd_get()),
                     krun_model_threads(m));
-        if (o.json && write_json(&o, m, prompt, n_prompt, gen_ids, n_gen, steps, n_steps, t_prefill)) goto out;
+        if (o.spec && !o.quiet) {
+            struct decode_totals d = decode_totals(steps, n_steps);
+            krun_spec_stats sp;
+            char b1[32];
+            krun_session_spec_stats(s, &sp);
+            kfmt_bytes(d.tokens ? d.bytes / d.tokens : 0, b1, sizeof b1);
+            fprintf(stderr, "krun: --spec %ld: %llu drafted, %llu accepted (%.0f%%), %llu rolled back; %zu sweeps for %zu tokens "
+                    "(%.2f per sweep); %s and %.1f ms per generated token\n", o.spec, (unsigned long long)sp.drafted,
+                    (unsigned long long)sp.accepted, sp.drafted ? 100.0 * (double)sp.accepted / (double)sp.drafted : 0.0,
+                    (unsigned long long)sp.rollbacks, d.sweeps, d.tokens, d.sweeps ? (double)d.tokens / (double)d.sweeps : 0.0, b1,
+                    d.tokens ? d.seconds / (double)d.tokens * 1e3 : 0.0);
+        }
+        if (o.json) {
+            krun_spec_stats sp;
+            krun_session_spec_stats(s, &sp);
+            if (write_json(&o, m, prompt, n_prompt, gen_ids, n_gen, steps, n_steps, t_prefill, o.spec ? &sp : NULL)) goto out;
+        }
     }
     rc = KRUN_OK;
 out:
     krun_session_free(s);
     krun_model_close(m);
-    free(prompt); free(gen_ids); free(hist); free(all); free(steps); free(step_members);
+    free(prompt); free(gen_ids); free(hist); free(all); free(steps); free(step_members); free(gen_logits); free(accepted);
     return rc;
 }

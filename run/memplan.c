@@ -261,12 +261,14 @@ int kmemplan_make(const k3_model *m, const kmemplan_req *q, kmemplan *p, char *e
     p->ctx = q->ctx;
     p->chunk = q->chunk;
     p->max_seqs = q->max_seqs;
-    p->block = q->chunk > q->max_seqs ? q->chunk : q->max_seqs;
+    p->spec = q->spec;
+    p->block = k3_block_positions(q->chunk, q->max_seqs, q->spec);
     p->n_layers = NL;
     p->session_bytes = krun_session_bytes(c, q->ctx);
     p->state_bytes = (uint64_t)q->max_seqs * p->session_bytes;
     p->vectors_bytes = k3_run_vectors_bytes(c);
-    p->scratch_bytes = k3_run_bytes(c, p->block, q->max_seqs, q->ctx) - p->vectors_bytes;
+    p->scratch_bytes = k3_run_bytes(c, p->block, q->max_seqs, q->ctx, q->spec) - p->vectors_bytes;
+    p->spec_bytes = k3_journal_bytes(c, q->spec);
     p->expert_slot_bytes = s.expert_slot;
     p->io_threads = s.io_threads;
     p->io_worker_bytes = s.io_threads ? s.io / (uint64_t)s.io_threads : 0;
@@ -368,7 +370,12 @@ void kmemplan_print(const kmemplan *p, FILE *out)
     ROW("state", p->state_bytes, "%zu session%s x %s (KDA + ShortConv state, MLA latent cache for --ctx %zu); %llu would fit",
         p->max_seqs, p->max_seqs == 1 ? "" : "s", c2, p->ctx, (unsigned long long)p->sessions_fit);
     ROW("bound vectors", p->vectors_bytes, "norms, AttnRes folds, conv taps, biases of every layer, widened once");
-    ROW("scratch", p->scratch_bytes, "activations of a %zu-position block", p->block);
+    if (p->spec) {
+        kfmt_bytes(p->spec_bytes, c2, sizeof c2);
+        ROW("scratch", p->scratch_bytes, "activations of a %zu-position block; %s of it the --spec %zu journal", p->block, c2, p->spec);
+    } else {
+        ROW("scratch", p->scratch_bytes, "activations of a %zu-position block", p->block);
+    }
     ROW("total", p->total, "(minimum for this model and --ctx: %.3g GB)", (double)p->minimum / 1e9);
     kfmt_bytes(p->trunk_stream_bytes, b, sizeof b);
     kfmt_bytes(p->expert_reads_max, c2, sizeof c2);
@@ -404,6 +411,8 @@ json_t *kmemplan_json(const kmemplan *p)
     json_object_set_new(j, "vectors_bytes", json_integer((json_int_t)p->vectors_bytes));
     json_object_set_new(j, "scratch_bytes", json_integer((json_int_t)p->scratch_bytes));
     json_object_set_new(j, "block_positions", json_integer((json_int_t)p->block));
+    json_object_set_new(j, "spec", json_integer((json_int_t)p->spec));
+    json_object_set_new(j, "spec_journal_bytes", json_integer((json_int_t)p->spec_bytes));
     json_object_set_new(j, "total_bytes", json_integer((json_int_t)p->total));
     json_object_set_new(j, "minimum_bytes", json_integer((json_int_t)p->minimum));
     json_object_set_new(j, "ctx", json_integer((json_int_t)p->ctx));

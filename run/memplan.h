@@ -15,8 +15,9 @@
  *                      the stored bytes of the blocks it decodes
  *   state              per session (--max-seqs of them): KDA + ShortConv state,
  *                      the MLA latent cache (--ctx), tokens, logits, sampler
- *   run state          the widened small vectors of every layer (bound once)
- *                      and the activations of one forward block (--chunk)
+ *   run state          the widened small vectors of every layer (bound once),
+ *                      the activations of one forward block (--chunk) and,
+ *                      with --spec, the journal of a verification block
  *   base               the process itself: code, the KPK directory, the
  *                      tokenizer (computed from the file, so a plan is the
  *                      same on every run)
@@ -57,10 +58,12 @@ typedef struct kmemplan {
     uint64_t state_bytes;          /* max_seqs x session_bytes */
     uint64_t session_bytes;        /* one session's slot for ctx positions */
     uint64_t vectors_bytes;        /* the bound vectors of every layer */
-    uint64_t scratch_bytes;        /* activations of one block */
+    uint64_t scratch_bytes;        /* activations of one block, and the --spec journal */
+    size_t spec;                   /* drafts per verification block (--spec), 0: none */
+    uint64_t spec_bytes;           /* the part of scratch_bytes that is the journal (run/journal.h) */
     uint64_t total;
     size_t ctx, chunk, max_seqs;
-    size_t block;                  /* positions per forward block: max(chunk, max_seqs) */
+    size_t block;                  /* positions per forward block: max(chunk, max_seqs, spec + 1) */
     uint64_t sessions_fit;         /* sessions this budget could hold (with top-k expert slots) */
     /* what a decoding step must read at least */
     uint64_t trunk_stream_bytes;   /* every unpinned trunk layer's pieces */
@@ -91,6 +94,7 @@ typedef struct kmemplan_req {
     int head;                      /* --head: 0 hold lm_head, 1 stream it; -1: choose */
     uint64_t piece;                /* --piece; 0: choose */
     size_t ctx, chunk, max_seqs;
+    size_t spec;                   /* --spec: drafts verified per block (0: none) */
     int io_threads;                /* 0: 8 */
     uint64_t base;                 /* kmem_base_bytes + the caller's own buffers */
 } kmemplan_req;

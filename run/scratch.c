@@ -26,8 +26,14 @@ static void mla_carve(k3_mla_scratch *m, const k3_config *c, size_t T, size_t ct
     if (c->mla_output_gate) KTAKE(a, m->gate, T * H * dv);
     else m->gate = NULL;
     KTAKE(a, m->out, T * H * dv);
-    m->per_head = 2 * Rkv + dv + ctx;
-    KTAKE(a, m->heads, H * m->per_head);
+    KTAKE(a, m->qt, H * Rkv);
+    KTAKE(a, m->qr, H * dr);
+    KTAKE(a, m->sc, H * ctx);
+    m->olat_ld = Rkv + 16;
+    KTAKE(a, m->olat, H * m->olat_ld);
+    KTAKE(a, m->oh, H * dv);
+    KTAKE(a, m->part, (size_t)K3_MLA_ITEMS * 2 * K3_MLA_PB * H);
+    m->ctx = ctx;
 }
 
 static void moe_carve(k3_moe_scratch *m, const k3_config *c, size_t T, karena *a)

@@ -30,9 +30,20 @@ typedef struct k3_mla_scratch {
     float *qfull;                  /* [T][H (dn + dr)] */
     float *kv;                     /* [T][Rkv + dr] */
     float *gate, *out;             /* [T][H dv] */
-    float *heads;                  /* [H][per_head]: q~ (Rkv), o_lat (Rkv), o_h (dv), scores (ctx) */
-    size_t per_head;
+    /* attention of one position, every head at once (mla.c) */
+    float *qt;                     /* [H][Rkv] absorbed queries q~ */
+    float *qr;                     /* [H][dr] rope queries, gathered */
+    float *sc;                     /* [H][ctx] scores, then probabilities */
+    float *olat;                   /* [H][olat_ld] value latents */
+    float *oh;                     /* [H][dv] head outputs */
+    float *part;                   /* [K3_MLA_ITEMS][2][K3_MLA_PB][H] scores of a few positions, as a product gives them */
+    size_t ctx;                    /* the row stride of sc */
+    size_t olat_ld;                /* Rkv + 16: a row stride that is not a multiple of 4 KB, so the heads'
+                                      rows of a column block do not all fall into the same cache sets */
 } k3_mla_scratch;
+
+#define K3_MLA_ITEMS 16            /* parallel work items of the score pass (more threads than this idle there) */
+#define K3_MLA_PB 16               /* cache positions per score product */
 
 typedef struct k3_moe_scratch {
     float *logits;                 /* [T][Ne] router logits */

@@ -4,6 +4,7 @@
 
 #include "forward.h"
 #include "kio.h"
+#include "spec.h"
 #include "statefile.h"
 #include "tokenizer_kpk.h"
 
@@ -27,6 +28,8 @@ struct krun_session {
     double *prob;              /* [vocab] */
     krun_progress_fn progress;
     void *progress_ctx;
+    kspec drafter;             /* speculative decoding: what and how much to draft (spec.h) */
+    krun_spec_stats spec;
 };
 
 struct krun_model {
@@ -43,7 +46,7 @@ struct krun_model {
     kpool *pool;
     k3_run run;
     int have_run;
-    size_t ctx, chunk, max_seqs, block;
+    size_t ctx, chunk, max_seqs, block, spec;
     uint8_t *slots;            /* max_seqs x session_bytes: each a krun_session then its buffers */
     size_t session_bytes, live;
 };
@@ -106,8 +109,12 @@ int krun_model_load(const char *path, krun_model **out, krun_err *err)
 int krun_model_make_plan(const krun_model *m, const krun_model_opts *o, kmemplan *plan, krun_err *err)
 {
     char msg[800];
-    kmemplan_req q = {o->budget, o->pin, o->expert_slots, o->head, o->piece, o->ctx, o->chunk, o->max_seqs, o->io_threads,
-                      kmem_base_bytes(&m->m) + o->extra_bytes};
+    kmemplan_req q = {o->budget, o->pin, o->expert_slots, o->head, o->piece, o->ctx, o->chunk, o->max_seqs, o->spec,
+                      o->io_threads, kmem_base_bytes(&m->m) + o->extra_bytes};
+    if (o->spec > KSPEC_MAX_DRAFT) {
+        krun_err_set(err, KRUN_EINPUT, "spec %zu: at most %d drafts per verification", o->spec, KSPEC_MAX_DRAFT);
+        return -1;
+    }
     if (kmemplan_make(&m->m, &q, plan, msg, sizeof msg)) {
         krun_err_set(err, KRUN_EINPUT, "%s", msg);
         return -1;
@@ -130,8 +137,9 @@ int krun_model_prepare(krun_model *m, const krun_model_opts *o, krun_err *err)
     const k3_config *c = &m->m.cfg;
     kstore_opts so;
     kpk_err e = {0};
-    if (opt.max_seqs < 1 || opt.max_seqs > K3_MAX_SEQS || opt.ctx < 1 || opt.chunk < 1) {
-        krun_err_set(err, KRUN_EINPUT, "max_seqs must be 1..%d, ctx and chunk at least 1", K3_MAX_SEQS);
+    if (opt.max_seqs < 1 || opt.max_seqs > K3_MAX_SEQS || opt.ctx < 1 || opt.chunk < 1 || opt.spec > KSPEC_MAX_DRAFT) {
+        krun_err_set(err, KRUN_EINPUT, "max_seqs must be 1..%d, ctx and chunk at least 1, spec at most %d", K3_MAX_SEQS,
+                     KSPEC_MAX_DRAFT);
         return -1;
     }
     /* A file that does not fit comfortably gets 80% of the available memory
@@ -161,8 +169,9 @@ int krun_model_prepare(krun_model *m, const krun_model_opts *o, krun_err *err)
     m->ctx = opt.ctx;
     m->chunk = opt.chunk;
     m->max_seqs = opt.max_seqs;
-    m->block = opt.chunk > opt.max_seqs ? opt.chunk : opt.max_seqs;
-    if (k3_run_init(&m->run, &m->m, m->store, m->pool, m->block, m->max_seqs, m->ctx, err)) return -1;
+    m->spec = opt.spec;
+    m->block = k3_block_positions(opt.chunk, opt.max_seqs, opt.spec);
+    if (k3_run_init(&m->run, &m->m, m->store, m->pool, m->block, m->max_seqs, m->ctx, m->spec, err)) return -1;
     m->have_run = 1;
     m->session_bytes = krun_session_bytes(c, m->ctx);
     m->slots = aligned_alloc(KARENA_ALIGN, m->max_seqs * m->session_bytes);
@@ -230,7 +239,7 @@ void krun_model_memory(const krun_model *m, uint64_t *planned, uint64_t *allocat
     if (m->planned)
         *planned = m->plan.state_bytes + m->plan.vectors_bytes + m->plan.scratch_bytes;
     else
-        *planned = (uint64_t)m->max_seqs * krun_session_bytes(c, m->ctx) + k3_run_bytes(c, m->block, m->max_seqs, m->ctx);
+        *planned = (uint64_t)m->max_seqs * krun_session_bytes(c, m->ctx) + k3_run_bytes(c, m->block, m->max_seqs, m->ctx, m->spec);
     *allocated = (uint64_t)m->run.arena_bytes + (m->slots ? (uint64_t)m->max_seqs * m->session_bytes : 0);
 }
 
@@ -285,6 +294,8 @@ void krun_session_reset(krun_session *s)
     s->n_tokens = 0;
     s->have_logits = 0;
     s->broken = 0;
+    kspec_init(&s->drafter, s->m->spec);
+    memset(&s->spec, 0, sizeof s->spec);
 }
 
 const float *krun_session_logits(const krun_session *s) { return s->have_logits ? s->logits : NULL; }
@@ -349,7 +360,7 @@ int krun_session_feed(krun_session *s, const int32_t *ids, size_t n, float *all_
     total = s->n_tokens - start;
     while (s->st.pos < s->n_tokens) {
         size_t done = s->st.pos - start, nb = s->n_tokens - s->st.pos < m->chunk ? s->n_tokens - s->st.pos : m->chunk;
-        k3_seg seg = {&s->st, s->tokens + s->st.pos, nb, all_logits ? all_logits + done * V : s->logits, all_logits != NULL};
+        k3_seg seg = {&s->st, s->tokens + s->st.pos, nb, all_logits ? all_logits + done * V : s->logits, all_logits != NULL, 0};
         if (k3_forward(&m->run, &seg, 1, err)) {
             s->broken = 1;
             s->have_logits = 0;
@@ -361,6 +372,112 @@ int krun_session_feed(krun_session *s, const int32_t *ids, size_t n, float *all_
     }
     return 0;
 }
+
+/* id (pushed, pending) and the k drafts at s->tokens[n_tokens..) in one
+ * journaled block; keep what the sampler agrees with (speculative decoding). */
+static int verify(krun_session *s, size_t k, int32_t *accepted, float *accepted_logits, size_t *n_accepted, krun_err *err)
+{
+    krun_model *m = s->m;
+    const size_t V = (size_t)m->m.cfg.vocab;
+    const float *L = m->run.j.logits;
+    const int32_t *draft = s->tokens + s->n_tokens;
+    size_t a = 0;
+    k3_seg seg = {&s->st, s->tokens + s->st.pos, k + 1, m->run.j.logits, 1, 1};
+    s->spec.sweeps++;
+    if (k3_forward(&m->run, &seg, 1, err)) {
+        s->broken = 1;
+        s->have_logits = 0;
+        return -1;
+    }
+    /* row i of the block's logits follows id and the first i drafts: draft i
+     * stands if the sampler (greedy) picks it there.  Each row kept is one a
+     * plain run computes, and is checked as it would be. */
+    for (;; a++) {
+        if (k3_check_finite(&m->run, L + a * V, 1, s->st.pos + a, err)) {
+            s->broken = 1;
+            s->have_logits = 0;
+            return -1;
+        }
+        if (a == k || ksampler_pick(&s->sampler, L + a * V, V) != draft[a]) break;
+    }
+    k3_commit(&m->run, &s->st, a + 1);
+    s->n_tokens += a;
+    memcpy(s->logits, L + a * V, V * sizeof *s->logits);
+    s->have_logits = 1;
+    if (accepted) memcpy(accepted, draft, a * sizeof *accepted);
+    if (accepted_logits) memcpy(accepted_logits, L, a * V * sizeof *accepted_logits);
+    s->spec.verifications++;
+    s->spec.drafted += k;
+    s->spec.accepted += a;
+    s->spec.rollbacks += a < k;
+    *n_accepted = a;
+    return 0;
+}
+
+/* The checks before a verification, then id pushed (the pending tokens before it run first). */
+static int verify_begin(krun_session *s, int32_t id, size_t *room, krun_err *err)
+{
+    krun_model *m = s->m;
+    if (m->spec && s->sampler.o.temp > 0) {
+        krun_err_set(err, KRUN_EINPUT, "speculative decoding is exact for greedy decoding only (the sampler's temperature is %g)",
+                     (double)s->sampler.o.temp);
+        return -1;
+    }
+    if (s->n_tokens > s->st.pos && krun_session_feed(s, NULL, 0, NULL, err)) return -1;
+    if (push_tokens(s, &id, 1, err)) return -1;
+    /* drafts go right after the history, where they belong if accepted */
+    *room = s->st.ctx - s->n_tokens < m->spec ? s->st.ctx - s->n_tokens : m->spec;
+    return 0;
+}
+
+int krun_session_feed_spec(krun_session *s, int32_t id, size_t max_draft, int32_t *accepted, float *accepted_logits,
+                           size_t *n_accepted, krun_err *err)
+{
+    krun_model *m = s->m;
+    size_t room, k;
+    *n_accepted = 0;
+    if (verify_begin(s, id, &room, err)) return -1;
+    k = kspec_draft(&s->drafter, s->tokens, s->n_tokens, max_draft < room ? max_draft : room, m->stop, m->n_stop,
+                    s->tokens + s->n_tokens);
+    if (k == 0) {
+        s->spec.sweeps++;
+        return krun_session_feed(s, NULL, 0, NULL, err);
+    }
+    if (verify(s, k, accepted, accepted_logits, n_accepted, err)) return -1;
+    kspec_result(&s->drafter, k, *n_accepted);
+    return 0;
+}
+
+int krun_session_verify(krun_session *s, int32_t id, const int32_t *draft, size_t k, int32_t *accepted, float *accepted_logits,
+                        size_t *n_accepted, krun_err *err)
+{
+    const size_t V = (size_t)s->m->m.cfg.vocab;
+    size_t room;
+    *n_accepted = 0;
+    for (size_t i = 0; i < k; i++)
+        if (draft[i] < 0 || (size_t)draft[i] >= V) {
+            krun_err_set(err, KRUN_EINPUT, "draft %zu: token id %d is outside the vocabulary (0..%zu)", i, draft[i], V - 1);
+            return -1;
+        }
+    if (k > s->m->spec) {
+        krun_err_set(err, KRUN_EINPUT, "%zu drafts: the model was prepared for at most %zu (spec)", k, s->m->spec);
+        return -1;
+    }
+    if (s->n_tokens >= s->st.ctx || k > s->st.ctx - s->n_tokens - 1) {
+        krun_err_set(err, KRUN_EINPUT, "context full: %zu positions reserved, %zu needed (give a larger --ctx)", s->st.ctx,
+                     s->n_tokens + 1 + k);
+        return -1;
+    }
+    if (verify_begin(s, id, &room, err)) return -1;
+    if (k == 0) {
+        s->spec.sweeps++;
+        return krun_session_feed(s, NULL, 0, NULL, err);
+    }
+    memcpy(s->tokens + s->n_tokens, draft, k * sizeof *draft);
+    return verify(s, k, accepted, accepted_logits, n_accepted, err);
+}
+
+void krun_session_spec_stats(const krun_session *s, krun_spec_stats *st) { *st = s->spec; }
 
 int krun_step_batch(krun_model *m, krun_session *const *ss, const int32_t *ids, size_t n, krun_err *err)
 {
@@ -387,7 +504,7 @@ int krun_step_batch(krun_model *m, krun_session *const *ss, const int32_t *ids, 
         }
     for (size_t k = 0; k < n; k++) {
         krun_session *s = ss[k];
-        segs[k] = (k3_seg){&s->st, s->tokens + s->st.pos, s->n_tokens - s->st.pos, s->logits, 0};
+        segs[k] = (k3_seg){&s->st, s->tokens + s->st.pos, s->n_tokens - s->st.pos, s->logits, 0, 0};
     }
     if (k3_forward(&m->run, segs, n, err)) {
         for (size_t k = 0; k < n; k++) { ss[k]->broken = 1; ss[k]->have_logits = 0; }

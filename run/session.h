@@ -54,6 +54,8 @@ typedef struct krun_model_opts {
     size_t chunk;              /* positions per forward block of a prefill (default 64) */
     size_t max_seqs;           /* sessions live at once, whose state the plan budgets (default 1, at most 256) */
     uint64_t extra_bytes;      /* the caller's own buffers, counted in the plan (e.g. all-position logits) */
+    size_t spec;               /* speculative decoding: drafts per verification block, at most (0: none, the
+                                  default; at most KSPEC_MAX_DRAFT); the plan counts the journal it needs */
     int threads;               /* compute threads; 0: every core */
     int simd;                  /* -1: the best the CPU has; else a ksimd level (process-wide: kern_simd_set) */
 } krun_model_opts;
@@ -130,6 +132,44 @@ void krun_session_set_progress(krun_session *s, krun_progress_fn fn, void *ctx);
  * pending tokens) in one forward block.  Each session's logits are
  * bit-identical to feeding it alone. */
 int krun_step_batch(krun_model *m, krun_session *const *ss, const int32_t *ids, size_t n, krun_err *err);
+
+/* Speculative decoding (docs/RUNTIME.md §7), exact for greedy sampling:
+ * runs id (a token sampled from the session's logits, as krun_session_feed
+ * would), preceded by any pending tokens, together with up to max_draft
+ * tokens drafted from the session's own history, in one forward block, and
+ * keeps the drafts the model itself would have chosen greedily.  Those
+ * accepted tokens (*n_accepted of them, never a stop id of the model) are
+ * written to accepted[] and the logits each was chosen from to
+ * accepted_logits[*n_accepted][vocab] (either may be NULL); they are part of
+ * the history and have run, and the session's logits are those after the
+ * last of them, so the caller samples its next token as after a feed.
+ * Everything (ids, logits, the state and a saved state) is bit-identical to
+ * feeding id and then each accepted token one at a time.  With no drafts
+ * (nothing in the history predicts the next tokens, or the model was
+ * prepared with spec 0) it is exactly krun_session_feed of id.  Sampling at a
+ * temperature is refused (KRUN_EINPUT): acceptance would have to follow the
+ * sampler's distribution, and the tokens could not be those of --spec 0.
+ * Not for sessions stepped with krun_step_batch in the same round: one
+ * session verifies at a time. */
+int krun_session_feed_spec(krun_session *s, int32_t id, size_t max_draft, int32_t *accepted, float *accepted_logits,
+                           size_t *n_accepted, krun_err *err);
+/* The same with the caller's drafts (another drafter: a small model, a
+ * server's cache): id, then draft[0..k) (k at most the model's spec, and
+ * within the context), verified in one block; the accepted prefix of the
+ * drafts is kept exactly as by krun_session_feed_spec.  Bad ids, too many
+ * drafts or no room: KRUN_EINPUT, nothing run. */
+int krun_session_verify(krun_session *s, int32_t id, const int32_t *draft, size_t k, int32_t *accepted, float *accepted_logits,
+                        size_t *n_accepted, krun_err *err);
+
+typedef struct krun_spec_stats {
+    uint64_t sweeps;           /* forward blocks krun_session_feed_spec ran (one per call) */
+    uint64_t verifications;    /* of them, blocks that carried drafts */
+    uint64_t drafted;          /* draft tokens verified */
+    uint64_t accepted;         /* of them, accepted */
+    uint64_t rollbacks;        /* verifications that rejected a draft: the state kept only a prefix of the block */
+} krun_spec_stats;
+/* Counted since the session was created or reset. */
+void krun_session_spec_stats(const krun_session *s, krun_spec_stats *st);
 
 /* The session's state (KDA, ShortConv, MLA latent cache, position, history
  * with pending tokens, last logits, sampler PRNG) to a file, in the format of

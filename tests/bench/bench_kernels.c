@@ -12,6 +12,7 @@
  * the runtime; the BF16 shapes are already far larger than the caches.  Scalar
  * T=16 runs use the first rows only (at most 1024) to keep the bench short; a
  * rate does not depend on the row count. */
+#include "bench_util.h"
 #include "kernels.h"
 #include "threadpool.h"
 
@@ -22,19 +23,6 @@
 #include <time.h>
 
 #define RUNS 5
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int cmpd(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
 
 static uint64_t rs = 0x2545F4914F6CDD1Dull;
 static uint64_t rnd(void)

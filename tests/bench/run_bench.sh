@@ -8,11 +8,15 @@
 #   kernels  tests/bench/bench_kernels.c, built with the line in its header
 #   krun     tests/bench/bench_krun.sh, given the virtual .kpk made by kpack;
 #            includes the pread pool vs io_uring replay (tests/bench/bench_io.c)
+#   seq      tests/bench/bench_seq.sh: MLA attention at 256 / 4,096 / 32,768
+#            cached positions, the KDA recurrence step
+#   spec     tests/bench/bench_spec.sh: speculative decoding, streaming, bytes
+#            and seconds per generated token with and without --spec
 #
 # Everything is generated under a temporary directory in build/ (the repo's
 # disk) and deleted at the end.
 #
-# Env: BENCH_ONLY       a subset of "kpack kernels krun" (default: all three)
+# Env: BENCH_ONLY       a subset of "kpack kernels krun seq spec" (default: all)
 #      KPK_VIRTUAL_OUT  keep the converted virtual .kpk at this path (the
 #                       runtime's scale test uses it); otherwise it is deleted
 #      BENCH_RUNS, BENCH_SLICE, BENCH_SETTLE, BENCH_SKIP: see bench_kpack.sh
@@ -23,7 +27,7 @@ mkdir -p "$TOP/build"
 TMP=$(mktemp -d "$TOP/build/bench.XXXXXX")
 trap 'rm -rf "$TMP"' EXIT
 trap 'exit 130' INT TERM
-ONLY=" ${BENCH_ONLY:-kpack kernels krun} "
+ONLY=" ${BENCH_ONLY:-kpack kernels krun seq spec} "
 VIRT=${KPK_VIRTUAL_OUT:-$TMP/k3-virtual.kpk}
 rc=0
 start=$(date +%s)
@@ -60,6 +64,14 @@ if [[ "$ONLY" == *" krun "* ]]; then
     fi
     echo
 fi
+
+for part in seq spec; do
+    if [[ "$ONLY" == *" $part "* ]]; then
+        echo "################ $part (tests/bench/bench_$part.sh)"
+        BENCH_DIR="$TMP/$part" bash "tests/bench/bench_$part.sh" || { echo "FAILED: bench_$part.sh"; rc=1; }
+        echo
+    fi
+done
 
 echo "make bench: $(( $(date +%s) - start )) s in all"
 exit "$rc"

@@ -2,7 +2,7 @@
 # Streaming at full K3 widths: a small slice checkpoint (hidden 7168, 96 heads,
 # real 17.5 MB MXFP4 experts; 2 layers, 8 experts, ~2.4 GB) run at four
 # budgets and three I/O modes gives the same bits, and stays under a cgroup
-# memory limit at the smallest budget.
+# memory limit at the smallest budget; speculative decoding at full width.
 . "$(dirname "$0")/lib.sh"
 
 avail=$(df -Pk "$T" | awk 'NR==2 {print $4}')
@@ -48,13 +48,37 @@ PY
 
 # planned bytes == allocated bytes at full width, at several ctx / chunk / max_seqs
 case ${BUILD:-build} in /*) PROBE="$BUILD/tests/probe_session" ;; *) PROBE="$TOP/${BUILD:-build}/tests/probe_session" ;; esac
+tag() { sed -e "s/^ok - /ok - $1: /" -e "s/^not ok - /not ok - $1: /" -e "s/^skip - /skip - $1: /"; }
 if [ -x "$PROBE" ]; then
-    tag() { sed -e "s/^ok - /ok - $1: /" -e "s/^not ok - /not ok - $1: /" -e "s/^skip - /skip - $1: /"; }
     "$PROBE" memory "$T/sl.kpk" | tag slice
     "$PROBE" memory "$T/sl.kpk" --mem 3G | tag "slice --mem 3G"
 else
     notok "the session probe $PROBE is missing (make unit)"
 fi
+
+# speculative decoding at full width (docs/RUNTIME.md §7): verification blocks
+# with a wrong draft in the middle, and with none, == plain decoding (ids,
+# logits, the saved state), in place and streaming at the minimum budget
+if [ -x "$PROBE" ]; then
+    specmin=$("$BIN/krun" "$T/sl.kpk" --plan --mem 8G --ctx 64 --chunk 3 --spec 3 --json "$T/ps.json" >/dev/null && \
+              python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["minimum_bytes"])' "$T/ps.json")
+    "$PROBE" spec "$T/sl.kpk" --spec 3 --quick | tag "slice"
+    "$PROBE" spec "$T/sl.kpk" --spec 3 --quick --mem "$specmin" | tag "slice streaming"
+fi
+# and through the CLI on text that does not repeat: nothing drafted, the same
+# bytes read and the same sweeps as without --spec (the same split)
+for sp in 0 4; do
+    "$BIN/krun" "$T/sl.kpk" --ids $IDS --gen 6 --mem 3G --pin 0 --expert-slots 2 --spec $sp --ignore-eos --print-ids --quiet \
+        --dump-gen-logits "$T/g$sp.bin" --json "$T/g$sp.json" >"$T/g$sp.ids" 2>"$T/g$sp.err"
+done
+cmp -s "$T/g0.ids" "$T/g4.ids" && cmp -s "$T/g0.bin" "$T/g4.bin" && python3 - "$T/g0.json" "$T/g4.json" <<'PY' \
+    && ok "slice, streaming: --spec 4 on text without repetition == --spec 0 (ids, logits), nothing drafted, the same sweeps and bytes" \
+    || notok "slice --spec 4 without repetition: $(head -c 300 "$T/g4.err")"
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+assert b["spec"]["drafted"] == 0 and a["decode"]["sweeps"] == b["decode"]["sweeps"] == 5, (a["decode"], b["decode"])
+assert a["decode"]["bytes"] == b["decode"]["bytes"] > 0, (a["decode"], b["decode"])
+PY
 
 # the smallest budget under a real memory cgroup (v1 or v2), swap off
 limit=$minrun

@@ -3,6 +3,12 @@
  *   probe_session memory  FILE.kpk [--mem SIZE]   planned bytes == allocated bytes
  *   probe_session allocs  FILE.kpk [--mem SIZE]   no allocation per decoding step
  *   probe_session batch   FILE.kpk [--mem SIZE]   sessions stepped together == each alone, bit for bit
+ *   probe_session spec    FILE.kpk [--mem SIZE]   speculative verification == plain decoding, bit for bit
+ *                                                 (ids, logits, the saved state), a rollback at every
+ *                                                 place of a block (--quick: in the middle of it, and
+ *                                                 none); nothing allocated per round
+ * Each takes --spec N: the model is prepared for verification blocks of N
+ * drafts (the journal is planned and allocated; batching must not care).
  *
  * The binary replaces malloc and friends with counting wrappers around
  * glibc's own (__libc_malloc ...): every allocation of the process is seen,
@@ -15,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #if defined(__SANITIZE_ADDRESS__)
 #define SANITIZED 1
@@ -28,6 +35,8 @@
 #endif
 
 static int fails;
+static size_t g_spec;              /* --spec N: drafts the model is prepared for */
+static int g_quick;                /* --quick: fewer variants (full-width models) */
 #define OK(cond, ...) do { int c_ = (cond); printf("%s - ", c_ ? "ok" : "not ok"); printf(__VA_ARGS__); printf("\n"); if (!c_) fails++; } while (0)
 
 /* ---- counting allocator ------------------------------------------------------- */
@@ -96,6 +105,7 @@ static int open_model(const char *path, const char *mem, size_t ctx, size_t chun
     o.ctx = ctx;
     o.chunk = chunk;
     o.max_seqs = max_seqs;
+    o.spec = g_spec;
     o.threads = 2;
     if (mem) o.budget = (uint64_t)kmem_parse_size(mem);
     if (krun_model_load(path, m, &e)) { printf("not ok - open %s: %s\n", path, e.msg); fails++; return -1; }
@@ -131,8 +141,8 @@ static void check_memory(const char *path, const char *mem)
         krun_model_memory(m, &planned, &allocated);
         {
             const k3_config *c = krun_model_config(m);
-            size_t block = chunk > seqs ? chunk : seqs;
-            arena = k3_run_bytes(c, block, seqs, ctx);
+            size_t block = k3_block_positions(chunk, seqs, g_spec);
+            arena = k3_run_bytes(c, block, seqs, ctx, g_spec);
             slots = (uint64_t)seqs * krun_session_bytes(c, ctx);
             if (krun_model_plan(m)) {
                 const kmemplan *p = krun_model_plan(m);
@@ -141,8 +151,15 @@ static void check_memory(const char *path, const char *mem)
             }
         }
         OK(planned == allocated && allocated == arena + slots,
-           "ctx %zu chunk %zu max_seqs %zu: planned %llu bytes == allocated %llu", ctx, chunk, seqs, (unsigned long long)planned,
-           (unsigned long long)allocated);
+           "ctx %zu chunk %zu max_seqs %zu spec %zu: planned %llu bytes == allocated %llu", ctx, chunk, seqs, g_spec,
+           (unsigned long long)planned, (unsigned long long)allocated);
+        if (g_spec && krun_model_plan(m)) {
+            const kmemplan *p = krun_model_plan(m);
+            OK(p->spec == g_spec && p->spec_bytes == k3_journal_bytes(krun_model_config(m), g_spec) && p->spec_bytes > 0 &&
+               p->scratch_bytes >= p->spec_bytes && p->block >= g_spec + 1,
+               "ctx %zu chunk %zu max_seqs %zu: the plan counts the --spec %zu journal (%llu bytes) in its scratch", ctx, chunk, seqs,
+               g_spec, (unsigned long long)p->spec_bytes);
+        }
         if (SANITIZED) printf("skip - ctx %zu chunk %zu max_seqs %zu: allocations seen by the hook (sanitizer build)\n", ctx, chunk, seqs);
         else
             OK(seen_size(arena) && seen_size(slots),
@@ -282,14 +299,184 @@ out:
     krun_model_close(m);
 }
 
+/* ---- spec: verification blocks == plain decoding ---------------------------------- */
+
+#define SPEC_GEN_MAX 14
+static size_t SPEC_GEN = SPEC_GEN_MAX;     /* tokens generated (--quick: 8) */
+
+/* Plain greedy decoding of `prompt`: the ids, the logits each was chosen
+ * from, and the state saved at the end (the last id pending, as krun does). */
+static int spec_reference(krun_model *m, const int32_t *prompt, size_t n, int32_t *ids, float *logits, const char *state)
+{
+    const size_t V = (size_t)krun_model_config(m)->vocab;
+    krun_session *s;
+    krun_err e;
+    if (krun_session_new(m, &s, &e) || krun_session_feed(s, prompt, n, NULL, &e)) goto bad;
+    for (size_t g = 0; g < SPEC_GEN; g++) {
+        memcpy(logits + g * V, krun_session_logits(s), V * sizeof *logits);
+        ids[g] = krun_session_sample(s);
+        if (g + 1 < SPEC_GEN ? krun_session_feed(s, &ids[g], 1, NULL, &e) : krun_session_append(s, &ids[g], 1, &e)) goto bad;
+    }
+    if (krun_session_save(s, state, &e)) goto bad;
+    krun_session_free(s);
+    return 0;
+bad:
+    printf("not ok - reference decoding: %s\n", e.msg);
+    fails++;
+    return -1;
+}
+
+static int same_file(const char *a, const char *b)
+{
+    FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
+    int same = fa && fb, ca, cb;
+    while (same) {
+        ca = fgetc(fa);
+        cb = fgetc(fb);
+        if (ca != cb) same = 0;
+        if (ca == EOF || cb == EOF) break;
+    }
+    if (fa) fclose(fa);
+    if (fb) fclose(fb);
+    return same;
+}
+
+/* Decode with krun_session_verify, the drafts being the reference's own
+ * continuation with the token at draft index `wrong` replaced (none when
+ * wrong >= k): every verification of k drafts must accept exactly
+ * min(wrong, k, what is left) and keep everything bit-identical. */
+static void spec_run(krun_model *m, const int32_t *prompt, size_t n, const int32_t *ref_ids, const float *ref_logits,
+                     const char *ref_state, const char *state, size_t k, size_t wrong, const char *mem)
+{
+    const size_t V = (size_t)krun_model_config(m)->vocab;
+    krun_session *s;
+    krun_err e;
+    int32_t ids[SPEC_GEN_MAX], acc[64], draft[64];
+    float *logits = malloc((size_t)SPEC_GEN * V * sizeof *logits);
+    size_t g = 0, rounds = 0, expect_ok = 1, rolled = 0;
+    int same_ids, same_logits;
+    if (!logits || krun_session_new(m, &s, &e) || krun_session_feed(s, prompt, n, NULL, &e)) {
+        printf("not ok - spec k %zu wrong %zu: %s\n", k, wrong, logits ? e.msg : "out of memory");
+        fails++;
+        free(logits);
+        return;
+    }
+    for (;;) {
+        size_t na = 0, kk;
+        memcpy(logits + g * V, krun_session_logits(s), V * sizeof *logits);
+        ids[g] = krun_session_sample(s);
+        if (++g == SPEC_GEN) { krun_session_append(s, &ids[g - 1], 1, &e); break; }
+        kk = k < SPEC_GEN - g - 1 ? k : SPEC_GEN - g - 1;   /* the last token is always the model's own */
+        for (size_t i = 0; i < kk; i++) draft[i] = i == wrong ? (ref_ids[g + i] + 1) % (int32_t)V : ref_ids[g + i];
+        if (krun_session_verify(s, ids[g - 1], draft, kk, acc, logits + g * V, &na, &e)) {
+            printf("not ok - spec k %zu wrong %zu: verify: %s\n", k, wrong, e.msg);
+            fails++;
+            break;
+        }
+        expect_ok &= na == (wrong < kk ? wrong : kk);
+        rolled += na < kk;
+        rounds++;
+        for (size_t i = 0; i < na; i++) ids[g++] = acc[i];
+    }
+    same_ids = memcmp(ids, ref_ids, SPEC_GEN * sizeof *ids) == 0;
+    same_logits = memcmp(logits, ref_logits, (size_t)SPEC_GEN * V * sizeof *logits) == 0;
+    if (krun_session_save(s, state, &e)) { printf("not ok - save: %s\n", e.msg); fails++; }
+    OK(same_ids && same_logits && same_file(state, ref_state) && expect_ok,
+       "%s: %zu drafts per block, draft %zu wrong: %zu blocks (%zu rolled back) == plain decoding: ids, every logit bit, the "
+       "saved state", mem ? mem : "in place", k, wrong, rounds, rolled);
+    krun_session_free(s);
+    free(logits);
+}
+
+static void check_spec(const char *path, const char *mem)
+{
+    static const int32_t prompt[] = {3, 7, 11, 5, 9, 100, 200, 30, 1, 2};
+    const size_t n = sizeof prompt / sizeof prompt[0], k = g_spec ? g_spec : 5;
+    char ref_state[64], state[64];
+    krun_model *m;
+    krun_session *s;
+    krun_err e;
+    int32_t ref_ids[SPEC_GEN_MAX];
+    float *ref_logits;
+    size_t V;
+    g_spec = k;
+    if (g_quick) SPEC_GEN = 8;
+    snprintf(ref_state, sizeof ref_state, "/tmp/probe_spec_ref.%d", (int)getpid());
+    snprintf(state, sizeof state, "/tmp/probe_spec.%d", (int)getpid());
+    /* chunk 3: a verification block (k + 1 positions) is larger than a prefill chunk */
+    if (open_model(path, mem, 64, 3, 1, &m)) return;
+    V = (size_t)krun_model_config(m)->vocab;
+    ref_logits = malloc((size_t)SPEC_GEN * V * sizeof *ref_logits);
+    if (!ref_logits || spec_reference(m, prompt, n, ref_ids, ref_logits, ref_state)) { free(ref_logits); krun_model_close(m); return; }
+    /* a wrong draft at every place of a block, and none (--quick: in the middle, and none) */
+    for (size_t w = 0; w <= k; w++)
+        if (!g_quick || w == k / 2 || w == k) spec_run(m, prompt, n, ref_ids, ref_logits, ref_state, state, k, w, mem);
+    if (!g_quick) {
+        spec_run(m, prompt, n, ref_ids, ref_logits, ref_state, state, 1, 0, mem);
+        spec_run(m, prompt, n, ref_ids, ref_logits, ref_state, state, 2, 1, mem);
+    }
+    /* what is refused, and leaves the session as it was */
+    if (!krun_session_new(m, &s, &e) && !krun_session_feed(s, prompt, n, NULL, &e)) {
+        ksampler_opts hot = {0.7f, 0, 1.0f, 0.0f, 3};
+        int32_t d[64] = {0}, acc[64];
+        size_t na, pos = krun_session_pos(s), nt;
+        d[1] = (int32_t)V;
+        OK(krun_session_verify(s, 1, d, 2, acc, NULL, &na, &e) == -1 && e.code == KRUN_EINPUT && krun_session_pos(s) == pos,
+           "a draft outside the vocabulary is refused, nothing run: %s", e.msg);
+        d[1] = 0;
+        OK(krun_session_verify(s, 1, d, k + 1, acc, NULL, &na, &e) == -1 && e.code == KRUN_EINPUT && krun_session_pos(s) == pos,
+           "more drafts than the model was prepared for are refused: %s", e.msg);
+        krun_session_set_sampler(s, &hot);
+        OK(krun_session_verify(s, 1, d, 1, acc, NULL, &na, &e) == -1 && e.code == KRUN_EINPUT && krun_session_pos(s) == pos,
+           "verification with a sampling temperature is refused: %s", e.msg);
+        OK(krun_session_feed_spec(s, 1, 4, acc, NULL, &na, &e) == -1 && e.code == KRUN_EINPUT && krun_session_pos(s) == pos,
+           "speculative feeding with a sampling temperature is refused: %s", e.msg);
+        krun_session_tokens(s, &nt);
+        OK(nt == n, "and the history is unchanged (%zu tokens)", nt);
+        krun_session_free(s);
+    } else {
+        printf("not ok - session: %s\n", e.msg);
+        fails++;
+    }
+    /* no allocation in a verification round (after a warm-up round) */
+    if (SANITIZED) printf("skip - allocations per verification (%s): sanitizer build\n", mem ? mem : "in place");
+    else if (!krun_session_new(m, &s, &e) && !krun_session_feed(s, prompt, n, NULL, &e)) {
+        int32_t acc[64];
+        size_t na, g = 0;
+        unsigned long count;
+        int ok = 1;
+        for (int r = 0; r < 6 && ok; r++) {
+            int32_t id = krun_session_sample(s);
+            if (r == 1) count_start();
+            ok = !krun_session_verify(s, id, ref_ids + g + 1, 2, acc, NULL, &na, &e);
+            g += 1 + na;
+            if (g + 3 >= SPEC_GEN) break;
+        }
+        count = count_stop();
+        OK(ok && count == 0, "%s: %lu allocations in verification rounds after warm-up", mem ? mem : "in place", count);
+        krun_session_free(s);
+    }
+    remove(ref_state);
+    remove(state);
+    free(ref_logits);
+    krun_model_close(m);
+}
+
 int main(int argc, char **argv)
 {
     const char *mem = NULL;
-    if (argc < 3) { fprintf(stderr, "usage: probe_session memory|allocs|batch FILE.kpk [--mem SIZE]\n"); return 2; }
-    if (argc == 5 && !strcmp(argv[3], "--mem")) mem = argv[4];
+    if (argc < 3) { fprintf(stderr, "usage: probe_session memory|allocs|batch|spec FILE.kpk [--mem SIZE] [--spec N] [--quick]\n"); return 2; }
+    for (int i = 3; i < argc; i += 2) {
+        if (!strcmp(argv[i], "--quick")) { g_quick = 1; i--; continue; }
+        if (i + 1 >= argc) { fprintf(stderr, "probe_session: %s needs a value\n", argv[i]); return 2; }
+        if (!strcmp(argv[i], "--mem")) mem = argv[i + 1];
+        else if (!strcmp(argv[i], "--spec")) g_spec = (size_t)atol(argv[i + 1]);
+        else { fprintf(stderr, "probe_session: unknown option %s\n", argv[i]); return 2; }
+    }
     if (!strcmp(argv[1], "memory")) check_memory(argv[2], mem);
     else if (!strcmp(argv[1], "allocs")) check_allocs(argv[2], mem);
     else if (!strcmp(argv[1], "batch")) check_batch(argv[2], mem);
+    else if (!strcmp(argv[1], "spec")) check_spec(argv[2], mem);
     else { fprintf(stderr, "probe_session: unknown check %s\n", argv[1]); return 2; }
     return fails ? 1 : 0;
 }

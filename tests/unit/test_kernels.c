@@ -5,6 +5,7 @@
  * invariance; kmatvec_t. */
 #include "check.h"
 #include "kernels.h"
+#include "testrand.h"
 #include "threadpool.h"
 
 #include <math.h>
@@ -15,40 +16,8 @@
 
 /* ------------------------------------------------------------------ helpers */
 
-static uint64_t rs = 0x9E3779B97F4A7C15ull;
-static uint64_t rnd(void)
-{
-    rs ^= rs << 13;
-    rs ^= rs >> 7;
-    rs ^= rs << 17;
-    return rs;
-}
-static float unif(float lo, float hi) { return lo + (hi - lo) * (float)((rnd() >> 40) * (1.0 / 16777216.0)); }
-
-static uint32_t fbits(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-static float bitsf(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
 /* Bit equality; two NaNs count as equal (the contract says nothing about payloads). */
 static int same(float a, float b) { return fbits(a) == fbits(b) || (isnan(a) && isnan(b)); }
-
-static void *xmalloc(size_t n)
-{
-    void *p = malloc(n ? n : 1);
-    if (!p) {
-        printf("not ok - out of memory\n");
-        exit(1);
-    }
-    return p;
-}
 
 /* A value with awkward properties now and then: signed zeros, subnormals, large and
  * small magnitudes (bounded so that no product or sum overflows). */
