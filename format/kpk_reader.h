@@ -82,6 +82,10 @@ const kpk_block *kpk_extent_blocks(const kpk_file *f, uint32_t i);
  * raw_len bytes at raw, checking raw_xxh3; thread-safe (per-thread zstd
  * context); errors name the extent and block.  stored and raw must not overlap. */
 int kpk_block_decode(const kpk_file *f, uint32_t i, uint32_t b, const void *stored, void *raw, kpk_err *err);
+/* The same for a block record that is not (yet) in a file's table (the
+ * writer's round trip, the bench): checks the record's own consistency
+ * too; err->msg without a location. */
+int kpk_block_decode_one(const kpk_block *b, const void *stored, void *raw, kpk_err *err);
 
 /* ---- tensors ---- */
 uint64_t kpk_tensor_count(const kpk_file *f);
