@@ -205,7 +205,7 @@ int kp_sources_open(struct pipe *pp, char *err, size_t errlen)
 void kp_sources_close(struct pipe *pp)
 {
     const kp_input *in = pp->in;
-    size_t n_shards = in->src ? in->src->n_shards : 0, n_files = in->arch ? in->arch->n_files : 0;
+    size_t n_shards = in && in->src ? in->src->n_shards : 0, n_files = in && in->arch ? in->arch->n_files : 0;
     if (pp->shard_fd)
         for (size_t i = 0; i < n_shards; i++)
             if (pp->shard_fd[i] >= 0) close(pp->shard_fd[i]);
