@@ -14,6 +14,7 @@
 #include <jansson.h>
 #include <openssl/evp.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -535,6 +536,8 @@ int cmd_export(int argc, char **argv)
     t0 = know();
     {
         uint8_t *buf = malloc(BUF);
+        const char *kill_env = getenv("KPACK_TEST_EXPORT_KILL_AFTER"); /* test hook: SIGKILL after this many files */
+        long kill_after = kill_env ? atol(kill_env) : 0, written = 0;
         for (size_t i = 0; i < n && buf; i++) {
             if (items[i].state == 2) continue;
             if (export_one(f, dir, &items[i], buf, prog)) { items[i].state = -1; break; } /* stop at the first failure */
@@ -544,6 +547,7 @@ int cmd_export(int argc, char **argv)
                 rc = KX_FAIL;
                 break;
             }
+            if (kill_after > 0 && ++written == kill_after) raise(SIGKILL);
         }
         if (!buf) { kx_error("out of memory"); rc = KX_FAIL; }
         free(buf);

@@ -343,11 +343,14 @@ int kp_repair(kpk_file *f, const char *src_dir, const uint32_t *bad, size_t n, i
     if (options_of(&r, &opt)) goto out;
     if (ks_open(src_dir, NULL, &r.src, err, errlen)) { r.damage = 0; ks_free(&r.src); goto out; }
     r.have_src = 1;
+    if (check_shards(&r)) goto out;
     if (!ks_ok(&r.src)) {
-        fail(&r, 1, "%s is not a complete, intact Kimi K3 checkpoint (run kpack check-source on it)", src_dir);
+        const char *what = r.src.n_general && r.src.general[0] ? r.src.general[0] : "";
+        for (size_t k = 0; !*what && k < r.src.n_shards; k++)
+            if (r.src.shards[k].n_problems && r.src.shards[k].problems[0]) what = r.src.shards[k].problems[0];
+        fail(&r, 1, "%s is not a complete, intact Kimi K3 checkpoint (%s; run kpack check-source on it)", src_dir, what);
         goto out;
     }
-    if (check_shards(&r)) goto out;
     r.in.src = &r.src;
     r.in.cfg = &r.src.cfg;
     r.in.schema = &r.src.schema;
