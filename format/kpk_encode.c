@@ -15,16 +15,17 @@
 
 struct kpk_encoder {
     ZSTD_CCtx *cctx;
-    int level;
+    int level, literal_level;
     double min_saving;
     uint8_t *plane;          /* KPK_MAX_BLOCK_RAW: both planes of one block */
 };
 
-kpk_encoder *kpk_encoder_new(int level, double min_saving)
+kpk_encoder *kpk_encoder_new(int level, int literal_level, double min_saving)
 {
     kpk_encoder *e = calloc(1, sizeof *e);
     if (!e) return NULL;
     e->level = level;
+    e->literal_level = literal_level;
     e->min_saving = min_saving;
     e->cctx = ZSTD_createCCtx();
     e->plane = malloc(KPK_MAX_BLOCK_RAW);
@@ -92,11 +93,14 @@ void kpk_planes_merge(const uint8_t *lo, const uint8_t *hi, size_t n, uint8_t *r
     }
 }
 
-/* src coded into dst as one frame if that saves at least min_saving, else
- * copied; returns the stored length, *coded says which, 0 on a zstd error. */
-static size_t code_or_copy(kpk_encoder *e, const uint8_t *src, size_t n, uint8_t *dst, size_t cap, int *coded)
+/* src coded into dst as one frame at level if that saves at least
+ * min_saving, else copied; returns the stored length, *coded says which, 0
+ * on a zstd error. */
+static size_t code_or_copy(kpk_encoder *e, int level, const uint8_t *src, size_t n, uint8_t *dst, size_t cap, int *coded)
 {
-    size_t r = ZSTD_compress2(e->cctx, dst, cap, src, n);
+    size_t r;
+    if (ZSTD_isError(ZSTD_CCtx_setParameter(e->cctx, ZSTD_c_compressionLevel, level))) return 0;
+    r = ZSTD_compress2(e->cctx, dst, cap, src, n);
     if (ZSTD_isError(r)) return 0;
     *coded = (double)r <= (double)n * (1.0 - e->min_saving) && r < n;
     if (!*coded) memcpy(dst, src, n);
@@ -119,8 +123,8 @@ int kpk_encode_block(kpk_encoder *e, int recipe, const void *raw, size_t raw_len
         int c0 = 0, c1 = 0;
         if (raw_len % 2) return -1;
         kpk_planes_split(raw, h, e->plane, e->plane + h);
-        if (!(n0 = code_or_copy(e, e->plane, h, o, cap, &c0))) return -1;
-        if (!(n1 = code_or_copy(e, e->plane + h, h, o + n0, cap - n0, &c1))) return -1;
+        if (!(n0 = code_or_copy(e, e->literal_level, e->plane, h, o, cap, &c0))) return -1;
+        if (!(n1 = code_or_copy(e, e->literal_level, e->plane + h, h, o + n0, cap - n0, &c1))) return -1;
         if (c0 || c1) {
             rec->method = KPK_METHOD_SPLIT2;
             rec->planes = (uint8_t)((c0 ? KPK_PLANE0_ZSTD : 0) | (c1 ? KPK_PLANE1_ZSTD : 0));
@@ -130,8 +134,9 @@ int kpk_encode_block(kpk_encoder *e, int recipe, const void *raw, size_t raw_len
         }
         break; /* neither plane pays: RAW reads without a merge */
     }
+    case KPK_ENC_LITERALS:
     case KPK_ENC_BYTES: {
-        size_t n = code_or_copy(e, raw, raw_len, o, cap, &coded);
+        size_t n = code_or_copy(e, recipe == KPK_ENC_LITERALS ? e->literal_level : e->level, raw, raw_len, o, cap, &coded);
         if (!n) return -1;
         if (coded) {
             rec->method = KPK_METHOD_ZSTD;

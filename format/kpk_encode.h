@@ -8,8 +8,16 @@
  *   KPK_ENC_PLANES  16-bit values (BF16, F16): method SPLIT2, each byte plane
  *                   a zstd frame where that pays and raw where it does not
  *                   (method RAW when neither plane pays);
- *   KPK_ENC_BYTES   anything else: one zstd frame (method ZSTD) where that
- *                   pays, else RAW.
+ *   KPK_ENC_LITERALS bytes whose order carries nothing, only their
+ *                   statistics (MXFP4 codes and scales): one zstd frame
+ *                   where that pays, else RAW;
+ *   KPK_ENC_BYTES   anything else (text, headers, F32 vectors): the same.
+ *
+ * Planes and KPK_ENC_LITERALS blocks are coded at literal_level, a zstd
+ * level so fast that almost no match is looked for: their bytes repeat no
+ * strings, so all the gain is the Huffman coding of their literals, which
+ * decodes faster and codes smaller without matches (docs/PERFORMANCE.md).
+ * KPK_ENC_BYTES blocks are coded at level, where matches pay.
  *
  * "Pays": the coded form is smaller than the raw one by at least
  * min_saving (a fraction) — below that a reader would decode for almost
@@ -24,13 +32,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
-enum kpk_enc_recipe { KPK_ENC_RAW = 0, KPK_ENC_PLANES = 1, KPK_ENC_BYTES = 2 };
+enum kpk_enc_recipe { KPK_ENC_RAW = 0, KPK_ENC_PLANES = 1, KPK_ENC_LITERALS = 2, KPK_ENC_BYTES = 3 };
 
 typedef struct kpk_encoder kpk_encoder;
 
-/* One encoder per thread.  level: a zstd level (negative levels allowed);
- * min_saving in [0, 1).  NULL when out of memory. */
-kpk_encoder *kpk_encoder_new(int level, double min_saving);
+/* One encoder per thread.  level, literal_level: zstd levels (negative
+ * levels allowed); min_saving in [0, 1).  NULL when out of memory. */
+kpk_encoder *kpk_encoder_new(int level, int literal_level, double min_saving);
 void kpk_encoder_free(kpk_encoder *e);
 
 /* Bytes a block of raw_len may take when stored (the caller's buffer size). */

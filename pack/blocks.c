@@ -13,8 +13,11 @@ void kp_codec_defaults(kp_codec_opts *o)
     o->compress = KP_COMPRESS_NONE;
     o->block_size = KP_BLOCK_SIZE_DEFAULT;
     o->level = KP_LEVEL_DEFAULT;
+    o->literal_level = KP_LITERAL_LEVEL_DEFAULT;
     o->min_saving = KP_MIN_SAVING_DEFAULT;
 }
+
+kpk_encoder *kp_encoder_new(const kp_codec_opts *o) { return kpk_encoder_new(o->level, o->literal_level, o->min_saving); }
 
 static const char *const compress_names[] = {"none", "trunk", "all"};
 
@@ -38,6 +41,7 @@ int kp_class_recipe(int cls)
     switch (cls) {
     case KP_BC_ROWS: return KPK_ENC_RAW;
     case KP_BC_PLANES: return KPK_ENC_PLANES;
+    case KP_BC_CODES: case KP_BC_SCALES: return KPK_ENC_LITERALS;
     default: return KPK_ENC_BYTES;
     }
 }

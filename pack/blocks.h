@@ -19,17 +19,21 @@ enum kp_compress { KP_COMPRESS_NONE = 0, KP_COMPRESS_TRUNK = 1, KP_COMPRESS_ALL 
 
 /* The codec's settings: one source of truth for the writer, the estimate and the bench. */
 #define KP_BLOCK_SIZE_DEFAULT ((uint32_t)2 << 20)  /* raw bytes per block */
-#define KP_LEVEL_DEFAULT 1                         /* zstd level */
-#define KP_MIN_SAVING_DEFAULT 0.05                 /* a coded block or plane saves at least 5 %, or is stored raw */
+#define KP_LEVEL_DEFAULT 3                         /* zstd level of text, headers, F32 vectors */
+#define KP_LITERAL_LEVEL_DEFAULT (-131072)         /* of byte planes and MXFP4 bytes: zstd's fastest, literals only */
+#define KP_MIN_SAVING_DEFAULT 0.10                 /* a coded block or plane saves at least 10 %, or is stored raw */
 
 typedef struct kp_codec_opts {
     int compress;            /* KP_COMPRESS_* */
     uint32_t block_size;     /* target raw bytes per block (a row is never split) */
-    int level;               /* zstd level */
+    int level;               /* zstd level of KPK_ENC_BYTES blocks */
+    int literal_level;       /* of planes and KPK_ENC_LITERALS blocks (kpk_encode.h) */
     double min_saving;       /* see kpk_encode.h */
 } kp_codec_opts;
 
 void kp_codec_defaults(kp_codec_opts *o);
+/* An encoder with these settings (one per thread); NULL when out of memory. */
+struct kpk_encoder *kp_encoder_new(const kp_codec_opts *o);
 const char *kp_compress_name(int compress);   /* "none", "trunk", "all" */
 int kp_compress_parse(const char *s);         /* -1 if unknown */
 

@@ -60,8 +60,9 @@ static const char usage_fmt[] =
     "                  extent, the experts' scales too. Lossless; see README for which\n"
     "                  disks it pays on. Blocks are encoded on --threads cores.\n"
     "  --block-size SIZE  raw bytes per compressed block (default %uM; 64K..32M)\n"
-    "  --zstd-level N  zstd level of the compressed blocks (default %d; see\n"
-    "                  docs/PERFORMANCE.md for what each level costs)\n"
+    "  --zstd-level N  zstd level of blocks of text, headers and F32 vectors (default %d);\n"
+    "                  byte planes and MXFP4 bytes are coded as Huffman literals only\n"
+    "                  (docs/PERFORMANCE.md has what each level costs)\n"
     "\n"
     "The archive: from a checkpoint directory, OUT also keeps every byte of the\n"
     "download that the model does not hold (the shards' headers, their non-text\n"
@@ -273,10 +274,11 @@ static void print_plan(const kp_input *in, const kp_plan *p, const kp_estimate_n
         kfmt_bytes(raw_total, b2, sizeof b2);
         printf("  output size: ~%s (%llu bytes, an ESTIMATE; %s uncompressed; directory %s)\n", b1,
                (unsigned long long)total, b2, b3);
-        printf("  compressed (--compress %s): %llu blocks of up to %u KiB, zstd level %d; the estimate encodes a few\n"
-               "  blocks of each class, spread over the source, and applies their stored/raw to the class:\n",
+        printf("  compressed (--compress %s): %llu blocks of about %u KiB, zstd level %d (planes and MXFP4: %d); the\n"
+               "  estimate encodes a few blocks of each class, spread over the source, and applies their stored/raw\n"
+               "  to the class:\n",
                kp_compress_name(p->opt.codec.compress), (unsigned long long)p->n_blocks, p->opt.codec.block_size >> 10,
-               p->opt.codec.level);
+               p->opt.codec.level, p->opt.codec.literal_level);
         for (int c = 0; c < KP_BC_COUNT; c++)
             if (est->blocks[c])
                 printf("    %-15s %8llu blocks, %u sampled: stored/raw %.3f\n", kp_class_name(c),

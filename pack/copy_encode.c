@@ -67,7 +67,7 @@ static struct chunk *take(struct pipe *pp, uint32_t *k)
 static void *encoder_main(void *arg)
 {
     struct pipe *pp = arg;
-    kpk_encoder *enc = kpk_encoder_new(pp->codec->level, pp->codec->min_saving);
+    kpk_encoder *enc = kp_encoder_new(pp->codec);
     pthread_mutex_lock(&pp->mu);
     for (;;) {
         struct chunk *c;

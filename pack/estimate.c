@@ -35,7 +35,7 @@ int kp_estimate_ratios(const kp_input *in, kp_plan *p, kp_estimate_note *note, c
     pp.p = p;
     buf = malloc(p->max_cut + 1);
     out = malloc(kpk_encode_bound(p->max_cut));
-    enc = kpk_encoder_new(p->opt.codec.level, p->opt.codec.min_saving);
+    enc = kp_encoder_new(&p->opt.codec);
     if (!buf || !out || !enc) { snprintf(err, errlen, "out of memory"); goto out; }
     if (kp_sources_open(&pp, err, errlen)) goto out;
     for (int cls = 0; cls < KP_BC_COUNT; cls++) {

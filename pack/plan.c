@@ -508,6 +508,7 @@ static json_t *options_json(const kp_plan *p)
                  ZSTD_versionNumber() % 100);
         json_object_set_new(c, "block_size", json_integer(p->opt.codec.block_size));
         json_object_set_new(c, "level", json_integer(p->opt.codec.level));
+        json_object_set_new(c, "literal_level", json_integer(p->opt.codec.literal_level));
         json_object_set_new(c, "min_saving_percent", json_integer((json_int_t)(p->opt.codec.min_saving * 100 + 0.5)));
         json_object_set_new(c, "zstd", json_string(v));
         json_object_set_new(o, "codec", c);
@@ -609,6 +610,7 @@ static uint64_t compute_plan_id(const kp_input *in, const kp_plan *p)
     hash_u64(st, (uint64_t)p->opt.codec.compress);
     hash_u64(st, p->opt.codec.block_size);
     hash_u64(st, (uint64_t)(int64_t)p->opt.codec.level);
+    hash_u64(st, (uint64_t)(int64_t)p->opt.codec.literal_level);
     hash_u64(st, (uint64_t)(p->opt.codec.min_saving * 1e6));
     hash_u64(st, p->opt.codec.compress ? ZSTD_versionNumber() : 0); /* another zstd may code other bytes */
     for (uint64_t b = 0; b < p->n_blocks; b++) {

@@ -65,6 +65,7 @@ static int options_of(struct repair *r, kp_options *o)
         const char *z = json_string_value(json_object_get(c, "zstd"));
         o->codec.block_size = (uint32_t)json_integer_value(json_object_get(c, "block_size"));
         o->codec.level = (int)json_integer_value(json_object_get(c, "level"));
+        o->codec.literal_level = (int)json_integer_value(json_object_get(c, "literal_level"));
         o->codec.min_saving = (double)json_integer_value(json_object_get(c, "min_saving_percent")) / 100.0;
         snprintf(here, sizeof here, "%u.%u.%u", ZSTD_versionNumber() / 10000, ZSTD_versionNumber() / 100 % 100,
                  ZSTD_versionNumber() % 100);
@@ -370,7 +371,7 @@ int kp_repair(kpk_file *f, const char *src_dir, const uint32_t *bad, size_t n, i
     pp.p = &r.plan;
     raw = malloc(CHUNK > r.plan.max_cut ? CHUNK : r.plan.max_cut);
     out = malloc(kpk_encode_bound(CHUNK > r.plan.max_cut ? CHUNK : r.plan.max_cut));
-    enc = kpk_encoder_new(opt.codec.level, opt.codec.min_saving);
+    enc = kp_encoder_new(&opt.codec);
     fds = malloc(sizeof *fds * kpk_member_count(f));
     if (!raw || !out || !enc || !fds) { fail(&r, 0, "out of memory"); goto out; }
     for (uint16_t k = 0; k < kpk_member_count(f); k++) fds[k] = -1;

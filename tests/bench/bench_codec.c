@@ -33,6 +33,15 @@ static double now(void)
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
+/* CPU seconds of the whole process (every thread): "per core" figures divide
+ * by this, so they hold on a machine others are using too. */
+static double cpu_now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
 static void die(const char *m)
 {
     fprintf(stderr, "bench_codec: %s\n", m);
@@ -76,24 +85,33 @@ static void *dworker(void *arg)
     return NULL;
 }
 
-/* Seconds to decode every block of class cls (-1: all) with n threads: the median of runs. */
-static double decode_time(const struct set *s, int cls, int threads, int runs)
+static void sort(double *t, int n)
 {
-    double t[32];
+    for (int a = 0; a < n; a++)
+        for (int b = a + 1; b < n; b++)
+            if (t[b] < t[a]) { double x = t[a]; t[a] = t[b]; t[b] = x; }
+}
+
+/* Seconds to decode every block of class cls (-1: all) with n threads: the
+ * median of runs, wall clock; *cpu: the median CPU seconds (all threads). */
+static double decode_time(const struct set *s, int cls, int threads, int runs, double *cpu)
+{
+    double t[32], c[32];
     if (runs > 32) runs = 32;
     for (int r = 0; r < runs; r++) {
         struct djob j = {.s = s, .cls = cls};
         pthread_t tid[64];
-        double t0 = now();
+        double t0 = now(), c0 = cpu_now();
         for (int k = 1; k < threads; k++) pthread_create(&tid[k], NULL, dworker, &j);
         dworker(&j);
         for (int k = 1; k < threads; k++) pthread_join(tid[k], NULL);
         t[r] = now() - t0;
+        c[r] = cpu_now() - c0;
         if (j.failed) die("a block failed to decode");
     }
-    for (int a = 0; a < runs; a++)
-        for (int b = a + 1; b < runs; b++)
-            if (t[b] < t[a]) { double x = t[a]; t[a] = t[b]; t[b] = x; }
+    sort(t, runs);
+    sort(c, runs);
+    *cpu = c[runs / 2];
     return t[runs / 2];
 }
 
@@ -111,21 +129,24 @@ static void tally_of(const struct set *s, int cls, int kind, struct tally *t)
     }
 }
 
+/* Decode GB/s of raw output: wall clock, and per CPU second (what one core
+ * does when it has the core to itself). */
 static void report(const struct set *s, int threads, int runs, const char *indent)
 {
-    printf("%s%-15s %9s %7s %6s %6s %6s %12s %12s\n", indent, "class", "raw MB", "stored", "raw", "zstd", "split2",
-           "1 thread", "all threads");
+    printf("%s%-15s %8s %6s %5s %5s %6s | %-22s | %-32s\n", indent, "class", "raw MB", "stored", "raw", "zstd", "split2",
+           "1 thread: wall, per CPU s", "all threads: wall, per CPU s");
     for (int cls = -1; cls < KP_BC_COUNT; cls++) {
         struct tally t;
-        double t1, tn;
+        double t1, tn, c1, cn, gb;
         tally_of(s, cls, -1, &t);
         if (!t.n) continue;
-        t1 = decode_time(s, cls, 1, runs);
-        tn = decode_time(s, cls, threads, runs);
-        printf("%s%-15s %9.1f %7.3f %6llu %6llu %6llu %7.2f GB/s %7.2f GB/s (%.2f per core)\n", indent,
+        t1 = decode_time(s, cls, 1, runs, &c1);
+        tn = decode_time(s, cls, threads, runs, &cn);
+        gb = (double)t.raw / 1e9;
+        printf("%s%-15s %8.1f %6.3f %5llu %5llu %6llu | %5.2f GB/s, %5.2f GB/s | %5.2f GB/s (%d threads), %5.2f GB/s\n", indent,
                cls < 0 ? "all" : kp_class_name(cls), (double)t.raw / 1e6, (double)t.stored / (double)t.raw,
-               (unsigned long long)t.method[0], (unsigned long long)t.method[1], (unsigned long long)t.method[2],
-               (double)t.raw / t1 / 1e9, (double)t.raw / tn / 1e9, (double)t.raw / tn / 1e9 / threads);
+               (unsigned long long)t.method[0], (unsigned long long)t.method[1], (unsigned long long)t.method[2], gb / t1,
+               gb / c1, gb / tn, threads, gb / cn);
     }
 }
 
@@ -233,7 +254,7 @@ static int cmd_explore(kpk_file *f, const int *levels, int nl, const uint32_t *s
             }
         }
         for (int li = 0; li < nl; li++) {
-            kpk_encoder *enc = kpk_encoder_new(levels[li], min_saving);
+            kpk_encoder *enc = kpk_encoder_new(levels[li], levels[li], min_saving); /* both: every class at this level */
             double enc_t[KP_BC_COUNT] = {0};
             if (!enc) die("out of memory");
             for (size_t k = 0; k < s.n; k++) {

@@ -77,7 +77,7 @@ static void test_encoder(void)
 {
     const size_t N = 1 << 20;
     uint8_t *a = malloc(N), *o1, *o2;
-    kpk_encoder *e = kpk_encoder_new(KP_LEVEL_DEFAULT, KP_MIN_SAVING_DEFAULT), *e2 = kpk_encoder_new(KP_LEVEL_DEFAULT, KP_MIN_SAVING_DEFAULT);
+    kpk_encoder *e = kpk_encoder_new(KP_LEVEL_DEFAULT, KP_LITERAL_LEVEL_DEFAULT, KP_MIN_SAVING_DEFAULT), *e2 = kpk_encoder_new(KP_LEVEL_DEFAULT, KP_LITERAL_LEVEL_DEFAULT, KP_MIN_SAVING_DEFAULT);
     kpk_block b1, b2;
     bf16ish(a, N);
     roundtrip(e, KPK_ENC_PLANES, a, N, "BF16-like planes", KPK_METHOD_SPLIT2, KPK_PLANE1_ZSTD);
@@ -87,6 +87,8 @@ static void test_encoder(void)
     roundtrip(e, KPK_ENC_BYTES, a, N, "random bytes: RAW", KPK_METHOD_RAW, 0);
     for (size_t i = 0; i < N; i++) a[i] = (uint8_t)(i % 7 == 0 ? next() : 0);
     roundtrip(e, KPK_ENC_BYTES, a, N, "mostly zeros: ZSTD", KPK_METHOD_ZSTD, 0);
+    for (size_t i = 0; i < N; i++) { uint64_t r = next(); a[i] = (uint8_t)(122 + (r & 1) + ((r >> 1) & 1) + ((r >> 2) & 1)); }
+    roundtrip(e, KPK_ENC_LITERALS, a, N, "scale-like bytes as literals: ZSTD", KPK_METHOD_ZSTD, 0);
     for (size_t i = 0; i < N; i += 2) { a[i] = 0; a[i + 1] = (uint8_t)next(); }
     roundtrip(e, KPK_ENC_PLANES, a, N, "low plane zero, high plane random: only plane 0 coded", KPK_METHOD_SPLIT2, KPK_PLANE0_ZSTD);
     memset(a, 0, N);
@@ -99,7 +101,7 @@ static void test_encoder(void)
     CHECK(kpk_encode_block(e, KPK_ENC_PLANES, a, 3, malloc(64), 64, &b1) == -1, "an odd length as planes is refused");
     /* min_saving: a block that codes to 0.96 of its size is stored raw at 5 %, coded at 0 % */
     {
-        kpk_encoder *z = kpk_encoder_new(KP_LEVEL_DEFAULT, 0.0);
+        kpk_encoder *z = kpk_encoder_new(KP_LEVEL_DEFAULT, KP_LITERAL_LEVEL_DEFAULT, 0.0);
         uint8_t *o = malloc(kpk_encode_bound(N));
         for (size_t i = 0; i < N; i++) a[i] = next() % 100 < 8 ? 0 : (uint8_t)next(); /* ~7.7 bits a byte */
         kpk_encode_block(e, KPK_ENC_BYTES, a, N, o, kpk_encode_bound(N), &b1);
