@@ -60,9 +60,10 @@ static const char usage_fmt[] =
     "                  extent, the experts' scales too. Lossless; see README for which\n"
     "                  disks it pays on. Blocks are encoded on --threads cores.\n"
     "  --block-size SIZE  raw bytes per compressed block (default %uM; 64K..32M)\n"
-    "  --zstd-level N  zstd level of blocks of text, headers and F32 vectors (default %d);\n"
-    "                  byte planes and MXFP4 bytes are coded as Huffman literals only\n"
-    "                  (docs/PERFORMANCE.md has what each level costs)\n"
+    "  --zstd-level N  zstd level of blocks of text, headers and F32 vectors (default %d)\n"
+    "  --zstd-literal-level N  of byte planes and MXFP4 bytes (default %d: zstd's fastest,\n"
+    "                  Huffman literals only, the smallest and fastest to decode here;\n"
+    "                  docs/PERFORMANCE.md has what each level costs)\n"
     "\n"
     "The archive: from a checkpoint directory, OUT also keeps every byte of the\n"
     "download that the model does not hold (the shards' headers, their non-text\n"
@@ -101,7 +102,8 @@ static const char usage_fmt[] =
 
 static void usage(FILE *f)
 {
-    fprintf(f, usage_fmt, (unsigned)(KP_BLOCK_SIZE_DEFAULT >> 20), KP_LEVEL_DEFAULT, (unsigned)(KA_KEEP_MAX_DEFAULT >> 20));
+    fprintf(f, usage_fmt, (unsigned)(KP_BLOCK_SIZE_DEFAULT >> 20), KP_LEVEL_DEFAULT, KP_LITERAL_LEVEL_DEFAULT,
+            (unsigned)(KA_KEEP_MAX_DEFAULT >> 20));
 }
 
 struct run {
@@ -438,6 +440,9 @@ int cmd_convert(int argc, char **argv)
             int64_t b = kx_parse_size(v);
             if (b < (64 << 10) || b > (32 << 20)) { kx_error("--block-size: expected 64K to 32M, got %s", v); return KX_FAIL; }
             opt.codec.block_size = (uint32_t)b;
+        } else if (kx_flag(argc, argv, &i, "--zstd-literal-level", &v)) {
+            if (kx_parse_int(v, -131072, 19, &n)) { kx_error("--zstd-literal-level: expected -131072..19, got %s", v); return KX_FAIL; }
+            opt.codec.literal_level = (int)n;
         } else if (kx_flag(argc, argv, &i, "--zstd-level", &v)) {
             if (kx_parse_int(v, -131072, 19, &n)) { kx_error("--zstd-level: expected -131072..19, got %s", v); return KX_FAIL; }
             opt.codec.level = (int)n;

@@ -8,37 +8,26 @@
 #     several zstd levels and block sizes: stored/raw, encode MB/s (1 thread),
 #     decode GB/s of raw output on 1 thread and on all cores
 #     (tests/bench/bench_codec.c explore);
-#  2. kpack convert --compress trunk and all at each level of BENCH_LEVELS:
+#  2. kpack convert --compress trunk and all with each literal level of
+#     BENCH_LEVELS (--zstd-literal-level: the planes' and MXFP4 bytes' level):
 #     stored/raw by kind, conversion wall time and MB/s, and the projected
 #     time to convert the 1.56 TB checkpoint (from the conversion's MB/s with
 #     the page cache dropped);
 #  3. the real blocks of the --compress all file decoded on 1 thread and on
 #     all cores, page cache warm (tests/bench/bench_codec.c decode).
 # Env: BENCH_DIR, BENCH_RUNS (decode runs, default 5), BENCH_SETTLE, BIN as in
-#      bench_kpack.sh; BENCH_LEVELS (default "-50 -10 -1 1 3"),
+#      bench_kpack.sh; BENCH_LEVELS (default "-131072 -1000 -50 1 3"),
 #      BENCH_BLOCKS (default "1M,2M,4M"), BENCH_SLICE (default --layers 2 --experts 64)
 set -u
 cd "$(dirname "$0")/../.." || exit 2
-TOP=$PWD
-BIN=${BIN:-bin}
-case "$BIN" in /*) ;; *) BIN="$TOP/$BIN";; esac
-RUNS=${BENCH_RUNS:-5}
-SETTLE=${BENCH_SETTLE:-3}
-LEVELS=${BENCH_LEVELS:--50 -10 -1 1 3}
+# shellcheck source=tests/bench/bench_lib.sh
+. tests/bench/bench_lib.sh
+bench_init codec
+LEVELS=${BENCH_LEVELS:--131072 -1000 -50 1 3}
 BLOCKS=${BENCH_BLOCKS:-1M,2M,4M}
-SLICE_OPTS=${BENCH_SLICE:---layers 2 --experts 64}
-mkdir -p "$TOP/build"
-W=${BENCH_DIR:-$(mktemp -d "$TOP/build/bench-codec.XXXXXX")}
-mkdir -p "$W"
-W=$(cd "$W" && pwd)
-RES="$W/results.txt"
-: >"$RES"
-FAILED=0
 cleanup() { rm -rf "$W/slice" "$W"/*.kpk "$W"/*.tmp "$W/bench_codec"; [ -n "${BENCH_DIR:-}" ] || rm -rf "$W"; }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
-# shellcheck source=tests/bench/bench_lib.sh
-. tests/bench/bench_lib.sh
 
 echo "== machine"
 machine
@@ -59,12 +48,12 @@ echo "== 1. levels and block sizes on sampled blocks of each class (bench_codec 
     || FAILED=1
 echo
 
-echo "== 2. kpack convert --compress at each level (page cache dropped before each)"
+echo "== 2. kpack convert --compress at each --zstd-literal-level (page cache dropped before each)"
 printf '%-8s %-6s %9s %9s %9s %9s %8s %9s  %s\n' level mode trunk globals expert all "conv s" "MB/s" "1.56 TB at this speed"
 for level in $LEVELS; do
     for mode in trunk all; do
         rm -f "$W/c.kpk"
-        if run "convert-$mode$level" "$BIN/kpack" convert "$W/slice" "$W/c.kpk" --compress $mode --zstd-level "$level" --json; then
+        if run "convert-$mode$level" "$BIN/kpack" convert "$W/slice" "$W/c.kpk" --compress $mode --zstd-literal-level "$level" --json; then
             wall=$(tail -1 "$RES" | awk '{print $2}')
             "$BIN/kpack" info "$W/c.kpk" --json >"$W/info.tmp"
             python3 - "$W/info.tmp" "$level" "$mode" "$wall" "$bytes" <<'PY'

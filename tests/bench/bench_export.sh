@@ -15,25 +15,12 @@
 #      bench_kpack.sh; BENCH_SKIP: "slice" and/or "virtual"
 set -u
 cd "$(dirname "$0")/../.." || exit 2
-TOP=$PWD
-BIN=${BIN:-bin}
-case "$BIN" in /*) ;; *) BIN="$TOP/$BIN";; esac
-RUNS=${BENCH_RUNS:-5}
-SETTLE=${BENCH_SETTLE:-3}
-SLICE_OPTS=${BENCH_SLICE:---layers 2 --experts 64}
-SKIP=" ${BENCH_SKIP:-} "
-mkdir -p "$TOP/build"
-W=${BENCH_DIR:-$(mktemp -d "$TOP/build/bench-export.XXXXXX")}
-mkdir -p "$W"
-W=$(cd "$W" && pwd)
-RES="$W/results.txt"
-: >"$RES"
-FAILED=0
+# shellcheck source=tests/bench/bench_lib.sh
+. tests/bench/bench_lib.sh
+bench_init export
 cleanup() { rm -rf "$W/slice" "$W/out" "$W/cp" "$W/virt" "$W"/*.kpk "$W"/*.tmp; [ -n "${BENCH_DIR:-}" ] || rm -rf "$W"; }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
-# shellcheck source=tests/bench/bench_lib.sh
-. tests/bench/bench_lib.sh
 
 echo "== machine"
 machine
