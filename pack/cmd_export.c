@@ -381,7 +381,7 @@ static void report(const char *path, struct item *items, size_t n, const kr_reci
         json_object_set_new(j, "files", a);
         json_object_set_new(j, "failed", json_integer((json_int_t)bad));
         json_object_set_new(j, "unconfirmed", json_integer((json_int_t)unconfirmed));
-        json_object_set_new(j, "not_kept", json_incref(only ? json_array() : r->not_kept));
+        json_object_set_new(j, "not_kept", only || !r->not_kept ? json_array() : json_incref(r->not_kept));
         json_object_set_new(j, "bytes", json_integer((json_int_t)bytes));
         json_object_set_new(j, "seconds", json_real(secs));
         json_object_set_new(j, "seconds_bookkeeping", json_real(secs_pieces));

@@ -147,6 +147,8 @@ expect_err "has no archive \(it was written by kpack [0-9.]+, without one\): it 
 expect_exit 2 "export --check of it" "$BIN/kpack" export "$T/na.kpk" --check
 expect_exit 0 "krun runs a file with an archive (the archive is never read)" "$BIN/krun" "$T/s.kpk" --ids 3,7 --gen 2 --quiet
 if $PY "$KPY" relayout "$T/na.kpk" "$T/v10.kpk" --minor 0 2>/dev/null; then
+    expect_exit 0 "a KPK 1.0 file still verifies" "$BIN/kpack" verify "$T/v10.kpk" --quiet
+    expect_exit 0 "... and runs" "$BIN/krun" "$T/v10.kpk" --ids 3,7 --gen 2 --quiet
     expect_exit 2 "export of a KPK 1.0 file" "$BIN/kpack" export "$T/v10.kpk" "$T/v10out"
     expect_err "has no archive" "... says why"
 else
