@@ -3,6 +3,8 @@
  * buffer (freed when the thread exits). */
 #include "kpk_internal.h"
 
+#include "kpk_encode.h"
+
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,9 +27,13 @@ const kpk_block *kpk_extent_blocks(const kpk_file *f, uint32_t i)
     return kpk_extent_block_count(f, i) ? f->blocks + f->extents[i].first_block : NULL;
 }
 
+/* SPLIT2 output merged and hashed in pieces of this many pairs (16 KiB of
+ * output: stays in L1 between the merge and the hash). */
+#define MERGE_PIECE ((size_t)8 << 10)
+
 /* ---- per-thread decoding state ------------------------------------------------ */
 
-struct tls { ZSTD_DCtx *dctx; uint8_t *buf; size_t cap; };
+struct tls { ZSTD_DCtx *dctx; XXH3_state_t *hash; uint8_t *buf; size_t cap; };
 static pthread_key_t tls_key;
 static pthread_once_t tls_once = PTHREAD_ONCE_INIT;
 
@@ -36,6 +42,7 @@ static void tls_free(void *p)
     struct tls *t = p;
     if (!t) return;
     ZSTD_freeDCtx(t->dctx);
+    XXH3_freeState(t->hash);
     free(t->buf);
     free(t);
 }
@@ -50,7 +57,10 @@ static struct tls *tls_get(size_t need)
     t = pthread_getspecific(tls_key);
     if (!t) {
         if (!(t = calloc(1, sizeof *t))) return NULL;
-        if (!(t->dctx = ZSTD_createDCtx()) || pthread_setspecific(tls_key, t)) { tls_free(t); return NULL; }
+        if (!(t->dctx = ZSTD_createDCtx()) || !(t->hash = XXH3_createState()) || pthread_setspecific(tls_key, t)) {
+            tls_free(t);
+            return NULL;
+        }
     }
     if (need > t->cap) {
         uint8_t *b = realloc(t->buf, need);
@@ -104,45 +114,71 @@ static int zstd_frame(ZSTD_DCtx *dctx, void *dst, size_t dst_len, const void *sr
     return 0;
 }
 
-int kpk_block_decode(const kpk_file *f, uint32_t i, uint32_t b, const void *stored, void *raw, kpk_err *err)
+int kpk_block_decode_one(const kpk_block *k, const void *stored, void *raw, kpk_err *err)
 {
-    const kpk_block *k;
     const uint8_t *s = stored;
     uint8_t *r = raw;
     char why[200] = "";
     struct tls *t;
-    if (b >= kpk_extent_block_count(f, i)) return kpk_extent_fail(err, KPK_EINVAL, f, i, "no block %u", b);
-    k = kpk_extent_blocks(f, i) + b;
     switch (k->method) {
     case KPK_METHOD_RAW:
+        if (k->stored_len != k->raw_len) {
+            kpk_err_set(err, KPK_ECHECKSUM, "a RAW block of %u stored bytes for %u decoded ones", k->stored_len, k->raw_len);
+            return -1;
+        }
         memcpy(r, s, k->raw_len);
         break;
     case KPK_METHOD_ZSTD:
-        if (!(t = tls_get(0))) return kpk_extent_fail(err, KPK_ENOMEM, f, i, "block %u: out of memory", b);
-        if (zstd_frame(t->dctx, r, k->raw_len, s, k->stored_len, why, sizeof why, ""))
-            return kpk_extent_fail(err, KPK_ECHECKSUM, f, i, "block %u: %s", b, why);
+        if (!(t = tls_get(0))) { kpk_err_set(err, KPK_ENOMEM, "out of memory"); return -1; }
+        if (zstd_frame(t->dctx, r, k->raw_len, s, k->stored_len, why, sizeof why, "")) {
+            kpk_err_set(err, KPK_ECHECKSUM, "%s", why);
+            return -1;
+        }
         break;
     case KPK_METHOD_SPLIT2: {
         const size_t h = k->raw_len / 2;
         const uint8_t *plane[2] = {s, s + k->plane0_len};
         const size_t len[2] = {k->plane0_len, k->stored_len - k->plane0_len};
-        if (!(t = tls_get(k->planes ? k->raw_len : 0))) return kpk_extent_fail(err, KPK_ENOMEM, f, i, "block %u: out of memory", b);
+        if (k->raw_len % 2 || k->plane0_len > k->stored_len || (k->planes & ~3u) ||
+            (!(k->planes & KPK_PLANE0_ZSTD) && len[0] != h) || (!(k->planes & KPK_PLANE1_ZSTD) && len[1] != h)) {
+            kpk_err_set(err, KPK_ECHECKSUM, "SPLIT2 plane lengths %zu + %zu do not fit %u decoded bytes", len[0], len[1],
+                        k->raw_len);
+            return -1;
+        }
+        if (!(t = tls_get(k->planes ? k->raw_len : 0))) { kpk_err_set(err, KPK_ENOMEM, "out of memory"); return -1; }
         for (int p = 0; p < 2; p++) {
-            if (!(k->planes & (1u << p))) continue; /* stored raw: exactly h bytes (checked at open) */
-            if (zstd_frame(t->dctx, t->buf + p * h, h, plane[p], len[p], why, sizeof why, p ? "plane 1: " : "plane 0: "))
-                return kpk_extent_fail(err, KPK_ECHECKSUM, f, i, "block %u: %s", b, why);
+            if (!(k->planes & (1u << p))) continue; /* stored raw: exactly h bytes */
+            if (zstd_frame(t->dctx, t->buf + p * h, h, plane[p], len[p], why, sizeof why, p ? "plane 1: " : "plane 0: ")) {
+                kpk_err_set(err, KPK_ECHECKSUM, "%s", why);
+                return -1;
+            }
             plane[p] = t->buf + p * h;
         }
-        for (size_t j = 0; j < h; j++) {
-            r[2 * j] = plane[0][j];
-            r[2 * j + 1] = plane[1][j];
+        /* merged and hashed a piece at a time, while the piece is in L1:
+         * one pass over the block's output instead of two */
+        XXH3_64bits_reset(t->hash);
+        for (size_t at = 0; at < h; at += MERGE_PIECE) {
+            size_t n = h - at < MERGE_PIECE ? h - at : MERGE_PIECE;
+            kpk_planes_merge(plane[0] + at, plane[1] + at, n, r + 2 * at);
+            XXH3_64bits_update(t->hash, r + 2 * at, 2 * n);
         }
-        break;
+        if (XXH3_64bits_digest(t->hash) != k->raw_xxh3) goto mismatch;
+        return 0;
     }
     default:
-        return kpk_extent_fail(err, KPK_EVERSION, f, i, "block %u: unsupported method %u", b, k->method);
+        kpk_err_set(err, KPK_EVERSION, "unsupported method %u", k->method);
+        return -1;
     }
-    if (XXH3_64bits(r, k->raw_len) != k->raw_xxh3)
-        return kpk_extent_fail(err, KPK_ECHECKSUM, f, i, "block %u: decoded checksum mismatch", b);
-    return 0;
+    if (XXH3_64bits(r, k->raw_len) == k->raw_xxh3) return 0;
+mismatch:
+    kpk_err_set(err, KPK_ECHECKSUM, "decoded checksum mismatch");
+    return -1;
+}
+
+int kpk_block_decode(const kpk_file *f, uint32_t i, uint32_t b, const void *stored, void *raw, kpk_err *err)
+{
+    kpk_err e = {0};
+    if (b >= kpk_extent_block_count(f, i)) return kpk_extent_fail(err, KPK_EINVAL, f, i, "no block %u", b);
+    if (kpk_block_decode_one(kpk_extent_blocks(f, i) + b, stored, raw, &e) == 0) return 0;
+    return kpk_extent_fail(err, e.code, f, i, "block %u: %s", b, e.msg);
 }

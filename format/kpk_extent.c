@@ -263,6 +263,33 @@ static void drop_cache(const kpk_file *f, uint32_t i, uint64_t pos, uint64_t len
         posix_fadvise(f->member_fd[seg[s].member], (off_t)seg[s].off, (off_t)seg[s].len, POSIX_FADV_DONTNEED);
 }
 
+void kpk_extent_drop_cache(const kpk_file *f, uint32_t i, uint64_t pos, uint64_t len)
+{
+    const kpk_extent *x;
+    if (i >= f->sb.extent_count || !len) return;
+    x = &f->extents[i];
+    if (x->codec == KPK_CODEC_BLOCKS) { /* the stored range of the blocks that hold [pos, pos+len) */
+        const kpk_block *b = kpk_extent_blocks(f, i);
+        uint32_t n = kpk_extent_block_count(f, i), k = 0, j;
+        while (k < n && b[k].raw_off + b[k].raw_len <= pos) k++;
+        for (j = k; j < n && b[j].raw_off < pos + len; j++) {}
+        if (k == j) return;
+        pos = b[k].stored_off;
+        len = b[j - 1].stored_off + b[j - 1].stored_len - pos;
+    } else if (x->codec != KPK_CODEC_NONE) {
+        return;
+    }
+    for (uint64_t done = 0; done < len;) { /* drop_cache maps at most 64 segments a call */
+        kpk_seg seg[64];
+        uint64_t d;
+        size_t m = kpk_extent_segments(f, i, pos + done, len - done, seg, 64, &d);
+        if (!m) break;
+        for (size_t s = 0; s < m; s++)
+            posix_fadvise(f->member_fd[seg[s].member], (off_t)seg[s].off, (off_t)seg[s].len, POSIX_FADV_DONTNEED);
+        done += d;
+    }
+}
+
 /* Codec 0, or codec 2 shallow: stream the stored bytes. */
 static int verify_stream(const kpk_file *f, uint32_t i, uint8_t *scratch, size_t scratch_len, int gaps, kpk_err *err)
 {

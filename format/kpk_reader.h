@@ -82,6 +82,10 @@ const kpk_block *kpk_extent_blocks(const kpk_file *f, uint32_t i);
  * raw_len bytes at raw, checking raw_xxh3; thread-safe (per-thread zstd
  * context); errors name the extent and block.  stored and raw must not overlap. */
 int kpk_block_decode(const kpk_file *f, uint32_t i, uint32_t b, const void *stored, void *raw, kpk_err *err);
+/* The same for a block record that is not (yet) in a file's table (the
+ * writer's round trip, the bench): checks the record's own consistency
+ * too; err->msg without a location. */
+int kpk_block_decode_one(const kpk_block *b, const void *stored, void *raw, kpk_err *err);
 
 /* ---- tensors ---- */
 uint64_t kpk_tensor_count(const kpk_file *f);
@@ -100,6 +104,9 @@ int kpk_extent_read(const kpk_file *f, uint32_t i, void *buf, int verify, kpk_er
 /* Decoded bytes [pos, pos+len) of extent i (codec 2: only the blocks that
  * overlap the range are read and decoded, each checked against its raw_xxh3). */
 int kpk_extent_read_raw(const kpk_file *f, uint32_t i, void *dst, uint64_t len, uint64_t pos, kpk_err *err);
+/* Drop from the page cache what holds decoded bytes [pos, pos+len) of
+ * extent i (a reader that uses each byte once keeps the cache for others). */
+void kpk_extent_drop_cache(const kpk_file *f, uint32_t i, uint64_t pos, uint64_t len);
 /* Check stored bytes that the caller read itself (e.g. with O_DIRECT). */
 int kpk_extent_check(const kpk_file *f, uint32_t i, const void *stored, kpk_err *err);
 /* Decode stored bytes (stored_len, contiguous) into raw_len bytes (codec

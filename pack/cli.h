@@ -5,7 +5,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#define KPACK_VERSION "0.2.0"
+#define KPACK_VERSION "0.3.0"
 
 /* Exit codes (documented in README and `kpack --help`). */
 enum {
@@ -33,5 +33,6 @@ int cmd_convert(int argc, char **argv);
 int cmd_verify(int argc, char **argv);
 int cmd_info(int argc, char **argv);
 int cmd_cat(int argc, char **argv);
+int cmd_export(int argc, char **argv);
 
 #endif

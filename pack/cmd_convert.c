@@ -3,9 +3,11 @@
  * the extents into the partial member files, all written in parallel
  * (resumable through OUT.journal), write the directory and superblocks,
  * fsync, rename. */
+#include "archive.h"
 #include "cli.h"
 #include "copy.h"
 #include "directory.h"
+#include "estimate.h"
 #include "guard.h"
 #include "journal.h"
 #include "k3_check.h"
@@ -30,10 +32,11 @@
 #include <time.h>
 #include <unistd.h>
 
-static const char usage[] =
-    "usage: kpack convert SRC OUT.kpk [--stripe DIR,DIR,...] [--stripe-unit SIZE] [--trunk-to DIR]\n"
-    "                     [--align N] [--order layer-major|trunk-first]\n"
-    "                     [--sha256 SUMS] [--threads N] [--force] [--dry-run] [--json] [--quiet]\n"
+static const char usage_fmt[] =
+    "usage: kpack convert SRC OUT.kpk [--compress none|trunk|all] [--stripe DIR,DIR,...] [--stripe-unit SIZE]\n"
+    "                     [--trunk-to DIR] [--align N] [--order layer-major|trunk-first]\n"
+    "                     [--keep-max SIZE | --no-archive] [--sha256 SUMS] [--threads N]\n"
+    "                     [--force] [--dry-run] [--json] [--quiet]\n"
     "\n"
     "Repacks a checked Kimi K3 checkpoint (SRC a directory) into a KPK file, or\n"
     "re-lays out an existing KPK file or set (SRC its entry file; the original\n"
@@ -51,6 +54,26 @@ static const char usage[] =
     "Member files are found through paths relative to OUT's directory: move a set as\n"
     "a whole. Each member file is written by its own thread, front to back.\n"
     "\n"
+    "  --compress MODE none (default): every extent stored as it is; trunk: the globals\n"
+    "                  and every trunk layer (read on every token) stored as compressed\n"
+    "                  blocks (BF16 as byte planes + zstd; the embedding raw); all: every\n"
+    "                  extent, the experts' scales too. Lossless; see README for which\n"
+    "                  disks it pays on. Blocks are encoded on --threads cores.\n"
+    "  --block-size SIZE  raw bytes per compressed block (default %uM; 64K..32M)\n"
+    "  --zstd-level N  zstd level of blocks of text, headers and F32 vectors (default %d)\n"
+    "  --zstd-literal-level N  of byte planes and MXFP4 bytes (default %d: zstd's fastest,\n"
+    "                  Huffman literals only, the smallest and fastest to decode here;\n"
+    "                  docs/PERFORMANCE.md has what each level costs)\n"
+    "\n"
+    "The archive: from a checkpoint directory, OUT also keeps every byte of the\n"
+    "download that the model does not hold (the shards' headers, their non-text\n"
+    "tensors and any gap bytes, and every other file of the directory up to\n"
+    "--keep-max), so that `kpack export` gives the original files back and the\n"
+    "download can be deleted once `kpack export --check` says so.\n"
+    "  --keep-max SIZE largest other file kept (default %uM); larger ones are listed\n"
+    "                  as not kept\n"
+    "  --no-archive    keep only the model (the non-text tensors are dropped)\n"
+    "\n"
     "It writes NAME.partial for each output file and OUT.journal next to OUT; if it is\n"
     "interrupted (even by kill -9 or a power cut), rerunning the same command resumes\n"
     "from the last completed, verified extent and produces the same bytes as an\n"
@@ -62,17 +85,26 @@ static const char usage[] =
     "  --order O       layer-major (default): globals, then each layer's trunk followed\n"
     "                  by its experts, so one decoding step reads each file front to back;\n"
     "                  trunk-first: every trunk layer before all experts\n"
-    "  --sha256 SUMS   verify the shards' SHA-256 first (sha256sum format) and record it\n"
-    "  --threads N     files hashed at once for --sha256 (default: all cores)\n"
+    "  --sha256 SUMS   verify the shards' and other files' SHA-256 first (sha256sum format)\n"
+    "                  and record them; a Hugging Face cache snapshot's blob names are\n"
+    "                  checked the same way\n"
+    "  --threads N     files hashed at once, blocks encoded at once (default: all cores)\n"
     "  --force         replace OUT (and its members) if they exist (the old files stay\n"
     "                  until the new ones are complete)\n"
-    "  --dry-run       print the plan (extents, each output file's size) and stop\n"
+    "  --dry-run       print the plan (extents, each output file's size; compressed sizes\n"
+    "                  are an estimate from sampled blocks) and stop\n"
     "  --json          machine-readable summary on stdout\n"
     "  --quiet         no progress line or notes\n"
     "\n"
     "Exit: 0 converted, 1 the source has problems (see check-source) or a source KPK\n"
     "      file is damaged, 2 cannot convert (usage, OUT exists, another kpack is\n"
     "      converting to OUT, not enough space, I/O error).\n";
+
+static void usage(FILE *f)
+{
+    fprintf(f, usage_fmt, (unsigned)(KP_BLOCK_SIZE_DEFAULT >> 20), KP_LEVEL_DEFAULT, KP_LITERAL_LEVEL_DEFAULT,
+            (unsigned)(KA_KEEP_MAX_DEFAULT >> 20));
+}
 
 struct run {
     kp_plan *plan;
@@ -123,6 +155,8 @@ static int on_extent_done(void *ctx, uint32_t i)
     rec->stored_len = x->stored_len;
     rec->stored_xxh3 = x->stored_xxh3;
     rec->raw_xxh3 = x->raw_xxh3;
+    rec->n_blocks = kp_extent_nblocks(r->plan, i);
+    rec->blocks = rec->n_blocks ? r->plan->blocks + x->first_block : NULL;
     r->since_sync += kpk_round_up(x->stored_len, r->plan->opt.align);
     r->done_count++;
     if (r->since_sync >= r->sync_bytes && flush_journal(r)) return -1;
@@ -153,13 +187,20 @@ static void per_disk(void *ctx, double elapsed, char *buf, size_t n)
     }
 }
 
-static void print_plan(const kp_input *in, const kp_plan *p, const char *out, int json)
+static void print_plan(const kp_input *in, const kp_plan *p, const kp_estimate_note *est, const char *out, int json)
 {
     uint32_t by_kind[KPK_KIND_MAX + 1] = {0};
-    uint64_t bytes_kind[KPK_KIND_MAX + 1] = {0}, total = 0;
+    uint64_t bytes_kind[KPK_KIND_MAX + 1] = {0}, total = 0, raw_total = 0;
     char d[64], b1[32], b2[32], b3[32];
-    kp_layout l;
-    if (kp_plan_estimate(p, &l)) { kx_error("out of memory"); return; }
+    kp_layout l, raw;
+    if (kp_plan_estimate(p, 0.0, &l)) { kx_error("out of memory"); return; }
+    {   /* the same plan stored raw: what compression saves */
+        kp_plan q = *p;
+        for (int c = 0; c < KP_BC_COUNT; c++) q.est_ratio[c] = 1.0;
+        if (kp_plan_estimate(&q, 0.0, &raw)) { kx_error("out of memory"); kp_layout_free(&l); return; }
+        for (uint32_t m = 0; m < p->n_members; m++) raw_total += raw.member_size[m];
+        kp_layout_free(&raw);
+    }
     for (uint32_t i = 0; i < p->n_extents; i++) {
         by_kind[p->extents[i].kind]++;
         bytes_kind[p->extents[i].kind] += p->extents[i].raw_len;
@@ -194,7 +235,24 @@ static void print_plan(const kp_input *in, const kp_plan *p, const char *out, in
         }
         json_object_set_new(j, "members", mem);
         json_object_set_new(j, "stripe_unit", json_integer(p->stripe_unit));
-        json_object_set_new(j, "dropped_tensors", json_integer(in->src ? (json_int_t)in->src->n_dropped : 0));
+        json_object_set_new(j, "dropped_tensors", json_integer(in->src && !in->arch ? (json_int_t)in->src->n_dropped : 0));
+        json_object_set_new(j, "compress", json_string(kp_compress_name(p->opt.codec.compress)));
+        json_object_set_new(j, "output_bytes_is_estimate", json_boolean(p->n_blocks > 0));
+        json_object_set_new(j, "uncompressed_output_bytes", json_integer((json_int_t)raw_total));
+        json_object_set_new(j, "blocks", json_integer((json_int_t)p->n_blocks));
+        if (p->n_blocks) {
+            json_t *e = json_object();
+            for (int c = 0; c < KP_BC_COUNT; c++) {
+                json_t *o;
+                if (!est->blocks[c]) continue;
+                o = json_object();
+                json_object_set_new(o, "blocks", json_integer((json_int_t)est->blocks[c]));
+                json_object_set_new(o, "sampled", json_integer(est->sampled[c]));
+                json_object_set_new(o, "stored_over_raw", json_real(p->est_ratio[c]));
+                json_object_set_new(e, kp_class_name(c), o);
+            }
+            json_object_set_new(j, "estimate", e);
+        }
         json_dumpf(j, stdout, JSON_INDENT(1) | JSON_SORT_KEYS);
         fputc('\n', stdout);
         json_decref(j);
@@ -210,9 +268,27 @@ static void print_plan(const kp_input *in, const kp_plan *p, const char *out, in
            by_kind[KPK_KIND_GLOBALS], by_kind[KPK_KIND_TRUNK], by_kind[KPK_KIND_EXPERT]);
     if (by_kind[KPK_KIND_ARCHIVE]) printf(", %u archive", by_kind[KPK_KIND_ARCHIVE]);
     printf(")\n");
-    if (in->src) printf("  tensors: %llu (%zu non-text tensors dropped)\n", (unsigned long long)p->n_tensors, in->src->n_dropped);
+    if (in->src && in->arch)
+        printf("  tensors: %llu (%zu non-text tensors, the shards' headers and %zu other files kept in the archive)\n",
+               (unsigned long long)p->n_tensors, in->src->n_dropped, in->arch->n_files);
+    else if (in->src) printf("  tensors: %llu (%zu non-text tensors dropped)\n", (unsigned long long)p->n_tensors, in->src->n_dropped);
     else printf("  tensors: %llu (re-laid out from %s)\n", (unsigned long long)p->n_tensors, kpk_path(in->kpk));
-    printf("  output size: %s (%llu bytes; directory %s)\n", b1, (unsigned long long)total, b3);
+    if (p->n_blocks) {
+        kfmt_bytes(raw_total, b2, sizeof b2);
+        printf("  output size: ~%s (%llu bytes, an ESTIMATE; %s uncompressed; directory %s)\n", b1,
+               (unsigned long long)total, b2, b3);
+        printf("  compressed (--compress %s): %llu blocks of about %u KiB, zstd level %d (planes and MXFP4: %d); the\n"
+               "  estimate encodes a few blocks of each class, spread over the source, and applies their stored/raw\n"
+               "  to the class:\n",
+               kp_compress_name(p->opt.codec.compress), (unsigned long long)p->n_blocks, p->opt.codec.block_size >> 10,
+               p->opt.codec.level, p->opt.codec.literal_level);
+        for (int c = 0; c < KP_BC_COUNT; c++)
+            if (est->blocks[c])
+                printf("    %-15s %8llu blocks, %u sampled: stored/raw %.3f\n", kp_class_name(c),
+                       (unsigned long long)est->blocks[c], est->sampled[c], p->est_ratio[c]);
+    } else {
+        printf("  output size: %s (%llu bytes; directory %s)\n", b1, (unsigned long long)total, b3);
+    }
     printf("  largest extent: %s, %s\n", d, b2);
     if (p->n_members > 1) {
         printf("  %u member files", p->n_members);
@@ -316,8 +392,10 @@ int cmd_convert(int argc, char **argv)
     char *stripe_list = NULL;
     const char **stripe_dirs = NULL;
     kp_options opt = {.align = 4096, .order = KPK_ORDER_LAYER_MAJOR};
-    int json = 0, quiet = 0, force = 0, dry = 0, threads = kx_cpus(), kind;
-    int64_t unit = 0;
+    int json = 0, quiet = 0, force = 0, dry = 0, threads = kx_cpus(), kind, no_archive = 0, have_arch = 0;
+    int64_t unit = 0, keep_max = -1;
+    ka_archive arch;
+    kp_estimate_note est;
     k3_source src;
     kpk_file *kpk = NULL;
     k3_config kcfg;
@@ -338,9 +416,11 @@ int cmd_convert(int argc, char **argv)
     kp_lock lock = KP_LOCK_INIT;
 
     memset(&r, 0, sizeof r);
+    memset(&est, 0, sizeof est);
     r.jr.fd = -1;
+    kp_codec_defaults(&opt.codec);
     for (int i = 1; i < argc; i++) {
-        if (kx_flag(argc, argv, &i, "--help", NULL) || kx_flag(argc, argv, &i, "-h", NULL)) { fputs(usage, stdout); return KX_OK; }
+        if (kx_flag(argc, argv, &i, "--help", NULL) || kx_flag(argc, argv, &i, "-h", NULL)) { usage(stdout); return KX_OK; }
         else if (kx_flag(argc, argv, &i, "--align", &v)) {
             int64_t a = kx_parse_size(v);
             if (a < 4096 || a > (2 << 20) || (a & (a - 1))) { kx_error("--align: expected a power of two from 4096 to 2M, got %s", v); return KX_FAIL; }
@@ -355,7 +435,22 @@ int cmd_convert(int argc, char **argv)
                 kx_error("--stripe-unit: expected a power of two from 4K to 64M, got %s", v);
                 return KX_FAIL;
             }
-        } else if (kx_flag(argc, argv, &i, "--stripe", &v)) stripe_list = (char *)v;
+        } else if (kx_flag(argc, argv, &i, "--compress", &v)) {
+            if ((opt.codec.compress = kp_compress_parse(v)) < 0) { kx_error("--compress: expected none, trunk or all, got %s", v); return KX_FAIL; }
+        } else if (kx_flag(argc, argv, &i, "--block-size", &v)) {
+            int64_t b = kx_parse_size(v);
+            if (b < (64 << 10) || b > (32 << 20)) { kx_error("--block-size: expected 64K to 32M, got %s", v); return KX_FAIL; }
+            opt.codec.block_size = (uint32_t)b;
+        } else if (kx_flag(argc, argv, &i, "--zstd-literal-level", &v)) {
+            if (kx_parse_int(v, -131072, 19, &n)) { kx_error("--zstd-literal-level: expected -131072..19, got %s", v); return KX_FAIL; }
+            opt.codec.literal_level = (int)n;
+        } else if (kx_flag(argc, argv, &i, "--zstd-level", &v)) {
+            if (kx_parse_int(v, -131072, 19, &n)) { kx_error("--zstd-level: expected -131072..19, got %s", v); return KX_FAIL; }
+            opt.codec.level = (int)n;
+        } else if (kx_flag(argc, argv, &i, "--keep-max", &v)) {
+            if ((keep_max = kx_parse_size(v)) < 0) { kx_error("--keep-max: expected a size (e.g. 64M), got %s", v); return KX_FAIL; }
+        } else if (kx_flag(argc, argv, &i, "--no-archive", NULL)) no_archive = 1;
+        else if (kx_flag(argc, argv, &i, "--stripe", &v)) stripe_list = (char *)v;
         else if (kx_flag(argc, argv, &i, "--trunk-to", &v)) opt.trunk_dir = v;
         else if (kx_flag(argc, argv, &i, "--sha256", &v)) sums = v;
         else if (kx_flag(argc, argv, &i, "--threads", &v)) {
@@ -365,13 +460,14 @@ int cmd_convert(int argc, char **argv)
         else if (kx_flag(argc, argv, &i, "--dry-run", NULL)) dry = 1;
         else if (kx_flag(argc, argv, &i, "--json", NULL)) json = 1;
         else if (kx_flag(argc, argv, &i, "--quiet", NULL)) quiet = 1;
-        else if (argv[i][0] == '-') { kx_error("convert: unknown option %s", argv[i]); fputs(usage, stderr); return KX_FAIL; }
+        else if (argv[i][0] == '-') { kx_error("convert: unknown option %s", argv[i]); usage(stderr); return KX_FAIL; }
         else if (!src_path) src_path = argv[i];
         else if (!out) out = argv[i];
         else { kx_error("convert: unexpected argument %s", argv[i]); return KX_FAIL; }
     }
-    if (!src_path || !out) { fputs(usage, stderr); return KX_FAIL; }
+    if (!src_path || !out) { usage(stderr); return KX_FAIL; }
     if (json) quiet = 1;
+    if (no_archive && keep_max >= 0) { kx_error("--keep-max and --no-archive contradict each other"); return KX_FAIL; }
     if (unit && !stripe_list) { kx_error("--stripe-unit needs --stripe"); return KX_FAIL; }
     if (unit && (uint64_t)unit < opt.align) {
         kx_error("--stripe-unit %lld is smaller than the alignment %u; it must be a multiple of it", (long long)unit, opt.align);
@@ -389,6 +485,10 @@ int cmd_convert(int argc, char **argv)
     if (kind < 0) { kx_error("%s: %s", src_path, strerror(errno)); goto out; }
     if (!kind && !kx_is_dir(src_path)) goto out;
     if (kind && sums) { kx_error("--sha256 checks a checkpoint directory; a KPK source is checked by its own checksums"); goto out; }
+    if (kind && (no_archive || keep_max >= 0)) {
+        kx_error("%s applies to a checkpoint directory; a re-layout keeps what the KPK source keeps", no_archive ? "--no-archive" : "--keep-max");
+        goto out;
+    }
     if (!dry) {
         /* From here on, this process is the only kpack writing OUT's files
          * (taken before the source check, which may hash for hours). */
@@ -419,21 +519,39 @@ int cmd_convert(int argc, char **argv)
             goto out;
         }
         have_src = 1;
-        if (sums) ks_check_sha256(&src, threads, !quiet);
+        if (!no_archive) {
+            if (ka_scan(&src, out, keep_max >= 0 ? (uint64_t)keep_max : KA_KEEP_MAX_DEFAULT, sums, &arch, err, sizeof err)) {
+                kx_error("listing the files to keep: %s", err);
+                goto out;
+            }
+            have_arch = 1;
+        }
+        /* Hashes are recorded only when checked: --sha256, or a Hugging Face
+         * cache's blob names (which name the SHA-256) when there is an archive
+         * (its export --check compares with them). */
+        if (sums || (have_arch && src.hf_snapshot)) ks_check_sha256(&src, threads, !quiet);
         if (!ks_ok(&src)) {
             kx_error("%s is not a complete, intact Kimi K3 checkpoint; nothing was written:", src_path);
             kr_source_problems(&src, stderr);
             rc = KX_BAD;
             goto out;
         }
+        if (have_arch && ka_check_sha256(&arch, err, sizeof err)) {
+            kx_error("%s; nothing was written", err);
+            rc = KX_BAD;
+            goto out;
+        }
+        if (have_arch) in.arch = &arch;
         in.src = &src;
         in.cfg = &src.cfg;
         in.schema = &src.schema;
     }
+    in.threads = threads;
     if (kp_plan_build(&in, &opt, out, "kpack " KPACK_VERSION, &plan, err, sizeof err)) { kx_error("%s", err); goto out; }
     have_plan = 1;
+    if (kp_estimate_ratios(&in, &plan, &est, err, sizeof err)) { kx_error("%s", err); goto out; }
     if (dry) {
-        print_plan(&in, &plan, out, json);
+        print_plan(&in, &plan, &est, out, json);
         rc = KX_OK;
         goto out;
     }
@@ -534,6 +652,9 @@ int cmd_convert(int argc, char **argv)
             json_object_set_new(j, "tensors", json_integer((json_int_t)plan.n_tensors));
             json_object_set_new(j, "resumed_at_extent", json_integer(first));
             json_object_set_new(j, "bytes_copied", json_integer((json_int_t)stats.bytes_in));
+            json_object_set_new(j, "bytes_stored", json_integer((json_int_t)stats.bytes_stored));
+            json_object_set_new(j, "compress", json_string(kp_compress_name(plan.opt.codec.compress)));
+            json_object_set_new(j, "blocks", json_integer((json_int_t)plan.n_blocks));
             json_object_set_new(j, "bytes_read", json_integer((json_int_t)stats.bytes_read));
             json_object_set_new(j, "bytes_written", json_integer((json_int_t)written));
             json_object_set_new(j, "copy_seconds", json_real(t_copy));
@@ -555,8 +676,12 @@ int cmd_convert(int argc, char **argv)
             kfmt_bytes(total, b1, sizeof b1);
             kfmt_bytes(stats.bytes_in, b2, sizeof b2);
             if (plan.n_members > 1) snprintf(mem, sizeof mem, " in %u member files", plan.n_members);
-            fprintf(stderr, "kpack: wrote %s (%s%s, %u extents, %llu tensors); copied %s in %.1f s (%.0f MB/s)\n", out, b1,
+            fprintf(stderr, "kpack: wrote %s (%s%s, %u extents, %llu tensors); copied %s in %.1f s (%.0f MB/s)", out, b1,
                     mem, plan.n_extents, (unsigned long long)plan.n_tensors, b2, t_copy, mbps);
+            if (plan.n_blocks && stats.bytes_in)
+                fprintf(stderr, "; this run stored %.3f of what it copied (%llu compressed blocks in all)",
+                        (double)stats.bytes_stored / (double)stats.bytes_in, (unsigned long long)plan.n_blocks);
+            fputc('\n', stderr);
         }
     }
     rc = KX_OK;
@@ -575,6 +700,7 @@ out:
     free(cursor);
     free(journal);
     if (have_plan) kp_plan_free(&plan);
+    if (have_arch) ka_free(&arch);
     if (have_src) ks_free(&src);
     kpk_close(kpk);
     free(stripe_dirs);

@@ -93,25 +93,31 @@ static void print_members(const kpk_file *f)
 static void print_archive(json_t *manifest, const struct by_kind *k)
 {
     json_t *ar = json_object_get(manifest, "archive"), *files = json_object_get(ar, "files"), *it;
-    size_t i;
+    json_t *nk = json_object_get(ar, "not_kept");
+    size_t i, checked = 0;
     uint64_t total = 0;
     char b[32];
     if (!ar) return;
-    json_array_foreach(files, i, it) total += (uint64_t)json_integer_value(json_object_get(it, "size"));
+    json_array_foreach(files, i, it) {
+        total += (uint64_t)json_integer_value(json_object_get(it, "size"));
+        checked += json_is_string(json_object_get(it, "sha256"));
+    }
     kfmt_bytes(total, b, sizeof b);
-    printf("archive:   %zu file%s of the download (%s) can be rebuilt", json_array_size(files),
-           json_array_size(files) == 1 ? "" : "s", b);
+    printf("archive:   %zu file%s of the download (%s) can be rebuilt with kpack export, SHA-256 recorded for %zu",
+           json_array_size(files), json_array_size(files) == 1 ? "" : "s", b, checked);
     kfmt_bytes(k[KPK_KIND_ARCHIVE].stored, b, sizeof b);
     printf("; %u archive extent%s hold %s\n", k[KPK_KIND_ARCHIVE].count, k[KPK_KIND_ARCHIVE].count == 1 ? "" : "s", b);
     json_array_foreach(files, i, it) {
-        if (i == 8) { printf("  ... %zu more\n", json_array_size(files) - 8); break; }
         kfmt_bytes((uint64_t)json_integer_value(json_object_get(it, "size")), b, sizeof b);
-        printf("  %-12s %9s  %s\n", json_string_value(json_object_get(it, "kind")), b,
+        printf("  %-12s %9s  %s  %s\n", json_string_value(json_object_get(it, "kind")), b,
+               json_is_string(json_object_get(it, "sha256")) ? "sha256 checked" : "              ",
                json_string_value(json_object_get(it, "name")));
     }
-    if (json_array_size(json_object_get(ar, "not_kept")))
-        printf("  not kept: %zu file%s\n", json_array_size(json_object_get(ar, "not_kept")),
-               json_array_size(json_object_get(ar, "not_kept")) == 1 ? "" : "s");
+    json_array_foreach(nk, i, it) {
+        kfmt_bytes((uint64_t)json_integer_value(json_object_get(it, "size")), b, sizeof b);
+        printf("  not kept: %s (%s): %s\n", json_string_value(json_object_get(it, "name")), b,
+               json_string_value(json_object_get(it, "reason")));
+    }
 }
 
 int cmd_info(int argc, char **argv)

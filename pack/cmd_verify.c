@@ -8,6 +8,7 @@
 #include "kio.h"
 #include "kprogress.h"
 #include "kpk_reader.h"
+#include "repair.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -17,7 +18,7 @@
 #include <string.h>
 
 static const char usage[] =
-    "usage: kpack verify FILE.kpk [--shallow] [--threads N] [--json] [--quiet]\n"
+    "usage: kpack verify FILE.kpk [--shallow | --repair-from SOURCE_DIR] [--threads N] [--json] [--quiet]\n"
     "\n"
     "Checks the superblocks of every member file, the directory checksums, every\n"
     "extent's XXH3, every compressed block (decoded, with its checksum), that every\n"
@@ -29,6 +30,12 @@ static const char usage[] =
     "A set is verified through its entry file (member 0).\n"
     "\n"
     "  --shallow     compressed extents: check the stored bytes only (no decoding)\n"
+    "  --repair-from SOURCE_DIR  remake the extents that fail from the download the\n"
+    "                file was converted from, and check again. The source is checked\n"
+    "                first (the shards the manifest lists, their sizes and recorded\n"
+    "                SHA-256), and each extent made again must reproduce the checksums\n"
+    "                of the table before anything is written: a source that does not\n"
+    "                match is refused (named) and nothing is written\n"
     "  --threads N   extents checked at once (default: all cores)\n"
     "  --json        machine-readable report on stdout\n"
     "  --quiet       no progress line\n"
@@ -179,16 +186,128 @@ static int report_open_error(const char *path, const kpk_err *e, int json)
     return damage ? KX_BAD : KX_FAIL;
 }
 
-int cmd_verify(int argc, char **argv)
+/* One full check of an open file; the problems are in job (sorted). */
+static double verify_once(kpk_file *f, struct vjob *job, int threads, int progress)
 {
-    const char *path = NULL, *v;
-    int json = 0, quiet = 0, threads = kx_cpus();
-    kpk_file *f;
-    kpk_err e = {0};
-    struct vjob job;
     pthread_t *tid;
     int started = 0;
     uint64_t total = 0;
+    double secs;
+    job->f = f;
+    atomic_store(&job->next, 0);
+    if (kpk_warning(f)) add_problem(job, ORDER_FILE, "superblock", kpk_warning(f));
+    for (uint32_t i = 0; i < kpk_extent_count(f); i++) total += kpk_extent_padded_len(f, kpk_extent_at(f, i));
+    job->prog = kprogress_start("verify", total, progress);
+    check_contents(job);
+    check_regions(job);
+    tid = calloc((size_t)threads, sizeof *tid);
+    for (int i = 1; tid && i < threads; i++)
+        if (pthread_create(&tid[i], NULL, worker, job) == 0) started++;
+        else break;
+    worker(job);
+    for (int i = 1; i <= started; i++) pthread_join(tid[i], NULL);
+    free(tid);
+    secs = kprogress_finish(job->prog);
+    if (job->probs) qsort(job->probs, job->n_probs < job->cap ? job->n_probs : job->cap, sizeof *job->probs, cmp_prob);
+    return secs;
+}
+
+static void print_report(const char *path, kpk_file *f, const struct vjob *job, double secs, int json, json_t *repair)
+{
+    if (json) {
+        json_t *j = json_object(), *a = json_array();
+        for (size_t i = 0; i < job->n_probs && i < job->cap; i++) {
+            json_t *o = json_object();
+            json_object_set_new(o, "what", json_string(job->probs[i].what));
+            json_object_set_new(o, "error", json_string(job->probs[i].msg));
+            json_array_append_new(a, o);
+        }
+        json_object_set_new(j, "file", json_string(path));
+        json_object_set_new(j, "ok", json_boolean(job->n_probs == 0));
+        json_object_set_new(j, "readable", json_boolean(!job->io_error));
+        json_object_set_new(j, "members", json_integer(kpk_member_count(f)));
+        json_object_set_new(j, "extents", json_integer(kpk_extent_count(f)));
+        json_object_set_new(j, "bytes", json_integer((json_int_t)kpk_total_size(f)));
+        json_object_set_new(j, "deep", json_boolean(!(job->flags & KPK_VERIFY_SHALLOW)));
+        json_object_set_new(j, "seconds", json_real(secs));
+        json_object_set_new(j, "problems", a);
+        if (repair) json_object_set(j, "repair", repair);
+        json_dumpf(j, stdout, JSON_INDENT(1) | JSON_SORT_KEYS);
+        fputc('\n', stdout);
+        json_decref(j);
+    } else {
+        char b[32], mem[48] = "";
+        for (size_t i = 0; i < job->n_probs && i < job->cap; i++) printf("%s: %s\n", job->probs[i].what, job->probs[i].msg);
+        kfmt_bytes(kpk_total_size(f), b, sizeof b);
+        if (kpk_member_count(f) > 1) snprintf(mem, sizeof mem, " in %u member files", kpk_member_count(f));
+        printf("%s: %u extents, %s%s checked in %.2f s (%.0f MB/s): %s\n", path, kpk_extent_count(f), b, mem, secs,
+               secs > 0 ? (double)kpk_total_size(f) / secs / 1e6 : 0.0, job->io_error ? "UNREADABLE (I/O error: nothing is known of what could not be read)" : job->n_probs ? "CORRUPT" : "OK");
+    }
+}
+
+static void job_reset(struct vjob *job)
+{
+    free(job->probs);
+    job->probs = NULL;
+    job->n_probs = job->cap = 0;
+    job->io_error = 0;
+}
+
+/* --repair-from: the extents that failed are made again from the download;
+ * anything else that failed (the directory, a superblock, padding between
+ * extents) cannot be, and is said so. */
+static int repair(const char *path, kpk_file **fp, struct vjob *job, const char *src, int threads, int quiet, int json,
+                  json_t **report)
+{
+    uint32_t *bad = calloc(job->n_probs + 1, sizeof *bad);
+    size_t n = 0, other = 0;
+    int damage = 0, rc;
+    char err[1500];
+    json_t *list = json_array();
+    if (!bad) { kx_error("out of memory"); json_decref(list); return KX_FAIL; }
+    for (size_t i = 0; i < job->n_probs && i < job->cap; i++) {
+        if (job->probs[i].order >= ORDER_EXTENT) {
+            bad[n++] = (uint32_t)(job->probs[i].order - ORDER_EXTENT);
+            json_array_append_new(list, json_string(job->probs[i].what));
+        } else {
+            other++;
+        }
+    }
+    *report = json_object();
+    json_object_set_new(*report, "extents", list);
+    if (other) {
+        kx_error("%zu of the problems above are not in an extent (the directory, a superblock, padding between extents): "
+                 "--repair-from remakes extents only; convert the download again", other);
+        free(bad);
+        return KX_BAD;
+    }
+    if (!quiet && !json) kx_note(0, "remaking %zu extent%s from %s", n, n == 1 ? "" : "s", src);
+    rc = kp_repair(*fp, src, bad, n, threads, quiet || json, &damage, err, sizeof err);
+    free(bad);
+    json_object_set_new(*report, "done", json_boolean(rc == 0));
+    if (rc) {
+        kx_error("cannot repair %s from %s: %s; nothing was written", path, src, err);
+        json_object_set_new(*report, "error", json_string(err));
+        return damage ? KX_BAD : KX_FAIL;
+    }
+    {   /* opened again: the tables say what the extents hold, the bytes are new */
+        kpk_err e = {0};
+        kpk_close(*fp);
+        *fp = NULL;
+        if (kpk_open(path, fp, &e)) { kx_error("%s", e.msg); return KX_FAIL; }
+    }
+    if (!quiet && !json) kx_note(0, "rewrote %zu extent%s; checking the whole file again", n, n == 1 ? "" : "s");
+    return KX_OK;
+}
+
+int cmd_verify(int argc, char **argv)
+{
+    const char *path = NULL, *v, *repair_from = NULL;
+    int json = 0, quiet = 0, threads = kx_cpus(), rc;
+    kpk_file *f;
+    kpk_err e = {0};
+    struct vjob job;
+    json_t *rep = NULL;
     double secs;
     long n;
 
@@ -200,6 +319,7 @@ int cmd_verify(int argc, char **argv)
             threads = (int)n;
         } else if (kx_flag(argc, argv, &i, "--shallow", NULL)) job.flags |= KPK_VERIFY_SHALLOW;
         else if (kx_flag(argc, argv, &i, "--deep", NULL)) job.flags &= ~KPK_VERIFY_SHALLOW;
+        else if (kx_flag(argc, argv, &i, "--repair-from", &v)) repair_from = v;
         else if (kx_flag(argc, argv, &i, "--json", NULL)) json = 1;
         else if (kx_flag(argc, argv, &i, "--quiet", NULL)) quiet = 1;
         else if (argv[i][0] == '-') { kx_error("verify: unknown option %s", argv[i]); fputs(usage, stderr); return KX_FAIL; }
@@ -207,60 +327,32 @@ int cmd_verify(int argc, char **argv)
         else { kx_error("verify: unexpected argument %s", argv[i]); return KX_FAIL; }
     }
     if (!path) { fputs(usage, stderr); return KX_FAIL; }
+    if (repair_from && (job.flags & KPK_VERIFY_SHALLOW)) { kx_error("--repair-from checks deep (every block decoded): drop --shallow"); return KX_FAIL; }
+    if (repair_from && !kx_is_dir(repair_from)) return KX_FAIL;
 
     if (kpk_open(path, &f, &e)) return report_open_error(path, &e, json);
-    job.f = f;
     pthread_mutex_init(&job.mu, NULL);
-    if (kpk_warning(f)) add_problem(&job, ORDER_FILE, "superblock", kpk_warning(f));
-    for (uint32_t i = 0; i < kpk_extent_count(f); i++) total += kpk_extent_padded_len(f, kpk_extent_at(f, i));
-    job.prog = kprogress_start("verify", total, !quiet && !json);
-
-    check_contents(&job);
-    check_regions(&job);
-    tid = calloc((size_t)threads, sizeof *tid);
-    if (!tid) { kx_error("out of memory"); kprogress_finish(job.prog); free(job.probs); kpk_close(f); return KX_FAIL; }
-    for (int i = 1; i < threads; i++)
-        if (pthread_create(&tid[i], NULL, worker, &job) == 0) started++;
-        else break;
-    worker(&job);
-    for (int i = 1; i <= started; i++) pthread_join(tid[i], NULL);
-    free(tid);
-    secs = kprogress_finish(job.prog);
-    if (job.probs) qsort(job.probs, job.n_probs < job.cap ? job.n_probs : job.cap, sizeof *job.probs, cmp_prob);
-
-    if (json) {
-        json_t *j = json_object(), *a = json_array();
-        for (size_t i = 0; i < job.n_probs && i < job.cap; i++) {
-            json_t *o = json_object();
-            json_object_set_new(o, "what", json_string(job.probs[i].what));
-            json_object_set_new(o, "error", json_string(job.probs[i].msg));
-            json_array_append_new(a, o);
+    secs = verify_once(f, &job, threads, !quiet && !json);
+    if (repair_from && job.n_probs && !job.io_error) {
+        if (!json) print_report(path, f, &job, secs, 0, NULL);
+        rc = repair(path, &f, &job, repair_from, threads, quiet, json, &rep);
+        if (rc != KX_OK) {
+            if (json) print_report(path, f, &job, secs, 1, rep);
+            goto out;
         }
-        json_object_set_new(j, "file", json_string(path));
-        json_object_set_new(j, "ok", json_boolean(job.n_probs == 0));
-        json_object_set_new(j, "readable", json_true());
-        json_object_set_new(j, "members", json_integer(kpk_member_count(f)));
-        json_object_set_new(j, "extents", json_integer(kpk_extent_count(f)));
-        json_object_set_new(j, "bytes", json_integer((json_int_t)kpk_total_size(f)));
-        json_object_set_new(j, "deep", json_boolean(!(job.flags & KPK_VERIFY_SHALLOW)));
-        json_object_set_new(j, "seconds", json_real(secs));
-        json_object_set_new(j, "problems", a);
-        json_dumpf(j, stdout, JSON_INDENT(1) | JSON_SORT_KEYS);
-        fputc('\n', stdout);
-        json_decref(j);
-    } else {
-        char b[32], mem[48] = "";
-        for (size_t i = 0; i < job.n_probs && i < job.cap; i++) printf("%s: %s\n", job.probs[i].what, job.probs[i].msg);
-        kfmt_bytes(kpk_total_size(f), b, sizeof b);
-        if (kpk_member_count(f) > 1) snprintf(mem, sizeof mem, " in %u member files", kpk_member_count(f));
-        printf("%s: %u extents, %s%s checked in %.2f s (%.0f MB/s): %s\n", path, kpk_extent_count(f), b, mem, secs,
-               secs > 0 ? (double)kpk_total_size(f) / secs / 1e6 : 0.0, job.io_error ? "UNREADABLE (I/O error: nothing is known of what could not be read)" : job.n_probs ? "CORRUPT" : "OK");
+        job_reset(&job);
+        secs = verify_once(f, &job, threads, !quiet && !json);
     }
-    {
-        int rc = job.io_error ? KX_FAIL : job.n_probs ? KX_BAD : KX_OK;
-        free(job.probs);
-        pthread_mutex_destroy(&job.mu);
-        kpk_close(f);
-        return rc;
+    print_report(path, f, &job, secs, json, rep);
+    if (repair_from && !json) {
+        if (rep && !job.n_probs) printf("repaired from %s: every extent checks again\n", repair_from);
+        else if (!rep && !job.n_probs) printf("nothing to repair\n");
     }
+    rc = job.io_error ? KX_FAIL : job.n_probs ? KX_BAD : KX_OK;
+out:
+    json_decref(rep);
+    free(job.probs);
+    pthread_mutex_destroy(&job.mu);
+    kpk_close(f);
+    return rc;
 }

@@ -2,12 +2,14 @@
  * thread gathers each extent's tensors into 16 MiB chunk buffers (zero fill
  * between tensors; holes in sparse sources detected with SEEK_DATA and never
  * read, a chunk or extent of nothing but holes never even filled): from the
- * source shards, or from a KPK file or set (decoded; each source extent's
- * checksum checked as it is read).  The calling thread hashes each chunk in
- * order, gives each extent the next offset of its member file or of the
- * stripe space when it starts, and queues the chunk to the member writers
- * (output.h), which write every member file in parallel, each front to back.
- * Source pages are dropped from the page cache once read. */
+ * source shards and files, or from a KPK file or set (decoded; each source
+ * extent's checksum checked as it is read).  The blocks of codec-2 extents
+ * are encoded by in->threads encoder threads.  The calling thread hashes
+ * each chunk in order, gives each extent the next offset of its member file
+ * or of the stripe space when it starts, and queues the chunk's bytes (the
+ * stored ones) to the member writers (output.h), which write every member
+ * file in parallel, each front to back.  Source pages are dropped from the
+ * page cache once read.  copy_pipe.h describes the pipeline. */
 #ifndef COPY_H
 #define COPY_H
 
@@ -21,7 +23,8 @@
 typedef int (*kp_extent_done_fn)(void *ctx, uint32_t extent);
 
 typedef struct kp_copy_stats {
-    uint64_t bytes_in;       /* extent bytes produced */
+    uint64_t bytes_in;       /* extent bytes produced (decoded) */
+    uint64_t bytes_stored;   /* extent bytes stored (codec 2: coded) */
     uint64_t bytes_read;     /* bytes read from the source (holes skipped) */
     int source_damaged;      /* the copy stopped on a damaged source KPK file */
 } kp_copy_stats;

@@ -9,9 +9,9 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-struct dir_bytes { uint8_t *extents, *tensors, *strings, *members; uint64_t n_ext, n_ten, n_str, n_mem; };
+struct dir_bytes { uint8_t *extents, *tensors, *strings, *members, *blocks; uint64_t n_ext, n_ten, n_str, n_mem, n_blk; };
 
-static void dir_free(struct dir_bytes *d) { free(d->extents); free(d->tensors); free(d->strings); free(d->members); }
+static void dir_free(struct dir_bytes *d) { free(d->extents); free(d->tensors); free(d->strings); free(d->members); free(d->blocks); }
 
 /* The shared part of every superblock of the set (§3). */
 static void shared_fields(const kp_plan *p, const kp_layout *l, uint64_t set_id, kpk_superblock *sb)
@@ -62,7 +62,10 @@ int kp_finish_files(const kp_plan *p, const kp_layout *l, const int *fds, char *
     d.tensors = malloc(d.n_ten + 1);
     d.strings = malloc(d.n_str + 1);
     d.members = calloc(1, d.n_mem + 1);
-    if (!blk || !d.extents || !d.tensors || !d.strings || !d.members) { errno = ENOMEM; snprintf(err, errlen, "out of memory"); goto out; }
+    d.n_blk = p->n_blocks * KPK_BLOCK_RECORD_SIZE;
+    d.blocks = malloc(d.n_blk + 1);
+    if (!blk || !d.extents || !d.tensors || !d.strings || !d.members || !d.blocks) { errno = ENOMEM; snprintf(err, errlen, "out of memory"); goto out; }
+    for (uint64_t b = 0; b < p->n_blocks; b++) kpk_block_encode(&p->blocks[b], d.blocks + b * KPK_BLOCK_RECORD_SIZE);
     for (uint32_t i = 0; i < p->n_extents; i++) {
         kpk_extent_encode(&p->extents[i], d.extents + (uint64_t)i * KPK_EXTENT_RECORD_SIZE);
         data += p->extents[i].stored_len;
@@ -114,6 +117,11 @@ int kp_finish_files(const kp_plan *p, const kp_layout *l, const int *fds, char *
         sb.member_table_off = l->member_table_off;
         sb.member_table_xxh3 = XXH3_64bits(d.members, d.n_mem);
     }
+    if (p->n_blocks) {
+        sb.block_table_off = l->block_table_off;
+        sb.block_count = p->n_blocks;
+        sb.block_table_xxh3 = XXH3_64bits(d.blocks, d.n_blk);
+    }
     kpk_superblock_encode(&sb, blk[0]);
 
     /* 1. every file at its size, with its directory (the entry) and its backup superblock */
@@ -121,7 +129,8 @@ int kp_finish_files(const kp_plan *p, const kp_layout *l, const int *fds, char *
         kio_pwrite_full(fds[0], d.tensors, d.n_ten, l->tensor_table_off) ||
         kio_pwrite_full(fds[0], d.strings, d.n_str, l->strings_off) ||
         kio_pwrite_full(fds[0], p->manifest, p->manifest_len, l->manifest_off) ||
-        (d.n_mem && kio_pwrite_full(fds[0], d.members, d.n_mem, l->member_table_off))) {
+        (d.n_mem && kio_pwrite_full(fds[0], d.members, d.n_mem, l->member_table_off)) ||
+        (d.n_blk && kio_pwrite_full(fds[0], d.blocks, d.n_blk, l->block_table_off))) {
         snprintf(err, errlen, "writing the directory of %s: %s", p->members[0].partial, strerror(errno));
         goto out;
     }

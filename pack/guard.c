@@ -116,8 +116,16 @@ int kp_check_before_publish(const int *fds, const char *journal, const kp_plan *
     if (rc == 0 && n == p->n_extents)
         for (uint64_t i = 0; i < n; i++) {
             const kpk_extent *x = &p->extents[i];
-            if (recs[i].member != x->member || recs[i].offset != x->offset || recs[i].stored_len != x->stored_len ||
-                recs[i].stored_xxh3 != x->stored_xxh3 || recs[i].raw_xxh3 != x->raw_xxh3) {
+            int same = recs[i].member == x->member && recs[i].offset == x->offset && recs[i].stored_len == x->stored_len &&
+                       recs[i].stored_xxh3 == x->stored_xxh3 && recs[i].raw_xxh3 == x->raw_xxh3 &&
+                       recs[i].n_blocks == kp_extent_nblocks(p, (uint32_t)i);
+            for (uint32_t k = 0; same && k < recs[i].n_blocks; k++) {
+                const kpk_block *a = &recs[i].blocks[k], *b = &p->blocks[x->first_block + k];
+                same = a->raw_off == b->raw_off && a->stored_off == b->stored_off && a->raw_len == b->raw_len &&
+                       a->stored_len == b->stored_len && a->method == b->method && a->planes == b->planes &&
+                       a->plane0_len == b->plane0_len && a->raw_xxh3 == b->raw_xxh3;
+            }
+            if (!same) {
                 n = i;
                 break;
             }

@@ -1,4 +1,4 @@
-/* kpack: verify a Kimi K3 download and repack it into one KPK file. */
+/* kpack: verify a Kimi K3 download, repack it into one KPK file, give it back. */
 #include "cli.h"
 #include "kpk.h"
 
@@ -17,6 +17,8 @@ static const char usage[] =
     "                       and that the file holds the model its config describes\n"
     "  info FILE.kpk        configuration, extents, member files, provenance\n"
     "  cat FILE.kpk NAME    write one tensor's original bytes to stdout\n"
+    "  export FILE.kpk DIR  write the original files of the download back, byte-identical\n"
+    "                       (--check: rebuild them in memory and compare their SHA-256)\n"
     "\n"
     "Run `kpack COMMAND --help` for a command's options.\n"
     "\n"
@@ -29,7 +31,7 @@ int main(int argc, char **argv)
 {
     static const struct { const char *name; int (*fn)(int, char **); } cmds[] = {
         {"check-source", cmd_check_source}, {"convert", cmd_convert}, {"verify", cmd_verify},
-        {"info", cmd_info}, {"cat", cmd_cat},
+        {"info", cmd_info}, {"cat", cmd_cat}, {"export", cmd_export},
     };
     if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "help") == 0) {
         fputs(usage, argc < 2 ? stderr : stdout);

@@ -1,6 +1,8 @@
 /* Planning the KPK file or set (docs/FORMAT.md §2, §6, §7). */
 #include "plan.h"
 
+#include "archive.h"
+
 #include <errno.h>
 #include <jansson.h>
 #include <limits.h>
@@ -9,6 +11,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <xxhash.h>
+#include <zstd.h>
 
 const char *kp_order_name(int order) { return order == KPK_ORDER_TRUNK_FIRST ? "trunk-first" : "layer-major"; }
 
@@ -28,6 +31,8 @@ void kp_plan_free(kp_plan *p)
     free(p->names);
     free(p->name_off);
     free(p->manifest);
+    free(p->cuts);
+    free(p->blocks);
     memset(p, 0, sizeof *p);
 }
 
@@ -354,10 +359,9 @@ static int add_meta(struct builder *b)
 }
 
 /* A KPK source's archive extents, kept as they are (issue 13: re-layout keeps the archive). */
-static int add_archive(struct builder *b)
+static int add_kpk_archive(struct builder *b)
 {
     kpk_file *f = b->in->kpk;
-    if (!f) return 0;
     for (uint32_t i = 0; i < kpk_extent_count(f); i++) {
         const kpk_extent *s = kpk_extent_at(f, i);
         kpk_extent *x;
@@ -373,13 +377,142 @@ static int add_archive(struct builder *b)
     return 0;
 }
 
+static const st_tensor *by_begin_base;
+static int cmp_begin(const void *a, const void *b)
+{
+    const st_tensor *x = &by_begin_base[*(const size_t *)a], *y = &by_begin_base[*(const size_t *)b];
+    return (x->begin > y->begin) - (x->begin < y->begin);
+}
+
+/* Shard F's archive extent (§9.1): its header, then, in file order, the
+ * byte ranges no tensor covers (gaps) and its non-text tensors. */
+static int add_shard_archive(struct builder *b, uint32_t si)
+{
+    const ks_shard *sh = &b->in->src->shards[si];
+    const st_file *st = &sh->st;
+    kpk_extent *x = begin_extent(b, KPK_KIND_ARCHIVE, KPK_NONE, KPK_NONE);
+    size_t *order = malloc(sizeof *order * (st->n + 1));
+    uint64_t covered = st->data_start; /* the data region is [data_start, size) */
+    char name[KPK_MAX_NAME + 1];
+    int rc = -1;
+    if (!x || !order) goto out;
+    {
+        uint64_t shape[1] = {st->data_start};
+        kp_source_ref from = {.shard = si, .extra = 0, .offset = 0};
+        snprintf(name, sizeof name, "archive/shards/%s/header", sh->name);
+        if (add_tensor(b, x, name, KPK_DT_BYTES, 1, shape, st->data_start, from)) goto out;
+    }
+    for (size_t i = 0; i < st->n; i++) order[i] = i;
+    /* one thread plans: the comparator's base is not shared */
+    by_begin_base = st->t;
+    qsort(order, st->n, sizeof *order, cmp_begin);
+    for (size_t k = 0; k <= st->n; k++) {
+        const st_tensor *t = k < st->n ? &st->t[order[k]] : NULL;
+        uint64_t next = t ? t->begin : sh->size;
+        if (next > covered) { /* a gap */
+            uint64_t shape[1] = {next - covered};
+            kp_source_ref from = {.shard = si, .extra = 0, .offset = covered};
+            snprintf(name, sizeof name, "archive/shards/%s/gap/%llu", sh->name, (unsigned long long)covered);
+            if (add_tensor(b, x, name, KPK_DT_BYTES, 1, shape, next - covered, from)) goto out;
+        }
+        if (!t) break;
+        if (t->end > covered) covered = t->end;
+        if (k3_schema_classify(b->in->cfg, t->name, &(k3_tensor_spec){0}, NULL, 0) == K3_CLASS_DROPPED) {
+            kp_source_ref from = {.shard = si, .extra = 0, .offset = t->begin};
+            uint64_t nbytes = t->end - t->begin, flat[1] = {nbytes};
+            int keep_shape = t->ndim >= 1 && t->ndim <= 4;
+            if (add_tensor(b, x, t->name, keep_shape ? t->dtype : KPK_DT_BYTES, keep_shape ? t->ndim : 1,
+                           keep_shape ? t->shape : flat, nbytes, from))
+                goto out;
+        }
+    }
+    end_extent(b, x);
+    rc = 0;
+out:
+    free(order);
+    return rc;
+}
+
+/* The archive (§9): a KPK source's, or from the download: one extent of the
+ * kept small files, then one per shard. */
+static int add_archive(struct builder *b)
+{
+    const ka_archive *a = b->in->arch;
+    if (b->in->kpk) return add_kpk_archive(b);
+    if (!a) return 0;
+    if (a->n_files) {
+        kpk_extent *x = begin_extent(b, KPK_KIND_ARCHIVE, KPK_NONE, KPK_NONE);
+        char name[KPK_MAX_NAME + 64];
+        if (!x) return -1;
+        for (size_t i = 0; i < a->n_files; i++) {
+            uint64_t shape[1] = {a->files[i].size};
+            kp_source_ref from = {.shard = KP_FROM_FILE, .extra = (uint32_t)i, .offset = 0};
+            snprintf(name, sizeof name, "archive/files/%s", a->files[i].name);
+            if (add_tensor(b, x, name, KPK_DT_BYTES, 1, shape, a->files[i].size, from)) return -1;
+        }
+        end_extent(b, x);
+    }
+    for (uint32_t si = 0; si < b->in->src->n_shards; si++)
+        if (add_shard_archive(b, si)) return -1;
+    return 0;
+}
+
+/* The recipe's list (§9.2): every file kept, sorted by name, and what is not. */
+static json_t *archive_json(const kp_input *in)
+{
+    const k3_source *src = in->src;
+    const ka_archive *a = in->arch;
+    json_t *o = json_object(), *files = json_array(), *nk = json_array();
+    size_t i = 0, k = 0;
+    /* merge the two sorted lists: small files and shards */
+    while (i < a->n_files || k < src->n_shards) {
+        int file = k == src->n_shards || (i < a->n_files && strcmp(a->files[i].name, src->shards[k].name) < 0);
+        json_t *f = json_object();
+        const char *got = file ? a->files[i].got_sha : src->shards[k].got_sha;
+        const char *want = file ? a->files[i].expect_sha : src->shards[k].expect_sha;
+        const char *from = file ? a->files[i].sha_from : src->shards[k].sha_from;
+        int verified = got[0] && strcmp(got, want) == 0;
+        json_object_set_new(f, "name", json_string(file ? a->files[i].name : src->shards[k].name));
+        json_object_set_new(f, "kind", json_string(file ? "file" : "safetensors"));
+        json_object_set_new(f, "size", json_integer((json_int_t)(file ? a->files[i].size : src->shards[k].size)));
+        json_object_set_new(f, "sha256", verified ? json_string(got) : json_null());
+        json_object_set_new(f, "sha256_from", verified && from ? json_string(from) : json_null());
+        json_array_append_new(files, f);
+        if (file) i++;
+        else k++;
+    }
+    for (size_t j = 0; j < a->n_not_kept; j++) {
+        json_t *f = json_object();
+        json_object_set_new(f, "name", json_string(a->not_kept[j].name));
+        json_object_set_new(f, "size", json_integer((json_int_t)a->not_kept[j].size));
+        json_object_set_new(f, "reason", json_string(a->not_kept[j].reason));
+        json_array_append_new(nk, f);
+    }
+    json_object_set_new(o, "files", files);
+    json_object_set_new(o, "not_kept", nk);
+    return o;
+}
+
 /* ---- the manifest (§10) -------------------------------------------------------- */
 
 static json_t *options_json(const kp_plan *p)
 {
     json_t *o = json_object();
     json_object_set_new(o, "align", json_integer(p->opt.align));
-    json_object_set_new(o, "compress", json_string("none"));
+    json_object_set_new(o, "compress", json_string(kp_compress_name(p->opt.codec.compress)));
+    if (p->opt.codec.compress != KP_COMPRESS_NONE) {
+        /* what decides the stored bytes (a later zstd may code differently) */
+        json_t *c = json_object();
+        char v[32];
+        snprintf(v, sizeof v, "%u.%u.%u", ZSTD_versionNumber() / 10000, ZSTD_versionNumber() / 100 % 100,
+                 ZSTD_versionNumber() % 100);
+        json_object_set_new(c, "block_size", json_integer(p->opt.codec.block_size));
+        json_object_set_new(c, "level", json_integer(p->opt.codec.level));
+        json_object_set_new(c, "literal_level", json_integer(p->opt.codec.literal_level));
+        json_object_set_new(c, "min_saving_percent", json_integer((json_int_t)(p->opt.codec.min_saving * 100 + 0.5)));
+        json_object_set_new(c, "zstd", json_string(v));
+        json_object_set_new(o, "codec", c);
+    }
     json_object_set_new(o, "order", json_string(kp_order_name(p->opt.order)));
     if (p->n_stripe) {
         json_t *s = json_object();
@@ -429,12 +562,18 @@ static char *build_manifest(const kp_input *in, const kp_plan *p, const char *pr
         json_object_set_new(srcj, "layout", json_string(src->single_file ? "single-file" : src->hf_snapshot ? "hf-snapshot" : "sharded"));
         json_object_set_new(srcj, "files", files);
         json_object_set_new(m, "source", srcj);
-        for (size_t i = 0; i < src->n_dropped; i++) json_array_append_new(dropped, json_string(src->dropped[i]));
-        json_object_set_new(d, "reason", json_string("non-text tensors (vision tower, projector) are not used by text inference"));
-        json_object_set_new(d, "count", json_integer((json_int_t)src->n_dropped));
-        json_object_set_new(d, "bytes", json_integer((json_int_t)src->dropped_bytes));
-        json_object_set_new(d, "names", dropped);
-        json_object_set_new(m, "dropped", d);
+        if (in->arch) {
+            json_object_set_new(m, "archive", archive_json(in));
+            json_decref(dropped);
+            json_decref(d);
+        } else {
+            for (size_t i = 0; i < src->n_dropped; i++) json_array_append_new(dropped, json_string(src->dropped[i]));
+            json_object_set_new(d, "reason", json_string("non-text tensors (vision tower, projector) are not used by text inference"));
+            json_object_set_new(d, "count", json_integer((json_int_t)src->n_dropped));
+            json_object_set_new(d, "bytes", json_integer((json_int_t)src->dropped_bytes));
+            json_object_set_new(d, "names", dropped);
+            json_object_set_new(m, "dropped", d);
+        }
     }
     json_object_set_new(m, "format", json_string("KPK 1.1"));
     json_object_set_new(m, "producer", json_string(producer));
@@ -468,6 +607,17 @@ static uint64_t compute_plan_id(const kp_input *in, const kp_plan *p)
     hash_u64(st, p->opt.align);
     hash_u64(st, (uint64_t)p->opt.order);
     hash_u64(st, p->stripe_unit);
+    hash_u64(st, (uint64_t)p->opt.codec.compress);
+    hash_u64(st, p->opt.codec.block_size);
+    hash_u64(st, (uint64_t)(int64_t)p->opt.codec.level);
+    hash_u64(st, (uint64_t)(int64_t)p->opt.codec.literal_level);
+    hash_u64(st, (uint64_t)(p->opt.codec.min_saving * 1e6));
+    hash_u64(st, p->opt.codec.compress ? ZSTD_versionNumber() : 0); /* another zstd may code other bytes */
+    for (uint64_t b = 0; b < p->n_blocks; b++) {
+        hash_u64(st, p->cuts[b].raw_off);
+        hash_u64(st, p->cuts[b].raw_len);
+        hash_u64(st, p->cuts[b].cls);
+    }
     for (uint32_t m = 0; m < p->n_members; m++) {
         hash_u64(st, p->members[m].role);
         hash_u64(st, p->members[m].stripe_index);
@@ -498,6 +648,11 @@ static uint64_t compute_plan_id(const kp_input *in, const kp_plan *p)
             hash_u64(st, (uint64_t)s->mtime_ns);
         }
         for (size_t i = 0; i < in->src->n_extras; i++) XXH3_64bits_update(st, in->src->extras[i].data, in->src->extras[i].len);
+        for (size_t i = 0; in->arch && i < in->arch->n_files; i++) {
+            hash_str(st, in->arch->files[i].name);
+            hash_u64(st, in->arch->files[i].size);
+            hash_u64(st, (uint64_t)in->arch->files[i].mtime_ns);
+        }
     } else {
         hash_u64(st, kpk_super(in->kpk)->set_id);
         for (uint16_t m = 0; m < kpk_member_count(in->kpk); m++) {
@@ -513,6 +668,39 @@ static uint64_t compute_plan_id(const kp_input *in, const kp_plan *p)
     id = XXH3_64bits_digest(st);
     XXH3_freeState(st);
     return id;
+}
+
+/* ---- codec-2 blocks ---------------------------------------------------------- */
+
+/* Extents of the kinds --compress names are stored as blocks, cut here:
+ * first_block of every extent, the cuts, room for the block records. */
+static int plan_blocks(kp_plan *p, char *err, size_t errlen)
+{
+    uint64_t cap = 0;
+    for (int c = 0; c < KP_BC_COUNT; c++) p->est_ratio[c] = 1.0;
+    for (uint32_t i = 0; i < p->n_extents; i++) {
+        kpk_extent *x = &p->extents[i];
+        kp_cut *c;
+        uint32_t n;
+        x->first_block = (uint32_t)p->n_blocks;
+        if (!kp_kind_compressed(&p->opt.codec, x->kind) || x->raw_len == 0) continue;
+        if (kp_cut_blocks(&p->opt.codec, p->tensors + x->first_tensor, x->tensor_count, x->raw_len, &c, &n, err, errlen)) return -1;
+        if (p->n_blocks + n > KPK_MAX_BLOCKS) { free(c); snprintf(err, errlen, "more than %u blocks: use a larger --block-size", KPK_MAX_BLOCKS); return -1; }
+        if (p->n_blocks + n > cap) {
+            kp_cut *g;
+            cap = (p->n_blocks + n) * 2;
+            if (!(g = realloc(p->cuts, sizeof *g * cap))) { free(c); snprintf(err, errlen, "out of memory"); return -1; }
+            p->cuts = g;
+        }
+        for (uint32_t k = 0; k < n; k++)
+            if (c[k].raw_len > p->max_cut) p->max_cut = c[k].raw_len;
+        memcpy(p->cuts + p->n_blocks, c, sizeof *c * n);
+        free(c);
+        x->codec = KPK_CODEC_BLOCKS;
+        p->n_blocks += n;
+    }
+    if (p->n_blocks && !(p->blocks = calloc(p->n_blocks, sizeof *p->blocks))) { snprintf(err, errlen, "out of memory"); return -1; }
+    return 0;
 }
 
 /* ---- building ------------------------------------------------------------------ */
@@ -545,6 +733,7 @@ int kp_plan_build(const kp_input *in, const kp_options *opt, const char *out, co
     }
     if (add_archive(&b)) goto oom;
     for (uint64_t i = 0; i < p->n_tensors; i++) p->tensors[i].name = p->names + p->name_off[i];
+    if (plan_blocks(p, err, errlen)) { kp_plan_free(p); return -1; }
 
     p->manifest = build_manifest(in, p, producer);
     if (!p->manifest) goto oom;
@@ -596,7 +785,7 @@ uint64_t kp_member_end(const kp_plan *p, const uint64_t *cursor, uint16_t m)
 
 int kp_layout_finish(const kp_plan *p, const uint64_t *cursor, kp_layout *l)
 {
-    uint64_t at, paths = 0, n_blocks = 0; /* codec-2 blocks: written by a later kpack */
+    uint64_t at, paths = 0, n_blocks = p->n_blocks;
     memset(l, 0, sizeof *l);
     l->member_size = calloc(p->n_members, sizeof *l->member_size);
     if (!l->member_size) return -1;
@@ -635,14 +824,23 @@ void kp_layout_free(kp_layout *l)
     l->member_size = NULL;
 }
 
-int kp_plan_estimate(const kp_plan *p, kp_layout *l)
+int kp_plan_estimate(const kp_plan *p, double margin, kp_layout *l)
 {
     uint64_t *cursor = malloc(sizeof *cursor * ((size_t)p->n_members + 1));
     int rc;
     if (!cursor) return -1;
     kp_cursors_init(p, cursor);
-    for (uint32_t i = 0; i < p->n_extents; i++)
-        cursor[kp_target(p, p->extents[i].member)] += kpk_round_up(p->extents[i].raw_len, p->opt.align);
+    for (uint32_t i = 0; i < p->n_extents; i++) {
+        const kpk_extent *x = &p->extents[i];
+        uint64_t stored = x->raw_len;
+        if (x->codec == KPK_CODEC_BLOCKS) {
+            double s = 0;
+            for (uint64_t b = x->first_block; b < x->first_block + kp_extent_nblocks(p, i); b++)
+                s += (double)p->cuts[b].raw_len * p->est_ratio[p->cuts[b].cls] * (1.0 + margin);
+            stored = (uint64_t)s < x->raw_len ? (uint64_t)s : x->raw_len;
+        }
+        cursor[kp_target(p, x->member)] += kpk_round_up(stored, p->opt.align);
+    }
     rc = kp_layout_finish(p, cursor, l);
     free(cursor);
     return rc;

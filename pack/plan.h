@@ -10,6 +10,7 @@
 #ifndef PLAN_H
 #define PLAN_H
 
+#include "blocks.h"
 #include "kpk.h"
 #include "kpk_reader.h"
 #include "source.h"
@@ -23,7 +24,10 @@ typedef struct kp_options {
     uint16_t n_stripe;
     uint32_t stripe_unit;            /* 0: the default (4 MiB, or the alignment if larger) */
     const char *trunk_dir;           /* --trunk-to: a plain member for the globals and trunks, or NULL */
+    kp_codec_opts codec;             /* --compress and the codec's settings (blocks.h) */
 } kp_options;
+
+struct ka_archive;
 
 /* What a conversion reads: a checked checkpoint directory, or a KPK file or set. */
 typedef struct kp_input {
@@ -31,15 +35,18 @@ typedef struct kp_input {
     kpk_file *kpk;                   /* a KPK source (NULL for shards) */
     const k3_config *cfg;
     const k3_schema *schema;
+    const struct ka_archive *arch;   /* what of the download is kept besides the model (NULL: nothing) */
+    int threads;                     /* encoder threads */
 } kp_input;
 
 /* Where one tensor's bytes come from. */
 #define KP_FROM_EXTRA UINT32_MAX         /* shard: an embedded file of the source directory */
 #define KP_FROM_KPK (UINT32_MAX - 1)     /* shard: an extent of the source KPK file */
+#define KP_FROM_FILE (UINT32_MAX - 2)    /* shard: a kept file of the download (extra: its index in arch->files) */
 typedef struct kp_source_ref {
     uint32_t shard;          /* index into src->shards, or KP_FROM_EXTRA / KP_FROM_KPK */
-    uint32_t extra;          /* index into src->extras, or the source KPK extent */
-    uint64_t offset;         /* absolute offset in the shard, or the tensor's decoded offset in the source extent */
+    uint32_t extra;          /* index into src->extras or arch->files, or the source KPK extent */
+    uint64_t offset;         /* absolute offset in the shard or file, or the tensor's decoded offset in the source extent */
 } kp_source_ref;
 
 /* One output file: the entry (member 0), the trunk member, the stripe members. */
@@ -81,6 +88,15 @@ typedef struct kp_plan {
     uint64_t largest_extent;
     uint32_t largest_extent_index;
     uint64_t plan_id;        /* XXH3 of everything that determines the output bytes */
+    /* codec-2 extents: their blocks, cut at planning (extent i's are
+     * cuts[first_block(i) ..]), the records filled in as they are written */
+    kp_cut *cuts;
+    kpk_block *blocks;
+    uint64_t n_blocks;
+    uint32_t max_cut;        /* the longest block's raw_len */
+    /* stored/raw of each block class for the size estimate (1.0 until
+     * kp_estimate_ratios sampled the source) */
+    double est_ratio[KP_BC_COUNT];
 } kp_plan;
 
 /* The shape of the finished files, once every extent has its stored size
@@ -108,9 +124,17 @@ void kp_place(kp_plan *p, uint64_t *cursor, uint32_t i);
  * member_size is malloc'd (kp_layout_free). */
 int kp_layout_finish(const kp_plan *p, const uint64_t *cursor, kp_layout *l);
 void kp_layout_free(kp_layout *l);
-/* The layout the plan will have, every extent stored as it is decoded
- * (exact for uncompressed extents): the dry run's sizes, the space check. */
-int kp_plan_estimate(const kp_plan *p, kp_layout *l);
+/* The layout the plan will have: exact for uncompressed extents; a
+ * compressed one counted at est_ratio of its blocks' raw bytes, plus
+ * margin (a fraction), never more than raw (the dry run's sizes, the space
+ * check). */
+int kp_plan_estimate(const kp_plan *p, double margin, kp_layout *l);
+/* Extent i's blocks: their cuts and records (n = its block count). */
+static inline uint32_t kp_extent_nblocks(const kp_plan *p, uint32_t i)
+{
+    uint64_t next = i + 1 < p->n_extents ? p->extents[i + 1].first_block : p->n_blocks;
+    return p->extents[i].codec == KPK_CODEC_BLOCKS ? (uint32_t)(next - p->extents[i].first_block) : 0;
+}
 /* Where stripe-space position pos lies: member index, offset in it, bytes left in its unit. */
 void kp_stripe_locate(const kp_plan *p, uint64_t pos, uint16_t *member, uint64_t *off, uint64_t *left);
 /* How many bytes of a member file the extents written so far cover (its

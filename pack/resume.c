@@ -26,6 +26,23 @@ static void stale_reason(int jrc, const char *partial, const char *journal, char
         snprintf(buf, len, "the run that wrote %s was stopped before its first extent was complete: nothing to resume", partial);
 }
 
+/* A codec-2 record's blocks are the planned ones, tiling its stored bytes. */
+static int blocks_agree(const kp_plan *p, uint32_t i, const kj_record *r)
+{
+    const kpk_extent *x = &p->extents[i];
+    uint64_t stored = 0;
+    if (r->n_blocks != kp_extent_nblocks(p, i)) return 0;
+    for (uint32_t k = 0; k < r->n_blocks; k++) {
+        const kpk_block *b = &r->blocks[k];
+        const kp_cut *c = &p->cuts[x->first_block + k];
+        if (b->raw_off != c->raw_off || b->raw_len != c->raw_len || b->stored_off != stored ||
+            b->stored_len > kpk_block_stored_max(b->raw_len))
+            return 0;
+        stored += b->stored_len;
+    }
+    return stored == r->stored_len;
+}
+
 /* The journal's records that agree with the plan, placing each where the
  * plan puts the next extent of its target (offsets are assigned in extent
  * order, so a record that disagrees ends the usable prefix). */
@@ -35,9 +52,10 @@ static uint64_t agreeing_prefix(const kp_plan *p, const kj_record *recs, uint64_
     for (uint64_t i = 0; i < n && i < p->n_extents; i++) {
         const kpk_extent *x = &p->extents[i];
         uint32_t t = kp_target(p, x->member);
-        if (recs[i].member != x->member || recs[i].offset != cursor[t] || recs[i].stored_len != x->raw_len ||
-            recs[i].n_blocks || recs[i].raw_xxh3 != recs[i].stored_xxh3)
-            return i;
+        int ok = recs[i].member == x->member && recs[i].offset == cursor[t];
+        if (x->codec == KPK_CODEC_BLOCKS) ok = ok && blocks_agree(p, (uint32_t)i, &recs[i]);
+        else ok = ok && recs[i].stored_len == x->raw_len && !recs[i].n_blocks && recs[i].raw_xxh3 == recs[i].stored_xxh3;
+        if (!ok) return i;
         cursor[t] += kpk_round_up(recs[i].stored_len, p->opt.align);
     }
     return n < p->n_extents ? n : p->n_extents;
@@ -52,6 +70,7 @@ static void restore(kp_plan *p, const kj_record *recs, uint64_t n, uint64_t *cur
         x->stored_len = recs[i].stored_len;
         x->stored_xxh3 = recs[i].stored_xxh3;
         x->raw_xxh3 = recs[i].raw_xxh3;
+        if (recs[i].n_blocks) memcpy(p->blocks + x->first_block, recs[i].blocks, sizeof *recs[i].blocks * recs[i].n_blocks);
         cursor[kp_target(p, x->member)] = x->offset + kpk_round_up(x->stored_len, p->opt.align);
     }
 }

@@ -24,7 +24,7 @@ struct sha_job {
     kprogress *prog;
 };
 
-static int sha256_file(const char *path, char out[65], kprogress *prog, char *err, size_t errlen)
+int ks_sha256_file(const char *path, char out[65], kprogress *prog, char *err, size_t errlen)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     uint8_t *buf = NULL;
@@ -73,7 +73,7 @@ static void *sha_worker(void *arg)
         if (i >= job->src->n_shards) break;
         s = &job->src->shards[i];
         if (!s->present || !s->expect_sha[0]) continue;
-        if (sha256_file(s->path, s->got_sha, job->prog, err, sizeof err)) {
+        if (ks_sha256_file(s->path, s->got_sha, job->prog, err, sizeof err)) {
             s->got_sha[0] = 0;
             /* problems[] is per shard and only this worker touches shard i */
             char *m = malloc(strlen(err) + 40);

@@ -99,23 +99,31 @@ static int is_hex64(const char *s)
     return 1;
 }
 
+int ks_hf_blob_sha(const char *path, char sha[65])
+{
+    char target[4096], *base, *parent;
+    ssize_t n = readlink(path, target, sizeof target - 1);
+    if (n <= 0) return 0;
+    target[n] = 0;
+    base = strrchr(target, '/');
+    if (!base) return 0;
+    *base++ = 0;
+    parent = strrchr(target, '/');
+    parent = parent ? parent + 1 : target;
+    if (strcmp(parent, "blobs") != 0 || !is_hex64(base)) return 0;
+    for (int i = 0; i < 64; i++) sha[i] = (char)tolower((unsigned char)base[i]);
+    sha[64] = 0;
+    return 1;
+}
+
 /* A Hugging Face cache snapshot stores files as symlinks to blobs/<sha256>:
  * the blob's name is the expected SHA-256.  A published --sha256 list, when
  * given, stays the reference; a blob name that disagrees with it is a problem
  * (the cache holds something else than what was published). */
 static void hf_blob_sha(ks_shard *s)
 {
-    char target[4096], *base, *parent;
-    ssize_t n = readlink(s->path, target, sizeof target - 1);
-    if (n <= 0) return;
-    target[n] = 0;
-    base = strrchr(target, '/');
-    if (!base) return;
-    *base++ = 0;
-    parent = strrchr(target, '/');
-    parent = parent ? parent + 1 : target;
-    if (strcmp(parent, "blobs") != 0 || !is_hex64(base)) return;
-    for (int i = 0; i < 64; i++) base[i] = (char)tolower((unsigned char)base[i]);
+    char base[65];
+    if (!ks_hf_blob_sha(s->path, base)) return;
     s->hf_blob = 1;
     if (s->expect_sha[0]) {
         if (strcmp(s->expect_sha, base) != 0)
@@ -126,11 +134,13 @@ static void hf_blob_sha(ks_shard *s)
     s->sha_from = "hf-blob";
 }
 
-/* sha256sum format: "<64 hex><space><space or *><file name>". */
-static int load_sums(k3_source *src, const char *sums_path, char *err, size_t errlen)
+int ks_sums_read(const char *sums_path, ks_sum **out, size_t *n_out, char *err, size_t errlen)
 {
     char *text, *line, *save = NULL;
-    size_t len, lineno = 0;
+    size_t len, lineno = 0, n = 0, cap = 0;
+    ks_sum *v = NULL;
+    *out = NULL;
+    *n_out = 0;
     if (kio_read_file(sums_path, SMALL_FILE_MAX, &text, &len)) {
         snprintf(err, errlen, "%s: %s", sums_path, strerror(errno));
         return -1;
@@ -141,29 +151,58 @@ static int load_sums(k3_source *src, const char *sums_path, char *err, size_t er
         if (line[0] == '#' || line[0] == 0) continue;
         if (strlen(line) < 67 || line[64] != ' ' || (line[65] != ' ' && line[65] != '*')) {
             snprintf(err, errlen, "%s line %zu: not in sha256sum format", sums_path, lineno);
-            free(text);
-            return -1;
+            goto bad;
         }
         line[64] = 0;
         name = line + 66;
         if (!is_hex64(line)) {
             snprintf(err, errlen, "%s line %zu: not a SHA-256", sums_path, lineno);
-            free(text);
-            return -1;
+            goto bad;
         }
-        {
-            const char *base = strrchr(name, '/');
-            base = base ? base + 1 : name;
-            for (size_t i = 0; i < src->n_shards; i++) {
-                ks_shard *s = &src->shards[i];
-                if (strcmp(s->name, base) != 0) continue;
-                for (int k = 0; k < 64; k++) s->expect_sha[k] = (char)tolower((unsigned char)line[k]);
-                s->expect_sha[64] = 0;
-                s->sha_from = "--sha256";
-            }
+        if (strncmp(name, "./", 2) == 0) name += 2;
+        if (n == cap) {
+            ks_sum *g = realloc(v, sizeof *v * (cap = cap ? 2 * cap : 64));
+            if (!g) { snprintf(err, errlen, "out of memory"); goto bad; }
+            v = g;
         }
+        if (!(v[n].name = strdup(name))) { snprintf(err, errlen, "out of memory"); goto bad; }
+        for (int k = 0; k < 64; k++) v[n].sha[k] = (char)tolower((unsigned char)line[k]);
+        v[n].sha[64] = 0;
+        n++;
     }
     free(text);
+    *out = v;
+    *n_out = n;
+    return 0;
+bad:
+    free(text);
+    ks_sums_free(v, n);
+    return -1;
+}
+
+void ks_sums_free(ks_sum *v, size_t n)
+{
+    for (size_t i = 0; i < n; i++) free(v[i].name);
+    free(v);
+}
+
+/* A shard's expected hash: the line that names it (by its base name). */
+static int load_sums(k3_source *src, const char *sums_path, char *err, size_t errlen)
+{
+    ks_sum *v;
+    size_t n;
+    if (ks_sums_read(sums_path, &v, &n, err, errlen)) return -1;
+    for (size_t k = 0; k < n; k++) {
+        const char *base = strrchr(v[k].name, '/');
+        base = base ? base + 1 : v[k].name;
+        for (size_t i = 0; i < src->n_shards; i++) {
+            ks_shard *s = &src->shards[i];
+            if (strcmp(s->name, base) != 0) continue;
+            memcpy(s->expect_sha, v[k].sha, 65);
+            s->sha_from = "--sha256";
+        }
+    }
+    ks_sums_free(v, n);
     return 0;
 }
 

@@ -7,6 +7,7 @@
 
 #include "k3_config.h"
 #include "k3_schema.h"
+#include "kprogress.h"
 #include "safetensors.h"
 
 #include <stdint.h>
@@ -74,6 +75,15 @@ uint64_t ks_sha_bytes(const k3_source *src);
 /* Compute SHA-256 of every shard with an expected hash, with `threads`
  * workers and a progress line; mismatches become shard problems. */
 int ks_check_sha256(k3_source *src, int threads, int progress);
+/* A sha256sum-format list: names (a leading "./" dropped) and hashes. */
+typedef struct ks_sum { char *name; char sha[65]; } ks_sum;
+int ks_sums_read(const char *path, ks_sum **out, size_t *n, char *err, size_t errlen);
+void ks_sums_free(ks_sum *v, size_t n);
+/* 1 if path is a symlink into a Hugging Face cache's blobs/<sha256>: sha gets it. */
+int ks_hf_blob_sha(const char *path, char sha[65]);
+/* SHA-256 of a file (hex), with progress; -1 with err. */
+int ks_sha256_file(const char *path, char out[65], kprogress *prog, char *err, size_t errlen);
+
 /* Where a canonical tensor lives (NULL if missing). */
 const st_tensor *ks_tensor(const k3_source *src, uint64_t canon, const ks_shard **shard);
 

@@ -1,5 +1,7 @@
 #include "space.h"
 
+#include "estimate.h"
+
 #include "kprogress.h"
 
 #include <errno.h>
@@ -55,7 +57,7 @@ int kp_space_check(const kp_plan *p, const kp_input *in, const uint64_t *cursor,
     dev_t *dev = calloc(p->n_members, sizeof *dev);
     const char *fake = getenv("KPACK_TEST_FREE_BYTES");
     int rc = -1;
-    if (!need || !reuse || !dev || kp_plan_estimate(p, &est)) { snprintf(err, errlen, "out of memory"); goto out_nolayout; }
+    if (!need || !reuse || !dev || kp_plan_estimate(p, p->n_blocks ? KP_ESTIMATE_MARGIN : 0.0, &est)) { snprintf(err, errlen, "out of memory"); goto out_nolayout; }
     for (uint32_t m = 0; m < p->n_members; m++) {
         struct stat st;
         uint64_t kept = kp_member_end(p, cursor, (uint16_t)m);
@@ -73,7 +75,7 @@ int kp_space_check(const kp_plan *p, const kp_input *in, const uint64_t *cursor,
     for (uint32_t m = 0; m < p->n_members; m++) {
         uint64_t total = 0, held = 0, avail;
         struct statvfs vfs;
-        char names[600] = "", b1[32], b2[32], b3[32], also[300] = "";
+        char names[600] = "", b1[32], b2[32], b3[32], also[300] = "", est_note[120] = "";
         const char *holder = NULL;
         int first = 1, holders = 0;
         for (uint32_t k = 0; k < m; k++)
@@ -95,8 +97,12 @@ int kp_space_check(const kp_plan *p, const kp_input *in, const uint64_t *cursor,
         kfmt_bytes(held, b3, sizeof b3);
         if (held) snprintf(also, sizeof also, " plus %s (%llu bytes) that %s hold%s and this run rewrites", b3,
                            (unsigned long long)held, holders == 1 ? holder : "the partial files", holders == 1 ? "s" : "");
-        snprintf(err, errlen, "not enough free space for %s: need %s (%llu bytes), %s (%llu bytes) available%s, on the "
-                 "filesystem of %s", names, b1, (unsigned long long)total, b2, (unsigned long long)avail, also, p->members[m].dir);
+        if (p->n_blocks)
+            snprintf(est_note, sizeof est_note, "; an estimate: compressed extents at the stored/raw of sampled blocks, plus %.0f %%",
+                     KP_ESTIMATE_MARGIN * 100);
+        snprintf(err, errlen, "not enough free space for %s: need %s (%llu bytes%s), %s (%llu bytes) available%s, on the "
+                 "filesystem of %s", names, b1, (unsigned long long)total, est_note, b2, (unsigned long long)avail, also,
+                 p->members[m].dir);
         goto out;
     }
     rc = 0;

@@ -29,20 +29,9 @@
 #      BIN              where kpack and k3synth are (default bin)
 set -u
 cd "$(dirname "$0")/../.." || exit 2
-TOP=$PWD
-BIN=${BIN:-bin}
-case "$BIN" in /*) ;; *) BIN="$TOP/$BIN";; esac
-RUNS=${BENCH_RUNS:-5}
-SETTLE=${BENCH_SETTLE:-3}
-SLICE_OPTS=${BENCH_SLICE:---layers 2 --experts 64}
-SKIP=" ${BENCH_SKIP:-} "
-mkdir -p "$TOP/build"
-W=${BENCH_DIR:-$(mktemp -d "$TOP/build/bench-kpack.XXXXXX")}
-mkdir -p "$W"
-W=$(cd "$W" && pwd)
-RES="$W/results.txt"
-: >"$RES"
-FAILED=0
+# shellcheck source=tests/bench/bench_lib.sh
+. tests/bench/bench_lib.sh
+bench_init kpack
 cleanup() {
     rm -rf "$W/slice" "$W/slice.kpk" "$W/cp" "$W/virt" "$W/virt.kpk" "$W/virt.kpk.partial" "$W/virt.kpk.journal" "$W"/*.tmp
     [ -n "${BENCH_DIR:-}" ] || rm -rf "$W"
@@ -54,9 +43,6 @@ for t in kpack k3synth; do
     [ -x "$BIN/$t" ] || { echo "bench_kpack: $BIN/$t is not built (run make)"; exit 2; }
 done
 [ -x /usr/bin/time ] || { echo "bench_kpack: /usr/bin/time is needed (apt-get install time)"; exit 2; }
-
-# shellcheck source=tests/bench/bench_lib.sh
-. tests/bench/bench_lib.sh
 
 echo "== machine"
 machine

@@ -1,7 +1,28 @@
 # shellcheck shell=bash disable=SC2034
-# Helpers shared by bench_kpack.sh and ab_kpack.sh (sourced, not run).
-# The caller sets W (work directory), RES (results file), SETTLE (seconds)
-# and FAILED=0 before using them.
+# Helpers shared by the kpack benches (bench_kpack.sh, bench_codec.sh,
+# bench_export.sh, ab_kpack.sh; sourced, not run).  bench_init sets W (work
+# directory), RES (results file), SETTLE (seconds) and FAILED=0, or the
+# caller does, before the other helpers are used.
+
+# bench_init NAME: what every bench reads from the environment (BIN,
+# BENCH_RUNS, BENCH_SETTLE, BENCH_SLICE, BENCH_SKIP, BENCH_DIR) and its work
+# directory (BENCH_DIR, or a new build/bench-NAME.XXXXXX on the repo's disk).
+bench_init() {
+    TOP=$PWD
+    BIN=${BIN:-bin}
+    case "$BIN" in /*) ;; *) BIN="$TOP/$BIN";; esac
+    RUNS=${BENCH_RUNS:-5}
+    SETTLE=${BENCH_SETTLE:-3}
+    SLICE_OPTS=${BENCH_SLICE:---layers 2 --experts 64}
+    SKIP=" ${BENCH_SKIP:-} "
+    mkdir -p "$TOP/build"
+    W=${BENCH_DIR:-$(mktemp -d "$TOP/build/bench-$1.XXXXXX")}
+    mkdir -p "$W"
+    W=$(cd "$W" && pwd)
+    RES="$W/results.txt"
+    : >"$RES"
+    FAILED=0
+}
 
 CAN_DROP=1
 if ! (sync && echo 3 > /proc/sys/vm/drop_caches) 2>/dev/null; then

@@ -5,6 +5,10 @@
 #   kpack    tests/bench/bench_kpack.sh: convert vs cp, verify and check-source
 #            vs sha256sum on a full-width slice; the full-size virtual K3
 #            (indexing, plan, sparse convert, verify)
+#   codec    tests/bench/bench_codec.sh: compressed blocks (levels, block sizes,
+#            stored/raw by kind, conversion time, decode GB/s per core)
+#   export   tests/bench/bench_export.sh: export vs cp, export --check vs
+#            sha256sum, the virtual K3's files rebuilt and hashed
 #   kernels  tests/bench/bench_kernels.c, built with the line in its header
 #   krun     tests/bench/bench_krun.sh, given the virtual .kpk made by kpack;
 #            includes the pread pool vs io_uring replay (tests/bench/bench_io.c)
@@ -16,7 +20,7 @@
 # Everything is generated under a temporary directory in build/ (the repo's
 # disk) and deleted at the end.
 #
-# Env: BENCH_ONLY       a subset of "kpack kernels krun seq spec" (default: all)
+# Env: BENCH_ONLY       a subset of "kpack codec export kernels krun seq spec" (default: all)
 #      KPK_VIRTUAL_OUT  keep the converted virtual .kpk at this path (the
 #                       runtime's scale test uses it); otherwise it is deleted
 #      BENCH_RUNS, BENCH_SLICE, BENCH_SETTLE, BENCH_SKIP: see bench_kpack.sh
@@ -27,7 +31,7 @@ mkdir -p "$TOP/build"
 TMP=$(mktemp -d "$TOP/build/bench.XXXXXX")
 trap 'rm -rf "$TMP"' EXIT
 trap 'exit 130' INT TERM
-ONLY=" ${BENCH_ONLY:-kpack kernels krun seq spec} "
+ONLY=" ${BENCH_ONLY:-kpack codec export kernels krun seq spec} "
 VIRT=${KPK_VIRTUAL_OUT:-$TMP/k3-virtual.kpk}
 rc=0
 start=$(date +%s)
@@ -37,6 +41,14 @@ if [[ "$ONLY" == *" kpack "* ]]; then
     BENCH_DIR="$TMP/kpack" KPK_VIRTUAL_OUT="$VIRT" bash tests/bench/bench_kpack.sh || rc=1
     echo
 fi
+
+for b in codec export; do
+    if [[ "$ONLY" == *" $b "* ]]; then
+        echo "################ $b (tests/bench/bench_$b.sh)"
+        BENCH_DIR="$TMP/$b" bash tests/bench/bench_$b.sh || rc=1
+        echo
+    fi
+done
 
 if [[ "$ONLY" == *" kernels "* ]]; then
     echo "################ kernels (tests/bench/bench_kernels.c)"

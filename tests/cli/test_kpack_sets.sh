@@ -55,11 +55,11 @@ assert o["stripe"] == {"members": 3, "unit": 8192} and o["trunk_member"] == 1 an
 assert j["manifest"]["format"] == "KPK 1.1"
 PY
 # where the extents went (§7.1): meta in the entry, globals and trunks in the trunk member, experts striped
-$PY - "$KPY" "$T/a/e/k3.kpk" <<'PY' && ok "meta in the entry, globals and trunks in the trunk member, experts striped" || notok "placement"
+$PY - "$KPY" "$T/a/e/k3.kpk" <<'PY' && ok "meta and archive in the entry, globals and trunks in the trunk member, experts striped" || notok "placement"
 import importlib.util, sys
 spec = importlib.util.spec_from_file_location("kpk", sys.argv[1]); kpk = importlib.util.module_from_spec(spec); spec.loader.exec_module(kpk)
 k = kpk.load(sys.argv[2])
-want = {1: 0, 2: 1, 3: 1, 4: kpk.STRIPED}
+want = {1: 0, 2: 1, 3: 1, 4: kpk.STRIPED, 5: 0}
 assert all(x["member"] == want[x["kind"]] for x in k.extents)
 PY
 layout b
@@ -222,18 +222,19 @@ cmp -s "$T/back.kpk" "$S" && ok "set -> single file == the shard conversion" || 
 "$BIN/kpack" convert "$T/src" "$T/tf.kpk" --order trunk-first --align 64K --quiet
 expect_exit 0 "re-layout with --order and --align" "$BIN/kpack" convert "$T/a/e/k3.kpk" "$T/tf2.kpk" --order trunk-first --align 64K --quiet
 cmp -s "$T/tf.kpk" "$T/tf2.kpk" && ok "set -> trunk-first, 64K alignment == the shard conversion with those options" || notok "re-layout with options differs"
-$PY - "$S" "$T/r/e/k3.kpk" <<'PY' && ok "the source provenance of the old manifest is kept" || notok "provenance"
+$PY - "$S" "$T/r/e/k3.kpk" <<'PY' && ok "the source provenance and the archive recipe of the old manifest are kept" || notok "provenance"
 import json, struct, sys
 def manifest(p):
     d = open(p, "rb").read(); off, n = struct.unpack_from("<QQ", d, 128); return json.loads(d[off:off + n])
 a, b = manifest(sys.argv[1]), manifest(sys.argv[2])
-assert a["source"] == b["source"] and a["dropped"] == b["dropped"] and b["source"]["layout"] == "sharded"
+assert a["source"] == b["source"] and a["archive"] == b["archive"] and b["source"]["layout"] == "sharded"
 PY
 # from files the Python writer made: codec-2 blocks of every method, archive extents
 $PY "$KPY" relayout "$S" "$T/blocks.kpk" --codec2 all --block-size 8192
 expect_exit 0 "re-layout of a file with compressed blocks (decoded while copied)" "$BIN/kpack" convert "$T/blocks.kpk" "$T/unblocked.kpk" --quiet
 cmp -s "$T/unblocked.kpk" "$S" && ok "... == the shard conversion" || notok "re-layout of a codec-2 file differs"
-$PY "$KPY" relayout "$S" "$T/arch.kpk" --archive
+"$BIN/kpack" convert "$T/src" "$T/noarch.kpk" --no-archive --quiet
+$PY "$KPY" relayout "$T/noarch.kpk" "$T/arch.kpk" --archive
 expect_exit 0 "re-layout of a file with an archive" "$BIN/kpack" convert "$T/arch.kpk" "$T/arch2.kpk" --stripe "$T/a/d1,$T/a/d2" --quiet --force
 expect_exit 0 "verify it" "$BIN/kpack" verify "$T/arch2.kpk" --quiet
 "$BIN/kpack" info "$T/arch2.kpk" >"$T/info.txt"

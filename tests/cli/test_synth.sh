@@ -229,6 +229,36 @@ check_dir "tiny default sharding" "$T/a14" --shards 14
 expect_exit 0 "tiny, single file" "$SYN" "$T/s" --single-file --seed 7 --quiet
 check_dir "tiny single file, no index" "$T/s" --single
 if out=$($PY "$T/values.py" "$T/a" 2>&1); then ok "weight distributions: $out"; else notok "weight distributions: $out"; fi
+
+# --mxfp4 quantized: a real quantiser's statistics, and the scales belong to the codes
+expect_exit 0 "tiny, --mxfp4 quantized --vision" "$SYN" "$T/q" --shards 3 --seed 7 --mxfp4 quantized --vision --quiet
+$PY - "$T/q" <<'PY' && ok "--mxfp4 quantized: nibble entropy 3.7..3.85 bits, every 32-group's largest |code| is 4 or 6 (amax / scale in [4, 8)), scales vary" || notok "--mxfp4 quantized statistics"
+import json, math, os, struct, sys
+d = sys.argv[1]; t = {}
+for f in os.listdir(d):
+    if not f.endswith(".safetensors"): continue
+    with open(os.path.join(d, f), "rb") as fh:
+        n = struct.unpack("<Q", fh.read(8))[0]; h = json.loads(fh.read(n))
+        for k, v in h.items():
+            a, b = v["data_offsets"]; fh.seek(8 + n + a); t[k] = (v, fh.read(b - a))
+E2M1 = [0, 0.5, 1, 1.5, 2, 3, 4, 6]
+counts = [0] * 16; bad = 0; groups = 0; scales = set()
+for k, (v, raw) in t.items():
+    if not k.endswith("weight_packed"): continue
+    sc = t[k.replace("weight_packed", "weight_scale")][1]
+    rows, cols = v["shape"]
+    for r in range(rows):
+        row = raw[r * cols:(r + 1) * cols]
+        for g in range(cols // 16):
+            nibs = [x for byte in row[g * 16:(g + 1) * 16] for x in (byte & 15, byte >> 4)]
+            for x in nibs: counts[x] += 1
+            groups += 1; bad += max(E2M1[x & 7] for x in nibs) not in (4, 6)
+            scales.add(sc[r * (cols // 16) + g])
+tot = sum(counts); H = -sum(c / tot * math.log2(c / tot) for c in counts if c)
+print("# nibble entropy %.3f bits, %d of %d groups without a largest code of 4 or 6, %d scale values" % (H, bad, groups, len(scales)))
+assert 3.7 <= H <= 3.85 and bad == 0 and len(scales) >= 3
+assert "mm_projector.proj.0.bias" in t and t["mm_projector.proj.0.bias"][0]["dtype"] == "F32"
+PY
 da=$($PY "$T/digest.py" "$T/a"); ds=$($PY "$T/digest.py" "$T/s"); d14=$($PY "$T/digest.py" "$T/a14")
 if [ "$da" = "$ds" ] && [ "$da" = "$d14" ]; then ok "tensor bytes do not depend on the sharding"; else notok "tensor bytes differ between layouts: $da / $ds / $d14"; fi
 

@@ -1436,6 +1436,22 @@ def _spread(p, a):
     return "%d trunk extents spread out" % n
 
 
+def _data_flip(p, a):
+    """One byte in the middle of a tensor (arg: its name; default the first trunk tensor of an uncompressed
+    extent) flipped, every checksum re-sealed: a valid file holding other data, which only a comparison
+    with the original bytes (a SHA-256 of a rebuilt file) can tell."""
+    for t in p.tensors:
+        x = p.extents[t["extent"]]
+        if x["codec"] != 0 or not t["nbytes"] or (a and t["name"] != a) or (not a and x["kind"] != TRUNK):
+            continue
+        at = t["offset"] + t["nbytes"] // 2
+        s = bytearray(p.stored[t["extent"]])
+        s[at] ^= 0x10
+        p.stored[t["extent"]] = bytes(s)
+        return "%s: byte %d of %s flipped" % (describe(x), at - t["offset"], t["name"])
+    raise SystemExit("no uncompressed tensor %s" % (a or "in a trunk extent"))
+
+
 MUTATIONS = {
     # the container's structure: the reader refuses (damage, exit 1)
     "drop-meta": ("the meta extent removed", lambda p, a: _drop_extent(p, _first(p, META))),
@@ -1474,7 +1490,8 @@ MUTATIONS = {
     "unknown-method": ("a block with method 3", lambda p, a: p.blocks[0].update(method=3)),
     "unknown-incompat": ("an unknown incompat bit", lambda p, a: setattr(p, "incompat", p.incompat | 0x100)),
     "unknown-role": ("a member with role 3", lambda p, a: p.members[1].update(record=dict(role=3))),
-    # valid files of an unusual shape (a writer other than kpack could make them)
+    # valid files of an unusual shape (a writer other than kpack could make them), or holding other data
+    "data-flip": ("(valid) a byte of a tensor flipped, re-sealed: only a comparison with the source shows it", _data_flip),
     "spread": ("(valid) tensors of the trunk extents spread 64 bytes apart", _spread),
     # the model (format/k3_check.c, run by kpack verify: damage, exit 1)
     "layer-beyond": ("the last trunk extent renumbered past the config's layers", _layer_beyond),

@@ -44,6 +44,11 @@ static const char USAGE[] =
     "                         and bias, latent norm as F32) instead of the release dtypes\n"
     "  --virtual              the full released checkpoint as sparse files: 96 shards with the\n"
     "                         released sizes (1.56 TB apparent, almost no disk), real headers\n"
+    "  --vision               add a few non-text tensors (vision_tower.*, mm_projector.*: BF16\n"
+    "                         and F32) in one more shard of their own, as released\n"
+    "  --mxfp4 uniform|quantized  MXFP4 experts: codes uniform over the 16 nibbles (default),\n"
+    "                         or heavy-tailed weights quantised as a real MXFP4 checkpoint is\n"
+    "                         (its code and scale statistics; for compression measurements)\n"
     "  --threads N            generator threads (default: online CPUs; output is identical)\n"
     "  --force                write into a non-empty OUTDIR (replacing earlier k3synth files)\n"
     "  --quiet                no progress and no summary\n"
@@ -58,7 +63,8 @@ typedef struct opts {
     int layers, experts, topk, block, first_dense, vocab; /* -1 = default */
     const char *full_attn;
     const char *tokenizer;
-    int flat, single, fixture, virt, force, quiet, threads;
+    int flat, single, fixture, virt, vision, force, quiet, threads;
+    int mxfp4;              /* SYNTH_MXFP4_* */
 } opts;
 
 static void die_usage(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
@@ -127,6 +133,7 @@ static void parse_args(int argc, char **argv, opts *o)
         FLAG("--single-file", single)
         FLAG("--fixture-dtypes", fixture)
         FLAG("--virtual", virt)
+        FLAG("--vision", vision)
         FLAG("--force", force)
         FLAG("--quiet", quiet)
         if (strcmp(name, "--geometry") == 0) {
@@ -163,6 +170,11 @@ static void parse_args(int argc, char **argv, opts *o)
             o->full_attn = VALUE();
         } else if (strcmp(name, "--tokenizer") == 0) {
             o->tokenizer = VALUE();
+        } else if (strcmp(name, "--mxfp4") == 0) {
+            const char *m = VALUE();
+            if (strcmp(m, "uniform") == 0) o->mxfp4 = SYNTH_MXFP4_UNIFORM;
+            else if (strcmp(m, "quantized") == 0) o->mxfp4 = SYNTH_MXFP4_QUANTIZED;
+            else die_usage("--mxfp4 must be uniform or quantized (got '%s')", m);
         } else {
             die_usage("unknown option '%s'", a);
         }
@@ -175,7 +187,7 @@ static void parse_args(int argc, char **argv, opts *o)
                         : o->topk >= 0 ? "--topk" : o->block >= 0 ? "--attn-res-block"
                         : o->first_dense >= 0 ? "--first-dense" : o->vocab >= 0 ? "--vocab"
                         : o->full_attn ? "--full-attn" : o->shards ? "--shards" : o->single ? "--single-file"
-                        : o->fixture ? "--fixture-dtypes" : NULL;
+                        : o->fixture ? "--fixture-dtypes" : o->vision ? "--vision (it has its own vision shards)" : NULL;
         if (bad) die_usage("--virtual writes the released geometry and layout; it cannot be combined with %s", bad);
     }
     if (o->single && o->shards > 1) die_usage("--single-file and --shards %d contradict each other", o->shards);
@@ -385,7 +397,7 @@ int main(int argc, char **argv)
     char err[1024] = "", path[PATH_MAX];
     char *cjson = NULL;
     size_t clen = 0;
-    int U, S;
+    int U, S, T;
     int *group = NULL;
     uint64_t *ubytes = NULL;
     synth_tensor *t = NULL;
@@ -416,6 +428,7 @@ int main(int argc, char **argv)
     if (!o.virt && S > U)
         die_usage("--shards %d: this geometry has %d layers plus the globals, so at most %d shards", S,
                   cfg->n_layers, U);
+    T = S + (o.vision && !o.single); /* files: the text shards, then the vision shard */
 
     prepare_outdir(&o);
     snprintf(path, sizeof path, "%s/config.json", o.outdir);
@@ -427,6 +440,7 @@ int main(int argc, char **argv)
     w.cfg = cfg;
     w.seed = o.seed;
     w.virt = o.virt;
+    w.mxfp4 = o.mxfp4;
     w.progress = !o.quiet && isatty(2);
     w.threads = o.threads;
     if (!w.threads) {
@@ -450,13 +464,13 @@ int main(int argc, char **argv)
         partition(ubytes, U, S, group);
     }
 
-    ix.n_shards = (size_t)S;
-    ix.shard_names = calloc((size_t)S, sizeof *ix.shard_names);
+    ix.n_shards = (size_t)T;
+    ix.shard_names = calloc((size_t)T, sizeof *ix.shard_names);
     if (!ix.shard_names) die("out of memory");
-    for (int s = 0; s < S; s++)
-        ix.shard_names[s] = o.single ? dupf("model.safetensors") : dupf("model-%05d-of-%06d.safetensors", s + 1, S);
+    for (int s = 0; s < T; s++)
+        ix.shard_names[s] = o.single ? dupf("model.safetensors") : dupf("model-%05d-of-%06d.safetensors", s + 1, T);
 
-    for (int s = 0, u = 0; s < S; s++) {
+    for (int s = 0, u = 0; s < T; s++) {
         size_t n = 0;
         uint64_t data;
         if (o.virt && s >= U) { /* the two invented vision shards */
@@ -481,6 +495,15 @@ int main(int argc, char **argv)
                 tcap = need * 2;
             }
             n += unit_tensors(cfg, u < cfg->n_layers ? u : -1, o.fixture, t + n);
+        }
+        if (o.vision && s == T - 1) {
+            if (n + SYNTH_VISION_SMALL > tcap) {
+                synth_tensor *nt = realloc(t, (n + SYNTH_VISION_SMALL) * sizeof *t);
+                if (!nt) die("out of memory");
+                t = nt;
+                tcap = n + SYNTH_VISION_SMALL;
+            }
+            n += synth_vision_small(t + n);
         }
         data = synth_layout(t, n);
         snprintf(path, sizeof path, "%s/%s", o.outdir, ix.shard_names[s]);

@@ -90,9 +90,13 @@ typedef struct synth_tensor {
 /* Rows of a tensor: shape[0] rows of prod(shape[1..]) elements; a 1-D tensor is one row. */
 uint64_t synth_rows(const synth_tensor *t);
 uint64_t synth_row_bytes(const synth_tensor *t);
+/* How MXFP4 experts are drawn (--mxfp4): codes uniform over the 16 nibbles
+ * (the default; the tests' geometry), or quantised heavy-tailed weights
+ * whose code and scale statistics are those of a real checkpoint. */
+enum { SYNTH_MXFP4_UNIFORM = 0, SYNTH_MXFP4_QUANTIZED = 1 };
 /* Fill rows [row0, row0 + nrows) of t into out (nrows * row_bytes bytes). */
-void synth_fill_rows(const k3_config *cfg, uint64_t seed, const synth_tensor *t, uint64_t row0, uint64_t nrows,
-                     uint8_t *out);
+void synth_fill_rows(const k3_config *cfg, uint64_t seed, int mxfp4, const synth_tensor *t, uint64_t row0,
+                     uint64_t nrows, uint8_t *out);
 /* The dtype the oracle fixture stores a role in (F32 for every gain/vector and the router). */
 int synth_fixture_dtype(int role, int release_dtype);
 
@@ -111,6 +115,7 @@ typedef struct synth_writer {
     int threads;
     int progress;         /* print progress to stderr */
     int virt;             /* headers only, data left as holes */
+    int mxfp4;            /* SYNTH_MXFP4_* */
     /* totals, for the summary */
     uint64_t bytes_written, files_written, tensors_written;
     uint64_t apparent_bytes;  /* file sizes, holes included */
@@ -174,6 +179,11 @@ int synth_tok_write(const char *outdir, const char *real_path, const synth_tok *
  * that the file size comes out exactly as `file_size`.  *t is malloc'd. */
 int synth_vision_shard(int idx, uint64_t file_size, synth_tensor **t, size_t *n, uint64_t *data_size, char *err,
                        size_t errlen);
+
+/* --vision: the non-text tensors of a small checkpoint (at most
+ * SYNTH_VISION_SMALL), written at t; returns how many. */
+#define SYNTH_VISION_SMALL 8
+size_t synth_vision_small(synth_tensor *t);
 
 /* ---- small helpers ------------------------------------------------------- */
 double synth_now(void);

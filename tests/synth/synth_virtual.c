@@ -116,3 +116,18 @@ int synth_vision_shard(int idx, uint64_t file_size, synth_tensor **out, size_t *
     errno = EINVAL;
     return -1;
 }
+
+/* --vision: a handful of small non-text tensors in the release's names and
+ * dtypes (BF16 matrices, an F32 bias), generated like any other tensor, so
+ * a conversion has something to keep in its archive and give back. */
+size_t synth_vision_small(synth_tensor *t)
+{
+    size_t n = 0;
+    add(t, &n, "mm_projector.proj.0.weight", 2, 64, 128, 0, 0);
+    add(t, &n, "mm_projector.proj.0.bias", 1, 64, 0, 0, 0);
+    t[n - 1].dtype = t[n - 1].release_dtype = KPK_DT_F32;
+    t[n - 1].nbytes = 4 * 64;
+    add(t, &n, "vision_tower.encoder.blocks.0.wqkv.weight", 2, 96, 32, 0, 0);
+    add(t, &n, "vision_tower.patch_embed.proj.weight", 4, 32, 3, 4, 4);
+    return n;
+}

@@ -14,13 +14,17 @@
  *   - KDA A_log is a per-head ramp (exp from 0.37 to 4.5, tail exactly 0),
  *     dt_bias spreads the decay over (e^lb, 1) per channel;
  *   - MXFP4 codes are uniform over all 16 nibbles (-0 included) and the E8M0
- *     scales sit near 127 + log2(target std / 2.93), +-1 per group.
+ *     scales sit near 127 + log2(target std / 2.93), +-1 per group; or, with
+ *     --mxfp4 quantized, the codes and scales of Student-t(3) weights of the
+ *     target std quantised the way OCP MX does (nibble entropy 3.78 bits, as
+ *     real K3's 3.75; scale entropy ~1.5 bits: what a compressor sees).
  *
  * Values of release-BF16 roles are rounded to BF16 even when stored as F32
  * (--fixture-dtypes), so both dtype variants describe the same model. */
 #include "synth.h"
 
 #include <math.h>
+#include <stdio.h>
 
 enum dist_kind { D_NORMAL, D_GAIN, D_UNIFORM, D_CONV, D_ALOG, D_BYTES, D_SCALE };
 
@@ -30,6 +34,7 @@ struct dist {
     uint64_t period, split;
     double lo, hi;         /* D_UNIFORM, D_GAIN */
     int base;              /* D_SCALE: central E8M0 byte */
+    double target;         /* D_BYTES, D_SCALE: the std of the dequantised weights */
 };
 
 /* RMS of E2M1 values with uniform codes: sqrt(mean(v^2)) over the 16 codes. */
@@ -56,7 +61,7 @@ static struct dist role_dist(const k3_config *c, int role)
     /* MLA: q entries ~N(0, 2.5); k_nope gain gk and rope-key gain gk*sqrt(dn/dr) give
      * score variance 2 * 2.5^2 * gk^2 * dn / dqk = 25, half of it from the rope dims. */
     const double gk = sqrt(2.0 * dqk / dn), gkr = gk * sqrt(dn / dr);
-    struct dist d = {D_NORMAL, 1.0, 1.0, 1, 1, 0, 0, 0};
+    struct dist d = {D_NORMAL, 1.0, 1.0, 1, 1, 0, 0, 0, 0};
 #define NORMAL(s) (d.kind = D_NORMAL, d.s1 = d.s2 = (s), d.period = 1, d.split = 1)
 #define GAIN() (d.kind = D_GAIN, d.lo = 0.8, d.hi = 1.2)
     switch (role) {
@@ -97,13 +102,16 @@ static struct dist role_dist(const k3_config *c, int role)
     case K3T_MOE_BIAS: d.kind = D_UNIFORM; d.lo = -0.3; d.hi = 0.3; break;
     case K3T_MOE_DOWN: NORMAL(4.0 / sqrt(E)); break; /* latent zeta of std ~4 */
     case K3T_MOE_UP: NORMAL(1.0 / sqrt(Lt)); break;
-    case K3T_EXP_W1_PACKED: case K3T_EXP_W2_PACKED: case K3T_EXP_W3_PACKED: d.kind = D_BYTES; break;
     /* w1 (gate) on zeta ~4: std 2.5 out; w3 (up): std 10 out; w2 (down): unit gain */
-    case K3T_EXP_W1_SCALE: d.kind = D_SCALE; d.base = e8m0_base(0.625 / sqrt(Lt)); break;
-    case K3T_EXP_W3_SCALE: d.kind = D_SCALE; d.base = e8m0_base(2.5 / sqrt(Lt)); break;
-    case K3T_EXP_W2_SCALE: d.kind = D_SCALE; d.base = e8m0_base(1.0 / sqrt(I)); break;
+    case K3T_EXP_W1_PACKED: d.kind = D_BYTES; d.target = 0.625 / sqrt(Lt); break;
+    case K3T_EXP_W3_PACKED: d.kind = D_BYTES; d.target = 2.5 / sqrt(Lt); break;
+    case K3T_EXP_W2_PACKED: d.kind = D_BYTES; d.target = 1.0 / sqrt(I); break;
+    case K3T_EXP_W1_SCALE: d.kind = D_SCALE; d.target = 0.625 / sqrt(Lt); break;
+    case K3T_EXP_W3_SCALE: d.kind = D_SCALE; d.target = 2.5 / sqrt(Lt); break;
+    case K3T_EXP_W2_SCALE: d.kind = D_SCALE; d.target = 1.0 / sqrt(I); break;
     default: NORMAL(1.0 / sqrt(E)); break;
     }
+    if (d.kind == D_SCALE) d.base = e8m0_base(d.target);
 #undef NORMAL
 #undef GAIN
     return d;
@@ -175,13 +183,69 @@ static void normal_row_bf16(synth_rng *r, const uint16_t *tab, uint8_t *out, uin
     }
 }
 
-void synth_fill_rows(const k3_config *cfg, uint64_t seed, const synth_tensor *t, uint64_t row0, uint64_t nrows,
+/* --mxfp4 quantized: one row of MXFP4 weights, as a real quantiser makes
+ * them.  Student-t(3) values (heavier-tailed than a normal, as trained
+ * weights are) of the given std, in groups of 32: the E8M0 scale is
+ * 2^(floor(log2(amax)) - 2) (OCP MX: E2M1's largest exponent is 2), each
+ * value divided by it and rounded to the nearest E2M1 value (ties to the
+ * even code), 6 at most.  codes (n/2 bytes, element 2j in the low nibble)
+ * and scales (n/32 bytes) may be NULL.  Both tensors of a pair call this
+ * with the packed tensor's seed, so the scales belong to the codes. */
+static void mxfp4_row(synth_rng *r, double std, uint64_t n, uint8_t *codes, uint8_t *scales)
+{
+    static const float grid[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+    const double t_std = sqrt(3.0); /* t(3) has variance 3 */
+    for (uint64_t g = 0; g < n / 32; g++) {
+        double v[32], amax = 0;
+        int e;
+        for (int i = 0; i < 32; i++) {
+            double z = synth_normal(r), c = 0;
+            for (int k = 0; k < 3; k++) {
+                double y = synth_normal(r);
+                c += y * y;
+            }
+            v[i] = std / t_std * z / sqrt(c / 3.0 + 1e-12);
+            if (fabs(v[i]) > amax) amax = fabs(v[i]);
+        }
+        e = amax > 0 ? (int)floor(log2(amax)) - 2 : -127;
+        if (e < -127) e = -127;
+        if (e > 127) e = 127;
+        if (scales) scales[g] = (uint8_t)(127 + e);
+        if (!codes) continue;
+        for (int i = 0; i < 32; i++) {
+            float x = (float)fabs(ldexp(v[i], -e));
+            int best = 0;
+            for (int k = 1; k < 8; k++) {
+                float dk = fabsf(x - grid[k]), db = fabsf(x - grid[best]);
+                if (dk < db || (dk == db && (k & 1) == 0)) best = k;
+            }
+            uint8_t nib = (uint8_t)(best | (v[i] < 0 ? 8 : 0));
+            uint8_t *o = &codes[g * 16 + (uint64_t)i / 2];
+            if (i & 1) *o = (uint8_t)(*o | nib << 4);
+            else *o = nib;
+        }
+    }
+}
+
+/* The seed of a tensor's rows (the bytes of a tensor depend on (seed, name, row) only). */
+static uint64_t tensor_seed(uint64_t seed, const char *name)
+{
+    uint64_t st = seed ^ synth_hash_str(name);
+    return synth_splitmix64(&st);
+}
+
+static void row_rng(synth_rng *rng, uint64_t tseed, uint64_t r)
+{
+    synth_rng_seed(rng, tseed ^ ((r + 1) * 0xD1B54A32D192ED03ull));
+}
+
+void synth_fill_rows(const k3_config *cfg, uint64_t seed, int mxfp4, const synth_tensor *t, uint64_t row0, uint64_t nrows,
                      uint8_t *out)
 {
     const struct dist d = role_dist(cfg, t->role);
     const uint64_t rb = synth_row_bytes(t), esz = kpk_dtype_size(t->dtype), n = rb / esz;
-    uint64_t tseed_state = seed ^ synth_hash_str(t->name);
-    const uint64_t tseed = synth_splitmix64(&tseed_state);
+    const uint64_t tseed = tensor_seed(seed, t->name);
+    uint64_t pseed = tseed; /* --mxfp4 quantized: the seed of the packed tensor of the pair */
     uint16_t tab[2][SYNTH_ZTAB_N];
     const int bf16_normal = d.kind == D_NORMAL && t->dtype == KPK_DT_BF16;
 
@@ -190,11 +254,23 @@ void synth_fill_rows(const k3_config *cfg, uint64_t seed, const synth_tensor *t,
         bf16_table((float)d.s1, tab[0]);
         bf16_table((float)d.s2, tab[1]);
     }
+    if (d.kind == D_SCALE && mxfp4 == SYNTH_MXFP4_QUANTIZED) {
+        char packed[K3_NAME_MAX];
+        const char *suffix = strstr(t->name, "weight_scale");
+        snprintf(packed, sizeof packed, "%.*sweight_packed", suffix ? (int)(suffix - t->name) : 0, t->name);
+        pseed = tensor_seed(seed, packed);
+    }
 
     for (uint64_t r = row0; r < row0 + nrows; r++) {
         uint8_t *o = out + (r - row0) * rb;
         synth_rng rng;
-        synth_rng_seed(&rng, tseed ^ ((r + 1) * 0xD1B54A32D192ED03ull));
+        row_rng(&rng, tseed, r);
+        if ((d.kind == D_BYTES || d.kind == D_SCALE) && mxfp4 == SYNTH_MXFP4_QUANTIZED) {
+            row_rng(&rng, pseed, r);
+            if (d.kind == D_BYTES) mxfp4_row(&rng, d.target, 2 * n, o, NULL);
+            else mxfp4_row(&rng, d.target, 32 * n, NULL, o);
+            continue;
+        }
         switch (d.kind) {
         case D_NORMAL: {
             const int second = (r % d.period) >= d.split;
