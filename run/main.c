@@ -2,6 +2,8 @@
  * Argument parsing and output; the work is done through the session API
  * (session.h). */
 #include "ablate.h"
+#include "cmd_chat.h"
+#include "cmd_serve.h"
 #include "cmd_tokenize.h"
 #include "krun_cli.h"
 #include "kio.h"
@@ -28,6 +30,8 @@
 static const char usage[] =
     "usage: krun MODEL.kpk (--prompt TEXT | --prompt-file PATH | --ids 1,2,3) [options]\n"
     "       krun tokenize MODEL.kpk ...   text <-> token ids, chat rendering (krun tokenize --help)\n"
+    "       krun chat MODEL.kpk ...       talk to the model in a terminal (krun chat --help)\n"
+    "       krun serve MODEL.kpk ...      an OpenAI-compatible HTTP server (krun serve --help)\n"
     "\n"
     "Runs the exact Kimi K3 forward pass from a KPK file (made by kpack convert):\n"
     "the prompt is processed once, then one token per step with carried state;\n"
@@ -308,6 +312,8 @@ int main(int argc, char **argv)
 
     /* subcommands that need no model runtime */
     if (argc > 1 && !strcmp(argv[1], "tokenize")) return krun_tokenize_main(argc - 1, argv + 1);
+    if (argc > 1 && !strcmp(argv[1], "chat")) return krun_chat_main(argc - 1, argv + 1);
+    if (argc > 1 && !strcmp(argv[1], "serve")) return krun_serve_main(argc - 1, argv + 1);
     parse_args(argc, argv, &o);
     if (krun_ablation_from_env()) return KRUN_EINPUT;
     if (krun_cli_budget(&o.c, &budget)) return KRUN_EINPUT;
