@@ -21,6 +21,8 @@
 #define SERVE_CTX_DEFAULT 4096
 #define SERVE_SEQS_DEFAULT 4
 #define SERVE_QUEUE_DEFAULT 16
+/* After cancelling, how long connections may take to send what is left. */
+#define SERVE_FLUSH_SECONDS 10
 
 static const char usage[] =
     "usage: krun serve MODEL.kpk [options]\n"
@@ -230,7 +232,8 @@ int krun_serve_main(int argc, char **argv)
             if (again || know() - t0 > o.shutdown_timeout) {
                 if (!o.quiet) fprintf(stderr, "krun serve: cancelling the requests still running\n");
                 srv_engine_cancel_all(eng);
-                srv_engine_wait_idle(eng, -1, NULL);
+                /* their error events on their way; a client that reads nothing is cut off */
+                srv_engine_wait_idle(eng, SERVE_FLUSH_SECONDS, NULL);
                 break;
             }
         }

@@ -86,8 +86,9 @@ void srv_cancel(srv_engine *e, sreq *r);
 void srv_retain(srv_engine *e, sreq *r);
 void srv_release(srv_engine *e, sreq *r);
 
-/* Shutdown: refuse new requests (503); wait for the running ones, at most timeout seconds
- * (<0: forever) or until *interrupt becomes non-zero; returns 1 if the engine is idle. */
+/* Shutdown: refuse new requests (503); wait for the running ones and for their output to be
+ * taken by their connections, at most timeout seconds (<0: forever) or until *interrupt becomes
+ * non-zero; returns 1 if nothing is left. */
 void srv_engine_drain(srv_engine *e);
 int  srv_engine_wait_idle(srv_engine *e, double timeout, volatile int *interrupt);
 /* Fail every queued and running request (503, "the server is shutting down"). */

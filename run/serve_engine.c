@@ -38,6 +38,7 @@ struct srv_engine {
     size_t n_queued;
     sreq **active;             /* [max_seqs], in the order they were admitted */
     size_t n_active;
+    size_t n_open;             /* requests submitted and not yet freed: their output may still be on its way */
     int draining, cancel_all, quit, damaged, quiet;
     char damage[900];
     struct {
@@ -60,9 +61,10 @@ sreq *sreq_new(void)
     return r;
 }
 
-static void release_locked(sreq *r)
+static void release_locked(srv_engine *e, sreq *r)
 {
     if (--r->refs > 0) return;
+    if (r->state != SREQ_NEW) e->n_open--;
     sgen_free(r->gen);
     free(r->prompt);
     kbuf_free(&r->out);
@@ -81,7 +83,7 @@ void srv_release(srv_engine *e, sreq *r)
 {
     if (!r) return;
     pthread_mutex_lock(&e->mu);
-    release_locked(r);
+    release_locked(e, r);
     pthread_mutex_unlock(&e->mu);
 }
 
@@ -97,14 +99,14 @@ static void publish_locked(sreq *r)
 }
 
 /* The request is over: its output is complete, its sequence is free. */
-static void finish_locked(sreq *r)
+static void finish_locked(srv_engine *e, sreq *r)
 {
     if (r->s) { krun_session_free(r->s); r->s = NULL; }
     if (r->gen) publish_locked(r);
     r->started = 1;
     r->state = SREQ_DONE;
     pthread_cond_broadcast(&r->cv);
-    release_locked(r);            /* the engine's reference */
+    release_locked(e, r);         /* the engine's reference */
 }
 
 /* One line per request on stderr: how it ended. */
@@ -122,7 +124,7 @@ static void fail_locked(srv_engine *e, sreq *r, const oai_error *err)
     log_end(e, r, how, err->message);
     sgen_fail(r->gen, err);
     e->st.failed++;
-    finish_locked(r);
+    finish_locked(e, r);
 }
 
 static void remove_active(srv_engine *e, size_t k)
@@ -142,7 +144,7 @@ static void drop_cancelled_locked(srv_engine *e)
         sreq *r = e->active[k];
         if (!r->cancelled && !e->cancel_all) continue;
         remove_active(e, k);
-        if (r->cancelled) { e->st.cancelled++; log_end(e, r, "cancelled", "the client went away"); finish_locked(r); }
+        if (r->cancelled) { e->st.cancelled++; log_end(e, r, "cancelled", "the client went away"); finish_locked(e, r); }
         else fail_locked(e, r, &stopping);
     }
     while (e->qhead && e->cancel_all) {
@@ -324,7 +326,7 @@ static void *engine_main(void *arg)
                 e->st.completed++;
                 e->st.request_seconds += know() - r->t_submit;
                 log_end(e, r, sgen_finish_reason(r->gen), NULL);
-                finish_locked(r);
+                finish_locked(e, r);
             }
         }
     }
@@ -359,7 +361,7 @@ static void cancel_locked(srv_engine *e, sreq *r)
             e->n_queued--;
             e->st.cancelled++;
             log_end(e, r, "cancelled while queued", "the client went away");
-            finish_locked(r);
+            finish_locked(e, r);
         }
     }
     pthread_cond_signal(&e->wake);
@@ -473,6 +475,7 @@ int srv_submit(srv_engine *e, sreq *r, oai_error *err)
         else e->qhead = r;
         e->qtail = r;
         e->n_queued++;
+        e->n_open++;
         e->st.requests++;
         e->st.prompt_tokens += r->n_prompt;
         pthread_cond_signal(&e->wake);
@@ -543,14 +546,14 @@ int srv_engine_wait_idle(srv_engine *e, double timeout, volatile int *interrupt)
     double end = know() + timeout;
     int idle;
     pthread_mutex_lock(&e->mu);
-    while ((e->n_active || e->n_queued) && !(interrupt && *interrupt) && (timeout < 0 || know() < end)) {
+    while ((e->n_active || e->n_queued || e->n_open) && !(interrupt && *interrupt) && (timeout < 0 || know() < end)) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         ts.tv_nsec += 100 * 1000 * 1000;
         if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
         pthread_cond_timedwait(&e->idle, &e->mu, &ts);
     }
-    idle = !e->n_active && !e->n_queued;
+    idle = !e->n_active && !e->n_queued && !e->n_open;
     pthread_mutex_unlock(&e->mu);
     return idle;
 }

@@ -201,7 +201,7 @@ static int keep_id(sgen *g, int32_t id)
 /* The non-streamed body with prompt_token_ids and choices[0].token_ids added. */
 static char *with_token_ids(const sgen *g, char *body)
 {
-    json_t *o = body ? json_loads(body, 0, NULL) : NULL, *p = json_array(), *t = json_array();
+    json_t *o = body ? json_loads(body, JSON_ALLOW_NUL, NULL) : NULL, *p = json_array(), *t = json_array();   /* the text may hold U+0000 */
     json_t *ch = json_array_get(json_object_get(o, "choices"), 0);
     char *s = NULL;
     int bad = !o || !p || !t || !ch;

@@ -2,7 +2,7 @@
 # Installs the Debian packages the build and tests need (`make deps`).
 # As root it runs apt-get; otherwise it prints the command to run.
 set -eu
-PKGS="build-essential clang pkg-config bc libzstd-dev libxxhash-dev libssl-dev libjansson-dev libpcre2-dev python3-numpy"
+PKGS="build-essential clang pkg-config bc libzstd-dev libxxhash-dev libssl-dev libjansson-dev libpcre2-dev libmicrohttpd-dev python3-numpy"
 missing=""
 for p in $PKGS; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

@@ -134,7 +134,7 @@ static void read_response(said *s, const char *text, size_t len, int stream, int
     memset(s, 0, sizeof *s);
     s->prompt_tokens = s->completion_tokens = -1;
     if (!stream) {
-        s->body = json_loadb(text, len, 0, NULL);
+        s->body = json_loadb(text, len, JSON_ALLOW_NUL, NULL);
         if (!s->body) { s->bad++; return; }
         if (json_object_get(s->body, "error")) s->errors++;
         read_choice(s, json_array_get(json_object_get(s->body, "choices"), 0), 0, chat);
@@ -148,7 +148,7 @@ static void read_response(said *s, const char *text, size_t len, int stream, int
         if (s->done) s->bad++;                              /* nothing after [DONE] */
         if (e - p == 12 && !strncmp(p, "data: [DONE]", 12)) s->done = 1;
         else {
-            json_t *o = json_loadb(p + 6, (size_t)(e - p - 6), 0, NULL);
+            json_t *o = json_loadb(p + 6, (size_t)(e - p - 6), JSON_ALLOW_NUL, NULL);
             if (!o) { s->bad++; return; }
             s->chunks++;
             if (json_object_get(o, "error")) s->errors++;
@@ -348,6 +348,20 @@ static void test_completion(const ktok *tk)
     int ids_ok = json_array_size(tids) == n + 1 && json_array_size(pids) == 3 && json_integer_value(json_array_get(pids, 2)) == 33;
     for (size_t i = 0; ids_ok && i <= n; i++) ids_ok = json_integer_value(json_array_get(tids, i)) == all[i];
     CHECK(ids_ok, "return_token_ids: prompt_token_ids and choices[0].token_ids (the end id included)");
+    {
+        /* a NUL byte in the text (a random model generates any byte) */
+        uint8_t nul = 0;
+        int32_t z[2] = {ids[0], ktok_rank_of(tk, &nul, 1)};
+        run_opts ro = {.return_token_ids = 1};
+        kbuf o = run(tk, z, 2, &ro, &fed, &status);
+        said x;
+        read_response(&x, o.p, o.n, 0, 0);
+        json_t *tz = json_object_get(json_array_get(json_object_get(x.body, "choices"), 0), "token_ids");
+        CHECK(status == 200 && !x.bad && x.content.n >= 1 && x.content.p[x.content.n - 1] == 0 && json_array_size(tz) == 2,
+              "a completion whose text holds U+0000 is a valid body, with its token ids");
+        said_free(&x);
+        kbuf_free(&o);
+    }
     said_free(&a);
     said_free(&b);
 
