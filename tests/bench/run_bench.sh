@@ -8,11 +8,13 @@
 #   kernels  tests/bench/bench_kernels.c, built with the line in its header
 #   krun     tests/bench/bench_krun.sh, given the virtual .kpk made by kpack;
 #            includes the pread pool vs io_uring replay (tests/bench/bench_io.c)
+#   serve    tests/bench/bench_serve.sh: krun serve's batching (1, 2, 4, 8 concurrent
+#            requests) and krun chat's turn two, on a full-width slice
 #
 # Everything is generated under a temporary directory in build/ (the repo's
 # disk) and deleted at the end.
 #
-# Env: BENCH_ONLY       a subset of "kpack kernels krun" (default: all three)
+# Env: BENCH_ONLY       a subset of "kpack kernels krun serve" (default: all four)
 #      KPK_VIRTUAL_OUT  keep the converted virtual .kpk at this path (the
 #                       runtime's scale test uses it); otherwise it is deleted
 #      BENCH_RUNS, BENCH_SLICE, BENCH_SETTLE, BENCH_SKIP: see bench_kpack.sh
@@ -23,7 +25,7 @@ mkdir -p "$TOP/build"
 TMP=$(mktemp -d "$TOP/build/bench.XXXXXX")
 trap 'rm -rf "$TMP"' EXIT
 trap 'exit 130' INT TERM
-ONLY=" ${BENCH_ONLY:-kpack kernels krun} "
+ONLY=" ${BENCH_ONLY:-kpack kernels krun serve} "
 VIRT=${KPK_VIRTUAL_OUT:-$TMP/k3-virtual.kpk}
 rc=0
 start=$(date +%s)
@@ -58,6 +60,12 @@ if [[ "$ONLY" == *" krun "* ]]; then
         if [ -f "$VIRT" ]; then export KPK_VIRTUAL="$VIRT"; fi
         bash tests/bench/bench_krun.sh || { echo "FAILED: bench_krun.sh"; rc=1; }
     fi
+    echo
+fi
+
+if [[ "$ONLY" == *" serve "* ]]; then
+    echo "################ krun serve and krun chat (tests/bench/bench_serve.sh)"
+    BENCH_DIR="$TMP/serve" bash tests/bench/bench_serve.sh || { echo "FAILED: bench_serve.sh"; rc=1; }
     echo
 fi
 
