@@ -348,25 +348,12 @@ static void show_bytes(chat *ch, const uint8_t *b, size_t len, int flush)
 typedef struct {
     int32_t *fed;                /* what this turn ran before its reply */
     size_t n_fed;
-    int32_t *reply;
-    size_t n_reply, cap_reply;
+    kbuf reply;                  /* the ids generated, as int32_t */
+    size_t n_reply;
     const char *finish;
     double t_prefill, t_reply;
     uint64_t bytes_prefill, bytes_reply;
 } turn_log;
-
-static int keep_reply_id(turn_log *t, int32_t id)
-{
-    if (t->n_reply == t->cap_reply) {
-        size_t c = t->cap_reply ? 2 * t->cap_reply : 64;
-        int32_t *p = realloc(t->reply, c * sizeof *p);
-        if (!p) return -1;
-        t->reply = p;
-        t->cap_reply = c;
-    }
-    t->reply[t->n_reply++] = id;
-    return 0;
-}
 
 static json_t *ids_json(const int32_t *ids, size_t n)
 {
@@ -384,7 +371,7 @@ static void log_turn(chat *ch, const turn_log *t)
     j = json_object();
     json_object_set_new(j, "turn", json_integer(ch->turn));
     json_object_set_new(j, "fed_ids", ids_json(t->fed, t->n_fed));
-    json_object_set_new(j, "reply_ids", ids_json(t->reply, t->n_reply));
+    json_object_set_new(j, "reply_ids", ids_json((const int32_t *)(const void *)t->reply.p, t->n_reply));
     json_object_set_new(j, "finish", json_string(t->finish));
     json_object_set_new(j, "history_tokens", json_integer((json_int_t)hist));
     json_object_set_new(j, "prefill_seconds", json_real(t->t_prefill));
@@ -452,7 +439,9 @@ static int reply(chat *ch, turn_log *t, krun_err *err)
         if (atomic_load(&interrupted) && !t->n_reply) { t->finish = "interrupted"; break; }   /* Ctrl-C during the prompt */
         id = krun_session_sample(ch->s);
         if (id < 0) { krun_err_set(err, KRUN_EINPUT, "no logits to sample from"); rc = -1; break; }
-        if (keep_reply_id(t, id)) { krun_err_set(err, KRUN_ENOMEM, "out of memory"); rc = -1; break; }
+        kbuf_add(&t->reply, &id, sizeof id);
+        if (t->reply.oom) { krun_err_set(err, KRUN_ENOMEM, "out of memory"); rc = -1; break; }
+        t->n_reply++;
         if (p) end = kchat_parser_feed_id(p, id, on_event, ch) == 1;
         for (size_t k = 0; k < n_stop; k++) end |= id == stop[k];
         if (!p && !end) {
@@ -548,7 +537,7 @@ static int run_turn(chat *ch, const char *text, size_t len, krun_err *err)
         log_turn(ch, &t);
     }
     free(t.fed);
-    free(t.reply);
+    kbuf_free(&t.reply);
     return rc;
 refuse:
     free(ch->msgs[before].content);

@@ -18,8 +18,7 @@ struct sgen {
     kstop stop;
     uint8_t pend[8];           /* completion: an incomplete UTF-8 sequence held back */
     size_t n_pend;
-    int32_t *ids;              /* every generated id */
-    size_t n_ids, cap_ids;
+    kbuf ids;                  /* every generated id, as int32_t */
     kbuf out;                  /* bytes ready to send */
     kbuf text, reasoning;      /* not streamed: the reply so far (chat content, or the completion's text) */
     kchat_call *calls;         /* not streamed: the tool calls */
@@ -73,7 +72,7 @@ void sgen_free(sgen *g)
     kbuf_free(&g->out);
     kbuf_free(&g->text);
     kbuf_free(&g->reasoning);
-    free(g->ids);
+    kbuf_free(&g->ids);
     free(g->prompt);
     free(g->id);
     free(g->model);
@@ -185,19 +184,6 @@ static void completion_bytes(sgen *g, const uint8_t *b, size_t len, int flush)
 
 /* ---- the end ---------------------------------------------------------------------------- */
 
-static int keep_id(sgen *g, int32_t id)
-{
-    if (g->n_ids == g->cap_ids) {
-        size_t c = g->cap_ids ? 2 * g->cap_ids : 64;
-        int32_t *p = realloc(g->ids, c * sizeof *p);
-        if (!p) return -1;
-        g->ids = p;
-        g->cap_ids = c;
-    }
-    g->ids[g->n_ids++] = id;
-    return 0;
-}
-
 /* The non-streamed body with prompt_token_ids and choices[0].token_ids added. */
 static char *with_token_ids(const sgen *g, char *body)
 {
@@ -206,7 +192,7 @@ static char *with_token_ids(const sgen *g, char *body)
     char *s = NULL;
     int bad = !o || !p || !t || !ch;
     for (size_t i = 0; !bad && i < g->o.n_prompt; i++) bad |= json_array_append_new(p, json_integer(g->prompt[i]));
-    for (size_t i = 0; !bad && i < g->n_ids; i++) bad |= json_array_append_new(t, json_integer(g->ids[i]));
+    for (size_t i = 0; !bad && i < sgen_n_tokens(g); i++) bad |= json_array_append_new(t, json_integer(sgen_tokens(g)[i]));
     if (!bad) bad |= json_object_set(o, "prompt_token_ids", p) | json_object_set(ch, "token_ids", t);
     if (!bad) s = json_dumps(o, JSON_COMPACT);
     json_decref(o);
@@ -218,7 +204,7 @@ static char *with_token_ids(const sgen *g, char *body)
 
 static void finish_output(sgen *g, const char *reason)
 {
-    long pt = (long)g->o.n_prompt, ct = (long)g->n_ids;
+    long pt = (long)g->o.n_prompt, ct = (long)sgen_n_tokens(g);
     g->finish = reason;
     if (g->o.stream) {
         if (!g->stream_started && g->o.chat) put(g, oai_sse_chat_role(&g->o.meta));
@@ -260,7 +246,8 @@ int sgen_token(sgen *g, int32_t id)
         if (g->o.chat) put(g, oai_sse_chat_role(&g->o.meta));
         g->stream_started = 1;
     }
-    if (keep_id(g, id)) return -1;
+    kbuf_add(&g->ids, &id, sizeof id);
+    if (g->ids.oom) return -1;
     for (size_t k = 0; k < g->o.n_end_ids; k++) end |= id == g->o.end_ids[k];
     if (g->o.chat) {
         /* <|end_of_msg|> completes the reply (the parser says so); the model's
@@ -274,7 +261,7 @@ int sgen_token(sgen *g, int32_t id)
         if (b) completion_bytes(g, b, len, 0);
     }
     if (g->oom) return -1;
-    if (end || g->stopped || (long)g->n_ids >= g->o.max_tokens) {
+    if (end || g->stopped || (long)sgen_n_tokens(g) >= g->o.max_tokens) {
         const char *reason;
         if (!g->stopped) drain(g);
         reason = g->stopped || end ? "stop" : "length";
@@ -314,8 +301,8 @@ int sgen_done(const sgen *g) { return g->complete || g->failed; }
 int sgen_started(const sgen *g) { return g->stream_started; }
 int sgen_status(const sgen *g) { return g->status; }
 const char *sgen_finish_reason(const sgen *g) { return g->complete ? g->finish : NULL; }
-size_t sgen_n_tokens(const sgen *g) { return g->n_ids; }
-const int32_t *sgen_tokens(const sgen *g) { return g->ids; }
+size_t sgen_n_tokens(const sgen *g) { return g->ids.n / sizeof(int32_t); }
+const int32_t *sgen_tokens(const sgen *g) { return (const int32_t *)(const void *)g->ids.p; }
 
 void sgen_take(sgen *g, kbuf *out)
 {

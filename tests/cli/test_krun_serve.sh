@@ -274,17 +274,7 @@ PY
 done
 
 # ---- a damaged extent met while serving ---------------------------------------------------------------------
-python3 - "$T/m.kpk" "$T/bad.kpk" <<'PY'
-import struct, sys
-d = bytearray(open(sys.argv[1], "rb").read())
-ext_off, ext_n = struct.unpack_from("<QQ", d, 56)
-for i in range(ext_n):
-    kind, codec, member, layer, expert = struct.unpack_from("<BBHII", d, ext_off + 64 * i)
-    off, stored = struct.unpack_from("<QQ", d, ext_off + 64 * i + 16)
-    if kind == 4:                       # every expert extent: whichever is routed first hits one
-        d[off + stored // 3] ^= 0x40
-open(sys.argv[2], "wb").write(d)
-PY
+corrupt_experts "$T/m.kpk" "$T/bad.kpk"
 start bad "$T/bad.kpk" --quiet && {
     py <<'PY' && ok "a damaged extent: the request fails with 500 naming it (no text); later ones 503 naming it; health 503 damaged" || notok "damage"
 import sys, re, serve_client as c

@@ -25,20 +25,16 @@ static ktok *load_tokenizer(void)
 {
     char path[1024];
     snprintf(path, sizeof path, "%s/fixtures/tokenizer/tiktoken.model", check_shared_dir());
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    kbuf b = {0};
-    char chunk[65536];
-    size_t n;
-    while ((n = fread(chunk, 1, sizeof chunk, f)) > 0) kbuf_add(&b, chunk, n);
-    fclose(f);
+    size_t len;
+    char *rf = check_read_file(path, &len);
+    if (!rf) return NULL;
     ktok_special *sp;
     size_t nsp;
     char err[256];
-    if (b.oom || ktok_specials_builtin("k3", &sp, &nsp)) die("out of memory");
-    ktok *tk = ktok_load(b.p, b.n, sp, nsp, err, sizeof err);
+    if (ktok_specials_builtin("k3", &sp, &nsp)) die("out of memory");
+    ktok *tk = ktok_load(rf, len, sp, nsp, err, sizeof err);
     ktok_specials_free(sp, nsp);
-    kbuf_free(&b);
+    free(rf);
     if (!tk) die(err);
     return tk;
 }
