@@ -42,6 +42,8 @@ static const char usage[] =
     "  --max-queue N         requests waiting for a sequence (default 16); more get 503 + Retry-After\n"
     "  --max-body SIZE       largest request body (default 8M)\n"
     "  --max-connections N   open connections at most (default max-seqs + max-queue + 16)\n"
+    "  --idle-timeout S      close a connection idle for S seconds between requests (default 600;\n"
+    "                        a request never times out while it runs)\n"
     "  --shutdown-timeout S  on SIGINT / SIGTERM, seconds running requests may take to finish\n"
     "                        before they are cancelled (default 30; a second signal cancels at once)\n"
     "  --quiet               no plan and no line per request on stderr\n"
@@ -58,7 +60,7 @@ static const char usage[] =
 
 struct serve_opts {
     const char *model, *host, *api_key, *model_name, *max_body;
-    long port, max_queue, max_connections;
+    long port, max_queue, max_connections, idle_timeout;
     double shutdown_timeout;
     int quiet;
     krun_cli c;
@@ -74,6 +76,7 @@ static void parse_args(int argc, char **argv, struct serve_opts *o)
     o->max_queue = SERVE_QUEUE_DEFAULT;
     o->max_body = "8M";
     o->shutdown_timeout = 30;
+    o->idle_timeout = 600;
     o->api_key = getenv("KRUN_API_KEY");
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -91,6 +94,8 @@ static void parse_args(int argc, char **argv, struct serve_opts *o)
             o->max_connections = krun_cli_long(krun_cli_need(argc, argv, &i), 1, 1L << 16, "--max-connections");
         else if (!strcmp(a, "--shutdown-timeout"))
             o->shutdown_timeout = krun_cli_double(krun_cli_need(argc, argv, &i), 0, 1e9, "--shutdown-timeout");
+        else if (!strcmp(a, "--idle-timeout"))
+            o->idle_timeout = krun_cli_long(krun_cli_need(argc, argv, &i), 1, 1L << 20, "--idle-timeout");
         else if (!strcmp(a, "--quiet")) o->quiet = 1;
         else if (a[0] == '-') krun_cli_die("unknown option %s (see krun serve --help)", a);
         else if (!o->model) o->model = a;
@@ -209,7 +214,7 @@ int krun_serve_main(int argc, char **argv)
     if (krun_model_prepare(m, &mo, &e)) { fprintf(stderr, "krun serve: %s\n", e.msg); rc = e.code; goto out; }
     eo = (srv_engine_opts){(size_t)o.max_queue, name, o.quiet};
     if (srv_engine_start(m, &eo, &eng, err, sizeof err)) { fprintf(stderr, "krun serve: %s\n", err); rc = KRUN_ENOMEM; goto out; }
-    ho = (srv_http_opts){o.api_key, (size_t)max_body, fd, (unsigned)o.max_connections, 600};
+    ho = (srv_http_opts){o.api_key, (size_t)max_body, fd, (unsigned)o.max_connections, (unsigned)o.idle_timeout};
     if (srv_http_start(eng, &ho, &http, err, sizeof err)) { fprintf(stderr, "krun serve: %s\n", err); goto out; }
     fd = -1;                                   /* the daemon's now */
     if (!o.quiet) announce(&o, m, name, port);
