@@ -262,6 +262,29 @@ static void damaged_locked(srv_engine *e, const krun_err *err)
     e->qtail = NULL;
 }
 
+/* A burst of requests that finds the engine idle starts in one sweep: wait
+ * until none has arrived for SERVE_GATHER_QUIET seconds (at most
+ * SERVE_GATHER_MAX).  A lone request waits SERVE_GATHER_QUIET; a sweep takes
+ * milliseconds in memory and seconds when streaming, and a request that just
+ * missed one waits for the whole next sweep. */
+#define SERVE_GATHER_QUIET 0.003
+#define SERVE_GATHER_MAX 0.05
+
+static void gather_locked(srv_engine *e)
+{
+    double end = know() + SERVE_GATHER_MAX;
+    uint64_t seen = e->st.requests;
+    while (e->n_queued < e->max_seqs && know() < end) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += (long)(SERVE_GATHER_QUIET * 1e9);
+        if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+        pthread_cond_timedwait(&e->wake, &e->mu, &ts);
+        if (e->st.requests == seen || e->cancel_all) break;
+        seen = e->st.requests;
+    }
+}
+
 static void *engine_main(void *arg)
 {
     srv_engine *e = arg;
@@ -281,6 +304,7 @@ static void *engine_main(void *arg)
             pthread_cond_broadcast(&e->idle);
             if (e->quit) break;
             pthread_cond_wait(&e->wake, &e->mu);
+            if (e->n_queued) gather_locked(e);
             continue;
         }
         if (!sw || !take || !done) {               /* no memory for the sweep's lists: fail what runs */

@@ -8,7 +8,8 @@
 #    generated tokens / wall time from the first request to the last reply) and bytes read per
 #    generated token (the server's /health counters).  A fresh server per run, warmed with one
 #    1-token request (the resident parts are read once per process); runs alternate the order
-#    of B; medians of BENCH_RUNS.
+#    of B; medians of BENCH_RUNS.  Two memory configurations: the minimum budget (the trunk
+#    streamed, 4 expert slots), and the trunk streamed with 64 expert slots (one layer's).
 # 2. krun chat, turn two: the conversation kept (turn two runs only its new tokens) against
 #    re-sending it whole (the same text as one message after /reset, in the same warm process).
 #
@@ -37,24 +38,27 @@ MIN=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["minimum_b
 echo "minimum budget with 8 sequences of 64 positions: $MIN bytes"
 
 # ---- 1. batching ---------------------------------------------------------------------------------
-echo
-echo "== krun serve --mem $MIN --max-seqs 8 --ctx 64 --io direct: B concurrent requests of $GEN tokens"
-: >"$W/serve.jsonl"
-for round in $(seq "$RUNS"); do
-    if [ $((round % 2)) -eq 1 ]; then order="1 2 4 8"; else order="8 4 2 1"; fi
-    for B in $order; do
-        drop
-        "$BIN/krun" serve "$W/slice.kpk" --mem "$MIN" --max-seqs 8 --ctx 64 --io direct --port 0 --quiet >/dev/null 2>"$W/serve.err" &
-        pid=$!
-        port=
-        for _ in $(seq 600); do
-            port=$(sed -n 's/.*listening on port \([0-9]*\)$/\1/p' "$W/serve.err" 2>/dev/null)
-            [ -n "$port" ] && break
-            kill -0 $pid 2>/dev/null || break
-            sleep 0.1
-        done
-        if [ -z "$port" ]; then echo "server did not start: $(head -c 300 "$W/serve.err")"; kill $pid 2>/dev/null; wait $pid; continue; fi
-        python3 - "$port" "$B" "$GEN" "$round" >>"$W/serve.jsonl" <<'PY' || echo "run B=$B failed"
+# batching LABEL SERVE-ARGS...: the table for one memory configuration
+batching() {
+    local label=$1; shift
+    echo
+    echo "== krun serve $* --max-seqs 8 --ctx 64 --io direct ($label): B concurrent requests of $GEN tokens"
+    : >"$W/serve.jsonl"
+    for round in $(seq "$RUNS"); do
+        if [ $((round % 2)) -eq 1 ]; then order="1 2 4 8"; else order="8 4 2 1"; fi
+        for B in $order; do
+            drop
+            "$BIN/krun" serve "$W/slice.kpk" "$@" --max-seqs 8 --ctx 64 --io direct --port 0 --quiet >/dev/null 2>"$W/serve.err" &
+            pid=$!
+            port=
+            for _ in $(seq 600); do
+                port=$(sed -n 's/.*listening on port \([0-9]*\)$/\1/p' "$W/serve.err" 2>/dev/null)
+                [ -n "$port" ] && break
+                kill -0 $pid 2>/dev/null || break
+                sleep 0.1
+            done
+            if [ -z "$port" ]; then echo "server did not start: $(head -c 300 "$W/serve.err")"; kill $pid 2>/dev/null; wait $pid; continue; fi
+            python3 - "$port" "$B" "$GEN" "$round" >>"$W/serve.jsonl" <<'PY' || echo "run B=$B failed"
 import json, sys, threading, time, serve_client as c
 port, B, gen, rnd = (int(x) for x in sys.argv[1:5])
 s, _, j = c.post(port, "/v1/completions", {"prompt": [11, 12, 13, 14], "max_tokens": 1, "temperature": 0})   # warm-up
@@ -78,10 +82,10 @@ d = lambda k: h1["stats"][k] - h0["stats"][k]
 print(json.dumps({"round": rnd, "B": B, "wall": wall, "tokens": d("generated_tokens"), "bytes": d("bytes_read"), "sweeps": d("sweeps"),
                   "sweep_seconds": d("sweep_seconds")}))
 PY
-        kill -TERM $pid; wait $pid
+            kill -TERM $pid; wait $pid
+        done
     done
-done
-python3 - "$W/serve.jsonl" <<'PY'
+    python3 - "$W/serve.jsonl" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 by = {}
@@ -99,6 +103,12 @@ for B in sorted(by):
     print("| %d | %.3f | %.2fx | %.2f GB | %d | %.2f | %s |" % (B, tps, tps / base, bpt / 1e9, sw, sps,
                                                               ", ".join("%.3f" % (r["tokens"] / r["wall"]) for r in rs)))
 PY
+}
+batching "the minimum budget: 4 expert slots, a sweep's experts are read 4 at a time" --mem "$MIN"
+# the trunk still streamed (--pin 0), with room for one layer's 64 experts
+"$BIN/krun" "$W/slice.kpk" --plan --mem 64G --pin 0 --expert-slots 64 --ctx 64 --max-seqs 8 --json "$W/plan64.json" >/dev/null || exit 2
+MEM64=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["total_bytes"])' "$W/plan64.json")
+batching "the trunk streamed, 64 expert slots" --mem "$MEM64" --pin 0 --expert-slots 64
 
 # ---- 2. krun chat: turn two with the conversation kept, against re-sending it ------------------------------
 echo
