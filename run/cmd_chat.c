@@ -19,12 +19,11 @@
 #include "cmd_chat.h"
 
 #include "chat.h"
+#include "chat_conv.h"
 #include "jsontext.h"
-#include "kio.h"
 #include "kprogress.h"
 #include "krun_cli.h"
 #include "memplan.h"
-#include "statefile.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -35,7 +34,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include <xxhash.h>
 
 #define CHAT_CTX_DEFAULT 4096
 /* Positions kept free at the end of the context for the tokens that close a
@@ -89,20 +87,11 @@ struct chat_opts {
 };
 
 typedef struct {
-    kchat_role role;
-    char *content, *reasoning;   /* malloc'd, NUL-terminated */
-} turn_msg;
-
-typedef struct {
     struct chat_opts o;
     krun_model *m;
     krun_session *s;
     const ktok *tk;
-    int template;                /* the tokenizer has the chat markers */
-    kchat_options copts;
-    turn_msg *msgs;
-    size_t n_msgs, cap_msgs;
-    size_t fed_msgs;             /* messages whose tokens are in the state */
+    kconv conv;                  /* the messages, the chat options, the mode */
     int tty_in, tty_out, show, dim;
     FILE *json;
     long turn;
@@ -173,52 +162,12 @@ static void parse_args(int argc, char **argv, struct chat_opts *o)
 
 /* ---- the conversation ---------------------------------------------------------------------- */
 
-static int add_msg(chat *ch, kchat_role role, const char *content, size_t len, const char *reasoning, size_t rlen)
-{
-    turn_msg *m;
-    if (ch->n_msgs == ch->cap_msgs) {
-        size_t c = ch->cap_msgs ? 2 * ch->cap_msgs : 16;
-        turn_msg *p = realloc(ch->msgs, c * sizeof *p);
-        if (!p) return -1;
-        ch->msgs = p;
-        ch->cap_msgs = c;
-    }
-    m = &ch->msgs[ch->n_msgs];
-    m->role = role;
-    m->content = strndup(content ? content : "", content ? len : 0);
-    m->reasoning = reasoning ? strndup(reasoning, rlen) : NULL;
-    if (!m->content || (reasoning && !m->reasoning)) { free(m->content); free(m->reasoning); return -1; }
-    ch->n_msgs++;
-    return 0;
-}
-
-static void clear_msgs(chat *ch)
-{
-    for (size_t i = 0; i < ch->n_msgs; i++) { free(ch->msgs[i].content); free(ch->msgs[i].reasoning); }
-    ch->n_msgs = ch->fed_msgs = 0;
-}
-
-/* The conversation as kchat_messages (pointing into ch->msgs). */
-static kchat_message *as_kchat(const chat *ch)
-{
-    kchat_message *k = calloc(ch->n_msgs ? ch->n_msgs : 1, sizeof *k);
-    if (!k) return NULL;
-    for (size_t i = 0; i < ch->n_msgs; i++) {
-        k[i].role = ch->msgs[i].role;
-        k[i].content = ch->msgs[i].content;
-        k[i].content_len = strlen(ch->msgs[i].content);
-        k[i].reasoning = ch->msgs[i].reasoning;
-        k[i].reasoning_len = ch->msgs[i].reasoning ? strlen(ch->msgs[i].reasoning) : 0;
-    }
-    return k;
-}
-
 /* Start over: an empty state and the system message, if any. */
 static int reset(chat *ch)
 {
     krun_session_reset(ch->s);
-    clear_msgs(ch);
-    if (ch->o.system && ch->template && add_msg(ch, KCHAT_SYSTEM, ch->o.system, strlen(ch->o.system), NULL, 0)) return -1;
+    kconv_truncate(&ch->conv, 0);
+    if (ch->o.system && ch->conv.template && kconv_add(&ch->conv, KCHAT_SYSTEM, ch->o.system, strlen(ch->o.system), NULL, 0)) return -1;
     return 0;
 }
 
@@ -398,16 +347,16 @@ static int turn_ids(chat *ch, const char *text, size_t len, int32_t **ids, size_
     char err[512];
     size_t hist;
     krun_session_tokens(ch->s, &hist);
-    if (!ch->template) {
+    if (!ch->conv.template) {
         if (ktok_encode(ch->tk, text, len, 1, ids, n)) { fprintf(stderr, "krun chat: cannot tokenize the message\n"); return -1; }
         return 0;
     }
-    kchat_message *k = as_kchat(ch);
+    kchat_message *k = kconv_view(&ch->conv);
     kchat_rendering r;
     int rc;
     if (!k) { fprintf(stderr, "krun chat: out of memory\n"); return -1; }
-    rc = hist == 0 ? kchat_render(ch->tk, k, ch->n_msgs, &ch->copts, &r, err, sizeof err)
-                   : kchat_render_continue(ch->tk, k, ch->n_msgs, ch->fed_msgs, &ch->copts, &r, err, sizeof err);
+    rc = hist == 0 ? kchat_render(ch->tk, k, ch->conv.n, &ch->conv.opts, &r, err, sizeof err)
+                   : kchat_render_continue(ch->tk, k, ch->conv.n, ch->conv.fed, &ch->conv.opts, &r, err, sizeof err);
     free(k);
     if (rc) { fprintf(stderr, "krun chat: %s\n", err); return -1; }
     free(r.text);
@@ -422,13 +371,13 @@ static int turn_ids(chat *ch, const char *text, size_t len, int32_t **ids, size_
  * message.  Returns 0, or -1 with err (the model failed). */
 static int reply(chat *ch, turn_log *t, krun_err *err)
 {
-    kchat_parser *p = ch->template ? kchat_parser_new(ch->tk, ch->copts.thinking) : NULL;
+    kchat_parser *p = ch->conv.template ? kchat_parser_new(ch->tk, ch->conv.opts.thinking) : NULL;
     int32_t stop[3];
     size_t n_stop = krun_model_stop_ids(ch->m, stop), ctx = krun_model_ctx(ch->m);
     double t0 = know();
     uint64_t b0 = bytes_read(ch);
     int rc = 0;
-    if (ch->template && !p) { krun_err_set(err, KRUN_ENOMEM, "out of memory"); return -1; }
+    if (ch->conv.template && !p) { krun_err_set(err, KRUN_ENOMEM, "out of memory"); return -1; }
     ch->content.n = ch->reasoning.n = ch->text_pend.n = 0;
     ch->in_reasoning_shown = 0;
     t->finish = "length";
@@ -478,7 +427,7 @@ static int reply(chat *ch, turn_log *t, krun_err *err)
         show_bytes(ch, NULL, 0, 1);
     }
     end_reasoning(ch);
-    if (ch->content.n || ch->reasoning.n || ch->template) show("\n", 1);
+    if (ch->content.n || ch->reasoning.n || ch->conv.template) show("\n", 1);
     if (strcmp(t->finish, "stop") && !ch->o.quiet) fprintf(stderr, "[%s after %zu tokens]\n", t->finish, t->n_reply);
     t->t_reply = know() - t0;
     t->bytes_reply = bytes_read(ch) - b0;
@@ -490,10 +439,10 @@ static int reply(chat *ch, turn_log *t, krun_err *err)
 static int run_turn(chat *ch, const char *text, size_t len, krun_err *err)
 {
     turn_log t;
-    size_t hist, ctx = krun_model_ctx(ch->m), before = ch->n_msgs;
+    size_t hist, ctx = krun_model_ctx(ch->m), before = ch->conv.n;
     int rc;
     memset(&t, 0, sizeof t);
-    if (add_msg(ch, KCHAT_USER, text, len, NULL, 0)) { krun_err_set(err, KRUN_ENOMEM, "out of memory"); return -1; }
+    if (kconv_add(&ch->conv, KCHAT_USER, text, len, NULL, 0)) { krun_err_set(err, KRUN_ENOMEM, "out of memory"); return -1; }
     if (turn_ids(ch, text, len, &t.fed, &t.n_fed)) goto refuse;
     krun_session_tokens(ch->s, &hist);
     if (hist + t.n_fed + 1 + CHAT_CLOSE_RESERVE > ctx) {
@@ -523,172 +472,26 @@ static int run_turn(chat *ch, const char *text, size_t len, krun_err *err)
         t.bytes_prefill = bytes_read(ch) - b0;
         if (rc) { free(t.fed); return -1; }
     }
-    ch->fed_msgs = ch->n_msgs;
+    ch->conv.fed = ch->conv.n;
     ch->turn++;
     /* (a Ctrl-C while the prompt ran gives an empty reply, closed like any other) */
     rc = reply(ch, &t, err);
     atomic_store(&interrupted, 0);
     if (!rc) {
-        if (add_msg(ch, KCHAT_ASSISTANT, ch->content.p, ch->content.n, ch->reasoning.n ? ch->reasoning.p : NULL, ch->reasoning.n)) {
+        if (kconv_add(&ch->conv, KCHAT_ASSISTANT, ch->content.p, ch->content.n, ch->reasoning.n ? ch->reasoning.p : NULL, ch->reasoning.n)) {
             krun_err_set(err, KRUN_ENOMEM, "out of memory");
             rc = -1;
         }
-        ch->fed_msgs = ch->n_msgs;
+        ch->conv.fed = ch->conv.n;
         log_turn(ch, &t);
     }
     free(t.fed);
     kbuf_free(&t.reply);
     return rc;
 refuse:
-    free(ch->msgs[before].content);
-    free(ch->msgs[before].reasoning);
-    ch->n_msgs = before;
+    kconv_truncate(&ch->conv, before);
     free(t.fed);
     return 1;
-}
-
-/* ---- /save and /load ----------------------------------------------------------------------------- */
-
-static char *json_path(const char *path)
-{
-    size_t n = strlen(path);
-    char *p = malloc(n + 6);
-    if (p) { memcpy(p, path, n); memcpy(p + n, ".json", 6); }
-    return p;
-}
-
-/* XXH3 of a token history, as 32-bit little-endian ids (the state file's layout). */
-static uint64_t tokens_hash(const int32_t *ids, size_t n) { return XXH3_64bits(ids, n * sizeof *ids); }
-
-/* A JSON string of text that may not be valid UTF-8 (a reply cut inside a character). */
-static json_t *text_json(const char *s)
-{
-    kbuf b = {0};
-    json_t *j;
-    kutf8_sanitize(s, strlen(s), &b);
-    j = b.oom ? NULL : json_stringn(b.p ? b.p : "", b.n);
-    kbuf_free(&b);
-    return j;
-}
-
-static void save(chat *ch, const char *path)
-{
-    krun_err e;
-    size_t n;
-    const int32_t *ids = krun_session_tokens(ch->s, &n);
-    char *jp = json_path(path), hash[24];
-    json_t *j = json_object(), *msgs = json_array();
-    if (!jp || !j || !msgs) { fprintf(stderr, "krun chat: out of memory\n"); free(jp); json_decref(j); json_decref(msgs); return; }
-    if (krun_session_save(ch->s, path, &e)) { fprintf(stderr, "krun chat: %s\n", e.msg); free(jp); json_decref(j); json_decref(msgs); return; }
-    snprintf(hash, sizeof hash, "%016llx", (unsigned long long)tokens_hash(ids, n));
-    for (size_t i = 0; i < ch->n_msgs; i++) {
-        json_t *m = json_object();
-        json_object_set_new(m, "role", json_string(kchat_role_name(ch->msgs[i].role)));
-        json_object_set_new(m, "content", text_json(ch->msgs[i].content));
-        if (ch->msgs[i].reasoning) json_object_set_new(m, "reasoning_content", text_json(ch->msgs[i].reasoning));
-        json_array_append_new(msgs, m);
-    }
-    json_object_set_new(j, "format", json_string("krun chat 1"));
-    json_object_set_new(j, "model", json_string(krun_model_path(ch->m)));
-    json_object_set_new(j, "state", json_string(path));
-    json_object_set_new(j, "template", json_boolean(ch->template));
-    json_object_set_new(j, "thinking", json_boolean(ch->copts.thinking));
-    json_object_set_new(j, "effort", ch->copts.effort == KCHAT_EFFORT_NONE ? json_null() : json_string(kchat_effort_name(ch->copts.effort)));
-    json_object_set_new(j, "history_tokens", json_integer((json_int_t)n));
-    json_object_set_new(j, "history_xxh3", json_string(hash));
-    json_object_set_new(j, "messages", msgs);
-    /* the conversation next to the state: the same "messages" an OpenAI request takes */
-    if (json_dump_file(j, jp, JSON_INDENT(1) | JSON_ENSURE_ASCII) != 0) fprintf(stderr, "krun chat: cannot write %s\n", jp);
-    else fprintf(stderr, "krun chat: saved %zu positions to %s and the conversation to %s\n", n, path, jp);
-    json_decref(j);
-    free(jp);
-}
-
-/* The messages of FILE.json into a fresh list; NULL with a message on stderr. */
-static json_t *read_conversation(const char *jp, uint64_t *hash, size_t *n_tokens, int *template)
-{
-    json_error_t je;
-    json_t *j = json_load_file(jp, 0, &je), *msgs;
-    const char *h;
-    if (!j) { fprintf(stderr, "krun chat: %s: %s (line %d)\n", jp, je.text, je.line); return NULL; }
-    msgs = json_object_get(j, "messages");
-    h = json_string_value(json_object_get(j, "history_xxh3"));
-    if (!json_is_array(msgs) || !h || !json_is_integer(json_object_get(j, "history_tokens")) ||
-        strcmp(json_string_value(json_object_get(j, "format")) ? json_string_value(json_object_get(j, "format")) : "", "krun chat 1")) {
-        fprintf(stderr, "krun chat: %s is not a conversation saved by krun chat (format \"krun chat 1\")\n", jp);
-        json_decref(j);
-        return NULL;
-    }
-    for (size_t i = 0; i < json_array_size(msgs); i++) {
-        json_t *m = json_array_get(msgs, i);
-        const char *role = json_string_value(json_object_get(m, "role"));
-        if (!role || (strcmp(role, "system") && strcmp(role, "user") && strcmp(role, "assistant")) ||
-            !json_is_string(json_object_get(m, "content"))) {
-            fprintf(stderr, "krun chat: %s: messages[%zu] needs a role (system, user, assistant) and a content string\n", jp, i);
-            json_decref(j);
-            return NULL;
-        }
-    }
-    *hash = strtoull(h, NULL, 16);
-    *n_tokens = (size_t)json_integer_value(json_object_get(j, "history_tokens"));
-    *template = json_is_true(json_object_get(j, "template"));
-    return j;
-}
-
-static void load(chat *ch, const char *path)
-{
-    char *jp = json_path(path), *buf = NULL;
-    uint64_t hash, pos, nt, most;
-    size_t n_tokens, len = 0;
-    int template;
-    json_t *j;
-    krun_err e;
-    krun_state_hdr h;
-    if (!jp) { fprintf(stderr, "krun chat: out of memory\n"); return; }
-    if (krun_state_peek(path, &pos, &nt, &e)) { fprintf(stderr, "krun chat: %s\n", e.msg); free(jp); return; }
-    j = read_conversation(jp, &hash, &n_tokens, &template);
-    if (!j) { free(jp); return; }
-    if (template != ch->template) {
-        fprintf(stderr, "krun chat: %s was a %s conversation; this model's is %s\n", jp, template ? "chat-format" : "plain-text",
-                ch->template ? "in the chat format" : "plain text");
-        goto out;
-    }
-    /* the state must be the conversation's: check its tokens before replacing anything */
-    /* a state of this model at this context is smaller than a session's slot (its state, tokens, logits and more) */
-    most = krun_session_bytes(krun_model_config(ch->m), krun_model_ctx(ch->m)) + (1u << 20);
-    if (kio_read_file(path, (size_t)most, &buf, &len) || krun_state_parse(buf, len, &h, &e)) {
-        fprintf(stderr, "krun chat: %s: %s\n", path, buf ? e.msg : strerror(errno));
-        goto out;
-    }
-    if (h.n_tokens != n_tokens || XXH3_64bits(buf + h.tokens_at, (size_t)h.n_tokens * 4) != hash) {
-        fprintf(stderr, "krun chat: %s does not hold the conversation of %s (another save?): nothing loaded\n", path, jp);
-        goto out;
-    }
-    free(buf);                   /* (loading reads the file again: one copy at a time) */
-    buf = NULL;
-    if (krun_session_load(ch->s, path, &e)) { fprintf(stderr, "krun chat: %s\n", e.msg); goto out; }
-    clear_msgs(ch);
-    {
-        json_t *msgs = json_object_get(j, "messages");
-        for (size_t i = 0; i < json_array_size(msgs); i++) {
-            json_t *m = json_array_get(msgs, i), *r = json_object_get(m, "reasoning_content");
-            const char *role = json_string_value(json_object_get(m, "role"));
-            json_t *c = json_object_get(m, "content");
-            add_msg(ch, !strcmp(role, "system") ? KCHAT_SYSTEM : !strcmp(role, "user") ? KCHAT_USER : KCHAT_ASSISTANT,
-                    json_string_value(c), json_string_length(c), json_string_value(r), json_string_length(r));
-        }
-        ch->fed_msgs = ch->n_msgs;
-        /* the conversation goes on in the mode it was in */
-        if (json_is_boolean(json_object_get(j, "thinking"))) ch->copts.thinking = json_is_true(json_object_get(j, "thinking"));
-        ch->copts.effort = json_is_string(json_object_get(j, "effort")) ? kchat_effort_parse(json_string_value(json_object_get(j, "effort")))
-                                                                        : KCHAT_EFFORT_NONE;
-        if (ch->copts.effort == KCHAT_EFFORT_INVALID) ch->copts.effort = KCHAT_EFFORT_NONE;
-    }
-    fprintf(stderr, "krun chat: loaded %zu messages, %zu positions (thinking %s)\n", ch->n_msgs, n_tokens, ch->copts.thinking ? "on" : "off");
-out:
-    free(buf);
-    json_decref(j);
-    free(jp);
 }
 
 /* ---- the loop -------------------------------------------------------------------------------------- */
@@ -715,8 +518,8 @@ static int command(chat *ch, const char *line)
         fprintf(stderr, "krun chat: the conversation starts over\n");
         return 1;
     }
-    if (!strncmp(line, "/save ", 6) && arg && *arg) { save(ch, arg); return 1; }
-    if (!strncmp(line, "/load ", 6) && arg && *arg) { load(ch, arg); return 1; }
+    if (!strncmp(line, "/save ", 6) && arg && *arg) { kconv_save(&ch->conv, ch->s, ch->m, arg); return 1; }
+    if (!strncmp(line, "/load ", 6) && arg && *arg) { kconv_load(&ch->conv, ch->s, ch->m, arg); return 1; }
     fprintf(stderr, "krun chat: unknown command %s (/help lists them; start a message with // to send a /)\n", line);
     return 1;
 }
@@ -745,7 +548,7 @@ int krun_chat_main(int argc, char **argv)
     if (krun_model_load(ch.o.model, &ch.m, &e)) { fprintf(stderr, "krun chat: %s\n", e.msg); return e.code; }
     ch.tk = krun_model_tokenizer(ch.m);
     if (!ch.tk) { fprintf(stderr, "krun chat: %s has no tokenizer: krun chat needs one (krun --ids takes token ids)\n", ch.o.model); goto out; }
-    ch.template = ktok_find_special(ch.tk, KCHAT_OPEN) >= 0 && ktok_find_special(ch.tk, KCHAT_CLOSE) >= 0 &&
+    ch.conv.template = ktok_find_special(ch.tk, KCHAT_OPEN) >= 0 && ktok_find_special(ch.tk, KCHAT_CLOSE) >= 0 &&
                   ktok_find_special(ch.tk, KCHAT_SEP) >= 0 && ktok_find_special(ch.tk, KCHAT_END_OF_MSG) >= 0;
     krun_cli_model_opts(&ch.o.c, ch.o.model, budget, &mo);
     mo.max_seqs = 1;
@@ -754,9 +557,9 @@ int krun_chat_main(int argc, char **argv)
     if (krun_session_new(ch.m, &ch.s, &e)) { fprintf(stderr, "krun chat: %s\n", e.msg); rc = e.code; goto out; }
     krun_cli_sampler(&ch.o.c, &so);
     krun_session_set_sampler(ch.s, &so);
-    kchat_options_default(&ch.copts);
-    ch.copts.thinking = ch.o.thinking;
-    ch.copts.effort = ch.o.thinking ? ch.o.effort : KCHAT_EFFORT_NONE;
+    kchat_options_default(&ch.conv.opts);
+    ch.conv.opts.thinking = ch.o.thinking;
+    ch.conv.opts.effort = ch.o.thinking ? ch.o.effort : KCHAT_EFFORT_NONE;
     ch.tty_in = isatty(0);
     ch.tty_out = isatty(1);
     ch.dim = ch.tty_out && !ch.o.show_thinking ? 1 : ch.tty_out;
@@ -768,8 +571,8 @@ int krun_chat_main(int argc, char **argv)
     if (reset(&ch)) { fprintf(stderr, "krun chat: out of memory\n"); rc = KRUN_ENOMEM; goto out; }
     if (!ch.o.quiet)
         fprintf(stderr, "krun chat: %s, %zu positions%s; /help for commands, Ctrl-D to leave\n",
-                ch.template ? (ch.copts.thinking ? "thinking on" : "thinking off") : "plain-text continuation (no chat markers in this tokenizer)",
-                krun_model_ctx(ch.m), ch.o.system && !ch.template ? " (--system needs the chat format: ignored)" : "");
+                ch.conv.template ? (ch.conv.opts.thinking ? "thinking on" : "thinking off") : "plain-text continuation (no chat markers in this tokenizer)",
+                krun_model_ctx(ch.m), ch.o.system && !ch.conv.template ? " (--system needs the chat format: ignored)" : "");
     if (ch.tty_in && ch.tty_out) { fputs("\033[?2004h", stdout); fflush(stdout); }     /* bracketed paste */
     rc = KRUN_OK;
     while (read_message(&ch, &msg)) {
@@ -794,8 +597,7 @@ out:
     kbuf_free(&ch.content);
     kbuf_free(&ch.reasoning);
     kbuf_free(&ch.text_pend);
-    clear_msgs(&ch);
-    free(ch.msgs);
+    kconv_free(&ch.conv);
     if (ch.json) fclose(ch.json);
     krun_session_free(ch.s);
     krun_model_close(ch.m);

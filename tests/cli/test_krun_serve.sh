@@ -232,8 +232,8 @@ assert h["live_sequences"] == 0 and h["stats"]["cancelled"] == 2, h
 assert h["stats"]["generated_tokens"] < 6000, h      # stopped early, not run to max_tokens
 print("# freed %.2f s after the disconnect; %d tokens generated in all" % (time.time() - t0, h["stats"]["generated_tokens"]))
 PY
-stop
-[ "$RC" -eq 0 ] && ok "exit 0 after the disconnects" || notok "exit $RC"
+stop INT
+[ "$RC" -eq 0 ] && ok "SIGINT after the disconnects: exit 0" || notok "SIGINT: exit $RC"
 
 # ---- SIGTERM with requests in flight -----------------------------------------------------------------------
 for mode in finish cancel; do
