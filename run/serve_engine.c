@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 
 struct srv_engine {
@@ -641,6 +642,13 @@ json_t *srv_engine_health(srv_engine *e, int *status)
     json_object_set_new(st, "sweep_seconds", json_real(e->st.sweep_seconds));
     json_object_set_new(st, "bytes_read", json_integer((json_int_t)e->st.bytes_read));
     json_object_set_new(st, "uptime_seconds", json_real(know() - e->t0));
+    {
+        /* the process's CPU time: against sweep_seconds it says whether sweeps wait for the disk or compute */
+        struct rusage ru;
+        if (!getrusage(RUSAGE_SELF, &ru))
+            json_object_set_new(st, "cpu_seconds", json_real((double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec / 1e6 +
+                                                             (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec / 1e6));
+    }
     pthread_mutex_unlock(&e->mu);
     json_object_set_new(j, "stats", st);
     json_object_set_new(j, "plan", p ? kmemplan_json(p) : json_null());
