@@ -19,7 +19,7 @@ CC_IS_CLANG := $(shell $(CC) --version 2>/dev/null | grep -q clang && echo 1)
 ifneq ($(CC_IS_CLANG),1)
   override CFLAGS += -Wno-format-truncation
 endif
-LDLIBS  += -lzstd -lxxhash -lcrypto -ljansson -lpcre2-8 -lpthread -lm
+LDLIBS  += -lzstd -lxxhash -lcrypto -ljansson -lpcre2-8 -lmicrohttpd -lpthread -lm
 
 BUILD   ?= build
 # The ablation build (test only): every spec trap compiled in, selected at run

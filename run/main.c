@@ -2,7 +2,10 @@
  * Argument parsing and output; the work is done through the session API
  * (session.h). */
 #include "ablate.h"
+#include "cmd_chat.h"
+#include "cmd_serve.h"
 #include "cmd_tokenize.h"
+#include "krun_cli.h"
 #include "kio.h"
 #include "kprogress.h"
 #include "session.h"
@@ -28,6 +31,8 @@
 static const char usage[] =
     "usage: krun MODEL.kpk (--prompt TEXT | --prompt-file PATH | --ids 1,2,3) [options]\n"
     "       krun tokenize MODEL.kpk ...   text <-> token ids, chat rendering (krun tokenize --help)\n"
+    "       krun chat MODEL.kpk ...       talk to the model in a terminal (krun chat --help)\n"
+    "       krun serve MODEL.kpk ...      an OpenAI-compatible HTTP server (krun serve --help)\n"
     "\n"
     "Runs the exact Kimi K3 forward pass from a KPK file (made by kpack convert):\n"
     "the prompt is processed once, then one token per step with carried state;\n"
@@ -40,9 +45,7 @@ static const char usage[] =
     "Generation:\n"
     "  --gen N               tokens to generate (default 32); stops early at EOS /\n"
     "                        <|end_of_msg|> unless --ignore-eos\n"
-    "  --temp T              temperature (default 0 = greedy argmax)\n"
-    "  --top-k K  --top-p P  --min-p P   sampling filters (with --temp > 0)\n"
-    "  --seed S              PRNG seed (xoshiro256**; same seed, same text)\n"
+    KRUN_CLI_USAGE_SAMPLING
     "  --spec N              speculative decoding: draft up to N tokens (1..64) from the text so far\n"
     "                        (where it repeats) and verify them in one forward block; the output is\n"
     "                        bit-identical to --spec 0 (greedy only: refused with --temp > 0)\n"
@@ -53,31 +56,12 @@ static const char usage[] =
     "                        be left out); the earlier turns are not run again.  Without\n"
     "                        --seed, sampling continues the saved PRNG\n"
     "Execution:\n"
-    "  --threads N           worker threads (default: all cores); results are identical for any N\n"
-    "  --simd auto|scalar|avx2|avx512   kernel path (default auto); results are identical\n"
+    KRUN_CLI_USAGE_EXECUTION
     "  --ctx N               positions to reserve (default: saved state + prompt + --gen; a\n"
     "                        prompt beyond 262144 positions needs an explicit --ctx)\n"
-    "Memory (without --mem or --preset a file that fits in memory is used in place from a\n"
-    "mapping; a larger one gets --mem 80% of the available memory):\n"
-    "  --mem SIZE            memory budget, e.g. 8G, 512M (binary units); peak RSS stays below it\n"
-    "  --preset NAME         laptop 8G, desktop 32G, workstation 64G, server 128G, max 224G\n"
+    KRUN_CLI_USAGE_MEMORY
     "  --plan                print the memory plan (and the minimum budget) and exit\n"
-    "  --pin N               trunk layers kept resident (default: as many as fit)\n"
-    "  --expert-slots N      experts cached (default: what the budget leaves)\n"
-    "  --head hold|stream    lm_head held, or streamed in pieces every token (default: held\n"
-    "                        when it fits)\n"
-    "  --piece SIZE          streamed pieces' target size (default: the largest that fits; a\n"
-    "                        trunk layer or lm_head larger than a ring slot streams in pieces)\n"
     "  --max-seqs N          sessions whose state the plan budgets (default 1; for --plan)\n"
-    "  --cache lfu|lru       expert cache policy (default lfu: least often used, ties to the most\n"
-    "                        recently used; LRU evicts exactly what the next step needs)\n"
-    "  --io mmap|pread|direct  how streamed extents are read (default direct; where a file\n"
-    "                        system refuses O_DIRECT, buffered reads, said once)\n"
-    "  --io-threads N        concurrent reads (default 8; a set: shared by its disks, at least\n"
-    "                        2 per disk)\n"
-    "  --trace FILE          every read: kind, member, offset, length, start, end (TSV)\n"
-    "  --chunk N             prompt positions per forward block (default 64; results identical)\n"
-    "  --verify first|always|off   check each extent's XXH3 on first use (default), every use, or never\n"
     "  --recompute           recompute the whole sequence every step (testing; same result)\n"
     "Output:\n"
     "  --json FILE           prompt_ids, generated_ids, seconds_per_token, bytes_read, peak_rss_bytes, ...\n"
@@ -97,62 +81,21 @@ static const char usage[] =
 
 struct opts {
     const char *model, *prompt, *prompt_file, *ids, *json, *dump_logits, *dump_all, *dump_gen;
-    const char *mem, *preset, *trace, *save_state, *load_state, *piece;
-    long gen, top_k, threads, ctx, chunk, pin, slots, io_threads, max_seqs, head, spec;
-    int plan_only, io, policy, io_given, seed_given;
-    double temp, top_p, min_p;
-    unsigned long long seed;
-    int verify, recompute, print_ids, quiet, ignore_eos;
-    const char *simd;
-    ksimd simd_level;
+    const char *save_state, *load_state;
+    long gen, spec;
+    int plan_only;
+    int recompute, print_ids, quiet, ignore_eos;
+    krun_cli c;               /* memory, execution and sampling: shared with krun chat and krun serve */
 };
-
-static void die_usage(const char *fmt, const char *arg)
-{
-    fprintf(stderr, "krun: ");
-    fprintf(stderr, fmt, arg);
-    fprintf(stderr, "\n");
-    exit(KRUN_EINPUT);
-}
-
-static const char *need(int argc, char **argv, int *i)
-{
-    if (*i + 1 >= argc) die_usage("%s needs a value", argv[*i]);
-    return argv[++*i];
-}
-
-static long parse_long(const char *s, long lo, long hi, const char *what)
-{
-    char *end;
-    long v;
-    errno = 0;
-    v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) die_usage("bad value for %s", what);
-    return v;
-}
-
-static double parse_double(const char *s, double lo, double hi, const char *what)
-{
-    char *end;
-    double v = strtod(s, &end);
-    if (end == s || *end || !(v >= lo && v <= hi)) die_usage("bad value for %s", what);
-    return v;
-}
 
 static void parse_args(int argc, char **argv, struct opts *o)
 {
     memset(o, 0, sizeof *o);
+    krun_cli_init(&o->c);
     o->gen = 32;
-    o->chunk = 64;
-    o->top_p = 1.0;
-    o->verify = KSTORE_VERIFY_FIRST;
-    o->pin = -1;
-    o->head = -1;
-    o->slots = -1;
-    o->max_seqs = 1;
-    o->io = KSTORE_IO_DIRECT;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
+        if (krun_cli_option(&o->c, argc, argv, &i)) continue;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { fputs(usage, stdout); exit(KRUN_OK); }
         else if (!strcmp(a, "--version")) { printf("krun %s\n", KRUN_VERSION); exit(KRUN_OK); }
 #ifdef KRUN_ABLATIONS
@@ -161,85 +104,37 @@ static void parse_args(int argc, char **argv, struct opts *o)
             exit(KRUN_OK);
         }
 #endif
-        else if (!strcmp(a, "--prompt")) o->prompt = need(argc, argv, &i);
-        else if (!strcmp(a, "--prompt-file")) o->prompt_file = need(argc, argv, &i);
-        else if (!strcmp(a, "--ids")) o->ids = need(argc, argv, &i);
-        else if (!strcmp(a, "--gen")) o->gen = parse_long(need(argc, argv, &i), 0, 1L << 30, "--gen");
-        else if (!strcmp(a, "--temp")) o->temp = parse_double(need(argc, argv, &i), 0, 100, "--temp");
-        else if (!strcmp(a, "--top-k")) o->top_k = parse_long(need(argc, argv, &i), 0, 1L << 30, "--top-k");
-        else if (!strcmp(a, "--top-p")) o->top_p = parse_double(need(argc, argv, &i), 0, 1, "--top-p");
-        else if (!strcmp(a, "--min-p")) o->min_p = parse_double(need(argc, argv, &i), 0, 1, "--min-p");
-        else if (!strcmp(a, "--seed")) {
-            o->seed = (unsigned long long)parse_long(need(argc, argv, &i), 0, 0x7fffffffffffffffL, "--seed");
-            o->seed_given = 1;
-        }
-        else if (!strcmp(a, "--threads")) o->threads = parse_long(need(argc, argv, &i), 1, 1024, "--threads");
-        else if (!strcmp(a, "--ctx")) o->ctx = parse_long(need(argc, argv, &i), 1, 1L << 40, "--ctx");
-        else if (!strcmp(a, "--chunk")) o->chunk = parse_long(need(argc, argv, &i), 1, 1L << 20, "--chunk");
-        else if (!strcmp(a, "--max-seqs")) o->max_seqs = parse_long(need(argc, argv, &i), 1, K3_MAX_SEQS, "--max-seqs");
-        else if (!strcmp(a, "--simd")) o->simd = need(argc, argv, &i);
-        else if (!strcmp(a, "--verify")) {
-            const char *v = need(argc, argv, &i);
-            if (!strcmp(v, "first")) o->verify = KSTORE_VERIFY_FIRST;
-            else if (!strcmp(v, "always")) o->verify = KSTORE_VERIFY_ALWAYS;
-            else if (!strcmp(v, "off")) o->verify = KSTORE_VERIFY_OFF;
-            else die_usage("--verify: expected first, always or off, got %s", v);
-        } else if (!strcmp(a, "--recompute")) o->recompute = 1;
-        else if (!strcmp(a, "--mem")) o->mem = need(argc, argv, &i);
-        else if (!strcmp(a, "--preset")) o->preset = need(argc, argv, &i);
+        else if (!strcmp(a, "--prompt")) o->prompt = krun_cli_need(argc, argv, &i);
+        else if (!strcmp(a, "--prompt-file")) o->prompt_file = krun_cli_need(argc, argv, &i);
+        else if (!strcmp(a, "--ids")) o->ids = krun_cli_need(argc, argv, &i);
+        else if (!strcmp(a, "--gen")) o->gen = krun_cli_long(krun_cli_need(argc, argv, &i), 0, 1L << 30, "--gen");
+        else if (!strcmp(a, "--recompute")) o->recompute = 1;
         else if (!strcmp(a, "--plan")) o->plan_only = 1;
-        else if (!strcmp(a, "--pin")) o->pin = parse_long(need(argc, argv, &i), 0, K3_MAX_LAYERS, "--pin");
-        else if (!strcmp(a, "--expert-slots")) o->slots = parse_long(need(argc, argv, &i), 1, 1L << 24, "--expert-slots");
-        else if (!strcmp(a, "--piece")) o->piece = need(argc, argv, &i);
-        else if (!strcmp(a, "--head")) {
-            const char *v = need(argc, argv, &i);
-            if (!strcmp(v, "hold")) o->head = 0;
-            else if (!strcmp(v, "stream")) o->head = 1;
-            else die_usage("--head: expected hold or stream, got %s", v);
-        }
-        else if (!strcmp(a, "--io-threads")) o->io_threads = parse_long(need(argc, argv, &i), 1, 256, "--io-threads");
-        else if (!strcmp(a, "--trace")) o->trace = need(argc, argv, &i);
-        else if (!strcmp(a, "--cache")) {
-            const char *v = need(argc, argv, &i);
-            if (!strcmp(v, "lru")) o->policy = KSTORE_LRU;
-            else if (!strcmp(v, "lfu")) o->policy = KSTORE_LFU;
-            else die_usage("--cache: expected lru or lfu, got %s", v);
-        } else if (!strcmp(a, "--io")) {
-            const char *v = need(argc, argv, &i);
-            o->io_given = 1;
-            if (!strcmp(v, "mmap")) o->io = KSTORE_IO_MMAP;
-            else if (!strcmp(v, "pread")) o->io = KSTORE_IO_PREAD;
-            else if (!strcmp(v, "direct")) o->io = KSTORE_IO_DIRECT;
-            else die_usage("--io: expected mmap, pread or direct, got %s", v);
-        }
-        else if (!strcmp(a, "--json")) o->json = need(argc, argv, &i);
-        else if (!strcmp(a, "--dump-logits")) o->dump_logits = need(argc, argv, &i);
-        else if (!strcmp(a, "--dump-all-logits")) o->dump_all = need(argc, argv, &i);
-        else if (!strcmp(a, "--dump-gen-logits")) o->dump_gen = need(argc, argv, &i);
-        else if (!strcmp(a, "--spec")) o->spec = parse_long(need(argc, argv, &i), 0, KSPEC_MAX_DRAFT, "--spec (0..64)");
-        else if (!strcmp(a, "--save-state")) o->save_state = need(argc, argv, &i);
-        else if (!strcmp(a, "--load-state")) o->load_state = need(argc, argv, &i);
+        else if (!strcmp(a, "--json")) o->json = krun_cli_need(argc, argv, &i);
+        else if (!strcmp(a, "--dump-logits")) o->dump_logits = krun_cli_need(argc, argv, &i);
+        else if (!strcmp(a, "--dump-all-logits")) o->dump_all = krun_cli_need(argc, argv, &i);
+        else if (!strcmp(a, "--save-state")) o->save_state = krun_cli_need(argc, argv, &i);
+        else if (!strcmp(a, "--load-state")) o->load_state = krun_cli_need(argc, argv, &i);
+        else if (!strcmp(a, "--dump-gen-logits")) o->dump_gen = krun_cli_need(argc, argv, &i);
+        else if (!strcmp(a, "--spec")) o->spec = krun_cli_long(krun_cli_need(argc, argv, &i), 0, KSPEC_MAX_DRAFT, "--spec (0..64)");
         else if (!strcmp(a, "--print-ids")) o->print_ids = 1;
         else if (!strcmp(a, "--ignore-eos")) o->ignore_eos = 1;
         else if (!strcmp(a, "--quiet")) o->quiet = 1;
-        else if (a[0] == '-') die_usage("unknown option %s (see --help)", a);
+        else if (a[0] == '-') krun_cli_die("unknown option %s (see --help)", a);
         else if (!o->model) o->model = a;
-        else die_usage("unexpected argument %s", a);
+        else krun_cli_die("unexpected argument %s", a);
     }
     if (!o->model) { fputs(usage, stderr); exit(KRUN_EINPUT); }
-    if (o->mem && o->preset) die_usage("%s", "give --mem or --preset, not both");
-    if ((o->plan_only || o->pin >= 0 || o->slots >= 0 || o->io_given || o->trace || o->piece || o->head >= 0) && !o->mem && !o->preset)
-        die_usage("%s", "--plan, --pin, --expert-slots, --head, --piece, --io and --trace need a budget: --mem SIZE or --preset NAME");
-    if (o->piece && kmem_parse_size(o->piece) <= 0) die_usage("--piece: expected a size like 64M, got %s", o->piece);
+    krun_cli_check(&o->c, o->plan_only ? "--plan" : NULL);
     if (!o->plan_only && !!o->prompt + !!o->prompt_file + !!o->ids > 1)
-        die_usage("%s", "give only one of --prompt, --prompt-file, --ids");
+        krun_cli_die("%s", "give only one of --prompt, --prompt-file, --ids");
     if (!o->plan_only && !o->load_state && !!o->prompt + !!o->prompt_file + !!o->ids != 1)
-        die_usage("%s", "give exactly one of --prompt, --prompt-file, --ids (or --load-state to continue a conversation)");
+        krun_cli_die("%s", "give exactly one of --prompt, --prompt-file, --ids (or --load-state to continue a conversation)");
     /* the drafts are checked against the greedy choice: with sampling the text
      * could not be --spec 0's (docs/RUNTIME.md §7) */
-    if (o->spec && o->temp > 0)
-        die_usage("%s", "--spec is exact for greedy decoding only: drop --temp (or give --spec 0) to sample");
-    if (o->spec && o->recompute) die_usage("%s", "--spec and --recompute exclude each other (--recompute reruns every position)");
+    if (o->spec && o->c.temp > 0)
+        krun_cli_die("%s", "--spec is exact for greedy decoding only: drop --temp (or give --spec 0) to sample");
+    if (o->spec && o->recompute) krun_cli_die("%s", "--spec and --recompute exclude each other (--recompute reruns every position)");
 }
 
 static int parse_ids(const char *s, int32_t **out, size_t *n)
@@ -295,45 +190,6 @@ static void emit_bytes(struct text_out *o, const uint8_t *b, size_t len, int flu
     fflush(stdout);
 }
 
-/* The budget of --mem / --preset in bytes (0: none given). */
-static int budget_of(const struct opts *o, uint64_t *budget)
-{
-    int64_t b;
-    *budget = 0;
-    if (!o->mem && !o->preset) return 0;
-    b = o->mem ? kmem_parse_size(o->mem) : kmem_preset(o->preset);
-    if (b <= 0) {
-        fprintf(stderr, "krun: %s: expected a size like 8G or 512M, or a preset (laptop, desktop, workstation, server, max)\n",
-                o->mem ? o->mem : o->preset);
-        return -1;
-    }
-    *budget = (uint64_t)b;
-    return 0;
-}
-
-static void model_opts(const struct opts *o, uint64_t budget, krun_model_opts *mo)
-{
-    krun_model_opts_init(mo);
-    mo->path = o->model;
-    mo->budget = budget;
-    mo->preset = o->preset;
-    mo->pin = (int)o->pin;
-    mo->expert_slots = (int)o->slots;
-    mo->piece = o->piece ? (uint64_t)kmem_parse_size(o->piece) : 0;
-    mo->head = (int)o->head;
-    mo->io = o->io;
-    mo->cache_policy = o->policy;
-    mo->io_threads = (int)o->io_threads;
-    mo->verify = o->verify;
-    mo->trace = o->trace != NULL;
-    mo->ctx = (size_t)o->ctx;
-    mo->chunk = (size_t)o->chunk;
-    mo->max_seqs = (size_t)o->max_seqs;
-    mo->spec = (size_t)o->spec;
-    mo->threads = (int)o->threads;
-    mo->simd = o->simd && strcmp(o->simd, "auto") != 0 ? (int)o->simd_level : -1;
-}
-
 /* The prompt as token ids.  A prompt file too large for the context is
  * refused before it is read, and a text before it is tokenized. */
 static int read_prompt(const struct opts *o, krun_model *m, size_t max_tokens, int32_t **ids, size_t *n)
@@ -374,53 +230,6 @@ static int read_prompt(const struct opts *o, krun_model *m, size_t max_tokens, i
     if (!text || ktok_encode(tk, text, len, 1, ids, n)) { free(text); fprintf(stderr, "krun: cannot tokenize the prompt\n"); return -1; }
     free(text);
     return 0;
-}
-
-/* Prefill progress on a terminal: positions done, positions/s, ETA. */
-struct prefill_progress {
-    int draw, quiet;
-    double t0, last;
-    size_t first_block;
-};
-
-static void on_prefill(void *ctx, size_t done, size_t total)
-{
-    struct prefill_progress *p = ctx;
-    double now = know(), rate = done / (now - p->t0 + 1e-9);
-    char eta[32];
-    if (done == p->first_block && done < total && !p->quiet) {
-        kfmt_duration((double)(total - done) / rate, eta, sizeof eta);
-        fprintf(stderr, "%skrun: the first block took %.1f s: about %s for the rest of the prompt\n", p->draw ? "\r" : "",
-                now - p->t0, eta);
-    }
-    if (!p->draw || (now - p->last < 0.25 && done < total)) return;
-    p->last = now;
-    kfmt_duration(done < total ? (double)(total - done) / rate : 0, eta, sizeof eta);
-    fprintf(stderr, "\rprefill: %zu/%zu positions, %.1f positions/s, ETA %s   ", done, total, rate, eta);
-    if (done == total) fprintf(stderr, "\r%*s\r", 70, "");
-}
-
-/* Say up front what a long prompt costs. */
-static void announce_prompt(krun_model *m, size_t n)
-{
-    const kmemplan *p = krun_model_plan(m);
-    const k3_config *c = krun_model_config(m);
-    size_t chunk = krun_model_chunk(m), blocks = (n + chunk - 1) / chunk;
-    if (blocks < 2) return;
-    if (p) {
-        /* a block reads every streamed trunk layer and, per MoE layer, the
-         * distinct experts its positions chose (at most all of them) */
-        uint64_t per_layer = (uint64_t)chunk * (uint64_t)c->topk < (uint64_t)c->n_experts ? (uint64_t)chunk * (uint64_t)c->topk
-                                                                                      : (uint64_t)c->n_experts;
-        uint64_t experts = p->expert_reads_max / (c->topk ? (uint64_t)c->topk : 1) * per_layer;
-        char b1[32], b2[32];
-        kfmt_bytes(p->trunk_stream_bytes + p->head_stream_bytes + experts, b1, sizeof b1);
-        kfmt_bytes((p->trunk_stream_bytes + p->head_stream_bytes + experts) * blocks, b2, sizeof b2);
-        fprintf(stderr, "krun: the prompt is %zu tokens: %zu blocks of %zu positions, each reading up to %s (unpinned trunk "
-                "+ chosen experts): up to %s in all\n", n, blocks, chunk, b1, b2);
-    } else {
-        fprintf(stderr, "krun: the prompt is %zu tokens: %zu blocks of %zu positions\n", n, blocks, chunk);
-    }
 }
 
 /* One decoding sweep: a forward block that produced `tokens` generated
@@ -554,8 +363,9 @@ static int plan_only(const struct opts *o, krun_model *m, uint64_t budget)
     krun_model_opts mo;
     kmemplan plan;
     krun_err e;
-    model_opts(o, budget, &mo);
-    mo.ctx = o->ctx ? (size_t)o->ctx : 4096; /* the plan alone: no prompt needed */
+    krun_cli_model_opts(&o->c, o->model, budget, &mo);
+    mo.spec = (size_t)o->spec;
+    mo.ctx = o->c.ctx ? (size_t)o->c.ctx : 4096; /* the plan alone: no prompt needed */
     if (krun_model_make_plan(m, &mo, &plan, &e)) { fprintf(stderr, "krun: %s\n", e.msg); return e.code; }
     if (o->json) {
         json_t *j = kmemplan_json(&plan);
@@ -588,11 +398,11 @@ int main(int argc, char **argv)
 
     /* subcommands that need no model runtime */
     if (argc > 1 && !strcmp(argv[1], "tokenize")) return krun_tokenize_main(argc - 1, argv + 1);
+    if (argc > 1 && !strcmp(argv[1], "chat")) return krun_chat_main(argc - 1, argv + 1);
+    if (argc > 1 && !strcmp(argv[1], "serve")) return krun_serve_main(argc - 1, argv + 1);
     parse_args(argc, argv, &o);
     if (krun_ablation_from_env()) return KRUN_EINPUT;
-    if (o.simd && strcmp(o.simd, "auto") != 0 && kern_simd_parse(o.simd, &o.simd_level))
-        die_usage("--simd: expected auto, scalar, avx2 or avx512, got %s", o.simd);
-    if (budget_of(&o, &budget)) return KRUN_EINPUT;
+    if (krun_cli_budget(&o.c, &budget)) return KRUN_EINPUT;
     if (krun_model_load(o.model, &m, &e)) { fprintf(stderr, "krun: %s\n", e.msg); return e.code; }
     if (o.plan_only) { rc = plan_only(&o, m, budget); goto out; }
     V = (size_t)krun_model_config(m)->vocab;
@@ -606,7 +416,7 @@ int main(int argc, char **argv)
         pending = (size_t)(nt - pos);
     }
     /* the prompt, bounded by the context before it is read or tokenized */
-    max_prompt = o.ctx ? ((size_t)o.ctx > state_tokens ? (size_t)o.ctx - state_tokens : 0) : KRUN_CTX_DEFAULT_MAX;
+    max_prompt = o.c.ctx ? ((size_t)o.c.ctx > state_tokens ? (size_t)o.c.ctx - state_tokens : 0) : KRUN_CTX_DEFAULT_MAX;
     if (read_prompt(&o, m, max_prompt, &prompt, &n_prompt)) goto out;
     if (n_prompt == 0 && !o.load_state) { fprintf(stderr, "krun: the prompt is empty\n"); goto out; }
     for (size_t i = 0; i < n_prompt; i++)
@@ -614,21 +424,22 @@ int main(int argc, char **argv)
             fprintf(stderr, "krun: token id %d at prompt position %zu is outside the vocabulary (0..%zu)\n", prompt[i], i, V - 1);
             goto out;
         }
-    if (!o.ctx && n_prompt > KRUN_CTX_DEFAULT_MAX) {
+    if (!o.c.ctx && n_prompt > KRUN_CTX_DEFAULT_MAX) {
         fprintf(stderr, "krun: the prompt is %zu tokens, more than %zu without --ctx; give --ctx %zu or more to run it\n",
                 n_prompt, KRUN_CTX_DEFAULT_MAX, n_prompt + state_tokens + (size_t)o.gen);
         goto out;
     }
     /* the last generated token is never fed back, so history + prompt + gen - 1 positions are used */
-    if (!o.ctx) o.ctx = (long)(state_tokens + n_prompt + (size_t)o.gen);
-    if ((size_t)o.ctx < state_tokens + n_prompt + (o.gen > 0 ? (size_t)o.gen - 1 : 0)) {
+    if (!o.c.ctx) o.c.ctx = (long)(state_tokens + n_prompt + (size_t)o.gen);
+    if ((size_t)o.c.ctx < state_tokens + n_prompt + (o.gen > 0 ? (size_t)o.gen - 1 : 0)) {
         fprintf(stderr, "krun: the prompt (%zu tokens%s) and --gen %ld do not fit the context of %ld positions\n", n_prompt,
-                state_tokens ? " after the saved conversation's" : "", o.gen, o.ctx);
+                state_tokens ? " after the saved conversation's" : "", o.gen, o.c.ctx);
         goto out;
     }
-    if (o.ctx < 1) o.ctx = 1;
+    if (o.c.ctx < 1) o.c.ctx = 1;
 
-    model_opts(&o, budget, &mo);
+    krun_cli_model_opts(&o.c, o.model, budget, &mo);
+    mo.spec = (size_t)o.spec;
     if (o.dump_all) mo.extra_bytes += (uint64_t)(pending + n_prompt) * V * sizeof(float);
     if (o.dump_gen) mo.extra_bytes += (uint64_t)o.gen * V * sizeof(float);
     if (krun_model_prepare(m, &mo, &e)) { fprintf(stderr, "krun: %s\n", e.msg); rc = e.code; goto out; }
@@ -640,16 +451,16 @@ int main(int argc, char **argv)
     n_stop = o.ignore_eos ? 0 : krun_model_stop_ids(m, stop_ids);
 
     if (krun_session_new(m, &s, &e)) { fprintf(stderr, "krun: %s\n", e.msg); rc = e.code; goto out; }
-    so = (ksampler_opts){(float)o.temp, (int)o.top_k, (float)o.top_p, (float)o.min_p, o.seed};
+    krun_cli_sampler(&o.c, &so);
     /* a loaded state brings its PRNG: set the sampler first unless --seed says otherwise */
-    if (!o.seed_given) krun_session_set_sampler(s, &so);
+    if (!o.c.seed_given) krun_session_set_sampler(s, &so);
     if (o.load_state && krun_session_load(s, o.load_state, &e)) { fprintf(stderr, "krun: %s\n", e.msg); rc = e.code; goto out; }
-    if (o.seed_given) krun_session_set_sampler(s, &so);
+    if (o.c.seed_given) krun_session_set_sampler(s, &so);
 
     gen_ids = malloc(((size_t)o.gen + 1) * sizeof *gen_ids);
     steps = calloc((size_t)o.gen + 1, sizeof *steps);
     step_members = calloc(((size_t)o.gen + 1) * KSTORE_MAX_MEMBERS, sizeof *step_members);
-    if (o.recompute) hist = malloc(((size_t)o.ctx + 1) * sizeof *hist);
+    if (o.recompute) hist = malloc(((size_t)o.c.ctx + 1) * sizeof *hist);
     if (o.dump_all) all = malloc((pending + n_prompt) * V * sizeof *all);
     if (o.dump_gen) gen_logits = malloc(((size_t)o.gen + 1) * V * sizeof *gen_logits);
     if (o.spec) accepted = malloc(((size_t)o.spec + 1) * sizeof *accepted);
@@ -662,9 +473,10 @@ int main(int argc, char **argv)
 
     /* prefill, in blocks of --chunk positions (the result does not depend on it) */
     if (pending + n_prompt > 0) {
-        struct prefill_progress pp = {!o.quiet && isatty(2), o.quiet, know(), 0, krun_model_chunk(m)};
-        if (!o.quiet) announce_prompt(m, pending + n_prompt);
-        krun_session_set_progress(s, on_prefill, &pp);
+        krun_prefill_progress pp;
+        krun_prefill_progress_start(&pp, m, o.quiet);
+        if (!o.quiet) krun_announce_prompt(m, pending + n_prompt);
+        krun_session_set_progress(s, krun_prefill_progress_fn, &pp);
         if (krun_session_feed(s, prompt, n_prompt, all, &e)) { fprintf(stderr, "\nkrun: %s\n", e.msg); rc = e.code; goto out; }
         krun_session_set_progress(s, NULL, NULL);
         t_prefill = know() - pp.t0;
@@ -788,8 +600,8 @@ int main(int argc, char **argv)
         double total = 0;
         krun_model_stats(m, &st);
         for (size_t k = 0; k < n_steps; k++) total += steps[k].seconds;
-        if (o.trace && krun_model_trace_write(m, o.trace)) {
-            fprintf(stderr, "krun: cannot write %s: %s\n", o.trace, strerror(errno));
+        if (o.c.trace && krun_model_trace_write(m, o.c.trace)) {
+            fprintf(stderr, "krun: cannot write %s: %s\n", o.c.trace, strerror(errno));
             goto out;
         }
         if (!o.quiet)

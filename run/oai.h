@@ -42,6 +42,11 @@ typedef struct {
     size_t n_stop;
     int stream;
     int include_usage;        /* stream_options.include_usage */
+    /* extensions, spelled as vLLM takes them */
+    long top_k;               /* 0: off (-1 is taken as off too) */
+    double min_p;             /* 0: off */
+    int ignore_eos;           /* generate past the model's end-of-message ids */
+    int return_token_ids;     /* the response carries prompt_token_ids and choices[].token_ids */
 } oai_sampling;
 
 typedef struct {

@@ -233,6 +233,18 @@ static int parse_sampling(json_t *o, oai_sampling *s, long default_max, arena *a
         if (u && !json_is_boolean(u)) return wrong_type(e, "stream_options.include_usage", "a boolean", u);
         s->include_usage = json_is_true(u);
     }
+    if ((v = field(o, "top_k"))) {
+        if (!json_is_integer(v)) return wrong_type(e, "top_k", "an integer", v);
+        if (json_integer_value(v) < -1 || json_integer_value(v) > 0x7fffffff) {
+            oai_error_set(e, 400, "top_k", "invalid_value", "top_k must be -1 or 0 (off) or a positive count, got %lld",
+                          (long long)json_integer_value(v));
+            return -1;
+        }
+        s->top_k = json_integer_value(v) < 0 ? 0 : (long)json_integer_value(v);
+    }
+    if (get_number(o, "min_p", 0, 1, &s->min_p, NULL, e)) return -1;
+    if (get_bool(o, "ignore_eos", &s->ignore_eos, e)) return -1;
+    if (get_bool(o, "return_token_ids", &s->return_token_ids, e)) return -1;
     return unsupported(o, e);
 }
 

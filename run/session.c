@@ -222,6 +222,8 @@ uint64_t krun_model_auto_budget(const krun_model *m) { return m->auto_budget; }
 int krun_model_threads(const krun_model *m) { return kpool_threads(m->pool); }
 size_t krun_model_ctx(const krun_model *m) { return m->ctx; }
 size_t krun_model_chunk(const krun_model *m) { return m->chunk; }
+size_t krun_model_max_seqs(const krun_model *m) { return m->max_seqs; }
+size_t krun_model_block(const krun_model *m) { return m->block; }
 int krun_model_trace_write(krun_model *m, const char *path) { return kstore_trace_write(m->store, path); }
 
 size_t krun_model_stop_ids(const krun_model *m, int32_t out[3])

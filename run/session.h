@@ -88,6 +88,8 @@ const char *krun_model_notice(const krun_model *m);
 int krun_model_threads(const krun_model *m);
 size_t krun_model_ctx(const krun_model *m);
 size_t krun_model_chunk(const krun_model *m);
+size_t krun_model_max_seqs(const krun_model *m);            /* sessions live at once, at most */
+size_t krun_model_block(const krun_model *m);               /* positions one forward block holds: max(chunk, max_seqs) */
 /* Bytes of run state and session slots: as planned (from the same layout
  * functions) and as allocated at prepare. */
 void krun_model_memory(const krun_model *m, uint64_t *planned, uint64_t *allocated);

@@ -16,11 +16,13 @@
 #            cached positions, the KDA recurrence step
 #   spec     tests/bench/bench_spec.sh: speculative decoding, streaming, bytes
 #            and seconds per generated token with and without --spec
+#   serve    tests/bench/bench_serve.sh: krun serve's batching (1, 2, 4, 8 concurrent
+#            requests) and krun chat's turn two, on a full-width slice
 #
 # Everything is generated under a temporary directory in build/ (the repo's
 # disk) and deleted at the end.
 #
-# Env: BENCH_ONLY       a subset of "kpack codec export kernels krun seq spec" (default: all)
+# Env: BENCH_ONLY       a subset of "kpack codec export kernels krun seq spec serve" (default: all)
 #      KPK_VIRTUAL_OUT  keep the converted virtual .kpk at this path (the
 #                       runtime's scale test uses it); otherwise it is deleted
 #      BENCH_RUNS, BENCH_SLICE, BENCH_SETTLE, BENCH_SKIP: see bench_kpack.sh
@@ -31,7 +33,7 @@ mkdir -p "$TOP/build"
 TMP=$(mktemp -d "$TOP/build/bench.XXXXXX")
 trap 'rm -rf "$TMP"' EXIT
 trap 'exit 130' INT TERM
-ONLY=" ${BENCH_ONLY:-kpack codec export kernels krun seq spec} "
+ONLY=" ${BENCH_ONLY:-kpack codec export kernels krun seq spec serve} "
 VIRT=${KPK_VIRTUAL_OUT:-$TMP/k3-virtual.kpk}
 rc=0
 start=$(date +%s)
@@ -84,6 +86,11 @@ for part in seq spec; do
         echo
     fi
 done
+if [[ "$ONLY" == *" serve "* ]]; then
+    echo "################ krun serve and krun chat (tests/bench/bench_serve.sh)"
+    BENCH_DIR="$TMP/serve" bash tests/bench/bench_serve.sh || { echo "FAILED: bench_serve.sh"; rc=1; }
+    echo
+fi
 
 echo "make bench: $(( $(date +%s) - start )) s in all"
 exit "$rc"

@@ -46,3 +46,19 @@ need_shim() {
     [ -f "$SHIM" ] || { notok "fault shim $SHIM not built (make unit)"; finish; exit 1; }
     export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}verify_asan_link_order=0"
 }
+
+# corrupt_experts IN.kpk OUT.kpk: a copy of IN with one bit flipped inside every routed expert
+# extent, so whichever expert is routed to first is damaged.
+corrupt_experts() {
+    python3 - "$1" "$2" <<'PY'
+import struct, sys
+d = bytearray(open(sys.argv[1], "rb").read())
+ext_off, ext_n = struct.unpack_from("<QQ", d, 56)
+for i in range(ext_n):
+    kind, codec, member, layer, expert = struct.unpack_from("<BBHII", d, ext_off + 64 * i)
+    off, stored = struct.unpack_from("<QQ", d, ext_off + 64 * i + 16)
+    if kind == 4:
+        d[off + stored // 3] ^= 0x40
+open(sys.argv[2], "wb").write(d)
+PY
+}

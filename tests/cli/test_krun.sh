@@ -108,17 +108,7 @@ expect_exit 2 "not a KPK file" "$BIN/krun" "$T/prompt.txt" --ids 1
 expect_exit 0 "krun --help" "$BIN/krun" --help
 
 # A corrupted expert extent: stop, name it, print no token computed from it.
-python3 - "$T/m.kpk" "$T/bad.kpk" <<'PY'
-import struct, sys
-d = bytearray(open(sys.argv[1], "rb").read())
-ext_off, ext_n = struct.unpack_from("<QQ", d, 56)
-for i in range(ext_n):
-    kind, codec, member, layer, expert = struct.unpack_from("<BBHII", d, ext_off + 64 * i)
-    off, stored = struct.unpack_from("<QQ", d, ext_off + 64 * i + 16)
-    if kind == 4:                       # every expert extent: whichever is routed first hits one
-        d[off + stored // 3] ^= 0x40
-open(sys.argv[2], "wb").write(d)
-PY
+corrupt_experts "$T/m.kpk" "$T/bad.kpk"
 expect_exit 1 "a corrupted expert extent stops the run" "$BIN/krun" "$T/bad.kpk" --ids $IDS --gen 4 --print-ids --quiet
 expect_err "layer [0-9]+ expert [0-9]+ .*checksum mismatch" "the extent is named"
 [ ! -s "$T/last.out" ] && ok "no token was printed" || notok "tokens printed from corrupt data: $(cat "$T/last.out")"

@@ -37,6 +37,29 @@ static inline void check_skip(const char *fmt, ...)
 
 static inline int check_exit(void) { return check_failures ? 1 : 0; }
 
+/* A whole file into a malloc'd NUL-terminated buffer; NULL if it cannot be read. */
+static inline char *check_read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    char *p = NULL;
+    size_t n = 0, cap = 0, got;
+    if (!f) return NULL;
+    for (;;) {
+        if (cap - n < 65536) {
+            char *q = realloc(p, cap = cap ? 2 * cap : 1 << 20);
+            if (!q) { free(p); fclose(f); return NULL; }
+            p = q;
+        }
+        got = fread(p + n, 1, cap - n - 1, f);
+        n += got;
+        if (!got) break;
+    }
+    fclose(f);
+    p[n] = 0;
+    *len = n;
+    return p;
+}
+
 /* Where ../shared lives (set by tests/run_all.sh); NULL when absent. */
 static inline const char *check_shared_dir(void)
 {

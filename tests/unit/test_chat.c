@@ -18,19 +18,6 @@ static _Noreturn void die(const char *what)
     exit(1);
 }
 
-static char *read_file(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    kbuf b = {0};
-    char chunk[65536];
-    size_t n;
-    while ((n = fread(chunk, 1, sizeof chunk, f)) > 0) kbuf_add(&b, chunk, n);
-    fclose(f);
-    if (b.oom) die("out of memory");
-    *len = b.n;
-    return b.p;
-}
 
 /* Render text only (no tokenizer); returns the malloc'd text or NULL with err. */
 static char *render_text(const kchat_message *m, size_t n, const kchat_options *o, char *err, size_t errlen)
@@ -440,7 +427,7 @@ static void test_prefix(const ktok *tk, const char *label)
 static void test_vectors(const ktok *tk, const char *path)
 {
     size_t len;
-    char *buf = read_file(path, &len);
+    char *buf = check_read_file(path, &len);
     if (!buf) { SKIP("chat_vectors.jsonl: cannot read %s", path); return; }
     int lines = 0, text_ok = 0, ids_ok = 0;
     for (char *p = buf, *e; p < buf + len; p = e + 1) {
@@ -550,7 +537,7 @@ int main(void)
     char path[1024];
     snprintf(path, sizeof path, "%s/fixtures/tokenizer/tiktoken.model", sh);
     size_t rl;
-    char *rf = read_file(path, &rl);
+    char *rf = check_read_file(path, &rl);
     if (!rf) {
         SKIP("chat vectors, id-level parsing and the prefix property on ids: %s is absent", path);
         return check_exit();

@@ -166,6 +166,12 @@ static void test_chat_errors(void)
          "chat_template_kwargs.thinking_effort", "invalid_value", "\"low\""},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{\"type\":\"json_object\"}}", 400,
          "response_format", "unsupported_value", "not supported"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_k\":-2}", 400, "top_k", "invalid_value", "positive count"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_k\":1.5}", 400, "top_k", "invalid_type", "an integer"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"min_p\":2}", 400, "min_p", "invalid_value", "between 0 and 1"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"ignore_eos\":1}", 400, "ignore_eos", "invalid_type", "a boolean"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"return_token_ids\":\"y\"}", 400, "return_token_ids",
+         "invalid_type", "a boolean"},
     };
     int n_ok = 0;
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
@@ -214,6 +220,16 @@ static void test_completion_requests(void)
         oai_completion_request_free(&r);
     }
     CHECK(ok, "completions: prompt as [string], [ids], [[ids]]");
+    const char *b2 = "{\"prompt\":[1],\"top_k\":40,\"min_p\":0.05,\"ignore_eos\":true,\"return_token_ids\":true}";
+    rc = oai_parse_completion_request(b2, strlen(b2), 1000, &r, &e);
+    CHECK(rc == 0 && r.s.top_k == 40 && r.s.min_p == 0.05 && r.s.ignore_eos && r.s.return_token_ids,
+          "extensions as vLLM spells them: top_k, min_p, ignore_eos, return_token_ids");
+    if (!rc) oai_completion_request_free(&r);
+    const char *b3 = "{\"prompt\":[1],\"top_k\":-1}";
+    rc = oai_parse_completion_request(b3, strlen(b3), 1000, &r, &e);
+    CHECK(rc == 0 && r.s.top_k == 0 && r.s.min_p == 0 && !r.s.ignore_eos && !r.s.return_token_ids,
+          "top_k -1 is off; the extensions default to off");
+    if (!rc) oai_completion_request_free(&r);
     static const struct { const char *body; const char *param, *msg; } bad[] = {
         {"{}", "prompt", "required"},
         {"{\"prompt\":5}", "prompt", "a string"},

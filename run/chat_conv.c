@@ -1,0 +1,224 @@
+/* krun chat's conversation and /save, /load (chat_conv.h). */
+#include "chat_conv.h"
+
+#include "jsontext.h"
+#include "kio.h"
+#include "statefile.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+int kconv_add(kconv *c, kchat_role role, const char *content, size_t len, const char *reasoning, size_t rlen)
+{
+    kconv_msg *m;
+    if (c->n == c->cap) {
+        size_t cap = c->cap ? 2 * c->cap : 16;
+        kconv_msg *p = realloc(c->msgs, cap * sizeof *p);
+        if (!p) return -1;
+        c->msgs = p;
+        c->cap = cap;
+    }
+    m = &c->msgs[c->n];
+    m->role = role;
+    m->content = strndup(content ? content : "", content ? len : 0);
+    m->reasoning = reasoning ? strndup(reasoning, rlen) : NULL;
+    if (!m->content || (reasoning && !m->reasoning)) { free(m->content); free(m->reasoning); return -1; }
+    c->n++;
+    return 0;
+}
+
+void kconv_truncate(kconv *c, size_t n)
+{
+    while (c->n > n) {
+        c->n--;
+        free(c->msgs[c->n].content);
+        free(c->msgs[c->n].reasoning);
+    }
+    if (c->fed > n) c->fed = n;
+}
+
+void kconv_free(kconv *c)
+{
+    kconv_truncate(c, 0);
+    free(c->msgs);
+    c->msgs = NULL;
+    c->cap = 0;
+}
+
+kchat_message *kconv_view(const kconv *c)
+{
+    kchat_message *k = calloc(c->n ? c->n : 1, sizeof *k);
+    if (!k) return NULL;
+    for (size_t i = 0; i < c->n; i++) {
+        k[i].role = c->msgs[i].role;
+        k[i].content = c->msgs[i].content;
+        k[i].content_len = strlen(c->msgs[i].content);
+        k[i].reasoning = c->msgs[i].reasoning;
+        k[i].reasoning_len = c->msgs[i].reasoning ? strlen(c->msgs[i].reasoning) : 0;
+    }
+    return k;
+}
+
+static char *json_path(const char *path)
+{
+    size_t n = strlen(path);
+    char *p = malloc(n + 6);
+    if (p) { memcpy(p, path, n); memcpy(p + n, ".json", 6); }
+    return p;
+}
+
+/* XXH3 of a token history, as 32-bit little-endian ids (the state file's layout). */
+static uint64_t tokens_hash(const int32_t *ids, size_t n) { return XXH3_64bits(ids, n * sizeof *ids); }
+
+/* A JSON string of text that may not be valid UTF-8 (a reply cut inside a character). */
+static json_t *text_json(const char *s)
+{
+    kbuf b = {0};
+    json_t *j;
+    kutf8_sanitize(s, strlen(s), &b);
+    j = b.oom ? NULL : json_stringn(b.p ? b.p : "", b.n);
+    kbuf_free(&b);
+    return j;
+}
+
+int kconv_save(const kconv *c, const krun_session *s, const krun_model *m, const char *path)
+{
+    krun_err e;
+    size_t n;
+    const int32_t *ids = krun_session_tokens(s, &n);
+    char *jp = json_path(path), hash[24];
+    json_t *j = json_object(), *msgs = json_array();
+    int rc = -1;
+    if (!jp || !j || !msgs) { fprintf(stderr, "krun chat: out of memory\n"); free(jp); json_decref(j); json_decref(msgs); return -1; }
+    if (krun_session_save(s, path, &e)) { fprintf(stderr, "krun chat: %s\n", e.msg); free(jp); json_decref(j); json_decref(msgs); return -1; }
+    snprintf(hash, sizeof hash, "%016llx", (unsigned long long)tokens_hash(ids, n));
+    for (size_t i = 0; i < c->n; i++) {
+        json_t *m = json_object();
+        json_object_set_new(m, "role", json_string(kchat_role_name(c->msgs[i].role)));
+        json_object_set_new(m, "content", text_json(c->msgs[i].content));
+        if (c->msgs[i].reasoning) json_object_set_new(m, "reasoning_content", text_json(c->msgs[i].reasoning));
+        json_array_append_new(msgs, m);
+    }
+    json_object_set_new(j, "format", json_string("krun chat 1"));
+    json_object_set_new(j, "model", json_string(krun_model_path(m)));
+    json_object_set_new(j, "state", json_string(path));
+    json_object_set_new(j, "template", json_boolean(c->template));
+    json_object_set_new(j, "thinking", json_boolean(c->opts.thinking));
+    json_object_set_new(j, "effort", c->opts.effort == KCHAT_EFFORT_NONE ? json_null() : json_string(kchat_effort_name(c->opts.effort)));
+    json_object_set_new(j, "history_tokens", json_integer((json_int_t)n));
+    json_object_set_new(j, "history_xxh3", json_string(hash));
+    json_object_set_new(j, "messages", msgs);
+    /* the conversation next to the state: the same "messages" an OpenAI request takes */
+    if (json_dump_file(j, jp, JSON_INDENT(1) | JSON_ENSURE_ASCII) != 0) fprintf(stderr, "krun chat: cannot write %s\n", jp);
+    else {
+        fprintf(stderr, "krun chat: saved %zu positions to %s and the conversation to %s\n", n, path, jp);
+        rc = 0;
+    }
+    json_decref(j);
+    free(jp);
+    return rc;
+}
+
+/* The messages of FILE.json into a fresh list; NULL with a message on stderr. */
+static json_t *read_conversation(const char *jp, uint64_t *hash, size_t *n_tokens, int *template)
+{
+    json_error_t je;
+    json_t *j = json_load_file(jp, 0, &je), *msgs;
+    const char *h;
+    if (!j) { fprintf(stderr, "krun chat: %s: %s (line %d)\n", jp, je.text, je.line); return NULL; }
+    msgs = json_object_get(j, "messages");
+    h = json_string_value(json_object_get(j, "history_xxh3"));
+    if (!json_is_array(msgs) || !h || !json_is_integer(json_object_get(j, "history_tokens")) ||
+        strcmp(json_string_value(json_object_get(j, "format")) ? json_string_value(json_object_get(j, "format")) : "", "krun chat 1")) {
+        fprintf(stderr, "krun chat: %s is not a conversation saved by krun chat (format \"krun chat 1\")\n", jp);
+        json_decref(j);
+        return NULL;
+    }
+    for (size_t i = 0; i < json_array_size(msgs); i++) {
+        json_t *m = json_array_get(msgs, i);
+        const char *role = json_string_value(json_object_get(m, "role"));
+        if (!role || (strcmp(role, "system") && strcmp(role, "user") && strcmp(role, "assistant")) ||
+            !json_is_string(json_object_get(m, "content"))) {
+            fprintf(stderr, "krun chat: %s: messages[%zu] needs a role (system, user, assistant) and a content string\n", jp, i);
+            json_decref(j);
+            return NULL;
+        }
+    }
+    *hash = strtoull(h, NULL, 16);
+    *n_tokens = (size_t)json_integer_value(json_object_get(j, "history_tokens"));
+    *template = json_is_true(json_object_get(j, "template"));
+    return j;
+}
+
+int kconv_load(kconv *c, krun_session *s, const krun_model *m, const char *path)
+{
+    char *jp = json_path(path), *buf = NULL;
+    uint64_t hash, pos, nt, most;
+    size_t n_tokens, len = 0;
+    int template;
+    json_t *j;
+    krun_err e;
+    krun_state_hdr h;
+    kconv fresh = {0};
+    int rc = -1;
+    if (!jp) { fprintf(stderr, "krun chat: out of memory\n"); return -1; }
+    if (krun_state_peek(path, &pos, &nt, &e)) { fprintf(stderr, "krun chat: %s\n", e.msg); free(jp); return -1; }
+    j = read_conversation(jp, &hash, &n_tokens, &template);
+    if (!j) { free(jp); return -1; }
+    if (template != c->template) {
+        fprintf(stderr, "krun chat: %s was a %s conversation; this model's is %s\n", jp, template ? "chat-format" : "plain-text",
+                c->template ? "in the chat format" : "plain text");
+        goto out;
+    }
+    /* the state must be the conversation's: check its tokens before replacing anything */
+    /* a state of this model at this context is smaller than a session's slot (its state, tokens, logits and more) */
+    most = krun_session_bytes(krun_model_config(m), krun_model_ctx(m)) + (1u << 20);
+    if (kio_read_file(path, (size_t)most, &buf, &len) || krun_state_parse(buf, len, &h, &e)) {
+        fprintf(stderr, "krun chat: %s: %s\n", path, buf ? e.msg : strerror(errno));
+        goto out;
+    }
+    if (h.n_tokens != n_tokens || XXH3_64bits(buf + h.tokens_at, (size_t)h.n_tokens * 4) != hash) {
+        fprintf(stderr, "krun chat: %s does not hold the conversation of %s (another save?): nothing loaded\n", path, jp);
+        goto out;
+    }
+    free(buf);                   /* (loading reads the file again: one copy at a time) */
+    buf = NULL;
+    /* the messages first (nothing is replaced if memory runs out), then the state */
+    fresh.template = c->template;
+    fresh.opts = c->opts;
+    {
+        json_t *msgs = json_object_get(j, "messages");
+        for (size_t i = 0; i < json_array_size(msgs); i++) {
+            json_t *x = json_array_get(msgs, i), *r = json_object_get(x, "reasoning_content"), *t = json_object_get(x, "content");
+            const char *role = json_string_value(json_object_get(x, "role"));
+            if (kconv_add(&fresh, !strcmp(role, "system") ? KCHAT_SYSTEM : !strcmp(role, "user") ? KCHAT_USER : KCHAT_ASSISTANT,
+                          json_string_value(t), json_string_length(t), json_string_value(r), json_string_length(r))) {
+                fprintf(stderr, "krun chat: out of memory\n");
+                goto out;
+            }
+        }
+        fresh.fed = fresh.n;
+        /* the conversation goes on in the mode it was in */
+        if (json_is_boolean(json_object_get(j, "thinking"))) fresh.opts.thinking = json_is_true(json_object_get(j, "thinking"));
+        fresh.opts.effort = json_is_string(json_object_get(j, "effort")) ? kchat_effort_parse(json_string_value(json_object_get(j, "effort")))
+                                                                         : KCHAT_EFFORT_NONE;
+        if (fresh.opts.effort == KCHAT_EFFORT_INVALID) fresh.opts.effort = KCHAT_EFFORT_NONE;
+    }
+    if (krun_session_load(s, path, &e)) { fprintf(stderr, "krun chat: %s\n", e.msg); goto out; }
+    kconv_free(c);
+    *c = fresh;
+    fresh = (kconv){0};
+    fprintf(stderr, "krun chat: loaded %zu messages, %zu positions (thinking %s)\n", c->n, n_tokens, c->opts.thinking ? "on" : "off");
+    rc = 0;
+out:
+    kconv_free(&fresh);
+    free(buf);
+    json_decref(j);
+    free(jp);
+    return rc;
+}
+

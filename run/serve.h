@@ -1,0 +1,119 @@
+/* krun serve: the parts of the server and what they share.
+ *
+ *   cmd_serve.c     options, opening the model, the listening socket, signals, shutdown
+ *   serve_http.c    HTTP (libmicrohttpd): routing, auth, bodies, requests in, responses out
+ *   serve_engine.c  the engine thread: the one owner of the model; the queue, the sequences,
+ *                   one forward sweep after another (docs/SERVE.md: the batching policy)
+ *   serve_gen.c     one request's output from the ids it generates
+ *
+ * A request (sreq) is made by an HTTP connection thread (parsed, rendered, tokenized there),
+ * handed to the engine, and read back by the same connection thread as its output grows.  One
+ * mutex (srv_engine.mu) guards what both sides touch; the engine holds it only between sweeps. */
+#ifndef KRUN_SERVE_H
+#define KRUN_SERVE_H
+
+#include "jsontext.h"
+#include "oai.h"
+#include "sampler.h"
+#include "serve_gen.h"
+#include "session.h"
+
+#include <jansson.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct srv_engine srv_engine;
+
+typedef enum { SREQ_NEW, SREQ_QUEUED, SREQ_ACTIVE, SREQ_DONE } sreq_state;
+
+typedef struct sreq {
+    /* set before srv_submit, then the engine's */
+    int32_t *prompt;           /* malloc'd */
+    size_t n_prompt;
+    long max_tokens;
+    ksampler_opts sampling;
+    sgen *gen;                 /* the output; the engine's while the request runs */
+    int has_seed;              /* else the engine picks one */
+    int client_fd;             /* the connection's socket, to notice a client that hung up; -1: none */
+    double t_submit;
+    char id[64];               /* the response's id, for the log */
+    /* the engine thread's */
+    krun_session *s;
+    size_t fed;                /* prompt tokens run */
+    int32_t next;              /* the token sampled last, run in the next sweep */
+    /* under srv_engine.mu */
+    sreq_state state;
+    kbuf out;                  /* bytes ready to send */
+    int status;                /* the response's HTTP status, once known */
+    int started;               /* the status is known: output has begun or the request is over */
+    int cancelled;             /* the client went away (or the server is stopping): free the sequence */
+    int refs;
+    pthread_cond_t cv;         /* signalled when out grows or the request ends */
+    struct sreq *next_in_queue;
+} sreq;
+
+typedef struct srv_engine_opts {
+    size_t max_queue;          /* requests waiting for a sequence, at most */
+    const char *model_name;
+    int quiet;                 /* no line per request on stderr */
+} srv_engine_opts;
+
+/* The engine over an opened, prepared model (max_seqs sequences); starts its thread. */
+int  srv_engine_start(krun_model *m, const srv_engine_opts *o, srv_engine **out, char *err, size_t errlen);
+/* Stops the thread (after srv_engine_cancel_all or once idle) and frees the engine. */
+void srv_engine_stop(srv_engine *e);
+
+/* A request made ready to run: status 0 until known.  NULL on allocation failure. */
+sreq *sreq_new(void);
+/* Hand a request to the engine (it takes a reference).  Fails with e filled: 503 when the
+ * queue is full (with Retry-After) or the server is draining, 503 when the model is damaged. */
+int  srv_submit(srv_engine *e, sreq *r, oai_error *err);
+/* Seconds to put in Retry-After when the server is busy. */
+int  srv_retry_after(srv_engine *e);
+/* The connection's side: wait until the status is known (started or over), or until the
+ * client hangs up (then the request is cancelled).  Returns the status. */
+int  srv_wait_started(srv_engine *e, sreq *r);
+/* Copy up to max bytes of output into buf, waiting for some; 0 once the request is over and
+ * everything was taken; -1 when the client hung up (the request is cancelled). */
+long srv_read(srv_engine *e, sreq *r, char *buf, size_t max);
+/* Wait until the request is over (r->out then holds the whole body), or the client hangs up. */
+void srv_wait_done(srv_engine *e, sreq *r);
+/* The output so far as one malloc'd string (*body), and the status; -1 if the client hung up. */
+int  srv_take_body(srv_engine *e, sreq *r, char **body);
+/* The client went away: the engine frees the sequence at the end of the sweep. */
+void srv_cancel(srv_engine *e, sreq *r);
+void srv_retain(srv_engine *e, sreq *r);
+void srv_release(srv_engine *e, sreq *r);
+
+/* Shutdown: refuse new requests (503); wait for the running ones and for their output to be
+ * taken by their connections, at most timeout seconds (<0: forever) or until *interrupt becomes
+ * non-zero; returns 1 if nothing is left. */
+void srv_engine_drain(srv_engine *e);
+int  srv_engine_wait_idle(srv_engine *e, double timeout, volatile int *interrupt);
+/* Fail every queued and running request (503, "the server is shutting down"). */
+void srv_engine_cancel_all(srv_engine *e);
+
+/* GET /health: the model, the plan, live sequences, the queue, damage, counters.  *status:
+ * 200, or 503 when the model is damaged. */
+json_t *srv_engine_health(srv_engine *e, int *status);
+/* The model's name in the API. */
+const char *srv_engine_model_name(const srv_engine *e);
+krun_model *srv_engine_model(srv_engine *e);
+
+/* The HTTP side (serve_http.c). */
+typedef struct srv_http_opts {
+    const char *api_key;       /* NULL: no auth */
+    size_t max_body;           /* bytes */
+    int listen_fd;             /* a bound, listening socket */
+    unsigned max_connections;
+    unsigned idle_timeout;     /* seconds a connection may stay idle */
+} srv_http_opts;
+
+typedef struct srv_http srv_http;
+int  srv_http_start(srv_engine *e, const srv_http_opts *o, srv_http **out, char *err, size_t errlen);
+/* Stop accepting connections (the listening socket is closed); connections in progress go on. */
+void srv_http_quiesce(srv_http *h);
+void srv_http_stop(srv_http *h);
+
+#endif

@@ -1,0 +1,160 @@
+"""A small HTTP client for krun serve's tests (Python standard library only).
+
+Requests, server-sent-event streams read back as a client would, and the batching check: the
+same requests run one at a time and then all at once must give identical text and token ids.
+Run as a script: `serve_client.py batch PORT REQUESTS.json` prints TAP-like lines."""
+import http.client
+import json
+import sys
+import threading
+import time
+
+
+def request(port, method, path, body=None, headers=None, timeout=120):
+    """(status, headers as a dict with lower-case names, body bytes)"""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    h = {"Content-Type": "application/json"}
+    h.update(headers or {})
+    if isinstance(body, (dict, list)):
+        body = json.dumps(body)
+    c.request(method, path, body=body, headers=h)
+    r = c.getresponse()
+    data = r.read()
+    hdrs = {k.lower(): v for k, v in r.getheaders()}
+    c.close()
+    return r.status, hdrs, data
+
+
+def post(port, path, obj, headers=None):
+    """(status, headers, parsed JSON body)"""
+    s, h, b = request(port, "POST", path, obj, headers)
+    try:
+        return s, h, json.loads(b)
+    except ValueError:
+        return s, h, {"unparsed": b.decode("utf-8", "replace")}
+
+
+def health(port):
+    s, _, b = request(port, "GET", "/health")
+    j = json.loads(b)
+    j["http_status"] = s
+    return j
+
+
+def sse(port, path, obj, headers=None):
+    """(status, content-type, events): each event the parsed JSON of a data line, or "[DONE]"."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    h = {"Content-Type": "application/json"}
+    h.update(headers or {})
+    c.request("POST", path, body=json.dumps(obj), headers=h)
+    r = c.getresponse()
+    ctype = r.getheader("Content-Type")
+    events = []
+    if r.status != 200:
+        events.append(json.loads(r.read()))
+        c.close()
+        return r.status, ctype, events
+    buf = b""
+    while True:
+        chunk = r.read1(65536) if hasattr(r, "read1") else r.read(1)
+        if not chunk:
+            break
+        buf += chunk
+        while b"\n\n" in buf:
+            ev, buf = buf.split(b"\n\n", 1)
+            assert ev.startswith(b"data: "), ev
+            d = ev[6:].decode()
+            events.append("[DONE]" if d == "[DONE]" else json.loads(d))
+    c.close()
+    assert not buf, buf
+    return r.status, ctype, events
+
+
+def text_of(events, chat):
+    """What a stream said: (content or text, reasoning, finish_reason, usage, done last)."""
+    content, reasoning, finish, usage = "", "", None, None
+    for e in events:
+        if e == "[DONE]":
+            continue
+        if "error" in e:
+            finish = "error"
+            continue
+        if e.get("usage"):
+            usage = e["usage"]
+        for ch in e.get("choices", []):
+            if chat:
+                d = ch.get("delta", {})
+                content += d.get("content") or ""
+                reasoning += d.get("reasoning_content") or ""
+            else:
+                content += ch.get("text", "")
+            if ch.get("finish_reason"):
+                finish = ch["finish_reason"]
+    return content, reasoning, finish, usage, bool(events) and events[-1] == "[DONE]"
+
+
+def run_one(port, req):
+    """The outcome of one request: what a test compares between solo and batched runs."""
+    path = req["path"]
+    chat = path.endswith("chat/completions")
+    body = dict(req["body"])
+    if body.get("stream"):
+        s, _, ev = sse(port, path, body)
+        content, reasoning, finish, usage, done = text_of(ev, chat)
+        return {"status": s, "text": content, "reasoning": reasoning, "finish": finish, "done": done,
+                "completion_tokens": usage and usage["completion_tokens"]}
+    body["return_token_ids"] = True
+    s, _, j = post(port, path, body)
+    ch = j["choices"][0]
+    return {"status": s, "text": ch["message"]["content"] if chat else ch["text"],
+            "reasoning": ch["message"].get("reasoning_content") if chat else None,
+            "finish": ch["finish_reason"], "ids": ch["token_ids"], "prompt_ids": j["prompt_token_ids"],
+            "completion_tokens": j["usage"]["completion_tokens"]}
+
+
+def batch(port, reqs):
+    """Each request alone, then all at once: identical outcomes.  Returns (alone, together, sweeps
+    of the concurrent phase, tokens it generated)."""
+    alone = [run_one(port, r) for r in reqs]
+    h0 = health(port)
+    together = [None] * len(reqs)
+    start = threading.Barrier(len(reqs))
+
+    def go(i):
+        start.wait()
+        together[i] = run_one(port, reqs[i])
+    ts = [threading.Thread(target=go, args=(i,)) for i in range(len(reqs))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    h1 = health(port)
+    sweeps = h1["stats"]["sweeps"] - h0["stats"]["sweeps"]
+    tokens = h1["stats"]["generated_tokens"] - h0["stats"]["generated_tokens"]
+    return alone, together, sweeps, tokens
+
+
+def main():
+    if sys.argv[1] == "batch":
+        port, reqs = int(sys.argv[2]), json.load(open(sys.argv[3]))
+        label = sys.argv[4] if len(sys.argv) > 4 else ""
+        alone, together, sweeps, tokens = batch(port, reqs)
+        bad = [i for i in range(len(reqs)) if alone[i] != together[i] or alone[i]["status"] != 200]
+        if bad:
+            for i in bad:
+                print("# request %d alone:    %s" % (i, json.dumps(alone[i])[:400]))
+                print("# request %d together: %s" % (i, json.dumps(together[i])[:400]))
+            print("not ok - %s%d concurrent requests differ from the same requests run alone: %s" % (label, len(reqs), bad))
+        else:
+            print("ok - %s%d concurrent requests: text, token ids, finish reasons and usage identical to each run alone"
+                  % (label, len(reqs)))
+        if tokens and sweeps < tokens:
+            print("ok - %sthey were batched: %d tokens generated in %d sweeps" % (label, tokens, sweeps))
+        else:
+            print("not ok - %snot batched: %d tokens generated in %d sweeps" % (label, tokens, sweeps))
+        return 0
+    raise SystemExit("usage: serve_client.py batch PORT REQUESTS.json [LABEL]")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
