@@ -19,9 +19,10 @@
 #                  array speed)
 #   unit 1M/4M/16M the 4-drive stripe with each stripe unit (kpack's default
 #                  --stripe-unit is 4 MiB): which keeps every drive busiest
-#   compressed     a smaller slice (2 layers, 16 experts, ~3 GB) stored as
-#                  codec-2 blocks by tests/ref/kpk.py (kpack --compress has not
-#                  landed) against the same slice uncompressed, on 1 drive
+#   compressed     a smaller slice (2 layers, 16 experts, ~3 GB) converted
+#                  with kpack --compress trunk and --compress all against the
+#                  same slice uncompressed, on 1 drive, at its minimum budget
+#                  and at 3G
 #
 # Env: BENCH_DIR      work directory on the unthrottled disk (default /var/tmp/kpk-bench-hdd)
 #      BENCH_BUDGETS  two budgets (default "2G 6G")
@@ -44,7 +45,7 @@ mkdir -p "$W"
 RES=$W/results.tsv
 : >"$RES"
 rc=0
-cleanup() { hdd_down; [ -n "${BENCH_KEEP:-}" ] || rm -f "$W/slice.kpk" "$W/small.kpk" "$W/small-c.kpk"; rm -rf "$W/fast" "$W/e"; }
+cleanup() { hdd_down; [ -n "${BENCH_KEEP:-}" ] || rm -f "$W/slice.kpk" "$W/small.kpk" "$W/small-trunk.kpk" "$W/small-all.kpk"; rm -rf "$W/fast" "$W/e"; }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
@@ -144,15 +145,21 @@ fi
 
 # ---- 4. compressed vs uncompressed, 1 drive ------------------------------------------------------
 if [[ "$SKIP" != *" compressed "* ]]; then
-    echo "== compressed (tests/ref/kpk.py codec-2 blocks of 1 MiB: RAW, ZSTD, SPLIT2 in turn) vs uncompressed, 1 drive"
+    echo "== kpack convert --compress trunk / all vs uncompressed, 1 drive"
     make_slice small --layers 2 --first-dense 0 --experts 16 --topk 16 &&
-        { [ -f "$W/small-c.kpk" ] || nice -n 10 $PY tests/ref/kpk.py relayout "$W/small.kpk" "$W/small-c.kpk" --codec2 globals,trunk,expert \
-              --block-size 1048576 || { echo "FAILED: kpk.py relayout"; rc=1; }; }
-    if [ -f "$W/small-c.kpk" ]; then
-        echo "small.kpk $(stat -c %s "$W/small.kpk") bytes, small-c.kpk $(stat -c %s "$W/small-c.kpk") bytes"
-        for b in 1G 3G; do
+        for c in trunk all; do
+            [ -f "$W/small-$c.kpk" ] || nice -n 10 "$BIN/kpack" convert "$W/small.kpk" "$W/small-$c.kpk" --compress $c --quiet \
+                || { echo "FAILED: kpack convert --compress $c"; rc=1; }
+        done
+    if [ -f "$W/small-all.kpk" ] && [ -f "$W/small-trunk.kpk" ]; then
+        echo "small.kpk $(stat -c %s "$W/small.kpk") bytes; --compress trunk $(stat -c %s "$W/small-trunk.kpk"), all $(stat -c %s "$W/small-all.kpk")"
+        # the minimum budget of the uncompressed file (the compressed ones need a little more for decode staging)
+        "$BIN/krun" "$W/small-all.kpk" --plan --mem 64G --json "$W/plan.json" >/dev/null 2>&1
+        MINB=$($PY -c 'import json,sys; print(json.load(open(sys.argv[1]))["minimum_bytes"])' "$W/plan.json" 2>/dev/null)
+        for b in ${MINB:-1G} 3G; do
             k=$(layout "$W/small.kpk" one) && run "uncompressed" "$k" "$b"
-            k=$(layout "$W/small-c.kpk" one) && run "compressed" "$k" "$b"
+            k=$(layout "$W/small-trunk.kpk" one) && run "compress trunk" "$k" "$b"
+            k=$(layout "$W/small-all.kpk" one) && run "compress all" "$k" "$b"
         done
     fi
 fi
@@ -181,10 +188,12 @@ for r in rows:
         pred = max(trunk / (fast * 1e6), experts / (4 * cap * 1e6))
         print("split, %s: %.2f s/token against max(trunk %.2f GB / %.0f MB/s, experts %.2f GB / %.0f MB/s) = %.2f s: %+.0f%% (goal: within 10%%)"
               % (r[1], float(r[2]), trunk / 1e9, fast, experts / 1e9, 4 * cap, pred, 100 * (float(r[2]) / pred - 1)))
-c = {(r[0], r[1]): float(r[2]) for r in rows if r[0] in ("compressed", "uncompressed")}
+c = {(r[0], r[1]): (float(r[2]), float(r[3])) for r in rows if r[0] in ("compress trunk", "compress all", "uncompressed")}
 for b in sorted({k[1] for k in c}):
-    if ("compressed", b) in c and ("uncompressed", b) in c:
-        print("compressed vs uncompressed, 1 drive, %s: %.2f vs %.2f s/token (%+.0f%%)" % (b, c["compressed", b], c["uncompressed", b],
-              100 * (c["compressed", b] / c["uncompressed", b] - 1)))
+    for kind in ("compress trunk", "compress all"):
+        if (kind, b) in c and ("uncompressed", b) in c:
+            (s1, b1), (s0, b0) = c[kind, b], c["uncompressed", b]
+            print("%s vs uncompressed, 1 drive, budget %s: %.2f vs %.2f s/token (%.2fx as fast), %.2f vs %.2f GB read per token (%.3f)"
+                  % (kind, b, s1, s0, s0 / s1, b1 / 1e9, b0 / 1e9, b1 / b0))
 PY
 exit $rc

@@ -283,7 +283,7 @@ def mutations(n_layers, n_experts):
         k.set_sb("file_size", k.sb("file_size") + r.choice([-4096, 4096, -1, 1, 1 << 40]))
         return "file_size %d" % k.sb("file_size"), ()
 
-    @c("sb.set_id", "harmless in a single file (1.1 §7: checked across member files)")
+    @c("sb.set_id", "refuse (1.1 §3: set_id is the extent table checksum XOR the tensor table checksum)")
     def _(k, r):
         k.set_sb("set_id", r.getrandbits(64))
         return "set_id", ("set_id",)
@@ -380,8 +380,7 @@ def mutations(n_layers, n_experts):
         k.set_ext(i, "offset", max(0, k.ext(i, "offset") + r.choice([-4096, 4096, -8192, 8192, 1, 64, 1 << 40])))
         return "extent %d offset %d" % (i, k.ext(i, "offset")), ()
 
-    @c("extent lengths grown into the padding", "issue 12.6 wants it refused; FORMAT 1.1 does not forbid it "
-       "(the grown bytes are zeros under the checksum, no tensor moves)")
+    @c("extent lengths grown into the padding", "refuse (1.1 §5: raw_len is the end of the extent's last tensor)")
     def _(k, r):
         i = pick(r, k)
         n, align = k.ext(i, "stored_len"), k.sb("align")
@@ -429,7 +428,7 @@ def mutations(n_layers, n_experts):
         drop_extent(k, i)
         return what + " removed", ()
 
-    @c("tensor dtype BF16<->F16", "refuse (issue 12.6: the schema's dtype; today any float dtype is accepted)")
+    @c("tensor dtype BF16<->F16", "refuse (the schema check: a converted file holds each tensor in its release dtype)")
     def _(k, r):
         cand = [t for t in range(k.n_tensors()) if k.ten(t, "dtype") in (2, 3)]
         t = r.choice(cand)
@@ -511,9 +510,18 @@ def mutations(n_layers, n_experts):
     @c("manifest not JSON", "refuse (1.1 §10: UTF-8 JSON, object at top level)")
     def _(k, r):
         a, n = k.sb("manifest_off"), k.sb("manifest_len")
-        pos = a + r.choice([0, n - 1, r.randrange(n)])
-        k.b[pos] = ord(r.choice("#\x01]"))
-        return "manifest byte %d" % (pos - a), ()
+        # a byte inside a string literal can leave the text JSON ("#" in a
+        # name): draw until the edit really breaks it, or give up on this file
+        for _ in range(32):
+            pos = a + r.choice([0, n - 1, r.randrange(n)])
+            old = k.b[pos]
+            k.b[pos] = ord(r.choice("#\x01]"))
+            try:
+                json.loads(bytes(k.b[a:a + n]).decode("utf-8"))
+            except (ValueError, UnicodeDecodeError):
+                return "manifest byte %d" % (pos - a), ()
+            k.b[pos] = old
+        return None
 
     @c("non-zero gap between tensors", "refuse (1.1 §5, §11: gaps between tensors are zero, verify checks)")
     def _(k, r):
@@ -524,7 +532,7 @@ def mutations(n_layers, n_experts):
         k.b[r.randrange(s, e)] = r.randrange(1, 256)
         return "extent %d gap byte" % i, ()
 
-    @c("config.json out of range", "refuse (config ranges: krun; verify once it runs the schema check, issue 12.6)")
+    @c("config.json out of range", "refuse (config ranges, checked by verify's schema check and by krun)")
     def _(k, r):
         key, val = r.choice([("routed_scaling_factor", 1e308), ("rms_norm_eps", 0.5), ("num_experts_per_token", 65),
                              ("gate_lower_bound", 5.0), ("hidden_size", 65537)])
