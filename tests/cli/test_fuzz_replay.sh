@@ -67,4 +67,10 @@ replay state "states saved by krun" all "$T/states"
 cp "$T/states/greedy" "$T/bad.state"
 printf '\xff' | dd of="$T/bad.state" bs=1 seek=$((160 + 8 + 1)) conv=notrunc 2>/dev/null
 replay state "the same with a token id out of the vocabulary" none "$T/bad.state"
+
+# a codec-2 block whose zstd frame has one byte changed (the 16-byte record,
+# then the frame): refused as given (the re-sealed variant may decode)
+cp "$FZ/corpus/block/zstd-text" "$T/bad.block"
+printf '\x5a' | dd of="$T/bad.block" bs=1 seek=$((16 + 40)) conv=notrunc 2>/dev/null
+replay block "a zstd block with one byte changed" none "$T/bad.block"
 finish
