@@ -44,22 +44,7 @@ static void check_error(const oai_error *e)
     free(j);
 }
 
-static uint64_t error_hash(const oai_error *e)
-{
-    XXH3_state_t *h = XXH3_createState();
-    uint64_t r;
-    FUZZ_CHECK(h != NULL);
-    XXH3_64bits_reset(h);
-    XXH3_64bits_update(h, &e->status, sizeof e->status);
-    XXH3_64bits_update(h, e->message, strlen(e->message));
-    XXH3_64bits_update(h, e->param, strlen(e->param) + 1);
-    if (e->code) XXH3_64bits_update(h, e->code, strlen(e->code) + 1);
-    r = XXH3_64bits_digest(h);
-    XXH3_freeState(h);
-    return r;
-}
-
-/* A digest of the fields: strings with their lengths, numbers as they are. */
+/* A digest of a parse's result: strings with their lengths, numbers as they are. */
 typedef struct { XXH3_state_t *h; } digest;
 static void d_bytes(digest *d, const void *p, size_t n) { XXH3_64bits_update(d->h, &n, sizeof n); if (n) XXH3_64bits_update(d->h, p, n); }
 static void d_str(digest *d, const char *s)
@@ -67,6 +52,28 @@ static void d_str(digest *d, const char *s)
     static const size_t none = (size_t)-1; /* NULL, unlike "" */
     if (s) d_bytes(d, s, strlen(s));
     else XXH3_64bits_update(d->h, &none, sizeof none);
+}
+static void d_open(digest *d)
+{
+    FUZZ_CHECK((d->h = XXH3_createState()) != NULL);
+    XXH3_64bits_reset(d->h);
+}
+static uint64_t d_close(digest *d)
+{
+    uint64_t r = XXH3_64bits_digest(d->h);
+    XXH3_freeState(d->h);
+    return r;
+}
+
+/* A refusal: checked, and its digest (status, message, param, code). */
+static uint64_t refused(const oai_error *e, digest *d)
+{
+    check_error(e);
+    XXH3_64bits_update(d->h, &e->status, sizeof e->status);
+    d_str(d, e->message);
+    d_str(d, e->param);
+    d_str(d, e->code);
+    return d_close(d);
 }
 #define D(d, x) XXH3_64bits_update((d)->h, &(x), sizeof(x))
 
@@ -94,15 +101,12 @@ static int chat(const char *body, size_t len, uint64_t *hash)
 {
     oai_chat_request r;
     oai_error e;
-    digest d = {XXH3_createState()};
-    FUZZ_CHECK(d.h != NULL);
-    XXH3_64bits_reset(d.h);
+    digest d;
+    d_open(&d);
     memset(&e, 0, sizeof e);
     if (oai_parse_chat_request(body, len, &r, &e)) {
-        check_error(&e);
         FUZZ_CHECK(r.messages == NULL && r.own == NULL);
-        *hash = error_hash(&e);
-        XXH3_freeState(d.h);
+        *hash = refused(&e, &d);
         return 0;
     }
     FUZZ_CHECK(r.n_messages >= 1 && r.messages && r.own);
@@ -141,8 +145,7 @@ static int chat(const char *body, size_t len, uint64_t *hash)
     D(&d, r.chat.thinking); D(&d, r.chat.effort); D(&d, r.chat.tool_choice); D(&d, r.chat.add_generation_prompt);
     d_str(&d, r.chat.tools_json);
     check_sampling(&r.s, -1, &d);
-    *hash = XXH3_64bits_digest(d.h);
-    XXH3_freeState(d.h);
+    *hash = d_close(&d);
     oai_chat_request_free(&r);
     FUZZ_CHECK(r.messages == NULL && r.own == NULL);
     return 1;
@@ -152,15 +155,12 @@ static int completion(const char *body, size_t len, uint64_t *hash)
 {
     oai_completion_request r;
     oai_error e;
-    digest d = {XXH3_createState()};
-    FUZZ_CHECK(d.h != NULL);
-    XXH3_64bits_reset(d.h);
+    digest d;
+    d_open(&d);
     memset(&e, 0, sizeof e);
     if (oai_parse_completion_request(body, len, VOCAB, &r, &e)) {
-        check_error(&e);
         FUZZ_CHECK(r.prompt == NULL && r.prompt_ids == NULL && r.own == NULL);
-        *hash = error_hash(&e);
-        XXH3_freeState(d.h);
+        *hash = refused(&e, &d);
         return 0;
     }
     FUZZ_CHECK(!r.prompt != !r.prompt_ids); /* exactly one prompt */
@@ -174,8 +174,7 @@ static int completion(const char *body, size_t len, uint64_t *hash)
         d_bytes(&d, r.prompt_ids, r.n_prompt_ids * sizeof *r.prompt_ids);
     }
     check_sampling(&r.s, 16, &d);
-    *hash = XXH3_64bits_digest(d.h);
-    XXH3_freeState(d.h);
+    *hash = d_close(&d);
     oai_completion_request_free(&r);
     return 1;
 }
