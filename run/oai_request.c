@@ -53,6 +53,17 @@ static void arena_free(arena *a)
     free(a);
 }
 
+/* A malloc'd copy of the n bytes at s plus a NUL (the bytes may hold NULs:
+ * strndup would stop at the first). */
+static char *text_copy(const char *s, size_t n)
+{
+    char *p = malloc(n + 1);
+    if (!p) return NULL;
+    memcpy(p, s, n);
+    p[n] = 0;
+    return p;
+}
+
 static int oom(oai_error *e)
 {
     oai_error_set(e, 500, NULL, NULL, "out of memory");
@@ -112,6 +123,15 @@ static const char *json_kind(const json_t *v)
 static int wrong_type(oai_error *e, const char *param, const char *want, const json_t *got)
 {
     oai_error_set(e, 400, param, "invalid_type", "%s must be %s, not %s", param, want, json_kind(got));
+    return -1;
+}
+
+/* A JSON string that will be used as a C string: a NUL inside ("\u0000")
+ * would silently cut it, so it is refused. */
+static int c_string(json_t *v, const char *param, oai_error *e)
+{
+    if (!memchr(json_string_value(v), 0, json_string_length(v))) return 0;
+    oai_error_set(e, 400, param, "invalid_value", "%s must not contain a NUL character (\\u0000)", param);
     return -1;
 }
 
@@ -182,6 +202,7 @@ static int parse_sampling(json_t *o, oai_sampling *s, long default_max, arena *a
     json_t *v;
     if ((v = field(o, "model"))) {
         if (!json_is_string(v)) return wrong_type(e, "model", "a string", v);
+        if (c_string(v, "model", e)) return -1;
         s->model = arena_keep(a, strdup(json_string_value(v)));
         if (!s->model) return OOM(e);
     }
@@ -217,7 +238,8 @@ static int parse_sampling(json_t *o, oai_sampling *s, long default_max, arena *a
             snprintf(p, sizeof p, "stop[%zu]", i);
             if (!json_is_string(x)) return wrong_type(e, json_is_string(v) ? "stop" : p, "a string", x);
             if (!json_string_length(x)) { oai_error_set(e, 400, p, "invalid_value", "stop strings must not be empty"); return -1; }
-            s->stop[i] = arena_keep(a, strndup(json_string_value(x), json_string_length(x)));
+            if (c_string(x, json_is_string(v) ? "stop" : p, e)) return -1; /* matched with strlen (stopstr.c) */
+            s->stop[i] = arena_keep(a, text_copy(json_string_value(x), json_string_length(x)));
             if (!s->stop[i]) return OOM(e);
         }
         s->n_stop = n;
@@ -563,7 +585,8 @@ int oai_parse_completion_request(const char *body, size_t len, size_t vocab, oai
         p = json_array_get(p, 0);
     }
     if (json_is_string(p)) {
-        req->prompt = arena_keep(a, strndup(json_string_value(p), json_string_length(p)));
+        /* all prompt_len bytes (a "\u0000" inside is a byte of the text, not its end) */
+        req->prompt = arena_keep(a, text_copy(json_string_value(p), json_string_length(p)));
         if (!req->prompt) { oom(e); goto bad; }
         req->prompt_len = json_string_length(p);
         if (!req->prompt_len) { oai_error_set(e, 400, "prompt", "invalid_value", "prompt must not be empty"); goto bad; }

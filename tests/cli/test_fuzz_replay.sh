@@ -4,7 +4,9 @@
 # nor break an invariant; every committed seed (tests/fuzz/corpus/NAME/) is a
 # valid input and must be accepted all the way through, which proves each
 # harness really reaches the code it fuzzes.  The KPK harness gets a fresh
-# small conversion (accepted) and a damaged copy (refused).
+# small conversion (accepted) and a damaged copy (refused); the state-file
+# harness gets states saved with that conversion (its model: a state is tied
+# to the file it was computed with, so its seeds are made here, not committed).
 . "$(dirname "$0")/lib.sh"
 FZ="$TOP/tests/fuzz"
 
@@ -32,6 +34,7 @@ replay() { # replay NAME LABEL WANT_ACCEPTED PATH...: WANT_ACCEPTED "all", "none
 KPK_FUZZ_TIKTOKEN="$K3_SHARED/fixtures/tokenizer/tiktoken.model"
 [ -f "$KPK_FUZZ_TIKTOKEN" ] || KPK_FUZZ_TIKTOKEN="$T/src/tiktoken.model"
 export KPK_FUZZ_TIKTOKEN
+export KPK_FUZZ_STATE_MODEL="$T/small.kpk"
 
 for dir in "$FZ"/corpus/*/; do
     h=$(basename "$dir")
@@ -51,4 +54,23 @@ n=$(python3 -c 'import struct,sys; print(struct.unpack("<Q", open(sys.argv[1],"r
 head -c $((8 + n)) "$T/src/model-00001-of-000003.safetensors" > "$T/header"
 replay safetensors "a real shard's header" all "$T/header" "$T/src/model-00001-of-000003.safetensors"
 replay config "the model's config.json" all "$T/src/config.json"
+
+mkdir -p "$T/states"
+"$BIN/krun" "$T/small.kpk" --ids 1,2,3,4,5 --gen 3 --save-state "$T/states/greedy" --quiet >/dev/null \
+    && "$BIN/krun" "$T/small.kpk" --ids 7 --gen 0 --save-state "$T/states/one-position" --quiet >/dev/null \
+    && "$BIN/krun" "$T/small.kpk" --load-state "$T/states/greedy" --ids 9,10 --gen 4 --temp 0.8 --seed 3 \
+        --save-state "$T/states/sampled-second-turn" --quiet >/dev/null \
+    || notok "krun --save-state on the small model"
+replay state "states saved by krun" all "$T/states"
+# a token id of the history changed (offset 168: the first token): the
+# checksum refuses it as given, and re-sealed the id is out of the vocabulary
+cp "$T/states/greedy" "$T/bad.state"
+printf '\xff' | dd of="$T/bad.state" bs=1 seek=$((160 + 8 + 1)) conv=notrunc 2>/dev/null
+replay state "the same with a token id out of the vocabulary" none "$T/bad.state"
+
+# a codec-2 block whose zstd frame has one byte changed (the 16-byte record,
+# then the frame): refused as given (the re-sealed variant may decode)
+cp "$FZ/corpus/block/zstd-text" "$T/bad.block"
+printf '\x5a' | dd of="$T/bad.block" bs=1 seek=$((16 + 40)) conv=notrunc 2>/dev/null
+replay block "a zstd block with one byte changed" none "$T/bad.block"
 finish

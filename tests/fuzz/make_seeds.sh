@@ -8,11 +8,13 @@
 #   tokenizer_load/  tokenizer_config.json + "\n--\n" + rank file (synthetic,
 #                 and the first 1,000 ranks of the real file when present)
 #   tiktoken.model   the synthetic rank file fuzz_tokenizer falls back on
+#   state/        krun --save-state files of kpk/layer-major.kpk, the model
+#                 fuzz_state loads them with (a state is tied to its model)
 # Usage: make_seeds.sh BIN OUTDIR
 set -eu
 BIN=$1 OUT=$2
 SHARED=${K3_SHARED:-$(cd "$(dirname "$0")/../../.." && pwd)/shared}
-rm -rf "$OUT"; mkdir -p "$OUT"/{kpk,safetensors,config,tokenizer_load}
+rm -rf "$OUT"; mkdir -p "$OUT"/{kpk,safetensors,config,tokenizer_load,state}
 W="$OUT/work"; mkdir -p "$W"
 small="--geometry micro"
 "$BIN/k3synth" "$W/src" $small --seed 1 --quiet
@@ -34,4 +36,9 @@ cp "$W/src/tiktoken.model" "$OUT/tokenizer_load/synthetic-ranks-only"
 if [ -f "$SHARED/fixtures/tokenizer/tiktoken.model" ]; then
     head -n 1000 "$SHARED/fixtures/tokenizer/tiktoken.model" > "$OUT/tokenizer_load/real-first-1000"
 fi
+M="$OUT/kpk/layer-major.kpk"
+"$BIN/krun" "$M" --ids 1,2,3,4,5 --gen 3 --save-state "$OUT/state/greedy" --quiet >/dev/null
+"$BIN/krun" "$M" --ids 7 --gen 0 --save-state "$OUT/state/one-position" --quiet >/dev/null
+"$BIN/krun" "$M" --load-state "$OUT/state/greedy" --ids 9,10 --gen 4 --temp 0.8 --seed 3 \
+    --save-state "$OUT/state/sampled-second-turn" --quiet >/dev/null
 rm -rf "$W"

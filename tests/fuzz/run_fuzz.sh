@@ -20,7 +20,10 @@ FB=${FUZZ_BUILD:-build/fuzz}
 SECONDS_EACH=${FUZZ_SECONDS:-60}
 NICE=${FUZZ_NICE:-15}
 SEEDS="$FB/seeds"
-[ -d "$SEEDS" ] || tests/fuzz/make_seeds.sh "${BIN:-bin}" "$SEEDS" || { echo "fuzz: cannot generate seeds"; exit 2; }
+# (regenerated when older than a harness that needs its state/ seeds)
+[ -d "$SEEDS/state" ] || tests/fuzz/make_seeds.sh "${BIN:-bin}" "$SEEDS" || { echo "fuzz: cannot generate seeds"; exit 2; }
+# fuzz_state's model: the one its seed states were saved with
+export KPK_FUZZ_STATE_MODEL="$SEEDS/kpk/layer-major.kpk"
 names=$(ls tests/fuzz/fuzz_*.c | sed 's|.*/fuzz_||; s|\.c$||')
 [ -n "${FUZZ_ONLY:-}" ] && names=$(tr ',' '\n' <<<"$FUZZ_ONLY")
 budget="-max_total_time=$SECONDS_EACH"

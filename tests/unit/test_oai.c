@@ -220,6 +220,13 @@ static void test_completion_requests(void)
         oai_completion_request_free(&r);
     }
     CHECK(ok, "completions: prompt as [string], [ids], [[ids]]");
+    /* found by fuzz_oai: the copy stopped at the NUL, prompt_len did not, and serve tokenized
+     * prompt_len bytes past the end of the copy */
+    const char *b0 = "{\"prompt\":\"ab\\u0000cd\"}";
+    rc = oai_parse_completion_request(b0, strlen(b0), 1000, &r, &e);
+    CHECK(rc == 0 && r.prompt_len == 5 && !memcmp(r.prompt, "ab\0cd", 6),
+          "completions: a text prompt with a NUL inside is all prompt_len bytes, NUL-terminated");
+    if (!rc) oai_completion_request_free(&r);
     const char *b2 = "{\"prompt\":[1],\"top_k\":40,\"min_p\":0.05,\"ignore_eos\":true,\"return_token_ids\":true}";
     rc = oai_parse_completion_request(b2, strlen(b2), 1000, &r, &e);
     CHECK(rc == 0 && r.s.top_k == 40 && r.s.min_p == 0.05 && r.s.ignore_eos && r.s.return_token_ids,
@@ -245,6 +252,11 @@ static void test_completion_requests(void)
         {"{\"prompt\":\"x\",\"max_tokens\":0}", "max_tokens", "at least 1"},
         {"{\"prompt\":\"x\",\"n\":3}", "n", "n must be 1"},
         {"{\"prompt\":\"x\",\"top_p\":-1}", "top_p", "between"},
+        /* a NUL would cut a stop string or the model name (C strings) short: "\u0000" alone was an
+         * empty stop string, which ends every generation at once */
+        {"{\"prompt\":\"x\",\"stop\":[\"\\u0000\"]}", "stop[0]", "NUL"},
+        {"{\"prompt\":\"x\",\"stop\":\"a\\u0000b\"}", "stop", "NUL"},
+        {"{\"prompt\":\"x\",\"model\":\"k3\\u0000x\"}", "model", "NUL"},
         {"not json", "", "not valid JSON"},
     };
     int n_ok = 0;
