@@ -27,7 +27,7 @@
 # Env: BENCH_DIR      work directory on the unthrottled disk (default /var/tmp/kpk-bench-hdd)
 #      BENCH_BUDGETS  two budgets (default "2G 6G")
 #      BENCH_GEN      tokens generated per run (default 4: 3 decoding steps)
-#      BENCH_SKIP     any of "units split compressed"
+#      BENCH_SKIP     any of "drives units split compressed"
 #      HDD_MBPS       per-drive throttle in MiB/s (default 250)
 #      BENCH_KEEP=1   keep the slice between runs of the bench
 set -u
@@ -121,12 +121,14 @@ PY
 }
 
 # ---- 1. drives: 1, stripe 2, stripe 4 ------------------------------------------------------
-echo "== 1, 2 and 4 drives (stripe unit 4 MiB), budgets $BUDGETS"
-for b in $BUDGETS; do
-    k=$(layout "$W/slice.kpk" one) && run "1 drive" "$k" "$b"
-done
-k=$(layout "$W/slice.kpk" s2 --stripe "$D/d0,$D/d1" --stripe-unit 4M) && for b in $BUDGETS; do run "2 drives" "$k" "$b"; done
-k=$(layout "$W/slice.kpk" s4 --stripe "$D/d0,$D/d1,$D/d2,$D/d3" --stripe-unit 4M) && for b in $BUDGETS; do run "4 drives" "$k" "$b"; done
+if [[ "$SKIP" != *" drives "* ]]; then
+    echo "== 1, 2 and 4 drives (stripe unit 4 MiB), budgets $BUDGETS"
+    for b in $BUDGETS; do
+        k=$(layout "$W/slice.kpk" one) && run "1 drive" "$k" "$b"
+    done
+    k=$(layout "$W/slice.kpk" s2 --stripe "$D/d0,$D/d1" --stripe-unit 4M) && for b in $BUDGETS; do run "2 drives" "$k" "$b"; done
+    k=$(layout "$W/slice.kpk" s4 --stripe "$D/d0,$D/d1,$D/d2,$D/d3" --stripe-unit 4M) && for b in $BUDGETS; do run "4 drives" "$k" "$b"; done
+fi
 
 # ---- 2. the stripe unit -----------------------------------------------------------------------
 if [[ "$SKIP" != *" units "* ]]; then
@@ -156,10 +158,11 @@ if [[ "$SKIP" != *" compressed "* ]]; then
         # the minimum budget of the uncompressed file (the compressed ones need a little more for decode staging)
         "$BIN/krun" "$W/small-all.kpk" --plan --mem 64G --json "$W/plan.json" >/dev/null 2>&1
         MINB=$($PY -c 'import json,sys; print(json.load(open(sys.argv[1]))["minimum_bytes"])' "$W/plan.json" 2>/dev/null)
+        # (a re-layout keeps a file's compression only when told: --compress again)
         for b in ${MINB:-1G} 3G; do
             k=$(layout "$W/small.kpk" one) && run "uncompressed" "$k" "$b"
-            k=$(layout "$W/small-trunk.kpk" one) && run "compress trunk" "$k" "$b"
-            k=$(layout "$W/small-all.kpk" one) && run "compress all" "$k" "$b"
+            k=$(layout "$W/small-trunk.kpk" one --compress trunk) && run "compress trunk" "$k" "$b"
+            k=$(layout "$W/small-all.kpk" one --compress all) && run "compress all" "$k" "$b"
         done
     fi
 fi
