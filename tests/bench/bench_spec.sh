@@ -30,7 +30,7 @@
 # continuation read from the --spec 0 run (every draft comes true), and with
 # every 4th draft wrong.
 #
-# Env: BENCH_DIR, BENCH_KEEP=1, BENCH_RUNS (default 3), BENCH_GEN (default
+# Env: BENCH_SPEC_SPLITS ("min streamed", the default, or one of them), BENCH_DIR, BENCH_KEEP=1, BENCH_RUNS (default 3), BENCH_GEN (default
 #      24), BENCH_SPEC_SEED (the slice's seed, default 9), BENCH_SPEC_CYCLE
 #      (a prompt whose text falls into a cycle on that slice), BENCH_SPEC_LEAD
 #      (tokens of its continuation put in the prompt, default 30).
@@ -76,7 +76,11 @@ oracle() { # oracle LABEL REF ARGS...: bench_spec with the same split
     "$W/bench_spec" "$W/spec.kpk" --ref "$ref" $SPLIT --json "$W/$label.$r.json" "$@" >/dev/null 2>"$W/err" \
         || { echo "FAILED: $label: $(head -c 300 "$W/err")"; rc=1; }
 }
-for SPLIT in "--mem $MIN" "--mem 6G --pin 0 --expert-slots 16"; do
+# BENCH_SPEC_SPLITS: "min", "streamed" or both (default)
+SPLITS=()
+[[ " ${BENCH_SPEC_SPLITS:-min streamed} " == *" min "* ]] && SPLITS+=("--mem $MIN")
+[[ " ${BENCH_SPEC_SPLITS:-min streamed} " == *" streamed "* ]] && SPLITS+=("--mem 6G --pin 0 --expert-slots 16")
+for SPLIT in "${SPLITS[@]}"; do
 echo
 echo "-- $SPLIT"
 rm -f "$W"/*.[0-9]*.json
