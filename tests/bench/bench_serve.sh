@@ -114,7 +114,7 @@ batching "the trunk streamed, 64 expert slots" --mem "$MEM64" --pin 0 --expert-s
 echo
 "$BIN/krun" "$W/slice.kpk" --plan --mem 64G --ctx 2048 --json "$W/plan1.json" >/dev/null || exit 2
 CMIN=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["minimum_bytes"])' "$W/plan1.json")
-echo "== krun chat --mem $CMIN --ctx 2048 (its minimum): turn two kept vs re-sent (plain continuation: the slice's tokenizer has no chat markers)"
+echo "== krun chat --mem $CMIN --ctx 2048 (its minimum): turn two kept vs re-sent (in the chat format: a turn feeds its own rendering, the previous reply's close, the message and the reply prompt)"
 python3 - "$W" <<'PY'
 import random, sys
 random.seed(5)
