@@ -302,6 +302,26 @@ int kio_submit(kio_pool *p, const kio_req *reqs, size_t n)
     return rc;
 }
 
+uint64_t kio_cancel(kio_pool *p, kio_batch *b)
+{
+    uint64_t bytes = 0;
+    pthread_mutex_lock(&p->mu);
+    for (int m = 0; m < p->n_members; m++)
+        for (int l = 0; l < 2; l++) {
+            struct queue *q = &p->level[m][l];
+            size_t keep = q->head;
+            for (size_t i = q->head; i < q->tail; i++) { /* compacting forward: keep <= i */
+                const kio_req *r = &q->q[i % q->cap];
+                if (r->batch == b) { bytes += r->len; b->pending--; continue; }
+                q->q[keep++ % q->cap] = *r;
+            }
+            q->tail = keep;
+        }
+    if (b->pending == 0) pthread_cond_broadcast(&p->done);
+    pthread_mutex_unlock(&p->mu);
+    return bytes;
+}
+
 int kio_wait(kio_pool *p, kio_batch *b)
 {
     int err;

@@ -51,7 +51,7 @@ typedef struct kio_req {
     uint32_t extent, b0, b1;
     uint8_t *raw;
     int prio;
-    char kind;          /* for the trace: 'T' trunk, 'H' lm_head, 'E' expert, 'R' resident */
+    char kind;          /* for the trace: 'T' trunk, 'H' lm_head, 'E' expert, 'P' predicted expert, 'R' resident */
     kio_batch *batch;
 } kio_req;
 
@@ -77,6 +77,10 @@ int kio_submit(kio_pool *p, const kio_req *reqs, size_t n);
 /* Wait until the batch has no pending request; returns its err (EIO for a
  * failed decode: see decode_failed). */
 int kio_wait(kio_pool *p, kio_batch *b);
+/* Take the batch's requests that no worker has started out of the queues
+ * (a prediction the router did not confirm); returns their bytes.  Those
+ * already started still land: kio_wait for them before reusing the buffer. */
+uint64_t kio_cancel(kio_pool *p, kio_batch *b);
 /* 1 if the batch is complete (no waiting). */
 int kio_done(kio_pool *p, kio_batch *b);
 /* Bytes read from member m so far. */
