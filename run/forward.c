@@ -10,6 +10,7 @@
 #include "ablate.h"
 #include "layers.h"
 #include "ops.h"
+#include "predict.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -88,12 +89,13 @@ void k3_run_free(k3_run *r)
 {
     if (r->w.raw && r->w.raw[r->model->cfg.n_layers]) kstore_put(r->store, r->model->globals_extent);
     free(r->arena);
+    k3_predict_free(r);
     memset(r, 0, sizeof *r);
 }
 
 /* ---- fetching through the store ------------------------------------------------ */
 
-int k3_fetch_experts(k3_run *r, int L, const int *experts, size_t n, k3_expert_w *out, krun_err *err)
+int k3_request_experts(k3_run *r, int L, const int *experts, size_t n, krun_err *err)
 {
     const k3_model *m = r->model;
     k3_moe_scratch *s = &r->s.moe;
@@ -103,12 +105,20 @@ int k3_fetch_experts(k3_run *r, int L, const int *experts, size_t n, k3_expert_w
         if (id < 0) { krun_err_set(err, KRUN_EDATA, "%s: layer %d expert %d: no such extent", kpk_path(m->file), L, experts[i]); return -1; }
         s->extent[i] = (uint32_t)id;
     }
-    if (kstore_get_many(r->store, s->extent, n, s->raw, &e)) {
+    if (kstore_experts_request(r->store, s->extent, n, &e)) {
         krun_err_set(err, krun_code_of_kpk(e.code), "%s", e.msg);
         return -1;
     }
-    for (size_t i = 0; i < n; i++) k3_bind_expert(m, L, s->raw[i], &out[i]);
     r->expert_uses += n;
+    return 0;
+}
+
+int k3_expert_ready(k3_run *r, int L, size_t q, k3_expert_w *out, krun_err *err)
+{
+    kpk_err e = {0};
+    const uint8_t *p = kstore_expert_wait(r->store, r->s.moe.extent[q], &e);
+    if (!p) { krun_err_set(err, krun_code_of_kpk(e.code), "%s", e.msg); return -1; }
+    k3_bind_expert(r->model, L, p, out);
     return 0;
 }
 
@@ -325,6 +335,8 @@ int k3_forward(k3_run *r, const k3_seg *segs, size_t nseg, krun_err *err)
             nsnap++;
             prefix_empty = !ABLATED(ATTNRES_NO_CLEAR);
         }
+        /* while attention runs, the disks read the experts the router is likely to choose (predict.h) */
+        k3_predict_experts(r, L, &b, nsnap);
         /* step 4: attention on the normalised aggregate, each segment on its own state */
         for (size_t t = 0; t < b.T; t++) op_rmsnorm(s->xn + t * E, s->a + t * E, w->in_ln, E, c->rms_eps);
         if (c->layer_is_mla[L]) mla_forward(r, L, &b, s->xn, s->y);

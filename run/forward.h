@@ -27,6 +27,9 @@ typedef struct k3_run {
     uint64_t expert_uses;       /* routed (position, expert) pairs so far */
     void *arena;                /* w and s live here */
     size_t arena_bytes;
+    /* the prediction (predict.h); NULL when it is off */
+    uint8_t *predict_mem;
+    uint64_t predict_router_bytes, predict_buf_bytes, predict_stage_bytes;
 } k3_run;
 
 /* One segment of a block: n new positions of the sequence whose state is st.

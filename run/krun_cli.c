@@ -90,6 +90,12 @@ int krun_cli_option(krun_cli *c, int argc, char **argv, int *i)
         else if (!strcmp(v, "stream")) c->head = 1;
         else krun_cli_die("--head: expected hold or stream, got %s", v);
     }
+    else if (!strcmp(a, "--predict")) {
+        const char *v = VALUE;
+        if (!strcmp(v, "on")) c->predict = 1;
+        else if (!strcmp(v, "off")) c->predict = 0;
+        else krun_cli_die("--predict: expected on or off, got %s", v);
+    }
     else if (!strcmp(a, "--io-threads")) c->io_threads = krun_cli_long(VALUE, 1, 256, "--io-threads");
     else if (!strcmp(a, "--trace")) c->trace = VALUE;
     else if (!strcmp(a, "--cache")) {
@@ -114,9 +120,10 @@ int krun_cli_option(krun_cli *c, int argc, char **argv, int *i)
 void krun_cli_check(krun_cli *c, const char *needs_budget)
 {
     if (c->mem && c->preset) krun_cli_die("%s", "give --mem or --preset, not both");
-    if ((needs_budget || c->pin >= 0 || c->slots >= 0 || c->io_given || c->trace || c->piece || c->head >= 0) && !c->mem && !c->preset) {
+    if ((needs_budget || c->pin >= 0 || c->slots >= 0 || c->io_given || c->trace || c->piece || c->head >= 0 || c->predict > 0) &&
+        !c->mem && !c->preset) {
         char msg[256];
-        snprintf(msg, sizeof msg, "%s%s--pin, --expert-slots, --head, --piece, --io and --trace need a budget: --mem SIZE or --preset NAME",
+        snprintf(msg, sizeof msg, "%s%s--pin, --expert-slots, --head, --piece, --predict on, --io and --trace need a budget: --mem SIZE or --preset NAME",
                  needs_budget ? needs_budget : "", needs_budget ? ", " : "");
         krun_cli_die("%s", msg);
     }
@@ -150,6 +157,7 @@ void krun_cli_model_opts(const krun_cli *c, const char *path, uint64_t budget, k
     mo->expert_slots = (int)c->slots;
     mo->piece = c->piece ? (uint64_t)kmem_parse_size(c->piece) : 0;
     mo->head = (int)c->head;
+    mo->predict = (int)c->predict;
     mo->io = c->io;
     mo->cache_policy = c->policy;
     mo->io_threads = (int)c->io_threads;

@@ -234,7 +234,7 @@ static int read_prompt(const struct opts *o, krun_model *m, size_t max_tokens, i
 
 /* One decoding sweep: a forward block that produced `tokens` generated
  * tokens (1, or with --spec the accepted drafts plus the model's next). */
-struct step { double seconds; uint64_t trunk, head, experts, globals, hits, misses, rss; uint64_t *member; size_t tokens, drafted; };
+struct step { double seconds; uint64_t trunk, head, experts, globals, hits, misses, rss, predicted, predicted_used, router, cancelled; uint64_t *member; size_t tokens, drafted; };
 
 /* Bytes read and seconds of the decoding sweeps, per generated token after
  * the first (which comes from the prompt's logits). */
@@ -296,6 +296,10 @@ static int write_json(const struct opts *o, krun_model *m, const int32_t *prompt
         json_object_set_new(o2, "members", members_json(m, x->member, x->seconds));
         json_object_set_new(o2, "expert_hits", json_integer((json_int_t)x->hits));
         json_object_set_new(o2, "expert_misses", json_integer((json_int_t)x->misses));
+        json_object_set_new(o2, "experts_predicted", json_integer((json_int_t)x->predicted));
+        json_object_set_new(o2, "experts_predicted_used", json_integer((json_int_t)x->predicted_used));
+        json_object_set_new(o2, "bytes_router", json_integer((json_int_t)x->router));
+        json_object_set_new(o2, "bytes_cancelled", json_integer((json_int_t)x->cancelled));
         json_object_set_new(o2, "resident_hit_rate", x->hits + x->misses ? json_real((double)x->hits / (double)(x->hits + x->misses)) : json_null());
         json_object_set_new(o2, "rss_bytes", json_integer((json_int_t)x->rss));
         json_array_append_new(sa, o2);
@@ -345,6 +349,11 @@ static int write_json(const struct opts *o, krun_model *m, const int32_t *prompt
     json_object_set_new(j, "bytes_resident", json_integer((json_int_t)st.bytes_resident));
     json_object_set_new(j, "expert_hits", json_integer((json_int_t)st.expert_hits));
     json_object_set_new(j, "expert_misses", json_integer((json_int_t)st.expert_misses));
+    json_object_set_new(j, "experts_predicted", json_integer((json_int_t)st.experts_predicted));
+    json_object_set_new(j, "experts_predicted_used", json_integer((json_int_t)st.experts_predicted_used));
+    json_object_set_new(j, "bytes_predicted", json_integer((json_int_t)st.bytes_predicted));
+    json_object_set_new(j, "bytes_router", json_integer((json_int_t)st.bytes_router));
+    json_object_set_new(j, "bytes_cancelled", json_integer((json_int_t)st.bytes_cancelled));
     json_object_set_new(j, "io_wait_seconds", json_real(st.io_wait_seconds));
     json_object_set_new(j, "peak_rss_bytes", json_integer((json_int_t)kmem_peak_rss()));
     json_object_set_new(j, "simd", json_string(kern_simd_name(kern_simd_get())));
@@ -555,6 +564,10 @@ int main(int argc, char **argv)
         st->globals = b.bytes_globals - a.bytes_globals;
         st->hits = b.expert_hits - a.expert_hits;
         st->misses = b.expert_misses - a.expert_misses;
+        st->predicted = b.experts_predicted - a.experts_predicted;
+        st->predicted_used = b.experts_predicted_used - a.experts_predicted_used;
+        st->router = b.bytes_router - a.bytes_router;
+        st->cancelled = b.bytes_cancelled - a.bytes_cancelled;
         st->rss = kmem_rss();
         st->tokens = n_acc + 1;
         st->drafted = (size_t)(sb.drafted - sa.drafted);
@@ -575,6 +588,8 @@ int main(int argc, char **argv)
             fprintf(stderr, "\nkrun: step %zu: %.3f s, read trunk %s + experts %s (%.0f MB/s), resident hits %llu/%llu, RSS %.1f MB",
                     n_steps, st->seconds, t1, t2, (double)(st->trunk + st->head + st->experts + st->globals) / st->seconds / 1e6,
                     (unsigned long long)st->hits, (unsigned long long)(st->hits + st->misses), (double)st->rss / 1e6);
+            if (st->predicted) fprintf(stderr, "; %llu of %llu predicted experts used", (unsigned long long)st->predicted_used,
+                                       (unsigned long long)st->predicted);
             if (st->drafted) fprintf(stderr, "; %zu of %zu drafts accepted", n_acc, st->drafted);
             fputc('\n', stderr);
             if (b.n_members > 1) {

@@ -2,6 +2,7 @@
 
 #include "forward.h"
 #include "kprogress.h"
+#include "predict.h"
 #include "session.h"
 #include "iopool.h"
 #include "store.h"
@@ -119,6 +120,7 @@ struct sizes {
     uint64_t io;               /* every I/O worker's decode buffers */
     int io_threads;
     int moe_layers;
+    uint64_t predict_buf, predict_stage; /* the prediction's router buffers */
     struct cand *cand;
     int ncand;
 };
@@ -190,6 +192,7 @@ static int measure(const k3_model *m, const kmemplan_req *q, struct sizes *s, ch
             }
         }
     }
+    k3_predict_bytes(m, &s->predict_buf, &s->predict_stage);
     s->io_threads = kstore_io_threads(f, q->io_threads, NULL);
     s->io = (uint64_t)s->io_threads * kio_worker_bytes(f);
     /* every candidate piece size: the cut of every layer and (when it can stream) lm_head */
@@ -241,7 +244,7 @@ static uint64_t total_for(const struct sizes *s, const kmemplan *p, const struct
     uint32_t np;
     ring_of(s, ch, p->n_layers, &k, &rs, &np);
     for (int L = 0; L < ch->pin; L++) pb += s->trunk[L];
-    return p->base + s->globals_held[ch->head] + p->state_bytes + p->vectors_bytes + p->scratch_bytes + s->io + pb +
+    return p->base + s->globals_held[ch->head] + p->state_bytes + p->vectors_bytes + p->scratch_bytes + s->io + pb + p->predict_bytes +
            (uint64_t)k * rs + (uint64_t)slots * s->expert_slot;
 }
 
@@ -280,6 +283,11 @@ int kmemplan_make(const k3_model *m, const kmemplan_req *q, kmemplan *p, char *e
     /* The smallest total over every choice, and the choice: what is read on
      * every token held first (lm_head, then the longest trunk prefix), then
      * the largest pieces that fit (whole extents first). */
+    /* the prediction's buffers, when asked for (--predict on) */
+    p->predict = q->predict > 0 && s.moe_layers;
+    p->predict_buf_bytes = p->predict ? s.predict_buf : 0;
+    p->predict_stage_bytes = p->predict ? s.predict_stage : 0;
+    p->predict_bytes = p->predict_buf_bytes + p->predict_stage_bytes;
     p->minimum = UINT64_MAX;
     best = ch;
     for (ch.head = 0; ch.head <= s.head_streamable; ch.head++)
@@ -323,7 +331,7 @@ int kmemplan_make(const k3_model *m, const kmemplan_req *q, kmemplan *p, char *e
     p->piece_bytes = p->ring_slots ? s.cand[ch.cand].piece : 0;
     for (int L = ch.pin; L < NL; L++) p->trunk_stream_bytes += s.cand[ch.cand].slot_read[L];
     if (ch.head) p->head_stream_bytes = s.cand[ch.cand].slot_read[NL];
-    p->expert_reads_max = (uint64_t)s.moe_layers * (uint64_t)c->topk * s.expert_slot;
+    p->expert_reads_max = (uint64_t)s.moe_layers * (uint64_t)c->topk * s.expert_slot * (p->predict ? 2 : 1);
     {
         /* sessions that fit: the rest of the plan with the fewest expert slots */
         uint64_t rest = total_for(&s, p, &ch, min_slots) - p->state_bytes;
@@ -366,6 +374,7 @@ void kmemplan_print(const kmemplan *p, FILE *out)
         kfmt_bytes(p->io_worker_bytes, c2, sizeof c2);
         ROW("I/O staging", p->io_bytes, "%d I/O workers x %s: stored bytes of the compressed blocks each decodes", p->io_threads, c2);
     }
+    if (p->predict) ROW("prediction", p->predict_bytes, "a router read early, to read a layer's likely experts during its attention");
     kfmt_bytes(p->session_bytes, c2, sizeof c2);
     ROW("state", p->state_bytes, "%zu session%s x %s (KDA + ShortConv state, MLA latent cache for --ctx %zu); %llu would fit",
         p->max_seqs, p->max_seqs == 1 ? "" : "s", c2, p->ctx, (unsigned long long)p->sessions_fit);
@@ -419,5 +428,7 @@ json_t *kmemplan_json(const kmemplan *p)
     json_object_set_new(j, "trunk_stream_bytes_per_token", json_integer((json_int_t)p->trunk_stream_bytes));
     json_object_set_new(j, "head_stream_bytes_per_token", json_integer((json_int_t)p->head_stream_bytes));
     json_object_set_new(j, "expert_read_bytes_per_token_max", json_integer((json_int_t)p->expert_reads_max));
+    json_object_set_new(j, "predict", json_boolean(p->predict));
+    json_object_set_new(j, "predict_bytes", json_integer((json_int_t)p->predict_bytes));
     return j;
 }

@@ -13,6 +13,8 @@
  *   expert cache       slots of one routed expert each (--expert-slots)
  *   I/O staging        compressed files only: each I/O worker's buffers for
  *                      the stored bytes of the blocks it decodes
+ *   prediction         the largest router, read early to predict a layer's
+ *                      experts (--predict; run/predict.c)
  *   state              per session (--max-seqs of them): KDA + ShortConv state,
  *                      the MLA latent cache (--ctx), tokens, logits, sampler
  *   run state          the widened small vectors of every layer (bound once),
@@ -68,7 +70,12 @@ typedef struct kmemplan {
     /* what a decoding step must read at least */
     uint64_t trunk_stream_bytes;   /* every unpinned trunk layer's pieces */
     uint64_t head_stream_bytes;    /* lm_head's pieces, when it streams */
-    uint64_t expert_reads_max;     /* MoE layers x top-k expert extents, padded */
+    uint64_t expert_reads_max;     /* MoE layers x top-k expert extents, padded (twice that with predict:
+                                      the predicted reads and the misses they left) */
+    int predict;                   /* experts read ahead on a prediction (krun --predict; run/predict.c) */
+    uint64_t predict_buf_bytes;    /* the largest router, read early for it */
+    uint64_t predict_stage_bytes;  /* its stored bytes, when the trunk is compressed */
+    uint64_t predict_bytes;        /* the two */
     uint64_t minimum;              /* the smallest budget that works (top-k slots, the best pieces) */
 } kmemplan;
 
@@ -97,6 +104,7 @@ typedef struct kmemplan_req {
     size_t spec;                   /* --spec: drafts verified per block (0: none) */
     int io_threads;                /* 0: 8 */
     uint64_t base;                 /* kmem_base_bytes + the caller's own buffers */
+    int predict;                   /* --predict on: 1 (the plan counts the prediction's buffers) */
 } kmemplan_req;
 
 /* Plan for a budget.  Returns -1 with err saying what the minimum is when the

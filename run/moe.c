@@ -50,18 +50,22 @@ int moe_forward(k3_run *r, int L, size_t T, const float *x, float *y, krun_err *
     /* 1. route on the full width */
     wmatmul(r->pool, &r->w, L, K3T_MOE_ROUTER, x, E, T, s->logits, Ne);
     for (size_t t = 0; t < T; t++) moe_route(c, s->logits + t * Ne, w->router_bias, s->route, s->idx + t * k, s->wts + t * k);
-    /* 2. into the latent space */
-    wmatmul(r->pool, &r->w, L, K3T_MOE_DOWN, x, E, T, s->zeta, Lt);
-
-    /* 3. each chosen expert once for the whole block, for every position that chose it; experts in id order */
+    /* the chosen experts, each once for the whole block, in id order: the
+     * disks start on the first batch now, while the latent projection runs */
     memset(s->used, 0, Ne);
     for (size_t i = 0; i < T * k; i++) s->used[s->idx[i]] = 1;
     for (size_t e = 0; e < Ne; e++) if (s->used[e]) s->distinct[nd++] = (int)e;
+    if (nd && k3_request_experts(r, L, s->distinct, nd < r->expert_batch ? nd : r->expert_batch, err)) return -1;
+    /* 2. into the latent space */
+    wmatmul(r->pool, &r->w, L, K3T_MOE_DOWN, x, E, T, s->zeta, Lt);
+
+    /* 3. each expert for every position that chose it, as soon as its bytes are in */
     for (size_t b0 = 0; b0 < nd; b0 += r->expert_batch) {
         size_t nb = nd - b0 < r->expert_batch ? nd - b0 : r->expert_batch;
-        if (k3_fetch_experts(r, L, s->distinct + b0, nb, s->bound, err)) return -1;
+        if (b0 && k3_request_experts(r, L, s->distinct + b0, nb, err)) return -1;
         for (size_t q = 0; q < nb; q++) {
             const int e = s->distinct[b0 + q];
+            if (k3_expert_ready(r, L, q, &s->bound[q], err)) { k3_release_experts(r, L, s->distinct + b0, nb); return -1; }
             const kmat *g = ABLATED(EXPERT_W1_W3_SWAPPED) ? &s->bound[q].w3 : &s->bound[q].w1;
             const kmat *u = ABLATED(EXPERT_W1_W3_SWAPPED) ? &s->bound[q].w1 : &s->bound[q].w3;
             size_t n = 0;

@@ -55,7 +55,6 @@ static void moe_carve(k3_moe_scratch *m, const k3_config *c, size_t T, karena *a
     KTAKE(a, m->used, Ne);
     KTAKE(a, m->bound, K3_EXPERT_BATCH);
     KTAKE(a, m->extent, K3_EXPERT_BATCH);
-    KTAKE(a, m->raw, K3_EXPERT_BATCH);
     KTAKE(a, m->sg, T * Is);
     KTAKE(a, m->su, T * Is);
     KTAKE(a, m->sh, T * E);

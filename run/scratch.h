@@ -60,7 +60,6 @@ typedef struct k3_moe_scratch {
     uint8_t *used;                 /* [Ne] */
     k3_expert_w *bound;            /* [K3_EXPERT_BATCH] */
     uint32_t *extent;              /* [K3_EXPERT_BATCH] */
-    const uint8_t **raw;           /* [K3_EXPERT_BATCH] */
     float *sg, *su;                /* [T][Is] shared expert */
     float *sh;                     /* [T][E] */
 } k3_moe_scratch;

@@ -4,6 +4,7 @@
 
 #include "forward.h"
 #include "kio.h"
+#include "predict.h"
 #include "spec.h"
 #include "statefile.h"
 #include "tokenizer_kpk.h"
@@ -110,7 +111,7 @@ int krun_model_make_plan(const krun_model *m, const krun_model_opts *o, kmemplan
 {
     char msg[800];
     kmemplan_req q = {o->budget, o->pin, o->expert_slots, o->head, o->piece, o->ctx, o->chunk, o->max_seqs, o->spec,
-                      o->io_threads, kmem_base_bytes(&m->m) + o->extra_bytes};
+                      o->io_threads, kmem_base_bytes(&m->m) + o->extra_bytes, o->predict};
     if (o->spec > KSPEC_MAX_DRAFT) {
         krun_err_set(err, KRUN_EINPUT, "spec %zu: at most %d drafts per verification", o->spec, KSPEC_MAX_DRAFT);
         return -1;
@@ -173,6 +174,8 @@ int krun_model_prepare(krun_model *m, const krun_model_opts *o, krun_err *err)
     m->block = k3_block_positions(opt.chunk, opt.max_seqs, opt.spec);
     if (k3_run_init(&m->run, &m->m, m->store, m->pool, m->block, m->max_seqs, m->ctx, m->spec, err)) return -1;
     m->have_run = 1;
+    if (m->planned && m->plan.predict && k3_predict_init(&m->run, m->plan.predict_buf_bytes, m->plan.predict_stage_bytes, err))
+        return -1;
     m->session_bytes = krun_session_bytes(c, m->ctx);
     m->slots = aligned_alloc(KARENA_ALIGN, m->max_seqs * m->session_bytes);
     if (!m->slots) {

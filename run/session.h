@@ -56,6 +56,8 @@ typedef struct krun_model_opts {
     uint64_t extra_bytes;      /* the caller's own buffers, counted in the plan (e.g. all-position logits) */
     size_t spec;               /* speculative decoding: drafts per verification block, at most (0: none, the
                                   default; at most KSPEC_MAX_DRAFT); the plan counts the journal it needs */
+    int predict;               /* 1: read a layer's likely experts during its attention (run/predict.h);
+                                  0 (the default): off */
     int threads;               /* compute threads; 0: every core */
     int simd;                  /* -1: the best the CPU has; else a ksimd level (process-wide: kern_simd_set) */
 } krun_model_opts;

@@ -256,6 +256,12 @@ static int verify_mapped(kstore *s, uint32_t i, const uint8_t *data, kpk_err *er
 
 static void slot_evict(kstore *s, struct slot *sl)
 {
+    if (sl->loading) {  /* a predicted read still in flight: it must land before the buffer is reused */
+        kio_wait(s->io, &sl->batch);
+        sl->loading = 0;
+    }
+    sl->predicted = 0;
+    sl->fresh = 0;
     if (sl->extent < 0) return;
     if (sl->mapped) {
         /* out of our resident set, and out of the page cache too: the next use
@@ -270,7 +276,7 @@ static void slot_evict(kstore *s, struct slot *sl)
     sl->extent = -1;
 }
 
-static int slot_load(kstore *s, struct slot *sl, uint32_t i, kpk_err *err)
+static int slot_load(kstore *s, struct slot *sl, uint32_t i, int prio, kpk_err *err)
 {
     const kpk_extent *x = kpk_extent_at(s->f, i);
     krange r;
@@ -288,7 +294,7 @@ static int slot_load(kstore *s, struct slot *sl, uint32_t i, kpk_err *err)
     }
     kring_range(s->f, i, 0, x->raw_len, s->stage_bytes, &r);
     sl->data = sl->buf;
-    if (!kstore_submit(s, i, &r, sl->buf, KIO_URGENT, 'E', &sl->batch, 0, err)) {
+    if (!kstore_submit(s, i, &r, sl->buf, prio, prio == KIO_URGENT ? 'E' : 'P', &sl->batch, 0, err)) {
         kio_wait(s->io, &sl->batch); /* what was queued before the failure lands in the buffer first */
         sl->loading = 0;
         slot_evict(s, sl);
@@ -303,17 +309,24 @@ static int slot_wait(kstore *s, struct slot *sl, kpk_err *err)
     if (sl->loading) {
         int rc = kstore_wait(s, i, &sl->batch, err);
         sl->loading = 0;
-        if (rc) { slot_evict(s, sl); return -1; }
+        if (rc) return -1;  /* still fresh: the last kstore_put evicts it */
     }
     return 0;
 }
 
-static struct slot *expert_victim(kstore *s)
+/* The slot to reuse: nobody holds it, and (while there is another choice)
+ * no read is landing in it -- a wrong prediction still in flight would have
+ * to be waited for. */
+static struct slot *expert_victim(kstore *s, int may_wait)
 {
     struct slot *best = NULL;
+    if (may_wait) {
+        struct slot *v = expert_victim(s, 0);
+        if (v) return v;
+    }
     for (int k = 0; k < s->n_eslots; k++) {
         struct slot *sl = &s->eslots[k];
-        if (sl->refs) continue;
+        if (sl->refs || (sl->loading && !may_wait)) continue;
         if (sl->extent < 0) return sl;
         if (!best) { best = sl; continue; }
         if (s->opt.policy == KSTORE_LFU) {
@@ -346,15 +359,16 @@ size_t kstore_expert_capacity(const kstore *s) { return s->opt.plan ? (size_t)s-
 
 static const uint8_t *mapped_or_decoded(kstore *s, uint32_t i, kpk_err *err);
 
-int kstore_get_many(kstore *s, const uint32_t *ids, size_t n, const uint8_t **out, kpk_err *err)
+/* Takes a slot for each of ids (a hit keeps its slot) and starts reading the
+ * misses, concurrently and in file order on every disk; kstore_expert_wait
+ * then hands out each one as its own read completes, so the forward pass
+ * computes the first experts while the disks still read the rest. */
+int kstore_experts_request(kstore *s, const uint32_t *ids, size_t n, kpk_err *err)
 {
+    krange r;
     uint32_t miss[256];
     size_t nm = 0;
-    if (!s->opt.plan || n == 0) {
-        for (size_t k = 0; k < n; k++)
-            if (!(out[k] = kstore_get(s, ids[k], NULL, err))) return -1;
-        return 0;
-    }
+    if (!s->opt.plan || n == 0) return 0;
     if (n > 256 || n > (size_t)s->n_eslots) {
         kpk_err_set(err, KPK_EINVAL, "%zu experts requested at once, the cache has %d slots", n, s->n_eslots);
         return -1;
@@ -363,7 +377,13 @@ int kstore_get_many(kstore *s, const uint32_t *ids, size_t n, const uint8_t **ou
     for (size_t k = 0; k < n; k++) {
         int32_t sl = s->slot_of[ids[k]];
         s->uses[ids[k]]++;
-        if (sl >= 0) {                        /* resident before this request: a true hit */
+        if (sl >= 0 && s->eslots[sl].predicted) { /* read ahead for this request: a miss read early */
+            s->eslots[sl].refs++;
+            s->eslots[sl].last_use = s->tick;
+            s->eslots[sl].predicted = 0;
+            s->st.expert_misses++;
+            s->st.experts_predicted_used++;
+        } else if (sl >= 0) {                 /* resident before this request: a true hit */
             s->eslots[sl].refs++;
             s->eslots[sl].last_use = s->tick;
             s->st.expert_hits++;
@@ -371,52 +391,109 @@ int kstore_get_many(kstore *s, const uint32_t *ids, size_t n, const uint8_t **ou
             miss[nm++] = ids[k];
         }
     }
-    /* the misses, read concurrently in file order on every disk */
+    /* predictions the router did not confirm: what no disk has started on is
+     * not read at all, so the misses go first, and the slot is emptied (what
+     * is in flight lands in a slot no extent owns); one already read whole,
+     * or being read, stays as an ordinary cache entry */
+    for (int k = 0; k < s->n_eslots; k++) {
+        struct slot *sl = &s->eslots[k];
+        uint64_t b;
+        if (!sl->predicted || sl->refs) continue;
+        sl->predicted = 0;
+        if (!sl->loading || !(b = kio_cancel(s->io, &sl->batch))) continue;
+        s->st.bytes_cancelled += b;
+        s->st.bytes_experts -= b;
+        s->st.bytes_read -= b;
+        s->st.bytes_predicted -= b;
+        s->slot_of[sl->extent] = -1;
+        sl->extent = -1;
+        sl->fresh = 0;
+        if (kio_done(s->io, &sl->batch)) sl->loading = 0;
+    }
     sort_by_offset(s, miss, nm);
     for (size_t k = 0; k < nm; k++) {
-        struct slot *v = expert_victim(s);
+        struct slot *v = expert_victim(s, 1);
         if (!v) { kpk_err_set(err, KPK_EINVAL, "expert cache full (%d slots in use)", s->n_eslots); goto fail; }
         slot_evict(s, v);
         s->slot_of[miss[k]] = (int32_t)(v - s->eslots);
         v->refs = 1;
         v->last_use = s->tick;
-        if (slot_load(s, v, miss[k], err)) goto fail;
-    }
-    for (size_t k = 0; k < nm; k++) {
-        struct slot *v = &s->eslots[s->slot_of[miss[k]]];
-        krange r;
-        if (slot_wait(s, v, err)) goto fail;
+        if (slot_load(s, v, miss[k], KIO_URGENT, err)) { v->refs = 0; goto fail; } /* slot_load emptied the slot */
         kring_range(s->f, miss[k], 0, kpk_extent_at(s->f, miss[k])->raw_len, s->stage_bytes, &r);
         s->st.bytes_experts += r.read_bytes;
         s->st.bytes_read += r.read_bytes;
         s->st.expert_misses++;
-        v->fresh = 0;
-    }
-    for (size_t k = 0; k < n; k++) {
-        struct slot *v = &s->eslots[s->slot_of[ids[k]]];
-        const kpk_extent *x = kpk_extent_at(s->f, ids[k]);
-        if (kstore_need_verify(s, ids[k])) {
-            int bad = 0;
-            if (x->codec == KPK_CODEC_NONE) bad = v->mapped ? verify_mapped(s, ids[k], v->data, err) : kpk_extent_check(s->f, ids[k], v->data, err);
-            if (!bad) verified(s, ids[k]); /* codec 2: every block was checked as it was decoded */
-            if (bad) {
-                for (size_t q = 0; q < n; q++) if (s->slot_of[ids[q]] >= 0) s->eslots[s->slot_of[ids[q]]].refs--;
-                slot_evict(s, v);
-                return -1;
-            }
-        }
-        out[k] = v->data;
     }
     return 0;
 fail:
-    for (size_t q = 0; q < n; q++) {
-        int32_t sl = s->slot_of[ids[q]];
-        if (sl >= 0 && s->eslots[sl].refs) {
-            s->eslots[sl].refs--;
-            if (s->eslots[sl].loading) { kpk_err e2; slot_wait(s, &s->eslots[sl], &e2); }
-        }
-    }
+    for (size_t q = 0; q < n; q++) kstore_put(s, ids[q]);
     return -1;
+}
+
+size_t kstore_experts_predict(kstore *s, const uint32_t *ids, size_t n)
+{
+    uint32_t want[256];
+    struct slot *taken[256];
+    size_t nw = 0, nt = 0;
+    if (!s->opt.plan || !s->io) return 0;
+    for (size_t k = 0; k < n && nw < 256; k++)
+        if (s->role[ids[k]] == ROLE_EXPERT && s->slot_of[ids[k]] < 0) want[nw++] = ids[k];
+    sort_by_offset(s, want, nw);
+    for (size_t k = 0; k < nw; k++) {
+        struct slot *v = expert_victim(s, 0);  /* never wait: the caller is about to compute */
+        kpk_err e = {0};
+        krange r;
+        if (!v) break;
+        slot_evict(s, v);
+        s->slot_of[want[k]] = (int32_t)(v - s->eslots);
+        v->refs = 1;                          /* not a victim for the rest of this call */
+        taken[nt++] = v;
+        if (slot_load(s, v, want[k], KIO_AHEAD, &e)) { v->refs = 0; nt--; break; } /* only a guess: the request reads it */
+        v->predicted = 1;
+        kring_range(s->f, want[k], 0, kpk_extent_at(s->f, want[k])->raw_len, s->stage_bytes, &r);
+        s->st.bytes_experts += r.read_bytes;
+        s->st.bytes_read += r.read_bytes;
+        s->st.bytes_predicted += r.read_bytes;
+        s->st.experts_predicted++;
+    }
+    for (size_t k = 0; k < nt; k++) taken[k]->refs = 0;
+    return nt;
+}
+
+const uint8_t *kstore_expert_wait(kstore *s, uint32_t i, kpk_err *err)
+{
+    struct slot *v;
+    const kpk_extent *x = kpk_extent_at(s->f, i);
+    if (!s->opt.plan) return kstore_get(s, i, NULL, err);
+    if (!x || s->role[i] != ROLE_EXPERT || s->slot_of[i] < 0 || !s->eslots[s->slot_of[i]].refs) {
+        kpk_err_set(err, KPK_EINVAL, "internal: extent %u waited for without a request", i);
+        return NULL;
+    }
+    v = &s->eslots[s->slot_of[i]];
+    if (slot_wait(s, v, err)) return NULL;
+    if (kstore_need_verify(s, i)) {
+        if (x->codec == KPK_CODEC_NONE && (v->mapped ? verify_mapped(s, i, v->data, err) : kpk_extent_check(s->f, i, v->data, err)))
+            { v->fresh = 1; return NULL; } /* the caller's kstore_put evicts it */
+        verified(s, i);                   /* codec 2: every block was checked as it was decoded */
+    }
+    v->fresh = 0;
+    return v->data;
+}
+
+int kstore_get_many(kstore *s, const uint32_t *ids, size_t n, const uint8_t **out, kpk_err *err)
+{
+    if (!s->opt.plan || n == 0) {
+        for (size_t k = 0; k < n; k++)
+            if (!(out[k] = kstore_get(s, ids[k], NULL, err))) return -1;
+        return 0;
+    }
+    if (kstore_experts_request(s, ids, n, err)) return -1;
+    for (size_t k = 0; k < n; k++)
+        if (!(out[k] = kstore_expert_wait(s, ids[k], err))) {
+            for (size_t q = 0; q < n; q++) kstore_put(s, ids[q]);
+            return -1;
+        }
+    return 0;
 }
 
 /* ---- held extents (with a plan) ------------------------------------------- */
@@ -552,7 +629,12 @@ const uint8_t *kstore_get(kstore *s, uint32_t i, uint64_t *first, kpk_err *err)
 
 void kstore_put(kstore *s, uint32_t i)
 {
-    if (s->role[i] == ROLE_EXPERT && s->slot_of[i] >= 0 && s->eslots[s->slot_of[i]].refs > 0) s->eslots[s->slot_of[i]].refs--;
+    struct slot *v;
+    if (s->role[i] != ROLE_EXPERT || s->slot_of[i] < 0) return;
+    v = &s->eslots[s->slot_of[i]];
+    if (v->refs > 0 && --v->refs == 0 && (v->loading || v->fresh))
+        slot_evict(s, v); /* given back before it was used (a failure elsewhere in its batch): bytes
+                           * never checked must not be found as a hit later */
 }
 
 /* ---- embedding rows --------------------------------------------------------------- */

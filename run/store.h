@@ -59,6 +59,12 @@ typedef struct kstore_stats {
     uint64_t bytes_resident;  /* held extents, read once */
     uint64_t expert_hits;     /* experts already resident when asked for */
     uint64_t expert_misses;
+    uint64_t bytes_predicted; /* part of bytes_experts: read ahead on a prediction */
+    uint64_t bytes_cancelled; /* predicted reads taken back unread when the router chose otherwise
+                                 (already left out of bytes_experts and bytes_predicted) */
+    uint64_t experts_predicted;      /* expert reads started on a prediction */
+    uint64_t experts_predicted_used; /* ... of them, requested by the router afterwards */
+    uint64_t bytes_router;    /* routers read early for the prediction (not in bytes_read) */
     uint64_t extents_verified;
     double io_wait_seconds;   /* compute blocked on reads */
     uint16_t n_members;
@@ -93,7 +99,31 @@ void kstore_put(kstore *s, uint32_t i);
 /* Several experts of one layer at once; out[k] receives extent ids[k]'s
  * bytes.  At most kstore_expert_capacity() at a time. */
 int kstore_get_many(kstore *s, const uint32_t *ids, size_t n, const uint8_t **out, kpk_err *err);
+/* The same in two halves, so that compute overlaps the reads: request takes
+ * a slot for each of ids and starts reading the misses (file order on every
+ * disk); wait hands out one requested extent as soon as its own read has
+ * landed and been checked.  Every requested id is given back with
+ * kstore_put, whether or not it was waited for (a failed request gives its
+ * ids back itself). */
+int kstore_experts_request(kstore *s, const uint32_t *ids, size_t n, kpk_err *err);
+const uint8_t *kstore_expert_wait(kstore *s, uint32_t i, kpk_err *err);
 size_t kstore_expert_capacity(const kstore *s);
+/* Reading ahead on a prediction (krun --predict): experts the forward pass
+ * expects the router to choose, read at the lower (read-ahead) priority into
+ * cache slots nobody holds, so that the disks work while the layer's
+ * attention is computed.  A prediction changes which bytes are read and
+ * when, never what is computed: a predicted expert is handed out only when
+ * the router requests it, through kstore_expert_wait and its checks, and a
+ * wrong one is an ordinary cache entry.  Returns how many reads started. */
+size_t kstore_experts_predict(kstore *s, const uint32_t *ids, size_t n);
+/* Raw bytes [off, off + len) of extent i into buf, read now from the disk
+ * (the prediction's copy of a router that streams): codec 0 reads the
+ * aligned range into buf and returns where byte off landed; codec 2 needs
+ * [off, off + len) to be whole blocks, reads their stored bytes into stage
+ * and decodes them into buf.  kstore_tensor_read_bytes says how large buf and
+ * stage must be (the planner's numbers). */
+const uint8_t *kstore_tensor_read(kstore *s, uint32_t i, uint64_t off, uint64_t len, uint8_t *buf, uint8_t *stage, kpk_err *err);
+void kstore_tensor_read_bytes(const kpk_file *f, uint32_t i, uint64_t off, uint64_t len, uint64_t *buf, uint64_t *stage);
 /* A small read inside an extent (an embedding row), not cached. */
 int kstore_read(kstore *s, uint32_t i, uint64_t off, size_t len, void *dst, kpk_err *err);
 void kstore_stats_get(const kstore *s, kstore_stats *st);

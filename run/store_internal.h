@@ -24,6 +24,7 @@ struct slot {
     int64_t extent;        /* -1: empty */
     int refs;
     int loading, fresh, mapped;
+    int predicted;         /* read ahead on a prediction and not requested yet */
     uint64_t last_use;
     kio_batch batch;
 };

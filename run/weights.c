@@ -353,6 +353,15 @@ static kmat mat_at(const kt_loc *l, const uint8_t *data)
 
 kmat wmat(const k3_weights *w, int L, k3_role role) { return mat_at(loc_of(w, L, role), bytes_of(w, L, role)); }
 
+kmat k3_mat_of(const kt_loc *l, const uint8_t *data) { return mat_at(l, data); }
+
+const uint8_t *k3_weights_whole(const k3_weights *w, int L, k3_role role)
+{
+    return streamed(w, L) ? NULL : bytes_of(w, L, role);
+}
+
+int k3_weights_bound(const k3_weights *w, int L) { return w->bound[slot(w, L)]; }
+
 kmat wmat_rows(const k3_weights *w, int L, k3_role role, size_t r0, size_t r1)
 {
     kmat k = wmat(w, L, role);

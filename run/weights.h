@@ -105,6 +105,13 @@ int k3_weights_end(k3_weights *w, int L, kpk_err *err);
 
 /* Weight (L, role) as a matrix; rows [r0, r1) of it as a matrix of r1 - r0
  * rows.  For tensors held whole (never a streamed K3U_ONCE matrix). */
+/* For a reader outside the declared order (the prediction, run/predict.c):
+ * tensor (L, role) when layer L is held whole right now, else NULL (it
+ * streams); whether layer L's vectors have been bound (its first pass is
+ * done); a matrix over bytes the caller read itself. */
+const uint8_t *k3_weights_whole(const k3_weights *w, int L, k3_role role);
+int k3_weights_bound(const k3_weights *w, int L);
+kmat k3_mat_of(const kt_loc *l, const uint8_t *data);
 kmat wmat(const k3_weights *w, int L, k3_role role);
 kmat wmat_rows(const k3_weights *w, int L, k3_role role, size_t r0, size_t r1);
 

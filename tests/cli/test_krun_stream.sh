@@ -53,25 +53,52 @@ PY
 expect_exit 2 "--head stream without a budget is a usage error" "$BIN/krun" "$T/m.kpk" --ids 1 --head stream
 expect_exit 2 "--piece with a bad size is a usage error" "$BIN/krun" "$T/m.kpk" --ids 1 --mem 1G --piece 12Q
 
+# The prediction (run/predict.h) reads a layer's likely experts early: it
+# changes which bytes are read when, never the bits.  Forced on with the
+# router streaming (read from the file for the guess), in every --io mode, on
+# a compressed copy; and off (the default) said explicitly.
+for io in direct pread mmap; do
+    same "--predict on --pin 0 --expert-slots 2 --io $io" --mem $((minrun + 300000)) --pin 0 --expert-slots 2 --predict on --io $io
+done
+"$BIN/kpack" convert "$T/m.kpk" "$T/mz.kpk" --compress all --quiet || notok "convert --compress all"
+same_bits "$T/mz.kpk" "--predict on --pin 0, compressed blocks" --mem 1G --pin 0 --expert-slots 3 --predict on
+same "--predict off" --mem 1G --pin 4 --expert-slots 5 --predict off
+expect_exit 2 "--predict on without a budget is a usage error" "$BIN/krun" "$T/m.kpk" --ids 1 --predict on
+expect_exit 2 "--predict maybe is a usage error" "$BIN/krun" "$T/m.kpk" --ids 1 --mem 1G --predict maybe
+
 # Reads per decoding step equal the planner's compulsory reads: every
-# unpinned trunk extent, plus one expert extent per cache miss.
-"$BIN/krun" "$T/m.kpk" --ids $IDS --gen $GEN --mem 1G --pin 4 --expert-slots 5 --json "$T/s.json" --trace "$T/trace.tsv" --quiet >/dev/null
-python3 - "$T/s.json" <<'PY' && ok "bytes per step = unpinned trunk + misses x expert extent (every step)" || notok "bytes per step differ from the plan"
+# unpinned trunk extent, plus one expert extent per cache miss; with the
+# prediction, a predicted read replaces the miss it was for, and a wrong
+# guess is one read more.  Without it, exactly one read per miss.
+"$BIN/krun" "$T/m.kpk" --ids $IDS --gen $GEN --mem 1G --pin 4 --expert-slots 5 --predict on --json "$T/s.json" --trace "$T/trace.tsv" --quiet >/dev/null
+"$BIN/krun" "$T/m.kpk" --ids $IDS --gen $GEN --mem 1G --pin 4 --expert-slots 5 --json "$T/s0.json" --quiet >/dev/null
+python3 - "$T/s.json" "$T/s0.json" <<'PY' && ok "bytes per step = unpinned trunk + (misses - predicted used + predicted) x expert extent - predicted reads cancelled; --predict off: misses x extent" || notok "bytes per step differ from the plan"
 import json, sys
-j = json.load(open(sys.argv[1])); p = j["plan"]
-assert j["steps"], "no steps"
-for s in j["steps"]:
-    assert s["bytes_trunk"] == p["trunk_stream_bytes_per_token"], (s, p["trunk_stream_bytes_per_token"])
-    assert s["bytes_experts"] == s["expert_misses"] * p["expert_slot_bytes"], s
-    assert s["expert_hits"] + s["expert_misses"] > 0
+for f, predict in ((sys.argv[1], True), (sys.argv[2], False)):
+    j = json.load(open(f)); p = j["plan"]
+    assert j["steps"], "no steps"
+    assert p["predict"] == predict, p
+    for s in j["steps"]:
+        assert s["bytes_trunk"] == p["trunk_stream_bytes_per_token"], (s, p["trunk_stream_bytes_per_token"])
+        reads = s["expert_misses"] - s["experts_predicted_used"] + s["experts_predicted"]
+        assert s["bytes_experts"] == reads * p["expert_slot_bytes"] - s["bytes_cancelled"], s
+        assert s["bytes_experts"] <= p["expert_read_bytes_per_token_max"], (s, p)
+        assert s["expert_hits"] + s["expert_misses"] > 0
+        assert predict or s["experts_predicted"] == 0 and s["bytes_router"] == 0 and s["bytes_cancelled"] == 0, s
+    if predict:  # decoding steps guess, most guesses are used (the tiny model: > 60%)
+        used, made = sum(s["experts_predicted_used"] for s in j["steps"]), sum(s["experts_predicted"] for s in j["steps"])
+        assert made > 0 and used > 0.6 * made, (used, made)
 PY
+"$BIN/krun" "$T/m.kpk" --ids $IDS --gen 3 --mem 1G --pin 0 --predict on --json "$T/s1.json" --quiet >/dev/null
+python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); assert all(s["bytes_router"] > 0 for s in j["steps"]), j["steps"]' "$T/s1.json" \
+    && ok "--pin 0: the prediction reads each streamed router for its guess (bytes_router, not in the step's bytes)" || notok "bytes_router"
 python3 - "$T/trace.tsv" "$T/s.json" <<'PY' && ok "--trace records every streamed read (member, offset, length, start, end)" || notok "--trace"
 import json, sys
 rows = [l.split("\t") for l in open(sys.argv[1]).read().splitlines()[1:]]
 j = json.load(open(sys.argv[2]))
 assert rows and all(len(r) == 6 and float(r[5]) >= float(r[4]) for r in rows)
 # the last read-ahead (the first pieces of a step that never runs) is read but not used
-extra = sum(int(r[3]) for r in rows if r[0] in "THE") - (j["bytes_trunk"] + j["bytes_head"] + j["bytes_experts"])
+extra = sum(int(r[3]) for r in rows if r[0] in "THEP") - (j["bytes_trunk"] + j["bytes_head"] + j["bytes_experts"])
 assert 0 <= extra <= j["plan"]["ring_slots"] * j["plan"]["ring_slot_bytes"], extra
 PY
 # An output the user asked for that cannot be written is a failed run.
