@@ -16,7 +16,13 @@
 #   2 / 4 drives   stripe sets (entry file on the unthrottled disk)
 #   split          trunk member on the unthrottled disk + experts on 4 drives,
 #                  against max(trunk bytes / fast-disk speed, expert bytes /
-#                  array speed)
+#                  array speed); here the fast disk also backs the 4 drives'
+#                  loop files, so (trunk + expert bytes) / its speed is a
+#                  bound too.  With --predict on at the larger budget.
+#   split, RAM     the same with the trunk member in a tmpfs (a fast disk of
+#                  its own; when MemAvailable has room), --predict off and on
+#   in RAM         the whole slice in a tmpfs, no drives: the compute floor of
+#                  the step at that budget (when MemAvailable has room)
 #   unit 1M/4M/16M the 4-drive stripe with each stripe unit (kpack's default
 #                  --stripe-unit is 4 MiB): which keeps every drive busiest
 #   compressed     a smaller slice (2 layers, 16 experts, ~3 GB) converted
@@ -45,7 +51,8 @@ mkdir -p "$W"
 RES=$W/results.tsv
 : >"$RES"
 rc=0
-cleanup() { hdd_down; [ -n "${BENCH_KEEP:-}" ] || rm -f "$W/slice.kpk" "$W/small.kpk" "$W/small-trunk.kpk" "$W/small-all.kpk"; rm -rf "$W/fast" "$W/e"; }
+RAMFS=""
+cleanup() { hdd_down; [ -n "$RAMFS" ] && umount "$RAMFS"; [ -n "${BENCH_KEEP:-}" ] || rm -f "$W/slice.kpk" "$W/small.kpk" "$W/small-trunk.kpk" "$W/small-all.kpk"; rm -rf "$W/fast" "$W/e"; }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
@@ -142,7 +149,21 @@ fi
 if [[ "$SKIP" != *" split "* ]]; then
     echo "== split: trunk member on the unthrottled disk, experts striped over 4 drives"
     k=$(layout "$W/slice.kpk" split --stripe "$D/d0,$D/d1,$D/d2,$D/d3" --stripe-unit 4M --trunk-to "$W/fast") &&
-        for b in $BUDGETS; do run "split" "$k" "$b"; done
+        { for b in $BUDGETS; do run "split" "$k" "$b"; done; run "split predict" "$k" "${BUDGETS##* }" --predict on; }
+    # the trunk member in RAM: a fast disk that does not share the drives' backing disk
+    avail=$(awk '/MemAvailable/ {printf "%d", $2 * 1024}' /proc/meminfo)
+    slice=$(stat -c %s "$W/slice.kpk")
+    if [ "$avail" -gt $((slice + (12 << 30))) ]; then
+        mkdir -p "$W/ram" && mount -t tmpfs -o size=$(( (slice >> 30) + 2 ))G tmpfs "$W/ram" && RAMFS=$W/ram
+        k=$(layout "$W/slice.kpk" split --stripe "$D/d0,$D/d1,$D/d2,$D/d3" --stripe-unit 4M --trunk-to "$W/ram") &&
+            for b in $BUDGETS; do run "split, RAM" "$k" "$b"; run "split, RAM predict" "$k" "$b" --predict on; done
+        rm -f "$W/ram"/*
+        # the compute floor: the whole slice in RAM, nothing read from a drive
+        cp "$W/slice.kpk" "$W/ram/" && for b in $BUDGETS; do run "in RAM" "$W/ram/slice.kpk" "$b"; done
+        rm -f "$W/ram"/*
+    else
+        echo "  (split, RAM and in RAM: skipped, MemAvailable $((avail >> 30)) GiB < slice + 12 GiB)"
+    fi
 fi
 
 # ---- 4. compressed vs uncompressed, 1 drive ------------------------------------------------------
@@ -185,12 +206,21 @@ print()
 for r in rows:
     if r[0] in ("2 drives", "4 drives") and r[1] in base:
         print("%s, %s: %.2fx the 1-drive speed (goal for 4 drives: >= 3.6x)" % (r[0], r[1], base[r[1]] / float(r[2])))
+floor = {r[1]: float(r[2]) for r in rows if r[0] == "in RAM"}
 for r in rows:
-    if r[0] == "split" and fast:
+    if r[0].startswith("split") and fast:
         trunk, experts = float(r[4]), float(r[5])
-        pred = max(trunk / (fast * 1e6), experts / (4 * cap * 1e6))
-        print("split, %s: %.2f s/token against max(trunk %.2f GB / %.0f MB/s, experts %.2f GB / %.0f MB/s) = %.2f s: %+.0f%% (goal: within 10%%)"
-              % (r[1], float(r[2]), trunk / 1e9, fast, experts / 1e9, 4 * cap, pred, 100 * (float(r[2]) / pred - 1)))
+        ram = "RAM" in r[0]
+        pred = experts / (4 * cap * 1e6) if ram else max(trunk / (fast * 1e6), experts / (4 * cap * 1e6))
+        print("%s, %s: %.2f s/token against %s = %.2f s: %+.0f%% (goal: within 10%%)"
+              % (r[0], r[1], float(r[2]), "experts %.2f GB / %.0f MB/s" % (experts / 1e9, 4 * cap) if ram else
+                 "max(trunk %.2f GB / %.0f MB/s, experts %.2f GB / %.0f MB/s)" % (trunk / 1e9, fast, experts / 1e9, 4 * cap),
+                 pred, 100 * (float(r[2]) / pred - 1)))
+        if not ram:
+            print("    (trunk and drives share the disk here: (%.2f + %.2f) GB / %.0f MB/s = %.2f s)"
+                  % (trunk / 1e9, experts / 1e9, fast, (trunk + experts) / (fast * 1e6)))
+        if r[1] in floor:
+            print("    (the same step in RAM, no drives: %.2f s)" % floor[r[1]])
 c = {(r[0], r[1]): (float(r[2]), float(r[3])) for r in rows if r[0] in ("compress trunk", "compress all", "uncompressed")}
 for b in sorted({k[1] for k in c}):
     for kind in ("compress trunk", "compress all"):

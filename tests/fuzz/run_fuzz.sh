@@ -8,6 +8,10 @@
 #   FUZZ_RUNS=N       executions per harness instead (e.g. 10000000)
 #   FUZZ_ONLY=a,b     only these harnesses
 #   FUZZ_NICE=N       niceness (default 15)
+#   FUZZ_EXTRA="..."  more libFuzzer flags, after the harness's own (the
+#                     last of a flag wins): e.g. -timeout=1800 when the runs
+#                     will be paused (SIGSTOP) for benchmarks -- libFuzzer's
+#                     timeout is wall-clock, so a pause reads as a hang
 #
 # Corpora grow in $FUZZ_BUILD/corpus/NAME (kept between runs), seeded from
 # tests/fuzz/corpus/NAME and the generated seeds; crash inputs land in
@@ -44,7 +48,7 @@ for h in $names; do
     echo "fuzz: $h ($budget $opts) ..." >&2
     start=$(date +%s)
     # shellcheck disable=SC2086
-    nice -n "$NICE" "$bin" "$FB/corpus/$h" "${seeds[@]}" $budget $opts -print_final_stats=1 \
+    nice -n "$NICE" "$bin" "$FB/corpus/$h" "${seeds[@]}" $budget $opts ${FUZZ_EXTRA:-} -print_final_stats=1 \
         -artifact_prefix="$FB/crashes/$h/" >"$log" 2>&1
     rc=$?
     secs=$(( $(date +%s) - start ))
