@@ -133,7 +133,9 @@ int krun_state_parse(const void *buf, size_t len, krun_state_hdr *h, krun_err *e
     h->flags = get32(b + H_FLAGS);
     for (int k = 0; k < 4; k++) h->rng[k] = get64(b + H_RNG + 8 * k);
     h->payload_len = get64(b + H_PAYLOAD);
-    if (get32(b + H_RESERVED1) || get64(b + H_RESERVED2) || get64(b + H_RESERVED2 + 8)) return bad(err, "reserved fields are not zero");
+    /* a later minor may use the reserved space for additions a 1.0 reader can ignore (docs/STATE.md) */
+    if (h->minor <= KRUN_STATE_MINOR && (get32(b + H_RESERVED1) || get64(b + H_RESERVED2) || get64(b + H_RESERVED2 + 8)))
+        return bad(err, "reserved fields are not zero");
     if (h->flags & ~KRUN_STATE_LOGITS) return bad(err, "unknown flags");
     if ((h->flags & KRUN_STATE_LOGITS) && h->pos == 0) return bad(err, "logits saved at position 0");
     if (!geometry_sane(h)) return bad(err, "impossible geometry or position in the header");

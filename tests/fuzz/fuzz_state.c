@@ -161,8 +161,9 @@ static int check_state(const uint8_t *data, size_t size)
         FUZZ_CHECK(n == 0 || memcmp(t, data + h.tokens_at, n * 4) == 0);
         if (h.flags & KRUN_STATE_LOGITS) FUZZ_CHECK(lg && memcmp(lg, data + h.logits_at, (size_t)h.vocab * 4) == 0);
         else FUZZ_CHECK(lg == NULL);
-        /* saved again: the same bytes, but for the minor version: a higher
-         * minor is read as 1.0 (STATE.md §2) and saved as what it was read as */
+        /* saved again: the same bytes, but for the minor version and the
+         * reserved fields: a higher minor is read as 1.0 (STATE.md §2, its
+         * reserved space ignored) and saved as what it was read as */
         FUZZ_CHECK(krun_session_save(sess, save_path, &le) == 0);
         FUZZ_CHECK(kio_read_file(save_path, (size_t)1 << 30, &again, &again_len) == 0);
         FUZZ_CHECK(again_len == size && h.minor >= KRUN_STATE_MINOR);
@@ -170,6 +171,8 @@ static int check_state(const uint8_t *data, size_t size)
             FUZZ_CHECK(again[10] == KRUN_STATE_MINOR && again[11] == 0);
             again[10] = data[10];
             again[11] = data[11];
+            for (size_t i = 92; i < 96; i++) { FUZZ_CHECK(again[i] == 0); again[i] = data[i]; }   /* reserved */
+            for (size_t i = 136; i < 152; i++) { FUZZ_CHECK(again[i] == 0); again[i] = data[i]; } /* reserved */
             put64((uint8_t *)again + 152, XXH3_64bits(again, 152));
         }
         FUZZ_CHECK(memcmp(again, data, size) == 0);

@@ -160,6 +160,11 @@ int main(void)
     refused(mut, len, "version 2.0", "major version 2");
     memcpy(mut, buf, len); mut[93] = 1; reseal(mut, len);
     refused(mut, len, "reserved", "a non-zero reserved field");
+    memcpy(mut, buf, len); mut[93] = 1; mut[10] = (uint8_t)(KRUN_STATE_MINOR + 1); mut[11] = 0; reseal(mut, len);
+    OK(krun_state_parse(mut, len, &p, &e) == 0 && p.minor == KRUN_STATE_MINOR + 1,
+       "the same reserved byte in a file of a later minor is read, as 1.0 (docs/STATE.md: additions only in reserved space)");
+    memcpy(mut, buf, len); put32(mut + 88, 3); mut[10] = (uint8_t)(KRUN_STATE_MINOR + 1); mut[11] = 0; reseal(mut, len);
+    refused(mut, len, "flags", "an unknown flag, even in a later minor");
     memcpy(mut, buf, len); put32(mut + 88, 3); reseal(mut, len);
     refused(mut, len, "flags", "an unknown flag");
     memcpy(mut, buf, len); put64(mut + 72, 10); reseal(mut, len);
