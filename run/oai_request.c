@@ -135,6 +135,12 @@ static int c_string(json_t *v, const char *param, oai_error *e)
     return -1;
 }
 
+/* v is the JSON string lit, compared whole: "text\u0000x" is not "text". */
+static int str_is(const json_t *v, const char *lit)
+{
+    return json_is_string(v) && json_string_length(v) == strlen(lit) && !memcmp(json_string_value(v), lit, strlen(lit));
+}
+
 /* Optional number in [lo, hi]. */
 static int get_number(json_t *o, const char *key, double lo, double hi, double *out, int *has, oai_error *e)
 {
@@ -295,7 +301,7 @@ static int get_content(json_t *m, size_t i, int required, kchat_message *out, ar
         char pp[96];
         snprintf(pp, sizeof pp, "%s[%zu]", p, k);
         if (!json_is_object(part)) { kbuf_free(&b); return wrong_type(e, pp, "an object", part); }
-        if (!json_is_string(t) || strcmp(json_string_value(t), "text")) {
+        if (!str_is(t, "text")) {
             kbuf_free(&b);
             oai_error_set(e, 400, pp, "unsupported_value", "%s: only text content parts are supported (type \"text\")", pp);
             return -1;
@@ -315,6 +321,7 @@ static int get_string(json_t *o, const char *key, const char *param, const char 
     json_t *v = field(o, key);
     if (!v) return 0;
     if (!json_is_string(v)) return wrong_type(e, param, "a string", v);
+    if (c_string(v, param, e)) return -1;
     *out = json_string_value(v);
     return 0;
 }
@@ -334,20 +341,26 @@ static int get_tool_calls(json_t *m, size_t i, kchat_message *out, arena *a, oai
         snprintf(p, sizeof p, "messages[%zu].tool_calls[%zu]", i, k);
         if (!json_is_object(c)) return wrong_type(e, p, "an object", c);
         json_t *type = field(c, "type");
-        if (type && !(json_is_string(type) && !strcmp(json_string_value(type), "function"))) {
+        if (type && !str_is(type, "function")) {
             oai_error_set(e, 400, p, "invalid_value", "%s.type must be \"function\"", p);
             return -1;
         }
         if (!json_is_object(f)) { strcat(p, ".function"); return f ? wrong_type(e, p, "an object", f) :
                                   (oai_error_set(e, 400, p, "missing_required_parameter", "%s is required", p), -1); }
-        if (get_string(c, "id", "tool_calls[].id", &calls[k].id, e)) return -1;
+        char q[128];
+        snprintf(q, sizeof q, "%s.id", p);
+        if (get_string(c, "id", q, &calls[k].id, e)) return -1;
         json_t *name = json_object_get(f, "name"), *args = field(f, "arguments");
         if (!json_is_string(name) || !json_string_length(name)) {
             strcat(p, ".function.name");
             oai_error_set(e, 400, p, "missing_required_parameter", "%s must be a non-empty string", p);
             return -1;
         }
+        snprintf(q, sizeof q, "%s.function.name", p);
+        if (c_string(name, q, e)) return -1;
         calls[k].name = json_string_value(name);
+        snprintf(q, sizeof q, "%s.function.arguments", p);
+        if (json_is_string(args) && c_string(args, q, e)) return -1;
         if (json_is_string(args)) calls[k].arguments = json_string_value(args);
         else if (json_is_object(args)) {
             /* some clients send the arguments as an object rather than JSON text */
@@ -372,6 +385,7 @@ static int get_message(json_t *m, size_t i, kchat_message *out, arena *a, oai_er
     snprintf(p, sizeof p, "messages[%zu].role", i);
     if (!role) { oai_error_set(e, 400, p, "missing_required_parameter", "%s is required", p); return -1; }
     if (!json_is_string(role)) return wrong_type(e, p, "a string", role);
+    if (c_string(role, p, e)) return -1;
     const char *r = json_string_value(role);
     if (!strcmp(r, "system") || !strcmp(r, "developer")) out->role = KCHAT_SYSTEM;
     else if (!strcmp(r, "user")) out->role = KCHAT_USER;
@@ -418,7 +432,7 @@ static int get_tools(json_t *o, kchat_options *c, arena *a, oai_error *e)
         char p[64];
         snprintf(p, sizeof p, "tools[%zu]", k);
         if (!json_is_object(x)) return wrong_type(e, p, "an object", x);
-        if (!json_is_string(type) || strcmp(json_string_value(type), "function")) {
+        if (!str_is(type, "function")) {
             oai_error_set(e, 400, p, "invalid_value", "%s.type must be \"function\"", p);
             return -1;
         }
@@ -428,6 +442,10 @@ static int get_tools(json_t *o, kchat_options *c, arena *a, oai_error *e)
             strcat(p, ".function.name");
             oai_error_set(e, 400, p, "invalid_value", "%s must be a string of 1 to 64 characters", p);
             return -1;
+        }
+        if (memchr(json_string_value(name), 0, json_string_length(name))) {
+            strcat(p, ".function.name");
+            return c_string(name, p, e);
         }
         for (const char *s = json_string_value(name); *s; s++)
             if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') || *s == '_' || *s == '-')) {
@@ -448,6 +466,7 @@ static int get_tools(json_t *o, kchat_options *c, arena *a, oai_error *e)
             return -1;
         }
         if (!json_is_string(tc)) return wrong_type(e, "tool_choice", "a string", tc);
+        if (c_string(tc, "tool_choice", e)) return -1;
         const char *s = json_string_value(tc);
         if (!strcmp(s, "auto")) c->tool_choice = KCHAT_TOOL_CHOICE_AUTO;
         else if (!strcmp(s, "none")) c->tool_choice = KCHAT_TOOL_CHOICE_NONE;
@@ -470,6 +489,7 @@ static int get_thinking(json_t *o, kchat_options *c, oai_error *e)
     json_t *v = field(o, "reasoning_effort");
     if (v) {
         if (!json_is_string(v)) return wrong_type(e, "reasoning_effort", "a string", v);
+        if (c_string(v, "reasoning_effort", e)) return -1;
         const char *s = json_string_value(v);
         static const struct { const char *name; int thinking; kchat_effort effort; } map[] = {
             {"none", 0, KCHAT_EFFORT_NONE}, {"minimal", 1, KCHAT_EFFORT_LOW}, {"low", 1, KCHAT_EFFORT_LOW},
@@ -498,7 +518,8 @@ static int get_thinking(json_t *o, kchat_options *c, oai_error *e)
     json_t *te = json_object_get(kw, "thinking_effort");
     if (te) {
         if (json_is_null(te)) c->effort = KCHAT_EFFORT_NONE;
-        else if (!json_is_string(te) || kchat_effort_parse(json_string_value(te)) == KCHAT_EFFORT_INVALID) {
+        else if (!json_is_string(te) || memchr(json_string_value(te), 0, json_string_length(te)) ||
+                 kchat_effort_parse(json_string_value(te)) == KCHAT_EFFORT_INVALID) {
             oai_error_set(e, 400, "chat_template_kwargs.thinking_effort", "invalid_value",
                           "chat_template_kwargs.thinking_effort must be \"low\", \"high\", \"max\" or null");
             return -1;
@@ -526,7 +547,7 @@ int oai_parse_chat_request(const char *body, size_t len, oai_chat_request *req, 
     req->n_messages = n;
     if (get_tools(o, &req->chat, a, e) || get_thinking(o, &req->chat, e)) goto bad;
     json_t *rf = field(o, "response_format"), *rt = json_object_get(rf, "type");
-    if (rf && !(json_is_object(rf) && json_is_string(rt) && !strcmp(json_string_value(rt), "text"))) {
+    if (rf && !(json_is_object(rf) && str_is(rt, "text"))) {
         oai_error_set(e, 400, "response_format", "unsupported_value", "response_format other than {\"type\": \"text\"} is not supported");
         goto bad;
     }
