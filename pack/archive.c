@@ -165,7 +165,7 @@ int ka_check_sha256(ka_archive *a, char *err, size_t errlen)
         ka_file *f = &a->files[i];
         char why[300];
         if (!f->expect_sha[0]) continue;
-        if (ks_sha256_file(f->path, f->got_sha, NULL, why, sizeof why)) {
+        if (ks_sha256_file(f->path, f->got_sha, NULL, &a->io_errno, why, sizeof why)) {
             snprintf(err, errlen, "%s: SHA-256 not computed: %s", f->path, why);
             return -1;
         }

@@ -33,6 +33,7 @@ typedef struct ka_archive {
     ka_skip *not_kept;       /* sorted by name */
     size_t n_not_kept;
     uint64_t kept_bytes;     /* of the files */
+    int io_errno;            /* ka_check_sha256 could not read a file */
 } ka_archive;
 
 /* List the source directory (recursively; symbolic links to regular files

@@ -25,7 +25,8 @@ static const char usage[] =
     "  --quiet         no progress line\n"
     "\n"
     "Prints a verdict per shard and names every problem.\n"
-    "Exit: 0 all good, 1 problems found, 2 cannot read DIR as a checkpoint.\n";
+    "Exit: 0 all good, 1 problems found, 2 cannot run (usage; DIR or a file in it\n"
+    "      cannot be read: an I/O error or a permission, not a verdict on the download).\n";
 
 int cmd_check_source(int argc, char **argv)
 {
@@ -52,11 +53,13 @@ int cmd_check_source(int argc, char **argv)
 
     if (!kx_is_dir(dir)) return KX_FAIL;
     t0 = know();
-    /* The directory is readable; failing to index it means the download is bad. */
+    /* The directory is readable; failing to index it means the download is
+     * bad, unless a file could not be read at all (exit 2, as for any I/O error). */
     if (ks_open(dir, sums, &src, err, sizeof err)) {
-        kx_error("%s", err);
+        int io = ks_io_errno(&src);
+        kx_error("%s%s", err, io ? "; an I/O error, not a verdict on the download: fix the cause and rerun" : "");
         ks_free(&src);
-        return KX_BAD;
+        return io ? KX_FAIL : KX_BAD;
     }
     t_index = know() - t0;
     if (ks_sha_bytes(&src)) {
@@ -82,8 +85,10 @@ int cmd_check_source(int argc, char **argv)
         printf("verdict: %s\n", ks_ok(&src) ? "OK" : "BAD");
     }
     {
-        int ok = ks_ok(&src);
+        int ok = ks_ok(&src), io = ks_io_errno(&src);
+        if (io) kx_error("%s could not be read (%s): an I/O error, not a verdict on the download; fix the cause and rerun",
+                         dir, strerror(io));
         ks_free(&src);
-        return ok ? KX_OK : KX_BAD;
+        return io ? KX_FAIL : ok ? KX_OK : KX_BAD;
     }
 }

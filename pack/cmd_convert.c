@@ -98,7 +98,8 @@ static const char usage_fmt[] =
     "\n"
     "Exit: 0 converted, 1 the source has problems (see check-source) or a source KPK\n"
     "      file is damaged, 2 cannot convert (usage, OUT exists, another kpack is\n"
-    "      converting to OUT, not enough space, I/O error).\n";
+    "      converting to OUT, not enough space, an I/O error, a source file that\n"
+    "      cannot be read).\n";
 
 static void usage(FILE *f)
 {
@@ -514,8 +515,8 @@ int cmd_convert(int argc, char **argv)
     } else {
         if (ks_open(src_path, sums, &src, err, sizeof err)) {
             kx_error("%s; nothing was written", err);
+            rc = ks_io_errno(&src) ? KX_FAIL : KX_BAD; /* unreadable: an I/O error, exit 2 */
             ks_free(&src);
-            rc = KX_BAD;
             goto out;
         }
         have_src = 1;
@@ -530,6 +531,13 @@ int cmd_convert(int argc, char **argv)
          * cache's blob names (which name the SHA-256) when there is an archive
          * (its export --check compares with them). */
         if (sums || (have_arch && src.hf_snapshot)) ks_check_sha256(&src, threads, !quiet);
+        if (ks_io_errno(&src)) {
+            kx_error("%s: a source file could not be read (%s); nothing was written; fix the cause and rerun:",
+                     src_path, strerror(ks_io_errno(&src)));
+            kr_source_problems(&src, stderr);
+            rc = KX_FAIL;
+            goto out;
+        }
         if (!ks_ok(&src)) {
             kx_error("%s is not a complete, intact Kimi K3 checkpoint; nothing was written:", src_path);
             kr_source_problems(&src, stderr);
@@ -538,7 +546,7 @@ int cmd_convert(int argc, char **argv)
         }
         if (have_arch && ka_check_sha256(&arch, err, sizeof err)) {
             kx_error("%s; nothing was written", err);
-            rc = KX_BAD;
+            rc = arch.io_errno ? KX_FAIL : KX_BAD;
             goto out;
         }
         if (have_arch) in.arch = &arch;

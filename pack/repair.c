@@ -190,9 +190,10 @@ static int check_hashes(struct repair *r, const uint32_t *bad, size_t n, int thr
     free(needf);
     ks_check_sha256(&r->src, threads, !quiet);
     for (size_t i = 0; i < r->src.n_shards; i++)
-        if (!ks_shard_ok(&r->src.shards[i]))
-            return fail(r, 1, "%s: %s", r->src.shards[i].path, r->src.shards[i].problems[0] ? r->src.shards[i].problems[0] : "bad");
-    if (ka_check_sha256(&r->arch, r->err, r->errlen)) { r->damage = 1; return -1; }
+        if (!ks_shard_ok(&r->src.shards[i]))  /* unreadable is an I/O error (exit 2), not a mismatch */
+            return fail(r, !r->src.shards[i].io_errno, "%s: %s", r->src.shards[i].path,
+                        r->src.shards[i].problems[0] ? r->src.shards[i].problems[0] : "bad");
+    if (ka_check_sha256(&r->arch, r->err, r->errlen)) { r->damage = !r->arch.io_errno; return -1; }
     return 0;
 }
 
@@ -349,7 +350,9 @@ int kp_repair(kpk_file *f, const char *src_dir, const uint32_t *bad, size_t n, i
         const char *what = r.src.n_general && r.src.general[0] ? r.src.general[0] : "";
         for (size_t k = 0; !*what && k < r.src.n_shards; k++)
             if (r.src.shards[k].n_problems && r.src.shards[k].problems[0]) what = r.src.shards[k].problems[0];
-        fail(&r, 1, "%s is not a complete, intact Kimi K3 checkpoint (%s; run kpack check-source on it)", src_dir, what);
+        if (ks_io_errno(&r.src)) /* unreadable: an I/O error (exit 2), not a verdict on the download */
+            fail(&r, 0, "%s could not be read (%s); fix the cause and rerun", src_dir, what);
+        else fail(&r, 1, "%s is not a complete, intact Kimi K3 checkpoint (%s; run kpack check-source on it)", src_dir, what);
         goto out;
     }
     r.in.src = &r.src;

@@ -29,6 +29,8 @@ void st_free(st_file *f)
     memset(f, 0, sizeof *f);
 }
 
+int st_open_errno(const st_file *f) { return f->io_errno; }
+
 int st_open(const char *path, st_file *f, char *err, size_t errlen)
 {
     int fd;
@@ -40,18 +42,18 @@ int st_open(const char *path, st_file *f, char *err, size_t errlen)
     const char *key;
     json_t *val;
     size_t arena_len = 0, arena_at = 0, i;
-    int rc = -1;
+    int rc = -1, io = 0;
 
     memset(f, 0, sizeof *f);
     f->path = strdup(path);
     if (!f->path) { snprintf(err, errlen, "%s: out of memory", path); return -1; }
     fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) { snprintf(err, errlen, "%s: %s", path, strerror(errno)); goto out_nofd; }
+    if (fd < 0) { io = errno; snprintf(err, errlen, "%s: %s", path, strerror(errno)); goto out_nofd; }
     sz = kio_file_size(fd);
-    if (sz < 0) { snprintf(err, errlen, "%s: %s", path, strerror(errno)); goto out; }
+    if (sz < 0) { io = errno; snprintf(err, errlen, "%s: %s", path, strerror(errno)); goto out; }
     f->file_size = (uint64_t)sz;
     if (f->file_size < 8) { snprintf(err, errlen, "%s: truncated: %llu bytes, too short for a safetensors header", path, (unsigned long long)f->file_size); goto out; }
-    if (kio_pread_full(fd, len8, 8, 0)) { snprintf(err, errlen, "%s: %s", path, strerror(errno)); goto out; }
+    if (kio_pread_full(fd, len8, 8, 0)) { io = errno; snprintf(err, errlen, "%s: %s", path, strerror(errno)); goto out; }
     for (i = 0; i < 8; i++) f->header_len |= (uint64_t)len8[i] << (8 * i);
     if (f->header_len < 2 || f->header_len > ST_MAX_HEADER) {
         snprintf(err, errlen, "%s: header length %llu is not plausible (not a safetensors file?)", path, (unsigned long long)f->header_len);
@@ -65,7 +67,7 @@ int st_open(const char *path, st_file *f, char *err, size_t errlen)
     f->data_start = 8 + f->header_len;
     hdr = malloc(f->header_len);
     if (!hdr) { snprintf(err, errlen, "%s: out of memory", path); goto out; }
-    if (kio_pread_full(fd, hdr, f->header_len, 8)) { snprintf(err, errlen, "%s: %s", path, strerror(errno)); goto out; }
+    if (kio_pread_full(fd, hdr, f->header_len, 8)) { io = errno; snprintf(err, errlen, "%s: %s", path, strerror(errno)); goto out; }
     root = json_loadb(hdr, f->header_len, JSON_REJECT_DUPLICATES, &jerr);
     if (!root) { snprintf(err, errlen, "%s: malformed header JSON at byte %d: %s", path, jerr.position, jerr.text); goto out; }
     if (!json_is_object(root)) { snprintf(err, errlen, "%s: header is not a JSON object", path); goto out; }
@@ -152,6 +154,9 @@ out:
 out_nofd:
     free(hdr);
     json_decref(root);
-    if (rc) st_free(f);
+    if (rc) {
+        st_free(f);
+        f->io_errno = ENODATA == io ? 0 : io; /* ENODATA: the file is shorter than its header says */
+    }
     return rc;
 }

@@ -23,6 +23,7 @@ typedef struct st_file {
     st_tensor *t;
     size_t n;
     char *arena;            /* tensor names */
+    int io_errno;           /* st_open failed to open, stat or read the file */
 } st_file;
 
 /* Parse and validate a header: JSON well formed, every entry has a known
@@ -31,6 +32,9 @@ typedef struct st_file {
  * compare expected_size with file_size for that.  Errors name the file and,
  * where there is one, the tensor. */
 int st_open(const char *path, st_file *out, char *err, size_t errlen);
+/* After a failed st_open: the errno if the file could not be read (open,
+ * stat or read failed), 0 if it was read and is not a safetensors file. */
+int st_open_errno(const st_file *f);
 void st_free(st_file *f);
 
 #endif

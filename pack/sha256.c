@@ -24,7 +24,7 @@ struct sha_job {
     kprogress *prog;
 };
 
-int ks_sha256_file(const char *path, char out[65], kprogress *prog, char *err, size_t errlen)
+int ks_sha256_file(const char *path, char out[65], kprogress *prog, int *io_errno, char *err, size_t errlen)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     uint8_t *buf = NULL;
@@ -33,7 +33,11 @@ int ks_sha256_file(const char *path, char out[65], kprogress *prog, char *err, s
     unsigned int mdlen = 0;
     uint64_t off = 0;
     int rc = -1;
-    if (fd < 0) { snprintf(err, errlen, "%s", strerror(errno)); return -1; }
+    if (fd < 0) {
+        if (io_errno && ks_is_io_errno(errno)) *io_errno = errno;
+        snprintf(err, errlen, "%s", strerror(errno));
+        return -1;
+    }
     posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
     buf = malloc(SHA_CHUNK);
     ctx = EVP_MD_CTX_new();
@@ -42,6 +46,7 @@ int ks_sha256_file(const char *path, char out[65], kprogress *prog, char *err, s
         ssize_t r = read(fd, buf, SHA_CHUNK);
         if (r < 0) {
             if (errno == EINTR) continue;
+            if (io_errno) *io_errno = errno;
             snprintf(err, errlen, "read error: %s", strerror(errno));
             goto out;
         }
@@ -73,7 +78,7 @@ static void *sha_worker(void *arg)
         if (i >= job->src->n_shards) break;
         s = &job->src->shards[i];
         if (!s->present || !s->expect_sha[0]) continue;
-        if (ks_sha256_file(s->path, s->got_sha, job->prog, err, sizeof err)) {
+        if (ks_sha256_file(s->path, s->got_sha, job->prog, &s->io_errno, err, sizeof err)) {
             s->got_sha[0] = 0;
             /* problems[] is per shard and only this worker touches shard i */
             char *m = malloc(strlen(err) + 40);

@@ -83,6 +83,16 @@ static void general_problem(k3_source *src, const char *fmt, ...)
 
 int ks_shard_ok(const ks_shard *s) { return s->n_problems == 0; }
 
+int ks_is_io_errno(int e) { return e != 0 && e != ENOENT && e != ENODATA && e != EFBIG && e != ENOMEM; }
+
+int ks_io_errno(const k3_source *src)
+{
+    if (src->io_errno) return src->io_errno;
+    for (size_t i = 0; i < src->n_shards; i++)
+        if (src->shards[i].io_errno) return src->shards[i].io_errno;
+    return 0;
+}
+
 int ks_ok(const k3_source *src)
 {
     if (!src->have_cfg || src->n_general) return 0;
@@ -233,7 +243,7 @@ static size_t index_read(void *out, size_t n, void *data)
     return n;
 }
 
-static json_t *load_index(const char *path, char *err, size_t errlen, int *absent)
+static json_t *load_index(const char *path, char *err, size_t errlen, int *absent, int *io_errno)
 {
     struct index_reader r = {.fd = -1};
     json_error_t je;
@@ -243,7 +253,10 @@ static json_t *load_index(const char *path, char *err, size_t errlen, int *absen
     r.fd = open(path, O_RDONLY | O_CLOEXEC);
     if (r.fd < 0) {
         if (errno == ENOENT) *absent = 1;
-        else snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        else {
+            if (ks_is_io_errno(errno)) *io_errno = errno;
+            snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        }
         return NULL;
     }
     if (fstat(r.fd, &st) != 0 || st.st_size > INDEX_MAX) {
@@ -257,6 +270,7 @@ static json_t *load_index(const char *path, char *err, size_t errlen, int *absen
     if (!r.buf) { snprintf(err, errlen, "out of memory"); close(r.fd); return NULL; }
     root = json_load_callback(index_read, &r, 0, &je);
     if (r.err) {
+        *io_errno = r.err;
         snprintf(err, errlen, "%s: %s", path, strerror(r.err));
         json_decref(root);
         root = NULL;
@@ -358,7 +372,7 @@ static int list_shards(k3_source *src, struct index_map **map_out, char *err, si
     json_t *root = NULL;
     *map_out = NULL;
     if (!idx_path) { snprintf(err, errlen, "out of memory"); return -1; }
-    root = load_index(idx_path, err, errlen, &absent);
+    root = load_index(idx_path, err, errlen, &absent, &src->io_errno);
     if (root) {
         json_t *wm = json_object_get(root, "weight_map"), *v;
         const char *key;
@@ -416,6 +430,7 @@ static void read_one_header(ks_shard *s)
     struct stat st, lst;
     char err[600];
     if (stat(s->path, &st) != 0) {
+        if (ks_is_io_errno(errno)) s->io_errno = errno;
         shard_problem(s, "%s", errno == ENOENT ? "missing: the index names this shard but the file is absent" : strerror(errno));
         return;
     }
@@ -427,6 +442,7 @@ static void read_one_header(ks_shard *s)
     if (st_open(s->path, &s->st, err, sizeof err)) {
         /* st_open names the file; the verdict line does too, so drop the prefix */
         const char *m = strncmp(err, s->path, strlen(s->path)) == 0 ? err + strlen(s->path) + 2 : err;
+        s->io_errno = st_open_errno(&s->st);
         shard_problem(s, "%s", m);
         return;
     }
@@ -594,6 +610,7 @@ static int load_extras(k3_source *src, char *err, size_t errlen)
             x->name = names[i];
             src->n_extras++;
         } else if (errno != ENOENT || i == 0) {
+            if (ks_is_io_errno(errno)) src->io_errno = errno;
             snprintf(err, errlen, "%s: %s", p, strerror(errno));
             free(p);
             return -1;

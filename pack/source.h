@@ -30,6 +30,7 @@ typedef struct ks_shard {
     char got_sha[65];        /* "" if not computed */
     char *problems[KS_MAX_PROBLEMS];
     size_t n_problems;       /* may exceed KS_MAX_PROBLEMS */
+    int io_errno;            /* the file could not be read (EIO, EACCES...): 0 if it could */
 } ks_shard;
 
 /* A small file copied verbatim into the KPK meta extent. */
@@ -59,6 +60,7 @@ typedef struct k3_source {
     char *general[KS_MAX_PROBLEMS]; /* problems not tied to one shard */
     size_t n_general;
     uint64_t total_bytes;    /* sum of shard sizes */
+    int io_errno;            /* config.json, the index or another small file could not be read */
 } k3_source;
 
 /* Index the directory: config, index/shards, every header, coverage.
@@ -69,6 +71,12 @@ int ks_open(const char *dir, const char *sums_path, k3_source *src, char *err, s
 void ks_free(k3_source *src);
 /* 1 if no problem was found anywhere. */
 int ks_ok(const k3_source *src);
+/* An errno if some source file could not be read at all (an I/O error or a
+ * permission, not missing or damaged content), else 0: the command then
+ * "cannot run" (exit 2) rather than "the source is bad" (exit 1). */
+int ks_io_errno(const k3_source *src);
+/* errno values that mean "could not read", not "absent" or "bad content". */
+int ks_is_io_errno(int e);
 int ks_shard_ok(const ks_shard *s);
 /* Bytes of tensor data with a known expected SHA-256. */
 uint64_t ks_sha_bytes(const k3_source *src);
@@ -81,8 +89,9 @@ int ks_sums_read(const char *path, ks_sum **out, size_t *n, char *err, size_t er
 void ks_sums_free(ks_sum *v, size_t n);
 /* 1 if path is a symlink into a Hugging Face cache's blobs/<sha256>: sha gets it. */
 int ks_hf_blob_sha(const char *path, char sha[65]);
-/* SHA-256 of a file (hex), with progress; -1 with err. */
-int ks_sha256_file(const char *path, char out[65], kprogress *prog, char *err, size_t errlen);
+/* SHA-256 of a file (hex), with progress; -1 with err (and *io_errno set
+ * when the file could not be read; io_errno may be NULL). */
+int ks_sha256_file(const char *path, char out[65], kprogress *prog, int *io_errno, char *err, size_t errlen);
 
 /* Where a canonical tensor lives (NULL if missing). */
 const st_tensor *ks_tensor(const k3_source *src, uint64_t canon, const ks_shard **shard);

@@ -60,11 +60,12 @@ EIO creating the partial file|open|2|EIO|*/x.kpk.partial|cannot create .*x.kpk.p
 EIO creating the lock|open|1|EIO|*/x.kpk.lock|cannot create .*x.kpk.lock: Input/output error
 EOF_CASES
 
-# The source's small files: an unreadable source is named (exit 1 today; see docs/RELIABILITY.md).
+# The source's small files: an unreadable source file is named and is an I/O error (exit 2), not a
+# verdict on the download (exit 1): the README's rule.
 for f in config.json model.safetensors.index.json; do
     call=pread; [ $f = model.safetensors.index.json ] && call=read
     clean
-    faulty nz "convert, EIO reading $f" "$f: Input/output error" KFAULT_CALLS=$call "KFAULT_PATH=*/$f" -- "${CONVERT[@]}" \
+    faulty 2 "convert, EIO reading $f" "$f: Input/output error" KFAULT_CALLS=$call "KFAULT_PATH=*/$f" -- "${CONVERT[@]}" \
         && rerun_identical "convert, EIO reading $f"
 done
 
@@ -95,10 +96,10 @@ rerun_identical "SIGKILL inside a write"
 
 # ---- check-source ------------------------------------------------------------
 (cd "$T/src" && sha256sum ./*.safetensors > "$T/sums")
-faulty nz "check-source, EIO reading a shard header" "model-00002-of-00000[0-9].safetensors|Input/output error" \
+faulty 2 "check-source, EIO reading a shard header" "model-00002-of-00000[0-9].safetensors|Input/output error" \
     KFAULT_CALLS=pread KFAULT_NTH=3 "$S" -- "$BIN/kpack" check-source "$T/src" --quiet
 grep -q "Input/output error" "$T/f.out" "$T/f.err" && ok "check-source says Input/output error" || notok "check-source: errno not named"
-faulty nz "check-source --sha256, EIO while hashing" "BAD +model-0000[0-9]-of-00000[0-9].safetensors" \
+faulty 2 "check-source --sha256, EIO while hashing" "BAD +model-0000[0-9]-of-00000[0-9].safetensors" \
     KFAULT_CALLS=read KFAULT_NTH=5 "$S" -- "$BIN/kpack" check-source "$T/src" --sha256 "$T/sums" --quiet
 rm -f "$T/fault.log"
 env KFAULT_CALLS=read KFAULT_COUNT=0 KFAULT_ERR=SHORT "$S" KFAULT_LOG="$T/fault.log" LD_PRELOAD="$SHIM" \

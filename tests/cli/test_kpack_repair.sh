@@ -92,5 +92,19 @@ refused "another checkpoint of the same shape" "$T/plain.kpk" "$T/other" "layer 
 damage "$T/sha.kpk" trunk >/dev/null
 refused "a recorded SHA-256 that the source no longer has" "$T/sha.kpk" "$T/changed" \
     "model-00001-of-000004.safetensors: SHA-256 mismatch: got .*, expected .* \(from the file's manifest\)"
+# a source that cannot be read is an I/O error (exit 2, "fix the cause and rerun"), not a mismatch
+need_shim
+cp "$T/sha.kpk" "$T/before"
+for c in "read|while hashing" "pread|while copying"; do
+    IFS='|' read -r call when <<<"$c"
+    [ $call = pread ] && { cp "$T/plain.orig" "$T/plain.kpk"; damage "$T/plain.kpk" trunk >/dev/null; f="$T/plain.kpk"; } || f="$T/sha.kpk"
+    cp "$f" "$T/before"
+    env KFAULT_CALLS=$call KFAULT_NTH=2 'KFAULT_PATH=*/src/model-*.safetensors' KFAULT_LOG="$T/fault.log" LD_PRELOAD="$SHIM" \
+        "$BIN/kpack" verify "$f" --repair-from "$T/src" --quiet >"$T/last.out" 2>"$T/last.err"; rc=$?
+    [ $rc = 2 ] && [ -s "$T/fault.log" ] && grep -q "Input/output error" "$T/last.err" "$T/last.out" && cmp -s "$f" "$T/before" \
+        && ok "EIO reading the source $when: exit 2, named, nothing written" \
+        || notok "EIO reading the source $when: exit $rc: $(head -c 300 "$T/last.err")"
+    rm -f "$T/fault.log"
+done
 expect_exit 0 "... and the right source repairs it" "$BIN/kpack" verify "$T/sha.kpk" --repair-from "$T/src" --quiet
 finish
