@@ -438,7 +438,16 @@ size_t kstore_experts_predict(kstore *s, const uint32_t *ids, size_t n)
     if (!s->opt.plan || !s->io) return 0;
     for (size_t k = 0; k < n && nw < 256; k++)
         if (s->role[ids[k]] == ROLE_EXPERT && s->slot_of[ids[k]] < 0) want[nw++] = ids[k];
-    sort_by_offset(s, want, nw);
+    /* ids come most likely first.  The likelier three quarters are read
+     * first, the rest after them, each part in file order: the guesses the
+     * router is least likely to confirm sit at the tail of every disk's
+     * queue, where kstore_experts_request takes them back unread when they
+     * are wrong.  (Split layout, 4 model HDDs at 100 MiB/s, side by side:
+     * the step in 2.128 s against 2.223 s with all of them in file order and
+     * 2.179 s in likelihood order; docs/PERFORMANCE.md.) */
+    size_t sure = (nw * 3 + 3) / 4;
+    sort_by_offset(s, want, sure);
+    sort_by_offset(s, want + sure, nw - sure);
     for (size_t k = 0; k < nw; k++) {
         struct slot *v = expert_victim(s, 0);  /* never wait: the caller is about to compute */
         kpk_err e = {0};

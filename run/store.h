@@ -114,7 +114,8 @@ size_t kstore_expert_capacity(const kstore *s);
  * attention is computed.  A prediction changes which bytes are read and
  * when, never what is computed: a predicted expert is handed out only when
  * the router requests it, through kstore_expert_wait and its checks, and a
- * wrong one is an ordinary cache entry.  Returns how many reads started. */
+ * wrong one is an ordinary cache entry.  ids: most likely first (the
+ * router's order).  Returns how many reads started. */
 size_t kstore_experts_predict(kstore *s, const uint32_t *ids, size_t n);
 /* Raw bytes [off, off + len) of extent i into buf, read now from the disk
  * (the prediction's copy of a router that streams): codec 0 reads the
