@@ -442,9 +442,9 @@ size_t kstore_experts_predict(kstore *s, const uint32_t *ids, size_t n)
      * first, the rest after them, each part in file order: the guesses the
      * router is least likely to confirm sit at the tail of every disk's
      * queue, where kstore_experts_request takes them back unread when they
-     * are wrong.  (Split layout, 4 model HDDs at 100 MiB/s, side by side:
-     * the step in 2.128 s against 2.223 s with all of them in file order and
-     * 2.179 s in likelihood order; docs/PERFORMANCE.md.) */
+     * are wrong.  (Split layout on the HDD model, side by side with all of
+     * them in file order: 2-7% fewer expert bytes read per token; the time
+     * within the machine's noise; docs/PERFORMANCE.md.) */
     size_t sure = (nw * 3 + 3) / 4;
     sort_by_offset(s, want, sure);
     sort_by_offset(s, want + sure, nw - sure);
