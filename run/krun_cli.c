@@ -53,6 +53,7 @@ void krun_cli_init(krun_cli *c)
     c->head = -1;
     c->max_seqs = 1;
     c->io = KSTORE_IO_DIRECT;
+    c->predict = -1;
 }
 
 int krun_cli_option(krun_cli *c, int argc, char **argv, int *i)
@@ -94,7 +95,8 @@ int krun_cli_option(krun_cli *c, int argc, char **argv, int *i)
         const char *v = VALUE;
         if (!strcmp(v, "on")) c->predict = 1;
         else if (!strcmp(v, "off")) c->predict = 0;
-        else krun_cli_die("--predict: expected on or off, got %s", v);
+        else if (!strcmp(v, "auto")) c->predict = -1;
+        else krun_cli_die("--predict: expected on, off or auto, got %s", v);
     }
     else if (!strcmp(a, "--io-threads")) c->io_threads = krun_cli_long(VALUE, 1, 256, "--io-threads");
     else if (!strcmp(a, "--trace")) c->trace = VALUE;

@@ -18,7 +18,7 @@ typedef struct krun_cli {
     const char *mem, *preset, *trace, *simd, *piece;
     long threads, ctx, chunk, pin, slots, io_threads, max_seqs;
     long head;                /* --head: 0 hold, 1 stream, -1 the planner chooses */
-    long predict;             /* --predict: 1 on, 0 off (the default) */
+    long predict;             /* --predict: 1 on, 0 off, -1 auto (the default: on for a split layout) */
     int io, policy, io_given, verify;
     ksimd simd_level;
     /* sampling */
@@ -88,8 +88,9 @@ void krun_announce_prompt(krun_model *m, size_t n);
     "                        system refuses O_DIRECT, buffered reads, said once)\n" \
     "  --io-threads N        concurrent reads (default 8; a set: shared by its disks, at least\n" \
     "                        2 per disk)\n" \
-    "  --predict on|off      while a layer's attention runs, read the experts its router is\n" \
-    "                        likely to choose (default off; never changes the output)\n" \
+    "  --predict on|off|auto while a layer's attention runs, read the experts its router is\n" \
+    "                        likely to choose (default auto: on when the trunk is in a member\n" \
+    "                        of its own, kpack --trunk-to; never changes the output)\n" \
     "  --trace FILE          every read: kind, member, offset, length, start, end (TSV)\n" \
     "  --chunk N             prompt positions per forward block (default 64; results identical)\n" \
     "  --verify first|always|off   check each extent's XXH3 on first use (default), every use, or never\n"

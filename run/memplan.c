@@ -248,8 +248,27 @@ static uint64_t total_for(const struct sizes *s, const kmemplan *p, const struct
            (uint64_t)k * rs + (uint64_t)slots * s->expert_slot;
 }
 
+int kmemplan_split_layout(const k3_model *m)
+{
+    const kpk_extent *expert = NULL;
+    for (int L = 0; L < m->cfg.n_layers && !expert; L++)
+        if (k3_layer_is_moe(&m->cfg, L) && k3_expert_extent(m, L, 0) >= 0)
+            expert = kpk_extent_at(m->file, (uint32_t)k3_expert_extent(m, L, 0));
+    if (!expert) return 0;
+    for (int L = 0; L < m->cfg.n_layers; L++)
+        if (kpk_extent_at(m->file, m->trunk_extent[L])->member != expert->member) return 1;
+    return 0;
+}
+
 int kmemplan_make(const k3_model *m, const kmemplan_req *q, kmemplan *p, char *err, size_t errlen)
 {
+    if (q->predict < 0) { /* auto: on for a split layout, unless only the plan without it fits */
+        kmemplan_req r = *q;
+        r.predict = kmemplan_split_layout(m);
+        if (r.predict && kmemplan_make(m, &r, p, err, errlen) == 0) return 0;
+        r.predict = 0;
+        return kmemplan_make(m, &r, p, err, errlen);
+    }
     const k3_config *c = &m->cfg;
     const int NL = c->n_layers;
     struct sizes s;

@@ -104,8 +104,15 @@ typedef struct kmemplan_req {
     size_t spec;                   /* --spec: drafts verified per block (0: none) */
     int io_threads;                /* 0: 8 */
     uint64_t base;                 /* kmem_base_bytes + the caller's own buffers */
-    int predict;                   /* --predict on: 1 (the plan counts the prediction's buffers) */
+    int predict;                   /* --predict: 1 on (the plan counts the prediction's buffers), 0 off,
+                                      -1 auto: on for a split layout (kmemplan_split_layout) when the
+                                      budget holds it, else off */
 } kmemplan_req;
+
+/* 1 when the trunk is stored in another member file than the experts (kpack
+ * convert --trunk-to): the layout where reading guessed experts during the
+ * trunk's compute pays (docs/PERFORMANCE.md, "The split layout"). */
+int kmemplan_split_layout(const k3_model *m);
 
 /* Plan for a budget.  Returns -1 with err saying what the minimum is when the
  * budget cannot hold it.  The state, vectors and scratch sizes come from the

@@ -65,6 +65,7 @@ void krun_model_opts_init(krun_model_opts *o)
     o->chunk = 64;
     o->max_seqs = 1;
     o->simd = -1;
+    o->predict = -1;
 }
 
 /* ---- opening -------------------------------------------------------------------- */

@@ -57,7 +57,8 @@ typedef struct krun_model_opts {
     size_t spec;               /* speculative decoding: drafts per verification block, at most (0: none, the
                                   default; at most KSPEC_MAX_DRAFT); the plan counts the journal it needs */
     int predict;               /* 1: read a layer's likely experts during its attention (run/predict.h);
-                                  0 (the default): off */
+                                  0: off; -1 (the default): on for a split layout (the trunk in a member
+                                  of its own) when the budget holds it */
     int threads;               /* compute threads; 0: every core */
     int simd;                  /* -1: the best the CPU has; else a ksimd level (process-wide: kern_simd_set) */
 } krun_model_opts;

@@ -119,9 +119,10 @@ size_t kstore_expert_capacity(const kstore *s);
 size_t kstore_experts_predict(kstore *s, const uint32_t *ids, size_t n);
 /* Raw bytes [off, off + len) of extent i into buf, read now from the disk
  * (the prediction's copy of a router that streams): codec 0 reads the
- * aligned range into buf and returns where byte off landed; codec 2 needs
- * [off, off + len) to be whole blocks, reads their stored bytes into stage
- * and decodes them into buf.  kstore_tensor_read_bytes says how large buf and
+ * aligned range into buf and returns where byte off landed; codec 2 reads
+ * the stored bytes of the blocks that hold the range into stage, decodes
+ * them into buf and returns where byte off landed (blocks need not start or
+ * end with the tensor).  kstore_tensor_read_bytes says how large buf and
  * stage must be (the planner's numbers). */
 const uint8_t *kstore_tensor_read(kstore *s, uint32_t i, uint64_t off, uint64_t len, uint8_t *buf, uint8_t *stage, kpk_err *err);
 void kstore_tensor_read_bytes(const kpk_file *f, uint32_t i, uint64_t off, uint64_t len, uint64_t *buf, uint64_t *stage);

@@ -364,16 +364,19 @@ static uint64_t align_down(uint64_t x) { return x / KPIECE_ALIGN * KPIECE_ALIGN;
 static uint64_t align_up(uint64_t x) { return (x + KPIECE_ALIGN - 1) / KPIECE_ALIGN * KPIECE_ALIGN; }
 
 /* The blocks [*b0, *b1) of extent i that are exactly raw [off, off + len); 0 if none are. */
-static int blocks_of(const kpk_file *f, uint32_t i, uint64_t off, uint64_t len, uint32_t *b0, uint32_t *b1)
+/* The blocks that hold raw bytes [off, off + len) of extent i: [*b0, *b1).
+ * A tensor need not start or end on a block boundary (a writer may cut
+ * blocks across tensors, FORMAT.md §8.1): the first and last may hold more. */
+static int blocks_over(const kpk_file *f, uint32_t i, uint64_t off, uint64_t len, uint32_t *b0, uint32_t *b1)
 {
     const kpk_block *b = kpk_extent_blocks(f, i);
     uint32_t n = kpk_extent_block_count(f, i), k = 0;
-    while (k < n && b[k].raw_off < off) k++;
-    if (k == n || b[k].raw_off != off) return 0;
+    while (k < n && b[k].raw_off + b[k].raw_len <= off) k++;
+    if (k == n || b[k].raw_off > off || len == 0) return 0;
     *b0 = k;
-    while (k < n && b[k].raw_off + b[k].raw_len <= off + len) k++;
+    while (k < n && b[k].raw_off < off + len) k++;
     *b1 = k;
-    return k > *b0 && b[k - 1].raw_off + b[k - 1].raw_len == off + len;
+    return b[k - 1].raw_off + b[k - 1].raw_len >= off + len;
 }
 
 void kstore_tensor_read_bytes(const kpk_file *f, uint32_t i, uint64_t off, uint64_t len, uint64_t *buf, uint64_t *stage)
@@ -382,8 +385,10 @@ void kstore_tensor_read_bytes(const kpk_file *f, uint32_t i, uint64_t off, uint6
     uint32_t b0, b1;
     *buf = align_up(len) + 2 * KPIECE_ALIGN;
     *stage = 0;
-    if (x->codec == KPK_CODEC_BLOCKS && blocks_of(f, i, off, len, &b0, &b1)) {
+    if (x->codec == KPK_CODEC_BLOCKS && blocks_over(f, i, off, len, &b0, &b1)) {
         const kpk_block *b = kpk_extent_blocks(f, i);
+        uint64_t span = b[b1 - 1].raw_off + b[b1 - 1].raw_len - b[b0].raw_off;
+        if (align_up(span) > *buf) *buf = align_up(span);
         *stage = align_up(b[b1 - 1].stored_off + b[b1 - 1].stored_len) - align_down(b[b0].stored_off);
     }
 }
@@ -403,8 +408,8 @@ const uint8_t *kstore_tensor_read(kstore *s, uint32_t i, uint64_t off, uint64_t 
         const kpk_block *b = kpk_extent_blocks(s->f, i);
         uint32_t b0, b1;
         uint64_t a, e;
-        if (!stage || !blocks_of(s->f, i, off, len, &b0, &b1)) {
-            kstore_err_extent(s, i, err, KPK_EINVAL, "internal: a tensor read that is not whole blocks");
+        if (!stage || !blocks_over(s->f, i, off, len, &b0, &b1)) {
+            kstore_err_extent(s, i, err, KPK_EINVAL, "internal: a tensor read outside the extent's blocks");
             return NULL;
         }
         a = align_down(b[b0].stored_off);
@@ -413,8 +418,8 @@ const uint8_t *kstore_tensor_read(kstore *s, uint32_t i, uint64_t off, uint64_t 
         if (kstore_read_stored(s, i, a, e - a, stage, err)) return NULL;
         s->st.bytes_router += e - a;
         for (uint32_t k = b0; k < b1; k++)
-            if (kpk_block_decode(s->f, i, k, stage + (b[k].stored_off - a), buf + (b[k].raw_off - off), err)) return NULL;
-        return buf;
+            if (kpk_block_decode(s->f, i, k, stage + (b[k].stored_off - a), buf + (b[k].raw_off - b[b0].raw_off), err)) return NULL;
+        return buf + (off - b[b0].raw_off);
     }
     kstore_err_extent(s, i, err, KPK_EINVAL, "internal: a tensor read of a whole-frame extent");
     return NULL;

@@ -18,9 +18,10 @@
 #                  against max(trunk bytes / fast-disk speed, expert bytes /
 #                  array speed); here the fast disk also backs the 4 drives'
 #                  loop files, so (trunk + expert bytes) / its speed is a
-#                  bound too.  With --predict on at the larger budget.
+#                  bound too.  krun's default there is --predict on (auto);
+#                  also run with --predict off at the larger budget.
 #   split, RAM     the same with the trunk member in a tmpfs (a fast disk of
-#                  its own; when MemAvailable has room), --predict off and on
+#                  its own; when MemAvailable has room), --predict on and off
 #   in RAM         the whole slice in a tmpfs, no drives: the compute floor of
 #                  the step at that budget (when MemAvailable has room)
 #   unit 1M/4M/16M the 4-drive stripe with each stripe unit (kpack's default
@@ -149,14 +150,14 @@ fi
 if [[ "$SKIP" != *" split "* ]]; then
     echo "== split: trunk member on the unthrottled disk, experts striped over 4 drives"
     k=$(layout "$W/slice.kpk" split --stripe "$D/d0,$D/d1,$D/d2,$D/d3" --stripe-unit 4M --trunk-to "$W/fast") &&
-        { for b in $BUDGETS; do run "split" "$k" "$b"; done; run "split predict" "$k" "${BUDGETS##* }" --predict on; }
+        { for b in $BUDGETS; do run "split" "$k" "$b"; done; run "split predict off" "$k" "${BUDGETS##* }" --predict off; }
     # the trunk member in RAM: a fast disk that does not share the drives' backing disk
     avail=$(awk '/MemAvailable/ {printf "%d", $2 * 1024}' /proc/meminfo)
     slice=$(stat -c %s "$W/slice.kpk")
     if [ "$avail" -gt $((slice + (12 << 30))) ]; then
         mkdir -p "$W/ram" && mount -t tmpfs -o size=$(( (slice >> 30) + 2 ))G tmpfs "$W/ram" && RAMFS=$W/ram
         k=$(layout "$W/slice.kpk" split --stripe "$D/d0,$D/d1,$D/d2,$D/d3" --stripe-unit 4M --trunk-to "$W/ram") &&
-            for b in $BUDGETS; do run "split, RAM" "$k" "$b"; run "split, RAM predict" "$k" "$b" --predict on; done
+            for b in $BUDGETS; do run "split, RAM" "$k" "$b"; run "split, RAM predict off" "$k" "$b" --predict off; done
         rm -f "$W/ram"/*
         # the compute floor: the whole slice in RAM, nothing read from a drive
         cp "$W/slice.kpk" "$W/ram/" && for b in $BUDGETS; do run "in RAM" "$W/ram/slice.kpk" "$b"; done

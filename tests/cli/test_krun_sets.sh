@@ -52,8 +52,9 @@ same_bits "$T/c.kpk" "compressed --threads 1 --io-threads 1 --piece 8K" --mem 1G
 same_bits "$T/c.kpk" "compressed --threads 2 --verify always --chunk 3" --mem 1G --pin 0 --piece 16K --threads 2 --verify always --chunk 3
 same_bits "$T/cs/e/k3.kpk" "compressed set --io-threads 1 --verify off" --mem 1G --pin 0 --piece 4K --io-threads 1 --verify off
 
-# reads per step == the plan; every member read; --json per member
-"$BIN/krun" "$T/s3/e/k3.kpk" --ids $IDS --gen $GEN --mem 1G --pin 0 --piece 8K --expert-slots 4 --json "$T/s.json" --quiet >/dev/null
+# reads per step == the plan; every member read; --json per member (--predict off: its
+# reads have their own rule, cli/test_krun_stream)
+"$BIN/krun" "$T/s3/e/k3.kpk" --ids $IDS --gen $GEN --mem 1G --pin 0 --piece 8K --expert-slots 4 --predict off --json "$T/s.json" --quiet >/dev/null
 $PY - "$T/s.json" <<'PY' && ok "set of 3 + trunk: bytes per step = the plan's pieces + expert misses, every step" || notok "set: bytes per step differ from the plan"
 import json, sys
 j = json.load(open(sys.argv[1])); p = j["plan"]
@@ -78,6 +79,27 @@ for s in j["steps"]:
     assert len(s["members"]) == 5 and all("mb_per_s" in m for m in s["members"])
     assert sum(m["bytes"] for m in s["members"][2:]) > 0
 PY
+
+# --predict auto (the default): on where the trunk has a member of its own (s3, cs), off on a
+# stripe set without one (s2) and on a single file; off when only the plan without it fits
+predict_of() { # FILE ARGS... -> "plan.predict experts_predicted"
+    local f=$1; shift
+    "$BIN/krun" "$f" --ids $IDS --gen $GEN "$@" --json "$T/p.json" --quiet >/dev/null 2>"$T/p.err" || { echo "failed: $(head -c 200 "$T/p.err")"; return; }
+    $PY -c 'import json,sys; j=json.load(open(sys.argv[1])); print(j["plan"]["predict"], j["experts_predicted"])' "$T/p.json"
+}
+r1=$(predict_of "$T/s3/e/k3.kpk" --mem 1G --pin 0 --piece 8K --expert-slots 4)
+r2=$(predict_of "$T/cs/e/k3.kpk" --mem 1G --pin 0 --piece 8K --expert-slots 4)
+r3=$(predict_of "$T/s2/e/k3.kpk" --mem 1G --pin 0 --piece 8K --expert-slots 4)
+r4=$(predict_of "$T/c.kpk" --mem 1G --pin 0 --piece 8K --expert-slots 4)
+r5=$(predict_of "$T/s3/e/k3.kpk" --mem 1G --pin 0 --piece 8K --expert-slots 4 --predict off)
+r6=$(predict_of "$T/s2/e/k3.kpk" --mem 1G --pin 0 --piece 8K --expert-slots 4 --predict on)
+min3=$(minimum "$T/s3/e/k3.kpk")
+r7=$(predict_of "$T/s3/e/k3.kpk" --mem "$min3")
+case "$r1|$r2|$r3|$r4|$r5|$r6|$r7" in
+    "True "[1-9]*"|True "[1-9]*"|False 0|False 0|False 0|True "[1-9]*"|False 0")
+        ok "--predict auto: on for the trunk-member layouts ($r1, $r2), off for a plain stripe set and a single file, off at the minimum budget; on/off override it" ;;
+    *) notok "--predict auto: split $r1, compressed split $r2, stripe $r3, file $r4, split off $r5, stripe on $r6, split at the minimum $r7" ;;
+esac
 
 # A damaged block: named by extent and block, exit 1, no token computed from
 # it printed.  kpk.py damages the first block of its kind: in the globals, or
