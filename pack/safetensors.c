@@ -156,7 +156,7 @@ out_nofd:
     json_decref(root);
     if (rc) {
         st_free(f);
-        f->io_errno = ENODATA == io ? 0 : io; /* ENODATA: the file is shorter than its header says */
+        f->io_errno = io; /* ENODATA among them: the file shrank while it was read */
     }
     return rc;
 }

@@ -32,8 +32,9 @@ typedef struct st_file {
  * compare expected_size with file_size for that.  Errors name the file and,
  * where there is one, the tensor. */
 int st_open(const char *path, st_file *out, char *err, size_t errlen);
-/* After a failed st_open: the errno if the file could not be read (open,
- * stat or read failed), 0 if it was read and is not a safetensors file. */
+/* After a failed st_open: the errno of the open, stat or read that failed
+ * (ENODATA: the file ended early), 0 if it was read and is not a
+ * safetensors file. */
 int st_open_errno(const st_file *f);
 void st_free(st_file *f);
 
