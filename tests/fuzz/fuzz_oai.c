@@ -135,7 +135,7 @@ static int chat(const char *body, size_t len, uint64_t *hash)
     FUZZ_CHECK(r.chat.effort >= KCHAT_EFFORT_NONE && r.chat.effort <= KCHAT_EFFORT_MAX);
     FUZZ_CHECK(r.chat.tool_choice >= KCHAT_TOOL_CHOICE_AUTO && r.chat.tool_choice <= KCHAT_TOOL_CHOICE_REQUIRED);
     if (r.chat.tools_json) {
-        json_t *t = json_loads(r.chat.tools_json, 0, NULL);
+        json_t *t = json_loads(r.chat.tools_json, JSON_ALLOW_NUL, NULL); /* as chat_render.c: a string may hold U+0000 */
         FUZZ_CHECK(json_is_array(t));
         FUZZ_CHECK(r.chat.tool_choice != KCHAT_TOOL_CHOICE_REQUIRED || json_array_size(t) > 0);
         json_decref(t);
