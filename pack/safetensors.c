@@ -29,8 +29,6 @@ void st_free(st_file *f)
     memset(f, 0, sizeof *f);
 }
 
-int st_open_errno(const st_file *f) { return f->io_errno; }
-
 int st_open(const char *path, st_file *f, char *err, size_t errlen)
 {
     int fd;

@@ -23,7 +23,8 @@ typedef struct st_file {
     st_tensor *t;
     size_t n;
     char *arena;            /* tensor names */
-    int io_errno;           /* st_open failed to open, stat or read the file */
+    int io_errno;           /* after a failed st_open: the errno of the open, stat or read that
+                               failed (ENODATA: the file ended early); 0: not a safetensors file */
 } st_file;
 
 /* Parse and validate a header: JSON well formed, every entry has a known
@@ -32,10 +33,6 @@ typedef struct st_file {
  * compare expected_size with file_size for that.  Errors name the file and,
  * where there is one, the tensor. */
 int st_open(const char *path, st_file *out, char *err, size_t errlen);
-/* After a failed st_open: the errno of the open, stat or read that failed
- * (ENODATA: the file ended early), 0 if it was read and is not a
- * safetensors file. */
-int st_open_errno(const st_file *f);
 void st_free(st_file *f);
 
 #endif

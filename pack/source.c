@@ -442,7 +442,7 @@ static void read_one_header(ks_shard *s)
     if (st_open(s->path, &s->st, err, sizeof err)) {
         /* st_open names the file; the verdict line does too, so drop the prefix */
         const char *m = strncmp(err, s->path, strlen(s->path)) == 0 ? err + strlen(s->path) + 2 : err;
-        if (ks_is_io_errno(st_open_errno(&s->st))) s->io_errno = st_open_errno(&s->st);
+        if (ks_is_io_errno(s->st.io_errno)) s->io_errno = s->st.io_errno;
         shard_problem(s, "%s", m);
         return;
     }
