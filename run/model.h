@@ -9,6 +9,9 @@
 #include "kernels.h"
 #include "kpk_reader.h"
 
+/* The "layer" of the globals extent, where a layer number is expected. */
+#define K3_GLOBALS (-1)
+
 /* Where one tensor sits in its extent. */
 typedef struct kt_loc {
     uint64_t offset, nbytes;

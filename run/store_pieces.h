@@ -40,7 +40,7 @@ typedef struct kpiece {
 /* The rows [row0, row1) of tensor `role` that piece `piece` holds. */
 typedef struct kpart {
     uint32_t piece;
-    uint8_t role, use;           /* use: enum k3_use (weights.h) */
+    uint8_t role, use;           /* use: enum k3_use (use_order.h) */
     uint64_t row0, row1;
 } kpart;
 

@@ -15,13 +15,13 @@
  * (k3_weights_carve), 56.8 MB at full scale (mostly the KDA conv taps),
  * counted in the plan.
  *
- * The order in which the forward pass uses a layer's tensors is declared
- * here (k3_use_order): the planner proves from it that the ring's slots
- * suffice, and, on the first pass over a streamed layer, the vectors (and
- * kv_b, read by attention many times) a forward step is about to use are
- * read as soon as the product before them is done.  A streamed product out
- * of that order is refused (the step fails with the roles named), so the
- * declaration cannot silently drift from kda.c / mla.c / moe.c. */
+ * The order in which the forward pass uses a layer's tensors is the model's
+ * (use_order.h): the planner proves from it that the ring's slots suffice,
+ * and, on the first pass over a streamed layer, the vectors (and kv_b, read
+ * by attention many times) a forward step is about to use are read as soon
+ * as the product before them is done.  A streamed product out of that order
+ * is refused (the step fails with the roles named), so the declaration
+ * cannot silently drift from kda.c / mla.c / moe.c. */
 #ifndef KRUN_WEIGHTS_H
 #define KRUN_WEIGHTS_H
 
@@ -29,24 +29,9 @@
 #include "kernels.h"
 #include "model.h"
 #include "threadpool.h"
-
-#define K3_GLOBALS (-1)        /* the "layer" of the globals extent */
+#include "use_order.h"
 
 struct kstore;
-
-/* How the forward pass uses a tensor within one block. */
-enum k3_use {
-    K3U_NONE = 0,              /* not at all */
-    K3U_VEC = 1,               /* a vector, widened once; read before the next product in the order */
-    K3U_ONCE = 2,              /* a matrix multiplied once per block: it may stream in row blocks */
-    K3U_MULTI = 3,             /* a matrix read many times per block (MLA's kv_b): held whole until the layer ends */
-};
-typedef struct k3_use_step { uint8_t role, use; } k3_use_step;
-
-/* The tensors of layer L (K3_GLOBALS: what streams of the globals, lm_head)
- * in the order the forward pass uses them; roles the file lacks are left out.
- * Returns how many (<= K3T_COUNT). */
-int k3_use_order(const k3_model *m, int L, k3_use_step *out);
 
 /* One layer's vectors, widened to float.  NULL where the layer has none. */
 typedef struct k3_vecs {
