@@ -94,15 +94,6 @@ uint64_t kmem_base_bytes(const k3_model *m)
            m->config_len;
 }
 
-int64_t kmem_globals_first(const k3_model *m)
-{
-    const kt_loc *emb = &m->globals[K3T_EMBED];
-    uint64_t first = (emb->offset + emb->nbytes) / 4096 * 4096;
-    for (int r = 0; r <= K3T_OUT_RES_PROJ; r++)
-        if (r != K3T_EMBED && m->globals[r].offset < first) return -1;
-    return (int64_t)first;
-}
-
 /* Everything a plan is assembled from, measured once. */
 struct cand {                  /* one piece size: the cut of every layer and lm_head */
     uint64_t piece;
@@ -153,7 +144,7 @@ static int measure(const k3_model *m, const kmemplan_req *q, struct sizes *s, ch
     const k3_config *c = &m->cfg;
     const uint32_t g = m->globals_extent;
     const uint64_t stage = kio_stage_bytes(f);
-    int64_t first = kmem_globals_first(m);
+    int64_t first = k3_globals_first(m);
     uint64_t cands[48];
     krange r;
     memset(s, 0, sizeof *s);
@@ -366,6 +357,12 @@ int kmemplan_make(const k3_model *m, const kmemplan_req *q, kmemplan *p, char *e
         return -1;
     }
     return 0;
+}
+
+void kmemplan_layout(const kmemplan *p, kstore_layout *out)
+{
+    *out = (kstore_layout){p->pin, p->head_streamed, p->piece_bytes, p->ring_pieces, p->ring_slots, p->ring_slot_bytes,
+                           p->expert_slots, p->expert_slot_bytes};
 }
 
 void kmemplan_print(const kmemplan *p, FILE *out)

@@ -90,10 +90,6 @@ int64_t kmem_parse_size(const char *s);
 /* laptop, desktop, workstation, server, max -> bytes; -1 if unknown. */
 int64_t kmem_preset(const char *name);
 
-/* The globals extent is held from this byte on (the embedding before it is
- * read a row at a time); -1 if the embedding is not first in the extent. */
-int64_t kmem_globals_first(const k3_model *m);
-
 /* What the caller fixes (-1 / 0: the planner chooses). */
 typedef struct kmemplan_req {
     uint64_t budget;
@@ -121,6 +117,9 @@ int kmemplan_split_layout(const k3_model *m);
  * allocated and read. */
 int kmemplan_make(const k3_model *m, const kmemplan_req *q, kmemplan *p, char *err, size_t errlen);
 void kmemplan_print(const kmemplan *p, FILE *out);
+/* The part of a plan the store is handed (store.h): where each extent lives. */
+struct kstore_layout;
+void kmemplan_layout(const kmemplan *p, struct kstore_layout *out);
 json_t *kmemplan_json(const kmemplan *p);
 
 /* Current resident set size of this process (VmRSS), and its peak (VmHWM). */

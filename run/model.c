@@ -115,6 +115,15 @@ bad:
     return -1;
 }
 
+int64_t k3_globals_first(const k3_model *m)
+{
+    const kt_loc *emb = &m->globals[K3T_EMBED];
+    uint64_t first = (emb->offset + emb->nbytes) / 4096 * 4096;
+    for (int r = 0; r <= K3T_OUT_RES_PROJ; r++)
+        if (r != K3T_EMBED && m->globals[r].offset < first) return -1;
+    return (int64_t)first;
+}
+
 int64_t k3_expert_extent(const k3_model *m, int L, int e) { return kpk_find_expert(m->file, (uint32_t)L, (uint32_t)e); }
 
 /* ---- binding --------------------------------------------------------------- */

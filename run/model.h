@@ -56,6 +56,10 @@ void k3_bind_expert(const k3_model *m, int L, const uint8_t *raw, k3_expert_w *w
 /* n values of a float dtype (F32, BF16, F16) at p, widened exactly to float. */
 void k3_widen(const uint8_t *p, int dtype, size_t n, float *out);
 
+/* The globals extent is held from this byte on (the embedding before it is
+ * read a row at a time); -1 if the embedding is not first in the extent. */
+int64_t k3_globals_first(const k3_model *m);
+
 /* Extent index of expert (L, e). */
 int64_t k3_expert_extent(const k3_model *m, int L, int e);
 

@@ -41,6 +41,7 @@ struct krun_model {
     int32_t stop[3];
     size_t n_stop;
     kmemplan plan;
+    kstore_layout layout;      /* the plan's part the store is handed */
     int planned;
     uint64_t auto_budget;
     kstore *store;
@@ -156,7 +157,8 @@ int krun_model_prepare(krun_model *m, const krun_model_opts *o, krun_err *err)
     if (opt.budget) {
         if (krun_model_make_plan(m, &opt, &m->plan, err)) return -1;
         m->planned = 1;
-        so.plan = &m->plan;
+        kmemplan_layout(&m->plan, &m->layout);
+        so.layout = &m->layout;
         so.io = opt.io;
         so.policy = opt.cache_policy;
         so.io_threads = opt.io_threads;

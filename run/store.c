@@ -66,7 +66,7 @@ static uint8_t *alloc_aligned(size_t n)
 /* With a plan: who is where; held extents get their buffers now. */
 static int plan_roles(kstore *s, kpk_err *err)
 {
-    const kmemplan *p = s->opt.plan;
+    const kstore_layout *p = s->opt.layout;
     const k3_model *m = s->opt.model;
     const uint32_t n = kpk_extent_count(s->f);
     s->held_buf = calloc(n + 1, sizeof *s->held_buf);
@@ -83,7 +83,7 @@ static int plan_roles(kstore *s, kpk_err *err)
         if (x->kind != KPK_KIND_TRUNK && i != m->globals_extent) continue;
         if (i == m->globals_extent) {
             const kt_loc *lm = &m->globals[K3T_LM_HEAD];
-            r0 = p->head_streamed ? lm->offset + lm->nbytes : (uint64_t)kmem_globals_first(m);
+            r0 = p->head_streamed ? lm->offset + lm->nbytes : (uint64_t)k3_globals_first(m);
             s->globals = i;
             s->prefix_end = p->head_streamed ? lm->offset : r0;
             s->tail_from = r0;
@@ -104,7 +104,7 @@ oom:
 
 static int expert_slots(kstore *s, kpk_err *err)
 {
-    const kmemplan *p = s->opt.plan;
+    const kstore_layout *p = s->opt.layout;
     int need_buf = 0;
     for (uint32_t i = 0; i < kpk_extent_count(s->f); i++)
         if (s->role[i] == ROLE_EXPERT) need_buf |= !kstore_mappable(s, i);
@@ -152,7 +152,7 @@ int kstore_open(kpk_file *f, const kstore_opts *opt, kstore **out, kpk_err *err)
 {
     kstore *s = calloc(1, sizeof *s);
     uint32_t n = kpk_extent_count(f);
-    const kmemplan *p = opt->plan;
+    const kstore_layout *p = opt->layout;
     *out = NULL;
     if (!s) { kpk_err_set(err, KPK_ENOMEM, "out of memory"); return -1; }
     s->f = f;
@@ -355,7 +355,7 @@ static void sort_by_offset(const kstore *s, uint32_t *v, size_t n)
     }
 }
 
-size_t kstore_expert_capacity(const kstore *s) { return s->opt.plan ? (size_t)s->n_eslots : 256; }
+size_t kstore_expert_capacity(const kstore *s) { return s->opt.layout ? (size_t)s->n_eslots : 256; }
 
 static const uint8_t *mapped_or_decoded(kstore *s, uint32_t i, kpk_err *err);
 
@@ -368,7 +368,7 @@ int kstore_experts_request(kstore *s, const uint32_t *ids, size_t n, kpk_err *er
     krange r;
     uint32_t miss[256];
     size_t nm = 0;
-    if (!s->opt.plan || n == 0) return 0;
+    if (!s->opt.layout || n == 0) return 0;
     if (n > 256 || n > (size_t)s->n_eslots) {
         kpk_err_set(err, KPK_EINVAL, "%zu experts requested at once, the cache has %d slots", n, s->n_eslots);
         return -1;
@@ -435,7 +435,7 @@ size_t kstore_experts_predict(kstore *s, const uint32_t *ids, size_t n)
     uint32_t want[256];
     struct slot *taken[256];
     size_t nw = 0, nt = 0;
-    if (!s->opt.plan || !s->io) return 0;
+    if (!s->opt.layout || !s->io) return 0;
     for (size_t k = 0; k < n && nw < 256; k++)
         if (s->role[ids[k]] == ROLE_EXPERT && s->slot_of[ids[k]] < 0) want[nw++] = ids[k];
     /* ids come most likely first.  The likelier three quarters are read
@@ -473,7 +473,7 @@ const uint8_t *kstore_expert_wait(kstore *s, uint32_t i, kpk_err *err)
 {
     struct slot *v;
     const kpk_extent *x = kpk_extent_at(s->f, i);
-    if (!s->opt.plan) return kstore_get(s, i, NULL, err);
+    if (!s->opt.layout) return kstore_get(s, i, NULL, err);
     if (!x || s->role[i] != ROLE_EXPERT || s->slot_of[i] < 0 || !s->eslots[s->slot_of[i]].refs) {
         kpk_err_set(err, KPK_EINVAL, "internal: extent %u waited for without a request", i);
         return NULL;
@@ -491,7 +491,7 @@ const uint8_t *kstore_expert_wait(kstore *s, uint32_t i, kpk_err *err)
 
 int kstore_get_many(kstore *s, const uint32_t *ids, size_t n, const uint8_t **out, kpk_err *err)
 {
-    if (!s->opt.plan || n == 0) {
+    if (!s->opt.layout || n == 0) {
         for (size_t k = 0; k < n; k++)
             if (!(out[k] = kstore_get(s, ids[k], NULL, err))) return -1;
         return 0;
@@ -546,13 +546,13 @@ static int check_held(kstore *s, uint32_t i, kpk_err *err)
     const kpk_extent *x = kpk_extent_at(s->f, i);
     if (x->codec == KPK_CODEC_BLOCKS) {  /* checked block by block as decoded */
         if ((int64_t)i == s->globals && check_prefix(s, i, err)) return -1;
-        if ((int64_t)i != s->globals || !s->opt.plan->head_streamed) verified(s, i);
+        if ((int64_t)i != s->globals || !s->opt.layout->head_streamed) verified(s, i);
         return 0;
     }
     if ((int64_t)i == s->globals) {
         if (check_prefix(s, i, err)) return -1;
         /* with lm_head streaming, the hash is finished after its pieces (store_ring.c) */
-        if (s->opt.plan->head_streamed) return 0;
+        if (s->opt.layout->head_streamed) return 0;
         XXH3_copyState(s->xxh, s->prefix_xxh);
     } else {
         XXH3_64bits_reset(s->xxh);
@@ -652,7 +652,7 @@ int kstore_read(kstore *s, uint32_t i, uint64_t off, size_t len, void *dst, kpk_
 {
     const kpk_extent *x = kpk_extent_at(s->f, i);
     if (!x || off + len > x->raw_len) { kpk_err_set(err, KPK_EINVAL, "bad read of extent %u", i); return -1; }
-    if (!s->opt.plan) { /* the extent was checked when the run attached it */
+    if (!s->opt.layout) { /* the extent was checked when the run attached it */
         const uint8_t *d = x->codec == KPK_CODEC_NONE && x->member != KPK_STRIPED ? s->map[x->member] + x->offset : s->decoded[i];
         if (!d && !(d = mapped_or_decoded(s, i, err))) return -1;
         memcpy(dst, d + off, len);

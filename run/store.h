@@ -7,7 +7,7 @@
  * Without a memory plan every extent is used in place: from a read-only
  * mapping of its member file, or, when it is striped over a set or stored as
  * compressed blocks, read and decoded once into memory.  With a plan
- * (krun --mem / --preset):
+ * (krun --mem / --preset; the store is handed its layout):
  *   - held extents (the pinned trunk prefix, the globals but the embedding
  *     and, when it streams, lm_head) are read once into budgeted buffers:
  *     never touched through a file mapping, so a warm page cache cannot add
@@ -29,7 +29,7 @@
 #define KRUN_STORE_H
 
 #include "kpk_reader.h"
-#include "memplan.h"
+#include "model.h"
 #include "store_pieces.h"
 
 #include <stdint.h>
@@ -40,13 +40,27 @@ enum kstore_policy { KSTORE_LFU = 0, KSTORE_LRU = 1 };
 
 #define KSTORE_MAX_MEMBERS 256
 
+/* Where the extents live, as the memory planner decided it from a budget
+ * (memplan.h: kmemplan_layout): plain data, so that the store does not know
+ * how it was chosen. */
+typedef struct kstore_layout {
+    int pin;                  /* trunk layers [0, pin) are held; the others stream */
+    int head_streamed;        /* lm_head streams through the ring (else it is held with the globals) */
+    uint64_t piece_bytes;     /* the streamed pieces' target size (0: nothing streams) */
+    uint32_t ring_pieces;     /* pieces per step, as the planner cut them */
+    int ring_slots;           /* K ring slots (0: nothing streams) */
+    uint64_t ring_slot_bytes; /* each one's size: the largest piece's slot */
+    int expert_slots;
+    uint64_t expert_slot_bytes;
+} kstore_layout;
+
 typedef struct kstore_opts {
     int verify;               /* enum kstore_verify */
     int io;                   /* enum kstore_io (with a plan) */
     int policy;               /* enum kstore_policy */
     int io_threads;           /* concurrent reads (default 8; a set: per member, at least 2) */
     int trace;                /* record every read for kstore_trace_write */
-    const kmemplan *plan;     /* NULL: everything in place */
+    const kstore_layout *layout; /* NULL: everything in place */
     const k3_model *model;    /* which extent is what */
 } kstore_opts;
 

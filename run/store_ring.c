@@ -120,7 +120,7 @@ static void reset(kstore *s)
 
 int kstore_ring_open(kstore *s, kpk_err *err)
 {
-    const kmemplan *p = s->opt.plan;
+    const kstore_layout *p = s->opt.layout;
     char msg[512];
     int need_buf = 0;
     if (!p->ring_slots) return 0;
