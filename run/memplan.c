@@ -3,7 +3,6 @@
 #include "forward.h"
 #include "kprogress.h"
 #include "predict.h"
-#include "session.h"
 #include "iopool.h"
 #include "store.h"
 #include "store_pieces.h"
@@ -277,7 +276,7 @@ int kmemplan_make(const k3_model *m, const kmemplan_req *q, kmemplan *p, char *e
     p->spec = q->spec;
     p->block = k3_block_positions(q->chunk, q->max_seqs, q->spec);
     p->n_layers = NL;
-    p->session_bytes = krun_session_bytes(c, q->ctx);
+    p->session_bytes = q->session_bytes;
     p->state_bytes = (uint64_t)q->max_seqs * p->session_bytes;
     p->vectors_bytes = k3_run_vectors_bytes(c);
     p->scratch_bytes = k3_run_bytes(c, p->block, q->max_seqs, q->ctx, q->spec) - p->vectors_bytes;

@@ -103,6 +103,8 @@ typedef struct kmemplan_req {
     int predict;                   /* --predict: 1 on (the plan counts the prediction's buffers), 0 off,
                                       -1 auto: on for a split layout (kmemplan_split_layout) when the
                                       budget holds it, else off */
+    uint64_t session_bytes;        /* one session's slot for ctx positions, as the session lays it out
+                                      (krun_session_bytes): the state is max_seqs of them */
 } kmemplan_req;
 
 /* 1 when the trunk is stored in another member file than the experts (kpack
@@ -112,7 +114,8 @@ int kmemplan_split_layout(const k3_model *m);
 
 /* Plan for a budget.  Returns -1 with err saying what the minimum is when the
  * budget cannot hold it.  The state, vectors and scratch sizes come from the
- * functions that lay those buffers out (session.c, forward.c), the ring's
+ * functions that lay those buffers out (a session's slot: the caller's
+ * q->session_bytes from session.c; the run state: forward.c), the ring's
  * from the cut the store reads (store_pieces.c): what is planned is what is
  * allocated and read. */
 int kmemplan_make(const k3_model *m, const kmemplan_req *q, kmemplan *p, char *err, size_t errlen);

@@ -109,11 +109,20 @@ int krun_model_load(const char *path, krun_model **out, krun_err *err)
     return 0;
 }
 
+static size_t session_carve(krun_session *s, const k3_config *c, size_t ctx, karena *a);
+
+size_t krun_session_bytes(const k3_config *c, size_t ctx)
+{
+    karena a = {NULL, 0};
+    return session_carve(NULL, c, ctx, &a);
+}
+
 int krun_model_make_plan(const krun_model *m, const krun_model_opts *o, kmemplan *plan, krun_err *err)
 {
     char msg[800];
     kmemplan_req q = {o->budget, o->pin, o->expert_slots, o->head, o->piece, o->ctx, o->chunk, o->max_seqs, o->spec,
-                      o->io_threads, kmem_base_bytes(&m->m) + o->extra_bytes, o->predict};
+                      o->io_threads, kmem_base_bytes(&m->m) + o->extra_bytes, o->predict,
+                      krun_session_bytes(&m->m.cfg, o->ctx)};
     if (o->spec > KSPEC_MAX_DRAFT) {
         krun_err_set(err, KRUN_EINPUT, "spec %zu: at most %d drafts per verification", o->spec, KSPEC_MAX_DRAFT);
         return -1;
@@ -124,14 +133,6 @@ int krun_model_make_plan(const krun_model *m, const krun_model_opts *o, kmemplan
     }
     plan->preset = o->preset;
     return 0;
-}
-
-static size_t session_carve(krun_session *s, const k3_config *c, size_t ctx, karena *a);
-
-size_t krun_session_bytes(const k3_config *c, size_t ctx)
-{
-    karena a = {NULL, 0};
-    return session_carve(NULL, c, ctx, &a);
 }
 
 int krun_model_prepare(krun_model *m, const krun_model_opts *o, krun_err *err)
