@@ -93,40 +93,6 @@ void k3_run_free(k3_run *r)
     memset(r, 0, sizeof *r);
 }
 
-/* ---- fetching through the store ------------------------------------------------ */
-
-int k3_request_experts(k3_run *r, int L, const int *experts, size_t n, krun_err *err)
-{
-    const k3_model *m = r->model;
-    k3_moe_scratch *s = &r->s.moe;
-    kpk_err e = {0};
-    for (size_t i = 0; i < n; i++) {
-        int64_t id = k3_expert_extent(m, L, experts[i]);
-        if (id < 0) { krun_err_set(err, KRUN_EDATA, "%s: layer %d expert %d: no such extent", kpk_path(m->file), L, experts[i]); return -1; }
-        s->extent[i] = (uint32_t)id;
-    }
-    if (kstore_experts_request(r->store, s->extent, n, &e)) {
-        krun_err_set(err, krun_code_of_kpk(e.code), "%s", e.msg);
-        return -1;
-    }
-    r->expert_uses += n;
-    return 0;
-}
-
-int k3_expert_ready(k3_run *r, int L, size_t q, k3_expert_w *out, krun_err *err)
-{
-    kpk_err e = {0};
-    const uint8_t *p = kstore_expert_wait(r->store, r->s.moe.extent[q], &e);
-    if (!p) { krun_err_set(err, krun_code_of_kpk(e.code), "%s", e.msg); return -1; }
-    k3_bind_expert(r->model, L, p, out);
-    return 0;
-}
-
-void k3_release_experts(k3_run *r, int L, const int *experts, size_t n)
-{
-    for (size_t i = 0; i < n; i++) kstore_put(r->store, (uint32_t)k3_expert_extent(r->model, L, experts[i]));
-}
-
 /* Layer L's weights: held whole, or streamed in pieces under the seam (weights.h). */
 static int fetch_layer(k3_run *r, int L, krun_err *err)
 {

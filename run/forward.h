@@ -24,7 +24,6 @@ typedef struct k3_run {
     k3_scratch s;               /* activations of one block */
     k3_journal j;               /* a speculative verification block's record (cap 0: none) */
     size_t expert_batch;        /* experts of one layer held at once */
-    uint64_t expert_uses;       /* routed (position, expert) pairs so far */
     void *arena;                /* w and s live here */
     size_t arena_bytes;
     /* the prediction (predict.h); NULL when it is off */

@@ -33,13 +33,4 @@ int moe_forward(k3_run *r, int L, size_t T, const float *x, float *y, krun_err *
  * and weight[topk]; scratch holds 2 * n_experts floats. */
 void moe_route(const k3_config *c, const float *logits, const float *bias, float *scratch, int *idx, float *weight);
 
-/* Routed experts of layer L through the store (forward.c), at most
- * r->expert_batch at a time: request starts reading a batch (every one is
- * given back with k3_release_experts, even after a failure); ready binds the
- * q-th of the batch once its own bytes are in, so that it is computed while
- * the disks still read the rest. */
-int k3_request_experts(k3_run *r, int L, const int *experts, size_t n, krun_err *err);
-int k3_expert_ready(k3_run *r, int L, size_t q, k3_expert_w *out, krun_err *err);
-void k3_release_experts(k3_run *r, int L, const int *experts, size_t n);
-
 #endif

@@ -55,17 +55,21 @@ int moe_forward(k3_run *r, int L, size_t T, const float *x, float *y, krun_err *
     memset(s->used, 0, Ne);
     for (size_t i = 0; i < T * k; i++) s->used[s->idx[i]] = 1;
     for (size_t e = 0; e < Ne; e++) if (s->used[e]) s->distinct[nd++] = (int)e;
-    if (nd && k3_request_experts(r, L, s->distinct, nd < r->expert_batch ? nd : r->expert_batch, err)) return -1;
+    if (nd && k3_weights_experts_request(&r->w, L, s->distinct, nd < r->expert_batch ? nd : r->expert_batch, s->extent, err))
+        return -1;
     /* 2. into the latent space */
     wmatmul(r->pool, &r->w, L, K3T_MOE_DOWN, x, E, T, s->zeta, Lt);
 
     /* 3. each expert for every position that chose it, as soon as its bytes are in */
     for (size_t b0 = 0; b0 < nd; b0 += r->expert_batch) {
         size_t nb = nd - b0 < r->expert_batch ? nd - b0 : r->expert_batch;
-        if (b0 && k3_request_experts(r, L, s->distinct + b0, nb, err)) return -1;
+        if (b0 && k3_weights_experts_request(&r->w, L, s->distinct + b0, nb, s->extent, err)) return -1;
         for (size_t q = 0; q < nb; q++) {
             const int e = s->distinct[b0 + q];
-            if (k3_expert_ready(r, L, q, &s->bound[q], err)) { k3_release_experts(r, L, s->distinct + b0, nb); return -1; }
+            if (k3_weights_expert_ready(&r->w, L, s->extent[q], &s->bound[q], err)) {
+                k3_weights_experts_release(&r->w, L, s->distinct + b0, nb);
+                return -1;
+            }
             const kmat *g = ABLATED(EXPERT_W1_W3_SWAPPED) ? &s->bound[q].w3 : &s->bound[q].w1;
             const kmat *u = ABLATED(EXPERT_W1_W3_SWAPPED) ? &s->bound[q].w1 : &s->bound[q].w3;
             size_t n = 0;
@@ -77,7 +81,7 @@ int moe_forward(k3_run *r, int L, size_t T, const float *x, float *y, krun_err *
             expert_matmul(r->pool, &s->bound[q].w2, s->a1, I, n, s->xe, Lt);
             for (size_t q2 = 0; q2 < n; q2++) memcpy(s->slots + (size_t)s->rows[q2] * Lt, s->xe + q2 * Lt, Lt * sizeof *s->xe);
         }
-        k3_release_experts(r, L, s->distinct + b0, nb);
+        k3_weights_experts_release(&r->w, L, s->distinct + b0, nb);
     }
     /* 4. the weighted sum in top-k order, then ONE RMSNorm of the aggregate */
     for (size_t t = 0; t < T; t++) {

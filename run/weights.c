@@ -284,6 +284,38 @@ int k3_weights_end(k3_weights *w, int L, kpk_err *err)
     return 0;
 }
 
+/* ---- routed experts --------------------------------------------------------------- */
+
+int k3_weights_experts_request(k3_weights *w, int L, const int *experts, size_t n, uint32_t *extent, krun_err *err)
+{
+    const k3_model *m = w->m;
+    kpk_err e = {0};
+    for (size_t i = 0; i < n; i++) {
+        int64_t id = k3_expert_extent(m, L, experts[i]);
+        if (id < 0) { krun_err_set(err, KRUN_EDATA, "%s: layer %d expert %d: no such extent", kpk_path(m->file), L, experts[i]); return -1; }
+        extent[i] = (uint32_t)id;
+    }
+    if (kstore_experts_request(w->store, extent, n, &e)) {
+        krun_err_set(err, krun_code_of_kpk(e.code), "%s", e.msg);
+        return -1;
+    }
+    return 0;
+}
+
+int k3_weights_expert_ready(k3_weights *w, int L, uint32_t extent, k3_expert_w *out, krun_err *err)
+{
+    kpk_err e = {0};
+    const uint8_t *p = kstore_expert_wait(w->store, extent, &e);
+    if (!p) { krun_err_set(err, krun_code_of_kpk(e.code), "%s", e.msg); return -1; }
+    k3_bind_expert(w->m, L, p, out);
+    return 0;
+}
+
+void k3_weights_experts_release(k3_weights *w, int L, const int *experts, size_t n)
+{
+    for (size_t i = 0; i < n; i++) kstore_put(w->store, (uint32_t)k3_expert_extent(w->m, L, experts[i]));
+}
+
 /* ---- the seam ------------------------------------------------------------------ */
 
 static kd_type kd_of(int dtype)

@@ -27,6 +27,7 @@
 
 #include "arena.h"
 #include "kernels.h"
+#include "krun_err.h"
 #include "model.h"
 #include "threadpool.h"
 #include "use_order.h"
@@ -87,6 +88,16 @@ int k3_weights_begin(k3_weights *w, int L, kpk_err *err);
  * of its pieces read and its checksum checked.  Fails when anything read for
  * the layer was bad (including inside a product): its results must not be used. */
 int k3_weights_end(k3_weights *w, int L, kpk_err *err);
+
+/* Routed experts of layer L through the store, at most the store's expert
+ * capacity at a time: request starts reading experts[0..n) (their extents are
+ * written to extent[0..n)); every one is given back with
+ * k3_weights_experts_release, even after a failure.  ready binds one of them
+ * (its extent) once its own bytes are in and checked, so that it is computed
+ * while the disks still read the rest. */
+int k3_weights_experts_request(k3_weights *w, int L, const int *experts, size_t n, uint32_t *extent, krun_err *err);
+int k3_weights_expert_ready(k3_weights *w, int L, uint32_t extent, k3_expert_w *out, krun_err *err);
+void k3_weights_experts_release(k3_weights *w, int L, const int *experts, size_t n);
 
 /* Weight (L, role) as a matrix; rows [r0, r1) of it as a matrix of r1 - r0
  * rows.  For tensors held whole (never a streamed K3U_ONCE matrix). */
