@@ -16,18 +16,6 @@
 
 static uint64_t up(uint64_t v) { return (v + KPIECE_ALIGN - 1) / KPIECE_ALIGN * KPIECE_ALIGN; }
 
-void kstore_err_extent(const kstore *s, uint32_t i, kpk_err *err, int code, const char *what)
-{
-    char d[64];
-    kpk_extent_name(s->f, i, d, sizeof d);
-    kpk_err_set(err, code, "%s: %s (extent %u): %s", kpk_path(s->f), d, i, what);
-}
-
-int kstore_need_verify(const kstore *s, uint32_t i)
-{
-    return s->opt.verify == KSTORE_VERIFY_ALWAYS || (s->opt.verify == KSTORE_VERIFY_FIRST && !s->verified[i]);
-}
-
 /* The blocks of the globals extent the window may have to decode: those
  * before the held part (the embedding). */
 static void prefix_blocks(const k3_model *m, uint64_t *max_raw, uint64_t *max_stored)

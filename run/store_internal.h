@@ -1,5 +1,6 @@
 /* The store's parts (store.c: held extents, experts, rows; store_ring.c: the
- * ring of pieces; store_io.c: member files and read requests) share this. */
+ * ring of pieces; store_io.c: member files and read requests; store_check.c:
+ * what they all use) share this. */
 #ifndef KRUN_STORE_INTERNAL_H
 #define KRUN_STORE_INTERNAL_H
 
@@ -87,7 +88,10 @@ struct kstore {
     kstore_stats st;
 };
 
+/* store_check.c */
+/* err = "FILE: layer 3 trunk (extent 7): what" */
 void kstore_err_extent(const kstore *s, uint32_t i, kpk_err *err, int code, const char *what);
+/* 1 if extent i's checksum is to be checked when it is read now (--verify). */
 int kstore_need_verify(const kstore *s, uint32_t i);
 
 /* store_io.c */
