@@ -77,8 +77,8 @@ $(BINDIR)/krun: $(call obj,run/main.c) $(LIBRUN) $(LIBFORMAT)
 	@mkdir -p $(dir $@)
 	@$(if $(V),true,echo "  LINK    $@")
 	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
-# k3synth uses krun's tokenizer (only it) to write and check tokenizer files.
-$(BINDIR)/k3synth: $(call obj,$(SYNTH_SRC) run/tokenizer.c run/tokenizer_specials.c) $(LIBFORMAT)
+# k3synth uses krun's tokenizer (only it, and its error type) to write and check tokenizer files.
+$(BINDIR)/k3synth: $(call obj,$(SYNTH_SRC) run/tokenizer.c run/tokenizer_specials.c run/krun_err.c) $(LIBFORMAT)
 	@mkdir -p $(dir $@)
 	@$(if $(V),true,echo "  LINK    $@")
 	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)

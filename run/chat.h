@@ -89,13 +89,13 @@ void kchat_rendering_free(kchat_rendering *r);
  * ("messages[3]: ...") or the option; an unknown effort or a tool result whose tool cannot be
  * named is an error.  tk must have the four markers. */
 int kchat_render(const ktok *tk, const kchat_message *msgs, size_t n, const kchat_options *o,
-                 kchat_rendering *out, char *err, size_t errlen);
+                 kchat_rendering *out, krun_err *err);
 /* The continuation after msgs[0..from) were fed (e.g. a kept chat state after a reply that ended
  * with <|end_of_msg|>): msgs[from..n) [directive] [generation prompt], no tool declaration or
  * effort message.  kchat_render(all) == kchat_render(msgs[0..from) without generation prompt) +
  * kchat_render_continue(from). */
 int kchat_render_continue(const ktok *tk, const kchat_message *msgs, size_t n, size_t from,
-                          const kchat_options *o, kchat_rendering *out, char *err, size_t errlen);
+                          const kchat_options *o, kchat_rendering *out, krun_err *err);
 
 /* ---- reading the reply ------------------------------------------------------------------- */
 

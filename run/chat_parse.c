@@ -54,8 +54,8 @@ kchat_parser *kchat_parser_new(const ktok *tk, int thinking)
 {
     kchat_parser *p = calloc(1, sizeof *p);
     if (!p) return NULL;
-    char err[160];
-    if (kseg_markers(tk, p->mk, err, sizeof err)) { free(p); return NULL; }
+    krun_err err;
+    if (kseg_markers(tk, p->mk, &err)) { free(p); return NULL; }
     p->tk = tk;
     /* the generation prompt opened <message> and the first channel */
     p->stack[p->depth++] = TAG_MESSAGE;
@@ -458,8 +458,8 @@ int kchat_parser_closing(const kchat_parser *p, const ktok *tk, int32_t **ids, s
     if (p->ended) return 0;
     kseg r = {0};
     r.tk = tk;
-    char err[160];
-    if (kseg_markers(tk, r.mk, err, sizeof err)) return -1;
+    krun_err err;
+    if (kseg_markers(tk, r.mk, &err)) return -1;
     int depth = p->depth, seen_response = p->seen_response;
     if (p->mode != MODE_BODY) kseg_marker(&r, MK_SEP);   /* finish the header that was cut */
     if (p->mode == MODE_OPEN_HEADER) {

@@ -1,7 +1,7 @@
 /* K3 chat format: rendering a conversation to token ids (see chat.h, spec K3_CHAT.md §1-§4). */
 #include "chat.h"
 
-#include "errbuf.h"
+#include "krun_err.h"
 #include "chat_seg.h"
 
 #include <jansson.h>
@@ -103,9 +103,9 @@ static int blank(const char *s)
 }
 
 /* One call: open(call, tool, index) + arguments + close(call). */
-static int render_call(kseg *r, const kchat_tool_call *c, size_t index, size_t mi, char *err, size_t errlen)
+static int render_call(kseg *r, const kchat_tool_call *c, size_t index, size_t mi, krun_err *err)
 {
-    if (!c->name || !*c->name) { errbuf_set(err, errlen, "messages[%zu].tool_calls[%zu]: the function has no name", mi, index - 1); return -1; }
+    if (!c->name || !*c->name) { krun_err_set(err, KRUN_EINPUT, "messages[%zu].tool_calls[%zu]: the function has no name", mi, index - 1); return -1; }
     char idx[24];
     snprintf(idx, sizeof idx, "%zu", index);
     const char *attrs[] = {"tool", c->name, "index", idx, NULL};
@@ -115,7 +115,7 @@ static int render_call(kseg *r, const kchat_tool_call *c, size_t index, size_t m
         json_t *a = json_loads(c->arguments, JSON_ALLOW_NUL, &je);
         if (a && !json_is_object(a)) {
             json_decref(a);
-            errbuf_set(err, errlen, "messages[%zu].tool_calls[%zu]: arguments must be a JSON object", mi, index - 1);
+            krun_err_set(err, KRUN_EINPUT, "messages[%zu].tool_calls[%zu]: arguments must be a JSON object", mi, index - 1);
             return -1;
         }
         if (!a) {
@@ -147,7 +147,7 @@ static int render_call(kseg *r, const kchat_tool_call *c, size_t index, size_t m
     return 0;
 }
 
-static int render_assistant(kseg *r, const kchat_message *m, int thinking, size_t mi, char *err, size_t errlen)
+static int render_assistant(kseg *r, const kchat_message *m, int thinking, size_t mi, krun_err *err)
 {
     const char *attrs[] = {"role", "assistant", NULL};
     kseg_open(r, "message", attrs);
@@ -162,7 +162,7 @@ static int render_assistant(kseg *r, const kchat_message *m, int thinking, size_
     if (m->n_tool_calls) {
         kseg_open(r, "tools", NULL);
         for (size_t k = 0; k < m->n_tool_calls; k++)
-            if (render_call(r, &m->tool_calls[k], k + 1, mi, err, errlen)) return -1;
+            if (render_call(r, &m->tool_calls[k], k + 1, mi, err)) return -1;
         kseg_close(r, "tools");
     }
     kseg_close(r, "message");
@@ -195,7 +195,7 @@ static const char *tool_result_name(const tool_state *s, const kchat_message *m)
 }
 
 static int render_message(kseg *r, const kchat_message *m, tool_state *s, const kchat_options *o, size_t mi,
-                          char *err, size_t errlen)
+                          krun_err *err)
 {
     track(s, m);
     switch (m->role) {
@@ -210,11 +210,11 @@ static int render_message(kseg *r, const kchat_message *m, tool_state *s, const 
         return 0;
     }
     case KCHAT_ASSISTANT:
-        return render_assistant(r, m, o->thinking, mi, err, errlen);
+        return render_assistant(r, m, o->thinking, mi, err);
     case KCHAT_TOOL: {
         const char *name = tool_result_name(s, m);
         if (!name) {
-            errbuf_set(err, errlen, "messages[%zu]: a tool result whose tool is unknown: give a tool_call_id of the "
+            krun_err_set(err, KRUN_EINPUT, "messages[%zu]: a tool result whose tool is unknown: give a tool_call_id of the "
                        "preceding assistant message's tool_calls, or a name", mi);
             return -1;
         }
@@ -228,19 +228,19 @@ static int render_message(kseg *r, const kchat_message *m, tool_state *s, const 
         return 0;
     }
     }
-    errbuf_set(err, errlen, "messages[%zu]: unknown role", mi);
+    krun_err_set(err, KRUN_EINPUT, "messages[%zu]: unknown role", mi);
     return -1;
 }
 
 /* The tool declaration: the tools as compact JSON with keys sorted recursively.  *declared: the
  * list is not empty (an empty list declares nothing); emit: write it (not in a continuation). */
-static int render_tools(kseg *r, const char *tools_json, int emit, int *declared, char *err, size_t errlen)
+static int render_tools(kseg *r, const char *tools_json, int emit, int *declared, krun_err *err)
 {
     json_error_t je;
     json_t *t = json_loads(tools_json, JSON_ALLOW_NUL, &je);
     if (!t || !json_is_array(t)) {
         json_decref(t);
-        errbuf_set(err, errlen, "tools: expected a JSON array%s%s", t ? "" : ": ", t ? "" : je.text);
+        krun_err_set(err, KRUN_EINPUT, "tools: expected a JSON array%s%s", t ? "" : ": ", t ? "" : je.text);
         return -1;
     }
     *declared = json_array_size(t) > 0;
@@ -258,21 +258,21 @@ static int render_tools(kseg *r, const char *tools_json, int emit, int *declared
 }
 
 static int render(const ktok *tk, const kchat_message *msgs, size_t n, size_t from, const kchat_options *o,
-                  kchat_rendering *out, char *err, size_t errlen)
+                  kchat_rendering *out, krun_err *err)
 {
     memset(out, 0, sizeof *out);
     kseg r = {0};
     r.tk = tk;
-    if (kseg_markers(tk, r.mk, err, errlen)) return -1;
-    if (!msgs && n) { errbuf_set(err, errlen, "messages: NULL list"); return -1; }
-    if (from > n) { errbuf_set(err, errlen, "continuation from message %zu of %zu", from, n); return -1; }
+    if (kseg_markers(tk, r.mk, err)) return -1;
+    if (!msgs && n) { krun_err_set(err, KRUN_EINPUT, "messages: NULL list"); return -1; }
+    if (from > n) { krun_err_set(err, KRUN_EINPUT, "continuation from message %zu of %zu", from, n); return -1; }
     if (o->thinking && (o->effort < KCHAT_EFFORT_NONE || o->effort > KCHAT_EFFORT_MAX)) {
-        errbuf_set(err, errlen, "unknown thinking effort (expected low, high or max)");
+        krun_err_set(err, KRUN_EINPUT, "unknown thinking effort (expected low, high or max)");
         return -1;
     }
     int declared = 0, rc = -1;
     /* the header (tool declaration, effort) belongs to the first turn only */
-    if (o->tools_json && render_tools(&r, o->tools_json, from == 0, &declared, err, errlen)) goto out;
+    if (o->tools_json && render_tools(&r, o->tools_json, from == 0, &declared, err)) goto out;
     if (from == 0 && o->thinking && o->effort != KCHAT_EFFORT_NONE) {
         char body[sizeof EFFORT_TEXT + 8];
         int l = snprintf(body, sizeof body, EFFORT_TEXT, kchat_effort_name(o->effort));
@@ -281,7 +281,7 @@ static int render(const ktok *tk, const kchat_message *msgs, size_t n, size_t fr
     tool_state s = {0};
     for (size_t i = 0; i < from; i++) track(&s, &msgs[i]);
     for (size_t i = from; i < n; i++)
-        if (render_message(&r, &msgs[i], &s, o, i, err, errlen)) goto out;
+        if (render_message(&r, &msgs[i], &s, o, i, err)) goto out;
     if (declared && o->tool_choice != KCHAT_TOOL_CHOICE_AUTO) {
         const char *b = o->tool_choice == KCHAT_TOOL_CHOICE_NONE ? TOOL_CHOICE_NONE : TOOL_CHOICE_REQUIRED;
         system_message(&r, "tool-choice", b, strlen(b));
@@ -292,7 +292,7 @@ static int render(const ktok *tk, const kchat_message *msgs, size_t n, size_t fr
         kseg_open(&r, o->thinking ? "think" : "response", NULL);
     }
     if (!r.text.p) kbuf_add(&r.text, "", 0);
-    if (r.fail || r.text.oom) { errbuf_set(err, errlen, "out of memory (or the tokenizer failed)"); goto out; }
+    if (r.fail || r.text.oom) { krun_err_set(err, KRUN_ENOMEM, "out of memory (or the tokenizer failed)"); goto out; }
     rc = 0;
 out:
     if (rc == 0) {
@@ -307,13 +307,13 @@ out:
 }
 
 int kchat_render(const ktok *tk, const kchat_message *msgs, size_t n, const kchat_options *o,
-                 kchat_rendering *out, char *err, size_t errlen)
+                 kchat_rendering *out, krun_err *err)
 {
-    return render(tk, msgs, n, 0, o, out, err, errlen);
+    return render(tk, msgs, n, 0, o, out, err);
 }
 
 int kchat_render_continue(const ktok *tk, const kchat_message *msgs, size_t n, size_t from,
-                          const kchat_options *o, kchat_rendering *out, char *err, size_t errlen)
+                          const kchat_options *o, kchat_rendering *out, krun_err *err)
 {
-    return render(tk, msgs, n, from, o, out, err, errlen);
+    return render(tk, msgs, n, from, o, out, err);
 }

@@ -1,19 +1,19 @@
 /* Segment-by-segment rendering shared by the chat renderer and the reply parser (chat_seg.h). */
 #include "chat_seg.h"
 
-#include "errbuf.h"
+#include "krun_err.h"
 
 #include <stdlib.h>
 #include <string.h>
 
 const char *const kchat_marker_text[MK_COUNT] = {KCHAT_OPEN, KCHAT_CLOSE, KCHAT_SEP, KCHAT_END_OF_MSG};
 
-int kseg_markers(const ktok *tk, int32_t mk[MK_COUNT], char *err, size_t errlen)
+int kseg_markers(const ktok *tk, int32_t mk[MK_COUNT], krun_err *err)
 {
     for (int k = 0; k < MK_COUNT; k++) {
         mk[k] = tk ? ktok_find_special(tk, kchat_marker_text[k]) : -1;
         if (tk && mk[k] < 0) {
-            errbuf_set(err, errlen, "the tokenizer has no %s special token: not a Kimi K3 tokenizer", kchat_marker_text[k]);
+            krun_err_set(err, KRUN_EINPUT, "the tokenizer has no %s special token: not a Kimi K3 tokenizer", kchat_marker_text[k]);
             return -1;
         }
     }

@@ -18,7 +18,7 @@ typedef struct {
 } kseg;
 
 /* The markers' ids from tk (NULL: nothing to look up).  Returns 0, or -1 with a message. */
-int  kseg_markers(const ktok *tk, int32_t mk[MK_COUNT], char *err, size_t errlen);
+int  kseg_markers(const ktok *tk, int32_t mk[MK_COUNT], krun_err *err);
 void kseg_marker(kseg *r, int which);
 void kseg_text(kseg *r, const char *s, size_t n);
 /* open(tag, attrs): attrs is key, value pairs ending with NULL (NULL: none).  One segment. */

@@ -344,7 +344,7 @@ static uint64_t bytes_read(chat *ch)
  * follows the state (the user's new message and the generation prompt). */
 static int turn_ids(chat *ch, const char *text, size_t len, int32_t **ids, size_t *n)
 {
-    char err[512];
+    krun_err err;
     size_t hist;
     krun_session_tokens(ch->s, &hist);
     if (!ch->conv.template) {
@@ -355,10 +355,10 @@ static int turn_ids(chat *ch, const char *text, size_t len, int32_t **ids, size_
     kchat_rendering r;
     int rc;
     if (!k) { fprintf(stderr, "krun chat: out of memory\n"); return -1; }
-    rc = hist == 0 ? kchat_render(ch->tk, k, ch->conv.n, &ch->conv.opts, &r, err, sizeof err)
-                   : kchat_render_continue(ch->tk, k, ch->conv.n, ch->conv.fed, &ch->conv.opts, &r, err, sizeof err);
+    rc = hist == 0 ? kchat_render(ch->tk, k, ch->conv.n, &ch->conv.opts, &r, &err)
+                   : kchat_render_continue(ch->tk, k, ch->conv.n, ch->conv.fed, &ch->conv.opts, &r, &err);
     free(k);
-    if (rc) { fprintf(stderr, "krun chat: %s\n", err); return -1; }
+    if (rc) { fprintf(stderr, "krun chat: %s\n", err.msg); return -1; }
     free(r.text);
     *ids = r.ids;
     *n = r.n_ids;

@@ -183,7 +183,7 @@ int krun_serve_main(int argc, char **argv)
     int64_t max_body;
     long port = 0;
     int fd = -1, rc = KRUN_EINPUT, sig = 0, damaged;
-    char name[256], err[512];
+    char name[256];
     sigset_t stop_signals;
     json_t *health;
 
@@ -213,9 +213,9 @@ int krun_serve_main(int argc, char **argv)
     krun_cli_model_opts(&o.c, o.model, budget, &mo);
     if (krun_model_prepare(m, &mo, &e)) { fprintf(stderr, "krun serve: %s\n", e.msg); rc = e.code; goto out; }
     eo = (srv_engine_opts){(size_t)o.max_queue, name, o.quiet};
-    if (srv_engine_start(m, &eo, &eng, err, sizeof err)) { fprintf(stderr, "krun serve: %s\n", err); rc = KRUN_ENOMEM; goto out; }
+    if (srv_engine_start(m, &eo, &eng, &e)) { fprintf(stderr, "krun serve: %s\n", e.msg); rc = e.code; goto out; }
     ho = (srv_http_opts){o.api_key, (size_t)max_body, fd, (unsigned)o.max_connections, (unsigned)o.idle_timeout};
-    if (srv_http_start(eng, &ho, &http, err, sizeof err)) { fprintf(stderr, "krun serve: %s\n", err); goto out; }
+    if (srv_http_start(eng, &ho, &http, &e)) { fprintf(stderr, "krun serve: %s\n", e.msg); rc = e.code; goto out; }
     fd = -1;                                   /* the daemon's now */
     if (!o.quiet) announce(&o, m, name, port);
     else fprintf(stderr, "krun serve: listening on port %ld\n", port);

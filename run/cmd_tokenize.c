@@ -136,18 +136,19 @@ static int read_input(const char *text, const char *path, kbuf *b)
 }
 
 /* ids separated by commas, whitespace or JSON brackets.  Returns 0, or -1 with a message. */
-static int parse_id_list(const char *s, size_t len, const ktok *tk, int32_t **out, size_t *n, char *err, size_t errlen)
+static int parse_id_list(const char *s, size_t len, const ktok *tk, int32_t **out, size_t *n, krun_err *err)
 {
     size_t cap = 64;
     int32_t *v = malloc(cap * sizeof *v);
     *n = 0;
-    if (!v) { snprintf(err, errlen, "out of memory"); return -1; }
+    if (!v) { krun_err_set(err, KRUN_ENOMEM, "out of memory"); return -1; }
     size_t V = ktok_vocab_size(tk);
     for (size_t i = 0; i < len;) {
         char c = s[i];
         if (c == ',' || c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '[' || c == ']') { i++; continue; }
         if (c < '0' || c > '9') {
-            snprintf(err, errlen, "expected token ids separated by commas or spaces, got \"%.20s\" at byte %zu", s + i, i);
+            krun_err_set(err, KRUN_EINPUT, "expected token ids separated by commas or spaces, got \"%.20s\" at byte %zu",
+                         s + i, i);
             free(v);
             return -1;
         }
@@ -158,14 +159,14 @@ static int parse_id_list(const char *s, size_t len, const ktok *tk, int32_t **ou
             i++;
         }
         if (x >= V || !ktok_id_bytes(tk, (int32_t)x, NULL)) {
-            snprintf(err, errlen, "token id %.*s (id number %zu) is outside the vocabulary (0..%zu)",
+            krun_err_set(err, KRUN_EINPUT, "token id %.*s (id number %zu) is outside the vocabulary (0..%zu)",
                      (int)(i - start > 20 ? 20 : i - start), s + start, *n + 1, V - 1);
             free(v);
             return -1;
         }
         if (*n == cap) {
             int32_t *p = realloc(v, (cap *= 2) * sizeof *v);
-            if (!p) { free(v); snprintf(err, errlen, "out of memory"); return -1; }
+            if (!p) { free(v); krun_err_set(err, KRUN_ENOMEM, "out of memory"); return -1; }
             v = p;
         }
         v[(*n)++] = (int32_t)x;
@@ -256,9 +257,9 @@ static int do_decode(const ktok *tk, const struct topts *o, const char *text, si
 {
     int32_t *ids;
     size_t n;
-    char err[200];
-    if (parse_id_list(text, len, tk, &ids, &n, err, sizeof err)) {
-        fprintf(stderr, "krun tokenize --decode: %s: %s\n", o->text ? "argument" : o->file ? o->file : "standard input", err);
+    krun_err err;
+    if (parse_id_list(text, len, tk, &ids, &n, &err)) {
+        fprintf(stderr, "krun tokenize --decode: %s: %s\n", o->text ? "argument" : o->file ? o->file : "standard input", err.msg);
         return TK_USAGE;
     }
     uint8_t *b;
@@ -369,10 +370,10 @@ static int do_chat(const ktok *tk, const struct topts *o)
         opt.effort = KCHAT_EFFORT_MAX;   /* --think over a request that turned thinking off: the default effort */
     if (o->no_gen_prompt) opt.add_generation_prompt = 0;
     kchat_rendering r;
-    char err[400];
-    int rc = kchat_render(o->print_text ? NULL : tk, req.messages, req.n_messages, &opt, &r, err, sizeof err);
+    krun_err err;
+    int rc = kchat_render(o->print_text ? NULL : tk, req.messages, req.n_messages, &opt, &r, &err);
     oai_chat_request_free(&req);
-    if (rc) { fprintf(stderr, "krun tokenize: %s: %s\n", name, err); return TK_USAGE; }
+    if (rc) { fprintf(stderr, "krun tokenize: %s: %s\n", name, err.msg); return TK_USAGE; }
     if (o->print_text) { fwrite(r.text, 1, r.text_len, stdout); putchar('\n'); }
     else if (o->json) print_json(ids_json(tk, r.ids, r.n_ids));
     else print_ids(r.ids, r.n_ids, o->sep, "", "");
@@ -391,12 +392,12 @@ int krun_tokenize_main(int argc, char **argv)
         fprintf(stderr, "krun tokenize: %s\n", e.msg);
         return e.code == KPK_EFORMAT || e.code == KPK_ECHECKSUM ? TK_DATA : TK_USAGE;
     }
-    char err[1024];
+    krun_err err;
     int st;
-    ktok *tk = ktok_load_kpk(f, &st, err, sizeof err);
+    ktok *tk = ktok_load_kpk(f, &st, &err);
     kpk_close(f);
     if (!tk) {
-        fprintf(stderr, "krun tokenize: %s\n", err);
+        fprintf(stderr, "krun tokenize: %s\n", err.msg);
         if (st == KTOK_KPK_ABSENT) fprintf(stderr, "krun tokenize: this model takes token ids only (krun --ids)\n");
         return st == KTOK_KPK_BAD ? TK_DATA : TK_USAGE;
     }

@@ -47,7 +47,6 @@ int k3_run_init(k3_run *r, const k3_model *m, kstore *store, kpool *pool, size_t
 {
     const k3_config *c = &m->cfg;
     karena a = {NULL, 0};
-    kpk_err e = {0};
     const uint8_t *g;
     uint64_t first = 0;
     memset(r, 0, sizeof *r);
@@ -75,9 +74,8 @@ int k3_run_init(k3_run *r, const k3_model *m, kstore *store, kpool *pool, size_t
     run_carve(r, c, T, S, ctx, spec, &a);
     k3_weights_setup(&r->w, m, store);
     /* the globals are held for the whole run: lm_head and the output vectors */
-    g = kstore_get(store, m->globals_extent, &first, &e);
+    g = kstore_get(store, m->globals_extent, &first, err);
     if (!g) {
-        krun_err_set(err, krun_code_of_kpk(e.code), "%s", e.msg);
         k3_run_free(r);
         return -1;
     }
@@ -93,22 +91,6 @@ void k3_run_free(k3_run *r)
     memset(r, 0, sizeof *r);
 }
 
-/* Layer L's weights: held whole, or streamed in pieces under the seam (weights.h). */
-static int fetch_layer(k3_run *r, int L, krun_err *err)
-{
-    kpk_err e = {0};
-    if (k3_weights_begin(&r->w, L, &e)) { krun_err_set(err, krun_code_of_kpk(e.code), "%s", e.msg); return -1; }
-    return 0;
-}
-
-/* Fails when anything read for the layer was bad: its results must not be used. */
-static int release_layer(k3_run *r, int L, krun_err *err)
-{
-    kpk_err e = {0};
-    if (k3_weights_end(&r->w, L, &e)) { krun_err_set(err, krun_code_of_kpk(e.code), "%s", e.msg); return -1; }
-    return 0;
-}
-
 /* One embedding row, read from the file on demand: the table (2.35 GB at
  * full scale) is never held. */
 static int embed_row(k3_run *r, int32_t id, float *out, krun_err *err)
@@ -116,11 +98,7 @@ static int embed_row(k3_run *r, int32_t id, float *out, krun_err *err)
     const k3_model *m = r->model;
     const kt_loc *emb = &m->globals[K3T_EMBED];
     const size_t E = (size_t)m->cfg.hidden, rowb = E * kpk_dtype_size(emb->dtype);
-    kpk_err e = {0};
-    if (kstore_read(r->store, m->globals_extent, emb->offset + (uint64_t)id * rowb, rowb, r->s.embed_row, &e)) {
-        krun_err_set(err, krun_code_of_kpk(e.code), "%s", e.msg);
-        return -1;
-    }
+    if (kstore_read(r->store, m->globals_extent, emb->offset + (uint64_t)id * rowb, rowb, r->s.embed_row, err)) return -1;
     k3_widen(r->s.embed_row, emb->dtype, E, out);
     return 0;
 }
@@ -240,12 +218,10 @@ static int output(k3_run *r, const k3_block *b, size_t nsnap, krun_err *err)
     /* the last rows of the other segments, gathered: one row (a single
      * sequence) straight into its buffer */
     if (ng) calls[nc++] = (wcall){s->xg, E, ng, ng == 1 ? b->seg[last].logits : s->lg, V};
-    {   /* lm_head read once for every row wanted (it may stream in pieces) */
-        kpk_err e = {0};
-        if (k3_weights_begin(&r->w, K3_GLOBALS, &e)) { krun_err_set(err, krun_code_of_kpk(e.code), "%s", e.msg); return -1; }
-        wmatmul_many(r->pool, &r->w, K3_GLOBALS, head, calls, nc);
-        if (k3_weights_end(&r->w, K3_GLOBALS, &e)) { krun_err_set(err, krun_code_of_kpk(e.code), "%s", e.msg); return -1; }
-    }
+    /* lm_head read once for every row wanted (it may stream in pieces) */
+    if (k3_weights_begin(&r->w, K3_GLOBALS, err)) return -1;
+    wmatmul_many(r->pool, &r->w, K3_GLOBALS, head, calls, nc);
+    if (k3_weights_end(&r->w, K3_GLOBALS, err)) return -1;
     ng = 0;
     for (size_t k = 0; k < b->nseg; k++) {
         const k3_seg *sg = &b->seg[k];
@@ -271,11 +247,7 @@ int k3_forward(k3_run *r, const k3_seg *segs, size_t nseg, krun_err *err)
     size_t nsnap = 0;
     int prefix_empty = 0;
 
-    if (make_block(r, segs, nseg, &b, err)) return -1;
-    {
-        kpk_err e = {0};
-        if (k3_weights_step_begin(&r->w, &e)) { krun_err_set(err, krun_code_of_kpk(e.code), "%s", e.msg); return -1; }
-    }
+    if (make_block(r, segs, nseg, &b, err) || k3_weights_step_begin(&r->w, err)) return -1;
 
     /* §4.3: the embedding is the first hidden state; no scaling, no positions */
     for (size_t t = 0; t < b.T; t++)
@@ -284,7 +256,8 @@ int k3_forward(k3_run *r, const k3_seg *segs, size_t nseg, krun_err *err)
     for (int L = 0; L < c->n_layers; L++) {
         const k3_vecs *w;
         const float *f_attn, *f_mlp;
-        if (fetch_layer(r, L, err)) return -1;
+        /* layer L's weights: held whole, or streamed in pieces under the seam (weights.h) */
+        if (k3_weights_begin(&r->w, L, err)) return -1;
         w = k3_weights_vecs(&r->w, L);
         f_attn = ABLATED(ATTNRES_FOLDS_SWAPPED) ? w->f_mlp : w->f_attn;
         f_mlp = ABLATED(ATTNRES_FOLDS_SWAPPED) ? w->f_attn : w->f_mlp;
@@ -319,15 +292,13 @@ int k3_forward(k3_run *r, const k3_seg *segs, size_t nseg, krun_err *err)
         /* step 7: the FFN; the MoE fetches the union of the block's experts once */
         if (!k3_layer_is_moe(c, L)) dense_ffn_forward(r, L, b.T, s->xn, s->y);
         else if (moe_forward(r, L, b.T, s->xn, s->y, err)) {
-            char tmp[sizeof err->msg];
-            snprintf(tmp, sizeof tmp, "layer %d: %s", L, err->msg);
-            memcpy(err->msg, tmp, sizeof tmp);
-            release_layer(r, L, &(krun_err){0, {0}});
-            return -1;
+            k3_weights_end(&r->w, L, &(krun_err){0, {0}});
+            return krun_err_prefix(err, "layer %d: ", L);
         }
         /* step 8: the next layer's h is P */
         for (size_t i = 0; i < b.T * E; i++) s->P[i] = s->P[i] + s->y[i];
-        if (release_layer(r, L, err)) return -1;
+        /* fails when anything read for the layer was bad: its results must not be used */
+        if (k3_weights_end(&r->w, L, err)) return -1;
     }
 
     if (output(r, &b, nsnap, err)) return -1;

@@ -1,10 +1,18 @@
 /* How krun reports a failure: a code that is also the process exit status, and
  * one line naming what failed (the file, tensor, extent, request) and what to
- * do next. */
+ * do next.  One type for the whole runtime, from the store to the commands:
+ *
+ *   if (bad) return krun_err_set(err, KRUN_EINPUT, "%s: ...", path);  set it and fail
+ *   if (kpk_x(f, ..., &ke)) return krun_err_kpk(err, &ke);            wrap a format/ error
+ *   if (step(..., err)) return krun_err_prefix(err, "layer %d: ", L);  pass it on, saying where
+ *
+ * (zstd's RETURN_ERROR_IF and FORWARD_IF_ERROR, as functions: every return
+ * stays visible at the call.)  The format library below keeps its own kpk_err:
+ * krun_err_kpk is the one place its codes become exit statuses. */
 #ifndef KRUN_ERR_H
 #define KRUN_ERR_H
 
-#include <stdio.h>
+#include "kpk.h"
 
 enum krun_code {
     KRUN_OK = 0,
@@ -19,9 +27,19 @@ typedef struct krun_err {
     char msg[1024];
 } krun_err;
 
-/* Set e's code and message, printf-style (checked by -Wformat through snprintf). */
-#define krun_err_set(e, c, ...) ((void)((e)->code = (c)), (void)snprintf((e)->msg, sizeof (e)->msg, __VA_ARGS__))
-/* The krun code of a format/ error code (enum kpk_errcode). */
+/* Set e's code and message (printf-style); returns -1, so that a failing
+ * function can end with `return krun_err_set(...)`. */
+int krun_err_set(krun_err *e, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* e from a format/ error: its message, and the krun code of its code
+ * (krun_code_of_kpk).  Returns -1. */
+int krun_err_kpk(krun_err *e, const kpk_err *k);
+/* Put the formatted text in front of e's message ("layer 3: " + message);
+ * the code stays.  Returns -1. */
+int krun_err_prefix(krun_err *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The krun code of a format/ error code (enum kpk_errcode): damage (a bad
+ * structure or checksum, and a bad argument, which only a damaged file can
+ * make the runtime pass) is KRUN_EDATA, out of memory KRUN_ENOMEM, the rest
+ * (I/O, not KPK, a newer version, a member of a set) KRUN_EINPUT. */
 int krun_code_of_kpk(int kpk_code);
 
 #endif

@@ -137,7 +137,7 @@ static int candidates(const k3_model *m, uint64_t forced, uint64_t *out)
     return n;
 }
 
-static int measure(const k3_model *m, const kmemplan_req *q, struct sizes *s, char *err, size_t errlen)
+static int measure(const k3_model *m, const kmemplan_req *q, struct sizes *s, krun_err *err)
 {
     const kpk_file *f = m->file;
     const k3_config *c = &m->cfg;
@@ -148,7 +148,7 @@ static int measure(const k3_model *m, const kmemplan_req *q, struct sizes *s, ch
     krange r;
     memset(s, 0, sizeof *s);
     if (first < 0) {
-        snprintf(err, errlen, "%s: the embedding is not the first tensor of the globals extent, so it cannot be left "
+        krun_err_set(err, KRUN_EINPUT, "%s: the embedding is not the first tensor of the globals extent, so it cannot be left "
                  "out of memory; run without --mem", kpk_path(f));
         return -1;
     }
@@ -157,7 +157,7 @@ static int measure(const k3_model *m, const kmemplan_req *q, struct sizes *s, ch
         if (x->codec == KPK_CODEC_ZSTD && (x->kind == KPK_KIND_GLOBALS || x->kind == KPK_KIND_TRUNK || x->kind == KPK_KIND_EXPERT)) {
             char d[64];
             kpk_extent_name(f, i, d, sizeof d);
-            snprintf(err, errlen, "%s: %s is one zstd frame (codec 1), which krun decodes only whole; run without --mem, or "
+            krun_err_set(err, KRUN_EINPUT, "%s: %s is one zstd frame (codec 1), which krun decodes only whole; run without --mem, or "
                      "re-lay the file out with blocks (codec 2)", kpk_path(f), d);
             return -1;
         }
@@ -188,11 +188,11 @@ static int measure(const k3_model *m, const kmemplan_req *q, struct sizes *s, ch
     /* every candidate piece size: the cut of every layer and (when it can stream) lm_head */
     s->ncand = candidates(m, q->piece, cands);
     s->cand = calloc((size_t)s->ncand, sizeof *s->cand);
-    if (!s->cand) { snprintf(err, errlen, "out of memory"); return -1; }
+    if (!s->cand) return krun_err_set(err, KRUN_ENOMEM, "out of memory");
     for (int k = 0; k < s->ncand; k++) {
         struct cand *cd = &s->cand[k];
         kring ring;
-        if (kring_build(&ring, m, cands[k], 0, s->head_streamable, stage, err, errlen)) { sizes_free(s); return -1; }
+        if (kring_build(&ring, m, cands[k], 0, s->head_streamable, stage, err)) { sizes_free(s); return -1; }
         cd->piece = cands[k];
         for (int t = 0; t < ring.n_slots; t++) {
             cd->slot_n[t] = ring.slot_npieces[t];
@@ -250,14 +250,14 @@ int kmemplan_split_layout(const k3_model *m)
     return 0;
 }
 
-int kmemplan_make(const k3_model *m, const kmemplan_req *q, kmemplan *p, char *err, size_t errlen)
+int kmemplan_make(const k3_model *m, const kmemplan_req *q, kmemplan *p, krun_err *err)
 {
     if (q->predict < 0) { /* auto: on for a split layout, unless only the plan without it fits */
         kmemplan_req r = *q;
         r.predict = kmemplan_split_layout(m);
-        if (r.predict && kmemplan_make(m, &r, p, err, errlen) == 0) return 0;
+        if (r.predict && kmemplan_make(m, &r, p, err) == 0) return 0;
         r.predict = 0;
-        return kmemplan_make(m, &r, p, err, errlen);
+        return kmemplan_make(m, &r, p, err);
     }
     const k3_config *c = &m->cfg;
     const int NL = c->n_layers;
@@ -267,7 +267,7 @@ int kmemplan_make(const k3_model *m, const kmemplan_req *q, kmemplan *p, char *e
     char b1[32], b2[32];
 
     memset(p, 0, sizeof *p);
-    if (measure(m, q, &s, err, errlen)) return -1;
+    if (measure(m, q, &s, err)) return -1;
     p->budget = q->budget;
     p->base = q->base;
     p->ctx = q->ctx;
@@ -308,7 +308,7 @@ int kmemplan_make(const k3_model *m, const kmemplan_req *q, kmemplan *p, char *e
                 if (total_for(&s, p, &ch, slots >= 0 ? slots : min_slots) <= q->budget) { best = ch; found = 1; }
             }
     if (q->head > 0 && !s.head_streamable) {
-        snprintf(err, errlen, "%s: lm_head does not follow the embedding in the globals extent, so it cannot stream (--head stream)",
+        krun_err_set(err, KRUN_EINPUT, "%s: lm_head does not follow the embedding in the globals extent, so it cannot stream (--head stream)",
                  kpk_path(m->file));
         sizes_free(&s);
         return -1;
@@ -350,7 +350,7 @@ int kmemplan_make(const k3_model *m, const kmemplan_req *q, kmemplan *p, char *e
     if (p->total > q->budget) {
         kfmt_bytes(q->budget, b1, sizeof b1);
         kfmt_bytes(p->minimum, b2, sizeof b2);
-        snprintf(err, errlen, "a budget of %s (%llu bytes) cannot hold this plan (%llu bytes); the minimum for this "
+        krun_err_set(err, KRUN_EINPUT, "a budget of %s (%llu bytes) cannot hold this plan (%llu bytes); the minimum for this "
                  "model with --ctx %zu is %s (%llu bytes)", b1, (unsigned long long)q->budget, (unsigned long long)p->total,
                  q->ctx, b2, (unsigned long long)p->minimum);
         return -1;

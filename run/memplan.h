@@ -112,13 +112,13 @@ typedef struct kmemplan_req {
  * trunk's compute pays (docs/PERFORMANCE.md, "The split layout"). */
 int kmemplan_split_layout(const k3_model *m);
 
-/* Plan for a budget.  Returns -1 with err saying what the minimum is when the
- * budget cannot hold it.  The state, vectors and scratch sizes come from the
+/* Plan for a budget.  Returns -1 with err (KRUN_EINPUT) saying what the
+ * minimum is when the budget cannot hold it.  The state, vectors and scratch sizes come from the
  * functions that lay those buffers out (a session's slot: the caller's
  * q->session_bytes from session.c; the run state: forward.c), the ring's
  * from the cut the store reads (store_pieces.c): what is planned is what is
  * allocated and read. */
-int kmemplan_make(const k3_model *m, const kmemplan_req *q, kmemplan *p, char *err, size_t errlen);
+int kmemplan_make(const k3_model *m, const kmemplan_req *q, kmemplan *p, krun_err *err);
 void kmemplan_print(const kmemplan *p, FILE *out);
 /* The part of a plan the store is handed (store.h): where each extent lives. */
 struct kstore_layout;

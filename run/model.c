@@ -33,7 +33,7 @@ void k3_model_close(k3_model *m)
     memset(m, 0, sizeof *m);
 }
 
-int k3_model_open(kpk_file *f, k3_model *m, char *err, size_t errlen)
+int k3_model_open(kpk_file *f, k3_model *m, krun_err *err)
 {
     char *cfg_text = NULL, cerr[800];
     size_t cfg_len;
@@ -44,13 +44,10 @@ int k3_model_open(kpk_file *f, k3_model *m, char *err, size_t errlen)
     memset(m, 0, sizeof *m);
     m->file = f;
     m->eos_id = -1;
-    if (kpk_meta_file(f, "config.json", &cfg_text, &cfg_len, &e)) {
-        snprintf(err, errlen, "%s", e.msg);
-        return -1;
-    }
+    if (kpk_meta_file(f, "config.json", &cfg_text, &cfg_len, &e)) return krun_err_kpk(err, &e);
     m->config_text = cfg_text;   /* freed by k3_model_close on failure */
     if (k3_config_parse(cfg_text, cfg_len, &m->cfg, cerr, sizeof cerr)) {
-        snprintf(err, errlen, "%s: embedded config.json: %s", kpk_path(f), cerr);
+        krun_err_set(err, KRUN_EDATA, "%s: embedded config.json: %s", kpk_path(f), cerr);
         goto bad;
     }
     m->eos_id = read_eos(cfg_text, cfg_len);
@@ -63,21 +60,24 @@ int k3_model_open(kpk_file *f, k3_model *m, char *err, size_t errlen)
     }
 
     g = kpk_find_globals(f);
-    if (g < 0) { snprintf(err, errlen, "%s: no globals extent", kpk_path(f)); goto bad; }
+    if (g < 0) { krun_err_set(err, KRUN_EDATA, "%s: no globals extent", kpk_path(f)); goto bad; }
     m->globals_extent = (uint32_t)g;
     m->trunk_extent = calloc((size_t)m->cfg.n_layers, sizeof *m->trunk_extent);
     m->trunk = calloc((size_t)m->cfg.n_layers * K3T_COUNT, sizeof *m->trunk);
     m->expert_off = calloc((size_t)m->cfg.n_layers * 6, sizeof *m->expert_off);
-    if (!m->trunk_extent || !m->trunk || !m->expert_off) { snprintf(err, errlen, "out of memory"); goto bad; }
+    if (!m->trunk_extent || !m->trunk || !m->expert_off) { krun_err_set(err, KRUN_ENOMEM, "out of memory"); goto bad; }
     for (int L = 0; L < m->cfg.n_layers; L++) {
         int64_t x = kpk_find_trunk(f, (uint32_t)L);
-        if (x < 0) { snprintf(err, errlen, "%s: layer %d has no trunk extent", kpk_path(f), L); goto bad; }
+        if (x < 0) { krun_err_set(err, KRUN_EDATA, "%s: layer %d has no trunk extent", kpk_path(f), L); goto bad; }
         m->trunk_extent[L] = (uint32_t)x;
     }
 
     /* Every tensor the config implies: present, accepted dtype, right shape,
      * right extent, nothing else (the check kpack verify makes too). */
-    if (k3_check_file(f, &m->cfg, err, errlen)) goto bad;
+    if (k3_check_file(f, &m->cfg, cerr, sizeof cerr)) {
+        krun_err_set(err, KRUN_EDATA, "%s", cerr);
+        goto bad;
+    }
     /* Where each one is. */
     k3_schema_init(&sch, &m->cfg);
     for (uint64_t i = 0; i < sch.count; i++) {
@@ -85,7 +85,7 @@ int k3_model_open(kpk_file *f, k3_model *m, char *err, size_t errlen)
         kpk_tensor t;
         k3_schema_at(&sch, i, &s);
         if (kpk_find_tensor(f, s.name, &t) < 0) { /* k3_check_file found it: cannot happen */
-            snprintf(err, errlen, "%s: tensor %s is missing", kpk_path(f), s.name);
+            krun_err_set(err, KRUN_EDATA, "%s: tensor %s is missing", kpk_path(f), s.name);
             goto bad;
         }
         if (k3_role_is_expert(s.role)) {
@@ -93,7 +93,7 @@ int k3_model_open(kpk_file *f, k3_model *m, char *err, size_t errlen)
             uint64_t *off = &m->expert_off[(size_t)s.layer * 6 + (size_t)(s.role - K3T_EXP_W1_PACKED)];
             if (s.expert == 0) *off = t.offset;
             else if (*off != t.offset) {
-                snprintf(err, errlen, "%s: tensor %s is at offset %llu of its extent, expert 0 of the layer has it at %llu: "
+                krun_err_set(err, KRUN_EDATA, "%s: tensor %s is at offset %llu of its extent, expert 0 of the layer has it at %llu: "
                          "every expert of a layer must be laid out alike (docs/FORMAT.md)", kpk_path(f), s.name,
                          (unsigned long long)t.offset, (unsigned long long)*off);
                 goto bad;

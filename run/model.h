@@ -8,6 +8,7 @@
 #include "k3_schema.h"
 #include "kernels.h"
 #include "kpk_reader.h"
+#include "krun_err.h"
 
 /* The "layer" of the globals extent, where a layer number is expected. */
 #define K3_GLOBALS (-1)
@@ -41,8 +42,8 @@ typedef struct k3_model {
 
 /* Read the config and tokenizer, check that every tensor the config implies
  * is present with an accepted dtype and the right shape (errors name the
- * tensor).  The file stays owned by the caller. */
-int k3_model_open(kpk_file *f, k3_model *m, char *err, size_t errlen);
+ * tensor; KRUN_EDATA).  The file stays owned by the caller. */
+int k3_model_open(kpk_file *f, k3_model *m, krun_err *err);
 void k3_model_close(k3_model *m);
 
 /* A routed expert's three MXFP4 matrices, pointing into its extent's bytes. */

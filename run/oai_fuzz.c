@@ -30,9 +30,10 @@ int oai_fuzz_one(const uint8_t *data, size_t n)
     oai_chat_request cr;
     if (oai_parse_chat_request(body, n, &cr, &e) == 0) {
         kchat_rendering r;
-        char err[256];
-        if (kchat_render(NULL, cr.messages, cr.n_messages, &cr.chat, &r, err, sizeof err) == 0) kchat_rendering_free(&r);
-        else bad += !err[0];
+        krun_err err;
+        err.msg[0] = 0;
+        if (kchat_render(NULL, cr.messages, cr.n_messages, &cr.chat, &r, &err) == 0) kchat_rendering_free(&r);
+        else bad += !err.msg[0];
         oai_chat_request_free(&cr);
     } else {
         bad += check_error(&e);

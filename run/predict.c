@@ -77,7 +77,7 @@ void k3_predict_experts(k3_run *r, int at, const k3_block *b, size_t nsnap)
     /* the router: held whole, or read now from the trunk's disk */
     W = k3_weights_whole(&r->w, L, K3T_MOE_ROUTER);
     if (!W) {
-        kpk_err e = {0};
+        krun_err e = {0};
         W = kstore_tensor_read(r->store, m->trunk_extent[L], rl->offset, rl->nbytes, r->predict_mem,
                                r->predict_stage_bytes ? r->predict_mem + r->predict_buf_bytes : NULL, &e);
         if (!W) return;

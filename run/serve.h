@@ -60,7 +60,7 @@ typedef struct srv_engine_opts {
 } srv_engine_opts;
 
 /* The engine over an opened, prepared model (max_seqs sequences); starts its thread. */
-int  srv_engine_start(krun_model *m, const srv_engine_opts *o, srv_engine **out, char *err, size_t errlen);
+int  srv_engine_start(krun_model *m, const srv_engine_opts *o, srv_engine **out, krun_err *err);
 /* Stops the thread (after srv_engine_cancel_all or once idle) and frees the engine. */
 void srv_engine_stop(srv_engine *e);
 
@@ -111,7 +111,7 @@ typedef struct srv_http_opts {
 } srv_http_opts;
 
 typedef struct srv_http srv_http;
-int  srv_http_start(srv_engine *e, const srv_http_opts *o, srv_http **out, char *err, size_t errlen);
+int  srv_http_start(srv_engine *e, const srv_http_opts *o, srv_http **out, krun_err *err);
 /* Stop accepting connections (the listening socket is closed); connections in progress go on. */
 void srv_http_quiesce(srv_http *h);
 void srv_http_stop(srv_http *h);

@@ -523,11 +523,11 @@ int srv_retry_after(srv_engine *e)
 
 /* ---- lifetime and health ------------------------------------------------------------------------ */
 
-int srv_engine_start(krun_model *m, const srv_engine_opts *o, srv_engine **out, char *err, size_t errlen)
+int srv_engine_start(krun_model *m, const srv_engine_opts *o, srv_engine **out, krun_err *err)
 {
     srv_engine *e = calloc(1, sizeof *e);
     *out = NULL;
-    if (!e) { snprintf(err, errlen, "out of memory"); return -1; }
+    if (!e) return krun_err_set(err, KRUN_ENOMEM, "out of memory");
     e->m = m;
     snprintf(e->model_name, sizeof e->model_name, "%s", o->model_name);
     e->max_queue = o->max_queue;
@@ -541,7 +541,7 @@ int srv_engine_start(krun_model *m, const srv_engine_opts *o, srv_engine **out, 
     if (pthread_cond_init(&e->wake, NULL)) { pthread_mutex_destroy(&e->mu); goto oom; }
     if (pthread_cond_init(&e->idle, NULL)) { pthread_cond_destroy(&e->wake); pthread_mutex_destroy(&e->mu); goto oom; }
     if (pthread_create(&e->thread, NULL, engine_main, e)) {
-        snprintf(err, errlen, "cannot start the engine thread: %s", strerror(errno));
+        krun_err_set(err, KRUN_ENOMEM, "cannot start the engine thread: %s", strerror(errno));
         pthread_cond_destroy(&e->idle);
         pthread_cond_destroy(&e->wake);
         pthread_mutex_destroy(&e->mu);
@@ -555,7 +555,7 @@ int srv_engine_start(krun_model *m, const srv_engine_opts *o, srv_engine **out, 
 oom:
     free(e->active);
     free(e);
-    snprintf(err, errlen, "out of memory");
+    krun_err_set(err, KRUN_ENOMEM, "out of memory");
     return -1;
 }
 

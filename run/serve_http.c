@@ -191,7 +191,8 @@ static enum MHD_Result chat_completions(srv_http *h, struct MHD_Connection *c, c
     oai_chat_request q;
     oai_error err;
     kchat_rendering rend;
-    char msg[512], id[64];
+    krun_err rerr;
+    char id[64];
     sreq *r;
     enum MHD_Result rc;
     if (oai_parse_chat_request(k->body.p, k->body.n, &q, &err)) return reply_error(c, &err, 0);
@@ -207,8 +208,8 @@ static enum MHD_Result chat_completions(srv_http *h, struct MHD_Connection *c, c
         oai_chat_request_free(&q);
         return reply_error(c, &err, 0);
     }
-    if (kchat_render(tk, q.messages, q.n_messages, &q.chat, &rend, msg, sizeof msg)) {
-        oai_error_set(&err, 400, NULL, "invalid_value", "%s", msg);
+    if (kchat_render(tk, q.messages, q.n_messages, &q.chat, &rend, &rerr)) {
+        oai_error_set(&err, 400, NULL, "invalid_value", "%s", rerr.msg);
         oai_chat_request_free(&q);
         return reply_error(c, &err, 0);
     }
@@ -397,11 +398,11 @@ static void mhd_log(void *cls, const char *fmt, va_list ap)
     vfprintf(stderr, fmt, ap);
 }
 
-int srv_http_start(srv_engine *e, const srv_http_opts *o, srv_http **out, char *err, size_t errlen)
+int srv_http_start(srv_engine *e, const srv_http_opts *o, srv_http **out, krun_err *err)
 {
     srv_http *h = calloc(1, sizeof *h);
     *out = NULL;
-    if (!h || pthread_mutex_init(&h->id_mu, NULL)) { free(h); snprintf(err, errlen, "out of memory"); return -1; }
+    if (!h || pthread_mutex_init(&h->id_mu, NULL)) { free(h); return krun_err_set(err, KRUN_ENOMEM, "out of memory"); }
     h->e = e;
     h->o = *o;
     h->created = (long long)time(NULL);
@@ -414,7 +415,7 @@ int srv_http_start(srv_engine *e, const srv_http_opts *o, srv_http **out, char *
                             MHD_OPTION_CONNECTION_TIMEOUT, o->idle_timeout,
                             MHD_OPTION_END);
     if (!h->d) {
-        snprintf(err, errlen, "libmicrohttpd could not start on the listening socket");
+        krun_err_set(err, KRUN_EINPUT, "libmicrohttpd could not start on the listening socket");
         pthread_mutex_destroy(&h->id_mu);
         free(h);
         return -1;

@@ -75,26 +75,23 @@ int krun_model_load(const char *path, krun_model **out, krun_err *err)
 {
     krun_model *m = calloc(1, sizeof *m);
     kpk_err e = {0};
-    char msg[1024];
     *out = NULL;
     if (!m) { krun_err_set(err, KRUN_ENOMEM, "out of memory"); return -1; }
     if (kpk_open(path, &m->f, &e)) {
         /* a file that is not KPK or not readable is "cannot run"; a damaged KPK file is damaged data */
-        krun_err_set(err, e.code == KPK_EFORMAT || e.code == KPK_ECHECKSUM ? KRUN_EDATA : krun_code_of_kpk(e.code), "%s", e.msg);
+        krun_err_kpk(err, &e);
         free(m);
         return -1;
     }
-    if (k3_model_open(m->f, &m->m, msg, sizeof msg)) {
-        krun_err_set(err, KRUN_EDATA, "%s", msg);
+    if (k3_model_open(m->f, &m->m, err)) {
         krun_model_close(m);
         return -1;
     }
     m->have_m = 1;
     {
         int st;
-        m->tok = ktok_load_kpk(m->f, &st, msg, sizeof msg);
+        m->tok = ktok_load_kpk(m->f, &st, err);
         if (!m->tok && st != KTOK_KPK_ABSENT) {   /* absent: the file takes token ids only */
-            krun_err_set(err, st == KTOK_KPK_BAD ? KRUN_EDATA : KRUN_EINPUT, "%s", msg);
             krun_model_close(m);
             return -1;
         }
@@ -119,7 +116,6 @@ size_t krun_session_bytes(const k3_config *c, size_t ctx)
 
 int krun_model_make_plan(const krun_model *m, const krun_model_opts *o, kmemplan *plan, krun_err *err)
 {
-    char msg[800];
     kmemplan_req q = {o->budget, o->pin, o->expert_slots, o->head, o->piece, o->ctx, o->chunk, o->max_seqs, o->spec,
                       o->io_threads, kmem_base_bytes(&m->m) + o->extra_bytes, o->predict,
                       krun_session_bytes(&m->m.cfg, o->ctx)};
@@ -127,10 +123,7 @@ int krun_model_make_plan(const krun_model *m, const krun_model_opts *o, kmemplan
         krun_err_set(err, KRUN_EINPUT, "spec %zu: at most %d drafts per verification", o->spec, KSPEC_MAX_DRAFT);
         return -1;
     }
-    if (kmemplan_make(&m->m, &q, plan, msg, sizeof msg)) {
-        krun_err_set(err, KRUN_EINPUT, "%s", msg);
-        return -1;
-    }
+    if (kmemplan_make(&m->m, &q, plan, err)) return -1;
     plan->preset = o->preset;
     return 0;
 }
@@ -140,7 +133,6 @@ int krun_model_prepare(krun_model *m, const krun_model_opts *o, krun_err *err)
     krun_model_opts opt = *o;
     const k3_config *c = &m->m.cfg;
     kstore_opts so;
-    kpk_err e = {0};
     if (opt.max_seqs < 1 || opt.max_seqs > K3_MAX_SEQS || opt.ctx < 1 || opt.chunk < 1 || opt.spec > KSPEC_MAX_DRAFT) {
         krun_err_set(err, KRUN_EINPUT, "max_seqs must be 1..%d, ctx and chunk at least 1, spec at most %d", K3_MAX_SEQS,
                      KSPEC_MAX_DRAFT);
@@ -165,10 +157,7 @@ int krun_model_prepare(krun_model *m, const krun_model_opts *o, krun_err *err)
         so.io_threads = opt.io_threads;
         so.trace = opt.trace;
     }
-    if (kstore_open(m->f, &so, &m->store, &e)) {
-        krun_err_set(err, krun_code_of_kpk(e.code), "%s", e.msg);
-        return -1;
-    }
+    if (kstore_open(m->f, &so, &m->store, err)) return -1;
     m->pool = kpool_create(opt.threads ? opt.threads : kpool_ncpu());
     if (!m->pool) { krun_err_set(err, KRUN_ENOMEM, "cannot start %d threads", opt.threads ? opt.threads : kpool_ncpu()); return -1; }
     m->ctx = opt.ctx;
@@ -567,11 +556,8 @@ int krun_session_load(krun_session *s, const char *path, krun_err *err)
         return -1;
     }
     if (krun_state_parse(buf, len, &h, err)) {
-        char tmp[sizeof err->msg];
-        snprintf(tmp, sizeof tmp, "%s: %s", path, err->msg);
-        memcpy(err->msg, tmp, sizeof tmp);
         free(buf);
-        return -1;
+        return krun_err_prefix(err, "%s: ", path);
     }
     if (h.set_id != want.set_id || h.config_xxh3 != want.config_xxh3) {
         krun_err_set(err, KRUN_EINPUT, "%s was saved with another model file (set_id %016llx, config %016llx; %s has %016llx, %016llx)",

@@ -52,7 +52,7 @@ static uint8_t *alloc_aligned(size_t n)
 }
 
 /* With a plan: who is where; held extents get their buffers now. */
-static int plan_roles(kstore *s, kpk_err *err)
+static int plan_roles(kstore *s, krun_err *err)
 {
     const kstore_layout *p = s->opt.layout;
     const k3_model *m = s->opt.model;
@@ -86,11 +86,11 @@ static int plan_roles(kstore *s, kpk_err *err)
     }
     return 0;
 oom:
-    kpk_err_set(err, KPK_ENOMEM, "out of memory for the held extents");
+    krun_err_set(err, KRUN_ENOMEM, "out of memory for the held extents");
     return -1;
 }
 
-static int expert_slots(kstore *s, kpk_err *err)
+static int expert_slots(kstore *s, krun_err *err)
 {
     const kstore_layout *p = s->opt.layout;
     int need_buf = 0;
@@ -105,13 +105,13 @@ static int expert_slots(kstore *s, kpk_err *err)
     }
     return 0;
 oom:
-    kpk_err_set(err, KPK_ENOMEM, "out of memory: %d expert slots of %llu bytes", p->expert_slots,
+    krun_err_set(err, KRUN_ENOMEM, "out of memory: %d expert slots of %llu bytes", p->expert_slots,
                 (unsigned long long)p->expert_slot_bytes);
     return -1;
 }
 
 /* Room in the queues for every read that can be in flight at once. */
-static int reserve(kstore *s, kpk_err *err)
+static int reserve(kstore *s, krun_err *err)
 {
     size_t most_piece = 0, most_expert = 0, most_held = 0;
     for (uint32_t q = 0; s->have_ring && q < s->ring.n; q++) {
@@ -130,19 +130,19 @@ static int reserve(kstore *s, kpk_err *err)
         if (s->role[i] == ROLE_HELD && n > most_held) most_held = n;
     }
     if (kio_reserve(s->io, (size_t)s->K * most_piece + (size_t)s->n_eslots * most_expert + most_held + 64)) {
-        kpk_err_set(err, KPK_ENOMEM, "out of memory setting up the read queues");
+        krun_err_set(err, KRUN_ENOMEM, "out of memory setting up the read queues");
         return -1;
     }
     return 0;
 }
 
-int kstore_open(kpk_file *f, const kstore_opts *opt, kstore **out, kpk_err *err)
+int kstore_open(kpk_file *f, const kstore_opts *opt, kstore **out, krun_err *err)
 {
     kstore *s = calloc(1, sizeof *s);
     uint32_t n = kpk_extent_count(f);
     const kstore_layout *p = opt->layout;
     *out = NULL;
-    if (!s) { kpk_err_set(err, KPK_ENOMEM, "out of memory"); return -1; }
+    if (!s) { krun_err_set(err, KRUN_ENOMEM, "out of memory"); return -1; }
     s->f = f;
     s->opt = *opt;
     s->nm = kpk_member_count(f);
@@ -173,7 +173,7 @@ int kstore_open(kpk_file *f, const kstore_opts *opt, kstore **out, kpk_err *err)
     *out = s;
     return 0;
 oom:
-    kpk_err_set(err, KPK_ENOMEM, "out of memory setting up the store");
+    krun_err_set(err, KRUN_ENOMEM, "out of memory setting up the store");
 fail:
     kstore_close(s);
     return -1;
@@ -229,13 +229,13 @@ static void verified(kstore *s, uint32_t i)
 }
 
 /* Hash a mapped extent window by window. */
-static int verify_mapped(kstore *s, uint32_t i, const uint8_t *data, kpk_err *err)
+static int verify_mapped(kstore *s, uint32_t i, const uint8_t *data, krun_err *err)
 {
     const kpk_extent *x = kpk_extent_at(s->f, i);
     XXH3_64bits_reset(s->xxh);
     for (uint64_t pos = 0; pos < x->stored_len; pos += HASH_WINDOW)
         XXH3_64bits_update(s->xxh, data + pos, x->stored_len - pos < HASH_WINDOW ? x->stored_len - pos : HASH_WINDOW);
-    if (XXH3_64bits_digest(s->xxh) != x->stored_xxh3) { kstore_err_extent(s, i, err, KPK_ECHECKSUM, "checksum mismatch"); return -1; }
+    if (XXH3_64bits_digest(s->xxh) != x->stored_xxh3) { kstore_err_extent(s, i, err, KRUN_EDATA, "checksum mismatch"); return -1; }
     verified(s, i);
     return 0;
 }
@@ -264,7 +264,7 @@ static void slot_evict(kstore *s, struct slot *sl)
     sl->extent = -1;
 }
 
-static int slot_load(kstore *s, struct slot *sl, uint32_t i, int prio, kpk_err *err)
+static int slot_load(kstore *s, struct slot *sl, uint32_t i, int prio, krun_err *err)
 {
     const kpk_extent *x = kpk_extent_at(s->f, i);
     krange r;
@@ -291,7 +291,7 @@ static int slot_load(kstore *s, struct slot *sl, uint32_t i, int prio, kpk_err *
     return 0;
 }
 
-static int slot_wait(kstore *s, struct slot *sl, kpk_err *err)
+static int slot_wait(kstore *s, struct slot *sl, krun_err *err)
 {
     uint32_t i = (uint32_t)sl->extent;
     if (sl->loading) {
@@ -345,20 +345,20 @@ static void sort_by_offset(const kstore *s, uint32_t *v, size_t n)
 
 size_t kstore_expert_capacity(const kstore *s) { return s->opt.layout ? (size_t)s->n_eslots : 256; }
 
-static const uint8_t *mapped_or_decoded(kstore *s, uint32_t i, kpk_err *err);
+static const uint8_t *mapped_or_decoded(kstore *s, uint32_t i, krun_err *err);
 
 /* Takes a slot for each of ids (a hit keeps its slot) and starts reading the
  * misses, concurrently and in file order on every disk; kstore_expert_wait
  * then hands out each one as its own read completes, so the forward pass
  * computes the first experts while the disks still read the rest. */
-int kstore_experts_request(kstore *s, const uint32_t *ids, size_t n, kpk_err *err)
+int kstore_experts_request(kstore *s, const uint32_t *ids, size_t n, krun_err *err)
 {
     krange r;
     uint32_t miss[256];
     size_t nm = 0;
     if (!s->opt.layout || n == 0) return 0;
     if (n > 256 || n > (size_t)s->n_eslots) {
-        kpk_err_set(err, KPK_EINVAL, "%zu experts requested at once, the cache has %d slots", n, s->n_eslots);
+        krun_err_set(err, KRUN_EDATA, "%zu experts requested at once, the cache has %d slots", n, s->n_eslots);
         return -1;
     }
     s->tick++;
@@ -401,7 +401,7 @@ int kstore_experts_request(kstore *s, const uint32_t *ids, size_t n, kpk_err *er
     sort_by_offset(s, miss, nm);
     for (size_t k = 0; k < nm; k++) {
         struct slot *v = expert_victim(s, 1);
-        if (!v) { kpk_err_set(err, KPK_EINVAL, "expert cache full (%d slots in use)", s->n_eslots); goto fail; }
+        if (!v) { krun_err_set(err, KRUN_EDATA, "expert cache full (%d slots in use)", s->n_eslots); goto fail; }
         slot_evict(s, v);
         s->slot_of[miss[k]] = (int32_t)(v - s->eslots);
         v->refs = 1;
@@ -438,7 +438,7 @@ size_t kstore_experts_predict(kstore *s, const uint32_t *ids, size_t n)
     sort_by_offset(s, want + sure, nw - sure);
     for (size_t k = 0; k < nw; k++) {
         struct slot *v = expert_victim(s, 0);  /* never wait: the caller is about to compute */
-        kpk_err e = {0};
+        krun_err e = {0};
         krange r;
         if (!v) break;
         slot_evict(s, v);
@@ -457,19 +457,19 @@ size_t kstore_experts_predict(kstore *s, const uint32_t *ids, size_t n)
     return nt;
 }
 
-const uint8_t *kstore_expert_wait(kstore *s, uint32_t i, kpk_err *err)
+const uint8_t *kstore_expert_wait(kstore *s, uint32_t i, krun_err *err)
 {
     struct slot *v;
     const kpk_extent *x = kpk_extent_at(s->f, i);
     if (!s->opt.layout) return kstore_get(s, i, NULL, err);
     if (!x || s->role[i] != ROLE_EXPERT || s->slot_of[i] < 0 || !s->eslots[s->slot_of[i]].refs) {
-        kpk_err_set(err, KPK_EINVAL, "internal: extent %u waited for without a request", i);
+        krun_err_set(err, KRUN_EDATA, "internal: extent %u waited for without a request", i);
         return NULL;
     }
     v = &s->eslots[s->slot_of[i]];
     if (slot_wait(s, v, err)) return NULL;
     if (kstore_need_verify(s, i)) {
-        if (x->codec == KPK_CODEC_NONE && (v->mapped ? verify_mapped(s, i, v->data, err) : kpk_extent_check(s->f, i, v->data, err)))
+        if (x->codec == KPK_CODEC_NONE && (v->mapped ? verify_mapped(s, i, v->data, err) : kstore_extent_check(s, i, v->data, err)))
             { v->fresh = 1; return NULL; } /* the caller's kstore_put evicts it */
         verified(s, i);                   /* codec 2: every block was checked as it was decoded */
     }
@@ -477,7 +477,7 @@ const uint8_t *kstore_expert_wait(kstore *s, uint32_t i, kpk_err *err)
     return v->data;
 }
 
-int kstore_get_many(kstore *s, const uint32_t *ids, size_t n, const uint8_t **out, kpk_err *err)
+int kstore_get_many(kstore *s, const uint32_t *ids, size_t n, const uint8_t **out, krun_err *err)
 {
     if (!s->opt.layout || n == 0) {
         for (size_t k = 0; k < n; k++)
@@ -498,7 +498,7 @@ int kstore_get_many(kstore *s, const uint32_t *ids, size_t n, const uint8_t **ou
 /* The globals' prefix [0, prefix_end), never held, checked once: codec 0
  * hashed through the window (the state kept: the held part and the lm_head
  * pieces continue it); codec 2 decoded block by block. */
-static int check_prefix(kstore *s, uint32_t i, kpk_err *err)
+static int check_prefix(kstore *s, uint32_t i, krun_err *err)
 {
     const kpk_extent *x = kpk_extent_at(s->f, i);
     if (s->have_prefix) return 0;
@@ -510,7 +510,7 @@ static int check_prefix(kstore *s, uint32_t i, kpk_err *err)
             uint64_t a = b[k].stored_off / KPIECE_ALIGN * KPIECE_ALIGN;
             uint8_t *stored = s->window + up(max_raw);
             if (kstore_read_stored(s, i, a, up(b[k].stored_off + b[k].stored_len) - a, stored, err)) return -1;
-            if (kpk_block_decode(s->f, i, k, stored + (b[k].stored_off - a), s->window, err)) return -1;
+            if (kstore_block_decode(s, i, k, stored + (b[k].stored_off - a), s->window, err)) return -1;
             s->st.bytes_resident += up(b[k].stored_off + b[k].stored_len) - a;
             s->st.bytes_read += up(b[k].stored_off + b[k].stored_len) - a;
         }
@@ -529,7 +529,7 @@ static int check_prefix(kstore *s, uint32_t i, kpk_err *err)
     return 0;
 }
 
-static int check_held(kstore *s, uint32_t i, kpk_err *err)
+static int check_held(kstore *s, uint32_t i, krun_err *err)
 {
     const kpk_extent *x = kpk_extent_at(s->f, i);
     if (x->codec == KPK_CODEC_BLOCKS) {  /* checked block by block as decoded */
@@ -549,14 +549,14 @@ static int check_held(kstore *s, uint32_t i, kpk_err *err)
         const uint64_t from = (int64_t)i == s->globals ? s->tail_from : 0;
         XXH3_64bits_update(s->xxh, s->held_buf[i] + (from - s->held_base[i]), x->stored_len - from);
     }
-    if (XXH3_64bits_digest(s->xxh) != x->stored_xxh3) { kstore_err_extent(s, i, err, KPK_ECHECKSUM, "checksum mismatch"); return -1; }
+    if (XXH3_64bits_digest(s->xxh) != x->stored_xxh3) { kstore_err_extent(s, i, err, KRUN_EDATA, "checksum mismatch"); return -1; }
     verified(s, i);
     return 0;
 }
 
-static const uint8_t *held_get(kstore *s, uint32_t i, uint64_t *first, kpk_err *err)
+static const uint8_t *held_get(kstore *s, uint32_t i, uint64_t *first, krun_err *err)
 {
-    if (s->held_r0[i] && !first) { kstore_err_extent(s, i, err, KPK_EINVAL, "asked for whole, held in part"); return NULL; }
+    if (s->held_r0[i] && !first) { kstore_err_extent(s, i, err, KRUN_EDATA, "asked for whole, held in part"); return NULL; }
     if (!s->held_loaded[i]) {
         kio_batch b;
         krange r;
@@ -577,7 +577,7 @@ static const uint8_t *held_get(kstore *s, uint32_t i, uint64_t *first, kpk_err *
 
 /* Straight from the mapping when the extent lies in one member uncompressed;
  * otherwise read (and decoded) whole into memory once. */
-static const uint8_t *mapped_or_decoded(kstore *s, uint32_t i, kpk_err *err)
+static const uint8_t *mapped_or_decoded(kstore *s, uint32_t i, krun_err *err)
 {
     const kpk_extent *x = kpk_extent_at(s->f, i);
     if (x->codec == KPK_CODEC_NONE && x->member != KPK_STRIPED) {
@@ -593,8 +593,8 @@ static const uint8_t *mapped_or_decoded(kstore *s, uint32_t i, kpk_err *err)
     if (!s->decoded[i]) {
         int check = kstore_need_verify(s, i);
         s->decoded[i] = malloc(x->raw_len ? x->raw_len : 1);
-        if (!s->decoded[i]) { kstore_err_extent(s, i, err, KPK_ENOMEM, "out of memory reading it whole"); return NULL; }
-        if (kpk_extent_read(s->f, i, s->decoded[i], check, err)) {
+        if (!s->decoded[i]) { kstore_err_extent(s, i, err, KRUN_ENOMEM, "out of memory reading it whole"); return NULL; }
+        if (kstore_extent_read(s, i, s->decoded[i], check, err)) {
             free(s->decoded[i]);
             s->decoded[i] = NULL;
             return NULL;
@@ -603,24 +603,24 @@ static const uint8_t *mapped_or_decoded(kstore *s, uint32_t i, kpk_err *err)
         s->st.bytes_resident += x->stored_len;
         s->st.bytes_read += x->stored_len;
     } else if (s->opt.verify == KSTORE_VERIFY_ALWAYS && x->codec == KPK_CODEC_NONE) {
-        if (kpk_extent_check(s->f, i, s->decoded[i], err)) return NULL;
+        if (kstore_extent_check(s, i, s->decoded[i], err)) return NULL;
     }
     return s->decoded[i];
 }
 
 /* ---- get / put ---------------------------------------------------------------- */
 
-const uint8_t *kstore_get(kstore *s, uint32_t i, uint64_t *first, kpk_err *err)
+const uint8_t *kstore_get(kstore *s, uint32_t i, uint64_t *first, krun_err *err)
 {
     const kpk_extent *x = kpk_extent_at(s->f, i);
-    if (!x) { kpk_err_set(err, KPK_EINVAL, "no extent %u", i); return NULL; }
+    if (!x) { krun_err_set(err, KRUN_EDATA, "no extent %u", i); return NULL; }
     if (first) *first = 0;
     if (s->role[i] == ROLE_HELD) return held_get(s, i, first, err);
     if (s->role[i] == ROLE_EXPERT) {
         const uint8_t *p;
         return kstore_get_many(s, &i, 1, &p, err) ? NULL : p;
     }
-    if (s->role[i] == ROLE_RING || !s->map) { kstore_err_extent(s, i, err, KPK_EINVAL, "internal: streamed in pieces, not held whole"); return NULL; }
+    if (s->role[i] == ROLE_RING || !s->map) { kstore_err_extent(s, i, err, KRUN_EDATA, "internal: streamed in pieces, not held whole"); return NULL; }
     return mapped_or_decoded(s, i, err);
 }
 
@@ -636,10 +636,10 @@ void kstore_put(kstore *s, uint32_t i)
 
 /* ---- embedding rows --------------------------------------------------------------- */
 
-int kstore_read(kstore *s, uint32_t i, uint64_t off, size_t len, void *dst, kpk_err *err)
+int kstore_read(kstore *s, uint32_t i, uint64_t off, size_t len, void *dst, krun_err *err)
 {
     const kpk_extent *x = kpk_extent_at(s->f, i);
-    if (!x || off + len > x->raw_len) { kpk_err_set(err, KPK_EINVAL, "bad read of extent %u", i); return -1; }
+    if (!x || off + len > x->raw_len) { krun_err_set(err, KRUN_EDATA, "bad read of extent %u", i); return -1; }
     if (!s->opt.layout) { /* the extent was checked when the run attached it */
         const uint8_t *d = x->codec == KPK_CODEC_NONE && x->member != KPK_STRIPED ? s->map[x->member] + x->offset : s->decoded[i];
         if (!d && !(d = mapped_or_decoded(s, i, err))) return -1;
@@ -655,9 +655,9 @@ int kstore_read(kstore *s, uint32_t i, uint64_t off, size_t len, void *dst, kpk_
             uint32_t mid = lo + (hi - lo) / 2;
             if (b[mid].raw_off + b[mid].raw_len <= off) lo = mid + 1; else hi = mid;
         }
-        if (lo == n || off + len > b[lo].raw_off + b[lo].raw_len) { kstore_err_extent(s, i, err, KPK_EINVAL, "a row across blocks"); return -1; }
+        if (lo == n || off + len > b[lo].raw_off + b[lo].raw_len) { kstore_err_extent(s, i, err, KRUN_EDATA, "a row across blocks"); return -1; }
         if (b[lo].method == KPK_METHOD_RAW) {
-            if (kpk_extent_pread(s->f, i, dst, len, b[lo].stored_off + (off - b[lo].raw_off), err)) return -1;
+            if (kstore_extent_pread(s, i, dst, len, b[lo].stored_off + (off - b[lo].raw_off), err)) return -1;
             kstore_count_sync(s, i, b[lo].stored_off + (off - b[lo].raw_off), len);
             s->st.bytes_globals += len;
             s->st.bytes_read += len;
@@ -668,18 +668,18 @@ int kstore_read(kstore *s, uint32_t i, uint64_t off, size_t len, void *dst, kpk_
             prefix_blocks(s->opt.model, &max_raw, &max_stored);
             stored = s->window + up(max_raw);
             if (b[lo].raw_off >= s->prefix_end || up(max_raw) + span > s->window_bytes) {
-                kstore_err_extent(s, i, err, KPK_EINVAL, "internal: an embedding block outside the window");
+                kstore_err_extent(s, i, err, KRUN_EDATA, "internal: an embedding block outside the window");
                 return -1;
             }
             if (kstore_read_stored(s, i, a, span, stored, err)) return -1;
-            if (kpk_block_decode(s->f, i, lo, stored + (b[lo].stored_off - a), s->window, err)) return -1;
+            if (kstore_block_decode(s, i, lo, stored + (b[lo].stored_off - a), s->window, err)) return -1;
             memcpy(dst, s->window + (off - b[lo].raw_off), len);
             s->st.bytes_globals += span;
             s->st.bytes_read += span;
         }
         return 0;
     }
-    if (kpk_extent_pread(s->f, i, dst, len, off, err)) return -1;
+    if (kstore_extent_pread(s, i, dst, len, off, err)) return -1;
     kstore_count_sync(s, i, off, len);
     s->st.bytes_globals += len;
     s->st.bytes_read += len;

@@ -29,6 +29,7 @@
 #define KRUN_STORE_H
 
 #include "kpk_reader.h"
+#include "krun_err.h"
 #include "model.h"
 #include "store_pieces.h"
 
@@ -98,7 +99,7 @@ uint64_t kstore_window_bytes(const k3_model *m);
  * buffers (kio_worker_bytes). */
 int kstore_io_threads(const kpk_file *f, int io_threads, int *per_member);
 
-int kstore_open(kpk_file *f, const kstore_opts *opt, kstore **out, kpk_err *err);
+int kstore_open(kpk_file *f, const kstore_opts *opt, kstore **out, krun_err *err);
 void kstore_close(kstore *s);
 /* Something the user should know once (O_DIRECT refused by a file system):
  * NULL if nothing. */
@@ -108,19 +109,19 @@ const char *kstore_notice(const kstore *s);
  * extent byte *first: 0, except for the globals with a plan, which are held
  * without the embedding (pass first = NULL to insist on the whole extent).
  * Streamed trunk extents are not handed out whole: see the ring below. */
-const uint8_t *kstore_get(kstore *s, uint32_t i, uint64_t *first, kpk_err *err);
+const uint8_t *kstore_get(kstore *s, uint32_t i, uint64_t *first, krun_err *err);
 void kstore_put(kstore *s, uint32_t i);
 /* Several experts of one layer at once; out[k] receives extent ids[k]'s
  * bytes.  At most kstore_expert_capacity() at a time. */
-int kstore_get_many(kstore *s, const uint32_t *ids, size_t n, const uint8_t **out, kpk_err *err);
+int kstore_get_many(kstore *s, const uint32_t *ids, size_t n, const uint8_t **out, krun_err *err);
 /* The same in two halves, so that compute overlaps the reads: request takes
  * a slot for each of ids and starts reading the misses (file order on every
  * disk); wait hands out one requested extent as soon as its own read has
  * landed and been checked.  Every requested id is given back with
  * kstore_put, whether or not it was waited for (a failed request gives its
  * ids back itself). */
-int kstore_experts_request(kstore *s, const uint32_t *ids, size_t n, kpk_err *err);
-const uint8_t *kstore_expert_wait(kstore *s, uint32_t i, kpk_err *err);
+int kstore_experts_request(kstore *s, const uint32_t *ids, size_t n, krun_err *err);
+const uint8_t *kstore_expert_wait(kstore *s, uint32_t i, krun_err *err);
 size_t kstore_expert_capacity(const kstore *s);
 /* Reading ahead on a prediction (krun --predict): experts the forward pass
  * expects the router to choose, read at the lower (read-ahead) priority into
@@ -138,10 +139,10 @@ size_t kstore_experts_predict(kstore *s, const uint32_t *ids, size_t n);
  * them into buf and returns where byte off landed (blocks need not start or
  * end with the tensor).  kstore_tensor_read_bytes says how large buf and
  * stage must be (the planner's numbers). */
-const uint8_t *kstore_tensor_read(kstore *s, uint32_t i, uint64_t off, uint64_t len, uint8_t *buf, uint8_t *stage, kpk_err *err);
+const uint8_t *kstore_tensor_read(kstore *s, uint32_t i, uint64_t off, uint64_t len, uint8_t *buf, uint8_t *stage, krun_err *err);
 void kstore_tensor_read_bytes(const kpk_file *f, uint32_t i, uint64_t off, uint64_t len, uint64_t *buf, uint64_t *stage);
 /* A small read inside an extent (an embedding row), not cached. */
-int kstore_read(kstore *s, uint32_t i, uint64_t off, size_t len, void *dst, kpk_err *err);
+int kstore_read(kstore *s, uint32_t i, uint64_t off, size_t len, void *dst, krun_err *err);
 void kstore_stats_get(const kstore *s, kstore_stats *st);
 int kstore_trace_write(kstore *s, const char *path);
 
@@ -150,18 +151,18 @@ int kstore_trace_write(kstore *s, const char *path);
 const kring *kstore_ring(const kstore *s);
 /* A forward block starts: the ring must be at the step's first piece (after
  * a block that failed half way, what it had read is dropped). */
-int kstore_ring_step(kstore *s, kpk_err *err);
+int kstore_ring_step(kstore *s, krun_err *err);
 /* Slot s (a layer, or the globals for lm_head) starts its pass; bind: its
  * vectors are being bound now, so their parts are given back explicitly. */
-int kstore_ring_begin(kstore *s, int slot, int bind, kpk_err *err);
+int kstore_ring_begin(kstore *s, int slot, int bind, krun_err *err);
 /* Piece q, with every piece before it in the step read, checked and handed
  * out first: where its decoded byte r0 is.  NULL with err on a failed read,
  * block or checksum. */
-const uint8_t *kstore_piece(kstore *s, uint32_t q, kpk_err *err);
+const uint8_t *kstore_piece(kstore *s, uint32_t q, krun_err *err);
 /* One part of piece q has been used; the last frees its slot. */
 void kstore_piece_done(kstore *s, uint32_t q);
 /* Slot s is done: its remaining pieces are read and the extent's checksum
  * checked; every slot it held is freed. */
-int kstore_ring_end(kstore *s, int slot, kpk_err *err);
+int kstore_ring_end(kstore *s, int slot, krun_err *err);
 
 #endif

@@ -90,37 +90,43 @@ struct kstore {
 
 /* store_check.c */
 /* err = "FILE: layer 3 trunk (extent 7): what" */
-void kstore_err_extent(const kstore *s, uint32_t i, kpk_err *err, int code, const char *what);
+void kstore_err_extent(const kstore *s, uint32_t i, krun_err *err, int code, const char *what);
 /* 1 if extent i's checksum is to be checked when it is read now (--verify). */
 int kstore_need_verify(const kstore *s, uint32_t i);
+/* kpk_extent_check, kpk_extent_read, kpk_extent_pread and kpk_block_decode
+ * (kpk_reader.h) of the store's file, failing with a krun_err. */
+int kstore_extent_check(const kstore *s, uint32_t i, const uint8_t *stored, krun_err *err);
+int kstore_extent_read(const kstore *s, uint32_t i, uint8_t *buf, int verify, krun_err *err);
+int kstore_extent_pread(const kstore *s, uint32_t i, void *buf, uint64_t len, uint64_t pos, krun_err *err);
+int kstore_block_decode(const kstore *s, uint32_t i, uint32_t b, const uint8_t *stored, uint8_t *raw, krun_err *err);
 
 /* store_io.c */
 /* Open every member file for reading (O_DIRECT with its fallback, or
  * buffered with drop-behind), map them for --io mmap, and start the queues. */
-int kstore_io_open(kstore *s, kpk_err *err);
+int kstore_io_open(kstore *s, krun_err *err);
 size_t kstore_sub_size(void);
 void kstore_io_close(kstore *s);
 /* Map every member file read-only (in place; --io mmap). */
-int kstore_map_members(kstore *s, kpk_err *err);
+int kstore_map_members(kstore *s, krun_err *err);
 /* 1 if a whole decoded range [r0, r1) of extent i can be a window of a member's mapping. */
 int kstore_mappable(const kstore *s, uint32_t i);
 /* Queue the reads that put extent i's decoded bytes [r.r0, r.r1) at
  * dst + (x - r.a0) for each byte x (codec 0: stored [a0, a1) as is; codec 2:
  * whole blocks decoded by the workers).  count: only count the requests. */
 size_t kstore_submit(kstore *s, uint32_t i, const krange *r, uint8_t *dst, int prio, char kind, kio_batch *b, int count,
-                     kpk_err *err);
+                     krun_err *err);
 /* Wait for a batch; a failure names the extent, and the member and offset
  * read, or the block that failed to decode. */
-int kstore_wait(kstore *s, uint32_t i, kio_batch *b, kpk_err *err);
+int kstore_wait(kstore *s, uint32_t i, kio_batch *b, krun_err *err);
 /* Stored bytes [pos, pos + len) of extent i into buf, now (pos and len aligned for O_DIRECT). */
-int kstore_read_stored(kstore *s, uint32_t i, uint64_t pos, uint64_t len, uint8_t *buf, kpk_err *err);
+int kstore_read_stored(kstore *s, uint32_t i, uint64_t pos, uint64_t len, uint8_t *buf, krun_err *err);
 /* Count stored bytes [pos, pos + len) of extent i as read from their members (outside the queues). */
 void kstore_count_sync(kstore *s, uint32_t i, uint64_t pos, uint64_t len);
 /* Drop the pages of [off, off+len) of member m's mapping from our resident set and the page cache. */
 void kstore_drop_mapped(kstore *s, uint16_t m, uint64_t off, uint64_t len);
 
 /* store_ring.c */
-int kstore_ring_open(kstore *s, kpk_err *err);
+int kstore_ring_open(kstore *s, krun_err *err);
 void kstore_ring_close(kstore *s);
 
 #endif

@@ -63,19 +63,19 @@ static int open_direct(kstore *s, uint16_t m)
     return fd;
 }
 
-int kstore_map_members(kstore *s, kpk_err *err)
+int kstore_map_members(kstore *s, krun_err *err)
 {
     char label[600];
     s->map = calloc(s->nm, sizeof *s->map);
     s->map_len = calloc(s->nm, sizeof *s->map_len);
-    if (!s->map || !s->map_len) { kpk_err_set(err, KPK_ENOMEM, "out of memory setting up the store"); return -1; }
+    if (!s->map || !s->map_len) { krun_err_set(err, KRUN_ENOMEM, "out of memory setting up the store"); return -1; }
     for (uint16_t m = 0; m < s->nm; m++) {
         void *p;
         s->map_len[m] = kpk_member_at(s->f, m)->file_size;
         p = mmap(NULL, s->map_len[m], PROT_READ, MAP_SHARED, kpk_member_fd(s->f, m), 0);
         if (p == MAP_FAILED) {
             member_label(s, m, label, sizeof label);
-            kpk_err_set(err, KPK_EIO, "%s: mmap %s: %s", kpk_path(s->f), label, strerror(errno));
+            krun_err_set(err, KRUN_EINPUT, "%s: mmap %s: %s", kpk_path(s->f), label, strerror(errno));
             return -1;
         }
         s->map[m] = p;
@@ -83,14 +83,14 @@ int kstore_map_members(kstore *s, kpk_err *err)
     return 0;
 }
 
-int kstore_io_open(kstore *s, kpk_err *err)
+int kstore_io_open(kstore *s, krun_err *err)
 {
     int threads[KSTORE_MAX_MEMBERS];
     size_t used = 0;
     char label[600];
     s->io_m = calloc(s->nm, sizeof *s->io_m);
     s->sync_bytes = calloc(s->nm, sizeof *s->sync_bytes);
-    if (!s->io_m || !s->sync_bytes) { kpk_err_set(err, KPK_ENOMEM, "out of memory setting up the store"); return -1; }
+    if (!s->io_m || !s->sync_bytes) { krun_err_set(err, KRUN_ENOMEM, "out of memory setting up the store"); return -1; }
     for (uint16_t m = 0; m < s->nm; m++) s->io_m[m].fd = -1;
     for (uint16_t m = 0; m < s->nm; m++) {
         kio_member *im = &s->io_m[m];
@@ -99,7 +99,7 @@ int kstore_io_open(kstore *s, kpk_err *err)
             if (im->fd >= 0) continue;
             if (errno != EINVAL) {
                 member_label(s, m, label, sizeof label);
-                kpk_err_set(err, KPK_EIO, "%s: cannot open %s with O_DIRECT: %s", kpk_path(s->f), label, strerror(errno));
+                krun_err_set(err, KRUN_EINPUT, "%s: cannot open %s with O_DIRECT: %s", kpk_path(s->f), label, strerror(errno));
                 return -1;
             }
             /* the file system refuses O_DIRECT (tmpfs on older kernels, ramfs,
@@ -111,7 +111,7 @@ int kstore_io_open(kstore *s, kpk_err *err)
         }
         im->fd = dup(kpk_member_fd(s->f, m));
         im->drop_cache = 1;
-        if (im->fd < 0) { kpk_err_set(err, KPK_EIO, "%s: %s", kpk_path(s->f), strerror(errno)); return -1; }
+        if (im->fd < 0) { krun_err_set(err, KRUN_EINPUT, "%s: %s", kpk_path(s->f), strerror(errno)); return -1; }
     }
     if (used && used < sizeof s->notice)
         snprintf(s->notice + used, sizeof s->notice - used, " refuses O_DIRECT: reading it buffered instead, dropping what is "
@@ -119,7 +119,7 @@ int kstore_io_open(kstore *s, kpk_err *err)
     if (s->opt.io == KSTORE_IO_MMAP && kstore_map_members(s, err)) return -1;
     kstore_io_threads(s->f, s->opt.io_threads, threads);
     s->io = kio_pool_create(s->io_m, s->nm, threads, s->stage_bytes ? s->f : NULL, s->stage_bytes);
-    if (!s->io) { kpk_err_set(err, KPK_ENOMEM, "out of memory starting the I/O threads"); return -1; }
+    if (!s->io) { krun_err_set(err, KRUN_ENOMEM, "out of memory starting the I/O threads"); return -1; }
     if (s->opt.trace) kio_trace_enable(s->io);
     return 0;
 }
@@ -160,7 +160,7 @@ struct kstore_sub {
     kio_batch *b;
     kio_req q[64];
     size_t nq, total;
-    kpk_err *err;
+    krun_err *err;
     /* plain reads: the open request of each member */
     kio_req open[KSTORE_MAX_MEMBERS];
     int runs[KSTORE_MAX_MEMBERS];
@@ -259,7 +259,7 @@ static void group(void *ctx, uint32_t g0, uint32_t g1, uint64_t span0, uint64_t 
 
 size_t kstore_sub_size(void) { return sizeof(struct kstore_sub); }
 
-size_t kstore_submit(kstore *s, uint32_t i, const krange *rg, uint8_t *dst, int prio, char kind, kio_batch *b, int count, kpk_err *err)
+size_t kstore_submit(kstore *s, uint32_t i, const krange *rg, uint8_t *dst, int prio, char kind, kio_batch *b, int count, krun_err *err)
 {
     const kpk_file *f = s->f;
     const kpk_extent *x = kpk_extent_at(f, i);
@@ -296,25 +296,24 @@ size_t kstore_submit(kstore *s, uint32_t i, const krange *rg, uint8_t *dst, int 
     }
     if (!count && !u->failed && u->nq && kio_submit(s->io, u->q, u->nq)) u->failed = 1;
     if (u->failed && !count) {
-        kstore_err_extent(s, i, err, KPK_ENOMEM, "cannot queue its reads");
+        kstore_err_extent(s, i, err, KRUN_ENOMEM, "cannot queue its reads");
         return 0;
     }
     return u->total;
 }
 
-int kstore_wait(kstore *s, uint32_t i, kio_batch *b, kpk_err *err)
+int kstore_wait(kstore *s, uint32_t i, kio_batch *b, krun_err *err)
 {
     int e = kio_wait(s->io, b);
     char what[700], label[600];
     if (b->decode_failed) {
-        *err = b->decode_err;
-        return -1;
+        return krun_err_kpk(err, &b->decode_err);
     }
     if (!e) return 0;
     member_label(s, b->err_member, label, sizeof label);
     snprintf(what, sizeof what, "reading %s at offset %llu: %s", label, (unsigned long long)b->err_off,
              e == ENODATA ? "unexpected end of file" : strerror(e));
-    kstore_err_extent(s, i, err, KPK_EIO, what);
+    kstore_err_extent(s, i, err, KRUN_EINPUT, what);
     return -1;
 }
 
@@ -331,13 +330,13 @@ void kstore_count_sync(kstore *s, uint32_t i, uint64_t pos, uint64_t len)
     }
 }
 
-int kstore_read_stored(kstore *s, uint32_t i, uint64_t pos, uint64_t len, uint8_t *buf, kpk_err *err)
+int kstore_read_stored(kstore *s, uint32_t i, uint64_t pos, uint64_t len, uint8_t *buf, krun_err *err)
 {
     while (len) {
         kpk_seg seg[64];
         uint64_t done = 0;
         size_t n = kpk_extent_segments(s->f, i, pos, len, seg, 64, &done);
-        if (!n) { kstore_err_extent(s, i, err, KPK_EINVAL, "read outside the extent"); return -1; }
+        if (!n) { kstore_err_extent(s, i, err, KRUN_EDATA, "read outside the extent"); return -1; }
         for (size_t k = 0; k < n; k++) {
             const kio_member *m = &s->io_m[seg[k].member];
             if (kio_pread_full(m->fd, buf, (size_t)seg[k].len, seg[k].off)) {
@@ -345,7 +344,7 @@ int kstore_read_stored(kstore *s, uint32_t i, uint64_t pos, uint64_t len, uint8_
                 member_label(s, seg[k].member, label, sizeof label);
                 snprintf(what, sizeof what, "reading %s at offset %llu: %s", label, (unsigned long long)seg[k].off,
                          errno == ENODATA ? "unexpected end of file" : strerror(errno));
-                kstore_err_extent(s, i, err, KPK_EIO, what);
+                kstore_err_extent(s, i, err, KRUN_EINPUT, what);
                 return -1;
             }
             if (m->drop_cache) posix_fadvise(m->fd, (off_t)seg[k].off, (off_t)seg[k].len, POSIX_FADV_DONTNEED);
@@ -393,7 +392,7 @@ void kstore_tensor_read_bytes(const kpk_file *f, uint32_t i, uint64_t off, uint6
     }
 }
 
-const uint8_t *kstore_tensor_read(kstore *s, uint32_t i, uint64_t off, uint64_t len, uint8_t *buf, uint8_t *stage, kpk_err *err)
+const uint8_t *kstore_tensor_read(kstore *s, uint32_t i, uint64_t off, uint64_t len, uint8_t *buf, uint8_t *stage, krun_err *err)
 {
     const kpk_extent *x = kpk_extent_at(s->f, i);
     const uint64_t end = kpk_extent_padded_len(s->f, x);
@@ -409,7 +408,7 @@ const uint8_t *kstore_tensor_read(kstore *s, uint32_t i, uint64_t off, uint64_t 
         uint32_t b0, b1;
         uint64_t a, e;
         if (!stage || !blocks_over(s->f, i, off, len, &b0, &b1)) {
-            kstore_err_extent(s, i, err, KPK_EINVAL, "internal: a tensor read outside the extent's blocks");
+            kstore_err_extent(s, i, err, KRUN_EDATA, "internal: a tensor read outside the extent's blocks");
             return NULL;
         }
         a = align_down(b[b0].stored_off);
@@ -418,9 +417,9 @@ const uint8_t *kstore_tensor_read(kstore *s, uint32_t i, uint64_t off, uint64_t 
         if (kstore_read_stored(s, i, a, e - a, stage, err)) return NULL;
         s->st.bytes_router += e - a;
         for (uint32_t k = b0; k < b1; k++)
-            if (kpk_block_decode(s->f, i, k, stage + (b[k].stored_off - a), buf + (b[k].raw_off - b[b0].raw_off), err)) return NULL;
+            if (kstore_block_decode(s, i, k, stage + (b[k].stored_off - a), buf + (b[k].raw_off - b[b0].raw_off), err)) return NULL;
         return buf + (off - b[b0].raw_off);
     }
-    kstore_err_extent(s, i, err, KPK_EINVAL, "internal: a tensor read of a whole-frame extent");
+    kstore_err_extent(s, i, err, KRUN_EDATA, "internal: a tensor read of a whole-frame extent");
     return NULL;
 }

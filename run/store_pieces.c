@@ -87,8 +87,7 @@ struct build {
     kring *r;
     const k3_model *m;
     uint32_t cap_p, cap_q;
-    char *err;
-    size_t errlen;
+    krun_err *err;
 };
 
 static int grow(void **v, uint32_t *cap, uint32_t need, size_t size)
@@ -140,7 +139,7 @@ static int emit(struct build *B, int s, uint32_t i, uint64_t r0, uint64_t r1, ui
         if ((a - t->off) % t->rowb || (e - t->off) % t->rowb) {
             char d[64];
             kpk_extent_name(f, i, d, sizeof d);
-            snprintf(B->err, B->errlen, "%s: %s: a piece boundary falls inside a row of tensor %d (the file breaks FORMAT.md "
+            krun_err_set(B->err, KRUN_EINPUT, "%s: %s: a piece boundary falls inside a row of tensor %d (the file breaks FORMAT.md "
                      "§8.1's row rule)", kpk_path(f), d, t->role);
             return -1;
         }
@@ -159,7 +158,7 @@ static int emit(struct build *B, int s, uint32_t i, uint64_t r0, uint64_t r1, ui
     r->n++;
     return 0;
 oom:
-    snprintf(B->err, B->errlen, "out of memory cutting the streamed extents into pieces");
+    krun_err_set(B->err, KRUN_ENOMEM, "out of memory cutting the streamed extents into pieces");
     return -1;
 }
 
@@ -234,10 +233,10 @@ int kring_head_streamable(const k3_model *m)
 
 int kring_slot(const kring *r, int L) { return L == K3_GLOBALS ? r->n_slots - 1 : L; }
 
-int kring_build(kring *r, const k3_model *m, uint64_t piece_bytes, int pin, int head, uint64_t stage_bytes, char *err, size_t errlen)
+int kring_build(kring *r, const k3_model *m, uint64_t piece_bytes, int pin, int head, uint64_t stage_bytes, krun_err *err)
 {
     const int NL = m->cfg.n_layers;
-    struct build B = {r, m, 0, 0, err, errlen};
+    struct build B = {r, m, 0, 0, err};
     memset(r, 0, sizeof *r);
     r->piece_bytes = piece_bytes ? piece_bytes : 1;
     r->n_slots = NL + 1;
@@ -246,7 +245,7 @@ int kring_build(kring *r, const k3_model *m, uint64_t piece_bytes, int pin, int 
     r->tpart0 = calloc((size_t)r->n_slots * K3T_COUNT, sizeof *r->tpart0);
     r->tnparts = calloc((size_t)r->n_slots * K3T_COUNT, sizeof *r->tnparts);
     if (!r->slot_piece0 || !r->slot_npieces || !r->tpart0 || !r->tnparts) {
-        snprintf(err, errlen, "out of memory cutting the streamed extents into pieces");
+        krun_err_set(err, KRUN_ENOMEM, "out of memory cutting the streamed extents into pieces");
         kring_free(r);
         return -1;
     }
@@ -274,7 +273,7 @@ int kring_build(kring *r, const k3_model *m, uint64_t piece_bytes, int pin, int 
              * held) and the small vectors (held) */
             const kt_loc *lm = &m->globals[K3T_LM_HEAD];
             if (!kring_head_streamable(m)) {
-                snprintf(err, errlen, "%s: lm_head does not follow the embedding in the globals extent, so it cannot be "
+                krun_err_set(err, KRUN_EINPUT, "%s: lm_head does not follow the embedding in the globals extent, so it cannot be "
                          "streamed; give a budget that holds it", kpk_path(m->file));
                 kring_free(r);
                 return -1;

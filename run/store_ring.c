@@ -54,7 +54,7 @@ static void slot_free(kstore *s, struct rslot *r)
 }
 
 /* Start reading piece q into free slot r. */
-static int slot_load(kstore *s, struct rslot *r, uint32_t q, kpk_err *err)
+static int slot_load(kstore *s, struct rslot *r, uint32_t q, krun_err *err)
 {
     const kpiece *p = piece(s, q);
     r->piece = q;
@@ -85,7 +85,7 @@ static int slot_load(kstore *s, struct rslot *r, uint32_t q, kpk_err *err)
 }
 
 /* Read ahead: the next pieces of the step (and of the next) into free slots. */
-static int fill(kstore *s, kpk_err *err)
+static int fill(kstore *s, krun_err *err)
 {
     for (;;) {
         struct rslot *r = NULL;
@@ -100,7 +100,7 @@ static int fill(kstore *s, kpk_err *err)
 
 static void release(kstore *s, struct rslot *r)
 {
-    kpk_err e;
+    krun_err e;
     slot_free(s, r);
     fill(s, &e); /* a failure to queue shows when the piece is needed */
 }
@@ -118,20 +118,16 @@ static void reset(kstore *s)
     s->cur_slot = -1;
 }
 
-int kstore_ring_open(kstore *s, kpk_err *err)
+int kstore_ring_open(kstore *s, krun_err *err)
 {
     const kstore_layout *p = s->opt.layout;
-    char msg[512];
     int need_buf = 0;
     if (!p->ring_slots) return 0;
-    if (kring_build(&s->ring, s->opt.model, p->piece_bytes, p->pin, p->head_streamed, s->stage_bytes, msg, sizeof msg)) {
-        kpk_err_set(err, KPK_EINVAL, "%s", msg);
-        return -1;
-    }
+    if (kring_build(&s->ring, s->opt.model, p->piece_bytes, p->pin, p->head_streamed, s->stage_bytes, err)) return -1;
     s->have_ring = 1;
     /* the plan was made from the same cut: anything else is a bug */
     if (s->ring.slot_bytes != p->ring_slot_bytes || s->ring.min_slots > p->ring_slots || s->ring.n != p->ring_pieces) {
-        kpk_err_set(err, KPK_EINVAL, "internal: the ring (%u pieces, slots of %llu bytes, at least %d) differs from the plan "
+        krun_err_set(err, KRUN_EDATA, "internal: the ring (%u pieces, slots of %llu bytes, at least %d) differs from the plan "
                     "(%u, %llu, %d)", s->ring.n, (unsigned long long)s->ring.slot_bytes, s->ring.min_slots, p->ring_pieces,
                     (unsigned long long)p->ring_slot_bytes, p->ring_slots);
         return -1;
@@ -154,7 +150,7 @@ int kstore_ring_open(kstore *s, kpk_err *err)
     s->cur_slot = -1;
     return fill(s, err);
 oom:
-    kpk_err_set(err, KPK_ENOMEM, "out of memory: %d ring slots of %llu bytes", s->K, (unsigned long long)p->ring_slot_bytes);
+    krun_err_set(err, KRUN_ENOMEM, "out of memory: %d ring slots of %llu bytes", s->K, (unsigned long long)p->ring_slot_bytes);
     return -1;
 }
 
@@ -173,18 +169,18 @@ void kstore_ring_close(kstore *s)
 
 const kring *kstore_ring(const kstore *s) { return s && s->have_ring ? &s->ring : NULL; }
 
-int kstore_ring_step(kstore *s, kpk_err *err)
+int kstore_ring_step(kstore *s, krun_err *err)
 {
     if (!s->have_ring) return 0;
     if (s->next_consume != 0 || s->cur_slot >= 0) reset(s); /* the last block stopped half way */
     return fill(s, err);
 }
 
-int kstore_ring_begin(kstore *s, int slot, int bind, kpk_err *err)
+int kstore_ring_begin(kstore *s, int slot, int bind, krun_err *err)
 {
     if (!s->have_ring || !s->ring.slot_npieces[slot]) return 0;
     if (s->next_consume != s->ring.slot_piece0[slot]) {
-        kpk_err_set(err, KPK_EINVAL, "internal: the ring is at piece %u, layer slot %d starts at piece %u", s->next_consume, slot,
+        krun_err_set(err, KRUN_EDATA, "internal: the ring is at piece %u, layer slot %d starts at piece %u", s->next_consume, slot,
                     s->ring.slot_piece0[slot]);
         return -1;
     }
@@ -195,7 +191,7 @@ int kstore_ring_begin(kstore *s, int slot, int bind, kpk_err *err)
 }
 
 /* Hand out the next piece in order: wait for it, count it, hash it. */
-static int consume(kstore *s, kpk_err *err)
+static int consume(kstore *s, krun_err *err)
 {
     const uint32_t q = s->next_consume;
     const kpiece *p = piece(s, q);
@@ -203,7 +199,7 @@ static int consume(kstore *s, kpk_err *err)
     struct rslot *r;
     if (s->slot_of_piece[q] < 0 && fill(s, err)) return -1;
     if (s->slot_of_piece[q] < 0) {
-        kstore_err_extent(s, p->extent, err, KPK_EINVAL, "internal: no free ring slot for its next piece (the plan's slots "
+        kstore_err_extent(s, p->extent, err, KRUN_EDATA, "internal: no free ring slot for its next piece (the plan's slots "
                           "are fewer than the forward pass holds)");
         return -1;
     }
@@ -231,7 +227,7 @@ static int consume(kstore *s, kpk_err *err)
                 XXH3_64bits_update(s->ring_xxh, s->held_buf[p->extent] + (s->tail_from - s->held_base[p->extent]),
                                    x->stored_len - s->tail_from);
             if (XXH3_64bits_digest(s->ring_xxh) != x->stored_xxh3) {
-                kstore_err_extent(s, p->extent, err, KPK_ECHECKSUM, "checksum mismatch");
+                kstore_err_extent(s, p->extent, err, KRUN_EDATA, "checksum mismatch");
                 return -1;
             }
         }
@@ -249,13 +245,13 @@ static int consume(kstore *s, kpk_err *err)
     return 0;
 }
 
-const uint8_t *kstore_piece(kstore *s, uint32_t q, kpk_err *err)
+const uint8_t *kstore_piece(kstore *s, uint32_t q, krun_err *err)
 {
     const kpiece *p = piece(s, q);
     uint32_t local;
     int32_t k;
     if ((int)p->slot != s->cur_slot) {
-        kstore_err_extent(s, p->extent, err, KPK_EINVAL, "internal: a piece of another layer was asked for");
+        kstore_err_extent(s, p->extent, err, KRUN_EDATA, "internal: a piece of another layer was asked for");
         return NULL;
     }
     local = q - s->ring.slot_piece0[s->cur_slot];
@@ -263,7 +259,7 @@ const uint8_t *kstore_piece(kstore *s, uint32_t q, kpk_err *err)
         if (consume(s, err)) return NULL;
     k = s->slot_of_piece[q];
     if (k < 0 || !s->rs[k].consumed) {
-        kstore_err_extent(s, p->extent, err, KPK_EINVAL, "internal: a piece was asked for again after it was given back");
+        kstore_err_extent(s, p->extent, err, KRUN_EDATA, "internal: a piece was asked for again after it was given back");
         return NULL;
     }
     return s->rs[k].data;
@@ -278,7 +274,7 @@ void kstore_piece_done(kstore *s, uint32_t q)
     if (r->pending && --r->pending == 0 && r->consumed) release(s, r);
 }
 
-int kstore_ring_end(kstore *s, int slot, kpk_err *err)
+int kstore_ring_end(kstore *s, int slot, krun_err *err)
 {
     const uint32_t a = s->ring.slot_piece0[slot], n = s->ring.slot_npieces[slot];
     if (!s->have_ring || !n) return 0;

@@ -1,7 +1,7 @@
 /* Kimi tokenizer: rank file, PCRE2 pre-tokenizer, heap rank-BPE, special tokens, 400k/25k cuts.
  * See tokenizer.h and shared/fixtures/tokenizer/README.md. */
 #define PCRE2_CODE_UNIT_WIDTH 8
-#include "errbuf.h"
+#include "krun_err.h"
 #include "tokenizer.h"
 #include "tokenizer_ucd.h"
 
@@ -300,21 +300,21 @@ static void trie_put(ktok *t, int32_t node, uint8_t byte, int32_t child)
     t->trie_child[i] = child;
 }
 
-static int load_specials(ktok *t, const ktok_special *sp, size_t n, char *err, size_t errlen)
+static int load_specials(ktok *t, const ktok_special *sp, size_t n, krun_err *err)
 {
-    if (n > (size_t)INT32_MAX / 4) { errbuf_set(err, errlen, "too many special tokens"); return -1; }
+    if (n > (size_t)INT32_MAX / 4) { krun_err_set(err, KRUN_EINPUT, "too many special tokens"); return -1; }
     size_t total = 0;
     for (size_t i = 0; i < n; i++) {
-        if (!sp[i].text) { errbuf_set(err, errlen, "special token %zu (id %d): NULL text", i, (int)sp[i].id); return -1; }
+        if (!sp[i].text) { krun_err_set(err, KRUN_EINPUT, "special token %zu (id %d): NULL text", i, (int)sp[i].id); return -1; }
         size_t l = strlen(sp[i].text);
-        if (l == 0) { errbuf_set(err, errlen, "special token id %d: empty text", (int)sp[i].id); return -1; }
-        if (l > (size_t)INT32_MAX / 4 || total > (size_t)INT32_MAX / 4) { errbuf_set(err, errlen, "special token texts too long"); return -1; }
+        if (l == 0) { krun_err_set(err, KRUN_EINPUT, "special token id %d: empty text", (int)sp[i].id); return -1; }
+        if (l > (size_t)INT32_MAX / 4 || total > (size_t)INT32_MAX / 4) { krun_err_set(err, KRUN_EINPUT, "special token texts too long"); return -1; }
         if (utf8_valid_prefix((const uint8_t *)sp[i].text, l) != l) {
-            errbuf_set(err, errlen, "special token id %d: text is not valid UTF-8", (int)sp[i].id);
+            krun_err_set(err, KRUN_EINPUT, "special token id %d: text is not valid UTF-8", (int)sp[i].id);
             return -1;
         }
         if (sp[i].id < 0 || (size_t)sp[i].id < t->n_ranks) {
-            errbuf_set(err, errlen, "special token %d \"%.60s\": id collides with the ranks 0..%zu",
+            krun_err_set(err, KRUN_EINPUT, "special token %d \"%.60s\": id collides with the ranks 0..%zu",
                    (int)sp[i].id, sp[i].text, t->n_ranks - 1);
             return -1;
         }
@@ -329,7 +329,7 @@ static int load_specials(ktok *t, const ktok_special *sp, size_t n, char *err, s
     t->trie_key = calloc(cap, sizeof *t->trie_key);
     t->trie_child = malloc(cap * sizeof *t->trie_child);
     if (!t->specials || !t->sp_text || !t->trie_term || !t->trie_key || !t->trie_child) {
-        errbuf_set(err, errlen, "out of memory");
+        krun_err_set(err, KRUN_ENOMEM, "out of memory");
         return -1;
     }
     t->trie_mask = cap - 1;
@@ -347,7 +347,7 @@ static int load_specials(ktok *t, const ktok_special *sp, size_t n, char *err, s
     if (n) qsort(t->specials, n, sizeof *t->specials, cmp_spec_id);
     for (size_t i = 1; i < n; i++)
         if (t->specials[i].id == t->specials[i - 1].id) {
-            errbuf_set(err, errlen, "special token id %d given twice", (int)t->specials[i].id);
+            krun_err_set(err, KRUN_EINPUT, "special token id %d given twice", (int)t->specials[i].id);
             return -1;
         }
     int32_t nodes = 1;
@@ -366,7 +366,7 @@ static int load_specials(ktok *t, const ktok_special *sp, size_t n, char *err, s
             node = c;
         }
         if (t->trie_term[node] >= 0) {
-            errbuf_set(err, errlen, "special tokens %d and %d have the same text \"%.*s\"",
+            krun_err_set(err, KRUN_EINPUT, "special tokens %d and %d have the same text \"%.*s\"",
                    (int)t->specials[t->trie_term[node]].id, (int)k->id, (int)(k->len < 60 ? k->len : 60),
                    (const char *)x);
             return -1;
@@ -418,7 +418,7 @@ static int load_ucd_ranges(ktok *t)
     return 0;
 }
 
-static int compile_regex(ktok *t, char *err, size_t errlen)
+static int compile_regex(ktok *t, krun_err *err)
 {
     uint32_t have_jit = 0;
     int jit = pcre2_config(PCRE2_CONFIG_JIT, &have_jit) >= 0 && have_jit;
@@ -429,22 +429,22 @@ static int compile_regex(ktok *t, char *err, size_t errlen)
         if (!t->re[k]) {
             PCRE2_UCHAR msg[256];
             pcre2_get_error_message(ec, msg, sizeof msg);
-            errbuf_set(err, errlen, "pre-tokenizer pattern %d does not compile at offset %zu: %s", k, (size_t)eo, (char *)msg);
+            krun_err_set(err, KRUN_EINPUT, "pre-tokenizer pattern %d does not compile at offset %zu: %s", k, (size_t)eo, (char *)msg);
             return -1;
         }
         jit = jit && pcre2_jit_compile(t->re[k], PCRE2_JIT_COMPLETE) == 0;
     }
     t->jit = t->jit_ok = jit;
-    if (load_ucd_ranges(t)) { errbuf_set(err, errlen, "out of memory"); return -1; }
+    if (load_ucd_ranges(t)) { krun_err_set(err, KRUN_ENOMEM, "out of memory"); return -1; }
     return 0;
 }
 
 ktok *ktok_load(const char *rank_file, size_t len, const ktok_special *specials, size_t n_specials,
-                char *err, size_t errlen)
+                krun_err *err)
 {
-    errbuf_set(err, errlen, "ok");
-    if (!rank_file && len) { errbuf_set(err, errlen, "tiktoken.model: NULL buffer"); return NULL; }
-    if (!specials && n_specials) { errbuf_set(err, errlen, "special tokens: NULL list"); return NULL; }
+    krun_err_set(err, KRUN_OK, "ok");
+    if (!rank_file && len) { krun_err_set(err, KRUN_EINPUT, "tiktoken.model: NULL buffer"); return NULL; }
+    if (!specials && n_specials) { krun_err_set(err, KRUN_EINPUT, "special tokens: NULL list"); return NULL; }
     const uint8_t *s = (const uint8_t *)rank_file;
 
     /* pass 1: count entries */
@@ -457,19 +457,19 @@ ktok *ktok_load(const char *rank_file, size_t len, const ktok_special *specials,
         if (le > i) n++;
         i = e + 1;
     }
-    if (n == 0) { errbuf_set(err, errlen, "tiktoken.model: no entries"); return NULL; }
-    if (n > (size_t)INT32_MAX || len > UINT32_MAX) { errbuf_set(err, errlen, "tiktoken.model: too large"); return NULL; }
+    if (n == 0) { krun_err_set(err, KRUN_EINPUT, "tiktoken.model: no entries"); return NULL; }
+    if (n > (size_t)INT32_MAX || len > UINT32_MAX) { krun_err_set(err, KRUN_EINPUT, "tiktoken.model: too large"); return NULL; }
 
     ktok *t = calloc(1, sizeof *t);
     uint32_t *rank_line = NULL;
-    if (!t) { errbuf_set(err, errlen, "out of memory"); return NULL; }
+    if (!t) { krun_err_set(err, KRUN_ENOMEM, "out of memory"); return NULL; }
     t->n_ranks = n;
     t->vocab_size = n;
     t->blob = malloc(len / 4 * 3 + 3);
     t->rank_off = malloc(n * sizeof *t->rank_off);
     t->rank_len = malloc(n * sizeof *t->rank_len);
     rank_line = calloc(n, sizeof *rank_line);
-    if (!t->blob || !t->rank_off || !t->rank_len || !rank_line) { errbuf_set(err, errlen, "out of memory"); goto fail; }
+    if (!t->blob || !t->rank_off || !t->rank_len || !rank_line) { krun_err_set(err, KRUN_ENOMEM, "out of memory"); goto fail; }
 
     /* pass 2: parse */
     size_t bo = 0, line = 0;
@@ -485,39 +485,39 @@ ktok *ktok_load(const char *rank_file, size_t len, const ktok_special *specials,
         const uint8_t *sp = memchr(s + i, ' ', le - i);
         if (!sp) {
             show_line(shown, sizeof shown, (const char *)s + i, le - i);
-            errbuf_set(err, errlen, "tiktoken.model line %zu: expected \"<base64> <rank>\", got \"%s\"", line, shown);
+            krun_err_set(err, KRUN_EINPUT, "tiktoken.model line %zu: expected \"<base64> <rank>\", got \"%s\"", line, shown);
             goto fail;
         }
         size_t bl = (size_t)(sp - (s + i));
         long dl = b64decode(s + i, bl, t->blob + bo);
         if (dl <= 0) {
             show_line(shown, sizeof shown, (const char *)s + i, bl);
-            errbuf_set(err, errlen, "tiktoken.model line %zu: bad base64 \"%s\"", line, shown);
+            krun_err_set(err, KRUN_EINPUT, "tiktoken.model line %zu: bad base64 \"%s\"", line, shown);
             goto fail;
         }
         const uint8_t *rp = sp + 1, *re = s + le;
         uint64_t rank = 0;
-        if (rp == re) { errbuf_set(err, errlen, "tiktoken.model line %zu: missing rank", line); goto fail; }
+        if (rp == re) { krun_err_set(err, KRUN_EINPUT, "tiktoken.model line %zu: missing rank", line); goto fail; }
         for (const uint8_t *q = rp; q < re; q++) {
             if (*q < '0' || *q > '9' || rank > (uint64_t)INT32_MAX) {
                 show_line(shown, sizeof shown, (const char *)rp, (size_t)(re - rp));
-                errbuf_set(err, errlen, "tiktoken.model line %zu: bad rank \"%s\"", line, shown);
+                krun_err_set(err, KRUN_EINPUT, "tiktoken.model line %zu: bad rank \"%s\"", line, shown);
                 goto fail;
             }
             rank = rank * 10 + (uint64_t)(*q - '0');
         }
         if (rank > (uint64_t)INT32_MAX) {
-            errbuf_set(err, errlen, "tiktoken.model line %zu: rank %llu out of range", line, (unsigned long long)rank);
+            krun_err_set(err, KRUN_EINPUT, "tiktoken.model line %zu: rank %llu out of range", line, (unsigned long long)rank);
             goto fail;
         }
         if (rank >= n) {
             if (!over_line) { over_line = line; over_rank = (size_t)rank; }
         } else if (rank_line[rank]) {
-            errbuf_set(err, errlen, "tiktoken.model line %zu: duplicate rank %llu (also on line %u)", line,
+            krun_err_set(err, KRUN_EINPUT, "tiktoken.model line %zu: duplicate rank %llu (also on line %u)", line,
                    (unsigned long long)rank, rank_line[rank]);
             goto fail;
         } else {
-            if (line > UINT32_MAX) { errbuf_set(err, errlen, "tiktoken.model: too many lines"); goto fail; }
+            if (line > UINT32_MAX) { krun_err_set(err, KRUN_EINPUT, "tiktoken.model: too many lines"); goto fail; }
             rank_line[rank] = (uint32_t)line;
             t->rank_off[rank] = (uint32_t)bo;
             t->rank_len[rank] = (uint32_t)dl;
@@ -529,7 +529,7 @@ ktok *ktok_load(const char *rank_file, size_t len, const ktok_special *specials,
     if (over_line) {
         size_t miss = 0;
         while (miss < n && rank_line[miss]) miss++;
-        errbuf_set(err, errlen, "tiktoken.model: rank %zu missing (%zu entries, so ranks must be 0..%zu; "
+        krun_err_set(err, KRUN_EINPUT, "tiktoken.model: rank %zu missing (%zu entries, so ranks must be 0..%zu; "
                "line %zu has rank %zu)", miss, n, n - 1, over_line, over_rank);
         goto fail;
     }
@@ -538,13 +538,13 @@ ktok *ktok_load(const char *rank_file, size_t len, const ktok_special *specials,
     size_t cap = 16;
     while (cap < 2 * n) cap <<= 1;
     t->ht = calloc(cap, sizeof *t->ht);
-    if (!t->ht) { errbuf_set(err, errlen, "out of memory"); goto fail; }
+    if (!t->ht) { krun_err_set(err, KRUN_ENOMEM, "out of memory"); goto fail; }
     t->ht_mask = cap - 1;
     for (size_t r = 0; r < n; r++) {
         int32_t o = ht_put(t, (uint32_t)r);
         if (o >= 0) {
             uint32_t l1 = rank_line[o], l2 = rank_line[r];
-            errbuf_set(err, errlen, "tiktoken.model line %u: same token bytes as line %u (ranks %d and %zu)",
+            krun_err_set(err, KRUN_EINPUT, "tiktoken.model line %u: same token bytes as line %u (ranks %d and %zu)",
                    l1 > l2 ? l1 : l2, l1 < l2 ? l1 : l2, (int)o, r);
             goto fail;
         }
@@ -555,12 +555,12 @@ ktok *ktok_load(const char *rank_file, size_t len, const ktok_special *specials,
         uint8_t c = (uint8_t)b;
         t->byte_rank[b] = ht_get(t, &c, 1);
         if (t->byte_rank[b] < 0) {
-            errbuf_set(err, errlen, "tiktoken.model: byte 0x%02X has no rank (every single byte needs one)", b);
+            krun_err_set(err, KRUN_EINPUT, "tiktoken.model: byte 0x%02X has no rank (every single byte needs one)", b);
             goto fail;
         }
     }
-    if (load_specials(t, specials, n_specials, err, errlen)) goto fail;
-    if (compile_regex(t, err, errlen)) goto fail;
+    if (load_specials(t, specials, n_specials, err)) goto fail;
+    if (compile_regex(t, err)) goto fail;
     return t;
 
 fail:

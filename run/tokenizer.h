@@ -17,6 +17,8 @@
  */
 #ifndef KRUN_TOKENIZER_H
 #define KRUN_TOKENIZER_H
+#include "krun_err.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -32,17 +34,15 @@ typedef struct { int32_t id; const char *text; } ktok_special;
  * must have a rank).
  * specials: added tokens (id, literal text; non-empty valid UTF-8, distinct ids and texts); ids must
  * not collide with ranks (id >= n_ranks).  The texts are copied.
- * Errors: returns NULL and writes a one-line message naming the problem (e.g.
- * "tiktoken.model line 17: bad base64") into err (if errlen > 0). */
-ktok *ktok_load(const char *rank_file, size_t len, const ktok_special *specials, size_t n_specials,
-                char *err, size_t errlen);
+ * Errors: returns NULL and err names the problem (e.g. "tiktoken.model line 17: bad base64";
+ * KRUN_EINPUT, or KRUN_ENOMEM). */
+ktok *ktok_load(const char *rank_file, size_t len, const ktok_special *specials, size_t n_specials, krun_err *err);
 void ktok_free(ktok *);
 
 /* Parse added_tokens_decoder of a tokenizer_config.json (ids taken from the KEYS, text from
  * "content"); the list is sorted by id.  Returns 0, or -1 with a message in err.
  * Caller frees with ktok_specials_free. */
-int  ktok_specials_from_config(const char *json, size_t len, ktok_special **out, size_t *n,
-                               char *err, size_t errlen);
+int  ktok_specials_from_config(const char *json, size_t len, ktok_special **out, size_t *n, krun_err *err);
 void ktok_specials_free(ktok_special *, size_t n);
 /* Add "<|reserved_token_{id}|>" for every id in [first, first+count) not already in the list, as
  * tokenization_kimi.py does for the 256-id block after the ranks; the list stays sorted by id.

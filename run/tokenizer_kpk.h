@@ -16,7 +16,8 @@ enum { KTOK_KPK_OK = 0, KTOK_KPK_ABSENT = 1, KTOK_KPK_BAD = 2, KTOK_KPK_IO = 3 }
  *   KTOK_KPK_ABSENT  the file embeds no tiktoken.model (token ids only);
  *   KTOK_KPK_BAD     an embedded file is damaged or invalid (checksum, JSON, rank file);
  *   KTOK_KPK_IO      it cannot be read (I/O error, out of memory);
- * and a message naming the file and the embedded member in err. */
-ktok *ktok_load_kpk(const kpk_file *f, int *status, char *err, size_t errlen);
+ * and err naming the file and the embedded member (KRUN_EDATA when BAD, KRUN_ENOMEM out of
+ * memory, else KRUN_EINPUT). */
+ktok *ktok_load_kpk(const kpk_file *f, int *status, krun_err *err);
 
 #endif

@@ -1,5 +1,5 @@
 /* Special-token tables: built-in K2 / K3 tables (fixtures README §4) and tokenizer_config.json. */
-#include "errbuf.h"
+#include "krun_err.h"
 #include "tokenizer.h"
 
 #include <jansson.h>
@@ -156,16 +156,16 @@ int ktok_specials_builtin(const char *family, ktok_special **out, size_t *n)
 }
 
 int ktok_specials_from_config(const char *json, size_t len, ktok_special **out, size_t *n,
-                              char *err, size_t errlen)
+                              krun_err *err)
 {
-    if (!out || !n) { errbuf_set(err, errlen, "tokenizer_config.json: NULL output"); return -1; }
+    if (!out || !n) { krun_err_set(err, KRUN_EINPUT, "tokenizer_config.json: NULL output"); return -1; }
     *out = NULL;
     *n = 0;
-    if (!json && len) { errbuf_set(err, errlen, "tokenizer_config.json: NULL buffer"); return -1; }
+    if (!json && len) { krun_err_set(err, KRUN_EINPUT, "tokenizer_config.json: NULL buffer"); return -1; }
     json_error_t je;
     json_t *root = json_loadb(json ? json : "", len, JSON_REJECT_DUPLICATES, &je);
     if (!root) {
-        errbuf_set(err, errlen, "tokenizer_config.json line %d column %d: %s", je.line, je.column, je.text);
+        krun_err_set(err, KRUN_EINPUT, "tokenizer_config.json line %d column %d: %s", je.line, je.column, je.text);
         return -1;
     }
     int rc = -1;
@@ -173,12 +173,12 @@ int ktok_specials_from_config(const char *json, size_t len, ktok_special **out, 
     size_t k = 0;
     json_t *dec = json_is_object(root) ? json_object_get(root, "added_tokens_decoder") : NULL;
     if (!dec || !json_is_object(dec)) {
-        errbuf_set(err, errlen, "tokenizer_config.json: no \"added_tokens_decoder\" object");
+        krun_err_set(err, KRUN_EINPUT, "tokenizer_config.json: no \"added_tokens_decoder\" object");
         goto done;
     }
     size_t cnt = json_object_size(dec);
     s = calloc(cnt ? cnt : 1, sizeof *s);
-    if (!s) { errbuf_set(err, errlen, "out of memory"); goto done; }
+    if (!s) { krun_err_set(err, KRUN_ENOMEM, "out of memory"); goto done; }
     const char *key;
     json_t *val;
     json_object_foreach(dec, key, val) {
@@ -194,21 +194,21 @@ int ktok_specials_from_config(const char *json, size_t len, ktok_special **out, 
         if (q - key > 1 && key[0] == '0') goto badkey;
         json_t *c = json_is_object(val) ? json_object_get(val, "content") : val;
         if (!c || !json_is_string(c) || json_string_length(c) == 0) {
-            errbuf_set(err, errlen, "tokenizer_config.json: added_tokens_decoder[\"%s\"] has no \"content\" string", key);
+            krun_err_set(err, KRUN_EINPUT, "tokenizer_config.json: added_tokens_decoder[\"%s\"] has no \"content\" string", key);
             goto done;
         }
         if (strlen(json_string_value(c)) != json_string_length(c)) {
-            errbuf_set(err, errlen, "tokenizer_config.json: added_tokens_decoder[\"%s\"] content contains NUL", key);
+            krun_err_set(err, KRUN_EINPUT, "tokenizer_config.json: added_tokens_decoder[\"%s\"] content contains NUL", key);
             goto done;
         }
         char *t = dupstr(json_string_value(c));
-        if (!t) { errbuf_set(err, errlen, "out of memory"); goto done; }
+        if (!t) { krun_err_set(err, KRUN_ENOMEM, "out of memory"); goto done; }
         s[k].id = (int32_t)id;
         s[k].text = t;
         k++;
         continue;
     badkey:
-        errbuf_set(err, errlen, "tokenizer_config.json: added_tokens_decoder key \"%.40s\" is not a token id", key);
+        krun_err_set(err, KRUN_EINPUT, "tokenizer_config.json: added_tokens_decoder key \"%.40s\" is not a token id", key);
         goto done;
     }
     qsort(s, k, sizeof *s, cmp_id);

@@ -3,6 +3,7 @@
 
 #include "store.h"
 
+#include <stdio.h>
 #include <string.h>
 
 /* the globals' vectors, widened from the held part */
@@ -197,11 +198,12 @@ static const uint8_t *piece_tensor(const k3_weights *w, int L, k3_role role, con
     return data + (loc_of(w, L, role)->offset - r->piece[q->piece].r0);
 }
 
-static void fail_with(const k3_weights *w, const kpk_err *e)
+static void fail_with(const k3_weights *w, const krun_err *e)
 {
     if (w->fail->failed) return;
     w->fail->failed = 1;
-    w->fail->err = *e;
+    w->fail->code = e->code;
+    snprintf(w->fail->msg, sizeof w->fail->msg, "%s", e->msg);
 }
 
 /* Read, on the layer's first pass, the vectors and held matrices the forward
@@ -215,7 +217,7 @@ static void advance(const k3_weights *w, int L)
         uint32_t n;
         const kpart *q = parts_of(w, L, (k3_role)st->role, &n);
         if (n && (st->use == K3U_MULTI || !w->bound[k])) {
-            kpk_err e = {0};
+            krun_err e = {0};
             const uint8_t *d = kstore_piece(w->store, q->piece, &e);
             if (!d) { fail_with(w, &e); return; }
             if (st->use == K3U_VEC) {
@@ -229,20 +231,20 @@ static void advance(const k3_weights *w, int L)
     }
 }
 
-int k3_weights_step_begin(k3_weights *w, kpk_err *err)
+int k3_weights_step_begin(k3_weights *w, krun_err *err)
 {
     w->fail->failed = 0;
     return ring_of(w) ? kstore_ring_step(w->store, err) : 0;
 }
 
-int k3_weights_begin(k3_weights *w, int L, kpk_err *err)
+int k3_weights_begin(k3_weights *w, int L, krun_err *err)
 {
     const size_t k = slot(w, L);
     if (streamed(w, L)) {
         w->cursor[k] = 0;
         if (kstore_ring_begin(w->store, (int)k, !w->bound[k], err)) return -1;
         advance(w, L);
-        if (w->fail->failed) { *err = w->fail->err; return -1; }
+        if (w->fail->failed) return krun_err_set(err, w->fail->code, "%s", w->fail->msg);
         return 0;
     }
     if (L != K3_GLOBALS) {
@@ -254,7 +256,7 @@ int k3_weights_begin(k3_weights *w, int L, kpk_err *err)
     return 0;
 }
 
-int k3_weights_end(k3_weights *w, int L, kpk_err *err)
+int k3_weights_end(k3_weights *w, int L, krun_err *err)
 {
     const size_t k = slot(w, L);
     if (!streamed(w, L)) {
@@ -266,20 +268,17 @@ int k3_weights_end(k3_weights *w, int L, kpk_err *err)
     }
     for (int r = 0; r < K3T_COUNT; r++) w->held[k * K3T_COUNT + r] = NULL;
     if (!w->fail->failed) {
-        kpk_err e = {0};
+        krun_err e = {0};
         if (w->cursor[k] != w->norder[k]) {
             const k3_use_step *o = w->order + k * K3T_COUNT;
-            kpk_err_set(&e, KPK_EINVAL, "internal: layer %d: the forward pass did not use role %d, which use_order.c's use "
+            krun_err_set(&e, KRUN_EDATA, "internal: layer %d: the forward pass did not use role %d, which use_order.c's use "
                         "order lists next (k3_use_order must follow the forward pass)", L, o[w->cursor[k]].role);
             fail_with(w, &e);
         } else if (kstore_ring_end(w->store, (int)k, &e)) {
             fail_with(w, &e);
         }
     }
-    if (w->fail->failed) {
-        *err = w->fail->err;
-        return -1;
-    }
+    if (w->fail->failed) return krun_err_set(err, w->fail->code, "%s", w->fail->msg);
     w->bound[k] = 1;
     return 0;
 }
@@ -289,24 +288,18 @@ int k3_weights_end(k3_weights *w, int L, kpk_err *err)
 int k3_weights_experts_request(k3_weights *w, int L, const int *experts, size_t n, uint32_t *extent, krun_err *err)
 {
     const k3_model *m = w->m;
-    kpk_err e = {0};
     for (size_t i = 0; i < n; i++) {
         int64_t id = k3_expert_extent(m, L, experts[i]);
         if (id < 0) { krun_err_set(err, KRUN_EDATA, "%s: layer %d expert %d: no such extent", kpk_path(m->file), L, experts[i]); return -1; }
         extent[i] = (uint32_t)id;
     }
-    if (kstore_experts_request(w->store, extent, n, &e)) {
-        krun_err_set(err, krun_code_of_kpk(e.code), "%s", e.msg);
-        return -1;
-    }
-    return 0;
+    return kstore_experts_request(w->store, extent, n, err);
 }
 
 int k3_weights_expert_ready(k3_weights *w, int L, uint32_t extent, k3_expert_w *out, krun_err *err)
 {
-    kpk_err e = {0};
-    const uint8_t *p = kstore_expert_wait(w->store, extent, &e);
-    if (!p) { krun_err_set(err, krun_code_of_kpk(e.code), "%s", e.msg); return -1; }
+    const uint8_t *p = kstore_expert_wait(w->store, extent, err);
+    if (!p) return -1;
     k3_bind_expert(w->m, L, p, out);
     return 0;
 }
@@ -375,8 +368,8 @@ static void matmul_streamed(kpool *pool, const k3_weights *w, int L, k3_role rol
     const kpart *q = parts_of(w, L, role, &np);
     if (w->fail->failed) { zero_out(l, calls, n); return; }
     if (w->cursor[k] >= w->norder[k] || o[w->cursor[k]].role != role) {
-        kpk_err e;
-        kpk_err_set(&e, KPK_EINVAL, "internal: layer %d: the forward pass multiplied role %d where use_order.c's use order "
+        krun_err e;
+        krun_err_set(&e, KRUN_EDATA, "internal: layer %d: the forward pass multiplied role %d where use_order.c's use order "
                     "lists role %d (k3_use_order must follow the forward pass)", L, role,
                     w->cursor[k] < w->norder[k] ? o[w->cursor[k]].role : -1);
         fail_with(w, &e);
@@ -384,7 +377,7 @@ static void matmul_streamed(kpool *pool, const k3_weights *w, int L, k3_role rol
         return;
     }
     for (uint32_t j = 0; j < np; j++) {
-        kpk_err e = {0};
+        krun_err e = {0};
         const uint8_t *d = kstore_piece(w->store, q[j].piece, &e);
         kmat m;
         if (!d) { fail_with(w, &e); zero_out(l, calls, n); return; }

@@ -46,8 +46,10 @@ typedef struct k3_vecs {
 } k3_vecs;
 
 /* A streamed read that failed inside a product: the product's output is
- * zeros, and k3_weights_end reports err (the step fails, no token is used). */
-typedef struct k3_wfail { int failed; kpk_err err; } k3_wfail;
+ * zeros, and k3_weights_end reports it (the step fails, no token is used).
+ * The record lives in the run state the planner counts, so it keeps the
+ * first failure's code and message (its first 767 characters) only. */
+typedef struct k3_wfail { int failed; int code; char msg[768]; } k3_wfail;
 
 typedef struct k3_weights {
     const k3_model *m;
@@ -79,15 +81,15 @@ void k3_weights_detach(k3_weights *w, int L);
 const k3_vecs *k3_weights_vecs(const k3_weights *w, int L);
 
 /* A forward block starts (the ring is at the first piece of a step). */
-int k3_weights_step_begin(k3_weights *w, kpk_err *err);
+int k3_weights_step_begin(k3_weights *w, krun_err *err);
 /* Layer L's weights are about to be used: a held extent is fetched and
  * attached, a streamed one starts its pass (its first vectors read when not
  * yet bound).  K3_GLOBALS: lm_head's pass, when it streams. */
-int k3_weights_begin(k3_weights *w, int L, kpk_err *err);
+int k3_weights_begin(k3_weights *w, int L, krun_err *err);
 /* Layer L is done: a held extent is given back; a streamed one has the rest
  * of its pieces read and its checksum checked.  Fails when anything read for
  * the layer was bad (including inside a product): its results must not be used. */
-int k3_weights_end(k3_weights *w, int L, kpk_err *err);
+int k3_weights_end(k3_weights *w, int L, krun_err *err);
 
 /* Routed experts of layer L through the store, at most the store's expert
  * capacity at a time: request starts reading experts[0..n) (their extents are

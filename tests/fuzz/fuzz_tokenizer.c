@@ -23,7 +23,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     const char *paths[] = {env, "../shared/fixtures/tokenizer/tiktoken.model", "build/fuzz/seeds/tiktoken.model"};
     ktok_special *sp = NULL;
     size_t nsp = 0;
-    char err[300];
+    krun_err ke = {0, ""};
+    char *err = ke.msg;
     (void)argc;
     (void)argv;
     for (size_t i = 0; i < sizeof paths / sizeof paths[0] && !tk; i++) {
@@ -31,7 +32,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
         size_t len;
         if (!paths[i] || kio_read_file(paths[i], (size_t)64 << 20, &ranks, &len)) continue;
         if (ktok_specials_builtin("k3", &sp, &nsp) == 0) {
-            tk = ktok_load(ranks, len, sp, nsp, err, sizeof err);
+            tk = ktok_load(ranks, len, sp, nsp, &ke);
             if (!tk) fprintf(stderr, "fuzz_tokenizer: %s: %s\n", paths[i], err);
             else fprintf(stderr, "fuzz_tokenizer: rank file %s (%zu ranks)\n", paths[i], ktok_n_ranks(tk));
             ktok_specials_free(sp, nsp);

@@ -316,7 +316,7 @@ int synth_tok_write(const char *outdir, const char *real_path, const synth_tok *
     ktok_special *sp = NULL;
     size_t nsp = 0;
     ktok *kt = NULL;
-    char kerr[256] = "";
+    krun_err kerr = {0, ""};
     int rc = -1;
 
     if (real_path) {
@@ -333,9 +333,9 @@ int synth_tok_write(const char *outdir, const char *real_path, const synth_tok *
         goto out;
     }
     /* self-check with krun's own loader before writing anything */
-    kt = ktok_load(ranks, rlen, sp, nsp, kerr, sizeof kerr);
+    kt = ktok_load(ranks, rlen, sp, nsp, &kerr);
     if (!kt) {
-        errbuf_set(err, errlen, "%s: the tokenizer does not load: %s", real_path ? real_path : "synthetic tokenizer", kerr);
+        errbuf_set(err, errlen, "%s: the tokenizer does not load: %s", real_path ? real_path : "synthetic tokenizer", kerr.msg);
         goto out;
     }
     if (ktok_n_ranks(kt) != (size_t)tok->n_ranks || ktok_vocab_size(kt) != (size_t)(tok->n_ranks + tok->n_specials)) {

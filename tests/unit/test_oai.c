@@ -484,7 +484,8 @@ static void test_mutations(void)
     };
     static const char tokens[] = "{}[]\":,0123456789.-+eEtrufalsn\\ \xff\xc3\xa9\x00";
     int iters = 0, accepted = 0, bad = 0;
-    char err[256];
+    krun_err ke = {0, ""};
+    char *err = ke.msg;
     for (int it = 0; it < 20000; it++) {
         const char *sd = seeds[it & 1];
         size_t n = strlen(sd);
@@ -513,7 +514,7 @@ static void test_mutations(void)
                 accepted++;
                 /* whatever parses must render (or fail with a message) */
                 kchat_rendering out;
-                if (kchat_render(NULL, r.messages, r.n_messages, &r.chat, &out, err, sizeof err) == 0) kchat_rendering_free(&out);
+                if (kchat_render(NULL, r.messages, r.n_messages, &r.chat, &out, &ke) == 0) kchat_rendering_free(&out);
                 else if (!err[0]) bad++;
                 oai_chat_request_free(&r);
             } else if (e.status != 400 || !e.message[0]) bad++;
