@@ -6,8 +6,8 @@
  * 0 and the compiler removes the broken code.
  *
  * In the production files an ablation point is one line: a swapped operand,
- * or a call into a broken variant below (ablate_variants.c, compiled only
- * into the test build). */
+ * or a call into a broken variant (ablate_variants.h, compiled only into the
+ * test build). */
 #ifndef KRUN_ABLATE_H
 #define KRUN_ABLATE_H
 
@@ -53,28 +53,6 @@ extern int krun_ablation;
 #else
 #define ABLATED(x) 0
 #endif
-
-/* The broken variants that do not fit in one line (ablate_variants.c). */
-#include "kernels.h"
-
-#include <stddef.h>
-struct kpool;
-struct k3_weights;
-/* KDA_READ_BEFORE_DECAY, KDA_OUTPUT_PRE_WRITE: the recurrence step of kda.c with the read or the output
- * moved (in place: Sin == S) */
-void abl_kda_step(float *S, const float *Sin, const float *q, const float *k, const float *v, const float *alpha,
-                  float beta, float *o, size_t D, float *u, float *d);
-/* KDA_GATE_BEFORE_NORM */
-void abl_kda_gate_before_norm(float *oh, const float *gh, const float *o_norm, size_t D, double eps);
-/* MLA_NORM_ROPE: the rope key normalised with the latent */
-void abl_mla_norm_rope(float *dst, const float *src, const float *kva_ln, size_t Rkv, size_t row, double eps);
-/* MLA_GATE_FROM_LATENT: the gate projection fed the latent query */
-void abl_mla_gate_from_latent(struct kpool *pool, const struct k3_weights *w, int L, const float *cq, size_t Rq, size_t E,
-                              size_t T, float *gate, size_t ldg);
-/* MXFP4_NIBBLE_SWAP, MXFP4_SCALE_BIAS_126: an expert matrix decoded wrongly */
-void abl_expert_matmul(const kmat *W, const float *X, size_t ldx, size_t n, float *Y, size_t ldy);
-/* ATTNRES_NORMALISED_VALUES: the weighted sum of normalised sources */
-void abl_attnres_values(float *out, const float *const *v, const float *s, size_t n, size_t E, double eps);
 
 /* Name <-> id, for the test build's KRUN_ABLATE variable. */
 const char *krun_ablation_name(int id);

@@ -1,5 +1,7 @@
 /* The broken variants of the ablation build (see ablate.h).  Only the test
  * build (-DKRUN_ABLATIONS) contains them. */
+#include "ablate_variants.h"
+
 #include "ablate.h"
 
 #ifdef KRUN_ABLATIONS

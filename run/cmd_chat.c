@@ -335,7 +335,7 @@ static void log_turn(chat *ch, const turn_log *t)
 
 static uint64_t bytes_read(chat *ch)
 {
-    kstore_stats st;
+    krun_stats st;
     krun_model_stats(ch->m, &st);
     return st.bytes_read;
 }

@@ -2,7 +2,6 @@
 #include "krun_cli.h"
 
 #include "kprogress.h"
-#include "memplan.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -47,12 +46,12 @@ void krun_cli_init(krun_cli *c)
     memset(c, 0, sizeof *c);
     c->chunk = 64;
     c->top_p = 1.0;
-    c->verify = KSTORE_VERIFY_FIRST;
+    c->verify = KRUN_VERIFY_FIRST;
     c->pin = -1;
     c->slots = -1;
     c->head = -1;
     c->max_seqs = 1;
-    c->io = KSTORE_IO_DIRECT;
+    c->io = KRUN_IO_DIRECT;
     c->predict = -1;
 }
 
@@ -71,13 +70,13 @@ int krun_cli_option(krun_cli *c, int argc, char **argv, int *i)
     else if (!strcmp(a, "--threads")) c->threads = krun_cli_long(VALUE, 1, 1024, "--threads");
     else if (!strcmp(a, "--ctx")) c->ctx = krun_cli_long(VALUE, 1, 1L << 40, "--ctx");
     else if (!strcmp(a, "--chunk")) c->chunk = krun_cli_long(VALUE, 1, 1L << 20, "--chunk");
-    else if (!strcmp(a, "--max-seqs")) c->max_seqs = krun_cli_long(VALUE, 1, K3_MAX_SEQS, "--max-seqs");
+    else if (!strcmp(a, "--max-seqs")) c->max_seqs = krun_cli_long(VALUE, 1, KRUN_MAX_SEQS, "--max-seqs");
     else if (!strcmp(a, "--simd")) c->simd = VALUE;
     else if (!strcmp(a, "--verify")) {
         const char *v = VALUE;
-        if (!strcmp(v, "first")) c->verify = KSTORE_VERIFY_FIRST;
-        else if (!strcmp(v, "always")) c->verify = KSTORE_VERIFY_ALWAYS;
-        else if (!strcmp(v, "off")) c->verify = KSTORE_VERIFY_OFF;
+        if (!strcmp(v, "first")) c->verify = KRUN_VERIFY_FIRST;
+        else if (!strcmp(v, "always")) c->verify = KRUN_VERIFY_ALWAYS;
+        else if (!strcmp(v, "off")) c->verify = KRUN_VERIFY_OFF;
         else krun_cli_die("--verify: expected first, always or off, got %s", v);
     }
     else if (!strcmp(a, "--mem")) c->mem = VALUE;
@@ -102,16 +101,16 @@ int krun_cli_option(krun_cli *c, int argc, char **argv, int *i)
     else if (!strcmp(a, "--trace")) c->trace = VALUE;
     else if (!strcmp(a, "--cache")) {
         const char *v = VALUE;
-        if (!strcmp(v, "lru")) c->policy = KSTORE_LRU;
-        else if (!strcmp(v, "lfu")) c->policy = KSTORE_LFU;
+        if (!strcmp(v, "lru")) c->policy = KRUN_CACHE_LRU;
+        else if (!strcmp(v, "lfu")) c->policy = KRUN_CACHE_LFU;
         else krun_cli_die("--cache: expected lru or lfu, got %s", v);
     }
     else if (!strcmp(a, "--io")) {
         const char *v = VALUE;
         c->io_given = 1;
-        if (!strcmp(v, "mmap")) c->io = KSTORE_IO_MMAP;
-        else if (!strcmp(v, "pread")) c->io = KSTORE_IO_PREAD;
-        else if (!strcmp(v, "direct")) c->io = KSTORE_IO_DIRECT;
+        if (!strcmp(v, "mmap")) c->io = KRUN_IO_MMAP;
+        else if (!strcmp(v, "pread")) c->io = KRUN_IO_PREAD;
+        else if (!strcmp(v, "direct")) c->io = KRUN_IO_DIRECT;
         else krun_cli_die("--io: expected mmap, pread or direct, got %s", v);
     }
     else return 0;
@@ -130,7 +129,7 @@ void krun_cli_check(krun_cli *c, const char *needs_budget)
         krun_cli_die("%s", msg);
     }
     if (c->piece && kmem_parse_size(c->piece) <= 0) krun_cli_die("--piece: expected a size like 64M, got %s", c->piece);
-    if (c->simd && strcmp(c->simd, "auto") != 0 && kern_simd_parse(c->simd, &c->simd_level))
+    if (c->simd && strcmp(c->simd, "auto") != 0 && (c->simd_level = krun_simd_parse(c->simd)) < 0)
         krun_cli_die("--simd: expected auto, scalar, avx2 or avx512, got %s", c->simd);
 }
 
@@ -169,7 +168,7 @@ void krun_cli_model_opts(const krun_cli *c, const char *path, uint64_t budget, k
     mo->chunk = (size_t)c->chunk;
     mo->max_seqs = (size_t)c->max_seqs;
     mo->threads = (int)c->threads;
-    mo->simd = c->simd && strcmp(c->simd, "auto") != 0 ? (int)c->simd_level : -1;
+    mo->simd = c->simd && strcmp(c->simd, "auto") != 0 ? c->simd_level : -1;
 }
 
 void krun_cli_sampler(const krun_cli *c, ksampler_opts *so)

@@ -6,7 +6,6 @@
 #ifndef KRUN_CLI_H
 #define KRUN_CLI_H
 
-#include "kernels.h"
 #include "sampler.h"
 #include "session.h"
 
@@ -20,7 +19,7 @@ typedef struct krun_cli {
     long head;                /* --head: 0 hold, 1 stream, -1 the planner chooses */
     long predict;             /* --predict: 1 on, 0 off, -1 auto (the default: on for a split layout) */
     int io, policy, io_given, verify;
-    ksimd simd_level;
+    int simd_level;           /* krun_simd_parse of --simd */
     /* sampling */
     double temp, top_p, min_p;
     long top_k;

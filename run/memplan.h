@@ -33,11 +33,13 @@
 #ifndef KRUN_MEMPLAN_H
 #define KRUN_MEMPLAN_H
 
-#include "model.h"
+#include "krun_err.h"
 
 #include <jansson.h>
 #include <stdint.h>
 #include <stdio.h>
+
+typedef struct k3_model k3_model;
 
 typedef struct kmemplan {
     uint64_t budget;
@@ -113,22 +115,16 @@ typedef struct kmemplan_req {
 int kmemplan_split_layout(const k3_model *m);
 
 /* Plan for a budget.  Returns -1 with err (KRUN_EINPUT) saying what the
- * minimum is when the budget cannot hold it.  The state, vectors and scratch sizes come from the
- * functions that lay those buffers out (a session's slot: the caller's
- * q->session_bytes from session.c; the run state: forward.c), the ring's
- * from the cut the store reads (store_pieces.c): what is planned is what is
- * allocated and read. */
+ * minimum is when the budget cannot hold it.  The state, vectors and scratch
+ * sizes come from the functions that lay those buffers out (a session's slot:
+ * the caller's q->session_bytes, from session.c; the run state: forward.c),
+ * the ring's from the cut the store reads (store_pieces.c): what is planned
+ * is what is allocated and read. */
 int kmemplan_make(const k3_model *m, const kmemplan_req *q, kmemplan *p, krun_err *err);
 void kmemplan_print(const kmemplan *p, FILE *out);
 /* The part of a plan the store is handed (store.h): where each extent lives. */
 struct kstore_layout;
 void kmemplan_layout(const kmemplan *p, struct kstore_layout *out);
 json_t *kmemplan_json(const kmemplan *p);
-
-/* Current resident set size of this process (VmRSS), and its peak (VmHWM). */
-uint64_t kmem_rss(void);
-/* MemAvailable of /proc/meminfo, 0 if unknown. */
-uint64_t kmem_available(void);
-uint64_t kmem_peak_rss(void);
 
 #endif

@@ -5,6 +5,7 @@
 #include "layers.h"
 
 #include "ablate.h"
+#include "ablate_variants.h"
 #include "kernels_seq.h"
 #include "ops.h"
 

@@ -2,6 +2,7 @@
 #include "layers.h"
 
 #include "ablate.h"
+#include "ablate_variants.h"
 #include "ops.h"
 
 #include <string.h>

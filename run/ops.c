@@ -1,6 +1,7 @@
 #include "ops.h"
 
 #include "ablate.h"
+#include "ablate_variants.h"
 #include "k3_config.h"
 
 #include <math.h>

@@ -207,8 +207,8 @@ static size_t plan_sweep_locked(srv_engine *e, sreq **sw, size_t *take)
  * it is broken).  done[k]: sw[k] is complete (its output says why). */
 static int run_sweep(srv_engine *e, sreq **sw, const size_t *take, size_t n, int *done, krun_err *err)
 {
-    krun_session *ss[K3_MAX_SEQS];
-    int32_t ids[K3_MAX_SEQS];
+    krun_session *ss[KRUN_MAX_SEQS];
+    int32_t ids[KRUN_MAX_SEQS];
     for (size_t k = 0; k < n; k++) {
         sreq *r = sw[k];
         ss[k] = r->s;
@@ -298,7 +298,7 @@ static void *engine_main(void *arg)
         krun_err err;
         int rc;
         double t;
-        kstore_stats ks;
+        krun_stats ks;
         drop_cancelled_locked(e);
         admit_locked(e);
         if (!e->n_active) {

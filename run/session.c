@@ -3,10 +3,13 @@
 #include "session.h"
 
 #include "forward.h"
+#include "kernels.h"
 #include "kio.h"
+#include "procmem.h"
 #include "predict.h"
 #include "spec.h"
 #include "statefile.h"
+#include "store.h"
 #include "tokenizer_kpk.h"
 
 #include <errno.h>
@@ -14,6 +17,17 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <xxhash.h>
+
+/* session.h's values are the layers' below (it does not include them). */
+_Static_assert(KRUN_MAX_SEQS == K3_MAX_SEQS, "KRUN_MAX_SEQS");
+_Static_assert(KRUN_MAX_MEMBERS == KSTORE_MAX_MEMBERS, "KRUN_MAX_MEMBERS");
+#define SAME(a, b) ((int)(a) == (int)(b))
+_Static_assert(SAME(KRUN_VERIFY_OFF, KSTORE_VERIFY_OFF) && SAME(KRUN_VERIFY_FIRST, KSTORE_VERIFY_FIRST) &&
+               SAME(KRUN_VERIFY_ALWAYS, KSTORE_VERIFY_ALWAYS), "enum krun_verify");
+_Static_assert(SAME(KRUN_IO_MMAP, KSTORE_IO_MMAP) && SAME(KRUN_IO_PREAD, KSTORE_IO_PREAD) && SAME(KRUN_IO_DIRECT, KSTORE_IO_DIRECT),
+               "enum krun_io");
+_Static_assert(SAME(KRUN_CACHE_LFU, KSTORE_LFU) && SAME(KRUN_CACHE_LRU, KSTORE_LRU), "enum krun_cache");
+#undef SAME
 
 struct krun_session {
     krun_model *m;
@@ -59,9 +73,9 @@ void krun_model_opts_init(krun_model_opts *o)
     o->pin = -1;
     o->expert_slots = -1;
     o->head = -1;
-    o->io = KSTORE_IO_DIRECT;
-    o->cache_policy = KSTORE_LFU;
-    o->verify = KSTORE_VERIFY_FIRST;
+    o->io = KRUN_IO_DIRECT;
+    o->cache_policy = KRUN_CACHE_LFU;
+    o->verify = KRUN_VERIFY_FIRST;
     o->ctx = 4096;
     o->chunk = 64;
     o->max_seqs = 1;
@@ -228,7 +242,23 @@ size_t krun_model_stop_ids(const krun_model *m, int32_t out[3])
     return m->n_stop;
 }
 
-void krun_model_stats(const krun_model *m, kstore_stats *st) { kstore_stats_get(m->store, st); }
+void krun_model_stats(const krun_model *m, krun_stats *st)
+{
+    kstore_stats k;
+    kstore_stats_get(m->store, &k);
+    *st = (krun_stats){k.bytes_read, k.bytes_trunk, k.bytes_head, k.bytes_experts, k.bytes_globals, k.bytes_resident,
+                       k.expert_hits, k.expert_misses, k.bytes_predicted, k.bytes_cancelled, k.experts_predicted,
+                       k.experts_predicted_used, k.bytes_router, k.extents_verified, k.io_wait_seconds, k.n_members, {0}};
+    memcpy(st->member_bytes, k.member_bytes, sizeof st->member_bytes);
+}
+
+int krun_simd_parse(const char *name)
+{
+    ksimd l;
+    return kern_simd_parse(name, &l) ? -1 : (int)l;
+}
+
+const char *krun_simd_name(void) { return kern_simd_name(kern_simd_get()); }
 const char *krun_model_notice(const krun_model *m) { return m->store ? kstore_notice(m->store) : NULL; }
 
 void krun_model_memory(const krun_model *m, uint64_t *planned, uint64_t *allocated)

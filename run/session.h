@@ -18,16 +18,19 @@
  * feeding, stepping and sampling allocate nothing.
  *
  * Errors: every call that can fail fills a krun_err whose code is krun's exit
- * status (krun_err.h).  A session whose feed failed must be reset. */
+ * status (krun_err.h).  A session whose feed failed must be reset.
+ *
+ * This header is the runtime's public API: the commands and the server use
+ * it (and the plan, memplan.h), never the engine, the store or the model
+ * below it, so it exports what they need of those: the limits, the options'
+ * values, the read statistics and the kernel path. */
 #ifndef KRUN_SESSION_H
 #define KRUN_SESSION_H
 
-#include "forward.h"
 #include "k3_config.h"
 #include "krun_err.h"
 #include "memplan.h"
 #include "sampler.h"
-#include "store.h"
 #include "tokenizer.h"
 
 #include <stddef.h>
@@ -35,6 +38,14 @@
 
 typedef struct krun_model krun_model;
 typedef struct krun_session krun_session;
+
+#define KRUN_MAX_SEQS 256          /* sessions live at once, and sequences in one forward block, at most */
+#define KRUN_MAX_MEMBERS 256       /* member files of a set whose reads are counted apart */
+
+/* Values of krun_model_opts.verify, .io and .cache_policy. */
+enum krun_verify { KRUN_VERIFY_OFF = 0, KRUN_VERIFY_FIRST = 1, KRUN_VERIFY_ALWAYS = 2 };
+enum krun_io { KRUN_IO_MMAP = 0, KRUN_IO_PREAD = 1, KRUN_IO_DIRECT = 2 };
+enum krun_cache { KRUN_CACHE_LFU = 0, KRUN_CACHE_LRU = 1 };
 
 typedef struct krun_model_opts {
     const char *path;          /* the .kpk file */
@@ -45,10 +56,10 @@ typedef struct krun_model_opts {
     int expert_slots;          /* experts cached; -1: the planner decides */
     uint64_t piece;            /* streamed pieces' target size in bytes; 0: the planner decides */
     int head;                  /* lm_head: 0 held, 1 streamed in pieces; -1: the planner decides */
-    int io;                    /* enum kstore_io, with a budget */
-    int cache_policy;          /* enum kstore_policy */
+    int io;                    /* enum krun_io, with a budget */
+    int cache_policy;          /* enum krun_cache */
     int io_threads;            /* concurrent reads; 0: 8 */
-    int verify;                /* enum kstore_verify */
+    int verify;                /* enum krun_verify */
     int trace;                 /* record every read (krun_model_trace_write) */
     size_t ctx;                /* positions per session (default 4096) */
     size_t chunk;              /* positions per forward block of a prefill (default 64) */
@@ -60,7 +71,7 @@ typedef struct krun_model_opts {
                                   0: off; -1 (the default): on for a split layout (the trunk in a member
                                   of its own) when the budget holds it */
     int threads;               /* compute threads; 0: every core */
-    int simd;                  /* -1: the best the CPU has; else a ksimd level (process-wide: kern_simd_set) */
+    int simd;                  /* -1: the best the CPU has; else a level of krun_simd_parse (process-wide) */
 } krun_model_opts;
 
 void krun_model_opts_init(krun_model_opts *o);
@@ -84,7 +95,28 @@ ktok *krun_model_tokenizer(const krun_model *m);            /* NULL: the file ha
 size_t krun_model_stop_ids(const krun_model *m, int32_t out[3]);
 const kmemplan *krun_model_plan(const krun_model *m);       /* NULL: in place, no plan */
 uint64_t krun_model_auto_budget(const krun_model *m);       /* the budget chosen for a too-large file, or 0 */
-void krun_model_stats(const krun_model *m, kstore_stats *st);
+
+/* What the model has read so far (the store's counters, krun --json). */
+typedef struct krun_stats {
+    uint64_t bytes_read;       /* all bytes read or faulted in for use */
+    uint64_t bytes_trunk;      /* streamed trunk pieces */
+    uint64_t bytes_head;       /* streamed lm_head pieces */
+    uint64_t bytes_experts;    /* routed experts that missed the cache */
+    uint64_t bytes_globals;    /* embedding rows */
+    uint64_t bytes_resident;   /* held extents, read once */
+    uint64_t expert_hits;      /* experts already resident when asked for */
+    uint64_t expert_misses;
+    uint64_t bytes_predicted;  /* part of bytes_experts: read ahead on a prediction (--predict) */
+    uint64_t bytes_cancelled;  /* predicted reads taken back unread (already left out of bytes_experts) */
+    uint64_t experts_predicted;      /* expert reads started on a prediction */
+    uint64_t experts_predicted_used; /* ... of them, requested by the router afterwards */
+    uint64_t bytes_router;     /* routers read early for the prediction (not in bytes_read) */
+    uint64_t extents_verified;
+    double io_wait_seconds;    /* compute blocked on reads */
+    uint16_t n_members;
+    uint64_t member_bytes[KRUN_MAX_MEMBERS]; /* read through the I/O queues, per member file */
+} krun_stats;
+void krun_model_stats(const krun_model *m, krun_stats *st);
 /* Something the user should be told once about how the file is read (e.g.
  * O_DIRECT refused by a file system, buffered reads used instead), or NULL. */
 const char *krun_model_notice(const krun_model *m);
@@ -97,6 +129,12 @@ size_t krun_model_block(const krun_model *m);               /* positions one for
  * functions) and as allocated at prepare. */
 void krun_model_memory(const krun_model *m, uint64_t *planned, uint64_t *allocated);
 int krun_model_trace_write(krun_model *m, const char *path);
+
+/* The compute kernels' path (process-wide, the same bits on each): a --simd
+ * name ("scalar", "avx2", "avx512") as a level for krun_model_opts.simd, -1
+ * if the name is unknown; the name of the path in use. */
+int krun_simd_parse(const char *name);
+const char *krun_simd_name(void);
 
 /* Bytes of one session's slot for ctx positions (the plan's state = max_seqs x this). */
 size_t krun_session_bytes(const k3_config *c, size_t ctx);

@@ -1,6 +1,8 @@
 /* The state file of a saved conversation (docs/STATE.md). */
 #include "statefile.h"
 
+#include "state.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>

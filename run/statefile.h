@@ -8,10 +8,11 @@
 
 #include "k3_config.h"
 #include "krun_err.h"
-#include "state.h"
 
 #include <stddef.h>
 #include <stdint.h>
+
+typedef struct k3_state k3_state;   /* state.h: a sequence's state, written and restored */
 
 #define KRUN_STATE_MAGIC "\x89KRS\r\n\x1a\n"
 #define KRUN_STATE_MAJOR 1

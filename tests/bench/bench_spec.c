@@ -44,7 +44,7 @@ int main(int argc, char **argv)
     json_error_t je;
     json_t *j;
     int32_t *prompt, *want, *got, acc[64], draft[64];
-    kstore_stats a, b;
+    krun_stats a, b;
     krun_spec_stats sp;
     double t0, secs;
     int32_t V;

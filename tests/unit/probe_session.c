@@ -15,6 +15,8 @@
  * from our code, from libc (qsort, stdio) and from the shared libraries
  * (xxHash, zstd).  Sanitizer builds keep their own allocator: the counting
  * checks skip there (the batch check still runs).  Prints TAP lines. */
+#include "forward.h"
+#include "procmem.h"
 #include "session.h"
 
 #include <stdatomic.h>
@@ -194,7 +196,7 @@ static void check_allocs(const char *path, const char *mem)
     count_start();
     for (size_t k = 0; k < steps && ok; k++) {
         int32_t id = krun_session_sample(s);
-        kstore_stats st;
+        krun_stats st;
         ok = id >= 0 && !krun_session_feed(s, &id, 1, NULL, &e);
         krun_model_stats(m, &st);
         (void)kmem_rss();

@@ -3,6 +3,7 @@
  * every single-bit flip, and every re-sealed (checksums recomputed)
  * violation of the format is refused with a message; garbage never crashes
  * the parser. */
+#include "state.h"
 #include "statefile.h"
 
 #include <math.h>
