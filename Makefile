@@ -11,7 +11,7 @@ CFLAGS  ?= $(OPT) -g
 # environment keeps the warnings and, above all, the floating-point contract
 # flags: they are appended whatever the caller sets.
 override CFLAGS += -std=c11 -Wall -Wextra -Werror -Wvla -ffp-contract=off -fno-fast-math \
-           -D_GNU_SOURCE -D_FILE_OFFSET_BITS=64 -Iformat -Ipack -Irun -MMD -MP
+           -D_GNU_SOURCE -D_FILE_OFFSET_BITS=64 -I. -MMD -MP
 # gcc only (clang has no such warning and -Werror refuses unknown ones):
 # diagnostics are built with snprintf into fixed buffers on purpose; a long
 # path may shorten a message, never overflow it.
@@ -30,7 +30,8 @@ endif
 
 FORMAT_SRC := $(sort $(wildcard format/*.c))
 PACK_SRC   := $(sort $(filter-out pack/main.c,$(wildcard pack/*.c)))
-RUN_SRC    := $(sort $(filter-out run/main.c,$(wildcard run/*.c)))
+# run/ is one folder per layer (run/LAYERS); its main() is the dispatcher in run/cli.
+RUN_SRC    := $(sort $(filter-out run/cli/main.c,$(wildcard run/*/*.c)))
 SYNTH_SRC  := $(sort $(wildcard tests/synth/*.c))
 UNIT_SRC   := $(sort $(wildcard tests/unit/test_*.c))
 # probes: test programs the CLI tests drive on a synthesized model
@@ -50,7 +51,7 @@ BINDIR := $(if $(filter build,$(BUILD)),bin,$(BUILD)/bin)
 .PHONY: all test test-clang test-root bench bench-hdd demo deps clean unit asan ablate fuzz fuzz-bins soak
 # keep the unit tests' objects (make would delete them as intermediates)
 .SECONDARY:
-all: $(BINDIR)/kpack $(BINDIR)/k3synth $(if $(wildcard run/main.c),$(BINDIR)/krun)
+all: $(BINDIR)/kpack $(BINDIR)/k3synth $(if $(wildcard run/cli/main.c),$(BINDIR)/krun)
 
 # V=1 shows the full command lines.
 Q := $(if $(V),,@)
@@ -73,12 +74,12 @@ $(BINDIR)/kpack: $(call obj,pack/main.c) $(LIBPACK) $(LIBFORMAT)
 	@mkdir -p $(dir $@)
 	@$(if $(V),true,echo "  LINK    $@")
 	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
-$(BINDIR)/krun: $(call obj,run/main.c) $(LIBRUN) $(LIBFORMAT)
+$(BINDIR)/krun: $(call obj,run/cli/main.c) $(LIBRUN) $(LIBFORMAT)
 	@mkdir -p $(dir $@)
 	@$(if $(V),true,echo "  LINK    $@")
 	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 # k3synth uses krun's tokenizer (only it, and its error type) to write and check tokenizer files.
-$(BINDIR)/k3synth: $(call obj,$(SYNTH_SRC) run/tokenizer.c run/tokenizer_specials.c run/krun_err.c) $(LIBFORMAT)
+$(BINDIR)/k3synth: $(call obj,$(SYNTH_SRC) run/text/tokenizer.c run/text/tokenizer_specials.c run/util/krun_err.c) $(LIBFORMAT)
 	@mkdir -p $(dir $@)
 	@$(if $(V),true,echo "  LINK    $@")
 	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
@@ -109,11 +110,11 @@ $(BUILD)/fuzz/fuzz_%: $(call obj,tests/fuzz/fuzz_%.c tests/fuzz/input_file.c) $(
 	@$(if $(V),true,echo "  LINK    $@")
 	$(Q)$(CC) $(CFLAGS) -fsanitize=fuzzer -o $@ $^ $(LDLIBS)
 fuzz-bins: $(FUZZ_BIN)
-# run/kernels*.c do not build with clang 14 (GCC target pragmas, the "f16c"
+# run/kernels/*.c do not build with clang 14 (GCC target pragmas, the "f16c"
 # cpu feature): the fuzz build takes them from gcc, uninstrumented.  No
-# harness fuzzes the kernels; fuzz_kpk only links them through run/model.c.
+# harness fuzzes the kernels; fuzz_kpk only links them through run/model/model.c.
 ifeq ($(FUZZ_KERNELS_GCC),1)
-$(call obj,$(wildcard run/kernels*.c)): $(BUILD)/%.o: %.c
+$(call obj,$(wildcard run/kernels/*.c)): $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	@$(if $(V),true,echo "  GCC     $<")
 	$(Q)gcc $(filter-out -fsanitize%,$(CFLAGS)) -Wno-format-truncation -c $< -o $@

@@ -10,7 +10,7 @@
 #ifndef BLOCKS_H
 #define BLOCKS_H
 
-#include "kpk.h"
+#include "format/kpk.h"
 
 #include <stdint.h>
 

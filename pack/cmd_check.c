@@ -1,8 +1,8 @@
 /* kpack check-source DIR: is this download complete and intact? */
 #include "cli.h"
-#include "kprogress.h"
 #include "report.h"
 #include "source.h"
+#include "format/kprogress.h"
 
 #include <jansson.h>
 #include <stdlib.h>

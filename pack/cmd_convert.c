@@ -10,14 +10,14 @@
 #include "estimate.h"
 #include "guard.h"
 #include "journal.h"
-#include "k3_check.h"
-#include "kprogress.h"
 #include "output.h"
 #include "plan.h"
 #include "report.h"
 #include "resume.h"
 #include "source.h"
 #include "space.h"
+#include "format/k3_check.h"
+#include "format/kprogress.h"
 
 #include <errno.h>
 #include <fcntl.h>

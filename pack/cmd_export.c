@@ -4,10 +4,10 @@
  * its SHA-256 with the one recorded at conversion: the verdict that tells
  * the user whether the download may be deleted. */
 #include "cli.h"
-#include "kio.h"
-#include "kprogress.h"
 #include "rebuild.h"
 #include "source.h"
+#include "format/kio.h"
+#include "format/kprogress.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -4,11 +4,11 @@
  * that the file holds exactly the model its config describes (so "verify
  * OK" means krun will accept it). */
 #include "cli.h"
-#include "k3_check.h"
-#include "kio.h"
-#include "kprogress.h"
-#include "kpk_reader.h"
 #include "repair.h"
+#include "format/k3_check.h"
+#include "format/kio.h"
+#include "format/kpk_reader.h"
+#include "format/kprogress.h"
 
 #include <errno.h>
 #include <jansson.h>

@@ -13,9 +13,9 @@
 #ifndef COPY_H
 #define COPY_H
 
-#include "kprogress.h"
 #include "output.h"
 #include "plan.h"
+#include "format/kprogress.h"
 
 /* Called in extent order when extent i is complete (queued to the writers,
  * not yet synced): its offset, stored_len and hashes are in p->extents[i].

@@ -17,7 +17,7 @@
 #define COPY_PIPE_H
 
 #include "copy.h"
-#include "kpk_encode.h"
+#include "format/kpk_encode.h"
 
 #include <pthread.h>
 #include <stdatomic.h>

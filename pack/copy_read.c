@@ -4,7 +4,7 @@
 #include "copy_pipe.h"
 
 #include "archive.h"
-#include "kio.h"
+#include "format/kio.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -8,7 +8,7 @@
 #ifndef JOURNAL_H
 #define JOURNAL_H
 
-#include "kpk.h"
+#include "format/kpk.h"
 
 #include <stdint.h>
 

@@ -1,7 +1,7 @@
 /* The member writers (output.h). */
 #include "output.h"
 
-#include "kio.h"
+#include "format/kio.h"
 
 #include <errno.h>
 #include <fcntl.h>

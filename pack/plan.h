@@ -11,9 +11,9 @@
 #define PLAN_H
 
 #include "blocks.h"
-#include "kpk.h"
-#include "kpk_reader.h"
 #include "source.h"
+#include "format/kpk.h"
+#include "format/kpk_reader.h"
 
 #define KP_DEFAULT_STRIPE_UNIT (4u << 20)
 

@@ -5,8 +5,8 @@
 #ifndef REBUILD_H
 #define REBUILD_H
 
-#include "kprogress.h"
-#include "kpk_reader.h"
+#include "format/kpk_reader.h"
+#include "format/kprogress.h"
 
 #include <jansson.h>
 #include <stddef.h>

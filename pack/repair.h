@@ -17,7 +17,7 @@
 #ifndef REPAIR_H
 #define REPAIR_H
 
-#include "kpk_reader.h"
+#include "format/kpk_reader.h"
 
 #include <stddef.h>
 #include <stdint.h>

@@ -1,7 +1,7 @@
 #include "safetensors.h"
 
-#include "kio.h"
-#include "kpk.h"
+#include "format/kio.h"
+#include "format/kpk.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -1,7 +1,7 @@
 /* Indexing and checking a checkpoint directory (kpack check-source). */
 #include "source.h"
 
-#include "kio.h"
+#include "format/kio.h"
 
 #include <ctype.h>
 #include <errno.h>

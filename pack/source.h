@@ -5,10 +5,10 @@
 #ifndef SOURCE_H
 #define SOURCE_H
 
-#include "k3_config.h"
-#include "k3_schema.h"
-#include "kprogress.h"
 #include "safetensors.h"
+#include "format/k3_config.h"
+#include "format/k3_schema.h"
+#include "format/kprogress.h"
 
 #include <stdint.h>
 

@@ -1,9 +1,9 @@
 /* krun chat's conversation and /save, /load (chat_conv.h). */
 #include "chat_conv.h"
 
-#include "jsontext.h"
-#include "kio.h"
-#include "statefile.h"
+#include "format/kio.h"
+#include "run/session/statefile.h"
+#include "run/text/jsontext.h"
 
 #include <errno.h>
 #include <jansson.h>

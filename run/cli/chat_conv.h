@@ -3,8 +3,8 @@
 #ifndef KRUN_CHAT_CONV_H
 #define KRUN_CHAT_CONV_H
 
-#include "chat.h"
-#include "session.h"
+#include "run/session/session.h"
+#include "run/text/chat.h"
 
 #include <stddef.h>
 

@@ -1,7 +1,7 @@
 /* `krun chat`: a conversation in a terminal (cmd_chat.h).
  *
  * The model's state is kept between turns: turn one feeds the rendered
- * conversation (K3's chat format, run/chat.h), every later turn feeds only
+ * conversation (K3's chat format, run/text/chat.h), every later turn feeds only
  * what is new -- the reply's last token (generated, not yet run), the tokens
  * that close a reply cut short, and kchat_render_continue of the new user
  * message with the generation prompt.  The history so fed is, token for
@@ -18,12 +18,12 @@
  * an interrupted system call. */
 #include "cmd_chat.h"
 
-#include "chat.h"
 #include "chat_conv.h"
-#include "jsontext.h"
-#include "kprogress.h"
 #include "krun_cli.h"
-#include "memplan.h"
+#include "format/kprogress.h"
+#include "run/session/memplan.h"
+#include "run/text/chat.h"
+#include "run/text/jsontext.h"
 
 #include <errno.h>
 #include <jansson.h>

@@ -5,14 +5,14 @@
  * the session API (session.h). */
 #include "cmd_generate.h"
 
-#include "ablate.h"
 #include "generate.h"
-#include "kio.h"
-#include "kprogress.h"
 #include "krun_cli.h"
-#include "procmem.h"
-#include "spec.h"
-#include "statefile.h"
+#include "format/kio.h"
+#include "format/kprogress.h"
+#include "run/session/spec.h"
+#include "run/session/statefile.h"
+#include "run/util/ablate.h"
+#include "run/util/procmem.h"
 
 #include <errno.h>
 #include <jansson.h>

@@ -4,9 +4,9 @@
 #include "cmd_serve.h"
 
 #include "krun_cli.h"
-#include "kprogress.h"
-#include "memplan.h"
-#include "serve.h"
+#include "format/kprogress.h"
+#include "run/serve/serve.h"
+#include "run/session/memplan.h"
 
 #include <errno.h>
 #include <netdb.h>

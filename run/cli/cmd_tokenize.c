@@ -1,10 +1,10 @@
 /* `krun tokenize`: see cmd_tokenize.h and the usage text below. */
 #include "cmd_tokenize.h"
 
-#include "chat.h"
-#include "jsontext.h"
-#include "oai.h"
-#include "tokenizer_kpk.h"
+#include "run/text/chat.h"
+#include "run/text/jsontext.h"
+#include "run/text/oai.h"
+#include "run/text/tokenizer_kpk.h"
 
 #include <errno.h>
 #include <jansson.h>

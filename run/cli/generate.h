@@ -4,7 +4,7 @@
 #ifndef KRUN_GENERATE_H
 #define KRUN_GENERATE_H
 
-#include "session.h"
+#include "run/session/session.h"
 
 #include <stddef.h>
 #include <stdint.h>

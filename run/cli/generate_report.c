@@ -2,8 +2,8 @@
  * the summary on stderr, and --json. */
 #include "generate.h"
 
-#include "kprogress.h"
-#include "procmem.h"
+#include "format/kprogress.h"
+#include "run/util/procmem.h"
 
 #include <jansson.h>
 #include <stdio.h>

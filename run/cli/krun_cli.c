@@ -1,7 +1,7 @@
 /* The command-line options krun, krun chat and krun serve share (krun_cli.h). */
 #include "krun_cli.h"
 
-#include "kprogress.h"
+#include "format/kprogress.h"
 
 #include <errno.h>
 #include <stdio.h>

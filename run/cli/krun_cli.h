@@ -6,8 +6,8 @@
 #ifndef KRUN_CLI_H
 #define KRUN_CLI_H
 
-#include "sampler.h"
-#include "session.h"
+#include "run/session/sampler.h"
+#include "run/session/session.h"
 
 #include <stddef.h>
 #include <stdint.h>

@@ -2,7 +2,7 @@
  * build (-DKRUN_ABLATIONS) contains them. */
 #include "ablate_variants.h"
 
-#include "ablate.h"
+#include "run/util/ablate.h"
 
 #ifdef KRUN_ABLATIONS
 #include "ops.h"

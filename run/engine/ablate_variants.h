@@ -5,7 +5,7 @@
 #ifndef KRUN_ABLATE_VARIANTS_H
 #define KRUN_ABLATE_VARIANTS_H
 
-#include "kernels.h"
+#include "run/kernels/kernels.h"
 
 #include <stddef.h>
 

@@ -7,10 +7,10 @@
  * ShortConv, MLA cache) of each sequence is advanced by its own positions. */
 #include "forward.h"
 
-#include "ablate.h"
 #include "layers.h"
 #include "ops.h"
 #include "predict.h"
+#include "run/util/ablate.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -5,13 +5,13 @@
 #define KRUN_FORWARD_H
 
 #include "journal.h"
-#include "krun_err.h"
-#include "model.h"
 #include "scratch.h"
 #include "state.h"
-#include "store.h"
-#include "threadpool.h"
 #include "weights.h"
+#include "run/model/model.h"
+#include "run/store/store.h"
+#include "run/util/krun_err.h"
+#include "run/util/threadpool.h"
 
 #define K3_MAX_SEQS 256            /* sequences in one forward block, at most */
 

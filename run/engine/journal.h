@@ -30,8 +30,8 @@
 #ifndef KRUN_JOURNAL_H
 #define KRUN_JOURNAL_H
 
-#include "arena.h"
-#include "k3_config.h"
+#include "format/k3_config.h"
+#include "run/util/arena.h"
 
 #include <stddef.h>
 

@@ -1,10 +1,10 @@
 /* Kimi Delta Attention, spec §4.5, for a block of positions. */
 #include "layers.h"
 
-#include "ablate.h"
 #include "ablate_variants.h"
-#include "kernels_seq.h"
 #include "ops.h"
+#include "run/kernels/kernels_seq.h"
+#include "run/util/ablate.h"
 
 #include <math.h>
 #include <string.h>

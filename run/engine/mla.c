@@ -4,10 +4,10 @@
  * normalised kv latent and the raw shared rope key of each position. */
 #include "layers.h"
 
-#include "ablate.h"
 #include "ablate_variants.h"
-#include "kernels_seq.h"
 #include "ops.h"
+#include "run/kernels/kernels_seq.h"
+#include "run/util/ablate.h"
 
 #include <math.h>
 #include <string.h>

@@ -1,9 +1,9 @@
 /* Stable LatentMoE (spec §4.7) and the dense layer-0 FFN (spec §4.8). */
 #include "layers.h"
 
-#include "ablate.h"
 #include "ablate_variants.h"
 #include "ops.h"
+#include "run/util/ablate.h"
 
 #include <string.h>
 

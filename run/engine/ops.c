@@ -1,8 +1,8 @@
 #include "ops.h"
 
-#include "ablate.h"
 #include "ablate_variants.h"
-#include "k3_config.h"
+#include "format/k3_config.h"
+#include "run/util/ablate.h"
 
 #include <math.h>
 #include <string.h>

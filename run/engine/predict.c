@@ -2,7 +2,7 @@
 #include "predict.h"
 
 #include "ops.h"
-#include "store.h"
+#include "run/store/store.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -9,9 +9,9 @@
 #ifndef KRUN_SCRATCH_H
 #define KRUN_SCRATCH_H
 
-#include "arena.h"
-#include "k3_config.h"
-#include "model.h"
+#include "format/k3_config.h"
+#include "run/model/model.h"
+#include "run/util/arena.h"
 
 #include <stddef.h>
 #include <stdint.h>

@@ -7,8 +7,8 @@
 #ifndef KRUN_STATE_H
 #define KRUN_STATE_H
 
-#include "arena.h"
-#include "k3_config.h"
+#include "format/k3_config.h"
+#include "run/util/arena.h"
 
 #include <stddef.h>
 

@@ -1,7 +1,7 @@
 /* Binding weights once, and the seam every matrix product goes through. */
 #include "weights.h"
 
-#include "store.h"
+#include "run/store/store.h"
 
 #include <stdio.h>
 #include <string.h>

@@ -25,12 +25,12 @@
 #ifndef KRUN_WEIGHTS_H
 #define KRUN_WEIGHTS_H
 
-#include "arena.h"
-#include "kernels.h"
-#include "krun_err.h"
-#include "model.h"
-#include "threadpool.h"
-#include "use_order.h"
+#include "run/kernels/kernels.h"
+#include "run/model/model.h"
+#include "run/model/use_order.h"
+#include "run/util/arena.h"
+#include "run/util/krun_err.h"
+#include "run/util/threadpool.h"
 
 struct kstore;
 
@@ -103,7 +103,7 @@ void k3_weights_experts_release(k3_weights *w, int L, const int *experts, size_t
 
 /* Weight (L, role) as a matrix; rows [r0, r1) of it as a matrix of r1 - r0
  * rows.  For tensors held whole (never a streamed K3U_ONCE matrix). */
-/* For a reader outside the declared order (the prediction, run/predict.c):
+/* For a reader outside the declared order (the prediction, run/engine/predict.c):
  * tensor (L, role) when layer L is held whole right now, else NULL (it
  * streams); whether layer L's vectors have been bound (its first pass is
  * done); a matrix over bytes the caller read itself. */

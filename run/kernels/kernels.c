@@ -2,7 +2,7 @@
  * ARE the floating-point contract (docs/NUMERICS.md section 3); the AVX2 and
  * AVX-512 files must reproduce them bit for bit. */
 #include "kernels.h"
-#include "threadpool.h"
+#include "run/util/threadpool.h"
 
 #include <stdatomic.h>
 #include <stdio.h>

@@ -1,7 +1,7 @@
 /* Opening the model from a KPK file and binding extents to typed weights. */
 #include "model.h"
 
-#include "k3_check.h"
+#include "format/k3_check.h"
 
 #include <jansson.h>
 #include <stdio.h>

@@ -4,11 +4,11 @@
 #ifndef KRUN_MODEL_H
 #define KRUN_MODEL_H
 
-#include "k3_config.h"
-#include "k3_schema.h"
-#include "kernels.h"
-#include "kpk_reader.h"
-#include "krun_err.h"
+#include "format/k3_config.h"
+#include "format/k3_schema.h"
+#include "format/kpk_reader.h"
+#include "run/kernels/kernels.h"
+#include "run/util/krun_err.h"
 
 /* The "layer" of the globals extent, where a layer number is expected. */
 #define K3_GLOBALS (-1)

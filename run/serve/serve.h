@@ -12,11 +12,11 @@
 #ifndef KRUN_SERVE_H
 #define KRUN_SERVE_H
 
-#include "jsontext.h"
-#include "oai.h"
-#include "sampler.h"
 #include "serve_gen.h"
-#include "session.h"
+#include "run/session/sampler.h"
+#include "run/session/session.h"
+#include "run/text/jsontext.h"
+#include "run/text/oai.h"
 
 #include <jansson.h>
 #include <pthread.h>

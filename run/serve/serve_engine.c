@@ -13,8 +13,8 @@
  * so a request's output is bit-identical alone or batched. */
 #include "serve.h"
 
-#include "kprogress.h"
-#include "memplan.h"
+#include "format/kprogress.h"
+#include "run/session/memplan.h"
 
 #include <errno.h>
 #include <math.h>

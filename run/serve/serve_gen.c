@@ -1,8 +1,8 @@
 /* One request's output, token by token (serve_gen.h). */
 #include "serve_gen.h"
 
-#include "chat.h"
-#include "stopstr.h"
+#include "run/text/chat.h"
+#include "run/text/stopstr.h"
 
 #include <jansson.h>
 #include <stdio.h>

@@ -10,9 +10,9 @@
 #ifndef KRUN_SERVE_GEN_H
 #define KRUN_SERVE_GEN_H
 
-#include "jsontext.h"
-#include "oai.h"
-#include "tokenizer.h"
+#include "run/text/jsontext.h"
+#include "run/text/oai.h"
+#include "run/text/tokenizer.h"
 
 #include <stddef.h>
 #include <stdint.h>

@@ -11,8 +11,8 @@
  * while reading the prompt) is a real HTTP error, not an event. */
 #include "serve.h"
 
-#include "chat.h"
-#include "kprogress.h"
+#include "format/kprogress.h"
+#include "run/text/chat.h"
 
 #include <microhttpd.h>
 #include <openssl/crypto.h>

@@ -1,11 +1,11 @@
 #include "memplan.h"
 
-#include "forward.h"
-#include "kprogress.h"
-#include "predict.h"
-#include "iopool.h"
-#include "store.h"
-#include "store_pieces.h"
+#include "format/kprogress.h"
+#include "run/engine/forward.h"
+#include "run/engine/predict.h"
+#include "run/store/iopool.h"
+#include "run/store/store.h"
+#include "run/store/store_pieces.h"
 
 #include <errno.h>
 #include <stdlib.h>

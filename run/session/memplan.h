@@ -14,7 +14,7 @@
  *   I/O staging        compressed files only: each I/O worker's buffers for
  *                      the stored bytes of the blocks it decodes
  *   prediction         the largest router, read early to predict a layer's
- *                      experts (--predict; run/predict.c)
+ *                      experts (--predict; run/engine/predict.c)
  *   state              per session (--max-seqs of them): KDA + ShortConv state,
  *                      the MLA latent cache (--ctx), tokens, logits, sampler
  *   run state          the widened small vectors of every layer (bound once),
@@ -33,7 +33,7 @@
 #ifndef KRUN_MEMPLAN_H
 #define KRUN_MEMPLAN_H
 
-#include "krun_err.h"
+#include "run/util/krun_err.h"
 
 #include <jansson.h>
 #include <stdint.h>
@@ -64,7 +64,7 @@ typedef struct kmemplan {
     uint64_t vectors_bytes;        /* the bound vectors of every layer */
     uint64_t scratch_bytes;        /* activations of one block, and the --spec journal */
     size_t spec;                   /* drafts per verification block (--spec), 0: none */
-    uint64_t spec_bytes;           /* the part of scratch_bytes that is the journal (run/journal.h) */
+    uint64_t spec_bytes;           /* the part of scratch_bytes that is the journal (run/engine/journal.h) */
     uint64_t total;
     size_t ctx, chunk, max_seqs;
     size_t block;                  /* positions per forward block: max(chunk, max_seqs, spec + 1) */
@@ -74,7 +74,7 @@ typedef struct kmemplan {
     uint64_t head_stream_bytes;    /* lm_head's pieces, when it streams */
     uint64_t expert_reads_max;     /* MoE layers x top-k expert extents, padded (twice that with predict:
                                       the predicted reads and the misses they left) */
-    int predict;                   /* experts read ahead on a prediction (krun --predict; run/predict.c) */
+    int predict;                   /* experts read ahead on a prediction (krun --predict; run/engine/predict.c) */
     uint64_t predict_buf_bytes;    /* the largest router, read early for it */
     uint64_t predict_stage_bytes;  /* its stored bytes, when the trunk is compressed */
     uint64_t predict_bytes;        /* the two */

@@ -2,15 +2,15 @@
  * its sessions (session.h). */
 #include "session.h"
 
-#include "forward.h"
-#include "kernels.h"
-#include "kio.h"
-#include "procmem.h"
-#include "predict.h"
 #include "spec.h"
 #include "statefile.h"
-#include "store.h"
-#include "tokenizer_kpk.h"
+#include "format/kio.h"
+#include "run/engine/forward.h"
+#include "run/engine/predict.h"
+#include "run/kernels/kernels.h"
+#include "run/store/store.h"
+#include "run/text/tokenizer_kpk.h"
+#include "run/util/procmem.h"
 
 #include <errno.h>
 #include <stdlib.h>

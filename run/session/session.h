@@ -27,11 +27,11 @@
 #ifndef KRUN_SESSION_H
 #define KRUN_SESSION_H
 
-#include "k3_config.h"
-#include "krun_err.h"
 #include "memplan.h"
 #include "sampler.h"
-#include "tokenizer.h"
+#include "format/k3_config.h"
+#include "run/text/tokenizer.h"
+#include "run/util/krun_err.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -67,7 +67,7 @@ typedef struct krun_model_opts {
     uint64_t extra_bytes;      /* the caller's own buffers, counted in the plan (e.g. all-position logits) */
     size_t spec;               /* speculative decoding: drafts per verification block, at most (0: none, the
                                   default; at most KSPEC_MAX_DRAFT); the plan counts the journal it needs */
-    int predict;               /* 1: read a layer's likely experts during its attention (run/predict.h);
+    int predict;               /* 1: read a layer's likely experts during its attention (run/engine/predict.h);
                                   0: off; -1 (the default): on for a split layout (the trunk in a member
                                   of its own) when the budget holds it */
     int threads;               /* compute threads; 0: every core */

@@ -1,7 +1,7 @@
 /* The state file of a saved conversation (docs/STATE.md). */
 #include "statefile.h"
 
-#include "state.h"
+#include "run/engine/state.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -6,8 +6,8 @@
 #ifndef KRUN_STATEFILE_H
 #define KRUN_STATEFILE_H
 
-#include "k3_config.h"
-#include "krun_err.h"
+#include "format/k3_config.h"
+#include "run/util/krun_err.h"
 
 #include <stddef.h>
 #include <stdint.h>

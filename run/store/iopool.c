@@ -1,7 +1,7 @@
 #include "iopool.h"
 
-#include "kio.h"
-#include "kprogress.h"
+#include "format/kio.h"
+#include "format/kprogress.h"
 
 #include <errno.h>
 #include <fcntl.h>

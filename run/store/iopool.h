@@ -17,7 +17,7 @@
 #ifndef KRUN_IOPOOL_H
 #define KRUN_IOPOOL_H
 
-#include "kpk_reader.h"
+#include "format/kpk_reader.h"
 
 #include <stddef.h>
 #include <stdint.h>

@@ -3,7 +3,7 @@
  * store_io.c.) */
 #include "store_internal.h"
 
-#include "kio.h"
+#include "format/kio.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -28,10 +28,10 @@
 #ifndef KRUN_STORE_H
 #define KRUN_STORE_H
 
-#include "kpk_reader.h"
-#include "krun_err.h"
-#include "model.h"
 #include "store_pieces.h"
+#include "format/kpk_reader.h"
+#include "run/model/model.h"
+#include "run/util/krun_err.h"
 
 #include <stdint.h>
 

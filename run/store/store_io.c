@@ -3,7 +3,7 @@
  * the per-member queues (iopool.h). */
 #include "store_internal.h"
 
-#include "kio.h"
+#include "format/kio.h"
 
 #include <errno.h>
 #include <fcntl.h>

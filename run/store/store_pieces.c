@@ -2,7 +2,7 @@
  * step needs (store_pieces.h). */
 #include "store_pieces.h"
 
-#include "use_order.h"
+#include "run/model/use_order.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -18,7 +18,7 @@
 #ifndef KRUN_STORE_PIECES_H
 #define KRUN_STORE_PIECES_H
 
-#include "model.h"
+#include "run/model/model.h"
 
 #include <stdint.h>
 

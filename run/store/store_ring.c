@@ -8,7 +8,7 @@
  * piece has been used. */
 #include "store_internal.h"
 
-#include "use_order.h"
+#include "run/model/use_order.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -1,8 +1,8 @@
 /* K3 chat format: rendering a conversation to token ids (see chat.h, spec K3_CHAT.md §1-§4). */
 #include "chat.h"
 
-#include "krun_err.h"
 #include "chat_seg.h"
+#include "run/util/krun_err.h"
 
 #include <jansson.h>
 #include <stdlib.h>

@@ -1,7 +1,7 @@
 /* Segment-by-segment rendering shared by the chat renderer and the reply parser (chat_seg.h). */
 #include "chat_seg.h"
 
-#include "krun_err.h"
+#include "run/util/krun_err.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -1,9 +1,9 @@
 /* Kimi tokenizer: rank file, PCRE2 pre-tokenizer, heap rank-BPE, special tokens, 400k/25k cuts.
  * See tokenizer.h and shared/fixtures/tokenizer/README.md. */
 #define PCRE2_CODE_UNIT_WIDTH 8
-#include "krun_err.h"
 #include "tokenizer.h"
 #include "tokenizer_ucd.h"
+#include "run/util/krun_err.h"
 
 #include <pcre2.h>
 #include <limits.h>

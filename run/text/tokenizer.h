@@ -17,7 +17,7 @@
  */
 #ifndef KRUN_TOKENIZER_H
 #define KRUN_TOKENIZER_H
-#include "krun_err.h"
+#include "run/util/krun_err.h"
 
 #include <stddef.h>
 #include <stdint.h>

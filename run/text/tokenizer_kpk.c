@@ -1,7 +1,7 @@
 /* ktok_load_kpk: the tokenizer from a KPK file's meta extent.  See tokenizer_kpk.h. */
 #include "tokenizer_kpk.h"
 
-#include "k3_config.h"
+#include "format/k3_config.h"
 
 #include <stdlib.h>
 

@@ -3,8 +3,8 @@
  * this. */
 #ifndef KRUN_TOKENIZER_KPK_H
 #define KRUN_TOKENIZER_KPK_H
-#include "kpk_reader.h"
 #include "tokenizer.h"
+#include "format/kpk_reader.h"
 
 /* Status of ktok_load_kpk. */
 enum { KTOK_KPK_OK = 0, KTOK_KPK_ABSENT = 1, KTOK_KPK_BAD = 2, KTOK_KPK_IO = 3 };

@@ -1,6 +1,6 @@
 /* Special-token tables: built-in K2 / K3 tables (fixtures README §4) and tokenizer_config.json. */
-#include "krun_err.h"
 #include "tokenizer.h"
+#include "run/util/krun_err.h"
 
 #include <jansson.h>
 #include <limits.h>

@@ -12,7 +12,7 @@
 #ifndef KRUN_ERR_H
 #define KRUN_ERR_H
 
-#include "kpk.h"
+#include "format/kpk.h"
 
 enum krun_code {
     KRUN_OK = 0,

@@ -15,13 +15,13 @@
  * `valgrind --tool=callgrind --toggle-collect=mla_forward` it gives the MLA
  * layers' instructions alone. */
 #include "bench_util.h"
+#include "format/kpk_reader.h"
 #include "../unit/testrand.h"
-#include "forward.h"
-#include "kpk_reader.h"
-#include "model.h"
-#include "state.h"
-#include "store.h"
-#include "threadpool.h"
+#include "run/engine/forward.h"
+#include "run/engine/state.h"
+#include "run/model/model.h"
+#include "run/store/store.h"
+#include "run/util/threadpool.h"
 
 #include <stdint.h>
 #include <stdio.h>

@@ -3,7 +3,7 @@
  * Replays the reads of a `krun --trace` file (in the order they started)
  * against the .kpk it came from, with O_DIRECT and the page cache dropped
  * before each run, through
- *   - run/iopool.c, the pool krun uses (N threads, each a blocking pread), and
+ *   - run/store/iopool.c, the pool krun uses (N threads, each a blocking pread), and
  *   - liburing with N requests in flight (one ring, refilled as completions arrive),
  * and, for scale, one thread reading the same bytes sequentially.  Both
  * engines keep the same number of reads in flight, so the difference is the
@@ -16,8 +16,8 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
-#include "iopool.h"
-#include "kprogress.h"
+#include "format/kprogress.h"
+#include "run/store/iopool.h"
 
 #include <errno.h>
 #include <fcntl.h>

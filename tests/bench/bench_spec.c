@@ -9,7 +9,7 @@
  *
  * PLAIN.json: `krun MODEL.kpk --ids ... --gen N --ignore-eos --json PLAIN.json`
  * (its prompt_ids and generated_ids).  Built by tests/bench/bench_spec.sh. */
-#include "session.h"
+#include "run/session/session.h"
 
 #include <jansson.h>
 #include <stdio.h>

@@ -12,8 +12,8 @@
  * behind it. */
 #include "fuzz.h"
 
-#include "kpk_reader.h"
-#include "model.h"
+#include "format/kpk_reader.h"
+#include "run/model/model.h"
 
 #include <string.h>
 #include <xxhash.h>

@@ -3,8 +3,8 @@
  * sized exactly by dtype and shape, sorted and not overlapping. */
 #include "fuzz.h"
 
-#include "kpk.h"
-#include "safetensors.h"
+#include "format/kpk.h"
+#include "pack/safetensors.h"
 
 #include <string.h>
 

@@ -1,4 +1,4 @@
-/* The tokenizer (run/tokenizer.c) on arbitrary bytes, with a rank file in
+/* The tokenizer (run/text/tokenizer.c) on arbitrary bytes, with a rank file in
  * the real format: encode then decode gives back the input byte for byte
  * (documented for any bytes, valid UTF-8 or not), every id is in the
  * vocabulary, the JIT and the interpreter give the same ids, and the regex
@@ -10,8 +10,8 @@
  * input byte chooses whether special-token strings are honoured. */
 #include "fuzz.h"
 
-#include "kio.h"
-#include "tokenizer.h"
+#include "format/kio.h"
+#include "run/text/tokenizer.h"
 
 #include <string.h>
 

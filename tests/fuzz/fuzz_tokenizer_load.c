@@ -1,11 +1,11 @@
-/* Loading a tokenizer from arbitrary files (run/tokenizer.c): ktok_load on
+/* Loading a tokenizer from arbitrary files (run/text/tokenizer.c): ktok_load on
  * a rank file and ktok_specials_from_config on a tokenizer_config.json.  The
  * input is the JSON, a line "\n--\n", then the rank file (no separator: all
  * rank file, no specials).  A tokenizer that loads must be consistent: every
  * rank's bytes map back to that rank, and text round-trips through it. */
 #include "fuzz.h"
 
-#include "tokenizer.h"
+#include "run/text/tokenizer.h"
 
 #include <string.h>
 

@@ -18,8 +18,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "k3_config.h"
-#include "k3_schema.h"
+#include "format/k3_config.h"
+#include "format/k3_schema.h"
 
 /* ---- PRNG (synth_rng.c) -------------------------------------------------- */
 

@@ -4,10 +4,10 @@
  * no gaps].  The data is streamed: worker threads each fill a chunk of rows
  * (<= 4 MiB) and pwrite it at its final offset, so memory stays at a few chunks
  * whatever the shard size. */
-#include "errbuf.h"
 #include "synth.h"
+#include "format/errbuf.h"
 
-#include "kio.h"
+#include "format/kio.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -9,11 +9,11 @@
  * <|open|>, <|close|>, <|sep|>, ...); otherwise all 256.
  * Real (--tokenizer): the rank file is copied byte for byte and the 256-entry
  * K3 table follows its ranks (163,584 ranks -> ids 163,584..163,839). */
-#include "errbuf.h"
 #include "synth.h"
+#include "format/errbuf.h"
 
-#include "kio.h"
-#include "tokenizer.h"
+#include "format/kio.h"
+#include "run/text/tokenizer.h"
 
 #include <errno.h>
 #include <jansson.h>

@@ -15,9 +15,9 @@
  * from our code, from libc (qsort, stdio) and from the shared libraries
  * (xxHash, zstd).  Sanitizer builds keep their own allocator: the counting
  * checks skip there (the batch check still runs).  Prints TAP lines. */
-#include "forward.h"
-#include "procmem.h"
-#include "session.h"
+#include "run/engine/forward.h"
+#include "run/session/session.h"
+#include "run/util/procmem.h"
 
 #include <stdatomic.h>
 #include <stdio.h>

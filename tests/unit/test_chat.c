@@ -1,12 +1,12 @@
-/* K3 chat format tests (run/chat.h): the 11 golden vectors of $K3_SHARED/fixtures/chat (text and
+/* K3 chat format tests (run/text/chat.h): the 11 golden vectors of $K3_SHARED/fixtures/chat (text and
  * ids; skipped visibly without them), rendering rules from spec K3_CHAT.md written out by hand,
  * Python-compatible JSON, the reply parser (whole, streamed byte by byte and id by id, cut off,
  * malformed, injected marker text), round trips and the prefix property. */
 #include "check.h"
-#include "chat.h"
-#include "jsontext.h"
-#include "oai.h"
-#include "tokenizer.h"
+#include "run/text/chat.h"
+#include "run/text/jsontext.h"
+#include "run/text/oai.h"
+#include "run/text/tokenizer.h"
 
 #include <jansson.h>
 #include <stdint.h>

@@ -8,7 +8,7 @@
 #define _GNU_SOURCE
 #endif
 #include "check.h"
-#include "iopool.h"
+#include "run/store/iopool.h"
 
 #include <fcntl.h>
 #include <stdint.h>

@@ -1,4 +1,4 @@
-/* What krun serve sends for the ids a sequence generates (run/serve_gen.h), without a model: the
+/* What krun serve sends for the ids a sequence generates (run/serve/serve_gen.h), without a model: the
  * replies are K3 chat messages rendered by kchat_render (reasoning, content, tool calls) and fed
  * back id by id as the model would generate them, with the real tokenizer (skipped visibly
  * without the shared fixtures).  Streamed responses are reassembled from their SSE chunks, as a
@@ -6,10 +6,10 @@
  * end ids, usage, token ids, characters split across tokens and failures before and after the
  * stream started are checked against what the reply is known to contain. */
 #include "check.h"
-#include "chat.h"
-#include "jsontext.h"
-#include "serve_gen.h"
-#include "tokenizer.h"
+#include "run/serve/serve_gen.h"
+#include "run/text/chat.h"
+#include "run/text/jsontext.h"
+#include "run/text/tokenizer.h"
 
 #include <jansson.h>
 #include <stdint.h>

@@ -2,8 +2,8 @@
  * oracle vectors of $K3_SHARED/fixtures/tokenizer (skipped visibly when absent). */
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "check.h"
-#include "tokenizer.h"
-#include "tokenizer_ucd.h"
+#include "run/text/tokenizer.h"
+#include "run/text/tokenizer_ucd.h"
 
 #include <jansson.h>
 #include <pcre2.h>
