@@ -48,7 +48,7 @@ UNIT_BIN  := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC) $(PROBE_SRC)
 # sanitizers) keeps its own copies under its build directory.
 BINDIR := $(if $(filter build,$(BUILD)),bin,$(BUILD)/bin)
 
-.PHONY: all test test-clang test-root bench bench-hdd demo deps clean unit asan ablate fuzz fuzz-bins soak
+.PHONY: all test test-clang test-root bench bench-hdd demo deps clean unit asan ablate fuzz fuzz-bins soak check-layers
 # keep the unit tests' objects (make would delete them as intermediates)
 .SECONDARY:
 all: $(BINDIR)/kpack $(BINDIR)/k3synth $(if $(wildcard run/cli/main.c),$(BINDIR)/krun)
@@ -143,7 +143,14 @@ unit: $(UNIT_BIN) $(FUZZ_REPLAY) $(KFAULT)
 ablate:
 	@$(MAKE) --no-print-directory BUILD=$(BUILD)/ablate ABLATIONS=1 $(BUILD)/ablate/bin/krun
 
-test: all unit ablate
+# The layers of run/ (run/LAYERS): every include of the sources and every call
+# between the objects go only the way the rules allow, with no cycle between
+# folders (tests/layers/check_layers.py; tests/cli/test_layers.sh proves it fails).
+check-layers: $(LIBFORMAT) $(LIBPACK) $(LIBRUN)
+	@python3 tests/layers/check_layers.py --objects $(BUILD)
+	@echo "check-layers: run/LAYERS kept by every include and every call"
+
+test: all unit ablate check-layers
 	@BUILD=$(BUILD) BIN=$(BINDIR) tests/run_all.sh
 
 # Tests that need root (loop mounts): out of space on a real ext4.

@@ -1,16 +1,20 @@
 #!/usr/bin/env python3
-"""The call graph between krun's source files, from the objects' symbol tables.
+"""The call graph between source files, from the objects' symbol tables.
 
 Every object defines symbols (nm: T, D, B, R, ...) and uses others (U); a use
 of a symbol another object defines is an edge from the using file to the
-defining one.  Prints the strongly connected components with more than one
-file (call cycles), largest first, and, with --folders, the same at the level
-of folders (a cycle between folders breaks the layering).
+defining one.  Prints the call cycles (strongly connected components of more
+than one file), largest first, and with --folders the cycles between folders.
+An object whose source file is gone (a stale build) is left out.
 
-  tests/layers/callgraph.py [--build DIR] [--folders] [--edges] [--json]
+  tests/layers/callgraph.py [--build DIR] [--src run [--src format ...]] [--folders] [--edges]
 
-Exit status: 0, or 1 when --fail-on-folder-cycle is given and folders form a cycle."""
-import argparse, json, os, subprocess, sys
+make check-layers uses call_edges() to check every call between folders
+against run/LAYERS (check_layers.py --objects)."""
+import argparse
+import os
+import subprocess
+import sys
 from collections import defaultdict
 
 
@@ -24,13 +28,13 @@ def symbols(obj):
         name, kind = parts[0], parts[1]
         if kind == "U":
             used.add(name)
-        elif kind in "TDBRVWGS" or kind in "tdbr" and False:
+        elif kind in "TDBRVWGS":     # global definitions (lower case: local to the object)
             defined.add(name)
     return defined, used
 
 
 def sccs(nodes, edges):
-    """Tarjan, iterative.  edges: node -> set of nodes."""
+    """Tarjan's strongly connected components, iteratively.  edges: node -> set of nodes."""
     index, low, on, stack, out, counter = {}, {}, set(), [], [], [0]
     for root in sorted(nodes):
         if root in index:
@@ -62,70 +66,71 @@ def sccs(nodes, edges):
     return out
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--build", default="build")
-    ap.add_argument("--src", default="run")
-    ap.add_argument("--folders", action="store_true")
-    ap.add_argument("--edges", action="store_true")
-    ap.add_argument("--json", action="store_true")
-    ap.add_argument("--fail-on-folder-cycle", action="store_true")
-    a = ap.parse_args()
-    objdir = os.path.join(a.build, a.src)
+def call_edges(build, srcs, root="."):
+    """(files, {(caller, callee): symbols}) over the objects of build/SRC for each SRC
+    whose source file exists under root."""
     objs = []
-    for d, _, files in os.walk(objdir):
-        objs += [os.path.join(d, f) for f in files if f.endswith(".o")]
-    if not objs:
-        sys.exit(f"no objects under {objdir}: build first")
+    for src in srcs:
+        for d, _, files in os.walk(os.path.join(build, src)):
+            objs += [os.path.join(d, f) for f in files if f.endswith(".o")]
     defs, uses = {}, {}
     for o in sorted(objs):
-        src = os.path.relpath(o, a.build)[:-2] + ".c"
-        defs[src], uses[src] = symbols(o)
+        f = os.path.relpath(o, build)[:-2] + ".c"
+        if not os.path.isfile(os.path.join(root, f)):
+            continue
+        defs[f], uses[f] = symbols(o)
     owner = {}
     for f, ds in defs.items():
         for s in ds:
             owner.setdefault(s, f)
-    edges = defaultdict(set)
     label = defaultdict(set)
     for f, us in uses.items():
         for s in us:
             g = owner.get(s)
             if g and g != f:
-                edges[f].add(g)
                 label[(f, g)].add(s)
-    nodes = set(defs)
-    res = {"files": len(nodes), "file_cycles": [c for c in sccs(nodes, edges) if len(c) > 1]}
-    res["file_cycles"].sort(key=len, reverse=True)
-    fold = lambda f: os.path.dirname(f)
-    fedges = defaultdict(set)
-    for f, gs in edges.items():
-        for g in gs:
+    return set(defs), label
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--src", action="append", help="source tree(s) under the build (default: run)")
+    ap.add_argument("--folders", action="store_true", help="also the cycles between folders")
+    ap.add_argument("--edges", action="store_true", help="the calls that close each cycle")
+    a = ap.parse_args()
+    srcs = a.src or ["run"]
+    nodes, label = call_edges(a.build, srcs)
+    if not nodes:
+        sys.exit(f"no objects under {a.build}/{' '.join(srcs)}: build first")
+    edges = defaultdict(set)
+    for f, g in label:
+        edges[f].add(g)
+    file_cycles = sorted((c for c in sccs(nodes, edges) if len(c) > 1), key=len, reverse=True)
+    print(f"{len(nodes)} files; call cycles between files: {len(file_cycles)}")
+    for c in file_cycles:
+        print(f"  {len(c)} files: {' '.join(c)}")
+        if a.edges:
+            for f in c:
+                for g in sorted(edges[f]):
+                    if g in c:
+                        print(f"    {f} -> {g}: {' '.join(sorted(label[(f, g)])[:6])}")
+    if a.folders:
+        fold = os.path.dirname
+        fedges = defaultdict(set)
+        for f, g in label:
             if fold(f) != fold(g):
                 fedges[fold(f)].add(fold(g))
-    fnodes = {fold(f) for f in nodes}
-    res["folder_cycles"] = sorted([c for c in sccs(fnodes, fedges) if len(c) > 1], key=len, reverse=True)
-    if a.json:
-        print(json.dumps(res, indent=1))
-    else:
-        print(f"{res['files']} files; call cycles between files: {len(res['file_cycles'])}")
-        for c in res["file_cycles"]:
-            print(f"  {len(c)} files: {' '.join(os.path.relpath(x, a.src) for x in c)}")
-            if a.edges:
-                for f in c:
-                    for g in sorted(edges[f]):
-                        if g in c:
-                            print(f"    {f} -> {g}: {' '.join(sorted(label[(f, g)])[:6])}")
-        if a.folders:
-            print(f"{len(fnodes)} folders; call cycles between folders: {len(res['folder_cycles'])}")
-            for c in res["folder_cycles"]:
-                print(f"  {' '.join(c)}")
-                for f in c:
-                    for g in sorted(fedges[f]):
-                        if g in c:
-                            ex = sorted((x, y) for (x, y) in label if fold(x) == f and fold(y) == g)
-                            print(f"    {f} -> {g}: e.g. {ex[0][0]} -> {ex[0][1]}")
-    if a.fail_on_folder_cycle and res["folder_cycles"]:
-        sys.exit(1)
+        fnodes = {fold(f) for f in nodes}
+        cyc = [c for c in sccs(fnodes, fedges) if len(c) > 1]
+        print(f"{len(fnodes)} folders; call cycles between folders: {len(cyc)}")
+        for c in cyc:
+            print(f"  {' '.join(c)}")
+            for f in c:
+                for g in sorted(fedges[f]):
+                    if g in c:
+                        ex = sorted((x, y) for (x, y) in label if fold(x) == f and fold(y) == g)
+                        print(f"    {f} -> {g}: e.g. {ex[0][0]} -> {ex[0][1]}")
 
 
 if __name__ == "__main__":
