@@ -1,8 +1,8 @@
 /* Checked file I/O: every read and write either moves exactly the bytes asked
  * for or fails with errno set.  A read that hits end of file is an error
  * (errno = ENODATA): a reader never wants a silently short buffer. */
-#ifndef KIO_H
-#define KIO_H
+#ifndef KPK_KIO_H
+#define KPK_KIO_H
 
 #include <stddef.h>
 #include <stdint.h>

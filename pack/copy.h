@@ -10,8 +10,8 @@
  * stored ones) to the member writers (output.h), which write every member
  * file in parallel, each front to back.  Source pages are dropped from the
  * page cache once read.  copy_pipe.h describes the pipeline. */
-#ifndef COPY_H
-#define COPY_H
+#ifndef KPACK_COPY_H
+#define KPACK_COPY_H
 
 #include "output.h"
 #include "plan.h"

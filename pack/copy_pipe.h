@@ -13,8 +13,8 @@
  *                             FREE again when every write from it is done.
  *
  * One mutex and one condition variable guard every state change. */
-#ifndef COPY_PIPE_H
-#define COPY_PIPE_H
+#ifndef KPACK_COPY_PIPE_H
+#define KPACK_COPY_PIPE_H
 
 #include "copy.h"
 #include "format/kpk_encode.h"

@@ -2,8 +2,8 @@
  * (docs/FORMAT.md §9.2): the recipe in the manifest, and each file as an
  * ordered list of pieces (byte ranges of decoded extents) that tile it.
  * `kpack export` writes them; `kpack export --check` hashes them. */
-#ifndef REBUILD_H
-#define REBUILD_H
+#ifndef KPACK_REBUILD_H
+#define KPACK_REBUILD_H
 
 #include "format/kpk_reader.h"
 #include "format/kprogress.h"

@@ -14,8 +14,8 @@
  *
  * Only then is anything written (each extent's stored bytes and its zero
  * padding, through the member files and the stripe mapping, then fsync). */
-#ifndef REPAIR_H
-#define REPAIR_H
+#ifndef KPACK_REPAIR_H
+#define KPACK_REPAIR_H
 
 #include "format/kpk_reader.h"
 

@@ -1,7 +1,7 @@
 /* Reading safetensors headers (spec §1.3): [u64 LE N][N bytes JSON][data].
  * Only headers are parsed here; tensor bytes are read by the converter. */
-#ifndef SAFETENSORS_H
-#define SAFETENSORS_H
+#ifndef KPACK_SAFETENSORS_H
+#define KPACK_SAFETENSORS_H
 
 #include <stddef.h>
 #include <stdint.h>

@@ -2,8 +2,8 @@
  * `check-source` logic, which `convert` runs first).  Opening never stops at
  * the first problem: every shard gets a verdict and a list of problems, so
  * the user sees everything that is wrong in one run. */
-#ifndef SOURCE_H
-#define SOURCE_H
+#ifndef KPACK_SOURCE_H
+#define KPACK_SOURCE_H
 
 #include "safetensors.h"
 #include "format/k3_config.h"
