@@ -2,6 +2,7 @@
 #include "cli.h"
 #include "report.h"
 #include "source.h"
+#include "format/kargs.h"
 #include "format/kprogress.h"
 
 #include <jansson.h>
@@ -41,7 +42,7 @@ int cmd_check_source(int argc, char **argv)
         if (kx_flag(argc, argv, &i, "--help", NULL) || kx_flag(argc, argv, &i, "-h", NULL)) { fputs(usage, stdout); return KX_OK; }
         else if (kx_flag(argc, argv, &i, "--sha256", &v)) sums = v;
         else if (kx_flag(argc, argv, &i, "--threads", &v)) {
-            if (kx_parse_int(v, 1, 256, &n)) { kx_error("--threads: expected 1..256, got %s", v); return KX_FAIL; }
+            if (kargs_long(v, 1, 256, &n)) { kx_error("--threads: expected 1..256, got %s", v); return KX_FAIL; }
             threads = (int)n;
         } else if (kx_flag(argc, argv, &i, "--json", NULL)) json = 1;
         else if (kx_flag(argc, argv, &i, "--quiet", NULL)) quiet = 1;

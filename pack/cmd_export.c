@@ -6,6 +6,7 @@
 #include "cli.h"
 #include "rebuild.h"
 #include "source.h"
+#include "format/kargs.h"
 #include "format/kio.h"
 #include "format/kprogress.h"
 
@@ -446,7 +447,7 @@ int cmd_export(int argc, char **argv)
         else if (kx_flag(argc, argv, &i, "--only", &v)) only = v;
         else if (kx_flag(argc, argv, &i, "--sha256", &v)) sums = v;
         else if (kx_flag(argc, argv, &i, "--threads", &v)) {
-            if (kx_parse_int(v, 1, 256, &k)) { kx_error("--threads: expected 1..256, got %s", v); return KX_FAIL; }
+            if (kargs_long(v, 1, 256, &k)) { kx_error("--threads: expected 1..256, got %s", v); return KX_FAIL; }
             threads = (int)k;
         } else if (kx_flag(argc, argv, &i, "--json", NULL)) json = 1;
         else if (kx_flag(argc, argv, &i, "--quiet", NULL)) quiet = 1;

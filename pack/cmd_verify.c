@@ -6,6 +6,7 @@
 #include "cli.h"
 #include "repair.h"
 #include "format/k3_check.h"
+#include "format/kargs.h"
 #include "format/kio.h"
 #include "format/kpk_reader.h"
 #include "format/kprogress.h"
@@ -315,7 +316,7 @@ int cmd_verify(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         if (kx_flag(argc, argv, &i, "--help", NULL) || kx_flag(argc, argv, &i, "-h", NULL)) { fputs(usage, stdout); return KX_OK; }
         else if (kx_flag(argc, argv, &i, "--threads", &v)) {
-            if (kx_parse_int(v, 1, 256, &n)) { kx_error("--threads: expected 1..256, got %s", v); return KX_FAIL; }
+            if (kargs_long(v, 1, 256, &n)) { kx_error("--threads: expected 1..256, got %s", v); return KX_FAIL; }
             threads = (int)n;
         } else if (kx_flag(argc, argv, &i, "--shallow", NULL)) job.flags |= KPK_VERIFY_SHALLOW;
         else if (kx_flag(argc, argv, &i, "--deep", NULL)) job.flags &= ~KPK_VERIFY_SHALLOW;

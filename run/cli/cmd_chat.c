@@ -24,6 +24,7 @@
 #include "run/session/memplan.h"
 #include "run/text/chat.h"
 #include "run/text/jsontext.h"
+#include "run/text/utf8_hold.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -96,7 +97,8 @@ typedef struct {
     FILE *json;
     long turn;
     /* the reply being written */
-    kbuf content, reasoning, text_pend;
+    kbuf content, reasoning;
+    kutf8_hold text_pend;        /* plain continuation: a character cut between tokens */
     int in_reasoning_shown;
 } chat;
 
@@ -134,25 +136,26 @@ static void parse_args(int argc, char **argv, struct chat_opts *o)
     o->effort = KCHAT_EFFORT_MAX;
     o->gen = -1;
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
+        const char *a = argv[i], *v;
+#define OPT(name) krun_cli_value(argc, argv, &i, name, &v)
         if (krun_cli_option(&o->c, argc, argv, &i)) continue;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { fputs(usage, stdout); exit(KRUN_OK); }
-        else if (!strcmp(a, "--system")) o->system = krun_cli_need(argc, argv, &i);
+        else if (OPT("--system")) o->system = v;
         else if (!strcmp(a, "--think")) o->thinking = 1;
         else if (!strcmp(a, "--no-think")) o->thinking = 0;
-        else if (!strcmp(a, "--effort")) {
-            const char *v = krun_cli_need(argc, argv, &i);
+        else if (OPT("--effort")) {
             o->effort = kchat_effort_parse(v);
             if (o->effort == KCHAT_EFFORT_INVALID) krun_cli_die("--effort: expected low, high or max, got %s", v);
         }
         else if (!strcmp(a, "--show-thinking")) o->show_thinking = 1;
         else if (!strcmp(a, "--hide-thinking")) o->hide_thinking = 1;
-        else if (!strcmp(a, "--gen")) o->gen = krun_cli_long(krun_cli_need(argc, argv, &i), 1, 1L << 30, "--gen");
-        else if (!strcmp(a, "--json")) o->json = krun_cli_need(argc, argv, &i);
+        else if (OPT("--gen")) o->gen = krun_cli_long(v, 1, 1L << 30, "--gen");
+        else if (OPT("--json")) o->json = v;
         else if (!strcmp(a, "--quiet")) o->quiet = 1;
         else if (a[0] == '-') krun_cli_die("unknown option %s (see krun chat --help)", a);
         else if (!o->model) o->model = a;
         else krun_cli_die("unexpected argument %s", a);
+#undef OPT
     }
     if (!o->model) { fputs(usage, stderr); exit(KRUN_EINPUT); }
     if (o->show_thinking && o->hide_thinking) krun_cli_die("%s", "give --show-thinking or --hide-thinking, not both");
@@ -282,14 +285,11 @@ static int on_event(void *ctx, const kchat_event *ev)
 /* Plain continuation: a token's bytes, whole UTF-8 characters at a time. */
 static void show_bytes(chat *ch, const uint8_t *b, size_t len, int flush)
 {
+    const char *text;
     size_t ok;
-    kbuf_add(&ch->text_pend, b, len);
-    if (ch->text_pend.oom) return;
-    ok = flush ? ch->text_pend.n : ktok_utf8_complete((const uint8_t *)ch->text_pend.p, ch->text_pend.n);
-    show(ch->text_pend.p, ok);
-    kbuf_add(&ch->content, ch->text_pend.p, ok);
-    memmove(ch->text_pend.p, ch->text_pend.p + ok, ch->text_pend.n - ok);
-    ch->text_pend.n -= ok;
+    if (kutf8_hold_take(&ch->text_pend, b, len, flush, &text, &ok)) return;
+    show(text, ok);
+    kbuf_add(&ch->content, text, ok);
 }
 
 /* ---- one turn ------------------------------------------------------------------------------------ */
@@ -378,7 +378,8 @@ static int reply(chat *ch, turn_log *t, krun_err *err)
     uint64_t b0 = bytes_read(ch);
     int rc = 0;
     if (ch->conv.template && !p) { krun_err_set(err, KRUN_ENOMEM, "out of memory"); return -1; }
-    ch->content.n = ch->reasoning.n = ch->text_pend.n = 0;
+    ch->content.n = ch->reasoning.n = 0;
+    kutf8_hold_reset(&ch->text_pend);
     ch->in_reasoning_shown = 0;
     t->finish = "length";
     for (;;) {
@@ -596,7 +597,7 @@ out:
     kbuf_free(&msg);
     kbuf_free(&ch.content);
     kbuf_free(&ch.reasoning);
-    kbuf_free(&ch.text_pend);
+    kutf8_hold_free(&ch.text_pend);
     kconv_free(&ch.conv);
     if (ch.json) fclose(ch.json);
     krun_session_free(ch.s);

@@ -11,6 +11,7 @@
 #include "format/kprogress.h"
 #include "run/session/spec.h"
 #include "run/session/statefile.h"
+#include "run/text/utf8_hold.h"
 #include "run/util/ablate.h"
 #include "run/util/procmem.h"
 
@@ -95,7 +96,8 @@ static void parse_args(int argc, char **argv, struct opts *o)
     krun_cli_init(&o->c);
     o->gen = 32;
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
+        const char *a = argv[i], *v;
+#define OPT(name) krun_cli_value(argc, argv, &i, name, &v)
         if (krun_cli_option(&o->c, argc, argv, &i)) continue;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { fputs(usage, stdout); exit(KRUN_OK); }
         else if (!strcmp(a, "--version")) { printf("krun %s\n", KRUN_VERSION); exit(KRUN_OK); }
@@ -105,25 +107,26 @@ static void parse_args(int argc, char **argv, struct opts *o)
             exit(KRUN_OK);
         }
 #endif
-        else if (!strcmp(a, "--prompt")) o->prompt = krun_cli_need(argc, argv, &i);
-        else if (!strcmp(a, "--prompt-file")) o->prompt_file = krun_cli_need(argc, argv, &i);
-        else if (!strcmp(a, "--ids")) o->ids = krun_cli_need(argc, argv, &i);
-        else if (!strcmp(a, "--gen")) o->gen = krun_cli_long(krun_cli_need(argc, argv, &i), 0, 1L << 30, "--gen");
+        else if (OPT("--prompt")) o->prompt = v;
+        else if (OPT("--prompt-file")) o->prompt_file = v;
+        else if (OPT("--ids")) o->ids = v;
+        else if (OPT("--gen")) o->gen = krun_cli_long(v, 0, 1L << 30, "--gen");
         else if (!strcmp(a, "--recompute")) o->recompute = 1;
         else if (!strcmp(a, "--plan")) o->plan_only = 1;
-        else if (!strcmp(a, "--json")) o->json = krun_cli_need(argc, argv, &i);
-        else if (!strcmp(a, "--dump-logits")) o->dump_logits = krun_cli_need(argc, argv, &i);
-        else if (!strcmp(a, "--dump-all-logits")) o->dump_all = krun_cli_need(argc, argv, &i);
-        else if (!strcmp(a, "--save-state")) o->save_state = krun_cli_need(argc, argv, &i);
-        else if (!strcmp(a, "--load-state")) o->load_state = krun_cli_need(argc, argv, &i);
-        else if (!strcmp(a, "--dump-gen-logits")) o->dump_gen = krun_cli_need(argc, argv, &i);
-        else if (!strcmp(a, "--spec")) o->spec = krun_cli_long(krun_cli_need(argc, argv, &i), 0, KSPEC_MAX_DRAFT, "--spec (0..64)");
+        else if (OPT("--json")) o->json = v;
+        else if (OPT("--dump-logits")) o->dump_logits = v;
+        else if (OPT("--dump-all-logits")) o->dump_all = v;
+        else if (OPT("--save-state")) o->save_state = v;
+        else if (OPT("--load-state")) o->load_state = v;
+        else if (OPT("--dump-gen-logits")) o->dump_gen = v;
+        else if (OPT("--spec")) o->spec = krun_cli_long(v, 0, KSPEC_MAX_DRAFT, "--spec (0..64)");
         else if (!strcmp(a, "--print-ids")) o->print_ids = 1;
         else if (!strcmp(a, "--ignore-eos")) o->ignore_eos = 1;
         else if (!strcmp(a, "--quiet")) o->quiet = 1;
         else if (a[0] == '-') krun_cli_die("unknown option %s (see --help)", a);
         else if (!o->model) o->model = a;
         else krun_cli_die("unexpected argument %s", a);
+#undef OPT
     }
     if (!o->model) { fputs(usage, stderr); exit(KRUN_EINPUT); }
     krun_cli_check(&o->c, o->plan_only ? "--plan" : NULL);
@@ -170,25 +173,6 @@ static int write_floats(const char *path, const float *x, size_t n)
     int ok = f && fwrite(x, sizeof *x, n, f) == n;
     if (f && fclose(f)) ok = 0;
     return ok ? 0 : -1;
-}
-
-/* Streams decoded bytes, holding back an incomplete UTF-8 sequence. */
-struct text_out { uint8_t pend[64]; size_t n; };
-static void emit_bytes(struct text_out *o, const uint8_t *b, size_t len, int flush)
-{
-    while (len) {
-        size_t take = len < sizeof o->pend - o->n ? len : sizeof o->pend - o->n;
-        memcpy(o->pend + o->n, b, take);
-        o->n += take; b += take; len -= take;
-        {
-            size_t ok = ktok_utf8_complete(o->pend, o->n);
-            fwrite(o->pend, 1, ok, stdout);
-            memmove(o->pend, o->pend + ok, o->n - ok);
-            o->n -= ok;
-        }
-    }
-    if (flush && o->n) { fwrite(o->pend, 1, o->n, stdout); o->n = 0; }
-    fflush(stdout);
 }
 
 /* The prompt as token ids.  A prompt file too large for the context is
@@ -274,7 +258,7 @@ typedef struct gen {
     size_t n_steps;
     uint64_t *step_members;    /* [gen + 1][KRUN_MAX_MEMBERS] */
     double t_prefill;
-    struct text_out tout;
+    kutf8_hold tout;           /* the text on stdout: a character cut between tokens held back */
 } gen;
 
 /* The prompt, bounded by the context, and the context (--ctx, or what the
@@ -391,18 +375,30 @@ static int prefill(gen *g)
     return KRUN_OK;
 }
 
+/* Text to stdout, whole UTF-8 characters at a time (flush: the rest). */
+static int print_bytes(gen *g, const uint8_t *b, size_t len, int flush)
+{
+    const char *text;
+    size_t n;
+    if (kutf8_hold_take(&g->tout, b, len, flush, &text, &n)) { fprintf(stderr, "krun: out of memory\n"); return KRUN_ENOMEM; }
+    fwrite(text, 1, n, stdout);
+    fflush(stdout);
+    return KRUN_OK;
+}
+
 /* A generated token to stdout: its text, or its id (--print-ids, or a file
  * without a tokenizer). */
-static void print_token(gen *g, int32_t id, int first)
+static int print_token(gen *g, int32_t id, int first)
 {
+    size_t len = 0;
+    const uint8_t *bytes;
     if (g->o.print_ids || !g->tk) {
         printf("%s%d", first ? "" : " ", id);
         fflush(stdout);
-    } else {
-        size_t len = 0;
-        const uint8_t *bytes = ktok_id_bytes(g->tk, id, &len);
-        if (bytes) emit_bytes(&g->tout, bytes, len, 0);
+        return KRUN_OK;
     }
+    bytes = ktok_id_bytes(g->tk, id, &len);
+    return bytes ? print_bytes(g, bytes, len, 0) : KRUN_OK;
 }
 
 /* One decoding sweep after token `next`: a plain step, the whole history
@@ -464,7 +460,7 @@ static int decode(gen *g)
         if (g->gen_logits) memcpy(g->gen_logits + g->n_gen * g->V, krun_session_logits(g->s), g->V * sizeof *g->gen_logits);
         g->gen_ids[g->n_gen++] = next;
         for (size_t k = 0; k < g->n_stop; k++) stop |= next == g->stop_ids[k];
-        if (!stop || o->print_ids || !g->tk) print_token(g, next, g->n_gen == 1);
+        if ((!stop || o->print_ids || !g->tk) && print_token(g, next, g->n_gen == 1)) return KRUN_ENOMEM;
         if (stop || g->n_gen == (size_t)o->gen) {
             if (krun_session_append(g->s, &next, 1, &e)) { fprintf(stderr, "krun: %s\n", e.msg); return e.code; }
             break;
@@ -473,7 +469,7 @@ static int decode(gen *g)
         /* the accepted drafts are generated tokens (never stop ids: drafts stop before one) */
         for (size_t k = 0; k < n_acc; k++) {
             g->gen_ids[g->n_gen++] = g->accepted[k];
-            print_token(g, g->accepted[k], 0);
+            if (print_token(g, g->accepted[k], 0)) return KRUN_ENOMEM;
         }
         if (krun_model_plan(g->m) && !o->quiet) {
             krun_stats st;
@@ -490,7 +486,7 @@ static int finish(gen *g)
     const struct opts *o = &g->o;
     const gen_record r = {g->prompt, g->n_prompt, g->gen_ids, g->n_gen, g->steps, g->n_steps, g->t_prefill, o->spec};
     krun_err e;
-    emit_bytes(&g->tout, NULL, 0, 1);
+    if (print_bytes(g, NULL, 0, 1)) return KRUN_ENOMEM;
     if (o->print_ids || !g->tk || o->gen) printf("\n");
     fflush(stdout);
     if (o->save_state && krun_session_save(g->s, o->save_state, &e)) { fprintf(stderr, "krun: %s\n", e.msg); return e.code; }
@@ -534,5 +530,6 @@ int krun_generate_main(int argc, char **argv)
     krun_model_close(g.m);
     free(g.prompt); free(g.gen_ids); free(g.hist); free(g.all); free(g.steps); free(g.step_members); free(g.gen_logits);
     free(g.accepted);
+    kutf8_hold_free(&g.tout);
     return rc;
 }

@@ -4,6 +4,7 @@
 #include "cmd_serve.h"
 
 #include "krun_cli.h"
+#include "format/kargs.h"
 #include "format/kprogress.h"
 #include "run/serve/serve.h"
 #include "run/session/memplan.h"
@@ -66,6 +67,17 @@ struct serve_opts {
     krun_cli c;
 };
 
+/* krun's sampling options, "--temp" or "--temp=0.7": a request brings its own. */
+static int sampling_option(const char *a)
+{
+    static const char *const names[] = {"--temp", "--top-k", "--top-p", "--min-p", "--seed"};
+    for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
+        size_t n = strlen(names[k]);
+        if (!strncmp(a, names[k], n) && (a[n] == 0 || a[n] == '=')) return 1;
+    }
+    return 0;
+}
+
 static void parse_args(int argc, char **argv, struct serve_opts *o)
 {
     memset(o, 0, sizeof *o);
@@ -79,27 +91,29 @@ static void parse_args(int argc, char **argv, struct serve_opts *o)
     o->idle_timeout = 600;
     o->api_key = getenv("KRUN_API_KEY");
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--temp") || !strcmp(a, "--top-k") || !strcmp(a, "--top-p") || !strcmp(a, "--min-p") || !strcmp(a, "--seed"))
+        const char *a = argv[i], *v;
+#define OPT(name) krun_cli_value(argc, argv, &i, name, &v)
+        if (sampling_option(a))
             krun_cli_die("%s: krun serve takes sampling from each request (temperature, top_p, top_k, min_p, seed)", a);
         if (krun_cli_option(&o->c, argc, argv, &i)) continue;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { fputs(usage, stdout); exit(KRUN_OK); }
-        else if (!strcmp(a, "--host")) o->host = krun_cli_need(argc, argv, &i);
-        else if (!strcmp(a, "--port")) o->port = krun_cli_long(krun_cli_need(argc, argv, &i), 0, 65535, "--port");
-        else if (!strcmp(a, "--api-key")) o->api_key = krun_cli_need(argc, argv, &i);
-        else if (!strcmp(a, "--model-name")) o->model_name = krun_cli_need(argc, argv, &i);
-        else if (!strcmp(a, "--max-queue")) o->max_queue = krun_cli_long(krun_cli_need(argc, argv, &i), 0, 1L << 20, "--max-queue");
-        else if (!strcmp(a, "--max-body")) o->max_body = krun_cli_need(argc, argv, &i);
-        else if (!strcmp(a, "--max-connections"))
-            o->max_connections = krun_cli_long(krun_cli_need(argc, argv, &i), 1, 1L << 16, "--max-connections");
-        else if (!strcmp(a, "--shutdown-timeout"))
-            o->shutdown_timeout = krun_cli_double(krun_cli_need(argc, argv, &i), 0, 1e9, "--shutdown-timeout");
-        else if (!strcmp(a, "--idle-timeout"))
-            o->idle_timeout = krun_cli_long(krun_cli_need(argc, argv, &i), 1, 1L << 20, "--idle-timeout");
+        else if (OPT("--host")) o->host = v;
+        else if (OPT("--port")) o->port = krun_cli_long(v, 0, 65535, "--port");
+        else if (OPT("--api-key")) o->api_key = v;
+        else if (OPT("--model-name")) o->model_name = v;
+        else if (OPT("--max-queue")) o->max_queue = krun_cli_long(v, 0, 1L << 20, "--max-queue");
+        else if (OPT("--max-body")) o->max_body = v;
+        else if (OPT("--max-connections"))
+            o->max_connections = krun_cli_long(v, 1, 1L << 16, "--max-connections");
+        else if (OPT("--shutdown-timeout"))
+            o->shutdown_timeout = krun_cli_double(v, 0, 1e9, "--shutdown-timeout");
+        else if (OPT("--idle-timeout"))
+            o->idle_timeout = krun_cli_long(v, 1, 1L << 20, "--idle-timeout");
         else if (!strcmp(a, "--quiet")) o->quiet = 1;
         else if (a[0] == '-') krun_cli_die("unknown option %s (see krun serve --help)", a);
         else if (!o->model) o->model = a;
         else krun_cli_die("unexpected argument %s", a);
+#undef OPT
     }
     if (!o->model) { fputs(usage, stderr); exit(KRUN_EINPUT); }
     krun_cli_check(&o->c, NULL);
@@ -188,7 +202,7 @@ int krun_serve_main(int argc, char **argv)
     json_t *health;
 
     parse_args(argc, argv, &o);
-    max_body = kmem_parse_size(o.max_body);
+    max_body = kargs_size(o.max_body);
     if (max_body <= 0) krun_cli_die("--max-body: expected a size like 8M, got %s", o.max_body);
     if (krun_cli_budget(&o.c, &budget)) return KRUN_EINPUT;
     if (o.model_name) snprintf(name, sizeof name, "%s", o.model_name);

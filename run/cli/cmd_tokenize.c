@@ -1,6 +1,8 @@
 /* `krun tokenize`: see cmd_tokenize.h and the usage text below. */
 #include "cmd_tokenize.h"
 
+#include "format/kargs.h"
+
 #include "run/text/chat.h"
 #include "run/text/jsontext.h"
 #include "run/text/oai.h"
@@ -77,12 +79,13 @@ static int parse_args(int argc, char **argv, struct topts *o)
     o->sep = ",";
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-#define NEED() do { if (i + 1 >= argc) return usage_error("%s needs a value", a); } while (0)
+        int r = 0;
+        /* an option with a value: "--name VALUE" or "--name=VALUE" (format/kargs.h) */
+#define OPT(name, dst) (r = kargs_flag(argc, argv, &i, name, &(dst))) != 0
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { fputs(usage, stdout); exit(TK_OK); }
-        else if (!strcmp(a, "--file")) { NEED(); o->file = argv[++i]; }
-        else if (!strcmp(a, "--chat")) { NEED(); o->chat = argv[++i]; }
-        else if (!strcmp(a, "--sep")) { NEED(); o->sep = argv[++i]; }
-        else if (!strcmp(a, "--effort")) { NEED(); o->effort = argv[++i]; }
+        else if (OPT("--file", o->file) || OPT("--chat", o->chat) || OPT("--sep", o->sep) || OPT("--effort", o->effort)) {
+            if (r < 0) return usage_error("%s needs a value", a);
+        }
         else if (!strcmp(a, "--decode")) o->decode = 1;
         else if (!strcmp(a, "--special")) o->special = 1;
         else if (!strcmp(a, "--no-special")) o->special = 0;
@@ -97,7 +100,7 @@ static int parse_args(int argc, char **argv, struct topts *o)
         else if (!o->model) o->model = a;
         else if (!o->text) o->text = a;
         else return usage_error("unexpected argument %s", a);
-#undef NEED
+#undef OPT
     }
     if (!o->model) { fputs(usage, stderr); return TK_USAGE; }
     int inputs = !!o->text + !!o->file + o->from_stdin;

@@ -1,6 +1,7 @@
 /* The command-line options krun, krun chat and krun serve share (krun_cli.h). */
 #include "krun_cli.h"
 
+#include "format/kargs.h"
 #include "format/kprogress.h"
 
 #include <errno.h>
@@ -17,19 +18,17 @@ void krun_cli_die(const char *fmt, const char *arg)
     exit(KRUN_EINPUT);
 }
 
-const char *krun_cli_need(int argc, char **argv, int *i)
+int krun_cli_value(int argc, char **argv, int *i, const char *name, const char **val)
 {
-    if (*i + 1 >= argc) krun_cli_die("%s needs a value", argv[*i]);
-    return argv[++*i];
+    int r = kargs_flag(argc, argv, i, name, val);
+    if (r < 0) krun_cli_die("%s needs a value", name);
+    return r;
 }
 
 long krun_cli_long(const char *s, long lo, long hi, const char *what)
 {
-    char *end;
     long v;
-    errno = 0;
-    v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) krun_cli_die("bad value for %s", what);
+    if (kargs_long(s, lo, hi, &v)) krun_cli_die("bad value for %s", what);
     return v;
 }
 
@@ -57,56 +56,51 @@ void krun_cli_init(krun_cli *c)
 
 int krun_cli_option(krun_cli *c, int argc, char **argv, int *i)
 {
-    const char *a = argv[*i];
-#define VALUE krun_cli_need(argc, argv, i)
-    if (!strcmp(a, "--temp")) c->temp = krun_cli_double(VALUE, 0, 100, "--temp");
-    else if (!strcmp(a, "--top-k")) c->top_k = krun_cli_long(VALUE, 0, 1L << 30, "--top-k");
-    else if (!strcmp(a, "--top-p")) c->top_p = krun_cli_double(VALUE, 0, 1, "--top-p");
-    else if (!strcmp(a, "--min-p")) c->min_p = krun_cli_double(VALUE, 0, 1, "--min-p");
-    else if (!strcmp(a, "--seed")) {
-        c->seed = (unsigned long long)krun_cli_long(VALUE, 0, 0x7fffffffffffffffL, "--seed");
+    const char *v;
+#define OPT(name) krun_cli_value(argc, argv, i, name, &v)
+    if (OPT("--temp")) c->temp = krun_cli_double(v, 0, 100, "--temp");
+    else if (OPT("--top-k")) c->top_k = krun_cli_long(v, 0, 1L << 30, "--top-k");
+    else if (OPT("--top-p")) c->top_p = krun_cli_double(v, 0, 1, "--top-p");
+    else if (OPT("--min-p")) c->min_p = krun_cli_double(v, 0, 1, "--min-p");
+    else if (OPT("--seed")) {
+        c->seed = (unsigned long long)krun_cli_long(v, 0, 0x7fffffffffffffffL, "--seed");
         c->seed_given = 1;
     }
-    else if (!strcmp(a, "--threads")) c->threads = krun_cli_long(VALUE, 1, 1024, "--threads");
-    else if (!strcmp(a, "--ctx")) c->ctx = krun_cli_long(VALUE, 1, 1L << 40, "--ctx");
-    else if (!strcmp(a, "--chunk")) c->chunk = krun_cli_long(VALUE, 1, 1L << 20, "--chunk");
-    else if (!strcmp(a, "--max-seqs")) c->max_seqs = krun_cli_long(VALUE, 1, KRUN_MAX_SEQS, "--max-seqs");
-    else if (!strcmp(a, "--simd")) c->simd = VALUE;
-    else if (!strcmp(a, "--verify")) {
-        const char *v = VALUE;
+    else if (OPT("--threads")) c->threads = krun_cli_long(v, 1, 1024, "--threads");
+    else if (OPT("--ctx")) c->ctx = krun_cli_long(v, 1, 1L << 40, "--ctx");
+    else if (OPT("--chunk")) c->chunk = krun_cli_long(v, 1, 1L << 20, "--chunk");
+    else if (OPT("--max-seqs")) c->max_seqs = krun_cli_long(v, 1, KRUN_MAX_SEQS, "--max-seqs");
+    else if (OPT("--simd")) c->simd = v;
+    else if (OPT("--verify")) {
         if (!strcmp(v, "first")) c->verify = KRUN_VERIFY_FIRST;
         else if (!strcmp(v, "always")) c->verify = KRUN_VERIFY_ALWAYS;
         else if (!strcmp(v, "off")) c->verify = KRUN_VERIFY_OFF;
         else krun_cli_die("--verify: expected first, always or off, got %s", v);
     }
-    else if (!strcmp(a, "--mem")) c->mem = VALUE;
-    else if (!strcmp(a, "--preset")) c->preset = VALUE;
-    else if (!strcmp(a, "--pin")) c->pin = krun_cli_long(VALUE, 0, K3_MAX_LAYERS, "--pin");
-    else if (!strcmp(a, "--expert-slots")) c->slots = krun_cli_long(VALUE, 1, 1L << 24, "--expert-slots");
-    else if (!strcmp(a, "--piece")) c->piece = VALUE;
-    else if (!strcmp(a, "--head")) {
-        const char *v = VALUE;
+    else if (OPT("--mem")) c->mem = v;
+    else if (OPT("--preset")) c->preset = v;
+    else if (OPT("--pin")) c->pin = krun_cli_long(v, 0, K3_MAX_LAYERS, "--pin");
+    else if (OPT("--expert-slots")) c->slots = krun_cli_long(v, 1, 1L << 24, "--expert-slots");
+    else if (OPT("--piece")) c->piece = v;
+    else if (OPT("--head")) {
         if (!strcmp(v, "hold")) c->head = 0;
         else if (!strcmp(v, "stream")) c->head = 1;
         else krun_cli_die("--head: expected hold or stream, got %s", v);
     }
-    else if (!strcmp(a, "--predict")) {
-        const char *v = VALUE;
+    else if (OPT("--predict")) {
         if (!strcmp(v, "on")) c->predict = 1;
         else if (!strcmp(v, "off")) c->predict = 0;
         else if (!strcmp(v, "auto")) c->predict = -1;
         else krun_cli_die("--predict: expected on, off or auto, got %s", v);
     }
-    else if (!strcmp(a, "--io-threads")) c->io_threads = krun_cli_long(VALUE, 1, 256, "--io-threads");
-    else if (!strcmp(a, "--trace")) c->trace = VALUE;
-    else if (!strcmp(a, "--cache")) {
-        const char *v = VALUE;
+    else if (OPT("--io-threads")) c->io_threads = krun_cli_long(v, 1, 256, "--io-threads");
+    else if (OPT("--trace")) c->trace = v;
+    else if (OPT("--cache")) {
         if (!strcmp(v, "lru")) c->policy = KRUN_CACHE_LRU;
         else if (!strcmp(v, "lfu")) c->policy = KRUN_CACHE_LFU;
         else krun_cli_die("--cache: expected lru or lfu, got %s", v);
     }
-    else if (!strcmp(a, "--io")) {
-        const char *v = VALUE;
+    else if (OPT("--io")) {
         c->io_given = 1;
         if (!strcmp(v, "mmap")) c->io = KRUN_IO_MMAP;
         else if (!strcmp(v, "pread")) c->io = KRUN_IO_PREAD;
@@ -114,7 +108,7 @@ int krun_cli_option(krun_cli *c, int argc, char **argv, int *i)
         else krun_cli_die("--io: expected mmap, pread or direct, got %s", v);
     }
     else return 0;
-#undef VALUE
+#undef OPT
     return 1;
 }
 
@@ -128,7 +122,7 @@ void krun_cli_check(krun_cli *c, const char *needs_budget)
                  needs_budget ? needs_budget : "", needs_budget ? ", " : "");
         krun_cli_die("%s", msg);
     }
-    if (c->piece && kmem_parse_size(c->piece) <= 0) krun_cli_die("--piece: expected a size like 64M, got %s", c->piece);
+    if (c->piece && kargs_size(c->piece) <= 0) krun_cli_die("--piece: expected a size like 64M, got %s", c->piece);
     if (c->simd && strcmp(c->simd, "auto") != 0 && (c->simd_level = krun_simd_parse(c->simd)) < 0)
         krun_cli_die("--simd: expected auto, scalar, avx2 or avx512, got %s", c->simd);
 }
@@ -138,7 +132,7 @@ int krun_cli_budget(const krun_cli *c, uint64_t *budget)
     int64_t b;
     *budget = 0;
     if (!c->mem && !c->preset) return 0;
-    b = c->mem ? kmem_parse_size(c->mem) : kmem_preset(c->preset);
+    b = c->mem ? kargs_size(c->mem) : kmem_preset(c->preset);
     if (b <= 0) {
         fprintf(stderr, "krun: %s: expected a size like 8G or 512M, or a preset (laptop, desktop, workstation, server, max)\n",
                 c->mem ? c->mem : c->preset);
@@ -156,7 +150,7 @@ void krun_cli_model_opts(const krun_cli *c, const char *path, uint64_t budget, k
     mo->preset = c->preset;
     mo->pin = (int)c->pin;
     mo->expert_slots = (int)c->slots;
-    mo->piece = c->piece ? (uint64_t)kmem_parse_size(c->piece) : 0;
+    mo->piece = c->piece ? (uint64_t)kargs_size(c->piece) : 0;
     mo->head = (int)c->head;
     mo->predict = (int)c->predict;
     mo->io = c->io;

@@ -45,7 +45,10 @@ void krun_cli_sampler(const krun_cli *c, ksampler_opts *so);
 
 /* Argument helpers: print "krun: " + the message and exit with status 2. */
 _Noreturn void krun_cli_die(const char *fmt, const char *arg);
-const char *krun_cli_need(int argc, char **argv, int *i);
+/* Is argv[*i] the option `name`, which takes a value?  The value in *val:
+ * "--name=VALUE" or the next argument (then *i moves past it); a missing
+ * value exits.  The matching kpack does too (format/kargs.h). */
+int krun_cli_value(int argc, char **argv, int *i, const char *name, const char **val);
 long krun_cli_long(const char *s, long lo, long hi, const char *what);
 double krun_cli_double(const char *s, double lo, double hi, const char *what);
 

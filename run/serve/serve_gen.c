@@ -3,6 +3,7 @@
 
 #include "run/text/chat.h"
 #include "run/text/stopstr.h"
+#include "run/text/utf8_hold.h"
 
 #include <jansson.h>
 #include <stdio.h>
@@ -16,8 +17,7 @@ struct sgen {
     int32_t *prompt;           /* copy, for return_token_ids */
     kchat_parser *parser;      /* chat */
     kstop stop;
-    uint8_t pend[8];           /* completion: an incomplete UTF-8 sequence held back */
-    size_t n_pend;
+    kutf8_hold pend;           /* completion: an incomplete UTF-8 sequence held back */
     kbuf ids;                  /* every generated id, as int32_t */
     kbuf out;                  /* bytes ready to send */
     kbuf text, reasoning;      /* not streamed: the reply so far (chat content, or the completion's text) */
@@ -73,6 +73,7 @@ void sgen_free(sgen *g)
     kbuf_free(&g->text);
     kbuf_free(&g->reasoning);
     kbuf_free(&g->ids);
+    kutf8_hold_free(&g->pend);
     free(g->prompt);
     free(g->id);
     free(g->model);
@@ -170,16 +171,10 @@ static int on_event(void *ctx, const kchat_event *ev)
  * end, when an incomplete character is passed on as it is). */
 static void completion_bytes(sgen *g, const uint8_t *b, size_t len, int flush)
 {
-    kbuf t = {0};
+    const char *text;
     size_t ok;
-    kbuf_add(&t, g->pend, g->n_pend);
-    kbuf_add(&t, b, len);
-    if (t.oom) { g->oom = 1; kbuf_free(&t); return; }
-    ok = flush ? t.n : ktok_utf8_complete((const uint8_t *)t.p, t.n);
-    g->n_pend = t.n - ok;             /* at most 3 bytes */
-    memcpy(g->pend, t.p + ok, g->n_pend);
-    reply_text(g, t.p, ok);
-    kbuf_free(&t);
+    if (kutf8_hold_take(&g->pend, b, len, flush, &text, &ok)) { g->oom = 1; return; }
+    reply_text(g, text, ok);
 }
 
 /* ---- the end ---------------------------------------------------------------------------- */

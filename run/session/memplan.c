@@ -7,31 +7,8 @@
 #include "run/store/store.h"
 #include "run/store/store_pieces.h"
 
-#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-
-int64_t kmem_parse_size(const char *s)
-{
-    char *end;
-    double v;
-    double mul = 1;
-    errno = 0;
-    v = strtod(s, &end);
-    if (errno || end == s || v < 0) return -1;
-    switch (*end) {
-    case 0: break;
-    case 'k': case 'K': mul = 1024.0; end++; break;
-    case 'm': case 'M': mul = 1024.0 * 1024; end++; break;
-    case 'g': case 'G': mul = 1024.0 * 1024 * 1024; end++; break;
-    case 't': case 'T': mul = 1024.0 * 1024 * 1024 * 1024; end++; break;
-    default: return -1;
-    }
-    if (*end == 'i') end++;
-    if (*end == 'B') end++;
-    if (*end || v * mul > 9e18) return -1;
-    return (int64_t)(v * mul);
-}
 
 int64_t kmem_preset(const char *name)
 {
@@ -108,7 +85,7 @@ static int measure(const k3_model *m, const kmemplan_req *q, struct sizes *s, kr
     const kpk_file *f = m->file;
     const k3_config *c = &m->cfg;
     const uint32_t g = m->globals_extent;
-    const uint64_t stage = kio_stage_bytes(f);
+    const uint64_t stage = kiop_stage_bytes(f);
     int64_t first = k3_globals_first(m);
     uint64_t cands[48];
     krange r;
@@ -150,7 +127,7 @@ static int measure(const k3_model *m, const kmemplan_req *q, struct sizes *s, kr
     }
     k3_predict_bytes(m, &s->predict_buf, &s->predict_stage);
     s->io_threads = kstore_io_threads(f, q->io_threads, NULL);
-    s->io = (uint64_t)s->io_threads * kio_worker_bytes(f);
+    s->io = (uint64_t)s->io_threads * kiop_worker_bytes(f);
     /* every candidate piece size: the cut of every layer and (when it can stream) lm_head */
     s->ncand = candidates(m, q->piece, cands);
     s->cand = calloc((size_t)s->ncand, sizeof *s->cand);

@@ -87,8 +87,6 @@ typedef struct kmemplan {
 #define KMEM_PROCESS_BYTES ((uint64_t)12 << 20)
 uint64_t kmem_base_bytes(const k3_model *m);
 
-/* Sizes like "8G", "512M", "300K", "1.5G" (binary units) -> bytes; -1 if malformed. */
-int64_t kmem_parse_size(const char *s);
 /* laptop, desktop, workstation, server, max -> bytes; -1 if unknown. */
 int64_t kmem_preset(const char *name);
 

@@ -17,15 +17,15 @@
 
 struct trace_rec { uint64_t off, len; double start, end; uint16_t member; char kind; };
 
-struct queue { kio_req *q; size_t head, tail, cap; };
+struct queue { kiop_req *q; size_t head, tail, cap; };
 
-struct worker { kio_pool *p; int member; uint8_t *stage; pthread_t tid; int started; };
+struct worker { kiop_pool *p; int member; uint8_t *stage; pthread_t tid; int started; };
 
-struct kio_pool {
+struct kiop_pool {
     pthread_mutex_t mu;
     pthread_cond_t done;
     int n_members;
-    kio_member *members;
+    kiop_member *members;
     struct queue (*level)[2];      /* [member][level] */
     pthread_cond_t *work;          /* [member] */
     uint64_t *bytes;               /* [member] */
@@ -43,7 +43,7 @@ struct kio_pool {
 static int q_grow(struct queue *q, size_t cap)
 {
     size_t n = q->tail - q->head;
-    kio_req *nq;
+    kiop_req *nq;
     if (cap <= q->cap) return 0;
     nq = malloc(cap * sizeof *nq);
     if (!nq) return -1;
@@ -56,14 +56,14 @@ static int q_grow(struct queue *q, size_t cap)
     return 0;
 }
 
-static int q_push(struct queue *q, const kio_req *r)
+static int q_push(struct queue *q, const kiop_req *r)
 {
     if (q->tail - q->head == q->cap && q_grow(q, q->cap ? q->cap * 2 : 64)) return -1;
     q->q[q->tail++ % q->cap] = *r;
     return 0;
 }
 
-static int q_pop(struct queue *q, kio_req *r)
+static int q_pop(struct queue *q, kiop_req *r)
 {
     if (q->head == q->tail) return 0;
     *r = q->q[q->head++ % q->cap];
@@ -87,21 +87,21 @@ static int preadv_full(int fd, struct iovec *iov, int n, uint64_t off)
     return 0;
 }
 
-static void drop(const kio_member *m, uint64_t off, uint64_t len)
+static void drop(const kiop_member *m, uint64_t off, uint64_t len)
 {
     if (m->drop_cache) posix_fadvise(m->fd, (off_t)off, (off_t)len, POSIX_FADV_DONTNEED);
 }
 
 /* A plain request: one member's contiguous range, scattered run by run. */
-static int read_plain(kio_pool *p, const kio_req *r, uint16_t *bad_member, uint64_t *bad_off)
+static int read_plain(kiop_pool *p, const kiop_req *r, uint16_t *bad_member, uint64_t *bad_off)
 {
-    struct iovec iov[KIO_MAX_RUNS];
-    const kio_member *m = &p->members[r->member];
+    struct iovec iov[KIOP_MAX_RUNS];
+    const kiop_member *m = &p->members[r->member];
     int n = 0;
     uint64_t done = 0;
     while (done < r->len) {
         uint64_t l = n == 0 ? r->first : (r->len - done < r->unit ? r->len - done : r->unit);
-        if (n == KIO_MAX_RUNS) { errno = EINVAL; *bad_member = r->member; *bad_off = r->off; return -1; }
+        if (n == KIOP_MAX_RUNS) { errno = EINVAL; *bad_member = r->member; *bad_off = r->off; return -1; }
         iov[n].iov_base = n == 0 ? r->buf : r->buf + r->run1 + (uint64_t)(n - 1) * r->stride;
         iov[n].iov_len = (size_t)l;
         done += l;
@@ -115,7 +115,7 @@ static int read_plain(kio_pool *p, const kio_req *r, uint16_t *bad_member, uint6
 /* A decode request: the stored bytes of whole blocks, from whichever members
  * hold them, into the worker's staging buffer; then each block decoded into
  * place.  Bytes read per member are added to got[]. */
-static int read_decode(kio_pool *p, struct worker *w, const kio_req *r, uint64_t *got, uint16_t *bad_member,
+static int read_decode(kiop_pool *p, struct worker *w, const kiop_req *r, uint64_t *got, uint16_t *bad_member,
                        uint64_t *bad_off, kpk_err *derr)
 {
     const kpk_block *blk = kpk_extent_blocks(p->f, r->extent);
@@ -126,7 +126,7 @@ static int read_decode(kio_pool *p, struct worker *w, const kio_req *r, uint64_t
         size_t n = kpk_extent_segments(p->f, r->extent, pos, r->off + r->len - pos, seg, 16, &done);
         if (!n) { errno = EINVAL; *bad_member = r->member; *bad_off = pos; return -1; }
         for (size_t s = 0; s < n; s++) {
-            const kio_member *m = &p->members[seg[s].member];
+            const kiop_member *m = &p->members[seg[s].member];
             if (kio_pread_full(m->fd, w->stage + (pos - r->off), (size_t)seg[s].len, seg[s].off)) {
                 *bad_member = seg[s].member;
                 *bad_off = seg[s].off;
@@ -147,11 +147,11 @@ static int read_decode(kio_pool *p, struct worker *w, const kio_req *r, uint64_t
 static void *worker(void *arg)
 {
     struct worker *w = arg;
-    kio_pool *p = w->p;
+    kiop_pool *p = w->p;
     struct queue *lv = p->level[w->member];
     uint64_t *got = calloc((size_t)p->n_members, sizeof *got);
     for (;;) {
-        kio_req r;
+        kiop_req r;
         double a, b;
         int rc, err = 0;
         uint16_t bad_member = 0;
@@ -207,9 +207,9 @@ static void *worker(void *arg)
     }
 }
 
-kio_pool *kio_pool_create(const kio_member *members, int n_members, const int *threads, const kpk_file *f, size_t stage_bytes)
+kiop_pool *kiop_pool_create(const kiop_member *members, int n_members, const int *threads, const kpk_file *f, size_t stage_bytes)
 {
-    kio_pool *p = calloc(1, sizeof *p);
+    kiop_pool *p = calloc(1, sizeof *p);
     int total = 0;
     if (!p) return NULL;
     pthread_mutex_init(&p->mu, NULL);
@@ -241,16 +241,16 @@ kio_pool *kio_pool_create(const kio_member *members, int n_members, const int *t
             void *st = NULL;
             w->p = p;
             w->member = m;
-            if (p->stage_bytes && posix_memalign(&st, ALIGN, p->stage_bytes)) { kio_pool_destroy(p); return NULL; }
+            if (p->stage_bytes && posix_memalign(&st, ALIGN, p->stage_bytes)) { kiop_pool_destroy(p); return NULL; }
             w->stage = st;
             p->n_workers++;
-            if (pthread_create(&w->tid, NULL, worker, w)) { kio_pool_destroy(p); return NULL; }
+            if (pthread_create(&w->tid, NULL, worker, w)) { kiop_pool_destroy(p); return NULL; }
             w->started = 1;
         }
     return p;
 }
 
-void kio_pool_destroy(kio_pool *p)
+void kiop_pool_destroy(kiop_pool *p)
 {
     if (!p) return;
     pthread_mutex_lock(&p->mu);
@@ -277,9 +277,9 @@ void kio_pool_destroy(kio_pool *p)
     free(p);
 }
 
-int kio_pool_threads(const kio_pool *p) { return p->n_workers; }
+int kiop_pool_threads(const kiop_pool *p) { return p->n_workers; }
 
-int kio_reserve(kio_pool *p, size_t n)
+int kiop_reserve(kiop_pool *p, size_t n)
 {
     int rc = 0;
     pthread_mutex_lock(&p->mu);
@@ -289,7 +289,7 @@ int kio_reserve(kio_pool *p, size_t n)
     return rc;
 }
 
-int kio_submit(kio_pool *p, const kio_req *reqs, size_t n)
+int kiop_submit(kiop_pool *p, const kiop_req *reqs, size_t n)
 {
     int rc = 0;
     pthread_mutex_lock(&p->mu);
@@ -302,7 +302,7 @@ int kio_submit(kio_pool *p, const kio_req *reqs, size_t n)
     return rc;
 }
 
-uint64_t kio_cancel(kio_pool *p, kio_batch *b)
+uint64_t kiop_cancel(kiop_pool *p, kiop_batch *b)
 {
     uint64_t bytes = 0;
     pthread_mutex_lock(&p->mu);
@@ -311,7 +311,7 @@ uint64_t kio_cancel(kio_pool *p, kio_batch *b)
             struct queue *q = &p->level[m][l];
             size_t keep = q->head;
             for (size_t i = q->head; i < q->tail; i++) { /* compacting forward: keep <= i */
-                const kio_req *r = &q->q[i % q->cap];
+                const kiop_req *r = &q->q[i % q->cap];
                 if (r->batch == b) { bytes += r->len; b->pending--; continue; }
                 q->q[keep++ % q->cap] = *r;
             }
@@ -322,7 +322,7 @@ uint64_t kio_cancel(kio_pool *p, kio_batch *b)
     return bytes;
 }
 
-int kio_wait(kio_pool *p, kio_batch *b)
+int kiop_wait(kiop_pool *p, kiop_batch *b)
 {
     int err;
     double a = know();
@@ -334,7 +334,7 @@ int kio_wait(kio_pool *p, kio_batch *b)
     return err;
 }
 
-int kio_done(kio_pool *p, kio_batch *b)
+int kiop_done(kiop_pool *p, kiop_batch *b)
 {
     int d;
     pthread_mutex_lock(&p->mu);
@@ -343,7 +343,7 @@ int kio_done(kio_pool *p, kio_batch *b)
     return d;
 }
 
-uint64_t kio_member_bytes(const kio_pool *p, int m)
+uint64_t kiop_member_bytes(const kiop_pool *p, int m)
 {
     uint64_t v;
     pthread_mutex_lock((pthread_mutex_t *)&p->mu);
@@ -352,11 +352,11 @@ uint64_t kio_member_bytes(const kio_pool *p, int m)
     return v;
 }
 
-void kio_trace_enable(kio_pool *p) { p->tracing = 1; }
+void kiop_trace_enable(kiop_pool *p) { p->tracing = 1; }
 
-double kio_wait_seconds(const kio_pool *p) { return p->waited; }
+double kiop_wait_seconds(const kiop_pool *p) { return p->waited; }
 
-int kio_trace_write(kio_pool *p, const char *path)
+int kiop_trace_write(kiop_pool *p, const char *path)
 {
     FILE *f = fopen(path, "w");
     int ok;
@@ -379,7 +379,7 @@ int kio_trace_write(kio_pool *p, const char *path)
 
 static int streamed_kind(uint8_t kind) { return kind == KPK_KIND_GLOBALS || kind == KPK_KIND_TRUNK || kind == KPK_KIND_EXPERT; }
 
-uint64_t kio_stage_bytes(const kpk_file *f)
+uint64_t kiop_stage_bytes(const kpk_file *f)
 {
     uint64_t block = 0, extent = 0;
     for (uint32_t i = 0; i < kpk_extent_count(f); i++) {
@@ -398,13 +398,13 @@ uint64_t kio_stage_bytes(const kpk_file *f)
     }
     if (!block) return 0;
     /* requests group blocks up to the target; a lone block larger than it is read alone */
-    extent = extent < KIO_STAGE_TARGET ? extent : KIO_STAGE_TARGET;
+    extent = extent < KIOP_STAGE_TARGET ? extent : KIOP_STAGE_TARGET;
     return block > extent ? block : extent;
 }
 
-uint64_t kio_worker_bytes(const kpk_file *f)
+uint64_t kiop_worker_bytes(const kpk_file *f)
 {
-    uint64_t stage = kio_stage_bytes(f), planes = 0;
+    uint64_t stage = kiop_stage_bytes(f), planes = 0;
     int zstd = 0;
     if (!stage) return 0;
     for (uint32_t i = 0; i < kpk_extent_count(f); i++) {

@@ -23,13 +23,13 @@
 #include <stdint.h>
 #include <stdio.h>
 
-enum { KIO_URGENT = 0, KIO_AHEAD = 1 };
+enum { KIOP_URGENT = 0, KIOP_AHEAD = 1 };
 
 /* Runs (stripe units) of one scatter request at most: iovecs on the worker's stack. */
-#define KIO_MAX_RUNS 64
+#define KIOP_MAX_RUNS 64
 
 /* A group of requests completed together. */
-typedef struct kio_batch {
+typedef struct kiop_batch {
     int pending;
     int err;            /* errno of the first failed read, 0 if none */
     uint16_t err_member;
@@ -37,9 +37,9 @@ typedef struct kio_batch {
     int decode_failed;  /* a block failed to decode or to match its checksum: decode_err says which */
     kpk_err decode_err;
     uint64_t bytes;     /* bytes read from disk */
-} kio_batch;
+} kiop_batch;
 
-typedef struct kio_req {
+typedef struct kiop_req {
     uint16_t member;    /* the queue, and for a plain read the member file read */
     uint64_t off, len;  /* plain: member-file bytes; decode: the extent's stored bytes (aligned) */
     uint8_t *buf;       /* plain: where the first byte goes */
@@ -52,51 +52,51 @@ typedef struct kio_req {
     uint8_t *raw;
     int prio;
     char kind;          /* for the trace: 'T' trunk, 'H' lm_head, 'E' expert, 'P' predicted expert, 'R' resident */
-    kio_batch *batch;
-} kio_req;
+    kiop_batch *batch;
+} kiop_req;
 
 /* How one member file is read: its descriptor (O_DIRECT or buffered), and
  * whether what is read is dropped from the page cache afterwards. */
-typedef struct kio_member {
+typedef struct kiop_member {
     int fd;
     int drop_cache;
-} kio_member;
+} kiop_member;
 
-typedef struct kio_pool kio_pool;
+typedef struct kiop_pool kiop_pool;
 
 /* threads[m] workers for member m (0: that member is never read).  f is
  * needed for decode requests (NULL otherwise); each worker then has a
- * staging buffer of stage_bytes (kio_stage_bytes). */
-kio_pool *kio_pool_create(const kio_member *members, int n_members, const int *threads, const kpk_file *f, size_t stage_bytes);
-void kio_pool_destroy(kio_pool *p);
-int kio_pool_threads(const kio_pool *p);
+ * staging buffer of stage_bytes (kiop_stage_bytes). */
+kiop_pool *kiop_pool_create(const kiop_member *members, int n_members, const int *threads, const kpk_file *f, size_t stage_bytes);
+void kiop_pool_destroy(kiop_pool *p);
+int kiop_pool_threads(const kiop_pool *p);
 /* Room for n queued requests per member and level, so queueing allocates nothing. */
-int kio_reserve(kio_pool *p, size_t n);
+int kiop_reserve(kiop_pool *p, size_t n);
 /* Queue n requests (copied); each one increments its batch's pending count. */
-int kio_submit(kio_pool *p, const kio_req *reqs, size_t n);
+int kiop_submit(kiop_pool *p, const kiop_req *reqs, size_t n);
 /* Wait until the batch has no pending request; returns its err (EIO for a
  * failed decode: see decode_failed). */
-int kio_wait(kio_pool *p, kio_batch *b);
+int kiop_wait(kiop_pool *p, kiop_batch *b);
 /* Take the batch's requests that no worker has started out of the queues
  * (a prediction the router did not confirm); returns their bytes.  Those
- * already started still land: kio_wait for them before reusing the buffer. */
-uint64_t kio_cancel(kio_pool *p, kio_batch *b);
+ * already started still land: kiop_wait for them before reusing the buffer. */
+uint64_t kiop_cancel(kiop_pool *p, kiop_batch *b);
 /* 1 if the batch is complete (no waiting). */
-int kio_done(kio_pool *p, kio_batch *b);
+int kiop_done(kiop_pool *p, kiop_batch *b);
 /* Bytes read from member m so far. */
-uint64_t kio_member_bytes(const kio_pool *p, int m);
-/* Start recording every read; kio_trace_write dumps them as TSV. */
-void kio_trace_enable(kio_pool *p);
-int kio_trace_write(kio_pool *p, const char *path);
-/* Seconds the caller spent blocked in kio_wait. */
-double kio_wait_seconds(const kio_pool *p);
+uint64_t kiop_member_bytes(const kiop_pool *p, int m);
+/* Start recording every read; kiop_trace_write dumps them as TSV. */
+void kiop_trace_enable(kiop_pool *p);
+int kiop_trace_write(kiop_pool *p, const char *path);
+/* Seconds the caller spent blocked in kiop_wait. */
+double kiop_wait_seconds(const kiop_pool *p);
 
 /* Decode requests: the most stored bytes one request reads (its span,
  * aligned), and what each worker holds to serve them: the staging buffer,
  * the decoder's plane buffer and zstd context.  0 when the file has no
  * compressed extent krun streams. */
-#define KIO_STAGE_TARGET ((uint64_t)8 << 20)
-uint64_t kio_stage_bytes(const kpk_file *f);
-uint64_t kio_worker_bytes(const kpk_file *f);
+#define KIOP_STAGE_TARGET ((uint64_t)8 << 20)
+uint64_t kiop_stage_bytes(const kpk_file *f);
+uint64_t kiop_worker_bytes(const kpk_file *f);
 
 #endif

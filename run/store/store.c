@@ -129,7 +129,7 @@ static int reserve(kstore *s, krun_err *err)
         if (s->role[i] == ROLE_EXPERT && n > most_expert) most_expert = n;
         if (s->role[i] == ROLE_HELD && n > most_held) most_held = n;
     }
-    if (kio_reserve(s->io, (size_t)s->K * most_piece + (size_t)s->n_eslots * most_expert + most_held + 64)) {
+    if (kiop_reserve(s->io, (size_t)s->K * most_piece + (size_t)s->n_eslots * most_expert + most_held + 64)) {
         krun_err_set(err, KRUN_ENOMEM, "out of memory setting up the read queues");
         return -1;
     }
@@ -166,7 +166,7 @@ int kstore_open(kpk_file *f, const kstore_opts *opt, kstore **out, krun_err *err
         *out = s;
         return 0;
     }
-    s->stage_bytes = kio_stage_bytes(f);
+    s->stage_bytes = kiop_stage_bytes(f);
     s->window_bytes = kstore_window_bytes(opt->model);
     if (!(s->window = alloc_aligned(s->window_bytes))) goto oom;
     if (plan_roles(s, err) || kstore_io_open(s, err) || expert_slots(s, err) || kstore_ring_open(s, err) || reserve(s, err)) goto fail;
@@ -193,7 +193,7 @@ void kstore_close(kstore *s)
     kstore_ring_close(s);
     if (s->eslots)
         for (int k = 0; k < s->n_eslots; k++)
-            if (s->eslots[k].loading) kio_wait(s->io, &s->eslots[k].batch);
+            if (s->eslots[k].loading) kiop_wait(s->io, &s->eslots[k].batch);
     kstore_io_close(s);
     if (s->eslots)
         for (int k = 0; k < s->n_eslots; k++) free(s->eslots[k].buf);
@@ -245,7 +245,7 @@ static int verify_mapped(kstore *s, uint32_t i, const uint8_t *data, krun_err *e
 static void slot_evict(kstore *s, struct slot *sl)
 {
     if (sl->loading) {  /* a predicted read still in flight: it must land before the buffer is reused */
-        kio_wait(s->io, &sl->batch);
+        kiop_wait(s->io, &sl->batch);
         sl->loading = 0;
     }
     sl->predicted = 0;
@@ -282,8 +282,8 @@ static int slot_load(kstore *s, struct slot *sl, uint32_t i, int prio, krun_err 
     }
     kring_range(s->f, i, 0, x->raw_len, s->stage_bytes, &r);
     sl->data = sl->buf;
-    if (!kstore_submit(s, i, &r, sl->buf, prio, prio == KIO_URGENT ? 'E' : 'P', &sl->batch, 0, err)) {
-        kio_wait(s->io, &sl->batch); /* what was queued before the failure lands in the buffer first */
+    if (!kstore_submit(s, i, &r, sl->buf, prio, prio == KIOP_URGENT ? 'E' : 'P', &sl->batch, 0, err)) {
+        kiop_wait(s->io, &sl->batch); /* what was queued before the failure lands in the buffer first */
         sl->loading = 0;
         slot_evict(s, sl);
         return -1;
@@ -388,7 +388,7 @@ int kstore_experts_request(kstore *s, const uint32_t *ids, size_t n, krun_err *e
         uint64_t b;
         if (!sl->predicted || sl->refs) continue;
         sl->predicted = 0;
-        if (!sl->loading || !(b = kio_cancel(s->io, &sl->batch))) continue;
+        if (!sl->loading || !(b = kiop_cancel(s->io, &sl->batch))) continue;
         s->st.bytes_cancelled += b;
         s->st.bytes_experts -= b;
         s->st.bytes_read -= b;
@@ -396,7 +396,7 @@ int kstore_experts_request(kstore *s, const uint32_t *ids, size_t n, krun_err *e
         s->slot_of[sl->extent] = -1;
         sl->extent = -1;
         sl->fresh = 0;
-        if (kio_done(s->io, &sl->batch)) sl->loading = 0;
+        if (kiop_done(s->io, &sl->batch)) sl->loading = 0;
     }
     sort_by_offset(s, miss, nm);
     for (size_t k = 0; k < nm; k++) {
@@ -406,7 +406,7 @@ int kstore_experts_request(kstore *s, const uint32_t *ids, size_t n, krun_err *e
         s->slot_of[miss[k]] = (int32_t)(v - s->eslots);
         v->refs = 1;
         v->last_use = s->tick;
-        if (slot_load(s, v, miss[k], KIO_URGENT, err)) { v->refs = 0; goto fail; } /* slot_load emptied the slot */
+        if (slot_load(s, v, miss[k], KIOP_URGENT, err)) { v->refs = 0; goto fail; } /* slot_load emptied the slot */
         kring_range(s->f, miss[k], 0, kpk_extent_at(s->f, miss[k])->raw_len, s->stage_bytes, &r);
         s->st.bytes_experts += r.read_bytes;
         s->st.bytes_read += r.read_bytes;
@@ -445,7 +445,7 @@ size_t kstore_experts_predict(kstore *s, const uint32_t *ids, size_t n)
         s->slot_of[want[k]] = (int32_t)(v - s->eslots);
         v->refs = 1;                          /* not a victim for the rest of this call */
         taken[nt++] = v;
-        if (slot_load(s, v, want[k], KIO_AHEAD, &e)) { v->refs = 0; nt--; break; } /* only a guess: the request reads it */
+        if (slot_load(s, v, want[k], KIOP_AHEAD, &e)) { v->refs = 0; nt--; break; } /* only a guess: the request reads it */
         v->predicted = 1;
         kring_range(s->f, want[k], 0, kpk_extent_at(s->f, want[k])->raw_len, s->stage_bytes, &r);
         s->st.bytes_experts += r.read_bytes;
@@ -558,11 +558,11 @@ static const uint8_t *held_get(kstore *s, uint32_t i, uint64_t *first, krun_err 
 {
     if (s->held_r0[i] && !first) { kstore_err_extent(s, i, err, KRUN_EDATA, "asked for whole, held in part"); return NULL; }
     if (!s->held_loaded[i]) {
-        kio_batch b;
+        kiop_batch b;
         krange r;
         memset(&b, 0, sizeof b);
         kring_range(s->f, i, s->held_r0[i], kpk_extent_at(s->f, i)->raw_len, s->stage_bytes, &r);
-        if (!kstore_submit(s, i, &r, s->held_buf[i], KIO_URGENT, 'R', &b, 0, err)) { kio_wait(s->io, &b); return NULL; }
+        if (!kstore_submit(s, i, &r, s->held_buf[i], KIOP_URGENT, 'R', &b, 0, err)) { kiop_wait(s->io, &b); return NULL; }
         if (kstore_wait(s, i, &b, err)) return NULL;
         s->held_loaded[i] = 1;
         s->st.bytes_resident += r.read_bytes;
@@ -689,9 +689,9 @@ int kstore_read(kstore *s, uint32_t i, uint64_t off, size_t len, void *dst, krun
 void kstore_stats_get(const kstore *s, kstore_stats *st)
 {
     *st = s->st;
-    st->io_wait_seconds = s->io ? kio_wait_seconds(s->io) : 0;
+    st->io_wait_seconds = s->io ? kiop_wait_seconds(s->io) : 0;
     for (uint16_t m = 0; m < s->nm && m < KSTORE_MAX_MEMBERS; m++)
-        st->member_bytes[m] = s->io ? kio_member_bytes(s->io, m) + s->sync_bytes[m] : 0;
+        st->member_bytes[m] = s->io ? kiop_member_bytes(s->io, m) + s->sync_bytes[m] : 0;
 }
 
 int kstore_trace_write(kstore *s, const char *path)
@@ -702,5 +702,5 @@ int kstore_trace_write(kstore *s, const char *path)
         fprintf(f, "kind\tmember\toffset\tlength\tstart_s\tend_s\n");
         return fclose(f);
     }
-    return kio_trace_write(s->io, path);
+    return kiop_trace_write(s->io, path);
 }

@@ -96,7 +96,7 @@ uint64_t kstore_window_bytes(const k3_model *m);
 
 /* I/O workers per member file for io_threads (0: the member holds nothing
  * krun reads); returns the total.  The planner counts each worker's decode
- * buffers (kio_worker_bytes). */
+ * buffers (kiop_worker_bytes). */
 int kstore_io_threads(const kpk_file *f, int io_threads, int *per_member);
 
 int kstore_open(kpk_file *f, const kstore_opts *opt, kstore **out, krun_err *err);

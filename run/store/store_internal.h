@@ -27,7 +27,7 @@ struct slot {
     int loading, fresh, mapped;
     int predicted;         /* read ahead on a prediction and not requested yet */
     uint64_t last_use;
-    kio_batch batch;
+    kiop_batch batch;
 };
 
 /* A ring slot: one piece. */
@@ -37,7 +37,7 @@ struct rslot {
     int64_t piece;         /* -1: free */
     int loading, consumed, mapped;
     uint32_t pending;      /* parts not used yet (counted when consumed) */
-    kio_batch batch;
+    kiop_batch batch;
 };
 
 struct kstore {
@@ -46,7 +46,7 @@ struct kstore {
     uint16_t nm;               /* member files */
     const uint8_t **map;       /* [nm]: each member's mapping (in place, --io mmap) */
     uint64_t *map_len;
-    kio_member *io_m;          /* [nm]: how each member is read */
+    kiop_member *io_m;          /* [nm]: how each member is read */
     uint64_t *sync_bytes;      /* [nm]: read outside the queues (the prefix, embedding rows) */
     uint64_t stage_bytes;      /* a decode request's largest read */
     char notice[1024];
@@ -83,7 +83,7 @@ struct kstore {
     int32_t *slot_of;          /* per extent: expert slot, -1 */
     uint32_t *uses;            /* per extent: times requested (LFU history) */
     uint64_t tick;
-    kio_pool *io;
+    kiop_pool *io;
     struct kstore_sub *sub;    /* store_io.c's request builder */
     kstore_stats st;
 };
@@ -113,11 +113,11 @@ int kstore_mappable(const kstore *s, uint32_t i);
 /* Queue the reads that put extent i's decoded bytes [r.r0, r.r1) at
  * dst + (x - r.a0) for each byte x (codec 0: stored [a0, a1) as is; codec 2:
  * whole blocks decoded by the workers).  count: only count the requests. */
-size_t kstore_submit(kstore *s, uint32_t i, const krange *r, uint8_t *dst, int prio, char kind, kio_batch *b, int count,
+size_t kstore_submit(kstore *s, uint32_t i, const krange *r, uint8_t *dst, int prio, char kind, kiop_batch *b, int count,
                      krun_err *err);
 /* Wait for a batch; a failure names the extent, and the member and offset
  * read, or the block that failed to decode. */
-int kstore_wait(kstore *s, uint32_t i, kio_batch *b, krun_err *err);
+int kstore_wait(kstore *s, uint32_t i, kiop_batch *b, krun_err *err);
 /* Stored bytes [pos, pos + len) of extent i into buf, now (pos and len aligned for O_DIRECT). */
 int kstore_read_stored(kstore *s, uint32_t i, uint64_t pos, uint64_t len, uint8_t *buf, krun_err *err);
 /* Count stored bytes [pos, pos + len) of extent i as read from their members (outside the queues). */

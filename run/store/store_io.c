@@ -93,7 +93,7 @@ int kstore_io_open(kstore *s, krun_err *err)
     if (!s->io_m || !s->sync_bytes) { krun_err_set(err, KRUN_ENOMEM, "out of memory setting up the store"); return -1; }
     for (uint16_t m = 0; m < s->nm; m++) s->io_m[m].fd = -1;
     for (uint16_t m = 0; m < s->nm; m++) {
-        kio_member *im = &s->io_m[m];
+        kiop_member *im = &s->io_m[m];
         if (s->opt.io == KSTORE_IO_DIRECT) {
             im->fd = open_direct(s, m);
             if (im->fd >= 0) continue;
@@ -118,15 +118,15 @@ int kstore_io_open(kstore *s, krun_err *err)
                  "read from the page cache");
     if (s->opt.io == KSTORE_IO_MMAP && kstore_map_members(s, err)) return -1;
     kstore_io_threads(s->f, s->opt.io_threads, threads);
-    s->io = kio_pool_create(s->io_m, s->nm, threads, s->stage_bytes ? s->f : NULL, s->stage_bytes);
+    s->io = kiop_pool_create(s->io_m, s->nm, threads, s->stage_bytes ? s->f : NULL, s->stage_bytes);
     if (!s->io) { krun_err_set(err, KRUN_ENOMEM, "out of memory starting the I/O threads"); return -1; }
-    if (s->opt.trace) kio_trace_enable(s->io);
+    if (s->opt.trace) kiop_trace_enable(s->io);
     return 0;
 }
 
 void kstore_io_close(kstore *s)
 {
-    kio_pool_destroy(s->io);
+    kiop_pool_destroy(s->io);
     s->io = NULL;
     if (s->io_m)
         for (uint16_t m = 0; m < s->nm; m++)
@@ -157,12 +157,12 @@ struct kstore_sub {
     kstore *s;
     int prio, count, failed;
     char kind;
-    kio_batch *b;
-    kio_req q[64];
+    kiop_batch *b;
+    kiop_req q[64];
     size_t nq, total;
     krun_err *err;
     /* plain reads: the open request of each member */
-    kio_req open[KSTORE_MAX_MEMBERS];
+    kiop_req open[KSTORE_MAX_MEMBERS];
     int runs[KSTORE_MAX_MEMBERS];
     /* decode requests */
     uint32_t extent;
@@ -170,13 +170,13 @@ struct kstore_sub {
     uint64_t a0;
 };
 
-static void push(struct kstore_sub *u, const kio_req *r)
+static void push(struct kstore_sub *u, const kiop_req *r)
 {
     u->total++;
     if (u->count || u->failed) return;
     u->q[u->nq++] = *r;
     if (u->nq == sizeof u->q / sizeof u->q[0]) {
-        if (kio_submit(u->s->io, u->q, u->nq)) u->failed = 1;
+        if (kiop_submit(u->s->io, u->q, u->nq)) u->failed = 1;
         u->nq = 0;
     }
 }
@@ -192,8 +192,8 @@ static void flush(struct kstore_sub *u, uint16_t m)
  * request when they continue it in the file and in the unit pattern. */
 static void place(struct kstore_sub *u, uint16_t m, uint64_t off, uint64_t len, uint8_t *bp, uint64_t unit)
 {
-    kio_req *o = &u->open[m];
-    if (u->runs[m] && unit && o->off + o->len == off && u->runs[m] < KIO_MAX_RUNS && o->len + len <= READ_CHUNK) {
+    kiop_req *o = &u->open[m];
+    if (u->runs[m] && unit && o->off + o->len == off && u->runs[m] < KIOP_MAX_RUNS && o->len + len <= READ_CHUNK) {
         uint64_t at = (uint64_t)(bp - o->buf);
         /* run j >= 1 of a request lies at run1 + (j - 1) * stride: the second
          * run fixes run1, the third the stride, the others must follow it */
@@ -209,7 +209,7 @@ static void place(struct kstore_sub *u, uint16_t m, uint64_t off, uint64_t len, 
     }
     flush(u, m);
     while (len > READ_CHUNK) { /* a long run alone: requests of READ_CHUNK */
-        kio_req r;
+        kiop_req r;
         memset(&r, 0, sizeof r);
         r.member = m;
         r.off = off;
@@ -241,7 +241,7 @@ static void group(void *ctx, uint32_t g0, uint32_t g1, uint64_t span0, uint64_t 
     const kpk_block *b = kpk_extent_blocks(u->s->f, u->extent);
     kpk_seg seg;
     uint64_t done;
-    kio_req r;
+    kiop_req r;
     memset(&r, 0, sizeof r);
     /* queued on the disk that holds its first bytes (a block crossing a stripe unit is read from two) */
     r.member = kpk_extent_segments(u->s->f, u->extent, span0, 1, &seg, 1, &done) ? seg.member : 0;
@@ -259,7 +259,7 @@ static void group(void *ctx, uint32_t g0, uint32_t g1, uint64_t span0, uint64_t 
 
 size_t kstore_sub_size(void) { return sizeof(struct kstore_sub); }
 
-size_t kstore_submit(kstore *s, uint32_t i, const krange *rg, uint8_t *dst, int prio, char kind, kio_batch *b, int count, krun_err *err)
+size_t kstore_submit(kstore *s, uint32_t i, const krange *rg, uint8_t *dst, int prio, char kind, kiop_batch *b, int count, krun_err *err)
 {
     const kpk_file *f = s->f;
     const kpk_extent *x = kpk_extent_at(f, i);
@@ -294,7 +294,7 @@ size_t kstore_submit(kstore *s, uint32_t i, const krange *rg, uint8_t *dst, int 
         }
         for (uint16_t m = 0; m < s->nm; m++) flush(u, m);
     }
-    if (!count && !u->failed && u->nq && kio_submit(s->io, u->q, u->nq)) u->failed = 1;
+    if (!count && !u->failed && u->nq && kiop_submit(s->io, u->q, u->nq)) u->failed = 1;
     if (u->failed && !count) {
         kstore_err_extent(s, i, err, KRUN_ENOMEM, "cannot queue its reads");
         return 0;
@@ -302,9 +302,9 @@ size_t kstore_submit(kstore *s, uint32_t i, const krange *rg, uint8_t *dst, int 
     return u->total;
 }
 
-int kstore_wait(kstore *s, uint32_t i, kio_batch *b, krun_err *err)
+int kstore_wait(kstore *s, uint32_t i, kiop_batch *b, krun_err *err)
 {
-    int e = kio_wait(s->io, b);
+    int e = kiop_wait(s->io, b);
     char what[700], label[600];
     if (b->decode_failed) {
         return krun_err_kpk(err, &b->decode_err);
@@ -338,7 +338,7 @@ int kstore_read_stored(kstore *s, uint32_t i, uint64_t pos, uint64_t len, uint8_
         size_t n = kpk_extent_segments(s->f, i, pos, len, seg, 64, &done);
         if (!n) { kstore_err_extent(s, i, err, KRUN_EDATA, "read outside the extent"); return -1; }
         for (size_t k = 0; k < n; k++) {
-            const kio_member *m = &s->io_m[seg[k].member];
+            const kiop_member *m = &s->io_m[seg[k].member];
             if (kio_pread_full(m->fd, buf, (size_t)seg[k].len, seg[k].off)) {
                 char what[700], label[600];
                 member_label(s, seg[k].member, label, sizeof label);

@@ -63,7 +63,7 @@ typedef struct kring {
 
 /* Cut the step's streamed ranges: trunk extents of layers >= pin (pin >
  * n_layers: none) and, with head, lm_head.  stage_bytes: the largest read of
- * one decode request (kio_stage_bytes).  Returns -1 with err when a range
+ * one decode request (kiop_stage_bytes).  Returns -1 with err when a range
  * cannot be streamed (lm_head not right after the embedding, a block
  * boundary inside a row: KRUN_EINPUT) or memory runs out. */
 int kring_build(kring *r, const k3_model *m, uint64_t piece_bytes, int pin, int head, uint64_t stage_bytes, krun_err *err);

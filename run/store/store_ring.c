@@ -74,8 +74,8 @@ static int slot_load(kstore *s, struct rslot *r, uint32_t q, krun_err *err)
     r->data = r->buf + kpiece_data_offset(p);
     {
         krange rg = range_of(p);
-        if (!kstore_submit(s, p->extent, &rg, r->buf, KIO_AHEAD, p->slot == s->ring.n_slots - 1 ? 'H' : 'T', &r->batch, 0, err)) {
-            kio_wait(s->io, &r->batch); /* what was queued before the failure lands in the buffer first */
+        if (!kstore_submit(s, p->extent, &rg, r->buf, KIOP_AHEAD, p->slot == s->ring.n_slots - 1 ? 'H' : 'T', &r->batch, 0, err)) {
+            kiop_wait(s->io, &r->batch); /* what was queued before the failure lands in the buffer first */
             r->loading = 0;
             slot_free(s, r);
             return -1;
@@ -110,7 +110,7 @@ static void reset(kstore *s)
 {
     for (int k = 0; k < s->K; k++) {
         struct rslot *r = &s->rs[k];
-        if (r->loading) kio_wait(s->io, &r->batch);
+        if (r->loading) kiop_wait(s->io, &r->batch);
         r->loading = 0;
         slot_free(s, r);
     }
@@ -158,7 +158,7 @@ void kstore_ring_close(kstore *s)
 {
     if (s->rs) {
         for (int k = 0; k < s->K; k++)
-            if (s->rs[k].loading) kio_wait(s->io, &s->rs[k].batch);
+            if (s->rs[k].loading) kiop_wait(s->io, &s->rs[k].batch);
         for (int k = 0; k < s->K; k++) free(s->rs[k].buf);
     }
     free(s->rs);

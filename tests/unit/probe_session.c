@@ -15,6 +15,7 @@
  * from our code, from libc (qsort, stdio) and from the shared libraries
  * (xxHash, zstd).  Sanitizer builds keep their own allocator: the counting
  * checks skip there (the batch check still runs).  Prints TAP lines. */
+#include "format/kargs.h"
 #include "run/engine/forward.h"
 #include "run/session/session.h"
 #include "run/util/procmem.h"
@@ -109,7 +110,7 @@ static int open_model(const char *path, const char *mem, size_t ctx, size_t chun
     o.max_seqs = max_seqs;
     o.spec = g_spec;
     o.threads = 2;
-    if (mem) o.budget = (uint64_t)kmem_parse_size(mem);
+    if (mem) o.budget = (uint64_t)kargs_size(mem);
     if (krun_model_load(path, m, &e)) { printf("not ok - open %s: %s\n", path, e.msg); fails++; return -1; }
     count_start();
     if (krun_model_prepare(*m, &o, &e)) {
