@@ -20,7 +20,6 @@
 
 /* session.h's values are the layers' below (it does not include them). */
 _Static_assert(KRUN_MAX_SEQS == K3_MAX_SEQS, "KRUN_MAX_SEQS");
-_Static_assert(KRUN_MAX_MEMBERS == KSTORE_MAX_MEMBERS, "KRUN_MAX_MEMBERS");
 #define SAME(a, b) ((int)(a) == (int)(b))
 _Static_assert(SAME(KRUN_VERIFY_OFF, KSTORE_VERIFY_OFF) && SAME(KRUN_VERIFY_FIRST, KSTORE_VERIFY_FIRST) &&
                SAME(KRUN_VERIFY_ALWAYS, KSTORE_VERIFY_ALWAYS), "enum krun_verify");
@@ -242,15 +241,7 @@ size_t krun_model_stop_ids(const krun_model *m, int32_t out[3])
     return m->n_stop;
 }
 
-void krun_model_stats(const krun_model *m, krun_stats *st)
-{
-    kstore_stats k;
-    kstore_stats_get(m->store, &k);
-    *st = (krun_stats){k.bytes_read, k.bytes_trunk, k.bytes_head, k.bytes_experts, k.bytes_globals, k.bytes_resident,
-                       k.expert_hits, k.expert_misses, k.bytes_predicted, k.bytes_cancelled, k.experts_predicted,
-                       k.experts_predicted_used, k.bytes_router, k.extents_verified, k.io_wait_seconds, k.n_members, {0}};
-    memcpy(st->member_bytes, k.member_bytes, sizeof st->member_bytes);
-}
+void krun_model_stats(const krun_model *m, krun_stats *st) { kstore_stats_get(m->store, st); }
 
 int krun_simd_parse(const char *name)
 {

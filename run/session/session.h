@@ -32,6 +32,7 @@
 #include "format/k3_config.h"
 #include "run/text/tokenizer.h"
 #include "run/util/krun_err.h"
+#include "run/util/stats.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -40,7 +41,6 @@ typedef struct krun_model krun_model;
 typedef struct krun_session krun_session;
 
 #define KRUN_MAX_SEQS 256          /* sessions live at once, and sequences in one forward block, at most */
-#define KRUN_MAX_MEMBERS 256       /* member files of a set whose reads are counted apart */
 
 /* Values of krun_model_opts.verify, .io and .cache_policy. */
 enum krun_verify { KRUN_VERIFY_OFF = 0, KRUN_VERIFY_FIRST = 1, KRUN_VERIFY_ALWAYS = 2 };
@@ -96,26 +96,7 @@ size_t krun_model_stop_ids(const krun_model *m, int32_t out[3]);
 const kmemplan *krun_model_plan(const krun_model *m);       /* NULL: in place, no plan */
 uint64_t krun_model_auto_budget(const krun_model *m);       /* the budget chosen for a too-large file, or 0 */
 
-/* What the model has read so far (the store's counters, krun --json). */
-typedef struct krun_stats {
-    uint64_t bytes_read;       /* all bytes read or faulted in for use */
-    uint64_t bytes_trunk;      /* streamed trunk pieces */
-    uint64_t bytes_head;       /* streamed lm_head pieces */
-    uint64_t bytes_experts;    /* routed experts that missed the cache */
-    uint64_t bytes_globals;    /* embedding rows */
-    uint64_t bytes_resident;   /* held extents, read once */
-    uint64_t expert_hits;      /* experts already resident when asked for */
-    uint64_t expert_misses;
-    uint64_t bytes_predicted;  /* part of bytes_experts: read ahead on a prediction (--predict) */
-    uint64_t bytes_cancelled;  /* predicted reads taken back unread (already left out of bytes_experts) */
-    uint64_t experts_predicted;      /* expert reads started on a prediction */
-    uint64_t experts_predicted_used; /* ... of them, requested by the router afterwards */
-    uint64_t bytes_router;     /* routers read early for the prediction (not in bytes_read) */
-    uint64_t extents_verified;
-    double io_wait_seconds;    /* compute blocked on reads */
-    uint16_t n_members;
-    uint64_t member_bytes[KRUN_MAX_MEMBERS]; /* read through the I/O queues, per member file */
-} krun_stats;
+/* What the model has read so far (run/util/stats.h: the store's counters). */
 void krun_model_stats(const krun_model *m, krun_stats *st);
 /* Something the user should be told once about how the file is read (e.g.
  * O_DIRECT refused by a file system, buffered reads used instead), or NULL. */

@@ -32,6 +32,7 @@
 #include "format/kpk_reader.h"
 #include "run/model/model.h"
 #include "run/util/krun_err.h"
+#include "run/util/stats.h"
 
 #include <stdint.h>
 
@@ -39,7 +40,7 @@ enum kstore_verify { KSTORE_VERIFY_OFF = 0, KSTORE_VERIFY_FIRST = 1, KSTORE_VERI
 enum kstore_io { KSTORE_IO_MMAP = 0, KSTORE_IO_PREAD = 1, KSTORE_IO_DIRECT = 2 };
 enum kstore_policy { KSTORE_LFU = 0, KSTORE_LRU = 1 };
 
-#define KSTORE_MAX_MEMBERS 256
+#define KSTORE_MAX_MEMBERS KRUN_MAX_MEMBERS
 
 /* Where the extents live, as the memory planner decided it from a budget
  * (memplan.h: kmemplan_layout): plain data, so that the store does not know
@@ -65,26 +66,8 @@ typedef struct kstore_opts {
     const k3_model *model;    /* which extent is what */
 } kstore_opts;
 
-typedef struct kstore_stats {
-    uint64_t bytes_read;      /* all bytes read or faulted in for use */
-    uint64_t bytes_trunk;     /* streamed trunk pieces */
-    uint64_t bytes_head;      /* streamed lm_head pieces */
-    uint64_t bytes_experts;   /* routed experts that missed the cache */
-    uint64_t bytes_globals;   /* embedding rows */
-    uint64_t bytes_resident;  /* held extents, read once */
-    uint64_t expert_hits;     /* experts already resident when asked for */
-    uint64_t expert_misses;
-    uint64_t bytes_predicted; /* part of bytes_experts: read ahead on a prediction */
-    uint64_t bytes_cancelled; /* predicted reads taken back unread when the router chose otherwise
-                                 (already left out of bytes_experts and bytes_predicted) */
-    uint64_t experts_predicted;      /* expert reads started on a prediction */
-    uint64_t experts_predicted_used; /* ... of them, requested by the router afterwards */
-    uint64_t bytes_router;    /* routers read early for the prediction (not in bytes_read) */
-    uint64_t extents_verified;
-    double io_wait_seconds;   /* compute blocked on reads */
-    uint16_t n_members;
-    uint64_t member_bytes[KSTORE_MAX_MEMBERS]; /* read through the I/O queues, per member file */
-} kstore_stats;
+/* The store's counters: the one record the public API reports too (run/util/stats.h). */
+typedef krun_stats kstore_stats;
 
 typedef struct kstore kstore;
 

@@ -31,6 +31,9 @@ import os
 import re
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import callgraph  # noqa: E402  (tests/layers/callgraph.py: the call graph and its cycles)
+
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
 
 
@@ -59,30 +62,8 @@ def read_rules(path):
 
 
 def cycles(nodes, edges):
-    """Every edge on a cycle, as a list of node paths (one per strongly connected component)."""
-    index, low, on, stack, out, n = {}, {}, set(), [], [], [0]
-
-    def visit(v):
-        index[v] = low[v] = n[0]; n[0] += 1
-        stack.append(v); on.add(v)
-        for w in sorted(edges.get(v, ())):
-            if w not in index:
-                visit(w); low[v] = min(low[v], low[w])
-            elif w in on:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while True:
-                w = stack.pop(); on.discard(w); comp.append(w)
-                if w == v:
-                    break
-            if len(comp) > 1 or v in edges.get(v, ()):
-                out.append(sorted(comp))
-
-    for v in sorted(nodes):
-        if v not in index:
-            visit(v)
-    return out
+    """The strongly connected components that hold a cycle (callgraph.sccs)."""
+    return [c for c in callgraph.sccs(nodes, edges) if len(c) > 1 or c[0] in edges.get(c[0], ())]
 
 
 def sources(root):
@@ -208,8 +189,6 @@ def main():
 
     # the calls between the objects: only downward, and no cycle between folders
     if a.objects:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        import callgraph
         nodes, label = callgraph.call_edges(a.objects, ["format", "pack", "run"], root)
         if not any(n.startswith("run" + os.sep) for n in nodes):
             bad.append(f"{a.objects}: no objects of run/ to check the calls of (build first)")

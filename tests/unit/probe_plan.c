@@ -19,6 +19,7 @@
  *
  * The store check replaces posix_memalign and aligned_alloc with recording wrappers around
  * glibc's own, so sanitizer builds (their own allocator) skip it.  Prints TAP lines. */
+#include "sanitized.h"
 #include "format/kargs.h"
 #include "format/kpk_reader.h"
 #include "run/model/model.h"
@@ -34,16 +35,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(__SANITIZE_ADDRESS__)
-#define SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(memory_sanitizer)
-#define SANITIZED 1
-#endif
-#endif
-#ifndef SANITIZED
-#define SANITIZED 0
-#endif
 
 static int fails;
 #define OK(cond, ...) do { int c_ = (cond); printf("%s - ", c_ ? "ok" : "not ok"); printf(__VA_ARGS__); printf("\n"); if (!c_) fails++; } while (0)

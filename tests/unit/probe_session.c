@@ -15,6 +15,7 @@
  * from our code, from libc (qsort, stdio) and from the shared libraries
  * (xxHash, zstd).  Sanitizer builds keep their own allocator: the counting
  * checks skip there (the batch check still runs).  Prints TAP lines. */
+#include "sanitized.h"
 #include "format/kargs.h"
 #include "run/engine/forward.h"
 #include "run/session/session.h"
@@ -26,16 +27,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#if defined(__SANITIZE_ADDRESS__)
-#define SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(memory_sanitizer)
-#define SANITIZED 1
-#endif
-#endif
-#ifndef SANITIZED
-#define SANITIZED 0
-#endif
 
 static int fails;
 static size_t g_spec;              /* --spec N: drafts the model is prepared for */
