@@ -53,6 +53,7 @@ struct sizes {
     uint64_t io;               /* every I/O worker's decode buffers */
     int io_threads;
     int moe_layers;
+    int max_slots, min_slots;  /* expert slots: every expert of every MoE layer; top-k */
     uint64_t predict_buf, predict_stage; /* the prediction's router buffers */
     struct cand *cand;
     int ncand;
@@ -125,6 +126,8 @@ static int measure(const k3_model *m, const kmemplan_req *q, struct sizes *s, kr
             }
         }
     }
+    s->max_slots = s->moe_layers * c->n_experts;
+    s->min_slots = c->topk < s->max_slots ? c->topk : s->max_slots;
     k3_predict_bytes(m, &s->predict_buf, &s->predict_stage);
     s->io_threads = kstore_io_threads(f, q->io_threads, NULL);
     s->io = (uint64_t)s->io_threads * kiop_worker_bytes(f);
@@ -193,24 +196,10 @@ int kmemplan_split_layout(const k3_model *m)
     return 0;
 }
 
-int kmemplan_make(const k3_model *m, const kmemplan_req *q, kmemplan *p, krun_err *err)
+/* The plan's parts that no choice changes: the base, the state, the vectors,
+ * the scratch and journal, the I/O workers, the prediction's buffers. */
+static void fixed_parts(kmemplan *p, const kmemplan_req *q, const struct sizes *s, const k3_config *c)
 {
-    if (q->predict < 0) { /* auto: on for a split layout, unless only the plan without it fits */
-        kmemplan_req r = *q;
-        r.predict = kmemplan_split_layout(m);
-        if (r.predict && kmemplan_make(m, &r, p, err) == 0) return 0;
-        r.predict = 0;
-        return kmemplan_make(m, &r, p, err);
-    }
-    const k3_config *c = &m->cfg;
-    const int NL = c->n_layers;
-    struct sizes s;
-    struct choice ch = {0, 0, 0}, best;
-    int min_slots, max_slots, slots = q->slots, found = 0;
-    char b1[32], b2[32];
-
-    memset(p, 0, sizeof *p);
-    if (measure(m, q, &s, err)) return -1;
     p->budget = q->budget;
     p->base = q->base;
     p->ctx = q->ctx;
@@ -218,85 +207,114 @@ int kmemplan_make(const k3_model *m, const kmemplan_req *q, kmemplan *p, krun_er
     p->max_seqs = q->max_seqs;
     p->spec = q->spec;
     p->block = k3_block_positions(q->chunk, q->max_seqs, q->spec);
-    p->n_layers = NL;
+    p->n_layers = c->n_layers;
     p->session_bytes = q->session_bytes;
     p->state_bytes = (uint64_t)q->max_seqs * p->session_bytes;
     p->vectors_bytes = k3_run_vectors_bytes(c);
     p->scratch_bytes = k3_run_bytes(c, p->block, q->max_seqs, q->ctx, q->spec) - p->vectors_bytes;
     p->spec_bytes = k3_journal_bytes(c, q->spec);
-    p->expert_slot_bytes = s.expert_slot;
-    p->io_threads = s.io_threads;
-    p->io_worker_bytes = s.io_threads ? s.io / (uint64_t)s.io_threads : 0;
-    p->io_bytes = s.io;
-    max_slots = s.moe_layers * c->n_experts;
-    min_slots = c->topk < max_slots ? c->topk : max_slots;
-    if (slots > max_slots) slots = max_slots;
-
-    /* The smallest total over every choice, and the choice: what is read on
-     * every token held first (lm_head, then the longest trunk prefix), then
-     * the largest pieces that fit (whole extents first). */
+    p->expert_slot_bytes = s->expert_slot;
+    p->io_threads = s->io_threads;
+    p->io_worker_bytes = s->io_threads ? s->io / (uint64_t)s->io_threads : 0;
+    p->io_bytes = s->io;
     /* the prediction's buffers, when asked for (--predict on) */
-    p->predict = q->predict > 0 && s.moe_layers;
-    p->predict_buf_bytes = p->predict ? s.predict_buf : 0;
-    p->predict_stage_bytes = p->predict ? s.predict_stage : 0;
+    p->predict = q->predict > 0 && s->moe_layers;
+    p->predict_buf_bytes = p->predict ? s->predict_buf : 0;
+    p->predict_stage_bytes = p->predict ? s->predict_stage : 0;
     p->predict_bytes = p->predict_buf_bytes + p->predict_stage_bytes;
+}
+
+/* The smallest total over every choice (p->minimum), and the choice: what is
+ * read on every token held first (lm_head, then the longest trunk prefix),
+ * then the largest pieces that fit (whole extents first), within --pin and
+ * --head and with `slots` expert slots.  When nothing fits, the plan closest
+ * to what was asked: nothing pinned, the smallest total. */
+static struct choice choose(const struct sizes *s, kmemplan *p, const kmemplan_req *q, int slots)
+{
+    const int NL = p->n_layers, pin = q->pin > NL ? NL : q->pin;
+    struct choice ch = {0, 0, 0}, best = ch;
+    uint64_t low = UINT64_MAX;
+    int found = 0;
     p->minimum = UINT64_MAX;
-    best = ch;
-    for (ch.head = 0; ch.head <= s.head_streamable; ch.head++)
+    for (ch.head = 0; ch.head <= s->head_streamable; ch.head++)
         for (ch.pin = NL; ch.pin >= 0; ch.pin--)
-            for (ch.cand = 0; ch.cand < s.ncand; ch.cand++) {
-                uint64_t t = total_for(&s, p, &ch, min_slots);
+            for (ch.cand = 0; ch.cand < s->ncand; ch.cand++) {
+                uint64_t t = total_for(s, p, &ch, s->min_slots);
                 if (t < p->minimum) p->minimum = t;
-                if (found || (q->pin >= 0 && ch.pin != (q->pin > NL ? NL : q->pin)) || (q->head >= 0 && ch.head != q->head)) continue;
-                if (total_for(&s, p, &ch, slots >= 0 ? slots : min_slots) <= q->budget) { best = ch; found = 1; }
+                if (found || (q->pin >= 0 && ch.pin != pin) || (q->head >= 0 && ch.head != q->head)) continue;
+                if (total_for(s, p, &ch, slots) <= q->budget) { best = ch; found = 1; }
             }
-    if (q->head > 0 && !s.head_streamable) {
-        krun_err_set(err, KRUN_EINPUT, "%s: lm_head does not follow the embedding in the globals extent, so it cannot stream (--head stream)",
-                 kpk_path(m->file));
-        sizes_free(&s);
-        return -1;
-    }
-    if (!found) { /* report the plan closest to what was asked: nothing pinned, the smallest total */
-        uint64_t low = UINT64_MAX;
-        for (ch.head = 0; ch.head <= s.head_streamable; ch.head++)
-            for (ch.cand = 0; ch.cand < s.ncand; ch.cand++) {
-                if (q->head >= 0 && ch.head != q->head) continue;
-                ch.pin = q->pin >= 0 ? (q->pin > NL ? NL : q->pin) : 0;
-                if (total_for(&s, p, &ch, slots >= 0 ? slots : min_slots) < low) { low = total_for(&s, p, &ch, slots >= 0 ? slots : min_slots); best = ch; }
-            }
-    }
-    ch = best;
+    if (found) return best;
+    for (ch.head = 0; ch.head <= s->head_streamable; ch.head++)
+        for (ch.cand = 0; ch.cand < s->ncand; ch.cand++) {
+            if (q->head >= 0 && ch.head != q->head) continue;
+            ch.pin = q->pin >= 0 ? pin : 0;
+            if (total_for(s, p, &ch, slots) < low) { low = total_for(s, p, &ch, slots); best = ch; }
+        }
+    return best;
+}
+
+/* The plan of choice ch: its parts, and the expert slots (the caller's, or
+ * what the budget leaves: the expert cache takes the rest). */
+static void fill(kmemplan *p, const struct sizes *s, const struct choice *ch, const kmemplan_req *q, const k3_config *c, int slots)
+{
+    const int NL = p->n_layers;
     if (slots < 0) {
-        uint64_t rest = total_for(&s, p, &ch, 0);
-        slots = rest < q->budget && s.expert_slot ? (int)((q->budget - rest) / s.expert_slot) : 0;
-        if (slots > max_slots) slots = max_slots;
-        if (slots < min_slots) slots = min_slots;
+        uint64_t rest = total_for(s, p, ch, 0);
+        slots = rest < q->budget && s->expert_slot ? (int)((q->budget - rest) / s->expert_slot) : 0;
+        if (slots > s->max_slots) slots = s->max_slots;
+        if (slots < s->min_slots) slots = s->min_slots;
     }
-    if (max_slots > 0 && slots < 1) slots = 1;
-    p->pin = ch.pin;
-    p->head_streamed = ch.head;
+    if (s->max_slots > 0 && slots < 1) slots = 1;
+    p->pin = ch->pin;
+    p->head_streamed = ch->head;
     p->expert_slots = slots;
-    p->total = total_for(&s, p, &ch, slots);
-    p->globals_resident = s.globals_held[ch.head];
-    for (int L = 0; L < ch.pin; L++) p->pinned_bytes += s.trunk[L];
-    ring_of(&s, &ch, NL, &p->ring_slots, &p->ring_slot_bytes, &p->ring_pieces);
-    p->piece_bytes = p->ring_slots ? s.cand[ch.cand].piece : 0;
-    for (int L = ch.pin; L < NL; L++) p->trunk_stream_bytes += s.cand[ch.cand].slot_read[L];
-    if (ch.head) p->head_stream_bytes = s.cand[ch.cand].slot_read[NL];
-    p->expert_reads_max = (uint64_t)s.moe_layers * (uint64_t)c->topk * s.expert_slot * (p->predict ? 2 : 1);
+    p->total = total_for(s, p, ch, slots);
+    p->globals_resident = s->globals_held[ch->head];
+    for (int L = 0; L < ch->pin; L++) p->pinned_bytes += s->trunk[L];
+    ring_of(s, ch, NL, &p->ring_slots, &p->ring_slot_bytes, &p->ring_pieces);
+    p->piece_bytes = p->ring_slots ? s->cand[ch->cand].piece : 0;
+    for (int L = ch->pin; L < NL; L++) p->trunk_stream_bytes += s->cand[ch->cand].slot_read[L];
+    if (ch->head) p->head_stream_bytes = s->cand[ch->cand].slot_read[NL];
+    p->expert_reads_max = (uint64_t)s->moe_layers * (uint64_t)c->topk * s->expert_slot * (p->predict ? 2 : 1);
     {
         /* sessions that fit: the rest of the plan with the fewest expert slots */
-        uint64_t rest = total_for(&s, p, &ch, min_slots) - p->state_bytes;
+        uint64_t rest = total_for(s, p, ch, s->min_slots) - p->state_bytes;
         p->sessions_fit = q->budget > rest && p->session_bytes ? (q->budget - rest) / p->session_bytes : 0;
     }
+}
+
+int kmemplan_make(const k3_model *m, const kmemplan_req *q, kmemplan *p, krun_err *err)
+{
+    struct sizes s;
+    struct choice ch;
+    int slots;
+    char b1[32], b2[32];
+    if (q->predict < 0) { /* auto: on for a split layout, unless only the plan without it fits */
+        kmemplan_req r = *q;
+        r.predict = kmemplan_split_layout(m);
+        if (r.predict && kmemplan_make(m, &r, p, err) == 0) return 0;
+        r.predict = 0;
+        return kmemplan_make(m, &r, p, err);
+    }
+    memset(p, 0, sizeof *p);
+    if (measure(m, q, &s, err)) return -1;
+    if (q->head > 0 && !s.head_streamable) {
+        sizes_free(&s);
+        return krun_err_set(err, KRUN_EINPUT, "%s: lm_head does not follow the embedding in the globals extent, so it cannot "
+                            "stream (--head stream)", kpk_path(m->file));
+    }
+    fixed_parts(p, q, &s, &m->cfg);
+    slots = q->slots > s.max_slots ? s.max_slots : q->slots;
+    ch = choose(&s, p, q, slots >= 0 ? slots : s.min_slots);
+    fill(p, &s, &ch, q, &m->cfg, slots);
     sizes_free(&s);
     if (p->total > q->budget) {
         kfmt_bytes(q->budget, b1, sizeof b1);
         kfmt_bytes(p->minimum, b2, sizeof b2);
-        krun_err_set(err, KRUN_EINPUT, "a budget of %s (%llu bytes) cannot hold this plan (%llu bytes); the minimum for this "
-                 "model with --ctx %zu is %s (%llu bytes)", b1, (unsigned long long)q->budget, (unsigned long long)p->total,
-                 q->ctx, b2, (unsigned long long)p->minimum);
-        return -1;
+        return krun_err_set(err, KRUN_EINPUT, "a budget of %s (%llu bytes) cannot hold this plan (%llu bytes); the minimum for "
+                            "this model with --ctx %zu is %s (%llu bytes)", b1, (unsigned long long)q->budget,
+                            (unsigned long long)p->total, q->ctx, b2, (unsigned long long)p->minimum);
     }
     return 0;
 }
