@@ -163,7 +163,7 @@ static int parse_id_list(const char *s, size_t len, const ktok *tk, int32_t **ou
         }
         if (x >= V || !ktok_id_bytes(tk, (int32_t)x, NULL)) {
             krun_err_set(err, KRUN_EINPUT, "token id %.*s (id number %zu) is outside the vocabulary (0..%zu)",
-                     (int)(i - start > 20 ? 20 : i - start), s + start, *n + 1, V - 1);
+                         (int)(i - start > 20 ? 20 : i - start), s + start, *n + 1, V - 1);
             free(v);
             return -1;
         }

@@ -272,7 +272,7 @@ int k3_weights_end(k3_weights *w, int L, krun_err *err)
         if (w->cursor[k] != w->norder[k]) {
             const k3_use_step *o = w->order + k * K3T_COUNT;
             krun_err_set(&e, KRUN_EDATA, "internal: layer %d: the forward pass did not use role %d, which use_order.c's use "
-                        "order lists next (k3_use_order must follow the forward pass)", L, o[w->cursor[k]].role);
+                         "order lists next (k3_use_order must follow the forward pass)", L, o[w->cursor[k]].role);
             fail_with(w, &e);
         } else if (kstore_ring_end(w->store, (int)k, &e)) {
             fail_with(w, &e);
@@ -370,8 +370,8 @@ static void matmul_streamed(kpool *pool, const k3_weights *w, int L, k3_role rol
     if (w->cursor[k] >= w->norder[k] || o[w->cursor[k]].role != role) {
         krun_err e;
         krun_err_set(&e, KRUN_EDATA, "internal: layer %d: the forward pass multiplied role %d where use_order.c's use order "
-                    "lists role %d (k3_use_order must follow the forward pass)", L, role,
-                    w->cursor[k] < w->norder[k] ? o[w->cursor[k]].role : -1);
+                     "lists role %d (k3_use_order must follow the forward pass)", L, role,
+                     w->cursor[k] < w->norder[k] ? o[w->cursor[k]].role : -1);
         fail_with(w, &e);
         zero_out(l, calls, n);
         return;

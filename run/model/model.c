@@ -94,8 +94,8 @@ int k3_model_open(kpk_file *f, k3_model *m, krun_err *err)
             if (s.expert == 0) *off = t.offset;
             else if (*off != t.offset) {
                 krun_err_set(err, KRUN_EDATA, "%s: tensor %s is at offset %llu of its extent, expert 0 of the layer has it at %llu: "
-                         "every expert of a layer must be laid out alike (docs/FORMAT.md)", kpk_path(f), s.name,
-                         (unsigned long long)t.offset, (unsigned long long)*off);
+                             "every expert of a layer must be laid out alike (docs/FORMAT.md)", kpk_path(f), s.name,
+                             (unsigned long long)t.offset, (unsigned long long)*off);
                 goto bad;
             }
             continue;

@@ -93,7 +93,7 @@ static int measure(const k3_model *m, const kmemplan_req *q, struct sizes *s, kr
     memset(s, 0, sizeof *s);
     if (first < 0) {
         krun_err_set(err, KRUN_EINPUT, "%s: the embedding is not the first tensor of the globals extent, so it cannot be left "
-                 "out of memory; run without --mem", kpk_path(f));
+                     "out of memory; run without --mem", kpk_path(f));
         return -1;
     }
     for (uint32_t i = 0; i < kpk_extent_count(f); i++) {
@@ -102,7 +102,7 @@ static int measure(const k3_model *m, const kmemplan_req *q, struct sizes *s, kr
             char d[64];
             kpk_extent_name(f, i, d, sizeof d);
             krun_err_set(err, KRUN_EINPUT, "%s: %s is one zstd frame (codec 1), which krun decodes only whole; run without --mem, or "
-                     "re-lay the file out with blocks (codec 2)", kpk_path(f), d);
+                         "re-lay the file out with blocks (codec 2)", kpk_path(f), d);
             return -1;
         }
     }

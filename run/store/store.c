@@ -106,7 +106,7 @@ static int expert_slots(kstore *s, krun_err *err)
     return 0;
 oom:
     krun_err_set(err, KRUN_ENOMEM, "out of memory: %d expert slots of %llu bytes", p->expert_slots,
-                (unsigned long long)p->expert_slot_bytes);
+                 (unsigned long long)p->expert_slot_bytes);
     return -1;
 }
 

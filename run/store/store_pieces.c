@@ -140,7 +140,7 @@ static int emit(struct build *B, int s, uint32_t i, uint64_t r0, uint64_t r1, ui
             char d[64];
             kpk_extent_name(f, i, d, sizeof d);
             krun_err_set(B->err, KRUN_EINPUT, "%s: %s: a piece boundary falls inside a row of tensor %d (the file breaks FORMAT.md "
-                     "§8.1's row rule)", kpk_path(f), d, t->role);
+                         "§8.1's row rule)", kpk_path(f), d, t->role);
             return -1;
         }
         if (grow((void **)&r->part, &B->cap_q, r->nparts + 1, sizeof *r->part)) goto oom;
@@ -274,7 +274,7 @@ int kring_build(kring *r, const k3_model *m, uint64_t piece_bytes, int pin, int 
             const kt_loc *lm = &m->globals[K3T_LM_HEAD];
             if (!kring_head_streamable(m)) {
                 krun_err_set(err, KRUN_EINPUT, "%s: lm_head does not follow the embedding in the globals extent, so it cannot be "
-                         "streamed; give a budget that holds it", kpk_path(m->file));
+                             "streamed; give a budget that holds it", kpk_path(m->file));
                 kring_free(r);
                 return -1;
             }

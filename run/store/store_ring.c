@@ -128,8 +128,8 @@ int kstore_ring_open(kstore *s, krun_err *err)
     /* the plan was made from the same cut: anything else is a bug */
     if (s->ring.slot_bytes != p->ring_slot_bytes || s->ring.min_slots > p->ring_slots || s->ring.n != p->ring_pieces) {
         krun_err_set(err, KRUN_EDATA, "internal: the ring (%u pieces, slots of %llu bytes, at least %d) differs from the plan "
-                    "(%u, %llu, %d)", s->ring.n, (unsigned long long)s->ring.slot_bytes, s->ring.min_slots, p->ring_pieces,
-                    (unsigned long long)p->ring_slot_bytes, p->ring_slots);
+                     "(%u, %llu, %d)", s->ring.n, (unsigned long long)s->ring.slot_bytes, s->ring.min_slots, p->ring_pieces,
+                     (unsigned long long)p->ring_slot_bytes, p->ring_slots);
         return -1;
     }
     s->K = p->ring_slots;
@@ -181,7 +181,7 @@ int kstore_ring_begin(kstore *s, int slot, int bind, krun_err *err)
     if (!s->have_ring || !s->ring.slot_npieces[slot]) return 0;
     if (s->next_consume != s->ring.slot_piece0[slot]) {
         krun_err_set(err, KRUN_EDATA, "internal: the ring is at piece %u, layer slot %d starts at piece %u", s->next_consume, slot,
-                    s->ring.slot_piece0[slot]);
+                     s->ring.slot_piece0[slot]);
         return -1;
     }
     s->cur_slot = slot;

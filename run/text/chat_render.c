@@ -215,7 +215,7 @@ static int render_message(kseg *r, const kchat_message *m, tool_state *s, const 
         const char *name = tool_result_name(s, m);
         if (!name) {
             krun_err_set(err, KRUN_EINPUT, "messages[%zu]: a tool result whose tool is unknown: give a tool_call_id of the "
-                       "preceding assistant message's tool_calls, or a name", mi);
+                         "preceding assistant message's tool_calls, or a name", mi);
             return -1;
         }
         char idx[24];

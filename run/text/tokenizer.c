@@ -315,7 +315,7 @@ static int load_specials(ktok *t, const ktok_special *sp, size_t n, krun_err *er
         }
         if (sp[i].id < 0 || (size_t)sp[i].id < t->n_ranks) {
             krun_err_set(err, KRUN_EINPUT, "special token %d \"%.60s\": id collides with the ranks 0..%zu",
-                   (int)sp[i].id, sp[i].text, t->n_ranks - 1);
+                         (int)sp[i].id, sp[i].text, t->n_ranks - 1);
             return -1;
         }
         total += l;
@@ -367,8 +367,8 @@ static int load_specials(ktok *t, const ktok_special *sp, size_t n, krun_err *er
         }
         if (t->trie_term[node] >= 0) {
             krun_err_set(err, KRUN_EINPUT, "special tokens %d and %d have the same text \"%.*s\"",
-                   (int)t->specials[t->trie_term[node]].id, (int)k->id, (int)(k->len < 60 ? k->len : 60),
-                   (const char *)x);
+                         (int)t->specials[t->trie_term[node]].id, (int)k->id, (int)(k->len < 60 ? k->len : 60),
+                         (const char *)x);
             return -1;
         }
         t->trie_term[node] = (int32_t)i;
@@ -514,7 +514,7 @@ ktok *ktok_load(const char *rank_file, size_t len, const ktok_special *specials,
             if (!over_line) { over_line = line; over_rank = (size_t)rank; }
         } else if (rank_line[rank]) {
             krun_err_set(err, KRUN_EINPUT, "tiktoken.model line %zu: duplicate rank %llu (also on line %u)", line,
-                   (unsigned long long)rank, rank_line[rank]);
+                         (unsigned long long)rank, rank_line[rank]);
             goto fail;
         } else {
             if (line > UINT32_MAX) { krun_err_set(err, KRUN_EINPUT, "tiktoken.model: too many lines"); goto fail; }
@@ -530,7 +530,7 @@ ktok *ktok_load(const char *rank_file, size_t len, const ktok_special *specials,
         size_t miss = 0;
         while (miss < n && rank_line[miss]) miss++;
         krun_err_set(err, KRUN_EINPUT, "tiktoken.model: rank %zu missing (%zu entries, so ranks must be 0..%zu; "
-               "line %zu has rank %zu)", miss, n, n - 1, over_line, over_rank);
+                     "line %zu has rank %zu)", miss, n, n - 1, over_line, over_rank);
         goto fail;
     }
 
@@ -545,7 +545,7 @@ ktok *ktok_load(const char *rank_file, size_t len, const ktok_special *specials,
         if (o >= 0) {
             uint32_t l1 = rank_line[o], l2 = rank_line[r];
             krun_err_set(err, KRUN_EINPUT, "tiktoken.model line %u: same token bytes as line %u (ranks %d and %zu)",
-                   l1 > l2 ? l1 : l2, l1 < l2 ? l1 : l2, (int)o, r);
+                         l1 > l2 ? l1 : l2, l1 < l2 ? l1 : l2, (int)o, r);
             goto fail;
         }
     }
