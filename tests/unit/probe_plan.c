@@ -45,7 +45,7 @@ static _Atomic int recording;
 static _Atomic uint64_t aligned_bytes;     /* bytes of the 4096-aligned allocations while recording */
 static _Atomic unsigned long aligned_count;
 
-static void note_aligned(size_t al, size_t n)
+static __attribute__((unused)) void note_aligned(size_t al, size_t n)
 {
     if (!atomic_load(&recording) || al < 4096) return;
     atomic_fetch_add(&aligned_bytes, n);
