@@ -466,6 +466,8 @@ int cmd_export(int argc, char **argv)
     if (kpk_open(path, &f, &e)) { kx_error("%s", e.msg); return kpk_err_is_damage(e.code) ? KX_BAD : KX_FAIL; }
     t0 = know();
     if (kr_recipe_load(f, &r, &damaged, err, sizeof err)) { kx_error("%s", err); rc = damaged ? KX_BAD : KX_FAIL; goto out; }
+    /* every file's pieces, before a byte is written (what verify checks) */
+    if (kr_check(f, &damaged, err, sizeof err)) { kx_error("%s", err); rc = damaged ? KX_BAD : KX_FAIL; goto out; }
     if (only && check_only(&r, only)) { rc = KX_FAIL; goto out; }
     if (sums && ks_sums_read(sums, &listed, &n_listed, err, sizeof err)) { kx_error("%s", err); rc = KX_FAIL; goto out; }
     if (!(items = calloc(r.n + 1, sizeof *items))) { kx_error("out of memory"); rc = KX_FAIL; goto out; }
