@@ -188,7 +188,6 @@ static inline int kpk_err_is_damage(int code) { return code == KPK_EFORMAT || co
 /* ---- helpers ------------------------------------------------------------ */
 
 const char *kpk_dtype_name(int dtype);          /* "F32", ...; "?" if unknown */
-int kpk_dtype_from_name(const char *s);         /* safetensors spelling -> KPK_DT_*; 0 if unknown */
 uint64_t kpk_dtype_size(int dtype);             /* bytes per element; 0 if unknown */
 const char *kpk_kind_name(int kind);
 const char *kpk_codec_name(int codec);          /* "none", "zstd", "blocks"; "?" */

@@ -340,16 +340,6 @@ const char *kpk_codec_name(int codec) { return NAME_OF(codec_names, codec); }
 const char *kpk_method_name(int method) { return NAME_OF(method_names, method); }
 const char *kpk_role_name(int role) { return NAME_OF(role_names, role); }
 
-int kpk_dtype_from_name(const char *s)
-{
-    static const struct { const char *n; int dt; } t[] = {
-        {"F32", KPK_DT_F32}, {"BF16", KPK_DT_BF16}, {"F16", KPK_DT_F16}, {"U8", KPK_DT_U8},
-    };
-    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
-        if (strcmp(s, t[i].n) == 0) return t[i].dt;
-    return 0;
-}
-
 uint64_t kpk_dtype_size(int dt)
 {
     switch (dt) {
