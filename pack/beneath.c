@@ -1,6 +1,8 @@
 /* Writing files beneath one directory and nowhere else (beneath.h). */
 #include "beneath.h"
 
+#include "kio.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -12,20 +14,6 @@
 #ifndef RENAME_NOREPLACE
 #define RENAME_NOREPLACE (1 << 0)
 #endif
-
-const char *kb_kind(const struct stat *st)
-{
-    switch (st->st_mode & S_IFMT) {
-    case S_IFREG: return st->st_nlink > 1 ? "a hard link (a regular file with other names)" : "a regular file";
-    case S_IFDIR: return "a directory";
-    case S_IFLNK: return "a symbolic link";
-    case S_IFIFO: return "a FIFO";
-    case S_IFCHR: return "a character device";
-    case S_IFBLK: return "a block device";
-    case S_IFSOCK: return "a socket";
-    default: return "not a regular file";
-    }
-}
 
 int kb_open_root(const char *dir, char *err, size_t errlen)
 {
@@ -56,7 +44,7 @@ static int open_component(int parent, const char *comp, size_t n, int create, co
     if ((errno == ELOOP || errno == ENOTDIR) && fstatat(parent, c, &st, AT_SYMLINK_NOFOLLOW) == 0) {
         snprintf(err, errlen, "%s/%.*s is %s, not a directory: kpack export writes only inside %s, through real "
                  "directories; remove it (or export into another directory)", dir, (int)(comp + n - name), name,
-                 kb_kind(&st), dir);
+                 kio_file_kind(&st), dir);
         return -1;
     }
     snprintf(err, errlen, "cannot open the directory %s/%.*s: %s", dir, (int)(comp + n - name), name, strerror(errno));
@@ -106,7 +94,7 @@ int kb_create(int pfd, const char *shown, const char *base, char *err, size_t er
         }
         if (!S_ISREG(st.st_mode)) {
             snprintf(err, errlen, "%s is %s: kpack export does not write through or remove it; remove it yourself (or "
-                     "export into another directory)", shown, kb_kind(&st));
+                     "export into another directory)", shown, kio_file_kind(&st));
             return -1;
         }
         if (unlinkat(pfd, base, 0) && errno != ENOENT) break;
@@ -122,7 +110,7 @@ int kb_open_rw(int pfd, const char *shown, const char *base, char *err, size_t e
     if (!exists && errno != ENOENT) { snprintf(err, errlen, "%s: %s", shown, strerror(errno)); return -1; }
     if (exists && (!S_ISREG(before.st_mode) || before.st_nlink != 1)) {
         snprintf(err, errlen, "%s is %s: kpack export writes its journal only into a file of its own; remove it (or "
-                 "export into another directory)", shown, kb_kind(&before));
+                 "export into another directory)", shown, kio_file_kind(&before));
         return -1;
     }
     /* checked before opening (a FIFO or device is never opened), and again on what was opened */
@@ -134,7 +122,7 @@ int kb_open_rw(int pfd, const char *shown, const char *base, char *err, size_t e
     }
     if (fstat(fd, &st) || !S_ISREG(st.st_mode) || st.st_nlink != 1 ||
         (exists && (st.st_dev != before.st_dev || st.st_ino != before.st_ino))) {
-        snprintf(err, errlen, "%s changed while it was opened (it is %s now); remove it and rerun", shown, kb_kind(&st));
+        snprintf(err, errlen, "%s changed while it was opened (it is %s now); remove it and rerun", shown, kio_file_kind(&st));
         close(fd);
         return -1;
     }

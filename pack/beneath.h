@@ -44,9 +44,6 @@ int kb_parent(int root, const char *dir, const char *name, int create, const cha
  * KB_ABSENT, or -1 with err (a link or non-directory on the way, I/O). */
 int kb_stat(int root, const char *dir, const char *name, struct stat *st, char *err, size_t errlen);
 
-/* "a symbolic link", "a FIFO", "a directory", ... for messages. */
-const char *kb_kind(const struct stat *st);
-
 /* A new regular file `base` in the directory pfd, opened O_WRONLY: created
  * with O_EXCL | O_NOFOLLOW.  An existing regular file there (one an
  * interrupted run left) is unlinked first — never opened, so a hard link's

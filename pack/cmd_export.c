@@ -304,13 +304,13 @@ static int preflight(int root, const char *dir, struct item *items, size_t n)
             items[i].state = 0; /* the journal says done, the file says otherwise: write it again */
         if (items[i].state == 0 && r == KB_PRESENT) {
             kx_error("%s/%s already exists; kpack export never overwrites a file (it is %s: remove it, or export into "
-                     "another directory)", dir, items[i].f->name, kb_kind(&st));
+                     "another directory)", dir, items[i].f->name, kio_file_kind(&st));
             bad = 1;
         }
         if (items[i].state != 0 || asprintf(&partial, "%s.partial", items[i].f->name) < 0) continue;
         if (kb_stat(root, dir, partial, &st, err, sizeof err) == KB_PRESENT && !S_ISREG(st.st_mode)) {
             kx_error("%s/%s is %s: kpack export writes the file there, and does not write through or remove it; remove it "
-                     "(or export into another directory)", dir, partial, kb_kind(&st));
+                     "(or export into another directory)", dir, partial, kio_file_kind(&st));
             bad = 1;
         }
         free(partial);

@@ -13,19 +13,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static const char *kind_of(const struct stat *st)
-{
-    switch (st->st_mode & S_IFMT) {
-    case S_IFDIR: return "a directory";
-    case S_IFLNK: return "a symbolic link";
-    case S_IFIFO: return "a FIFO";
-    case S_IFCHR: return "a character device";
-    case S_IFBLK: return "a block device";
-    case S_IFSOCK: return "a socket";
-    default: return "not a regular file";
-    }
-}
-
 int ksave_target_ok(const char *path, int (*is_ours)(int fd), const char *what, krun_err *err)
 {
     struct stat st, o;
@@ -37,7 +24,7 @@ int ksave_target_ok(const char *path, int (*is_ours)(int fd), const char *what, 
     }
     if (!S_ISREG(st.st_mode)) {
         krun_err_set(err, KRUN_EINPUT, "cannot save to %s: it is %s; a save replaces only a regular file (%s) or "
-                     "makes a new one: give another name%s", path, kind_of(&st), what,
+                     "makes a new one: give another name%s", path, kio_file_kind(&st), what,
                      S_ISLNK(st.st_mode) ? " (or the file the link points to)" : "");
         return -1;
     }
