@@ -97,7 +97,7 @@ static int conversation_history(const char *jp, uint64_t *n, uint64_t *hash)
     return rc;
 }
 
-/* A save of the pair FILE + FILE.json (docs/CHAT.md, "Saving"): the new state and
+/* A save of the pair FILE + FILE.json (docs/STATE.md §4): the new state and
  * conversation are written to temporary files and synced, then renamed in this
  * order: the conversation to FILE.json.new, the state over FILE, FILE.json.new
  * over FILE.json.  A failure before the second rename leaves the old pair; after
@@ -107,13 +107,15 @@ static int conversation_history(const char *jp, uint64_t *n, uint64_t *hash)
  * FILE.json.new when only it matches the state (a save stopped between its last
  * two renames), which is then renamed over FILE.json (dirfd: the directory,
  * locked by the caller; -1: locked here).  Returns the path to read (malloc'd),
- * or NULL when out of memory. */
-static char *settle(const char *path, int dirfd)
+ * or NULL when out of memory; *pending says that FILE.json.new is the state's
+ * conversation and could not be renamed (a save must not replace it then). */
+static char *settle(const char *path, int dirfd, int *pending)
 {
     char *jp = json_path(path, ".json"), *jn = json_path(path, ".json.new");
     uint64_t n, hash, jn_n, jn_hash;
     krun_err e;
     int lock = -1;
+    *pending = 0;
     if (!jp || !jn) { free(jp); free(jn); return NULL; }
     if (access(jn, F_OK) != 0 || krun_state_tokens_xxh3(path, &n, &hash, &e) ||
         conversation_history(jn, &jn_n, &jn_hash) || jn_n != n || jn_hash != hash) {
@@ -128,11 +130,12 @@ static char *settle(const char *path, int dirfd)
     if (dirfd < 0 && (lock = ksave_lock_dir(path, &e)) < 0) {
         fprintf(stderr, "krun chat: %s holds the conversation of %s (an interrupted save); %s\n", jn, path, e.msg);
         free(jp);
+        *pending = 1;
         return jn;
     }
     if (ksave_rename(jn, jp, dirfd >= 0 ? dirfd : lock, &e) == -1) {
         fprintf(stderr, "krun chat: %s holds the conversation of %s (an interrupted save): %s\n", jn, path, e.msg);
-        if (access(jn, F_OK) == 0) { free(jp); jp = jn; jn = NULL; }
+        if (access(jn, F_OK) == 0) { free(jp); jp = jn; jn = NULL; *pending = 1; }
     } else {
         fprintf(stderr, "krun chat: finished an interrupted save of %s (%s renamed to %s)\n", path, jn, jp);
     }
@@ -199,7 +202,16 @@ int kconv_save(const kconv *c, const krun_session *s, const krun_model *m, const
     }
     /* one save at a time in the directory; an earlier save stopped between its renames is finished first */
     if ((dir = ksave_lock_dir(path, &e)) < 0) goto fail;
-    free(settle(path, dir));
+    {
+        int pending;
+        char *was = settle(path, dir, &pending);
+        free(was);
+        if (!was || pending) {
+            krun_err_set(&e, KRUN_EINPUT, "%s: %s; nothing was saved", path,
+                         was ? "the conversation of its earlier save could not be put in place (above)" : "out of memory");
+            goto fail;
+        }
+    }
     if (ksave_target_ok(path, krun_state_is_file, "a krun state file", &e) ||
         ksave_target_ok(jp, is_conversation, "a conversation saved by krun chat", &e) ||
         ksave_target_ok(jn, is_conversation, "a conversation saved by krun chat", &e))
@@ -268,7 +280,8 @@ static json_t *read_conversation(const char *jp, uint64_t *hash, size_t *n_token
 
 int kconv_load(kconv *c, krun_session *s, const krun_model *m, const char *path)
 {
-    char *jp = settle(path, -1), *buf = NULL;
+    int pending;
+    char *jp = settle(path, -1, &pending), *buf = NULL;
     uint64_t hash, pos, nt, most;
     size_t n_tokens, len = 0;
     int template;

@@ -86,6 +86,16 @@ printf 'Other words\n/save %s\n' "$F" | env KFAULT_CALLS=pwrite KFAULT_NTH=1 KFA
 grep -q "No space left" "$T/c.err" && ok "a save after the interrupted one fails (ENOSPC)" || notok "save C: $(cat "$T/c.err")"
 loads_as "an interrupted save, then a failed one" B
 
+# interrupted B, then a save C that cannot put B's conversation in place first (EIO renaming
+# FILE.json.new): C saves nothing, so B's pair is not lost
+put_A; save_B_with KFAULT_CALLS=rename KFAULT_NTH=3 KFAULT_ERR=KILL 'KFAULT_PATH=*/conv*'
+rm -f "$T/fault.log"
+printf 'Other words\n/save %s\n' "$F" | env KFAULT_CALLS=rename KFAULT_ERR=EIO 'KFAULT_PATH=*/conv.json.new' \
+    KFAULT_LOG="$T/fault.log" LD_PRELOAD="$SHIM" "$BIN/krun" chat "$T/m.kpk" --gen 8 --quiet >/dev/null 2>"$T/c.err"
+[ -s "$T/fault.log" ] && grep -q "could not be put in place (above); nothing was saved" "$T/c.err" \
+    && ok "a save that cannot finish the interrupted one first saves nothing, and says why" || notok "save C over a stuck pair: $(cat "$T/c.err")"
+loads_as "an interrupted save, then one that could not finish it" B
+
 # ---- the issue's case at the system call: every write to FILE.json fails with ENOSPC --------
 # (strace -e inject reaches stdio's own writes, which the shim cannot: the /save before this
 # fix rewrote FILE.json in place after the state was renamed, and lost both saves; now FILE.json
