@@ -4,12 +4,14 @@
 #include "format/kio.h"
 #include "run/session/statefile.h"
 #include "run/text/jsontext.h"
+#include "run/util/savefile.h"
 
 #include <errno.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <xxhash.h>
 
 int kconv_add(kconv *c, kchat_role role, const char *content, size_t len, const char *reasoning, size_t rlen)
@@ -63,12 +65,83 @@ kchat_message *kconv_view(const kconv *c)
     return k;
 }
 
-static char *json_path(const char *path)
+/* FILE.json (suffix ".json") or the pending FILE.json.new (".json.new"). */
+static char *json_path(const char *path, const char *suffix)
 {
-    size_t n = strlen(path);
-    char *p = malloc(n + 6);
-    if (p) { memcpy(p, path, n); memcpy(p + n, ".json", 6); }
-    return p;
+    char *p;
+    return asprintf(&p, "%s%s", path, suffix) < 0 ? NULL : p;
+}
+
+/* 1 if the open file is a conversation saved by krun chat (a save may replace it). */
+static int is_conversation(int fd)
+{
+    json_t *j = json_loadfd(fd, 0, NULL);
+    const char *f = json_string_value(json_object_get(j, "format"));
+    int ok = f && strcmp(f, "krun chat 1") == 0;
+    json_decref(j);
+    return ok;
+}
+
+/* The history FILE.json (or .json.new) says its state holds: 0 with n and hash, -1 if it says nothing readable. */
+static int conversation_history(const char *jp, uint64_t *n, uint64_t *hash)
+{
+    json_t *j = json_load_file(jp, 0, NULL);
+    const char *h = json_string_value(json_object_get(j, "history_xxh3"));
+    json_t *nt = json_object_get(j, "history_tokens");
+    int rc = h && json_is_integer(nt) && json_integer_value(nt) >= 0 ? 0 : -1;
+    if (!rc) {
+        *n = (uint64_t)json_integer_value(nt);
+        *hash = strtoull(h, NULL, 16);
+    }
+    json_decref(j);
+    return rc;
+}
+
+/* A save of the pair FILE + FILE.json (docs/STATE.md §4): the new state and
+ * conversation are written to temporary files and synced, then renamed in this
+ * order: the conversation to FILE.json.new, the state over FILE, FILE.json.new
+ * over FILE.json.  A failure before the second rename leaves the old pair; after
+ * it, FILE and FILE.json.new are the new pair, which settle() finishes.
+ *
+ * settle: the conversation file that belongs to the state FILE — FILE.json, or
+ * FILE.json.new when only it matches the state (a save stopped between its last
+ * two renames), which is then renamed over FILE.json (dirfd: the directory,
+ * locked by the caller; -1: locked here).  Returns the path to read (malloc'd),
+ * or NULL when out of memory; *pending says that FILE.json.new is the state's
+ * conversation and could not be renamed (a save must not replace it then). */
+static char *settle(const char *path, int dirfd, int *pending)
+{
+    char *jp = json_path(path, ".json"), *jn = json_path(path, ".json.new");
+    uint64_t n, hash, jn_n, jn_hash;
+    krun_err e;
+    int lock = -1;
+    *pending = 0;
+    if (!jp || !jn) { free(jp); free(jn); return NULL; }
+    if (access(jn, F_OK) != 0 || krun_state_tokens_xxh3(path, &n, &hash, &e) ||
+        conversation_history(jn, &jn_n, &jn_hash) || jn_n != n || jn_hash != hash) {
+        free(jn);
+        return jp; /* nothing pending, or what is pending is not this state's */
+    }
+    {
+        uint64_t j_n, j_hash;
+        if (conversation_history(jp, &j_n, &j_hash) == 0 && j_n == n && j_hash == hash) { free(jn); return jp; }
+    }
+    /* FILE.json.new is the conversation of FILE: finish the save it belongs to */
+    if (dirfd < 0 && (lock = ksave_lock_dir(path, &e)) < 0) {
+        fprintf(stderr, "krun chat: %s holds the conversation of %s (an interrupted save); %s\n", jn, path, e.msg);
+        free(jp);
+        *pending = 1;
+        return jn;
+    }
+    if (ksave_rename(jn, jp, dirfd >= 0 ? dirfd : lock, &e) == -1) {
+        fprintf(stderr, "krun chat: %s holds the conversation of %s (an interrupted save): %s\n", jn, path, e.msg);
+        if (access(jn, F_OK) == 0) { free(jp); jp = jn; jn = NULL; *pending = 1; }
+    } else {
+        fprintf(stderr, "krun chat: finished an interrupted save of %s (%s renamed to %s)\n", path, jn, jp);
+    }
+    if (lock >= 0) close(lock);
+    free(jn);
+    return jp;
 }
 
 /* XXH3 of a token history, as 32-bit little-endian ids (the state file's layout). */
@@ -85,23 +158,21 @@ static json_t *text_json(const char *s)
     return j;
 }
 
-int kconv_save(const kconv *c, const krun_session *s, const krun_model *m, const char *path)
+/* FILE.json's object: the OpenAI "messages", the settings, the history's length and XXH3. */
+static json_t *conversation_json(const kconv *c, const krun_session *s, const krun_model *m, const char *path)
 {
-    krun_err e;
     size_t n;
     const int32_t *ids = krun_session_tokens(s, &n);
-    char *jp = json_path(path), hash[24];
+    char hash[24];
     json_t *j = json_object(), *msgs = json_array();
-    int rc = -1;
-    if (!jp || !j || !msgs) { fprintf(stderr, "krun chat: out of memory\n"); free(jp); json_decref(j); json_decref(msgs); return -1; }
-    if (krun_session_save(s, path, &e)) { fprintf(stderr, "krun chat: %s\n", e.msg); free(jp); json_decref(j); json_decref(msgs); return -1; }
+    if (!j || !msgs) { json_decref(j); json_decref(msgs); return NULL; }
     snprintf(hash, sizeof hash, "%016llx", (unsigned long long)tokens_hash(ids, n));
     for (size_t i = 0; i < c->n; i++) {
-        json_t *m = json_object();
-        json_object_set_new(m, "role", json_string(kchat_role_name(c->msgs[i].role)));
-        json_object_set_new(m, "content", text_json(c->msgs[i].content));
-        if (c->msgs[i].reasoning) json_object_set_new(m, "reasoning_content", text_json(c->msgs[i].reasoning));
-        json_array_append_new(msgs, m);
+        json_t *x = json_object();
+        json_object_set_new(x, "role", json_string(kchat_role_name(c->msgs[i].role)));
+        json_object_set_new(x, "content", text_json(c->msgs[i].content));
+        if (c->msgs[i].reasoning) json_object_set_new(x, "reasoning_content", text_json(c->msgs[i].reasoning));
+        json_array_append_new(msgs, x);
     }
     json_object_set_new(j, "format", json_string("krun chat 1"));
     json_object_set_new(j, "model", json_string(krun_model_path(m)));
@@ -112,14 +183,67 @@ int kconv_save(const kconv *c, const krun_session *s, const krun_model *m, const
     json_object_set_new(j, "history_tokens", json_integer((json_int_t)n));
     json_object_set_new(j, "history_xxh3", json_string(hash));
     json_object_set_new(j, "messages", msgs);
-    /* the conversation next to the state: the same "messages" an OpenAI request takes */
-    if (json_dump_file(j, jp, JSON_INDENT(1) | JSON_ENSURE_ASCII) != 0) fprintf(stderr, "krun chat: cannot write %s\n", jp);
-    else {
-        fprintf(stderr, "krun chat: saved %zu positions to %s and the conversation to %s\n", n, path, jp);
-        rc = 0;
+    return j;
+}
+
+int kconv_save(const kconv *c, const krun_session *s, const krun_model *m, const char *path)
+{
+    char *jp = json_path(path, ".json"), *jn = json_path(path, ".json.new"), *text = NULL;
+    json_t *j = NULL;
+    ksave st = {.fd = -1}, js = {.fd = -1};
+    krun_err e;
+    size_t n, len;
+    int dir = -1, rc = -1, r;
+    krun_session_tokens(s, &n);
+    if (!jp || !jn || !(j = conversation_json(c, s, m, path)) || !(len = json_dumpb(j, NULL, 0, JSON_INDENT(1) | JSON_ENSURE_ASCII)) ||
+        !(text = malloc(len)) || json_dumpb(j, text, len, JSON_INDENT(1) | JSON_ENSURE_ASCII) != len) {
+        fprintf(stderr, "krun chat: out of memory\n");
+        goto out;
     }
+    /* one save at a time in the directory; an earlier save stopped between its renames is finished first */
+    if ((dir = ksave_lock_dir(path, &e)) < 0) goto fail;
+    {
+        int pending;
+        char *was = settle(path, dir, &pending);
+        free(was);
+        if (!was || pending) {
+            krun_err_set(&e, KRUN_EINPUT, "%s: %s; nothing was saved", path,
+                         was ? "the conversation of its earlier save could not be put in place (above)" : "out of memory");
+            goto fail;
+        }
+    }
+    if (ksave_target_ok(path, krun_state_is_file, "a krun state file", &e) ||
+        ksave_target_ok(jp, is_conversation, "a conversation saved by krun chat", &e) ||
+        ksave_target_ok(jn, is_conversation, "a conversation saved by krun chat", &e))
+        goto fail;
+    /* both files complete and synced under temporary names: a failure so far leaves the old pair */
+    if (ksave_begin(&st, path, &e)) goto fail;
+    if (krun_session_save_to(s, &st, &e)) { ksave_abort(&st); goto fail; }
+    if (ksave_finish(&st, &e)) goto fail;
+    if (ksave_begin(&js, jp, &e)) { ksave_abort(&st); goto fail; }
+    ksave_write(&js, text, len);
+    if (ksave_finish(&js, &e)) { ksave_abort(&st); goto fail; }
+    /* the renames: the conversation waits as FILE.json.new until the state is in place */
+    if ((r = ksave_rename_to(&js, jn, dir, &e)) == -1) { ksave_abort(&st); goto fail; }
+    if ((r = ksave_rename_to(&st, path, dir, &e)) == -1) { unlink(jn); goto fail; } /* the old pair stands */
+    if (r == -2) fprintf(stderr, "krun chat: %s\n", e.msg); /* the state is in place: finish the pair */
+    if ((r = ksave_rename(jn, jp, dir, &e)) == -1) {
+        fprintf(stderr, "krun chat: saved the state to %s, but %s; %s holds its conversation, and /load %s uses it\n", path,
+                e.msg, jn, path);
+        goto out;
+    }
+    if (r == -2) goto fail;
+    fprintf(stderr, "krun chat: saved %zu positions to %s and the conversation to %s\n", n, path, jp);
+    rc = 0;
+    goto out;
+fail:
+    fprintf(stderr, "krun chat: %s\n", e.msg);
+out:
+    if (dir >= 0) close(dir);
     json_decref(j);
+    free(text);
     free(jp);
+    free(jn);
     return rc;
 }
 
@@ -156,7 +280,8 @@ static json_t *read_conversation(const char *jp, uint64_t *hash, size_t *n_token
 
 int kconv_load(kconv *c, krun_session *s, const krun_model *m, const char *path)
 {
-    char *jp = json_path(path), *buf = NULL;
+    int pending;
+    char *jp = settle(path, -1, &pending), *buf = NULL;
     uint64_t hash, pos, nt, most;
     size_t n_tokens, len = 0;
     int template;

@@ -537,17 +537,31 @@ int krun_step_batch(krun_model *m, krun_session *const *ss, const int32_t *ids, 
 
 static uint64_t config_hash(const krun_model *m) { return XXH3_64bits(m->m.config_text, m->m.config_len); }
 
-int krun_session_save(const krun_session *s, const char *path, krun_err *err)
+/* The state header of the session; -1 if it has nothing consistent to save. */
+static int session_hdr(const krun_session *s, const char *path, krun_state_hdr *h, krun_err *err)
 {
     const krun_model *m = s->m;
-    krun_state_hdr h;
     if (s->broken) { krun_err_set(err, KRUN_EINPUT, "%s: the session's last feed failed; nothing consistent to save", path); return -1; }
-    krun_state_hdr_for(&h, &m->m.cfg, kpk_super(m->f)->set_id, config_hash(m));
-    h.pos = s->st.pos;
-    h.n_tokens = s->n_tokens;
-    h.flags = s->have_logits ? KRUN_STATE_LOGITS : 0;
-    memcpy(h.rng, s->sampler.s, sizeof h.rng);
-    return krun_state_write(path, &h, &m->m.cfg, s->tokens, &s->st, s->logits, err);
+    krun_state_hdr_for(h, &m->m.cfg, kpk_super(m->f)->set_id, config_hash(m));
+    h->pos = s->st.pos;
+    h->n_tokens = s->n_tokens;
+    h->flags = s->have_logits ? KRUN_STATE_LOGITS : 0;
+    memcpy(h->rng, s->sampler.s, sizeof h->rng);
+    return 0;
+}
+
+int krun_session_save(const krun_session *s, const char *path, krun_err *err)
+{
+    krun_state_hdr h;
+    if (session_hdr(s, path, &h, err)) return -1;
+    return krun_state_write(path, &h, &s->m->m.cfg, s->tokens, &s->st, s->logits, err);
+}
+
+int krun_session_save_to(const krun_session *s, ksave *out, krun_err *err)
+{
+    krun_state_hdr h;
+    if (session_hdr(s, out->path, &h, err)) return -1;
+    return krun_state_write_to(out, &h, &s->m->m.cfg, s->tokens, &s->st, s->logits, err);
 }
 
 int krun_session_load(krun_session *s, const char *path, krun_err *err)

@@ -32,6 +32,7 @@
 #include "format/k3_config.h"
 #include "run/text/tokenizer.h"
 #include "run/util/krun_err.h"
+#include "run/util/savefile.h"
 #include "run/util/stats.h"
 
 #include <stddef.h>
@@ -197,9 +198,12 @@ void krun_session_spec_stats(const krun_session *s, krun_spec_stats *st);
 
 /* The session's state (KDA, ShortConv, MLA latent cache, position, history
  * with pending tokens, last logits, sampler PRNG) to a file, in the format of
- * docs/STATE.md; written to a temporary name and renamed, so an existing file
- * is replaced whole or not at all. */
+ * docs/STATE.md, through the one safe writer (savefile.h): path is new or an
+ * earlier state file, which is replaced whole or not at all. */
 int krun_session_save(const krun_session *s, const char *path, krun_err *err);
+/* The same bytes into a save the caller began and will commit (krun chat's
+ * /save writes a pair of files, docs/CHAT.md). */
+int krun_session_save_to(const krun_session *s, ksave *out, krun_err *err);
 /* Replace the session's state by a saved one.  A file from another model
  * file or geometry, damaged, truncated, or holding more positions than the
  * context is refused (KRUN_EINPUT) and the session is left as it was. */

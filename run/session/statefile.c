@@ -2,6 +2,7 @@
 #include "statefile.h"
 
 #include "run/engine/state.h"
+#include "format/kio.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -195,34 +196,68 @@ int krun_state_peek(const char *path, uint64_t *pos, uint64_t *n_tokens, krun_er
     return 0;
 }
 
+int krun_state_is_file(int fd)
+{
+    uint8_t b[8];
+    return kio_pread_full(fd, b, sizeof b, 0) == 0 && memcmp(b, KRUN_STATE_MAGIC, 8) == 0;
+}
+
+int krun_state_tokens_xxh3(const char *path, uint64_t *n_tokens, uint64_t *hash, krun_err *err)
+{
+    uint8_t b[KRUN_STATE_HEADER];
+    uint64_t pos, at;
+    int32_t *ids = NULL;
+    int fd, rc = -1;
+    if (krun_state_peek(path, &pos, n_tokens, err)) return -1;
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || kio_pread_full(fd, b, sizeof b, 0)) {
+        krun_err_set(err, KRUN_EINPUT, "cannot read %s: %s", path, strerror(errno));
+        goto out;
+    }
+    at = KRUN_STATE_HEADER + ((uint64_t)get32(b + H_LAYERS) + 7) / 8 * 8;
+    if (get32(b + H_LAYERS) > K3_MAX_LAYERS || kio_file_size(fd) < (int64_t)(at + *n_tokens * 4) ||
+        !(ids = malloc(*n_tokens * 4 + 1))) {
+        krun_err_set(err, KRUN_EINPUT, "%s: not a usable krun state file (%s)", path,
+                     get32(b + H_LAYERS) > K3_MAX_LAYERS ? "impossible geometry" : "truncated, or its history does not fit in memory");
+        goto out;
+    }
+    if (kio_pread_full(fd, ids, *n_tokens * 4, at)) {
+        krun_err_set(err, KRUN_EINPUT, "cannot read the history of %s: %s", path, errno == ENODATA ? "truncated" : strerror(errno));
+        goto out;
+    }
+    *hash = XXH3_64bits(ids, *n_tokens * 4);
+    rc = 0;
+out:
+    if (fd >= 0) close(fd);
+    free(ids);
+    return rc;
+}
+
 /* ---- writing -------------------------------------------------------------------- */
 
 struct out {
-    FILE *f;
+    ksave *s;
     XXH3_state_t *x;
-    int ok;
 };
 
 static void emit(struct out *o, const void *p, size_t n)
 {
-    if (!o->ok || !n) return;
-    if (fwrite(p, 1, n, o->f) != n) o->ok = 0;
+    if (!n) return;
+    ksave_write(o->s, p, n);
     XXH3_64bits_update(o->x, p, n);
 }
 
-int krun_state_write(const char *path, krun_state_hdr *h, const k3_config *c, const int32_t *tokens, const k3_state *st,
-                     const float *logits, krun_err *err)
+int krun_state_write_to(ksave *s, krun_state_hdr *h, const k3_config *c, const int32_t *tokens, const k3_state *st,
+                        const float *logits, krun_err *err)
 {
     uint8_t hd[KRUN_STATE_HEADER], types[K3_MAX_LAYERS + 8], tail[8];
-    char tmp[4096];
-    struct out o = {NULL, NULL, 1};
+    struct out o = {s, NULL};
     const size_t row = k3_mla_row(c);
-    int fd;
     memset(hd, 0, sizeof hd);
     memset(types, 0, sizeof types);
     for (int L = 0; L < c->n_layers; L++) types[L] = c->layer_is_mla[L] ? 1 : 0;
     h->payload_len = krun_state_payload_len(h, types);
-    if (!h->payload_len) { krun_err_set(err, KRUN_EINPUT, "%s: nothing consistent to save", path); return -1; }
+    if (!h->payload_len) { krun_err_set(err, KRUN_EINPUT, "%s: nothing consistent to save", s->path); return -1; }
     memcpy(hd + H_MAGIC, KRUN_STATE_MAGIC, 8);
     put16(hd + H_MAJOR, h->major);
     put16(hd + H_MINOR, h->minor);
@@ -246,16 +281,8 @@ int krun_state_write(const char *path, krun_state_hdr *h, const k3_config *c, co
     put64(hd + H_PAYLOAD, h->payload_len);
     put64(hd + H_XXH3, XXH3_64bits(hd, H_XXH3));
 
-    snprintf(tmp, sizeof tmp, "%s.tmp-%ld", path, (long)getpid());
-    o.f = fopen(tmp, "wb");
-    o.x = XXH3_createState();
-    if (!o.f || !o.x) {
-        krun_err_set(err, o.x ? KRUN_EINPUT : KRUN_ENOMEM, "cannot write %s: %s", tmp, o.x ? strerror(errno) : "out of memory");
-        if (o.f) { fclose(o.f); unlink(tmp); }
-        XXH3_freeState(o.x);
-        return -1;
-    }
-    if (fwrite(hd, 1, sizeof hd, o.f) != sizeof hd) o.ok = 0;
+    if (!(o.x = XXH3_createState())) { krun_err_set(err, KRUN_ENOMEM, "saving %s: out of memory", s->path); return -1; }
+    ksave_write(s, hd, sizeof hd);
     XXH3_64bits_reset(o.x);
     emit(&o, types, (size_t)types_bytes(h));
     emit(&o, tokens, (size_t)h->n_tokens * 4);
@@ -270,17 +297,17 @@ int krun_state_write(const char *path, krun_state_hdr *h, const k3_config *c, co
     if (h->flags & KRUN_STATE_LOGITS) emit(&o, logits, (size_t)h->vocab * 4);
     put64(tail, XXH3_64bits_digest(o.x));
     XXH3_freeState(o.x);
-    if (o.ok && fwrite(tail, 1, sizeof tail, o.f) != sizeof tail) o.ok = 0;
-    if (o.ok && fflush(o.f)) o.ok = 0;
-    fd = fileno(o.f);
-    if (o.ok && fsync(fd)) o.ok = 0;
-    if (fclose(o.f)) o.ok = 0;
-    if (!o.ok || rename(tmp, path)) {
-        krun_err_set(err, KRUN_EINPUT, "cannot write %s: %s", o.ok ? path : tmp, strerror(errno));
-        unlink(tmp);
-        return -1;
-    }
+    ksave_write(s, tail, sizeof tail);
     return 0;
+}
+
+int krun_state_write(const char *path, krun_state_hdr *h, const k3_config *c, const int32_t *tokens, const k3_state *st,
+                     const float *logits, krun_err *err)
+{
+    ksave s;
+    if (ksave_target_ok(path, krun_state_is_file, "a krun state file", err) || ksave_begin(&s, path, err)) return -1;
+    if (krun_state_write_to(&s, h, c, tokens, st, logits, err)) { ksave_abort(&s); return -1; }
+    return ksave_commit(&s, err);
 }
 
 void krun_state_restore(const void *buf, const krun_state_hdr *h, const k3_config *c, int32_t *tokens, k3_state *st,

@@ -8,6 +8,7 @@
 
 #include "format/k3_config.h"
 #include "run/util/krun_err.h"
+#include "run/util/savefile.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -53,10 +54,21 @@ int krun_state_peek(const char *path, uint64_t *pos, uint64_t *n_tokens, krun_er
 
 /* Write a state file: h (pos, n_tokens, flags, rng and identity set by the
  * caller), the layer map of c, tokens [n_tokens], st's layers at h->pos
- * positions, and logits [vocab] when flagged.  Written to path.tmp-PID,
- * fsynced and renamed over path. */
+ * positions, and logits [vocab] when flagged.  Through the one safe writer
+ * (savefile.h): path must be new or an earlier state file; the bytes go to
+ * a temporary file, fsynced, renamed over path. */
 int krun_state_write(const char *path, krun_state_hdr *h, const k3_config *c, const int32_t *tokens, const k3_state *st,
                      const float *logits, krun_err *err);
+/* The same bytes into a save begun by the caller (who commits it, or renames
+ * it in a protocol of its own: krun chat's /save). */
+int krun_state_write_to(ksave *s, krun_state_hdr *h, const k3_config *c, const int32_t *tokens, const k3_state *st,
+                        const float *logits, krun_err *err);
+/* 1 if the open file begins with the state file's magic (a save may replace it). */
+int krun_state_is_file(int fd);
+/* The history of the state file at path (header checked, payload not): its
+ * length and the XXH3-64 of its ids as 32-bit little-endian numbers, what
+ * FILE.json records of the state it belongs to. */
+int krun_state_tokens_xxh3(const char *path, uint64_t *n_tokens, uint64_t *hash, krun_err *err);
 
 /* Copy a parsed image's sections into st / tokens / logits (the caller has
  * checked that they fit). */
