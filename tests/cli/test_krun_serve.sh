@@ -92,6 +92,33 @@ assert s == 200 and "choices" in j, j
 assert j["choices"][0]["token_ids"] == cli and len(j["prompt_token_ids"]) == 11, j
 PY
 
+# a stop string in a streamed request (issue 25.1: the stop strings were kept by pointer into the
+# parsed request, freed when the connection's handler returned: the server crashed); the same
+# request not streamed, and with the stop string, gives the same text
+py <<'PY' && ok "streamed completion with stop strings: cut before the first, == the same request not streamed; the server lives on" \
+    || notok "streamed completion with a stop string"
+import sys, serve_client as c
+port = int(sys.argv[1])
+base = {"prompt": [5, 80, 81, 82, 200, 13, 7], "max_tokens": 40, "temperature": 0, "ignore_eos": True}
+s, _, j = c.post(port, "/v1/completions", base)
+text = j["choices"][0]["text"]
+k = next(i for i in range(8, len(text) - 4) if "\ufffd" not in text[i:i + 3])
+stop = text[k:k + 3]
+cut = text[:text.find(stop)]
+for stream in (False, True):
+    for stops in ([stop], ["\u2603\u2603", stop, "zz\u00e9"]):
+        body = dict(base, stop=stops)
+        if stream:
+            s, _, ev = c.sse(port, "/v1/completions", dict(body, stream=True))
+            got, _, finish, _, done = c.text_of(ev, False)
+            assert done, ev[-2:]
+        else:
+            s, _, j = c.post(port, "/v1/completions", body)
+            got, finish = j["choices"][0]["text"], j["choices"][0]["finish_reason"]
+        assert s == 200 and got == cut and finish == "stop", (stream, stops, s, got, cut, finish)
+assert c.health(port)["status"] == "ok"
+PY
+
 # ---- batching: concurrent requests == each alone ----------------------------------------------
 python3 - "$T/reqs.json" <<'PY'
 import json, sys
@@ -358,7 +385,7 @@ content2, reasoning2, finish2, _, _ = c.text_of(ev, True)
 assert reasoning2 == "" and not any("reasoning_content" in e["choices"][0]["delta"] for e in ev[:-1] if e["choices"]), ev
 PY
         # a stop string taken from a reply: that reply, cut before it, finish stop
-        py <<'PY' && ok "chat stop string: the content is cut before it, finish stop, fewer tokens" || notok "chat stop"
+        py <<'PY' && ok "chat stop string: the content is cut before it, finish stop, fewer tokens; streamed the same" || notok "chat stop"
 import sys, serve_client as c
 port = int(sys.argv[1])
 base = {"messages": [{"role": "user", "content": "Count"}], "max_tokens": 60, "temperature": 0, "reasoning_effort": "none", "return_token_ids": True}
@@ -370,6 +397,14 @@ cut = text[:text.find(stop)]
 s, _, k = c.post(port, "/v1/chat/completions", dict(base, stop=[stop]))
 assert k["choices"][0]["message"]["content"] == cut and k["choices"][0]["finish_reason"] == "stop", (stop, cut, k)
 assert k["usage"]["completion_tokens"] < j["usage"]["completion_tokens"]
+# streamed (issue 25.1: this crashed the server), then an end id only (no stop strings)
+s, _, ev = c.sse(port, "/v1/chat/completions", dict(base, stop=[stop], stream=True))
+content, _, finish, _, done = c.text_of(ev, True)
+assert s == 200 and content == cut and finish == "stop" and done, (s, content, cut, finish)
+s, _, ev = c.sse(port, "/v1/chat/completions", dict(base, stream=True))
+content, _, finish, _, done = c.text_of(ev, True)
+assert s == 200 and content == text and done, (content, text)
+assert c.health(port)["status"] == "ok"
 PY
         stop
     }
