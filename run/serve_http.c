@@ -322,8 +322,15 @@ static enum MHD_Result route(srv_http *h, struct MHD_Connection *c, const char *
     }
     switch (known) {
     case 0: {
+        /* open to all (a load balancer's probe has no key), but with --api-key only the status is
+         * shown without the key: the file's path, the plan and the counters are the operator's */
         int status;
         json_t *j = srv_engine_health(h->e, &status);
+        if (j && h->o.api_key && !authorized(c, h->o.api_key)) {
+            json_t *brief = json_pack("{sO}", "status", json_object_get(j, "status"));
+            json_decref(j);
+            j = brief;
+        }
         return reply_json(c, (unsigned)status, j);
     }
     case 1: return reply(c, 200, oai_models_response(srv_engine_model_name(h->e), h->created, "krun"), 0);

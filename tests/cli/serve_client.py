@@ -34,8 +34,9 @@ def post(port, path, obj, headers=None):
         return s, h, {"unparsed": b.decode("utf-8", "replace")}
 
 
-def health(port):
-    s, _, b = request(port, "GET", "/health")
+def health(port, headers=None):
+    """GET /health (with --api-key, give the key to see more than the status)"""
+    s, _, b = request(port, "GET", "/health", None, headers)
     j = json.loads(b)
     j["http_status"] = s
     return j

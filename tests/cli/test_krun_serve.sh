@@ -181,7 +181,7 @@ grep -q "cmpl-.*: 7 prompt + 24 generated tokens, length" "$T/basic.err" && ok "
 
 # ---- body size, auth, queue ----------------------------------------------------------------------
 start auth "$T/m.kpk" --api-key s3cret --max-body 2K --max-seqs 1 --max-queue 0 --quiet || { finish; exit 1; }
-py <<'PY' && ok "--api-key: 401 (WWW-Authenticate: Bearer) without or with a wrong key, 200 with it; /health open" || notok "auth"
+py <<'PY' && ok "--api-key: 401 (WWW-Authenticate: Bearer) without or with a wrong key, 200 with it; /health open: the status only without the key, everything with it" || notok "auth"
 import sys, json, serve_client as c
 port = int(sys.argv[1])
 body = {"prompt": [1, 2], "max_tokens": 2}
@@ -192,7 +192,13 @@ s, _, j = c.request(port, "GET", "/v1/models")
 assert s == 401, s
 s, _, j = c.post(port, "/v1/completions", body, {"Authorization": "Bearer s3cret"})
 assert s == 200 and j["choices"], j
-assert c.health(port)["http_status"] == 200
+# /health stays open, but without the key it says only the status (issue 25.8: it showed the model's absolute path)
+for hdr in ({}, {"Authorization": "Bearer wrong"}):
+    s, h, b = c.request(port, "GET", "/health", None, hdr)
+    assert s == 200 and json.loads(b) == {"status": "ok"}, (hdr, s, b)
+s, h, b = c.request(port, "GET", "/health", None, {"Authorization": "Bearer s3cret"})
+full = json.loads(b)
+assert s == 200 and full["status"] == "ok" and full["file"].endswith("/m.kpk") and full["file"].startswith("/") and "plan" in full and "stats" in full, full
 PY
 py <<'PY' && ok "--max-body 2K: 413 with an error object for a larger body (declared length and chunked), 200 just under" || notok "max body"
 import sys, json, http.client, serve_client as c
@@ -218,7 +224,7 @@ res = {}
 t = threading.Thread(target=lambda: res.update(r=c.post(port, "/v1/completions", {"prompt": [1], "max_tokens": 1000, "ignore_eos": True, "temperature": 0}, auth)))
 t.start()
 for _ in range(500):
-    if c.health(port)["live_sequences"] == 1: break
+    if c.health(port, auth)["live_sequences"] == 1: break
     time.sleep(0.01)
 s, h, j = c.post(port, "/v1/completions", {"prompt": [2], "max_tokens": 2}, auth)
 assert s == 503 and j["error"]["code"] == "server_busy" and int(h["retry-after"]) >= 1, (s, h, j)
