@@ -5,6 +5,7 @@
  *   serve_engine.c  the engine thread: the one owner of the model; the queue, the sequences,
  *                   one forward sweep after another (docs/SERVE.md: the batching policy)
  *   serve_gen.c     one request's output from the ids it generates
+ *   serve_framing.c whether a request's body length can be known for sure (RFC 9112 6.3)
  *
  * A request (sreq) is made by an HTTP connection thread (parsed, rendered, tokenized there),
  * handed to the engine, and read back by the same connection thread as its output grows.  One
@@ -100,6 +101,24 @@ json_t *srv_engine_health(srv_engine *e, int *status);
 /* The model's name in the API. */
 const char *srv_engine_model_name(const srv_engine *e);
 krun_model *srv_engine_model(srv_engine *e);
+
+/* A request's framing (serve_framing.c): fed its header fields in order, says whether its body's
+ * length is certain.  Refused (RFC 9112 6.1, 6.3; what a proxy in front may have read otherwise):
+ * Content-Length values that disagree or are not one decimal number; Transfer-Encoding with
+ * Content-Length; Transfer-Encoding whose last coding is not chunked, or chunked twice; any
+ * Transfer-Encoding in HTTP/1.0.  Codings before chunked (gzip, chunked) are not implemented. */
+typedef struct {
+    unsigned long long cl;     /* the Content-Length value, when valid */
+    int n_cl, cl_invalid, cl_differ;
+    int n_te;                  /* Transfer-Encoding fields */
+    int n_codings, n_chunked, last_chunked;
+} srv_framing;
+
+void srv_framing_init(srv_framing *f);
+void srv_framing_header(srv_framing *f, const char *key, const char *value);
+/* 0: the length is certain; else the HTTP status to refuse it with (400, or 501 for a coding
+ * other than chunked), msg saying why. */
+int  srv_framing_verdict(const srv_framing *f, int http_1_0, char *msg, size_t len);
 
 /* The HTTP side (serve_http.c). */
 typedef struct srv_http_opts {

@@ -41,6 +41,8 @@ typedef struct {
 
 /* ---- responses ------------------------------------------------------------------------------ */
 
+/* retry_after < 0: the connection is closed after the response (what follows the request on it
+ * cannot be trusted). */
 static enum MHD_Result reply(struct MHD_Connection *c, unsigned status, char *json, int retry_after)
 {
     struct MHD_Response *r;
@@ -49,6 +51,7 @@ static enum MHD_Result reply(struct MHD_Connection *c, unsigned status, char *js
     r = MHD_create_response_from_buffer(strlen(json), json, MHD_RESPMEM_MUST_FREE);
     if (!r) { free(json); return MHD_NO; }
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+    if (retry_after < 0) MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
     if (status == 401) MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
     if (retry_after > 0) {
         char s[16];
@@ -339,19 +342,37 @@ static enum MHD_Result route(srv_http *h, struct MHD_Connection *c, const char *
     }
 }
 
+static enum MHD_Result framing_header(void *cls, enum MHD_ValueKind kind, const char *key, const char *value)
+{
+    (void)kind;
+    srv_framing_header(cls, key, value);
+    return MHD_YES;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                   const char *version, const char *upload, size_t *upload_size, void **con_cls)
 {
     srv_http *h = cls;
     conn *k = *con_cls;
-    (void)version;
     if (!k) {
         /* the headers: refuse early what needs no body to refuse */
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         oai_error err;
+        srv_framing fr;
+        char why[200];
+        int bad;
         k = calloc(1, sizeof *k);
         if (!k) return MHD_NO;
         *con_cls = k;
+        /* first: a request whose length is uncertain is answered and the connection closed, so
+         * nothing after it is read as a request */
+        srv_framing_init(&fr);
+        MHD_get_connection_values(c, MHD_HEADER_KIND, framing_header, &fr);
+        if ((bad = srv_framing_verdict(&fr, version && !strcmp(version, MHD_HTTP_VERSION_1_0), why, sizeof why))) {
+            k->answered = 1;
+            oai_error_set(&err, bad, NULL, bad == 400 ? "bad_framing" : "unsupported_transfer_encoding", "%s", why);
+            return reply_error(c, &err, -1);
+        }
         if (h->o.api_key && !strncmp(url, "/v1/", 4) && !authorized(c, h->o.api_key)) {
             k->answered = 1;
             oai_error_set(&err, 401, NULL, "invalid_api_key", "a valid API key is needed: send the header Authorization: Bearer KEY");

@@ -5,6 +5,7 @@ same requests run one at a time and then all at once must give identical text an
 Run as a script: `serve_client.py batch PORT REQUESTS.json` prints TAP-like lines."""
 import http.client
 import json
+import socket
 import sys
 import threading
 import time
@@ -92,6 +93,73 @@ def text_of(events, chat):
             if ch.get("finish_reason"):
                 finish = ch["finish_reason"]
     return content, reasoning, finish, usage, bool(events) and events[-1] == "[DONE]"
+
+
+def parse_responses(data):
+    """HTTP/1.1 responses in data, in order: [(status, headers as a dict with lower-case names,
+    body bytes)], and the bytes left over (an incomplete response).  1xx interim responses are
+    listed too (they have no body)."""
+    out = []
+    while True:
+        end = data.find(b"\r\n\r\n")
+        if end < 0:
+            return out, data
+        head = data[:end].decode("latin-1").split("\r\n")
+        status = int(head[0].split()[1])
+        hdrs = {}
+        for line in head[1:]:
+            k, _, v = line.partition(":")
+            hdrs[k.strip().lower()] = v.strip()
+        rest = data[end + 4:]
+        if 100 <= status < 200:
+            out.append((status, hdrs, b""))
+            data = rest
+            continue
+        if hdrs.get("transfer-encoding", "").lower() == "chunked":
+            body, pos = b"", 0
+            while True:
+                nl = rest.find(b"\r\n", pos)
+                if nl < 0:
+                    return out, data
+                size = int(rest[pos:nl].split(b";")[0], 16)
+                if len(rest) < nl + 2 + size + 2:
+                    return out, data
+                body += rest[nl + 2:nl + 2 + size]
+                pos = nl + 2 + size + 2
+                if size == 0:
+                    break
+            out.append((status, hdrs, body))
+            data = rest[pos:]
+        else:
+            n = int(hdrs.get("content-length", "0"))
+            if len(rest) < n:
+                return out, data
+            out.append((status, hdrs, rest[:n]))
+            data = rest[n:]
+
+
+def raw(port, data, timeout=10, shut_wr=False, host="127.0.0.1", source=None):
+    """Send data on a new connection (then shut its writing side down if shut_wr), read until the
+    server closes it or timeout seconds pass.  Returns (responses as parse_responses gives them,
+    leftover bytes, closed: the server closed the connection)."""
+    s = socket.create_connection((host, port), timeout=timeout, source_address=(source, 0) if source else None)
+    s.settimeout(timeout)
+    s.sendall(data)
+    if shut_wr:
+        s.shutdown(socket.SHUT_WR)
+    got, closed = b"", False
+    try:
+        while True:
+            d = s.recv(65536)
+            if not d:
+                closed = True
+                break
+            got += d
+    except socket.timeout:
+        pass
+    s.close()
+    responses, rest = parse_responses(got)
+    return responses, rest, closed
 
 
 def run_one(port, req):
