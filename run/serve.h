@@ -36,7 +36,10 @@ typedef struct sreq {
     ksampler_opts sampling;
     sgen *gen;                 /* the output; the engine's while the request runs */
     int has_seed;              /* else the engine picks one */
+    /* the client, looked at by the connection's own thread only (serve_engine.c, client_check) */
     int client_fd;             /* the connection's socket, to notice a client that hung up; -1: none */
+    int client_probe;          /* HTTP/1.1: "100 Continue" may be sent before the status to tell a
+                                * client that closed from one that only half-closed */
     double t_submit;
     char id[64];               /* the response's id, for the log */
     /* the engine thread's */
@@ -49,6 +52,7 @@ typedef struct sreq {
     int status;                /* the response's HTTP status, once known */
     int started;               /* the status is known: output has begun or the request is over */
     int cancelled;             /* the client went away (or the server is stopping): free the sequence */
+    int probed_head, probed_stream;   /* the client's input ended: probed before the status, in the stream */
     int refs;
     pthread_cond_t cv;         /* signalled when out grows or the request ends */
     struct sreq *next_in_queue;

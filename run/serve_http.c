@@ -6,7 +6,7 @@
  *
  * MHD runs a thread per connection, so a connection may block: it waits for
  * its request's output (waking five times a second to notice a client that
- * hung up).  A response's status is chosen when it is known: a streamed reply
+ * hung up: a reset, not the end of its input, serve_engine.c client_check).  A response's status is chosen when it is known: a streamed reply
  * starts (200) with its first token, so an error before it (a bad extent met
  * while reading the prompt) is a real HTTP error, not an event. */
 #include "serve.h"
@@ -36,6 +36,7 @@ typedef struct {
     kbuf body;
     int too_big;
     int answered;                 /* a response was queued before the body was read */
+    int http_1_0;                 /* no interim responses may be sent */
     sreq *req;
 } conn;
 
@@ -168,6 +169,7 @@ static enum MHD_Result run_request(srv_http *h, struct MHD_Connection *c, conn *
         return reply_error(c, &err, 0);
     }
     r->client_fd = ci ? ci->connect_fd : -1;
+    r->client_probe = !k->http_1_0;
     snprintf(r->id, sizeof r->id, "%s", go->meta.id);
     k->req = r;
     if (srv_submit(h->e, r, &err)) return reply_error(c, &err, !strcmp(err.code ? err.code : "", "server_busy") ? srv_retry_after(h->e) : 0);
@@ -364,11 +366,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         k = calloc(1, sizeof *k);
         if (!k) return MHD_NO;
         *con_cls = k;
+        k->http_1_0 = version && !strcmp(version, MHD_HTTP_VERSION_1_0);
         /* first: a request whose length is uncertain is answered and the connection closed, so
          * nothing after it is read as a request */
         srv_framing_init(&fr);
         MHD_get_connection_values(c, MHD_HEADER_KIND, framing_header, &fr);
-        if ((bad = srv_framing_verdict(&fr, version && !strcmp(version, MHD_HTTP_VERSION_1_0), why, sizeof why))) {
+        if ((bad = srv_framing_verdict(&fr, k->http_1_0, why, sizeof why))) {
             k->answered = 1;
             oai_error_set(&err, bad, NULL, bad == 400 ? "bad_framing" : "unsupported_transfer_encoding", "%s", why);
             return reply_error(c, &err, -1);

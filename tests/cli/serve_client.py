@@ -64,6 +64,8 @@ def sse(port, path, obj, headers=None):
         buf += chunk
         while b"\n\n" in buf:
             ev, buf = buf.split(b"\n\n", 1)
+            if ev.startswith(b":"):
+                continue        # a comment (krun sends one to a client whose input ended)
             assert ev.startswith(b"data: "), ev
             d = ev[6:].decode()
             events.append("[DONE]" if d == "[DONE]" else json.loads(d))

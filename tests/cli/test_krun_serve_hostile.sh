@@ -80,4 +80,74 @@ assert h["status"] == "ok" and h["stats"]["requests"] == 3, h     # only the thr
 PY
 stop
 
+# ---- half-close and hang-ups (issue 25.4) --------------------------------------------------------
+# A client may shut its writing side down once its request is sent (nc -N, socat, shutdown(SHUT_WR))
+# and still read the answer: only a reset or a failed write means it left.
+start halfclose "$T/m.kpk" --max-seqs 2 --quiet || { finish; exit 1; }
+py <<'PY' && ok "a client that half-closes after its request gets its whole answer: not streamed (600 tokens), streamed (600 tokens, [DONE]), and with a keep-alive request before it" \
+    || notok "half-close"
+import sys, json, serve_client as c
+port = int(sys.argv[1])
+def req(body, close=False):
+    b = json.dumps(body).encode()
+    return (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n%sContent-Length: %d\r\n\r\n"
+            % (b"Connection: close\r\n" if close else b"", len(b)) + b)
+long = {"prompt": [1, 2, 3], "max_tokens": 600, "ignore_eos": True, "temperature": 0}
+rs, rest, closed = c.raw(port, req(long), timeout=120, shut_wr=True)
+assert [r[0] for r in rs if r[0] >= 200] == [200] and closed, (rs[:1], rest[:200], closed)
+j = json.loads(rs[-1][2])
+assert j["usage"]["completion_tokens"] == 600 and j["choices"][0]["finish_reason"] == "length", j["usage"]
+assert rs[0][0] == 100, "the server checked the half-closed client with an interim 100 Continue"
+rs, rest, closed = c.raw(port, req(dict(long, stream=True)), timeout=120, shut_wr=True)
+final = [r for r in rs if r[0] >= 200]
+assert len(final) == 1 and final[0][0] == 200 and closed, (rs[:1], rest[:200])
+events = [e for e in final[0][2].split(b"\n\n") if e and not e.startswith(b":")]
+assert final[0][2].count(b"\n:\n\n") == 1, "the server checked the half-closed client once, with an SSE comment"
+assert events[-1] == b"data: [DONE]" and json.loads(events[-2][6:])["choices"][0]["finish_reason"] == "length", events[-3:]
+text = "".join(json.loads(e[6:])["choices"][0]["text"] for e in events[:-1])
+assert text == j["choices"][0]["text"], "the stream says what the body said"
+# two requests on one connection, the second half-closed: both answered
+rs, rest, closed = c.raw(port, req({"prompt": [4], "max_tokens": 3}) + req(dict(long, max_tokens=300)), timeout=120, shut_wr=True)
+final = [r for r in rs if r[0] >= 200]
+assert [r[0] for r in final] == [200, 200] and json.loads(final[1][2])["usage"]["completion_tokens"] == 300 and closed, final
+h = c.health(port)
+assert h["stats"]["cancelled"] == 0 and h["stats"]["completed"] == h["stats"]["requests"], h["stats"]
+PY
+py <<'PY' && ok "a client that closes its socket while its request runs (with nothing unread: no reset) or waits in the queue (streamed), or that resets a running stream: its sequence or place is freed, far from its max_tokens" \
+    || notok "hang-ups"
+import sys, os, json, socket, time, serve_client as c
+port = int(sys.argv[1])
+slow = int(os.environ.get("SLOW", "1"))
+def send(body):
+    s = socket.create_connection(("127.0.0.1", port))
+    b = json.dumps(body).encode()
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(b), b))
+    return s
+def wait_for(cond, seconds):
+    t0 = time.time()
+    while time.time() - t0 < seconds:
+        h = c.health(port)
+        if cond(h): return h, time.time() - t0
+        time.sleep(0.01)
+    return c.health(port), None
+big = {"prompt": [1, 2, 3], "max_tokens": 4000, "ignore_eos": True}
+# two running (one streamed), one streamed request queued behind them
+c0 = c.health(port)["stats"]["cancelled"]
+a, b, q = send(big), send(dict(big, stream=True)), send(dict(big, stream=True))
+h, _ = wait_for(lambda h: h["live_sequences"] == 2 and h["queued"] == 1, 30 * slow)
+assert h["live_sequences"] == 2 and h["queued"] == 1, h
+q.close()
+h, tq = wait_for(lambda h: h["queued"] == 0 and h["stats"]["cancelled"] == c0 + 1, 5 * slow)
+assert tq is not None and h["live_sequences"] == 2, h
+# a (not streamed) has nothing unread: its close is a plain end of input; b's stream has output
+# waiting unread, so closing it sends a reset
+a.close(); b.close()
+h, t = wait_for(lambda h: h["live_sequences"] == 0, 10 * slow)
+assert t is not None and h["stats"]["cancelled"] == c0 + 3 and h["stats"]["generated_tokens"] < 6000, h
+print("# queued request dropped %.2f s after its client closed; running ones freed %.2f s after theirs" % (tq, t))
+assert t < 1.5 * slow and tq < 1.5 * slow, (t, tq)
+PY
+stop
+[ "$RC" -eq 0 ] && ok "after the half-closes and hang-ups the server exits 0 on SIGTERM" || notok "exit $RC: $(tail -3 "$T/halfclose.err")"
+
 finish
