@@ -6,6 +6,7 @@
  *                   one forward sweep after another (docs/SERVE.md: the batching policy)
  *   serve_gen.c     one request's output from the ids it generates
  *   serve_framing.c whether a request's body length can be known for sure (RFC 9112 6.3)
+ *   serve_conns.c   every open connection: the deadline for a request to arrive, the reserve
  *
  * A request (sreq) is made by an HTTP connection thread (parsed, rendered, tokenized there),
  * handed to the engine, and read back by the same connection thread as its output grows.  One
@@ -21,6 +22,7 @@
 
 #include <jansson.h>
 #include <pthread.h>
+#include <sys/socket.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -124,13 +126,42 @@ void srv_framing_header(srv_framing *f, const char *key, const char *value);
  * other than chunked), msg saying why. */
 int  srv_framing_verdict(const srv_framing *f, int http_1_0, char *msg, size_t len);
 
+/* The connections (serve_conns.c).  A request must arrive whole within request_timeout seconds
+ * of its first byte; when the open connections come within a reserve (srv_conns_reserve) of
+ * max_connections, or of per_ip from one address, the connection that has waited longest for a
+ * request (half a second at least) is closed to make room.  The limits themselves are MHD's. */
+typedef struct {
+    unsigned max_connections;  /* open connections at most */
+    unsigned per_ip;           /* from one address at most; 0: no limit */
+    double request_timeout;    /* seconds */
+} srv_conns_opts;
+typedef struct srv_conns srv_conns;
+typedef struct srv_conn srv_conn;
+
+/* The connections kept free of slow and silent ones under a limit: limit/8, at least 2. */
+unsigned srv_conns_reserve(unsigned limit);
+int  srv_conns_start(const srv_conns_opts *o, srv_conns **out, char *err, size_t errlen);
+/* After every connection is closed (MHD stopped). */
+void srv_conns_stop(srv_conns *t);
+/* A connection accepted (MHD's notify callback; sa: the client's address).  NULL when out of
+ * memory: then it is not watched. */
+srv_conn *srv_conn_open(srv_conns *t, int fd, const struct sockaddr *sa);
+void srv_conn_close(srv_conns *t, srv_conn *c);
+/* Its request arrived whole / its response is over (it waits for the next request). */
+void srv_conn_busy(srv_conns *t, srv_conn *c);
+void srv_conn_waiting(srv_conns *t, srv_conn *c);
+/* {"open", "busy", "waiting", limits, "accepted", "timed_out", "made_room", ...} for /health. */
+json_t *srv_conns_json(srv_conns *t);
+
 /* The HTTP side (serve_http.c). */
 typedef struct srv_http_opts {
     const char *api_key;       /* NULL: no auth */
     size_t max_body;           /* bytes */
     int listen_fd;             /* a bound, listening socket */
     unsigned max_connections;
+    unsigned max_connections_per_ip;   /* 0: no limit */
     unsigned idle_timeout;     /* seconds a connection may stay idle */
+    double request_timeout;    /* seconds for a request to arrive whole, from its first byte */
 } srv_http_opts;
 
 typedef struct srv_http srv_http;

@@ -26,6 +26,7 @@ struct srv_http {
     srv_engine *e;
     srv_http_opts o;
     struct MHD_Daemon *d;
+    srv_conns *conns;             /* every open connection: deadlines, the reserve */
     long long created;            /* the model's "created" in /v1/models: the server's start */
     unsigned long long next_id;   /* request ids */
     pthread_mutex_t id_mu;
@@ -335,6 +336,9 @@ static enum MHD_Result route(srv_http *h, struct MHD_Connection *c, const char *
             json_t *brief = json_pack("{sO}", "status", json_object_get(j, "status"));
             json_decref(j);
             j = brief;
+        } else if (j && json_object_set_new(j, "connections", srv_conns_json(h->conns))) {
+            json_decref(j);
+            j = NULL;
         }
         return reply_json(c, (unsigned)status, j);
     }
@@ -349,6 +353,12 @@ static enum MHD_Result framing_header(void *cls, enum MHD_ValueKind kind, const 
     (void)kind;
     srv_framing_header(cls, key, value);
     return MHD_YES;
+}
+
+static srv_conn *conn_of(struct MHD_Connection *c)
+{
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
@@ -402,6 +412,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         *upload_size = 0;
         return MHD_YES;
     }
+    srv_conn_busy(h->conns, conn_of(c));      /* the request arrived whole: its deadline is met */
     if (k->answered) return MHD_YES;
     return route(h, c, url, method, k);
 }
@@ -410,7 +421,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
 {
     srv_http *h = cls;
     conn *k = *con_cls;
-    (void)c;
+    srv_conn_waiting(h->conns, conn_of(c));   /* for its next request, if it has one */
     if (!k) return;
     if (k->req) {
         if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK) srv_cancel(h->e, k->req);
@@ -419,6 +430,20 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
     kbuf_free(&k->body);
     free(k);
     *con_cls = NULL;
+}
+
+/* Connections accepted and closed: the table of serve_conns.c. */
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context, enum MHD_ConnectionNotificationCode code)
+{
+    srv_http *h = cls;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *fd = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        const union MHD_ConnectionInfo *sa = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+        *socket_context = fd ? srv_conn_open(h->conns, fd->connect_fd, sa ? sa->client_addr : NULL) : NULL;
+    } else if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
+        srv_conn_close(h->conns, *socket_context);
+        *socket_context = NULL;
+    }
 }
 
 static void mhd_log(void *cls, const char *fmt, va_list ap)
@@ -436,16 +461,23 @@ int srv_http_start(srv_engine *e, const srv_http_opts *o, srv_http **out, char *
     h->e = e;
     h->o = *o;
     h->created = (long long)time(NULL);
+    {
+        srv_conns_opts co = {o->max_connections, o->max_connections_per_ip, o->request_timeout};
+        if (srv_conns_start(&co, &h->conns, err, errlen)) { pthread_mutex_destroy(&h->id_mu); free(h); return -1; }
+    }
     h->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG | MHD_USE_ITC, 0,
                             NULL, NULL, on_request, h,
                             MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,      /* first, so that every message goes through it */
                             MHD_OPTION_LISTEN_SOCKET, o->listen_fd,
                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
+                            MHD_OPTION_NOTIFY_CONNECTION, on_connection, h,
                             MHD_OPTION_CONNECTION_LIMIT, o->max_connections,
+                            MHD_OPTION_PER_IP_CONNECTION_LIMIT, o->max_connections_per_ip,
                             MHD_OPTION_CONNECTION_TIMEOUT, o->idle_timeout,
                             MHD_OPTION_END);
     if (!h->d) {
         snprintf(err, errlen, "libmicrohttpd could not start on the listening socket");
+        srv_conns_stop(h->conns);
         pthread_mutex_destroy(&h->id_mu);
         free(h);
         return -1;
@@ -463,7 +495,8 @@ void srv_http_quiesce(srv_http *h)
 void srv_http_stop(srv_http *h)
 {
     if (!h) return;
-    MHD_stop_daemon(h->d);
+    MHD_stop_daemon(h->d);             /* every connection closed: the table is empty */
+    srv_conns_stop(h->conns);
     pthread_mutex_destroy(&h->id_mu);
     free(h);
 }

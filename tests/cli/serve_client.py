@@ -164,6 +164,96 @@ def raw(port, data, timeout=10, shut_wr=False, host="127.0.0.1", source=None):
     return responses, rest, closed
 
 
+class Swarm:
+    """n sockets that hold connections open: silent ones (connect, say nothing) or tricklers
+    (send one byte of a request every `every` seconds; body=True: the headers at once, then the
+    body a byte at a time).  A thread keeps them going; those the server closes are counted, and
+    reopened at the next tick when reconnect is set.  source: the address to connect from (127.0.0.2 is another
+    client than 127.0.0.1 to the server, on the same machine)."""
+
+    def __init__(self, port, n, trickle=True, every=1.0, body=False, reconnect=False, source=None):
+        import select
+        self.select = select
+        self.port, self.trickle, self.every, self.body, self.reconnect, self.source = port, trickle, every, body, reconnect, source
+        payload = b'{"prompt": [1, 2, 3], "max_tokens": 1}'
+        self.request = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                        % len(payload) + payload)
+        self.head = self.request.index(b"\r\n\r\n") + 4
+        self.socks = {}             # socket -> [bytes sent, time opened]
+        self.opened = self.closed = self.refused = 0
+        self.lifetimes = []         # seconds each connection the server closed was open
+        self.stop_flag = False
+        self.reopen = 0
+        for _ in range(n):
+            self._open()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _open(self):
+        try:
+            s = socket.create_connection(("127.0.0.1", self.port), timeout=5,
+                                         source_address=(self.source, 0) if self.source else None)
+        except OSError:
+            self.refused += 1
+            return
+        s.setblocking(False)
+        sent = 0
+        if self.trickle and self.body:
+            try:
+                sent = s.send(self.request[:self.head])
+            except OSError:
+                pass
+        self.socks[s] = [sent, time.time()]
+        self.opened += 1
+
+    def _drop(self, s):
+        self.lifetimes.append(time.time() - self.socks[s][1])
+        del self.socks[s]
+        s.close()
+        self.closed += 1
+
+    def _run(self):
+        next_tick = time.time()
+        while not self.stop_flag:
+            # the server closing a socket: readable with nothing to read (or an error)
+            r, _, _ = self.select.select(list(self.socks), [], [], 0.05)
+            for s in r:
+                try:
+                    gone = s.recv(4096) == b""
+                except OSError:
+                    gone = True
+                if gone:
+                    self._drop(s)
+                    self.reopen += self.reconnect
+            if time.time() >= next_tick:
+                next_tick += self.every
+                while self.reopen:
+                    self.reopen -= 1
+                    self._open()
+                for s, st in list(self.socks.items()):
+                    if not self.trickle or st[0] >= len(self.request) - 1:
+                        continue            # never the last byte: the request never arrives
+                    try:
+                        st[0] += s.send(self.request[st[0]:st[0] + 1])
+                    except OSError:
+                        self._drop(s)
+                        self.reopen += self.reconnect
+
+    def stop(self):
+        self.stop_flag = True
+        self.thread.join()
+        for s in list(self.socks):
+            s.close()
+        self.socks.clear()
+
+
+def timed(port, method, path, body=None, headers=None, timeout=60):
+    """(seconds, status) of one request on a new connection."""
+    t0 = time.time()
+    s, _, _ = request(port, method, path, body, headers, timeout)
+    return time.time() - t0, s
+
+
 def run_one(port, req):
     """The outcome of one request: what a test compares between solo and batched runs."""
     path = req["path"]
