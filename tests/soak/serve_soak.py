@@ -128,7 +128,7 @@ def _max_tokens(rng, body):
     tiny model's forward pass)."""
     k = rng.random()
     if body.get("temperature", 1) > 0:
-        return rng.randint(1, 3) if k < 0.9 else rng.randint(4, 12)
+        return rng.randint(1, 2) if k < 0.9 else rng.randint(3, 8)
     return rng.randint(1, 6) if k < 0.7 else rng.randint(7, 20) if k < 0.95 else rng.randint(21, 40)
 
 
@@ -140,7 +140,7 @@ FIELDS = [
     ("model", "both", 0.3, lambda rng, b: "rt"),
     ("stream", "both", 0.5, lambda rng, b: rng.random() < 0.8),
     ("stream_options", "both", 0.6, _stream_options),
-    ("temperature", "both", 0.85, lambda rng, b: rng.choice([0] * 9 + [0.3, 0.7, 1.0, 1.3, 2.0])),
+    ("temperature", "both", 0.9, lambda rng, b: rng.choice([0] * 12 + [0.3, 0.7, 1.0, 1.3, 2.0])),
     ("max_tokens", "both", 0.6, _max_tokens),
     ("max_completion_tokens", "chat", 0.2, _max_tokens),
     ("top_p", "both", 0.3, lambda rng, b: rng.choice([0.1, 0.5, 0.9, 1.0])),
@@ -507,7 +507,8 @@ class Soak:
             outcome = check_answer(path, body, status, hdrs, raw, phase_of())
             self.record(path, body, outcome, repeated)
             if status == 503:
-                time.sleep(0.1 + rng.random() * 0.3)      # a client backs off (Retry-After says 1 s: shorter here)
+                # a client backs off as Retry-After says (jittered), so busy answers stay a minority
+                time.sleep(float(hdrs.get("retry-after", "1")) * (0.5 + rng.random()))
             if action == "keepalive" and status == 200 and "close" not in hdrs.get("connection", ""):
                 # a second request on the same connection
                 path2, body2 = draw_request(rng)
