@@ -436,9 +436,10 @@ void srv_cancel(srv_engine *e, sreq *r)
     pthread_mutex_unlock(&e->mu);
 }
 
-/* Wait on r->cv for a fifth of a second, or the given seconds (then look at the client again). */
+/* A connection waiting for output looks at its client this often (seconds). */
 #define CLIENT_LOOK 0.2
 
+/* Wait on r->cv for at most the given seconds (< 1), then look at the client again. */
 static void wait_a_little(sreq *r, pthread_mutex_t *mu, double seconds)
 {
     struct timespec ts;

@@ -6,9 +6,12 @@
  *
  * MHD runs a thread per connection, so a connection may block: it waits for
  * its request's output (waking five times a second to notice a client that
- * hung up: a reset, not the end of its input, serve_engine.c client_check).  A response's status is chosen when it is known: a streamed reply
- * starts (200) with its first token, so an error before it (a bad extent met
- * while reading the prompt) is a real HTTP error, not an event. */
+ * hung up: a reset, not the end of its input; serve_engine.c, client_check).
+ * A response's status is chosen when it is known: a streamed reply starts
+ * (200) with its first token, so an error before it (a bad extent met while
+ * reading the prompt) is a real HTTP error, not an event.  Before anything, a
+ * request's framing is checked (serve_framing.c); every connection is in the
+ * table of serve_conns.c (the request deadline, the reserve). */
 #include "serve.h"
 
 #include "chat.h"
