@@ -119,14 +119,22 @@ static void emit_text(sgen *g, const char *text, size_t len)
     }
 }
 
-/* Reply text through the stop strings; returns 1 when one is complete. */
+/* Reply text through the stop strings; returns 1 when one is complete.  The stop strings are
+ * looked for in the text as the client reads it: ill-formed UTF-8 (a token may hold half a
+ * character) as U+FFFD, as the JSON strings will show it.  text ends on a character boundary
+ * (completion_bytes and the chat parser hold back an incomplete character), so replacing piece by
+ * piece gives what replacing the whole text would. */
 static int reply_text(sgen *g, const char *text, size_t len)
 {
-    kbuf pass = {0};
-    int hit = kstop_feed(&g->stop, text, len, &pass);
+    kbuf clean = {0}, pass = {0};
+    int hit;
+    kutf8_sanitize(text, len, &clean);
+    if (clean.oom) { g->oom = 1; kbuf_free(&clean); return 0; }
+    hit = kstop_feed(&g->stop, clean.p ? clean.p : "", clean.n, &pass);
     if (pass.oom) g->oom = 1;
     emit_text(g, pass.p, pass.n);
     kbuf_free(&pass);
+    kbuf_free(&clean);
     if (hit) g->stopped = 1;
     return hit;
 }

@@ -453,6 +453,32 @@ static void test_lifetime(const ktok *tk)
     free(all);
 }
 
+/* A completion's bytes need not be UTF-8 (a token may hold half a character); the client reads
+ * the ill-formed parts as U+FFFD, so that is where a stop string is looked for: a stop string
+ * with U+FFFD stops a reply the client would read it in (found by the request soak). */
+static void test_illformed_stop(const ktok *tk)
+{
+    uint8_t b[4] = {'x', 0xF0, 'A', 'y'};
+    int32_t ids[5];
+    for (int i = 0; i < 4; i++) ids[i] = ktok_rank_of(tk, &b[i], 1);
+    ids[4] = ktok_rank_of(tk, &b[0], 1);
+    char *stops[][2] = {{"\xef\xbf\xbd", NULL}, {"\xef\xbf\xbd" "A", "zz"}};
+    for (int stream = 0; stream <= 1; stream++)
+        for (int k = 0; k < 2; k++) {
+            run_opts ro = {.stream = stream, .stop = stops[k], .n_stop = k ? 2 : 1, .no_end_ids = 1, .max_tokens = 5};
+            size_t fed;
+            int status;
+            said s;
+            kbuf out = run(tk, ids, 5, &ro, &fed, &status);
+            read_response(&s, out.p, out.n, stream, 0);
+            CHECK(!s.bad && same(&s.content, "x") && !strcmp(s.finish, "stop") && fed == 3,
+                  "completion, %s: a stop string holding U+FFFD (%s) matches where ill-formed UTF-8 is read as U+FFFD",
+                  stream ? "streamed" : "one body", k ? "\"\\ufffdA\"" : "\"\\ufffd\"");
+            said_free(&s);
+            kbuf_free(&out);
+        }
+}
+
 static void test_failures(const ktok *tk)
 {
     int32_t end_ids[1] = {ktok_find_special(tk, KCHAT_END_OF_MSG)};
@@ -496,6 +522,7 @@ int main(void)
     test_tool_calls(tk);
     test_completion(tk);
     test_lifetime(tk);
+    test_illformed_stop(tk);
     test_failures(tk);
     ktok_free(tk);
     return check_exit();
