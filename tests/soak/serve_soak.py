@@ -369,6 +369,15 @@ def check_answer(path, body, status, hdrs, raw, phase):
 
 # ---- the soak --------------------------------------------------------------------------------------
 
+def die_with_parent():
+    """In the server's process before exec: SIGKILL it if the soak dies (Linux prctl
+    PR_SET_PDEATHSIG), so an interrupted soak leaves no server behind."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
 ACTIONS = [  # (name, weight)
     ("full", 70), ("half_close", 8), ("drop_before_body", 3), ("drop_waiting", 6), ("drop_mid_stream", 6),
     ("drop_mid_read", 3), ("keepalive", 4)]
@@ -549,7 +558,7 @@ class Soak:
         env = dict(os.environ)
         env.setdefault("ASAN_OPTIONS", "")
         p = subprocess.Popen([self.a.krun, "serve", self.model, "--port", "0", "--quiet", "--ctx", "2048"] + extra,
-                             stdout=subprocess.DEVNULL, stderr=err, env=env)
+                             stdout=subprocess.DEVNULL, stderr=err, env=env, preexec_fn=die_with_parent)
         port = None
         t0 = time.time()
         while time.time() - t0 < 120 and port is None:
