@@ -468,7 +468,10 @@ int srv_http_start(srv_engine *e, const srv_http_opts *o, srv_http **out, char *
         srv_conns_opts co = {o->max_connections, o->max_connections_per_ip, o->request_timeout};
         if (srv_conns_start(&co, &h->conns, err, errlen)) { pthread_mutex_destroy(&h->id_mu); free(h); return -1; }
     }
-    h->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG | MHD_USE_ITC, 0,
+    /* MHD_USE_POLL: without it every connection's thread waits in select(2), which cannot watch a
+     * descriptor at or above FD_SETSIZE (1024): a --max-connections near that would fail */
+    h->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ERROR_LOG |
+                            MHD_USE_ITC, 0,
                             NULL, NULL, on_request, h,
                             MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,      /* first, so that every message goes through it */
                             MHD_OPTION_LISTEN_SOCKET, o->listen_fd,

@@ -215,6 +215,31 @@ print("# closed at once: %d, after a second: %d" % (at_once, later))
 assert at_once == 2 and later == 4 and [r[0] for r in rs] == [200], (at_once, later, rs)
 PY
 stopped perip
+# a connection whose descriptor is beyond FD_SETSIZE (1024): the server started with 1,030 open
+# descriptors (select(2) in MHD's connection threads refused it before MHD_USE_POLL)
+python3 - "$BIN/krun" "$T/m.kpk" "$T/fds.err" <<'PY' && ok "a connection on descriptor 1030+ (beyond select's FD_SETSIZE) is served" || notok "descriptors beyond FD_SETSIZE"
+import os, re, subprocess, sys, time, serve_client as c
+krun, model, errf = sys.argv[1:4]
+fds = [os.open("/dev/null", os.O_RDONLY) for _ in range(1030)]
+err = open(errf, "wb+")
+p = subprocess.Popen([krun, "serve", model, "--port", "0", "--quiet"], stderr=err, pass_fds=fds)
+for f in fds:
+    os.close(f)
+port = None
+for _ in range(600):
+    m = re.search(rb"listening on port (\d+)", open(errf, "rb").read())
+    if m or p.poll() is not None:
+        break
+    time.sleep(0.1)
+try:
+    assert m, open(errf, "rb").read()[-500:]
+    s, _, b = c.request(int(m.group(1)), "GET", "/health", timeout=30)
+    assert s == 200, (s, b)
+finally:
+    p.terminate()
+    rc = p.wait()
+assert rc == 0, (rc, open(errf, "rb").read()[-800:])
+PY
 expect_exit 2 "--request-timeout 0 is refused" "$BIN/krun" serve "$T/m.kpk" --request-timeout 0
 expect_exit 2 "--max-connections-per-ip -1 is refused" "$BIN/krun" serve "$T/m.kpk" --max-connections-per-ip -1
 start deadline "$T/m.kpk" --request-timeout 2 --idle-timeout 4 --quiet || { finish; exit 1; }
