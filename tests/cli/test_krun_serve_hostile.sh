@@ -14,32 +14,13 @@ export SLOW
 "$BIN/kpack" convert "$T/m" "$T/m.kpk" --quiet || { notok "convert"; finish; exit 1; }
 rm -rf "$T/m"
 
-# start NAME ARGS...: krun serve in the background on a free port; sets PORT and PID
-start() {
-    local name=$1; shift
-    "$BIN/krun" serve "$@" --port 0 >"$T/$name.out" 2>"$T/$name.err" &
-    PID=$!; PORT=
-    for _ in $(seq $((100 * SLOW))); do
-        PORT=$(sed -n 's/.*listening on http:\/\/.*:\([0-9]*\)$/\1/p; s/.*listening on port \([0-9]*\)$/\1/p' "$T/$name.err" 2>/dev/null)
-        [ -n "$PORT" ] && return 0
-        kill -0 $PID 2>/dev/null || break
-        sleep 0.1
-    done
-    notok "krun serve $* did not start: $(head -c 400 "$T/$name.err")"
-    kill -9 $PID 2>/dev/null; PID=0; PORT=0
-    return 1
-}
-stop() {
-    kill -"${1:-TERM}" $PID 2>/dev/null
-    wait $PID; RC=$?
-}
+. "$(dirname "$0")/serve_lib.sh"
 # stopped NAME: SIGTERM; the server must exit 0 with nothing from a sanitizer on its stderr
 stopped() {
     stop
     if [ "$RC" -eq 0 ] && ! grep -qE "AddressSanitizer|LeakSanitizer|runtime error:" "$T/$1.err"; then ok "$1: exit 0 on SIGTERM, no sanitizer report"
     else notok "$1: exit $RC: $(grep -m3 -E "ERROR|runtime error|SUMMARY" "$T/$1.err")"; fi
 }
-py() { python3 - "$PORT" "$@"; }
 
 # ---- framing (issue 25.3, RFC 9112 6.3) ----------------------------------------------------------
 start framing "$T/m.kpk" --quiet || { finish; exit 1; }
