@@ -48,7 +48,7 @@ UNIT_BIN  := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC) $(PROBE_SRC)
 # sanitizers) keeps its own copies under its build directory.
 BINDIR := $(if $(filter build,$(BUILD)),bin,$(BUILD)/bin)
 
-.PHONY: all test test-clang test-root bench bench-hdd demo deps clean unit asan ablate fuzz fuzz-bins soak check-layers
+.PHONY: all test test-clang test-root bench bench-hdd demo deps clean unit asan ablate fuzz fuzz-bins soak soak-serve check-layers
 # keep the unit tests' objects (make would delete them as intermediates)
 .SECONDARY:
 all: $(BINDIR)/kpack $(BINDIR)/k3synth $(if $(wildcard run/cli/main.c),$(BINDIR)/krun)
@@ -157,12 +157,23 @@ test: all unit ablate check-layers
 test-root: all unit
 	@BUILD=$(BUILD) BIN=$(BINDIR) tests/run_all.sh tests/root/test_*.sh
 
-# The randomized campaign (tests/soak/soak.py): kill -9 at random byte counts
-# during convert, random bit flips, re-sealed structural mutations.  Prints
-# figures; SOAK_ARGS="--kills N --flips N --mutations N --seed S --json FILE".
+# The randomized campaigns.  tests/soak/soak.py: kill -9 at random byte counts
+# during convert, random bit flips, re-sealed structural mutations; figures;
+# SOAK_ARGS="--kills N --flips N --mutations N --seed S --json FILE".
+# tests/soak/serve_soak.py (`make soak-serve` alone): 10,000 random requests to
+# krun serve built with ASan/UBSan, with disconnects, half-closes and signals;
+# SERVE_SOAK_ARGS="--requests N --epochs N --workers N --seed S --json FILE".
 SOAK_ARGS ?= --kills 60 --flips 1200 --mutations 1200 --json $(BUILD)/soak.json
-soak: all unit
+SERVE_SOAK_ARGS ?= --requests 10000 --epochs 5 --json $(BUILD)/serve_soak.json
+ASAN_OPT := -O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
+K3_SHARED ?= $(abspath ..)/shared
+soak: all unit soak-serve
 	@nice -n 10 python3 tests/soak/soak.py --bin $(BINDIR) --shim $(KFAULT) $(SOAK_ARGS)
+
+soak-serve: all
+	@$(MAKE) --no-print-directory BUILD=build/asan OPT="$(ASAN_OPT)" build/asan/bin/krun
+	@nice -n 10 python3 tests/soak/serve_soak.py --krun build/asan/bin/krun --tools $(BINDIR) \
+	    --tokenizer $(K3_SHARED)/fixtures/tokenizer/tiktoken.model $(SERVE_SOAK_ARGS)
 
 bench: all
 	@tests/bench/run_bench.sh
@@ -187,7 +198,7 @@ test-clang: all
 # Sanitizer and valgrind builds of the same suite.
 # Shadow memory makes RSS meaningless under ASan: the RSS-bound checks skip.
 asan:
-	KPK_SANITIZED=1 $(MAKE) BUILD=build/asan OPT="-O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" test
+	KPK_SANITIZED=1 $(MAKE) BUILD=build/asan OPT="$(ASAN_OPT)" test
 
 clean:
 	rm -rf build bin

@@ -22,6 +22,12 @@
 #define SERVE_CTX_DEFAULT 4096
 #define SERVE_SEQS_DEFAULT 4
 #define SERVE_QUEUE_DEFAULT 16
+/* Connections one address may open beyond the sequences and the queue it can fill: /health,
+ * /v1/models, idle keep-alive ones.  The limit in all is this many addresses' worth. */
+#define SERVE_CONN_SLACK 32
+#define SERVE_CONN_ADDRESSES 4
+#define SERVE_IDLE_DEFAULT 60
+#define SERVE_REQUEST_TIMEOUT_DEFAULT 30
 /* After cancelling, how long connections may take to send what is left. */
 #define SERVE_FLUSH_SECONDS 10
 
@@ -42,8 +48,16 @@ static const char usage[] =
     "                        budgets their state and says how many would fit)\n"
     "  --max-queue N         requests waiting for a sequence (default 16); more get 503 + Retry-After\n"
     "  --max-body SIZE       largest request body (default 8M)\n"
-    "  --max-connections N   open connections at most (default max-seqs + max-queue + 16)\n"
-    "  --idle-timeout S      close a connection idle for S seconds between requests (default 600;\n"
+    "  --max-connections N   open connections at most (default 4 x the per-address limit); the last\n"
+    "                        eighth (at least 2) is kept free: past that, the connection that has\n"
+    "                        waited longest for its request (half a second at least) is closed\n"
+    "  --max-connections-per-ip N\n"
+    "                        open connections from one client address at most, with the same\n"
+    "                        reserve (default max-seqs + max-queue + 32; 0: no limit, e.g. behind a\n"
+    "                        proxy, where every client has the proxy's address)\n"
+    "  --request-timeout S   a request (headers and body) must arrive within S seconds of its first\n"
+    "                        byte, or its connection is closed (default 30)\n"
+    "  --idle-timeout S      close a connection idle for S seconds between requests (default 60;\n"
     "                        a request never times out while it runs)\n"
     "  --shutdown-timeout S  on SIGINT / SIGTERM, seconds running requests may take to finish\n"
     "                        before they are cancelled (default 30; a second signal cancels at once)\n"
@@ -61,8 +75,8 @@ static const char usage[] =
 
 struct serve_opts {
     const char *model, *host, *api_key, *model_name, *max_body;
-    long port, max_queue, max_connections, idle_timeout;
-    double shutdown_timeout;
+    long port, max_queue, max_connections, max_per_ip, idle_timeout;
+    double shutdown_timeout, request_timeout;
     int quiet;
     krun_cli c;
 };
@@ -88,7 +102,9 @@ static void parse_args(int argc, char **argv, struct serve_opts *o)
     o->max_queue = SERVE_QUEUE_DEFAULT;
     o->max_body = "8M";
     o->shutdown_timeout = 30;
-    o->idle_timeout = 600;
+    o->idle_timeout = SERVE_IDLE_DEFAULT;
+    o->request_timeout = SERVE_REQUEST_TIMEOUT_DEFAULT;
+    o->max_per_ip = -1;
     o->api_key = getenv("KRUN_API_KEY");
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
@@ -105,6 +121,10 @@ static void parse_args(int argc, char **argv, struct serve_opts *o)
         else if (OPT("--max-body")) o->max_body = v;
         else if (OPT("--max-connections"))
             o->max_connections = krun_cli_long(v, 1, 1L << 16, "--max-connections");
+        else if (OPT("--max-connections-per-ip"))
+            o->max_per_ip = krun_cli_long(v, 0, 1L << 16, "--max-connections-per-ip");
+        else if (OPT("--request-timeout"))
+            o->request_timeout = krun_cli_double(v, 0.1, 1e6, "--request-timeout");
         else if (OPT("--shutdown-timeout"))
             o->shutdown_timeout = krun_cli_double(v, 0, 1e9, "--shutdown-timeout");
         else if (OPT("--idle-timeout"))
@@ -119,7 +139,8 @@ static void parse_args(int argc, char **argv, struct serve_opts *o)
     krun_cli_check(&o->c, NULL);
     if (o->api_key && !*o->api_key) krun_cli_die("%s", "--api-key: the key is empty");
     if (!o->c.ctx) o->c.ctx = SERVE_CTX_DEFAULT;
-    if (!o->max_connections) o->max_connections = o->c.max_seqs + o->max_queue + 16;
+    if (o->max_per_ip < 0) o->max_per_ip = o->c.max_seqs + o->max_queue + SERVE_CONN_SLACK;
+    if (!o->max_connections) o->max_connections = SERVE_CONN_ADDRESSES * (o->c.max_seqs + o->max_queue + SERVE_CONN_SLACK);
 }
 
 /* The model's name in the API: the file's name without its directory and .kpk. */
@@ -228,7 +249,8 @@ int krun_serve_main(int argc, char **argv)
     if (krun_model_prepare(m, &mo, &e)) { fprintf(stderr, "krun serve: %s\n", e.msg); rc = e.code; goto out; }
     eo = (srv_engine_opts){(size_t)o.max_queue, name, o.quiet};
     if (srv_engine_start(m, &eo, &eng, &e)) { fprintf(stderr, "krun serve: %s\n", e.msg); rc = e.code; goto out; }
-    ho = (srv_http_opts){o.api_key, (size_t)max_body, fd, (unsigned)o.max_connections, (unsigned)o.idle_timeout};
+    ho = (srv_http_opts){o.api_key, (size_t)max_body, fd, (unsigned)o.max_connections, (unsigned)o.max_per_ip, (unsigned)o.idle_timeout,
+                         o.request_timeout};
     if (srv_http_start(eng, &ho, &http, &e)) { fprintf(stderr, "krun serve: %s\n", e.msg); rc = e.code; goto out; }
     fd = -1;                                   /* the daemon's now */
     if (!o.quiet) announce(&o, m, name, port);

@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <time.h>
 
 struct srv_engine {
@@ -364,13 +365,49 @@ static void *engine_main(void *arg)
 
 /* ---- the connection's side ------------------------------------------------------------------- */
 
-/* Did the client hang up?  (A request's body is read whole before it runs,
- * so a peer that shut its side down is gone.) */
-static int client_gone(int fd)
+/* Did the client leave?  Only a reset or an error on its socket says so, or a failed write
+ * (which MHD reports: on_completed).  The end of its input does not: a client may shut its
+ * writing side down once its request is sent (shutdown(SHUT_WR), nc -N, socat) and still read
+ * the answer.  A client that closed its socket and one that only half-closed it look the same
+ * from here (the end of input); they differ in what they do with data sent to them: a closed
+ * socket answers it with a reset.  So, the first time its input is seen ended, the client is sent
+ * something every client skips, and the reset (if it comes) is seen at the next look:
+ *   - before the response's status is known, an interim response "HTTP/1.1 100 Continue" (an
+ *     HTTP/1.1 client must accept 1xx responses before the final one, RFC 9110 15.2; HTTP/1.0
+ *     has none, so there the end of input counts as a hang-up);
+ *   - in a started stream, an SSE comment line (":"), which clients ignore (srv_read). */
+enum { CLIENT_HERE, CLIENT_GONE, CLIENT_EOF };
+#define CLIENT_PROBE "HTTP/1.1 100 Continue\r\n\r\n"
+#define SSE_PROBE ":\n\n"
+/* After a probe, look again this soon (a reset comes back within a round trip). */
+#define PROBE_RECHECK 0.02
+
+static int client_check(const sreq *r)
 {
-    struct pollfd p = {fd, POLLRDHUP, 0};
-    if (fd < 0) return 0;
-    return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
+    struct pollfd p = {r->client_fd, POLLIN | POLLRDHUP, 0};
+    if (r->client_fd < 0 || poll(&p, 1, 0) <= 0) return CLIENT_HERE;
+    if (p.revents & (POLLERR | POLLHUP | POLLNVAL)) return CLIENT_GONE;   /* a reset, an error, or both sides shut */
+    return p.revents & POLLRDHUP ? CLIENT_EOF : CLIENT_HERE;               /* POLLIN alone: a pipelined request */
+}
+
+/* Before the status is known: is the client gone?  *soon: look again soon (a probe was sent).
+ * The connection's thread is inside MHD's access handler, so MHD writes nothing meanwhile and the
+ * interim response goes out whole before the final one. */
+static int client_gone_head(sreq *r, double *soon)
+{
+    ssize_t n;
+    int st = client_check(r);
+    if (st != CLIENT_EOF) return st == CLIENT_GONE;
+    if (r->probed_head) return 0;                   /* probed: only half-closed */
+    if (!r->client_probe) return 1;                 /* HTTP/1.0: no interim responses */
+    n = send(r->client_fd, CLIENT_PROBE, sizeof CLIENT_PROBE - 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;   /* its buffer is full: later */
+    /* a write that failed means the client left; a partial one (cannot happen with an empty
+     * buffer, but) would leave a torn response on the wire: the connection is given up */
+    if (n != (ssize_t)(sizeof CLIENT_PROBE - 1)) return 1;
+    r->probed_head = 1;
+    *soon = PROBE_RECHECK;
+    return 0;
 }
 
 static void cancel_locked(srv_engine *e, sreq *r)
@@ -399,12 +436,16 @@ void srv_cancel(srv_engine *e, sreq *r)
     pthread_mutex_unlock(&e->mu);
 }
 
-/* Wait on r->cv for a fifth of a second (then look at the client again). */
-static void wait_a_little(sreq *r, pthread_mutex_t *mu)
+/* A connection waiting for output looks at its client this often (seconds). */
+#define CLIENT_LOOK 0.2
+
+/* Wait on r->cv for at most the given seconds (< 1), then look at the client again. */
+static void wait_a_little(sreq *r, pthread_mutex_t *mu, double seconds)
 {
     struct timespec ts;
+    long ns = (long)(seconds * 1e9);
     clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_nsec += 200 * 1000 * 1000;
+    ts.tv_nsec += ns;
     if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
     pthread_cond_timedwait(&r->cv, mu, &ts);
 }
@@ -414,8 +455,9 @@ int srv_wait_started(srv_engine *e, sreq *r)
     int status = -1;
     pthread_mutex_lock(&e->mu);
     while (!r->started && r->state != SREQ_DONE) {
-        if (client_gone(r->client_fd)) { cancel_locked(e, r); break; }
-        wait_a_little(r, &e->mu);
+        double next = CLIENT_LOOK;
+        if (client_gone_head(r, &next)) { cancel_locked(e, r); break; }
+        wait_a_little(r, &e->mu, next);
     }
     if (r->started && !r->cancelled) status = r->status;
     pthread_mutex_unlock(&e->mu);
@@ -427,8 +469,16 @@ long srv_read(srv_engine *e, sreq *r, char *buf, size_t max)
     long got = -1;
     pthread_mutex_lock(&e->mu);
     while (!r->out.n && r->state != SREQ_DONE && !r->cancelled) {
-        if (client_gone(r->client_fd)) { cancel_locked(e, r); break; }
-        wait_a_little(r, &e->mu);
+        int st = client_check(r);
+        if (st == CLIENT_GONE) { cancel_locked(e, r); break; }
+        if (st == CLIENT_EOF && !r->probed_stream && max >= sizeof SSE_PROBE - 1) {
+            /* between events (out is empty: every event published so far was taken whole) */
+            r->probed_stream = 1;
+            memcpy(buf, SSE_PROBE, sizeof SSE_PROBE - 1);
+            pthread_mutex_unlock(&e->mu);
+            return (long)(sizeof SSE_PROBE - 1);
+        }
+        wait_a_little(r, &e->mu, CLIENT_LOOK);
     }
     if (r->out.n) {
         size_t n = r->out.n < max ? r->out.n : max;
@@ -447,8 +497,9 @@ void srv_wait_done(srv_engine *e, sreq *r)
 {
     pthread_mutex_lock(&e->mu);
     while (r->state != SREQ_DONE && !r->cancelled) {
-        if (client_gone(r->client_fd)) { cancel_locked(e, r); break; }
-        wait_a_little(r, &e->mu);
+        double next = CLIENT_LOOK;
+        if (client_gone_head(r, &next)) { cancel_locked(e, r); break; }
+        wait_a_little(r, &e->mu, next);
     }
     pthread_mutex_unlock(&e->mu);
 }

@@ -13,8 +13,12 @@
 struct sgen {
     const ktok *tk;
     sgen_opts o;
+    /* sgen_opts points into the request (its parsed body, the caller's stack), which is gone while
+     * a streamed or abandoned request still runs: everything kept is copied (issue 25.1) */
     char *id, *model;          /* copies of meta's strings */
     int32_t *prompt;           /* copy, for return_token_ids */
+    char **stops;              /* copies of the stop strings (kstop borrows these) */
+    int32_t *end_ids;          /* copy */
     kchat_parser *parser;      /* chat */
     kstop stop;
     kutf8_hold pend;           /* completion: an incomplete UTF-8 sequence held back */
@@ -34,6 +38,7 @@ static char *dupstr(const char *s) { return s ? strdup(s) : NULL; }
 sgen *sgen_new(const ktok *tk, const sgen_opts *o)
 {
     sgen *g = calloc(1, sizeof *g);
+    int oom = 0;
     if (!g) return NULL;
     g->tk = tk;
     g->o = *o;
@@ -47,10 +52,17 @@ sgen *sgen_new(const ktok *tk, const sgen_opts *o)
         if (g->prompt) memcpy(g->prompt, o->prompt_ids, o->n_prompt * sizeof *g->prompt);
     }
     g->o.prompt_ids = g->prompt;
-    kstop_init(&g->stop, o->stop, o->n_stop);
+    if (o->n_stop) g->stops = calloc(o->n_stop, sizeof *g->stops);
+    for (size_t i = 0; g->stops && i < o->n_stop; i++)
+        if (!(g->stops[i] = strdup(o->stop[i]))) oom = 1;
+    g->o.stop = g->stops;
+    if (o->n_end_ids) g->end_ids = malloc(o->n_end_ids * sizeof *g->end_ids);
+    if (g->end_ids) memcpy(g->end_ids, o->end_ids, o->n_end_ids * sizeof *g->end_ids);
+    g->o.end_ids = g->end_ids;
+    kstop_init(&g->stop, g->stops, o->n_stop);
     if (o->chat) g->parser = kchat_parser_new(tk, o->thinking);
     if ((o->meta.id && !g->id) || (o->meta.model && !g->model) || (o->n_prompt && o->return_token_ids && !g->prompt) ||
-        (o->chat && !g->parser)) {
+        (o->n_stop && !g->stops) || oom || (o->n_end_ids && !g->end_ids) || (o->chat && !g->parser)) {
         sgen_free(g);
         return NULL;
     }
@@ -75,6 +87,9 @@ void sgen_free(sgen *g)
     kbuf_free(&g->ids);
     kutf8_hold_free(&g->pend);
     free(g->prompt);
+    for (size_t i = 0; g->stops && i < g->o.n_stop; i++) free(g->stops[i]);   /* calloc'd: a failed copy is NULL */
+    free(g->stops);
+    free(g->end_ids);
     free(g->id);
     free(g->model);
     free(g);
@@ -105,14 +120,22 @@ static void emit_text(sgen *g, const char *text, size_t len)
     }
 }
 
-/* Reply text through the stop strings; returns 1 when one is complete. */
+/* Reply text through the stop strings; returns 1 when one is complete.  The stop strings are
+ * looked for in the text as the client reads it: ill-formed UTF-8 (a token may hold half a
+ * character) as U+FFFD, as the JSON strings will show it.  text ends on a character boundary
+ * (completion_bytes and the chat parser hold back an incomplete character), so replacing piece by
+ * piece gives what replacing the whole text would. */
 static int reply_text(sgen *g, const char *text, size_t len)
 {
-    kbuf pass = {0};
-    int hit = kstop_feed(&g->stop, text, len, &pass);
+    kbuf clean = {0}, pass = {0};
+    int hit;
+    kutf8_sanitize(text, len, &clean);
+    if (clean.oom) { g->oom = 1; kbuf_free(&clean); return 0; }
+    hit = kstop_feed(&g->stop, clean.p ? clean.p : "", clean.n, &pass);
     if (pass.oom) g->oom = 1;
     emit_text(g, pass.p, pass.n);
     kbuf_free(&pass);
+    kbuf_free(&clean);
     if (hit) g->stopped = 1;
     return hit;
 }

@@ -21,9 +21,9 @@ typedef struct sgen_opts {
     int chat;                  /* a chat.completion (else a text_completion) */
     int thinking;              /* chat: the generation prompt opened the think channel */
     int stream, include_usage, return_token_ids;
-    char *const *stop;         /* stop strings (applied to content, or to a completion's text) */
+    char *const *stop;         /* stop strings (applied to content, or to a completion's text; copied) */
     size_t n_stop;
-    const int32_t *end_ids;    /* ids that end the reply (the model's end-of-message ids); none with ignore_eos */
+    const int32_t *end_ids;    /* ids that end the reply (the model's end-of-message ids; copied); none with ignore_eos */
     size_t n_end_ids;
     long max_tokens;           /* generated tokens at most */
     oai_meta meta;             /* id, model, created (the strings are copied) */
@@ -33,7 +33,10 @@ typedef struct sgen_opts {
 
 typedef struct sgen sgen;
 
-/* NULL on allocation failure (or a chat request with a tokenizer that lacks the chat markers). */
+/* NULL on allocation failure (or a chat request with a tokenizer that lacks the chat markers).
+ * Nothing o points to is used after sgen_new returns: the request that made o may be freed
+ * while its output is still being generated (a stream, a client that hung up).  Only tk is
+ * borrowed (the model's, alive as long as the server). */
 sgen *sgen_new(const ktok *tk, const sgen_opts *o);
 void sgen_free(sgen *g);
 

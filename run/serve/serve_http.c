@@ -6,9 +6,12 @@
  *
  * MHD runs a thread per connection, so a connection may block: it waits for
  * its request's output (waking five times a second to notice a client that
- * hung up).  A response's status is chosen when it is known: a streamed reply
- * starts (200) with its first token, so an error before it (a bad extent met
- * while reading the prompt) is a real HTTP error, not an event. */
+ * hung up: a reset, not the end of its input; serve_engine.c, client_check).
+ * A response's status is chosen when it is known: a streamed reply starts
+ * (200) with its first token, so an error before it (a bad extent met while
+ * reading the prompt) is a real HTTP error, not an event.  Before anything, a
+ * request's framing is checked (serve_framing.c); every connection is in the
+ * table of serve_conns.c (the request deadline, the reserve). */
 #include "serve.h"
 
 #include "format/kprogress.h"
@@ -26,6 +29,7 @@ struct srv_http {
     srv_engine *e;
     srv_http_opts o;
     struct MHD_Daemon *d;
+    srv_conns *conns;             /* every open connection: deadlines, the reserve */
     long long created;            /* the model's "created" in /v1/models: the server's start */
     unsigned long long next_id;   /* request ids */
     pthread_mutex_t id_mu;
@@ -36,11 +40,14 @@ typedef struct {
     kbuf body;
     int too_big;
     int answered;                 /* a response was queued before the body was read */
+    int http_1_0;                 /* no interim responses may be sent */
     sreq *req;
 } conn;
 
 /* ---- responses ------------------------------------------------------------------------------ */
 
+/* retry_after < 0: the connection is closed after the response (what follows the request on it
+ * cannot be trusted). */
 static enum MHD_Result reply(struct MHD_Connection *c, unsigned status, char *json, int retry_after)
 {
     struct MHD_Response *r;
@@ -49,6 +56,7 @@ static enum MHD_Result reply(struct MHD_Connection *c, unsigned status, char *js
     r = MHD_create_response_from_buffer(strlen(json), json, MHD_RESPMEM_MUST_FREE);
     if (!r) { free(json); return MHD_NO; }
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+    if (retry_after < 0) MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
     if (status == 401) MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
     if (retry_after > 0) {
         char s[16];
@@ -165,6 +173,7 @@ static enum MHD_Result run_request(srv_http *h, struct MHD_Connection *c, conn *
         return reply_error(c, &err, 0);
     }
     r->client_fd = ci ? ci->connect_fd : -1;
+    r->client_probe = !k->http_1_0;
     snprintf(r->id, sizeof r->id, "%s", go->meta.id);
     k->req = r;
     if (srv_submit(h->e, r, &err)) return reply_error(c, &err, !strcmp(err.code ? err.code : "", "server_busy") ? srv_retry_after(h->e) : 0);
@@ -323,8 +332,18 @@ static enum MHD_Result route(srv_http *h, struct MHD_Connection *c, const char *
     }
     switch (known) {
     case 0: {
+        /* open to all (a load balancer's probe has no key), but with --api-key only the status is
+         * shown without the key: the file's path, the plan and the counters are the operator's */
         int status;
         json_t *j = srv_engine_health(h->e, &status);
+        if (j && h->o.api_key && !authorized(c, h->o.api_key)) {
+            json_t *brief = json_pack("{sO}", "status", json_object_get(j, "status"));
+            json_decref(j);
+            j = brief;
+        } else if (j && json_object_set_new(j, "connections", srv_conns_json(h->conns))) {
+            json_decref(j);
+            j = NULL;
+        }
         return reply_json(c, (unsigned)status, j);
     }
     case 1: return reply(c, 200, oai_models_response(srv_engine_model_name(h->e), h->created, "krun"), 0);
@@ -333,19 +352,44 @@ static enum MHD_Result route(srv_http *h, struct MHD_Connection *c, const char *
     }
 }
 
+static enum MHD_Result framing_header(void *cls, enum MHD_ValueKind kind, const char *key, const char *value)
+{
+    (void)kind;
+    srv_framing_header(cls, key, value);
+    return MHD_YES;
+}
+
+static srv_conn *conn_of(struct MHD_Connection *c)
+{
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                   const char *version, const char *upload, size_t *upload_size, void **con_cls)
 {
     srv_http *h = cls;
     conn *k = *con_cls;
-    (void)version;
     if (!k) {
         /* the headers: refuse early what needs no body to refuse */
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         oai_error err;
+        srv_framing fr;
+        char why[200];
+        int bad;
         k = calloc(1, sizeof *k);
         if (!k) return MHD_NO;
         *con_cls = k;
+        k->http_1_0 = version && !strcmp(version, MHD_HTTP_VERSION_1_0);
+        /* first: a request whose length is uncertain is answered and the connection closed, so
+         * nothing after it is read as a request */
+        srv_framing_init(&fr);
+        MHD_get_connection_values(c, MHD_HEADER_KIND, framing_header, &fr);
+        if ((bad = srv_framing_verdict(&fr, k->http_1_0, why, sizeof why))) {
+            k->answered = 1;
+            oai_error_set(&err, bad, NULL, bad == 400 ? "bad_framing" : "unsupported_transfer_encoding", "%s", why);
+            return reply_error(c, &err, -1);
+        }
         if (h->o.api_key && !strncmp(url, "/v1/", 4) && !authorized(c, h->o.api_key)) {
             k->answered = 1;
             oai_error_set(&err, 401, NULL, "invalid_api_key", "a valid API key is needed: send the header Authorization: Bearer KEY");
@@ -372,6 +416,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         *upload_size = 0;
         return MHD_YES;
     }
+    srv_conn_busy(h->conns, conn_of(c));      /* the request arrived whole: its deadline is met */
     if (k->answered) return MHD_YES;
     return route(h, c, url, method, k);
 }
@@ -380,7 +425,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
 {
     srv_http *h = cls;
     conn *k = *con_cls;
-    (void)c;
+    srv_conn_waiting(h->conns, conn_of(c));   /* for its next request, if it has one */
     if (!k) return;
     if (k->req) {
         if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK) srv_cancel(h->e, k->req);
@@ -389,6 +434,20 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
     kbuf_free(&k->body);
     free(k);
     *con_cls = NULL;
+}
+
+/* Connections accepted and closed: the table of serve_conns.c. */
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context, enum MHD_ConnectionNotificationCode code)
+{
+    srv_http *h = cls;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *fd = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        const union MHD_ConnectionInfo *sa = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+        *socket_context = fd ? srv_conn_open(h->conns, fd->connect_fd, sa ? sa->client_addr : NULL) : NULL;
+    } else if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
+        srv_conn_close(h->conns, *socket_context);
+        *socket_context = NULL;
+    }
 }
 
 static void mhd_log(void *cls, const char *fmt, va_list ap)
@@ -406,16 +465,26 @@ int srv_http_start(srv_engine *e, const srv_http_opts *o, srv_http **out, krun_e
     h->e = e;
     h->o = *o;
     h->created = (long long)time(NULL);
-    h->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG | MHD_USE_ITC, 0,
+    {
+        srv_conns_opts co = {o->max_connections, o->max_connections_per_ip, o->request_timeout};
+        if (srv_conns_start(&co, &h->conns, err)) { pthread_mutex_destroy(&h->id_mu); free(h); return -1; }
+    }
+    /* MHD_USE_POLL: without it every connection's thread waits in select(2), which cannot watch a
+     * descriptor at or above FD_SETSIZE (1024): a --max-connections near that would fail */
+    h->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ERROR_LOG |
+                            MHD_USE_ITC, 0,
                             NULL, NULL, on_request, h,
                             MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,      /* first, so that every message goes through it */
                             MHD_OPTION_LISTEN_SOCKET, o->listen_fd,
                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
+                            MHD_OPTION_NOTIFY_CONNECTION, on_connection, h,
                             MHD_OPTION_CONNECTION_LIMIT, o->max_connections,
+                            MHD_OPTION_PER_IP_CONNECTION_LIMIT, o->max_connections_per_ip,
                             MHD_OPTION_CONNECTION_TIMEOUT, o->idle_timeout,
                             MHD_OPTION_END);
     if (!h->d) {
         krun_err_set(err, KRUN_EINPUT, "libmicrohttpd could not start on the listening socket");
+        srv_conns_stop(h->conns);
         pthread_mutex_destroy(&h->id_mu);
         free(h);
         return -1;
@@ -433,7 +502,8 @@ void srv_http_quiesce(srv_http *h)
 void srv_http_stop(srv_http *h)
 {
     if (!h) return;
-    MHD_stop_daemon(h->d);
+    MHD_stop_daemon(h->d);             /* every connection closed: the table is empty */
+    srv_conns_stop(h->conns);
     pthread_mutex_destroy(&h->id_mu);
     free(h);
 }

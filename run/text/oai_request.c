@@ -422,10 +422,12 @@ static int get_message(json_t *m, size_t i, kchat_message *out, arena *a, oai_er
     return 0;
 }
 
+static int get_tool_choice(json_t *o, kchat_options *c, int declared, oai_error *e);
+
 static int get_tools(json_t *o, kchat_options *c, arena *a, oai_error *e)
 {
     json_t *t = field(o, "tools");
-    if (!t) return 0;
+    if (!t) return get_tool_choice(o, c, 0, e);
     if (!json_is_array(t)) return wrong_type(e, "tools", "an array", t);
     for (size_t k = 0; k < json_array_size(t); k++) {
         json_t *x = json_array_get(t, k), *type = json_object_get(x, "type"), *f = json_object_get(x, "function");
@@ -458,8 +460,14 @@ static int get_tools(json_t *o, kchat_options *c, arena *a, oai_error *e)
     }
     c->tools_json = arena_keep(a, json_dumps(t, JSON_COMPACT));
     if (!c->tools_json) return OOM(e);
+    return get_tool_choice(o, c, json_array_size(t) > 0, e);
+}
+
+/* tool_choice, checked whether or not tools are given (declared: at least one is): "required"
+ * without a tool is a 400, as OpenAI answers (issue 25.8); "auto" and "none" need none. */
+static int get_tool_choice(json_t *o, kchat_options *c, int declared, oai_error *e)
+{
     json_t *tc = field(o, "tool_choice");
-    int declared = json_array_size(t) > 0;
     if (tc) {
         if (json_is_object(tc)) {
             oai_error_set(e, 400, "tool_choice", "unsupported_value", "naming one tool in tool_choice is not supported (use \"auto\", \"required\" or \"none\")");
@@ -476,7 +484,7 @@ static int get_tools(json_t *o, kchat_options *c, arena *a, oai_error *e)
             return -1;
         }
         if (c->tool_choice == KCHAT_TOOL_CHOICE_REQUIRED && !declared) {
-            oai_error_set(e, 400, "tool_choice", "invalid_value", "tool_choice \"required\" needs tools");
+            oai_error_set(e, 400, "tool_choice", "invalid_value", "tool_choice \"required\" needs at least one tool in tools");
             return -1;
         }
     }

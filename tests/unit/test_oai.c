@@ -79,6 +79,20 @@ static void test_chat_fields(void)
     rc = parse_chat("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"chat_template_kwargs\":{\"thinking\":false}}", &r, &e);
     CHECK(rc == 0 && !r.chat.thinking, "chat_template_kwargs thinking false");
     if (!rc) oai_chat_request_free(&r);
+    /* issue 25.8: tool_choice without tools: "required" is a 400 (as OpenAI answers), "auto" and "none" are accepted */
+    rc = parse_chat("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":\"required\"}", &r, &e);
+    CHECK(rc == -1 && e.status == 400 && !strcmp(e.param, "tool_choice") && strstr(e.message, "needs at least one tool"),
+          "tool_choice \"required\" without tools: 400 naming tool_choice (%s)", rc ? e.message : "accepted");
+    if (!rc) oai_chat_request_free(&r);
+    ok = 1;
+    for (int k = 0; k < 2; k++) {
+        char b[200];
+        snprintf(b, sizeof b, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":\"%s\"}", k ? "none" : "auto");
+        if (parse_chat(b, &r, &e)) { ok = 0; continue; }
+        ok &= r.chat.tool_choice == (k ? KCHAT_TOOL_CHOICE_NONE : KCHAT_TOOL_CHOICE_AUTO) && !r.chat.tools_json;
+        oai_chat_request_free(&r);
+    }
+    CHECK(ok, "tool_choice \"auto\" and \"none\" without tools are accepted");
     rc = parse_chat("{\"messages\":[{\"role\":\"assistant\",\"tool_calls\":[{\"function\":{\"name\":\"g\",\"arguments\":{\"k\":[1]}}}]}]}",
                     &r, &e);
     CHECK(rc == 0 && r.messages[0].n_tool_calls == 1 && !strcmp(r.messages[0].tool_calls[0].arguments, "{\"k\":[1]}") &&
@@ -181,7 +195,14 @@ static void test_chat_errors(void)
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],"
          "\"tool_choice\":\"sometimes\"}", 400, "tool_choice", "invalid_value", "auto"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[],\"tool_choice\":\"required\"}", 400, "tool_choice",
-         "invalid_value", "needs tools"},
+         "invalid_value", "needs at least one tool"},
+        /* issue 25.8: without a tools field at all, tool_choice was not looked at (200) */
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":\"required\"}", 400, "tool_choice",
+         "invalid_value", "needs at least one tool"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":null,\"tool_choice\":\"required\"}", 400, "tool_choice",
+         "invalid_value", "needs at least one tool"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":\"sometimes\"}", 400, "tool_choice", "invalid_value", "auto"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":5}", 400, "tool_choice", "invalid_type", "a string"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"reasoning_effort\":\"extreme\"}", 400, "reasoning_effort", "invalid_value", "must be"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"reasoning_effort\":1}", 400, "reasoning_effort", "invalid_type", "a string"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"chat_template_kwargs\":[]}", 400, "chat_template_kwargs", "invalid_type", "an object"},
