@@ -61,13 +61,18 @@ typedef struct {
                                  the same position after the last assistant message */
 } kchat_message;
 
-typedef enum { KCHAT_TOOL_CHOICE_AUTO = 0, KCHAT_TOOL_CHOICE_NONE, KCHAT_TOOL_CHOICE_REQUIRED } kchat_tool_choice;
+typedef enum { KCHAT_TOOL_CHOICE_AUTO = 0, KCHAT_TOOL_CHOICE_NONE, KCHAT_TOOL_CHOICE_REQUIRED,
+               KCHAT_TOOL_CHOICE_NAMED } kchat_tool_choice;
+typedef enum { KCHAT_FORMAT_TEXT = 0, KCHAT_FORMAT_JSON_OBJECT, KCHAT_FORMAT_JSON_SCHEMA } kchat_format;
 
 typedef struct {
     int thinking;                 /* 1: the think channel is on */
     kchat_effort effort;          /* with thinking: the thinking-effort message (NONE: no message) */
     const char *tools_json;       /* the OpenAI "tools" array as JSON text, or NULL (none) */
-    kchat_tool_choice tool_choice;/* NONE / REQUIRED add a tool-choice directive (with tools only) */
+    kchat_tool_choice tool_choice;/* NONE / REQUIRED / NAMED add a tool-choice directive (with tools only) */
+    const char *tool_name;        /* NAMED: the tool the reply must call */
+    kchat_format format;          /* JSON_OBJECT / JSON_SCHEMA add a response-format directive */
+    const char *format_schema;    /* JSON_SCHEMA: the schema, as JSON text */
     int add_generation_prompt;    /* end with the assistant's opening tags */
 } kchat_options;
 
@@ -84,7 +89,8 @@ typedef struct {
 } kchat_rendering;
 void kchat_rendering_free(kchat_rendering *r);
 
-/* The whole prompt: [tool declaration] [thinking effort] messages [directive] [generation prompt].
+/* The whole prompt: [tool declaration] [thinking effort] messages [tool-choice] [response-format]
+ * [generation prompt].
  * tk may be NULL (text only).  Returns 0, or -1 with a message in err naming the message
  * ("messages[3]: ...") or the option; an unknown effort or a tool result whose tool cannot be
  * named is an error.  tk must have the four markers. */
@@ -96,6 +102,21 @@ int kchat_render(const ktok *tk, const kchat_message *msgs, size_t n, const kcha
  * kchat_render_continue(from). */
 int kchat_render_continue(const ktok *tk, const kchat_message *msgs, size_t n, size_t from,
                           const kchat_options *o, kchat_rendering *out, krun_err *err);
+
+/* ---- the reply's constraint (chat_constrain.c) ------------------------------------------- */
+
+struct kgram;
+/* The grammar a reply must follow under these options (constrained decoding, docs/SERVE.md), from
+ * the token after the generation prompt to <|end_of_msg|>, or NULL when nothing constrains it.
+ * What constrains it: response_format json_object / json_schema (the response channel is one JSON
+ * value, and nothing else), a named tool_choice (the reply is one call of that tool, its arguments
+ * valid against its parameters), and tools declared "strict": true (unless tool_choice is none: a
+ * call of a strict tool has valid arguments; with tool_choice required the reply calls tools).
+ * With thinking on, the think channel is free text and the constraint begins with the response
+ * channel.  Returns 0 with *out (NULL: unconstrained; else the caller frees it with kgram_free), or
+ * -1 with msg and param (the request field: "response_format.json_schema.schema.properties.age",
+ * "tools[1].function.parameters") naming what is refused or malformed. */
+int kchat_constraint(const kchat_options *o, struct kgram **out, char *param, size_t plen, char *msg, size_t mlen);
 
 /* ---- reading the reply ------------------------------------------------------------------- */
 

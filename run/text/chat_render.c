@@ -15,12 +15,33 @@ static const char EFFORT_TEXT[] =
     "Now the system is invoked with `thinking_effort=%s`.";
 static const char TOOLS_HEAD[] = "# Tools\nHere are the available tools, described in JSONSchema.\n\n```json\n";
 static const char TOOLS_TAIL[] = "\n```";
-/* tool_choice directives: K3_CHAT.md §4 names the message type but not its text; this is the
- * text of encoding_k3.py as public reimplementations of it reproduce it. */
-static const char TOOL_CHOICE_NONE[] =
-    "The system is invoked with `tool_choice=none`.\nYou MUST NOT call any tools in the next message.";
-static const char TOOL_CHOICE_REQUIRED[] =
-    "The system is invoked with `tool_choice=required`.\nYou MUST call tools in the next message.";
+/* The internal system messages before the generation prompt (K3_CHAT.md §4: types tool-choice and
+ * response-format), one row each.  The spec names the types but not their text: the none and
+ * required rows are the text of encoding_k3.py as public reimplementations of it reproduce it; the
+ * other three are stand-ins written here (docs/CHAT.md), until the release's text replaces them in
+ * this table.  Whatever the model is told, the constraint (chat_constrain.c) makes the reply valid.
+ * %s: the tool's name (twice), or the schema as compact JSON with sorted keys. */
+static const struct { const char *type, *variant, *text; } DIRECTIVES[] = {
+    {"tool-choice", "none", "The system is invoked with `tool_choice=none`.\nYou MUST NOT call any tools in the next message."},
+    {"tool-choice", "required", "The system is invoked with `tool_choice=required`.\nYou MUST call tools in the next message."},
+    {"tool-choice", "function",
+     "The system is invoked with `tool_choice={\"type\": \"function\", \"function\": {\"name\": \"%s\"}}`.\n"
+     "You MUST call the tool `%s` in the next message, and no other tool."},
+    {"response-format", "json_object",
+     "The system is invoked with `response_format=json_object`.\n"
+     "Your response MUST be a single JSON object, with nothing before or after it."},
+    {"response-format", "json_schema",
+     "The system is invoked with `response_format=json_schema`.\n"
+     "Your response MUST be a single JSON value, with nothing before or after it, that is valid against this JSON Schema:\n"
+     "```json\n%s\n```"},
+};
+
+static const char *directive(const char *type, const char *variant)
+{
+    for (size_t i = 0; i < sizeof DIRECTIVES / sizeof *DIRECTIVES; i++)
+        if (!strcmp(DIRECTIVES[i].type, type) && !strcmp(DIRECTIVES[i].variant, variant)) return DIRECTIVES[i].text;
+    return "";
+}
 
 kchat_effort kchat_effort_parse(const char *s)
 {
@@ -257,6 +278,45 @@ static int render_tools(kseg *r, const char *tools_json, int emit, int *declared
     return 0;
 }
 
+/* The tool-choice message (with tools declared). */
+static int render_directives(kseg *r, const kchat_options *o, krun_err *err)
+{
+    kbuf b = {0};
+    if (o->tool_choice == KCHAT_TOOL_CHOICE_NAMED) {
+        if (!o->tool_name || !*o->tool_name) return krun_err_set(err, KRUN_EINPUT, "tool_choice names no tool");
+        kbuf_printf(&b, directive("tool-choice", "function"), o->tool_name, o->tool_name);
+    } else {
+        kbuf_puts(&b, directive("tool-choice", o->tool_choice == KCHAT_TOOL_CHOICE_NONE ? "none" : "required"));
+    }
+    if (b.oom) r->fail = 1;
+    else system_message(r, "tool-choice", b.p, b.n);
+    kbuf_free(&b);
+    return 0;
+}
+
+/* The response-format message: json_object, or json_schema with the schema (compact, keys sorted). */
+static int render_format(kseg *r, const kchat_options *o, krun_err *err)
+{
+    kbuf b = {0};
+    if (o->format == KCHAT_FORMAT_JSON_SCHEMA) {
+        json_error_t je;
+        json_t *s = o->format_schema ? json_loads(o->format_schema, JSON_ALLOW_NUL | JSON_DECODE_ANY, &je) : NULL;
+        kbuf js = {0};
+        if (!s) return krun_err_set(err, KRUN_EINPUT, "response_format: the schema is not JSON");
+        kjson_py_dump(s, 1, 1, &js);
+        json_decref(s);
+        kbuf_printf(&b, directive("response-format", "json_schema"), js.p ? js.p : "");
+        if (js.oom) b.oom = 1;
+        kbuf_free(&js);
+    } else {
+        kbuf_puts(&b, directive("response-format", "json_object"));
+    }
+    if (b.oom) r->fail = 1;
+    else system_message(r, "response-format", b.p, b.n);
+    kbuf_free(&b);
+    return 0;
+}
+
 static int render(const ktok *tk, const kchat_message *msgs, size_t n, size_t from, const kchat_options *o,
                   kchat_rendering *out, krun_err *err)
 {
@@ -282,10 +342,8 @@ static int render(const ktok *tk, const kchat_message *msgs, size_t n, size_t fr
     for (size_t i = 0; i < from; i++) track(&s, &msgs[i]);
     for (size_t i = from; i < n; i++)
         if (render_message(&r, &msgs[i], &s, o, i, err)) goto out;
-    if (declared && o->tool_choice != KCHAT_TOOL_CHOICE_AUTO) {
-        const char *b = o->tool_choice == KCHAT_TOOL_CHOICE_NONE ? TOOL_CHOICE_NONE : TOOL_CHOICE_REQUIRED;
-        system_message(&r, "tool-choice", b, strlen(b));
-    }
+    if (declared && o->tool_choice != KCHAT_TOOL_CHOICE_AUTO && render_directives(&r, o, err)) goto out;
+    if (o->format != KCHAT_FORMAT_TEXT && render_format(&r, o, err)) goto out;
     if (o->add_generation_prompt) {
         const char *attrs[] = {"role", "assistant", NULL};
         kseg_open(&r, "message", attrs);

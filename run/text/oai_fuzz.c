@@ -1,6 +1,8 @@
 /* oai_fuzz_one: every parser of the OpenAI and chat layers on one input (see oai.h). */
 #include "oai.h"
 
+#include "kgram.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -32,8 +34,13 @@ int oai_fuzz_one(const uint8_t *data, size_t n)
         kchat_rendering r;
         krun_err err;
         err.msg[0] = 0;
+        kgram *g;
+        char param[256], msg[512];
         if (kchat_render(NULL, cr.messages, cr.n_messages, &cr.chat, &r, &err) == 0) kchat_rendering_free(&r);
         else bad += !err.msg[0];
+        /* the constraint of response_format, a named tool or strict tools: compiled, or refused with a message */
+        if (kchat_constraint(&cr.chat, &g, param, sizeof param, msg, sizeof msg) == 0) kgram_free(g);
+        else bad += !msg[0];
         oai_chat_request_free(&cr);
     } else {
         bad += check_error(&e);

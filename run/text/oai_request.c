@@ -424,6 +424,17 @@ static int get_message(json_t *m, size_t i, kchat_message *out, arena *a, oai_er
 
 static int get_tool_choice(json_t *o, kchat_options *c, int declared, oai_error *e);
 
+/* A function of that name is in tools. */
+static int tool_declared(json_t *o, const char *name)
+{
+    json_t *t = field(o, "tools");
+    for (size_t k = 0; k < json_array_size(t); k++) {
+        json_t *n = json_object_get(json_object_get(json_array_get(t, k), "function"), "name");
+        if (json_is_string(n) && !strcmp(json_string_value(n), name)) return 1;
+    }
+    return 0;
+}
+
 static int get_tools(json_t *o, kchat_options *c, arena *a, oai_error *e)
 {
     json_t *t = field(o, "tools");
@@ -457,6 +468,10 @@ static int get_tools(json_t *o, kchat_options *c, arena *a, oai_error *e)
             }
         if (params && !json_is_object(params)) { strcat(p, ".function.parameters"); return wrong_type(e, p, "an object", params); }
         if (desc && !json_is_string(desc)) { strcat(p, ".function.description"); return wrong_type(e, p, "a string", desc); }
+        {
+            json_t *strict = field(f, "strict");
+            if (strict && !json_is_boolean(strict)) { strcat(p, ".function.strict"); return wrong_type(e, p, "a boolean", strict); }
+        }
     }
     c->tools_json = arena_keep(a, json_dumps(t, JSON_COMPACT));
     if (!c->tools_json) return OOM(e);
@@ -470,8 +485,22 @@ static int get_tool_choice(json_t *o, kchat_options *c, int declared, oai_error 
     json_t *tc = field(o, "tool_choice");
     if (tc) {
         if (json_is_object(tc)) {
-            oai_error_set(e, 400, "tool_choice", "unsupported_value", "naming one tool in tool_choice is not supported (use \"auto\", \"required\" or \"none\")");
-            return -1;
+            /* {"type": "function", "function": {"name": NAME}}: that tool, by constrained decoding */
+            json_t *type = json_object_get(tc, "type"), *f = json_object_get(tc, "function"), *name = json_object_get(f, "name");
+            if (!str_is(type, "function")) {
+                oai_error_set(e, 400, "tool_choice.type", "invalid_value", "tool_choice.type must be \"function\" (or give \"auto\", \"required\" or \"none\")");
+                return -1;
+            }
+            if (!json_is_string(name)) return wrong_type(e, "tool_choice.function.name", "a string", name ? name : json_null());
+            if (c_string(name, "tool_choice.function.name", e)) return -1;
+            if (!declared || !tool_declared(o, json_string_value(name))) {
+                oai_error_set(e, 400, "tool_choice.function.name", "invalid_value", "tool_choice names the function \"%.64s\", which is not in tools",
+                              json_string_value(name));
+                return -1;
+            }
+            c->tool_choice = KCHAT_TOOL_CHOICE_NAMED;
+            c->tool_name = json_string_value(name);
+            return 0;
         }
         if (!json_is_string(tc)) return wrong_type(e, "tool_choice", "a string", tc);
         if (c_string(tc, "tool_choice", e)) return -1;
@@ -536,6 +565,37 @@ static int get_thinking(json_t *o, kchat_options *c, oai_error *e)
     return 0;
 }
 
+/* response_format: text, json_object, or json_schema {name, schema, strict, description}.  The
+ * schema is compiled later (kchat_constraint: a refused keyword is a 400 there). */
+static int get_response_format(json_t *o, kchat_options *c, arena *a, oai_error *e)
+{
+    json_t *rf = field(o, "response_format"), *rt, *js, *sc;
+    if (!rf) return 0;
+    if (!json_is_object(rf)) return wrong_type(e, "response_format", "an object", rf);
+    rt = json_object_get(rf, "type");
+    if (str_is(rt, "text")) return 0;
+    if (str_is(rt, "json_object")) { c->format = KCHAT_FORMAT_JSON_OBJECT; return 0; }
+    if (!str_is(rt, "json_schema")) {
+        oai_error_set(e, 400, "response_format.type", "invalid_value", "response_format.type must be \"text\", \"json_object\" or \"json_schema\"");
+        return -1;
+    }
+    js = json_object_get(rf, "json_schema");
+    if (!json_is_object(js)) return wrong_type(e, "response_format.json_schema", "an object", js ? js : json_null());
+    {
+        json_t *name = json_object_get(js, "name"), *strict = field(js, "strict");
+        if (name && !json_is_string(name)) return wrong_type(e, "response_format.json_schema.name", "a string", name);
+        if (strict && !json_is_boolean(strict)) return wrong_type(e, "response_format.json_schema.strict", "a boolean", strict);
+    }
+    sc = field(js, "schema");
+    if (sc && !json_is_object(sc) && !json_is_boolean(sc))
+        return wrong_type(e, "response_format.json_schema.schema", "a JSON Schema (an object)", sc);
+    c->format = KCHAT_FORMAT_JSON_SCHEMA;
+    /* no schema: any JSON value */
+    c->format_schema = arena_keep(a, sc ? json_dumps(sc, JSON_COMPACT | JSON_ENCODE_ANY) : strdup("{}"));
+    if (!c->format_schema) return OOM(e);
+    return 0;
+}
+
 int oai_parse_chat_request(const char *body, size_t len, oai_chat_request *req, oai_error *e)
 {
     memset(req, 0, sizeof *req);
@@ -554,11 +614,7 @@ int oai_parse_chat_request(const char *body, size_t len, oai_chat_request *req, 
         if (get_message(json_array_get(msgs, i), i, &req->messages[i], a, e)) goto bad;
     req->n_messages = n;
     if (get_tools(o, &req->chat, a, e) || get_thinking(o, &req->chat, e)) goto bad;
-    json_t *rf = field(o, "response_format"), *rt = json_object_get(rf, "type");
-    if (rf && !(json_is_object(rf) && str_is(rt, "text"))) {
-        oai_error_set(e, 400, "response_format", "unsupported_value", "response_format other than {\"type\": \"text\"} is not supported");
-        goto bad;
-    }
+    if (get_response_format(o, &req->chat, a, e)) goto bad;
     if (parse_sampling(o, &req->s, -1, a, e)) goto bad;
     return parse_end(a, &req->own, req, sizeof *req, 1);
 bad:

@@ -133,7 +133,9 @@ static int chat(const char *body, size_t len, uint64_t *hash)
     }
     FUZZ_CHECK(r.chat.thinking == 0 || r.chat.thinking == 1);
     FUZZ_CHECK(r.chat.effort >= KCHAT_EFFORT_NONE && r.chat.effort <= KCHAT_EFFORT_MAX);
-    FUZZ_CHECK(r.chat.tool_choice >= KCHAT_TOOL_CHOICE_AUTO && r.chat.tool_choice <= KCHAT_TOOL_CHOICE_REQUIRED);
+    FUZZ_CHECK(r.chat.tool_choice >= KCHAT_TOOL_CHOICE_AUTO && r.chat.tool_choice <= KCHAT_TOOL_CHOICE_NAMED);
+    FUZZ_CHECK(r.chat.tool_choice != KCHAT_TOOL_CHOICE_NAMED || (r.chat.tool_name && r.chat.tools_json && strstr(r.chat.tools_json, r.chat.tool_name)));
+    FUZZ_CHECK(r.chat.format >= KCHAT_FORMAT_TEXT && r.chat.format <= KCHAT_FORMAT_JSON_SCHEMA && (r.chat.format != KCHAT_FORMAT_JSON_SCHEMA || r.chat.format_schema));
     if (r.chat.tools_json) {
         json_t *t = json_loads(r.chat.tools_json, JSON_ALLOW_NUL, NULL); /* as chat_render.c: a string may hold U+0000 */
         FUZZ_CHECK(json_is_array(t));
@@ -142,7 +144,9 @@ static int chat(const char *body, size_t len, uint64_t *hash)
     } else {
         FUZZ_CHECK(r.chat.tool_choice == KCHAT_TOOL_CHOICE_AUTO);
     }
-    D(&d, r.chat.thinking); D(&d, r.chat.effort); D(&d, r.chat.tool_choice); D(&d, r.chat.add_generation_prompt);
+    D(&d, r.chat.thinking); D(&d, r.chat.effort); D(&d, r.chat.tool_choice); D(&d, r.chat.add_generation_prompt); D(&d, r.chat.format);
+    d_str(&d, r.chat.tool_name);
+    d_str(&d, r.chat.format_schema);
     d_str(&d, r.chat.tools_json);
     check_sampling(&r.s, -1, &d);
     *hash = d_close(&d);

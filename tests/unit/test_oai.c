@@ -93,6 +93,25 @@ static void test_chat_fields(void)
         oai_chat_request_free(&r);
     }
     CHECK(ok, "tool_choice \"auto\" and \"none\" without tools are accepted");
+    /* structured output (issue 20): response_format and a named tool_choice are parsed here, compiled by kchat_constraint */
+    rc = parse_chat("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{\"type\":\"json_schema\",\"json_schema\":"
+                    "{\"name\":\"r\",\"strict\":true,\"schema\":{\"type\":\"object\",\"properties\":{\"b\":{\"type\":\"integer\"},\"a\":{\"type\":\"string\"}}}}}}", &r, &e);
+    CHECK(rc == 0 && r.chat.format == KCHAT_FORMAT_JSON_SCHEMA && r.chat.format_schema &&
+          !strcmp(r.chat.format_schema, "{\"type\":\"object\",\"properties\":{\"b\":{\"type\":\"integer\"},\"a\":{\"type\":\"string\"}}}"),
+          "response_format json_schema: the schema kept as JSON text, its properties in the request's order");
+    if (!rc) oai_chat_request_free(&r);
+    rc = parse_chat("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"r\"}}}", &r, &e);
+    CHECK(rc == 0 && r.chat.format == KCHAT_FORMAT_JSON_SCHEMA && !strcmp(r.chat.format_schema, "{}"), "json_schema without a schema: {} (any JSON value)");
+    if (!rc) oai_chat_request_free(&r);
+    rc = parse_chat("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{\"type\":\"json_object\"}}", &r, &e);
+    CHECK(rc == 0 && r.chat.format == KCHAT_FORMAT_JSON_OBJECT, "response_format json_object");
+    if (!rc) oai_chat_request_free(&r);
+    rc = parse_chat("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}},"
+                    "{\"type\":\"function\",\"function\":{\"name\":\"g\",\"strict\":true}}],\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"g\"}}}",
+                    &r, &e);
+    CHECK(rc == 0 && r.chat.tool_choice == KCHAT_TOOL_CHOICE_NAMED && !strcmp(r.chat.tool_name, "g") && strstr(r.chat.tools_json, "\"strict\":true"),
+          "tool_choice naming a declared function; strict kept in the tools");
+    if (!rc) oai_chat_request_free(&r);
     rc = parse_chat("{\"messages\":[{\"role\":\"assistant\",\"tool_calls\":[{\"function\":{\"name\":\"g\",\"arguments\":{\"k\":[1]}}}]}]}",
                     &r, &e);
     CHECK(rc == 0 && r.messages[0].n_tool_calls == 1 && !strcmp(r.messages[0].tool_calls[0].arguments, "{\"k\":[1]}") &&
@@ -155,7 +174,7 @@ static void test_chat_errors(void)
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"reasoning_effort\":\"high\\u0000\"}", 400, "reasoning_effort",
          "invalid_value", "NUL"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{\"type\":\"text\\u0000\"}}", 400,
-         "response_format", "unsupported_value", "not supported"},
+         "response_format.type", "invalid_value", "must be \"text\""},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"chat_template_kwargs\":{\"thinking_effort\":\"max\\u0000\"}}", 400,
          "chat_template_kwargs.thinking_effort", "invalid_value", "must be"},
         {"{\"messages\":[{\"role\":\"tool\",\"content\":\"r\",\"tool_call_id\":9}]}", 400, "messages[0].tool_call_id", "invalid_type", "string"},
@@ -191,7 +210,15 @@ static void test_chat_errors(void)
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":[]}}]}",
          400, "tools[0].function.parameters", "invalid_type", "an object"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],"
-         "\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"f\"}}}", 400, "tool_choice", "unsupported_value", "naming one tool"},
+         "\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"g\"}}}", 400, "tool_choice.function.name", "invalid_value", "not in tools"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"f\"}}}", 400,
+         "tool_choice.function.name", "invalid_value", "not in tools"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],"
+         "\"tool_choice\":{\"type\":\"allowed_tools\"}}", 400, "tool_choice.type", "invalid_value", "\"function\""},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],"
+         "\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":7}}}", 400, "tool_choice.function.name", "invalid_type", "a string"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"strict\":1}}]}",
+         400, "tools[0].function.strict", "invalid_type", "a boolean"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],"
          "\"tool_choice\":\"sometimes\"}", 400, "tool_choice", "invalid_value", "auto"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[],\"tool_choice\":\"required\"}", 400, "tool_choice",
@@ -210,8 +237,16 @@ static void test_chat_errors(void)
          "chat_template_kwargs.thinking", "invalid_type", "a boolean"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"chat_template_kwargs\":{\"thinking_effort\":\"medium\"}}", 400,
          "chat_template_kwargs.thinking_effort", "invalid_value", "\"low\""},
-        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{\"type\":\"json_object\"}}", 400,
-         "response_format", "unsupported_value", "not supported"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{\"type\":\"xml\"}}", 400,
+         "response_format.type", "invalid_value", "\"json_schema\""},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":\"json\"}", 400,
+         "response_format", "invalid_type", "an object"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{\"type\":\"json_schema\"}}", 400,
+         "response_format.json_schema", "invalid_type", "an object"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"n\",\"schema\":3}}}",
+         400, "response_format.json_schema.schema", "invalid_type", "JSON Schema"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"n\",\"strict\":\"yes\"}}}",
+         400, "response_format.json_schema.strict", "invalid_type", "a boolean"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_k\":-2}", 400, "top_k", "invalid_value", "positive count"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_k\":1.5}", 400, "top_k", "invalid_type", "an integer"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"min_p\":2}", 400, "min_p", "invalid_value", "between 0 and 1"},
