@@ -81,11 +81,13 @@ uint32_t kg_accept(kgram *g) { return g->accept; }
 
 uint32_t kg_byteset(kgram *g, const uint8_t set[32], uint32_t next)
 {
-    size_t k, ones = 0;
+    size_t k, ones = 0, last = 0;
     uint32_t n;
-    for (k = 0; k < 32; k++) ones += (size_t)__builtin_popcount(set[k]);
+    for (k = 0; k < 32; k++)
+        if (set[k]) { ones += (size_t)__builtin_popcount(set[k]); last = k * 8 + (size_t)(31 - __builtin_clz(set[k])); }
     if (!ones) return 0;
-    for (k = 0; k < g->n_sets; k++)
+    if (ones == 1) return kg_byte(g, (uint8_t)last, next);      /* the single bytes are sets 0..255 */
+    for (k = 256; k < g->n_sets; k++)
         if (!memcmp(g->sets[k], set, 32)) break;
     if (k == g->n_sets) {
         if (k >= 65535 || grow((void **)&g->sets, &g->cap_sets, k + 1, sizeof *g->sets)) { g->oom = 1; return 0; }
@@ -207,9 +209,10 @@ int kgram_finish(kgram *g, uint32_t start)
         if (x->alt >= g->n) x->alt = 0;
         if (x->kind == KG_CALL && (size_t)x->lo >= g->n_rules) x->kind = KG_FAIL;
     }
+    /* nodes are made back to front (a node's next is older than it): oldest first, most settle in one pass */
     while (changed) {
         changed = 0;
-        for (size_t i = g->n; i-- > 0;) {
+        for (size_t i = 0; i < g->n; i++) {
             int32_t v = need_of(g, &g->nodes[i]);
             if (v > KG_MAX_DEPTH) v = KG_INF;
             if (v < g->need[i]) { g->need[i] = v; changed = 1; }
@@ -226,7 +229,7 @@ const uint8_t *kgram_byteset(const kgram *g, uint16_t set) { return g->sets[set]
 
 /* ---- the text machine ---------------------------------------------------------------------- */
 
-enum { S_NORMAL, S_C1, S_C2, S_C3, S_E0, S_ED, S_F0, S_F4, S_ESC, S_U1, S_U2D, S_U2, S_U3, S_U4 };
+enum { S_NORMAL, S_C1, S_C2, S_C3, S_E0, S_ED, S_F0, S_F4, S_ESC, S_U1, S_U2D, S_U2, S_U3, S_U4, S_U2Z, S_U3Z, S_U4Z };
 
 static int is_hex(uint8_t b) { return (b >= '0' && b <= '9') || (b >= 'a' && b <= 'f') || (b >= 'A' && b <= 'F'); }
 
@@ -262,13 +265,16 @@ int kg_text_byte(kg_body_kind kind, uint32_t *sub, int32_t *chars, int32_t lo, i
         if (!strchr("\"\\/bfnrt", b) || !b) return 0;
         *sub = S_NORMAL;
         return 1;
-    /* \uXXXX: no surrogates (D800..DFFF), which would need a pair; other characters are written as
-     * UTF-8 */
-    case S_U1: if (!is_hex(b)) return 0; *sub = (b == 'd' || b == 'D') ? S_U2D : S_U2; return 1;
+    /* \uXXXX: no surrogates (D800..DFFF), which would need a pair (other characters are written as
+     * UTF-8), and no NUL (\u0000: C strings, and jansson's object keys, cannot hold it) */
+    case S_U1: if (!is_hex(b)) return 0; *sub = (b == 'd' || b == 'D') ? S_U2D : b == '0' ? S_U2Z : S_U2; return 1;
     case S_U2D: if (b < '0' || b > '7') return 0; *sub = S_U3; return 1;
     case S_U2: if (!is_hex(b)) return 0; *sub = S_U3; return 1;
     case S_U3: if (!is_hex(b)) return 0; *sub = S_U4; return 1;
     case S_U4: if (!is_hex(b)) return 0; *sub = S_NORMAL; return 1;
+    case S_U2Z: if (!is_hex(b)) return 0; *sub = b == '0' ? S_U3Z : S_U3; return 1;
+    case S_U3Z: if (!is_hex(b)) return 0; *sub = b == '0' ? S_U4Z : S_U4; return 1;
+    case S_U4Z: if (!is_hex(b) || b == '0') return 0; *sub = S_NORMAL; return 1;
     default: return 0;
     }
     /* between characters */
@@ -321,7 +327,9 @@ void kg_text_first(kg_body_kind kind, uint32_t sub, int32_t chars, int32_t lo, i
     case S_F0: set_range(set, 0x90, 0xbf); return;
     case S_F4: set_range(set, 0x80, 0x8f); return;
     case S_ESC: set_chars(set, "\"\\/bfnrtu"); return;
-    case S_U1: case S_U2: case S_U3: case S_U4: set_range(set, '0', '9'); set_range(set, 'a', 'f'); set_range(set, 'A', 'F'); return;
+    case S_U1: case S_U2: case S_U3: case S_U4: case S_U2Z: case S_U3Z:
+        set_range(set, '0', '9'); set_range(set, 'a', 'f'); set_range(set, 'A', 'F'); return;
+    case S_U4Z: set_range(set, '1', '9'); set_range(set, 'a', 'f'); set_range(set, 'A', 'F'); return;
     case S_U2D: set_range(set, '0', '7'); return;
     default: return;
     }

@@ -50,8 +50,9 @@ typedef enum {
 } kg_kind;
 
 typedef enum {
-    KG_TEXT_JSON,  /* a JSON string's content: escapes, valid UTF-8, no control bytes; the closing quote
-                      ends it (consumed).  Characters = code points of the decoded string. */
+    KG_TEXT_JSON,  /* a JSON string's content: escapes (but none of a surrogate or of NUL), valid UTF-8,
+                      no control bytes; the closing quote ends it (consumed).  Characters = code points
+                      of the decoded string. */
     KG_TEXT_RAW,   /* valid UTF-8, anything else allowed; ends (without consuming) where the next node
                       matches, at a character boundary with at least lo characters */
     KG_TEXT_ATTR,  /* an attribute value of a chat tag: valid UTF-8 without '"', '&', '<' or control
@@ -131,6 +132,6 @@ int kg_text_byte(kg_body_kind kind, uint32_t *sub, int32_t *chars, int32_t lo, i
 /* The bytes kg_text_byte would take (continue or end) from sub and chars. */
 void kg_text_first(kg_body_kind kind, uint32_t sub, int32_t chars, int32_t lo, int32_t hi, uint8_t set[32]);
 /* Text sub-states (kg_text_byte): 0 between characters, then inside a UTF-8 sequence or escape. */
-#define KG_TEXT_SUBS 14
+#define KG_TEXT_SUBS 17
 
 #endif

@@ -16,7 +16,7 @@
  * What the grammar generates (a subset of what the schema accepts, so always valid): properties in
  * the order the schema declares them (required ones never skipped), only declared properties when
  * there are any, strings with JSON escapes but no \u escape of a surrogate (non-BMP characters are
- * written as UTF-8), numbers with at most 16 integer digits, 16 fraction digits and a 2-digit
+ * written as UTF-8) or of NUL, numbers with at most 16 integer digits, 16 fraction digits and a 2-digit
  * exponent, whitespace only as one space or a newline with up to 40 spaces or tabs between
  * tokens. */
 #ifndef KRUN_KSCHEMA_H

@@ -145,6 +145,8 @@ static void test_documents(void)
         {"{\"type\":\"string\"}", "\"\\ud83d\\ude00\"", 0},                                  /* no surrogate escapes */
         {"{\"type\":\"string\"}", "\"\xf0\x9f\x98\x80\"", 2},                                  /* non-BMP as UTF-8 */
         {"{\"type\":\"string\"}", "\"a\tb\"", 0},                                               /* a control byte */
+        {"{\"type\":\"string\"}", "\"\\u0000\"", 0},                                           /* no NUL */
+        {"{\"type\":\"string\"}", "\"\\u0001\\u0100\\u1000\"", 2},
         {"{\"type\":\"string\"}", "\"\xc0\xaf\"", 0},                                          /* overlong UTF-8 */
         {"{\"type\":\"string\"}", "\"\xed\xa0\x80\"", 0},                                      /* an encoded surrogate */
         {"{\"type\":\"string\"}", "\"\\x\"", 0},
