@@ -33,7 +33,7 @@ int kstop_feed(kstop *k, const char *text, size_t len, kbuf *out)
         size_t L = strlen(k->s[i]);
         const char *at = memmem(k->hold.p, k->hold.n, k->s[i], L);
         size_t p = at ? (size_t)(at - k->hold.p) : 0;
-        if (at && (p + L < end || (p + L == end && p < cut))) { cut = p; end = p + L; }
+        if (at && (p + L < end || (p + L == end && p < cut))) { cut = p; end = p + L; k->which = i; }
     }
     if (cut != (size_t)-1) {
         kbuf_add(out, k->hold.p, cut);

@@ -16,6 +16,7 @@ typedef struct kstop {
     size_t n;
     kbuf hold;          /* text not yet passed on: a possible start of a stop string */
     int matched;
+    size_t which;       /* once matched: the index of the stop string */
 } kstop;
 
 void kstop_init(kstop *k, char *const *s, size_t n);
