@@ -6,8 +6,8 @@
  * missing fields and out-of-range values give an OpenAI error object
  *   {"error": {"message", "type": "invalid_request_error", "param", "code"}}
  * and the HTTP status to answer with.  Unknown fields are ignored, as most OpenAI-compatible
- * servers do; fields krun cannot honour (n > 1, logprobs, penalties, response_format, named
- * tool_choice, non-text content parts) are errors rather than silently ignored. */
+ * servers do; fields krun cannot honour (n > 1, streamed logprobs, echo, logit_bias, non-text content
+ * parts) are errors rather than silently ignored. */
 #ifndef KRUN_OAI_H
 #define KRUN_OAI_H
 #include "chat.h"
@@ -47,7 +47,12 @@ typedef struct {
     double min_p;             /* 0: off */
     int ignore_eos;           /* generate past the model's end-of-message ids */
     int return_token_ids;     /* the response carries prompt_token_ids and choices[].token_ids */
+    /* penalties: 0, 0, 1 = off (sampler.h) */
+    double presence_penalty, frequency_penalty, repetition_penalty;
+    int logprobs;             /* report each generated token's log-probability */
+    int top_logprobs;         /* and this many alternatives (0 .. OAI_MAX_TOP_LOGPROBS) */
 } oai_sampling;
+#define OAI_MAX_TOP_LOGPROBS 20
 
 typedef struct {
     kchat_message *messages;  /* ready for kchat_render */

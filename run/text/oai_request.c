@@ -34,27 +34,45 @@ static int unsupported(json_t *o, oai_error *e)
         oai_error_set(e, 400, "n", "unsupported_value", "n must be 1: one choice per request");
         return -1;
     }
-    static const char *const penalties[] = {"frequency_penalty", "presence_penalty"};
-    for (int i = 0; i < 2; i++)
-        if ((v = kreq_field(o, penalties[i]))) {
-            if (!json_is_number(v)) return kreq_wrong_type(e, penalties[i], "a number", v);
-            if (json_number_value(v) != 0) {
-                oai_error_set(e, 400, penalties[i], "unsupported_value", "%s is not supported (give 0 or omit it)", penalties[i]);
-                return -1;
-            }
-        }
-    if ((v = kreq_field(o, "logprobs")) && !json_is_false(v) && !(json_is_integer(v) && json_integer_value(v) == 0)) {
-        oai_error_set(e, 400, "logprobs", "unsupported_value", "logprobs are not supported");
-        return -1;
-    }
-    if ((v = kreq_field(o, "top_logprobs")) && !(json_is_integer(v) && json_integer_value(v) == 0)) {
-        oai_error_set(e, 400, "top_logprobs", "unsupported_value", "top_logprobs are not supported");
-        return -1;
-    }
     if ((v = kreq_field(o, "logit_bias")) && !(json_is_object(v) && json_object_size(v) == 0)) {
         oai_error_set(e, 400, "logit_bias", "unsupported_value", "logit_bias is not supported");
         return -1;
     }
+    return 0;
+}
+
+/* logprobs: chat {"logprobs": bool, "top_logprobs": 0..20}; completions {"logprobs": 0..20} (the
+ * number of alternatives; given at all, each token's own log-probability is reported). */
+static int parse_logprobs(json_t *o, int chat, oai_sampling *s, oai_error *e)
+{
+    json_t *v = kreq_field(o, "logprobs"), *t = kreq_field(o, "top_logprobs");
+    if (chat) {
+        if (kreq_bool(o, "logprobs", &s->logprobs, e)) return -1;
+        if (t) {
+            if (!json_is_integer(t)) return kreq_wrong_type(e, "top_logprobs", "an integer", t);
+            if (json_integer_value(t) < 0 || json_integer_value(t) > OAI_MAX_TOP_LOGPROBS) {
+                oai_error_set(e, 400, "top_logprobs", "invalid_value", "top_logprobs must be 0 to %d, got %lld", OAI_MAX_TOP_LOGPROBS,
+                              (long long)json_integer_value(t));
+                return -1;
+            }
+            if (!s->logprobs && json_integer_value(t)) {
+                oai_error_set(e, 400, "top_logprobs", "invalid_value", "top_logprobs needs logprobs: true");
+                return -1;
+            }
+            s->top_logprobs = (int)json_integer_value(t);
+        }
+        return 0;
+    }
+    if (t) { oai_error_set(e, 400, "top_logprobs", "unsupported_value", "top_logprobs is a chat field: /v1/completions takes logprobs: N"); return -1; }
+    if (!v) return 0;
+    if (!json_is_integer(v)) return kreq_wrong_type(e, "logprobs", "an integer", v);
+    if (json_integer_value(v) < 0 || json_integer_value(v) > OAI_MAX_TOP_LOGPROBS) {
+        oai_error_set(e, 400, "logprobs", "invalid_value", "logprobs must be 0 to %d, got %lld", OAI_MAX_TOP_LOGPROBS,
+                      (long long)json_integer_value(v));
+        return -1;
+    }
+    s->logprobs = 1;
+    s->top_logprobs = (int)json_integer_value(v);
     return 0;
 }
 
@@ -132,6 +150,20 @@ static int parse_sampling(json_t *o, oai_sampling *s, long default_max, kreq_are
     if (kreq_number(o, "min_p", 0, 1, &s->min_p, NULL, e)) return -1;
     if (kreq_bool(o, "ignore_eos", &s->ignore_eos, e)) return -1;
     if (kreq_bool(o, "return_token_ids", &s->return_token_ids, e)) return -1;
+    /* penalties (sampler.h has their arithmetic): OpenAI's ranges; repetition_penalty as vLLM takes it */
+    if (kreq_number(o, "presence_penalty", -2, 2, &s->presence_penalty, NULL, e)) return -1;
+    if (kreq_number(o, "frequency_penalty", -2, 2, &s->frequency_penalty, NULL, e)) return -1;
+    s->repetition_penalty = 1;
+    if (kreq_number(o, "repetition_penalty", 0, 100, &s->repetition_penalty, NULL, e)) return -1;
+    if (s->repetition_penalty <= 0) {
+        oai_error_set(e, 400, "repetition_penalty", "invalid_value", "repetition_penalty must be more than 0 (1 is off)");
+        return -1;
+    }
+    if (parse_logprobs(o, default_max < 0, s, e)) return -1;
+    if (s->logprobs && s->stream) {
+        oai_error_set(e, 400, "logprobs", "unsupported_value", "logprobs are not streamed yet: give stream: false");
+        return -1;
+    }
     return unsupported(o, e);
 }
 

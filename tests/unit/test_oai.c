@@ -197,9 +197,13 @@ static void test_chat_errors(void)
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stream\":true,\"stream_options\":{\"include_usage\":1}}", 400,
          "stream_options.include_usage", "invalid_type", "a boolean"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":2}", 400, "n", "unsupported_value", "n must be 1"},
-        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"presence_penalty\":0.5}", 400, "presence_penalty", "unsupported_value", "not supported"},
-        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true}", 400, "logprobs", "unsupported_value", "not supported"},
-        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_logprobs\":3}", 400, "top_logprobs", "unsupported_value", "not supported"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"presence_penalty\":2.5}", 400, "presence_penalty", "invalid_value", "between -2 and 2"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"frequency_penalty\":\"x\"}", 400, "frequency_penalty", "invalid_type", "a number"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"repetition_penalty\":0}", 400, "repetition_penalty", "invalid_value", "more than 0"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true,\"stream\":true}", 400, "logprobs", "unsupported_value", "not streamed"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":1}", 400, "logprobs", "invalid_type", "a boolean"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_logprobs\":3}", 400, "top_logprobs", "invalid_value", "needs logprobs: true"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true,\"top_logprobs\":21}", 400, "top_logprobs", "invalid_value", "0 to 20"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logit_bias\":{\"5\":1}}", 400, "logit_bias", "unsupported_value", "not supported"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":{}}", 400, "tools", "invalid_type", "an array"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\"}]}", 400, "tools[0].function",
@@ -313,6 +317,17 @@ static void test_completion_requests(void)
     CHECK(rc == 0 && r.s.top_k == 40 && r.s.min_p == 0.05 && r.s.ignore_eos && r.s.return_token_ids,
           "extensions as vLLM spells them: top_k, min_p, ignore_eos, return_token_ids");
     if (!rc) oai_completion_request_free(&r);
+    const char *b4 = "{\"prompt\":[1],\"presence_penalty\":-1.5,\"frequency_penalty\":0.25,\"repetition_penalty\":1.3,\"logprobs\":5}";
+    rc = oai_parse_completion_request(b4, strlen(b4), 1000, &r, &e);
+    CHECK(rc == 0 && r.s.presence_penalty == -1.5 && r.s.frequency_penalty == 0.25 && r.s.repetition_penalty == 1.3 &&
+          r.s.logprobs && r.s.top_logprobs == 5, "penalties and completions' logprobs: N");
+    if (!rc) oai_completion_request_free(&r);
+    const char *b5 = "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true,\"top_logprobs\":20}";
+    oai_chat_request cq;
+    rc = oai_parse_chat_request(b5, strlen(b5), &cq, &e);
+    CHECK(rc == 0 && cq.s.logprobs && cq.s.top_logprobs == 20 && cq.s.repetition_penalty == 1 && cq.s.presence_penalty == 0,
+          "chat logprobs with top_logprobs 20; penalties default to off");
+    if (!rc) oai_chat_request_free(&cq);
     const char *b3 = "{\"prompt\":[1],\"top_k\":-1}";
     rc = oai_parse_completion_request(b3, strlen(b3), 1000, &r, &e);
     CHECK(rc == 0 && r.s.top_k == 0 && r.s.min_p == 0 && !r.s.ignore_eos && !r.s.return_token_ids,
@@ -332,6 +347,9 @@ static void test_completion_requests(void)
         {"{\"prompt\":\"x\",\"best_of\":3}", "best_of", "best_of"},
         {"{\"prompt\":\"x\",\"max_tokens\":0}", "max_tokens", "at least 1"},
         {"{\"prompt\":\"x\",\"n\":3}", "n", "n must be 1"},
+        {"{\"prompt\":\"x\",\"logprobs\":21}", "logprobs", "0 to 20"},
+        {"{\"prompt\":\"x\",\"logprobs\":true}", "logprobs", "an integer"},
+        {"{\"prompt\":\"x\",\"top_logprobs\":2}", "top_logprobs", "logprobs: N"},
         {"{\"prompt\":\"x\",\"top_p\":-1}", "top_p", "between"},
         /* a NUL would cut a stop string or the model name (C strings) short: "\u0000" alone was an
          * empty stop string, which ends every generation at once */
