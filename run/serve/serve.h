@@ -38,6 +38,9 @@ typedef struct sreq {
     ksampler_opts sampling;
     sgen *gen;                 /* the output; the engine's while the request runs */
     int has_seed;              /* else the engine picks one */
+    int logprobs, top_logprobs;   /* report each generated token's log-probability (and alternatives) */
+    struct kgram *gram;        /* constrained decoding: the reply's grammar (owned; NULL: free) */
+    const struct kmask_index *mask_index;   /* the engine's (srv_engine_mask_index) */
     /* the client, looked at by the connection's own thread only (serve_engine.c, client_check) */
     int client_fd;             /* the connection's socket, to notice a client that hung up; -1: none */
     int client_probe;          /* HTTP/1.1: "100 Continue" may be sent before the status to tell a
@@ -48,6 +51,8 @@ typedef struct sreq {
     krun_session *s;
     size_t fed;                /* prompt tokens run */
     int32_t next;              /* the token sampled last, run in the next sweep */
+    struct kmask *mask;        /* the grammar's state over reply tokens [0, mask_at) */
+    size_t mask_at;
     /* under srv_engine.mu */
     sreq_state state;
     kbuf out;                  /* bytes ready to send */
@@ -104,6 +109,15 @@ void srv_engine_cancel_all(srv_engine *e);
 /* GET /health: the model, the plan, live sequences, the queue, damage, counters.  *status:
  * 200, or 503 when the model is damaged. */
 json_t *srv_engine_health(srv_engine *e, int *status);
+/* The token index for constrained decoding, built on first use (about 0.1 s; immutable, freed
+ * with the engine).  NULL with err on allocation failure. */
+const struct kmask_index *srv_engine_mask_index(srv_engine *e, krun_err *err);
+/* GET /metrics: the Prometheus text exposition (malloc'd; NULL on allocation failure). */
+char *srv_engine_metrics(srv_engine *e);
+/* Count a response by endpoint and status for /metrics. */
+void srv_engine_count_response(srv_engine *e, int endpoint, int status);
+enum { SRV_EP_CHAT, SRV_EP_COMPLETIONS, SRV_EP_MESSAGES, SRV_EP_COUNT_TOKENS, SRV_EP_TOKENIZE, SRV_EP_DETOKENIZE,
+       SRV_EP_MODELS, SRV_EP_HEALTH, SRV_EP_METRICS, SRV_EP_OTHER, SRV_N_EP };
 /* The model's name in the API. */
 const char *srv_engine_model_name(const srv_engine *e);
 krun_model *srv_engine_model(srv_engine *e);

@@ -15,6 +15,8 @@
 
 #include "format/kprogress.h"
 #include "run/session/memplan.h"
+#include "run/text/kgram.h"
+#include "run/text/tokmask.h"
 
 #include <errno.h>
 #include <math.h>
@@ -29,7 +31,7 @@
 struct srv_engine {
     krun_model *m;
     char model_name[256];
-    size_t max_seqs, max_queue, block, ctx;
+    size_t max_seqs, max_queue, block, ctx, vocab;
     pthread_mutex_t mu;
     pthread_cond_t wake;       /* the engine waits for work */
     pthread_cond_t idle;       /* drain waits for the engine to run dry */
@@ -46,9 +48,15 @@ struct srv_engine {
     struct {
         uint64_t requests, completed, failed, cancelled, prompt_tokens, generated, sweeps, positions, bytes_read;
         double sweep_seconds, request_seconds;
+        double prefill_seconds;    /* of sweep_seconds: sweeps that ran prompt positions */
     } st;
     double t0;
     uint64_t seeds;            /* seeds handed to requests without one */
+    /* constrained decoding's token index, built on first use under mask_mu */
+    pthread_mutex_t mask_mu;
+    kmask_index *mask_index;
+    /* /metrics: responses by endpoint and status class (1xx..5xx), under mu */
+    uint64_t responses[SRV_N_EP][6];
 };
 
 /* ---- requests ------------------------------------------------------------------------------- */
@@ -68,6 +76,8 @@ static void release_locked(srv_engine *e, sreq *r)
     if (--r->refs > 0) return;
     if (r->state != SREQ_NEW) e->n_open--;
     sgen_free(r->gen);
+    kmask_free(r->mask);
+    kgram_free(r->gram);
     free(r->prompt);
     kbuf_free(&r->out);
     pthread_cond_destroy(&r->cv);
@@ -158,6 +168,28 @@ static void drop_cancelled_locked(srv_engine *e)
     if (!e->qhead) e->qtail = NULL;
 }
 
+/* Constrained decoding (krun_mask_fn): the grammar's state is that of the reply tokens before
+ * pos, tokens[n_prompt..pos).  The session asks for consecutive positions; should it ever name an
+ * earlier one (a speculative verification after a rejected draft), the state is rebuilt from the
+ * start, so the mask depends on the tokens only. */
+static int reply_mask(void *ctx, const int32_t *tokens, size_t pos, uint64_t *allowed)
+{
+    sreq *r = ctx;
+    size_t at;
+    if (pos < r->n_prompt) return 1;
+    at = pos - r->n_prompt;
+    if (at < r->mask_at) {
+        kmask *fresh = kmask_new(r->mask_index, r->gram);
+        if (!fresh) return -1;
+        kmask_free(r->mask);
+        r->mask = fresh;
+        r->mask_at = 0;
+    }
+    for (; r->mask_at < at; r->mask_at++)
+        if (kmask_take(r->mask, tokens[r->n_prompt + r->mask_at])) return -1;
+    return kmask_allowed(r->mask, allowed) > 0 ? 0 : -1;
+}
+
 /* Queued requests take free sequences. */
 static void admit_locked(srv_engine *e)
 {
@@ -175,6 +207,16 @@ static void admit_locked(srv_engine *e)
         }
         krun_session_set_sampler(r->s, &r->sampling);
         krun_session_set_reply_start(r->s, r->n_prompt);
+        if (r->gram) {
+            if (!(r->mask = kmask_new(r->mask_index, r->gram))) {
+                oai_error oe;
+                oai_error_set(&oe, 500, NULL, NULL, "out of memory");
+                fail_locked(e, r, &oe);
+                continue;
+            }
+            r->mask_at = 0;
+            krun_session_set_mask(r->s, reply_mask, r);
+        }
         r->state = SREQ_ACTIVE;
         e->active[e->n_active++] = r;
     }
@@ -228,6 +270,14 @@ static int run_sweep(srv_engine *e, sreq **sw, const size_t *take, size_t n, int
         r->fed += take[k];
         if (r->fed < r->n_prompt) continue;             /* more prompt to read */
         id = krun_session_sample(r->s);
+        if (id < 0) { done[k] = -2; continue; }          /* the constraint allows no token (cannot happen: its grammar ends the reply) */
+        if (r->logprobs) {
+            int32_t top_ids[OAI_MAX_TOP_LOGPROBS];
+            double top_lp[OAI_MAX_TOP_LOGPROBS];
+            size_t nt = (size_t)r->top_logprobs;
+            double lp = ksampler_logprobs(krun_session_logits(r->s), e->vocab, id, nt, top_ids, top_lp);
+            if (sgen_logprob(r->gen, id, lp, top_ids, top_lp, nt)) { done[k] = -1; continue; }
+        }
         rc = sgen_token(r->gen, id);
         if (rc < 0) { done[k] = -1; continue; }          /* out of memory for the output */
         if (rc == 0 && krun_session_pos(r->s) + 1 > e->ctx) {
@@ -327,6 +377,8 @@ static void *engine_main(void *arg)
         pthread_mutex_lock(&e->mu);
         e->st.sweeps++;
         e->st.sweep_seconds += t;
+        for (size_t k = 0; k < n; k++)
+            if (take[k]) { e->st.prefill_seconds += t; break; }
         e->st.bytes_read = ks.bytes_read;
         if (rc) {
             if (err.code == KRUN_EDATA) { damaged_locked(e, &err); continue; }
@@ -347,7 +399,8 @@ static void *engine_main(void *arg)
                 if (e->active[j] == r) { remove_active(e, j); break; }
             if (done[k] < 0) {
                 oai_error oe;
-                oai_error_set(&oe, 500, NULL, NULL, "out of memory while building the response");
+                oai_error_set(&oe, 500, NULL, NULL, "%s", done[k] == -2 ? "the reply's constraint allows no token here"
+                                                                          : "out of memory while building the response");
                 fail_locked(e, r, &oe);
             } else {
                 e->st.completed++;
@@ -587,9 +640,11 @@ int srv_engine_start(krun_model *m, const srv_engine_opts *o, srv_engine **out, 
     e->ctx = krun_model_ctx(m);
     e->max_seqs = krun_model_max_seqs(m);       /* the model was prepared for them */
     e->block = krun_model_block(m);
+    e->vocab = (size_t)krun_model_config(m)->vocab;
     e->active = calloc(e->max_seqs, sizeof *e->active);
     e->t0 = know();
-    if (!e->active || pthread_mutex_init(&e->mu, NULL)) goto oom;
+    if (!e->active || pthread_mutex_init(&e->mask_mu, NULL)) goto oom;
+    if (pthread_mutex_init(&e->mu, NULL)) { pthread_mutex_destroy(&e->mask_mu); goto oom; }
     if (pthread_cond_init(&e->wake, NULL)) { pthread_mutex_destroy(&e->mu); goto oom; }
     if (pthread_cond_init(&e->idle, NULL)) { pthread_cond_destroy(&e->wake); pthread_mutex_destroy(&e->mu); goto oom; }
     if (pthread_create(&e->thread, NULL, engine_main, e)) {
@@ -657,8 +712,86 @@ void srv_engine_stop(srv_engine *e)
     pthread_cond_destroy(&e->idle);
     pthread_cond_destroy(&e->wake);
     pthread_mutex_destroy(&e->mu);
+    pthread_mutex_destroy(&e->mask_mu);
+    kmask_index_free(e->mask_index);
     free(e->active);
     free(e);
+}
+
+const kmask_index *srv_engine_mask_index(srv_engine *e, krun_err *err)
+{
+    kmask_index *ix;
+    pthread_mutex_lock(&e->mask_mu);
+    if (!e->mask_index) e->mask_index = kmask_index_new(krun_model_tokenizer(e->m), e->vocab, err);
+    ix = e->mask_index;
+    pthread_mutex_unlock(&e->mask_mu);
+    return ix;
+}
+
+void srv_engine_count_response(srv_engine *e, int endpoint, int status)
+{
+    int c = status / 100;
+    if (endpoint < 0 || endpoint >= SRV_N_EP) endpoint = SRV_EP_OTHER;
+    pthread_mutex_lock(&e->mu);
+    e->responses[endpoint][c >= 1 && c <= 5 ? c : 0]++;
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* The Prometheus text exposition format 0.0.4: # HELP, # TYPE, then samples. */
+static void metric(kbuf *b, const char *name, const char *type, const char *help, double v)
+{
+    char line[512];
+    snprintf(line, sizeof line, "# HELP krun_%s %s\n# TYPE krun_%s %s\nkrun_%s %.17g\n", name, help, name, type, name, v);
+    kbuf_puts(b, line);
+}
+
+char *srv_engine_metrics(srv_engine *e)
+{
+    static const char *const ep[SRV_N_EP] = {"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/messages/count_tokens",
+                                             "/tokenize", "/detokenize", "/v1/models", "/health", "/metrics", "other"};
+    kbuf b = {0};
+    krun_stats ks;
+    char line[256];
+    krun_model_stats(e->m, &ks);
+    pthread_mutex_lock(&e->mu);
+    kbuf_puts(&b, "# HELP krun_responses_total HTTP responses by endpoint and status class.\n# TYPE krun_responses_total counter\n");
+    for (int i = 0; i < SRV_N_EP; i++)
+        for (int c = 1; c <= 5; c++) {
+            if (!e->responses[i][c]) continue;
+            snprintf(line, sizeof line, "krun_responses_total{endpoint=\"%s\",status=\"%dxx\"} %llu\n", ep[i], c,
+                     (unsigned long long)e->responses[i][c]);
+            kbuf_puts(&b, line);
+        }
+    metric(&b, "requests_total", "counter", "Generation requests accepted by the engine.", (double)e->st.requests);
+    metric(&b, "requests_completed_total", "counter", "Generation requests completed.", (double)e->st.completed);
+    metric(&b, "requests_failed_total", "counter", "Generation requests failed.", (double)e->st.failed);
+    metric(&b, "requests_cancelled_total", "counter", "Generation requests whose client went away.", (double)e->st.cancelled);
+    metric(&b, "prompt_tokens_total", "counter", "Prompt tokens submitted.", (double)e->st.prompt_tokens);
+    metric(&b, "generated_tokens_total", "counter", "Tokens generated.", (double)e->st.generated);
+    metric(&b, "sweeps_total", "counter", "Forward sweeps run.", (double)e->st.sweeps);
+    metric(&b, "positions_total", "counter", "Positions run by the sweeps.", (double)e->st.positions);
+    metric(&b, "prefill_seconds_total", "counter", "Seconds of sweeps that ran prompt positions.", e->st.prefill_seconds);
+    metric(&b, "decode_seconds_total", "counter", "Seconds of sweeps that ran only decoding steps.", e->st.sweep_seconds - e->st.prefill_seconds);
+    metric(&b, "queue_depth", "gauge", "Requests waiting for a sequence.", (double)e->n_queued);
+    metric(&b, "live_sequences", "gauge", "Sequences running.", (double)e->n_active);
+    metric(&b, "damaged", "gauge", "1 when the model file was found damaged.", e->damaged);
+    pthread_mutex_unlock(&e->mu);
+    kbuf_puts(&b, "# HELP krun_bytes_read_total Bytes read from the model file, by kind.\n# TYPE krun_bytes_read_total counter\n");
+    {
+        static const char *const kind[] = {"trunk", "head", "experts", "globals", "resident"};
+        const uint64_t v[] = {ks.bytes_trunk, ks.bytes_head, ks.bytes_experts, ks.bytes_globals, ks.bytes_resident};
+        for (int i = 0; i < 5; i++) {
+            snprintf(line, sizeof line, "krun_bytes_read_total{kind=\"%s\"} %llu\n", kind[i], (unsigned long long)v[i]);
+            kbuf_puts(&b, line);
+        }
+    }
+    metric(&b, "expert_cache_hits_total", "counter", "Routed experts already resident when asked for.", (double)ks.expert_hits);
+    metric(&b, "expert_cache_misses_total", "counter", "Routed experts read from the file.", (double)ks.expert_misses);
+    metric(&b, "io_wait_seconds_total", "counter", "Seconds compute waited for reads.", ks.io_wait_seconds);
+    metric(&b, "uptime_seconds", "gauge", "Seconds since the engine started.", know() - e->t0);
+    kbuf_add(&b, "", 1);
+    if (b.oom) { kbuf_free(&b); return NULL; }
+    return b.p;
 }
 
 const char *srv_engine_model_name(const srv_engine *e) { return e->model_name; }

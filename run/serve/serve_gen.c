@@ -1,6 +1,7 @@
 /* One request's output, token by token (serve_gen.h). */
 #include "serve_gen.h"
 
+#include "run/text/anth.h"
 #include "run/text/chat.h"
 #include "run/text/stopstr.h"
 #include "run/text/utf8_hold.h"
@@ -23,6 +24,7 @@ struct sgen {
     kstop stop;
     kutf8_hold pend;           /* completion: an incomplete UTF-8 sequence held back */
     kbuf ids;                  /* every generated id, as int32_t */
+    kbuf lps;                  /* with logprobs: one sgen_lp per generated id */
     kbuf out;                  /* bytes ready to send */
     kbuf text, reasoning;      /* not streamed: the reply so far (chat content, or the completion's text) */
     kchat_call *calls;         /* not streamed: the tool calls */
@@ -30,8 +32,18 @@ struct sgen {
     size_t n_calls;            /* kept (not streamed) */
     size_t calls_made;         /* complete calls, streamed or not: finish_reason tool_calls */
     int stream_started, complete, failed, stopped, oom, status;
+    int ablocks;               /* Anthropic stream: content blocks started */
+    const char *akind;         /* ... the open one's type ("thinking", "text"), NULL: none open */
     const char *finish;
 };
+
+typedef struct {
+    int32_t id;
+    int32_t n;
+    double lp;
+    int32_t top_ids[OAI_MAX_TOP_LOGPROBS];
+    double top_lp[OAI_MAX_TOP_LOGPROBS];
+} sgen_lp;
 
 static char *dupstr(const char *s) { return s ? strdup(s) : NULL; }
 
@@ -85,6 +97,7 @@ void sgen_free(sgen *g)
     kbuf_free(&g->text);
     kbuf_free(&g->reasoning);
     kbuf_free(&g->ids);
+    kbuf_free(&g->lps);
     kutf8_hold_free(&g->pend);
     free(g->prompt);
     for (size_t i = 0; g->stops && i < g->o.n_stop; i++) free(g->stops[i]);   /* calloc'd: a failed copy is NULL */
@@ -105,12 +118,24 @@ static void put(sgen *g, char *s)
 
 /* ---- what the reply says -------------------------------------------------------------- */
 
+/* An Anthropic stream: close the open content block (if any); open one of kind (NULL: none). */
+static void anth_block(sgen *g, const char *kind)
+{
+    if (g->akind && kind && !strcmp(g->akind, kind)) return;
+    if (g->akind) put(g, anth_sse_block_stop(g->ablocks - 1));
+    g->akind = kind;
+    if (kind) put(g, anth_sse_block_start(g->ablocks++, kind, NULL, NULL));
+}
+
 /* Text of the reply proper (chat content, completion text), after the stop strings. */
 static void emit_text(sgen *g, const char *text, size_t len)
 {
     if (!len) return;
     if (!g->o.stream) { kbuf_add(&g->text, text, len); return; }
-    if (g->o.chat) {
+    if (g->o.anthropic) {
+        anth_block(g, "text");
+        put(g, anth_sse_delta(g->ablocks - 1, "text", text, len));
+    } else if (g->o.chat) {
         kchat_event ev = {KCHAT_EV_CONTENT, text, len, 0, NULL};
         int none;
         char *s = oai_sse_chat_event(&g->o.meta, &ev, NULL, &none);
@@ -180,6 +205,22 @@ static int on_event(void *ctx, const kchat_event *ev)
         return 0;
     }
     /* streamed: reasoning, a call's header (with the server's id) or its arguments */
+    if (g->o.anthropic) {
+        if (ev->kind == KCHAT_EV_REASONING) {
+            anth_block(g, "thinking");
+            put(g, anth_sse_delta(g->ablocks - 1, "thinking", ev->text, ev->len));
+        } else if (ev->kind == KCHAT_EV_TOOL_CALL) {
+            char *cid = call_id(g, ev->index);
+            int b = g->ablocks;
+            anth_block(g, NULL);
+            if (!cid) { g->oom = 1; return 0; }
+            put(g, anth_sse_block_start(g->ablocks++, "tool_use", cid, ev->name ? ev->name : ""));
+            put(g, anth_sse_delta(b, "json", ev->text ? ev->text : "{}", ev->text ? ev->len : 2));
+            put(g, anth_sse_block_stop(b));
+            free(cid);
+        }
+        return 0;
+    }
     {
         char *cid = ev->kind == KCHAT_EV_TOOL_CALL_BEGIN ? call_id(g, ev->index) : NULL;
         int none;
@@ -220,10 +261,109 @@ static char *with_token_ids(const sgen *g, char *body)
     return s;
 }
 
+int sgen_logprob(sgen *g, int32_t id, double lp, const int32_t *top_ids, const double *top_lp, size_t n)
+{
+    sgen_lp x;
+    memset(&x, 0, sizeof x);
+    x.id = id;
+    x.lp = lp;
+    x.n = (int32_t)(n > OAI_MAX_TOP_LOGPROBS ? OAI_MAX_TOP_LOGPROBS : n);
+    for (int32_t k = 0; k < x.n; k++) { x.top_ids[k] = top_ids[k]; x.top_lp[k] = top_lp[k]; }
+    kbuf_add(&g->lps, &x, sizeof x);
+    return g->lps.oom ? -1 : 0;
+}
+
+/* A token as text (its bytes; ill-formed UTF-8 as U+FFFD) and as its bytes. */
+static json_t *token_text(const sgen *g, int32_t id, json_t **bytes)
+{
+    size_t len = 0;
+    const uint8_t *b = ktok_id_bytes(g->tk, id, &len);
+    kbuf clean = {0};
+    json_t *t;
+    if (bytes) {
+        *bytes = json_array();
+        for (size_t i = 0; *bytes && i < len; i++) json_array_append_new(*bytes, json_integer(b[i]));
+    }
+    kutf8_sanitize((const char *)(b ? b : (const uint8_t *)""), len, &clean);
+    t = json_stringn(clean.p ? clean.p : "", clean.n);
+    kbuf_free(&clean);
+    return t;
+}
+
+/* choices[0].logprobs: chat {"content": [{token, logprob, bytes, top_logprobs: [...]}]}, completions
+ * {tokens, token_logprobs, top_logprobs: [{token: lp}], text_offset}.  Every generated token is
+ * listed (reasoning and markers too: docs/SERVE.md). */
+static char *with_logprobs(const sgen *g, char *body)
+{
+    json_t *o = body ? json_loads(body, JSON_ALLOW_NUL, NULL) : NULL, *ch = json_array_get(json_object_get(o, "choices"), 0);
+    const sgen_lp *x = (const sgen_lp *)(const void *)g->lps.p;
+    size_t n = g->lps.n / sizeof *x;
+    json_t *lp = json_object();
+    char *s = NULL;
+    int bad = !o || !ch || !lp;
+    if (!bad && g->o.chat) {
+        json_t *content = json_array();
+        for (size_t i = 0; content && i < n; i++) {
+            json_t *bytes, *tok = token_text(g, x[i].id, &bytes), *top = json_array();
+            for (int32_t k = 0; top && k < x[i].n; k++) {
+                json_t *tb, *tt = token_text(g, x[i].top_ids[k], &tb);
+                json_array_append_new(top, json_pack("{soso*so*}", "token", tt, "logprob", json_real(x[i].top_lp[k]), "bytes", tb));
+            }
+            json_array_append_new(content, json_pack("{soso*so*so*}", "token", tok, "logprob", json_real(x[i].lp), "bytes", bytes,
+                                                     "top_logprobs", top));
+        }
+        bad = !content || json_object_set_new(lp, "content", content);
+    } else if (!bad) {
+        json_t *toks = json_array(), *tlp = json_array(), *top = json_array(), *off = json_array();
+        size_t at = 0;
+        for (size_t i = 0; toks && tlp && top && off && i < n; i++) {
+            size_t len = 0;
+            json_t *alt = json_object();
+            ktok_id_bytes(g->tk, x[i].id, &len);
+            json_array_append_new(toks, token_text(g, x[i].id, NULL));
+            json_array_append_new(tlp, json_real(x[i].lp));
+            for (int32_t k = 0; alt && k < x[i].n; k++) {
+                json_t *tt = token_text(g, x[i].top_ids[k], NULL);
+                if (tt) json_object_set_new(alt, json_string_value(tt), json_real(x[i].top_lp[k]));
+                json_decref(tt);
+            }
+            json_array_append_new(top, alt);
+            json_array_append_new(off, json_integer((json_int_t)at));
+            at += len;
+        }
+        bad = !toks || !tlp || !top || !off;
+        if (!bad) bad = json_object_set(lp, "tokens", toks) | json_object_set(lp, "token_logprobs", tlp) |
+                        json_object_set(lp, "top_logprobs", top) | json_object_set(lp, "text_offset", off);
+        json_decref(toks); json_decref(tlp); json_decref(top); json_decref(off);
+    }
+    if (!bad) bad = json_object_set(ch, "logprobs", lp);
+    if (!bad) s = json_dumps(o, JSON_COMPACT);
+    json_decref(lp);
+    json_decref(o);
+    free(body);
+    return s;
+}
+
 static void finish_output(sgen *g, const char *reason)
 {
     long pt = (long)g->o.n_prompt, ct = (long)sgen_n_tokens(g);
     g->finish = reason;
+    if (g->o.anthropic) {
+        const char *sr = anth_stop_reason(reason, g->stopped), *sq = g->stopped && g->stops ? g->stops[g->stop.which] : NULL;
+        if (g->o.stream) {
+            if (!g->stream_started) put(g, anth_sse_message_start(&g->o.meta, pt));
+            g->stream_started = 1;
+            if (!g->ablocks) anth_block(g, "text");      /* a message has at least one block */
+            anth_block(g, NULL);
+            put(g, anth_sse_message_end(sr, sq, ct));
+        } else {
+            anth_result r = {g->o.thinking ? (g->reasoning.p ? g->reasoning.p : "") : NULL, g->reasoning.n, g->text.p, g->text.n,
+                             g->calls, g->n_calls, (const char *const *)g->call_ids, sr, sq, pt, ct};
+            put(g, anth_message_response(&g->o.meta, &r));
+        }
+        g->complete = 1;
+        return;
+    }
     if (g->o.stream) {
         if (!g->stream_started && g->o.chat) put(g, oai_sse_chat_role(&g->o.meta));
         g->stream_started = 1;
@@ -240,6 +380,7 @@ static void finish_output(sgen *g, const char *reason)
             body = oai_completion_response(&g->o.meta, g->text.p, g->text.n, reason, pt, ct);
         }
         if (body && g->o.return_token_ids) body = with_token_ids(g, body);
+        if (body && g->o.logprobs) body = with_logprobs(g, body);
         put(g, body);
     }
     g->complete = 1;
@@ -261,7 +402,8 @@ int sgen_token(sgen *g, int32_t id)
     int end = 0;
     if (g->complete || g->failed) return 1;
     if (g->o.stream && !g->stream_started) {
-        if (g->o.chat) put(g, oai_sse_chat_role(&g->o.meta));
+        if (g->o.anthropic) put(g, anth_sse_message_start(&g->o.meta, (long)g->o.n_prompt));
+        else if (g->o.chat) put(g, oai_sse_chat_role(&g->o.meta));
         g->stream_started = 1;
     }
     kbuf_add(&g->ids, &id, sizeof id);
@@ -302,6 +444,13 @@ void sgen_fail(sgen *g, const oai_error *e)
     char *body;
     if (g->complete || g->failed) return;
     g->failed = 1;
+    if (g->o.anthropic) {
+        body = g->stream_started ? anth_sse_error(e) : anth_error_json(e);
+        if (!g->stream_started) { g->out.n = 0; g->status = e->status; }
+        kbuf_puts(&g->out, body ? body : "{\"type\":\"error\",\"error\":{\"type\":\"api_error\",\"message\":\"out of memory\"}}");
+        free(body);
+        return;
+    }
     body = oai_error_json(e);
     if (g->stream_started) {
         kbuf_puts(&g->out, "data: ");

@@ -29,6 +29,8 @@ typedef struct sgen_opts {
     oai_meta meta;             /* id, model, created (the strings are copied) */
     const int32_t *prompt_ids; /* for return_token_ids (copied) */
     size_t n_prompt;
+    int logprobs;              /* choices[0].logprobs in the body (sgen_logprob gives them) */
+    int anthropic;             /* chat: the body is an Anthropic message (anth.h), not a chat.completion */
 } sgen_opts;
 
 typedef struct sgen sgen;
@@ -43,6 +45,10 @@ void sgen_free(sgen *g);
 /* One generated id.  Returns 1 when the request is complete (an end id, a
  * stop string, max_tokens), 0 to go on, -1 on allocation failure. */
 int sgen_token(sgen *g, int32_t id);
+/* Before sgen_token(id), with logprobs asked for: the id's log-probability and its n (at most
+ * OAI_MAX_TOP_LOGPROBS) most likely alternatives, the most likely first.  The non-streamed
+ * response carries them (choices[0].logprobs, OpenAI's shapes).  Returns 0, -1 on allocation failure. */
+int sgen_logprob(sgen *g, int32_t id, double lp, const int32_t *top_ids, const double *top_lp, size_t n);
 /* The generation stopped for another reason (the context is full: "length").
  * Builds the end of the output.  No-op once complete. */
 void sgen_end(sgen *g, const char *finish_reason);

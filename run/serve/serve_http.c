@@ -15,7 +15,10 @@
 #include "serve.h"
 
 #include "format/kprogress.h"
+#include "run/text/anth.h"
 #include "run/text/chat.h"
+#include "run/text/kgram.h"
+#include "run/text/reqjson.h"
 
 #include <microhttpd.h>
 #include <openssl/crypto.h>
@@ -46,6 +49,26 @@ typedef struct {
 
 /* ---- responses ------------------------------------------------------------------------------ */
 
+/* /metrics counts every response by endpoint and status.  MHD runs one thread per connection and
+ * a connection's callbacks on it, so the endpoint of the request being answered is the thread's. */
+static __thread srv_engine *count_e;
+static __thread int count_ep = SRV_EP_OTHER;
+
+static enum MHD_Result queue(struct MHD_Connection *c, unsigned status, struct MHD_Response *r)
+{
+    if (count_e) srv_engine_count_response(count_e, count_ep, (int)status);
+    return MHD_queue_response(c, status, r);
+}
+
+static int endpoint_of(const char *url)
+{
+    static const char *const path[] = {"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/messages/count_tokens",
+                                       "/tokenize", "/detokenize", "/v1/models", "/health", "/metrics"};
+    for (int i = 0; i < (int)(sizeof path / sizeof *path); i++)
+        if (!strcmp(url, path[i])) return i;
+    return SRV_EP_OTHER;
+}
+
 /* retry_after < 0: the connection is closed after the response (what follows the request on it
  * cannot be trusted). */
 static enum MHD_Result reply(struct MHD_Connection *c, unsigned status, char *json, int retry_after)
@@ -63,7 +86,7 @@ static enum MHD_Result reply(struct MHD_Connection *c, unsigned status, char *js
         snprintf(s, sizeof s, "%d", retry_after);
         MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, s);
     }
-    rc = MHD_queue_response(c, status, r);
+    rc = queue(c, status, r);
     MHD_destroy_response(r);
     return rc;
 }
@@ -112,7 +135,7 @@ static enum MHD_Result reply_stream(srv_http *h, struct MHD_Connection *c, sreq 
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
     MHD_add_response_header(resp, "X-Accel-Buffering", "no");
-    rc = MHD_queue_response(c, MHD_HTTP_OK, resp);
+    rc = queue(c, MHD_HTTP_OK, resp);
     MHD_destroy_response(resp);
     return rc;
 }
@@ -136,7 +159,29 @@ static void sampling_of(const oai_sampling *s, sreq *r)
     r->sampling.top_p = (float)s->top_p;
     r->sampling.min_p = (float)s->min_p;
     r->sampling.seed = (uint64_t)s->seed;
+    r->sampling.presence_penalty = (float)s->presence_penalty;
+    r->sampling.frequency_penalty = (float)s->frequency_penalty;
+    r->sampling.repetition_penalty = s->repetition_penalty > 0 ? (float)s->repetition_penalty : 1.0f;
     r->has_seed = s->has_seed;
+    r->logprobs = s->logprobs;
+    r->top_logprobs = s->top_logprobs;
+}
+
+/* The reply's constraint (response_format, a named tool_choice, strict tools): compiled into
+ * r->gram, with the engine's token index.  A refused schema keyword is a 400 naming it. */
+static int constrain(srv_http *h, const kchat_options *o, sreq *r, oai_error *err)
+{
+    char param[128], msg[400];
+    krun_err kerr;
+    if (kchat_constraint(o, &r->gram, param, sizeof param, msg, sizeof msg)) {
+        oai_error_set(err, 400, param, "unsupported_schema", "%s", msg);
+        return -1;
+    }
+    if (r->gram && !(r->mask_index = srv_engine_mask_index(h->e, &kerr))) {
+        oai_error_set(err, 500, NULL, NULL, "%s", kerr.msg);
+        return -1;
+    }
+    return 0;
 }
 
 /* Does the prompt fit the context, with max_tokens?  Sets r->max_tokens. */
@@ -232,11 +277,15 @@ static enum MHD_Result chat_completions(srv_http *h, struct MHD_Connection *c, c
     r->prompt = rend.ids;
     r->n_prompt = rend.n_ids;
     sampling_of(&q.s, r);
-    if (fit_context(h, r, q.s.max_tokens, &err)) { srv_release(h->e, r); oai_chat_request_free(&q); return reply_error(c, &err, 0); }
+    if (fit_context(h, r, q.s.max_tokens, &err) || constrain(h, &q.chat, r, &err)) {
+        srv_release(h->e, r);
+        oai_chat_request_free(&q);
+        return reply_error(c, &err, 0);
+    }
     request_id(h, "chatcmpl", id, sizeof id);
     {
         sgen_opts go = {1, q.chat.thinking, q.s.stream, q.s.include_usage, q.s.return_token_ids, q.s.stop, q.s.n_stop, NULL, 1, 0,
-                        {id, srv_engine_model_name(h->e), (long long)time(NULL)}, NULL, 0};
+                        {id, srv_engine_model_name(h->e), (long long)time(NULL)}, NULL, 0, q.s.logprobs, 0};
         rc = run_request(h, c, k, r, &go);
     }
     if (!k->req) srv_release(h->e, r);
@@ -280,7 +329,7 @@ static enum MHD_Result completions(srv_http *h, struct MHD_Connection *c, conn *
     request_id(h, "cmpl", id, sizeof id);
     {
         sgen_opts go = {0, 0, q.s.stream, q.s.include_usage, q.s.return_token_ids, q.s.stop, q.s.n_stop, NULL, !q.s.ignore_eos, 0,
-                        {id, srv_engine_model_name(h->e), (long long)time(NULL)}, NULL, 0};
+                        {id, srv_engine_model_name(h->e), (long long)time(NULL)}, NULL, 0, q.s.logprobs, 0};
         rc = run_request(h, c, k, r, &go);
     }
     if (!k->req) srv_release(h->e, r);
@@ -288,12 +337,161 @@ static enum MHD_Result completions(srv_http *h, struct MHD_Connection *c, conn *
     return rc;
 }
 
+static enum MHD_Result reply_anth_error(struct MHD_Connection *c, const oai_error *e)
+{
+    return reply(c, (unsigned)e->status, anth_error_json(e), 0);
+}
+
+/* POST /v1/messages (count: /v1/messages/count_tokens): the Anthropic Messages API on the same
+ * engine, renderer and constraint as the chat endpoint; only the JSON differs (anth.h). */
+static enum MHD_Result messages(srv_http *h, struct MHD_Connection *c, conn *k, int count)
+{
+    krun_model *m = srv_engine_model(h->e);
+    const ktok *tk = krun_model_tokenizer(m);
+    anth_request q;
+    oai_error err;
+    kchat_rendering rend;
+    krun_err rerr;
+    char id[64];
+    sreq *r;
+    enum MHD_Result rc;
+    if (anth_parse_request(k->body.p, k->body.n, count, &q, &err)) return reply_anth_error(c, &err);
+    if (oai_check_model(q.s.model, srv_engine_model_name(h->e), &err)) { anth_request_free(&q); return reply_anth_error(c, &err); }
+    if (ktok_find_special(tk, KCHAT_OPEN) < 0 || ktok_find_special(tk, KCHAT_END_OF_MSG) < 0) {
+        oai_error_set(&err, 400, NULL, "chat_unsupported", "this model's tokenizer has no chat markers (%s, %s)", KCHAT_OPEN, KCHAT_END_OF_MSG);
+        anth_request_free(&q);
+        return reply_anth_error(c, &err);
+    }
+    if (kchat_render(tk, q.messages, q.n_messages, &q.chat, &rend, &rerr)) {
+        oai_error_set(&err, 400, "messages", "invalid_value", "%s", rerr.msg);
+        anth_request_free(&q);
+        return reply_anth_error(c, &err);
+    }
+    free(rend.text);
+    if (count) {
+        free(rend.ids);
+        anth_request_free(&q);
+        return reply(c, 200, anth_count_tokens_response((long)rend.n_ids), 0);
+    }
+    r = sreq_new();
+    if (!r) { free(rend.ids); anth_request_free(&q); oai_error_set(&err, 500, NULL, NULL, "out of memory"); return reply_anth_error(c, &err); }
+    r->prompt = rend.ids;
+    r->n_prompt = rend.n_ids;
+    sampling_of(&q.s, r);
+    if (fit_context(h, r, q.s.max_tokens, &err) || constrain(h, &q.chat, r, &err)) {
+        srv_release(h->e, r);
+        anth_request_free(&q);
+        return reply_anth_error(c, &err);
+    }
+    request_id(h, "msg", id, sizeof id);
+    {
+        sgen_opts go = {1, q.chat.thinking, q.s.stream, 0, 0, q.s.stop, q.s.n_stop, NULL, 1, 0,
+                        {id, srv_engine_model_name(h->e), (long long)time(NULL)}, NULL, 0, 0, 1};
+        rc = run_request(h, c, k, r, &go);
+    }
+    if (!k->req) srv_release(h->e, r);
+    anth_request_free(&q);
+    return rc;
+}
+
+/* POST /tokenize {"content": TEXT, "add_special": bool, "with_pieces": bool} -> {"tokens": [...]}
+ * (llama-server's shapes; with_pieces: [{"id", "piece"}]).  Special tokens' text is read as those
+ * tokens only with "parse_special": true (llama-server's default is to read them, krun's is not:
+ * text from a user is text). */
+static enum MHD_Result tokenize(srv_http *h, struct MHD_Connection *c, conn *k)
+{
+    const ktok *tk = krun_model_tokenizer(srv_engine_model(h->e));
+    oai_error err;
+    json_t *o = kreq_body(k->body.p, k->body.n, &err), *v, *out;
+    int pieces = 0, special = 0;
+    int32_t *ids = NULL;
+    size_t n = 0;
+    if (!o) return reply_error(c, &err, 0);
+    v = kreq_field(o, "content");
+    if (!json_is_string(v)) { kreq_wrong_type(&err, "content", "a string", v ? v : json_null()); json_decref(o); return reply_error(c, &err, 0); }
+    if (kreq_bool(o, "with_pieces", &pieces, &err) || kreq_bool(o, "parse_special", &special, &err)) { json_decref(o); return reply_error(c, &err, 0); }
+    if (ktok_encode(tk, json_string_value(v), json_string_length(v), special, &ids, &n)) {
+        json_decref(o);
+        oai_error_set(&err, 500, NULL, NULL, "out of memory");
+        return reply_error(c, &err, 0);
+    }
+    json_decref(o);
+    out = json_array();
+    for (size_t i = 0; out && i < n; i++) {
+        if (!pieces) { json_array_append_new(out, json_integer(ids[i])); continue; }
+        size_t len = 0;
+        const uint8_t *b = ktok_id_bytes(tk, ids[i], &len);
+        kbuf clean = {0};
+        kutf8_sanitize((const char *)b, len, &clean);
+        json_array_append_new(out, json_pack("{sisO}", "id", (int)ids[i], "piece", json_stringn(clean.p ? clean.p : "", clean.n)));
+        kbuf_free(&clean);
+    }
+    free(ids);
+    return reply_json(c, 200, out ? json_pack("{so}", "tokens", out) : NULL);
+}
+
+/* POST /detokenize {"tokens": [ids]} -> {"content": TEXT} (ill-formed UTF-8 as U+FFFD). */
+static enum MHD_Result detokenize(srv_http *h, struct MHD_Connection *c, conn *k)
+{
+    krun_model *m = srv_engine_model(h->e);
+    const ktok *tk = krun_model_tokenizer(m);
+    size_t vocab = (size_t)krun_model_config(m)->vocab, n;
+    oai_error err;
+    json_t *o = kreq_body(k->body.p, k->body.n, &err), *v;
+    int32_t *ids;
+    uint8_t *text = NULL;
+    size_t len = 0;
+    kbuf clean = {0};
+    json_t *res;
+    if (!o) return reply_error(c, &err, 0);
+    v = kreq_field(o, "tokens");
+    if (!json_is_array(v)) { kreq_wrong_type(&err, "tokens", "an array of token ids", v ? v : json_null()); json_decref(o); return reply_error(c, &err, 0); }
+    n = json_array_size(v);
+    ids = malloc((n ? n : 1) * sizeof *ids);
+    if (!ids) { json_decref(o); oai_error_set(&err, 500, NULL, NULL, "out of memory"); return reply_error(c, &err, 0); }
+    for (size_t i = 0; i < n; i++) {
+        json_t *x = json_array_get(v, i);
+        if (!json_is_integer(x) || json_integer_value(x) < 0 || (size_t)json_integer_value(x) >= vocab) {
+            oai_error_set(&err, 400, "tokens", "invalid_value", "tokens[%zu] must be a token id from 0 to %zu", i, vocab - 1);
+            free(ids);
+            json_decref(o);
+            return reply_error(c, &err, 0);
+        }
+        ids[i] = (int32_t)json_integer_value(x);
+    }
+    json_decref(o);
+    if (ktok_decode(tk, ids, n, &text, &len) < 0) { free(ids); oai_error_set(&err, 500, NULL, NULL, "out of memory"); return reply_error(c, &err, 0); }
+    free(ids);
+    kutf8_sanitize((const char *)text, len, &clean);
+    free(text);
+    res = json_pack("{so}", "content", json_stringn(clean.p ? clean.p : "", clean.n));
+    kbuf_free(&clean);
+    return reply_json(c, 200, res);
+}
+
+static enum MHD_Result metrics(srv_http *h, struct MHD_Connection *c)
+{
+    char *text = srv_engine_metrics(h->e);
+    struct MHD_Response *r;
+    enum MHD_Result rc;
+    if (!text) return MHD_NO;
+    r = MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
+    if (!r) { free(text); return MHD_NO; }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/plain; version=0.0.4");
+    rc = queue(c, 200, r);
+    MHD_destroy_response(r);
+    return rc;
+}
+
 /* ---- routing ---------------------------------------------------------------------------------- */
 
+/* Authorization: Bearer KEY, or (as Anthropic's clients send it) x-api-key: KEY. */
 static int authorized(struct MHD_Connection *c, const char *key)
 {
     const char *v = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    const char *x = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-api-key");
     size_t n = strlen(key);
+    if (x && strlen(x) == n && CRYPTO_memcmp(x, key, n) == 0) return 1;
     if (!v || strncmp(v, "Bearer ", 7)) return 0;
     v += 7;
     while (*v == ' ') v++;
@@ -304,14 +502,17 @@ static enum MHD_Result route(srv_http *h, struct MHD_Connection *c, const char *
 {
     static const struct { const char *path, *method; } routes[] = {
         {"/health", "GET"}, {"/v1/models", "GET"}, {"/v1/chat/completions", "POST"}, {"/v1/completions", "POST"},
+        {"/v1/messages", "POST"}, {"/v1/messages/count_tokens", "POST"}, {"/tokenize", "POST"}, {"/detokenize", "POST"},
+        {"/metrics", "GET"},
     };
     oai_error err;
     int known = -1;
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < (int)(sizeof routes / sizeof *routes); i++)
         if (!strcmp(url, routes[i].path)) known = i;
     if (known < 0) {
         oai_error_set(&err, 404, NULL, "not_found", "no such endpoint: %s %s (krun serves POST /v1/chat/completions, POST "
-                      "/v1/completions, GET /v1/models, GET /health)", method, url);
+                      "/v1/completions, POST /v1/messages, POST /v1/messages/count_tokens, GET /v1/models, POST /tokenize, "
+                      "POST /detokenize, GET /metrics, GET /health)", method, url);
         return reply_error(c, &err, 0);
     }
     if (strcmp(method, routes[known].method)) {
@@ -325,7 +526,7 @@ static enum MHD_Result route(srv_http *h, struct MHD_Connection *c, const char *
         if (!r) { free(json); return MHD_NO; }
         MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
         MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, routes[known].method);
-        rc = MHD_queue_response(c, 405, r);
+        rc = queue(c, 405, r);
         MHD_destroy_response(r);
         return rc;
     }
@@ -352,7 +553,12 @@ static enum MHD_Result route(srv_http *h, struct MHD_Connection *c, const char *
     }
     case 1: return reply(c, 200, oai_models_response(srv_engine_model_name(h->e), h->created, "krun"), 0);
     case 2: return chat_completions(h, c, k);
-    default: return completions(h, c, k);
+    case 3: return completions(h, c, k);
+    case 4: return messages(h, c, k, 0);
+    case 5: return messages(h, c, k, 1);
+    case 6: return tokenize(h, c, k);
+    case 7: return detokenize(h, c, k);
+    default: return metrics(h, c);
     }
 }
 
@@ -374,6 +580,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 {
     srv_http *h = cls;
     conn *k = *con_cls;
+    count_e = h->e;
+    count_ep = endpoint_of(url);
     if (!k) {
         /* the headers: refuse early what needs no body to refuse */
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
@@ -394,9 +602,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             oai_error_set(&err, bad, NULL, bad == 400 ? "bad_framing" : "unsupported_transfer_encoding", "%s", why);
             return reply_error(c, &err, -1);
         }
-        if (h->o.api_key && !strncmp(url, "/v1/", 4) && !authorized(c, h->o.api_key)) {
+        if (h->o.api_key && (!strncmp(url, "/v1/", 4) || endpoint_of(url) != SRV_EP_OTHER) && strcmp(url, "/health") &&
+            !authorized(c, h->o.api_key)) {
             k->answered = 1;
-            oai_error_set(&err, 401, NULL, "invalid_api_key", "a valid API key is needed: send the header Authorization: Bearer KEY");
+            oai_error_set(&err, 401, NULL, "invalid_api_key", "a valid API key is needed: send the header Authorization: Bearer KEY "
+                          "(or x-api-key: KEY)");
+            if (!strncmp(url, "/v1/messages", 12)) return reply(c, 401, anth_error_json(&err), 0);
             return reply_error(c, &err, 0);
         }
         if (cl && strtoull(cl, NULL, 10) > h->o.max_body) {
