@@ -81,6 +81,8 @@ sreq *sreq_new(void);
 /* Hand a request to the engine (it takes a reference).  Fails with e filled: 503 when the
  * queue is full (with Retry-After) or the server is draining, 503 when the model is damaged. */
 int  srv_submit(srv_engine *e, sreq *r, oai_error *err);
+/* A seed for a request without one (what srv_submit would pick). */
+uint64_t srv_engine_fresh_seed(srv_engine *e);
 /* Seconds to put in Retry-After when the server is busy. */
 int  srv_retry_after(srv_engine *e);
 /* The connection's side: wait until the status is known (started or over), or until the

@@ -583,6 +583,15 @@ static uint64_t fresh_seed(srv_engine *e)
     return (z ^ (z >> 27)) & 0x7fffffffffffffffull;
 }
 
+uint64_t srv_engine_fresh_seed(srv_engine *e)
+{
+    uint64_t z;
+    pthread_mutex_lock(&e->mu);
+    z = fresh_seed(e);
+    pthread_mutex_unlock(&e->mu);
+    return z;
+}
+
 int srv_submit(srv_engine *e, sreq *r, oai_error *err)
 {
     int rc = -1;

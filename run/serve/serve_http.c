@@ -45,6 +45,8 @@ typedef struct {
     int answered;                 /* a response was queued before the body was read */
     int http_1_0;                 /* no interim responses may be sent */
     sreq *req;
+    sreq *more[OAI_MAX_N - 1];    /* n > 1: the other choices' requests */
+    size_t n_more;
 } conn;
 
 /* ---- responses ------------------------------------------------------------------------------ */
@@ -205,6 +207,55 @@ static int fit_context(srv_http *h, sreq *r, long max_tokens, oai_error *err)
     return 0;
 }
 
+/* n > 1: choice i (1 .. n-1) as a request of its own: r0's prompt, settings and constraint, with
+ * seed + i (r0's seed is fixed first).  Kept in k->more (released with the connection). */
+static int add_choices(srv_http *h, conn *k, sreq *r0, int n, const kchat_options *chat, oai_error *err)
+{
+    if (!r0->has_seed) { r0->sampling.seed = srv_engine_fresh_seed(h->e); r0->has_seed = 1; }
+    for (int i = 1; i < n; i++) {
+        sreq *r = sreq_new();
+        if (r) {
+            r->prompt = malloc(r0->n_prompt * sizeof *r->prompt);
+            k->more[k->n_more++] = r;
+        }
+        if (!r || !r->prompt) { oai_error_set(err, 500, NULL, NULL, "out of memory"); return -1; }
+        memcpy(r->prompt, r0->prompt, r0->n_prompt * sizeof *r->prompt);
+        r->n_prompt = r0->n_prompt;
+        r->max_tokens = r0->max_tokens;
+        r->sampling = r0->sampling;
+        r->sampling.seed = r0->sampling.seed + (uint64_t)i;
+        r->has_seed = 1;
+        r->logprobs = r0->logprobs;
+        r->top_logprobs = r0->top_logprobs;
+        if (chat && constrain(h, chat, r, err)) return -1;
+    }
+    return 0;
+}
+
+/* n > 1: one body from the choices' bodies (each a whole response with one choice): the first's
+ * id and fields, every choice with its index, completion tokens summed. */
+static char *merge_choices(char **bodies, size_t n)
+{
+    json_t *o = json_loads(bodies[0], JSON_ALLOW_NUL, NULL), *all = json_array();
+    json_int_t ct = 0, pt = 0;
+    char *s = NULL;
+    int bad = !o || !all;
+    for (size_t i = 0; !bad && i < n; i++) {
+        json_t *b = i ? json_loads(bodies[i], JSON_ALLOW_NUL, NULL) : json_incref(o);
+        json_t *ch = json_array_get(json_object_get(b, "choices"), 0), *u = json_object_get(b, "usage");
+        bad = !ch || json_object_set_new(ch, "index", json_integer((json_int_t)i)) || json_array_append(all, ch);
+        ct += json_integer_value(json_object_get(u, "completion_tokens"));
+        pt = json_integer_value(json_object_get(u, "prompt_tokens"));
+        json_decref(b);
+    }
+    if (!bad) bad = json_object_set(o, "choices", all) ||
+                    json_object_set_new(o, "usage", json_pack("{sIsIsI}", "prompt_tokens", pt, "completion_tokens", ct, "total_tokens", pt + ct));
+    if (!bad) s = json_dumps(o, JSON_COMPACT);
+    json_decref(all);
+    json_decref(o);
+    return s;
+}
+
 /* Submit r with its output and answer when it is known. */
 static enum MHD_Result run_request(srv_http *h, struct MHD_Connection *c, conn *k, sreq *r, sgen_opts *go)
 {
@@ -226,6 +277,43 @@ static enum MHD_Result run_request(srv_http *h, struct MHD_Connection *c, conn *
     snprintf(r->id, sizeof r->id, "%s", go->meta.id);
     k->req = r;
     if (srv_submit(h->e, r, &err)) return reply_error(c, &err, !strcmp(err.code ? err.code : "", "server_busy") ? srv_retry_after(h->e) : 0);
+    if (k->n_more) {
+        /* n choices (not streamed): each its own sequence, answered together */
+        char *bodies[OAI_MAX_N] = {0}, *merged = NULL;
+        int status = 200, gone = 0;
+        size_t n = 1 + k->n_more;
+        for (size_t i = 0; i < k->n_more; i++) {
+            sreq *x = k->more[i];
+            x->gen = sgen_new(krun_model_tokenizer(srv_engine_model(h->e)), go);
+            x->client_fd = r->client_fd;
+            x->client_probe = r->client_probe;
+            snprintf(x->id, sizeof x->id, "%s.%zu", go->meta.id, i + 1);
+            if (!x->gen) { oai_error_set(&err, 500, NULL, NULL, "out of memory"); status = -2; }
+            else if (srv_submit(h->e, x, &err)) status = -2;
+            if (status == -2) {
+                srv_cancel(h->e, r);
+                for (size_t j = 0; j < i; j++) srv_cancel(h->e, k->more[j]);
+                return reply_error(c, &err, !strcmp(err.code ? err.code : "", "server_busy") ? srv_retry_after(h->e) : 0);
+            }
+        }
+        for (size_t i = 0; i < n; i++) {
+            sreq *x = i ? k->more[i - 1] : r;
+            int st;
+            srv_wait_done(h->e, x);
+            st = srv_take_body(h->e, x, &bodies[i]);
+            if (st < 0) gone = 1;
+            else if (st != 200 && status == 200) status = st;
+        }
+        if (!gone && status == 200) merged = merge_choices(bodies, n);
+        else if (!gone) {
+            /* the first failure's body */
+            for (size_t i = 0; i < n && !merged; i++)
+                if (bodies[i] && !strstr(bodies[i], "\"choices\"")) { merged = bodies[i]; bodies[i] = NULL; }
+        }
+        for (size_t i = 0; i < n; i++) free(bodies[i]);
+        if (gone) { free(merged); return MHD_NO; }
+        return reply(c, (unsigned)status, merged, 0);
+    }
     if (go->stream) {
         int status = srv_wait_started(h->e, r);
         if (status < 0) return MHD_NO;                     /* the client hung up */
@@ -277,7 +365,8 @@ static enum MHD_Result chat_completions(srv_http *h, struct MHD_Connection *c, c
     r->prompt = rend.ids;
     r->n_prompt = rend.n_ids;
     sampling_of(&q.s, r);
-    if (fit_context(h, r, q.s.max_tokens, &err) || constrain(h, &q.chat, r, &err)) {
+    if (fit_context(h, r, q.s.max_tokens, &err) || constrain(h, &q.chat, r, &err) ||
+        (q.s.n > 1 && add_choices(h, k, r, q.s.n, &q.chat, &err))) {
         srv_release(h->e, r);
         oai_chat_request_free(&q);
         return reply_error(c, &err, 0);
@@ -322,6 +411,11 @@ static enum MHD_Result completions(srv_http *h, struct MHD_Connection *c, conn *
     sampling_of(&q.s, r);
     if (fit_context(h, r, q.s.max_tokens, &err)) {
         snprintf(err.param, sizeof err.param, "%s", r->n_prompt > krun_model_ctx(m) ? "prompt" : "max_tokens");
+        srv_release(h->e, r);
+        oai_completion_request_free(&q);
+        return reply_error(c, &err, 0);
+    }
+    if (q.s.n > 1 && add_choices(h, k, r, q.s.n, NULL, &err)) {
         srv_release(h->e, r);
         oai_completion_request_free(&q);
         return reply_error(c, &err, 0);
@@ -645,6 +739,10 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
     if (k->req) {
         if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK) srv_cancel(h->e, k->req);
         srv_release(h->e, k->req);
+    }
+    for (size_t i = 0; i < k->n_more; i++) {
+        if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK) srv_cancel(h->e, k->more[i]);
+        srv_release(h->e, k->more[i]);
     }
     kbuf_free(&k->body);
     free(k);

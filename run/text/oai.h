@@ -6,7 +6,7 @@
  * missing fields and out-of-range values give an OpenAI error object
  *   {"error": {"message", "type": "invalid_request_error", "param", "code"}}
  * and the HTTP status to answer with.  Unknown fields are ignored, as most OpenAI-compatible
- * servers do; fields krun cannot honour (n > 1, streamed logprobs, echo, logit_bias, non-text content
+ * servers do; fields krun cannot honour (streamed n > 1, streamed logprobs, echo, logit_bias, non-text content
  * parts) are errors rather than silently ignored. */
 #ifndef KRUN_OAI_H
 #define KRUN_OAI_H
@@ -51,7 +51,9 @@ typedef struct {
     double presence_penalty, frequency_penalty, repetition_penalty;
     int logprobs;             /* report each generated token's log-probability */
     int top_logprobs;         /* and this many alternatives (0 .. OAI_MAX_TOP_LOGPROBS) */
+    int n;                    /* choices (1 .. OAI_MAX_N): choice i is the request with seed + i */
 } oai_sampling;
+#define OAI_MAX_N 16
 #define OAI_MAX_TOP_LOGPROBS 20
 
 typedef struct {

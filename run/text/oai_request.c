@@ -29,11 +29,6 @@ void oai_error_set(oai_error *e, int status, const char *param, const char *code
 static int unsupported(json_t *o, oai_error *e)
 {
     json_t *v;
-    if ((v = kreq_field(o, "n")) && !(json_is_integer(v) && json_integer_value(v) == 1)) {
-        if (!json_is_integer(v)) return kreq_wrong_type(e, "n", "an integer", v);
-        oai_error_set(e, 400, "n", "unsupported_value", "n must be 1: one choice per request");
-        return -1;
-    }
     if ((v = kreq_field(o, "logit_bias")) && !(json_is_object(v) && json_object_size(v) == 0)) {
         oai_error_set(e, 400, "logit_bias", "unsupported_value", "logit_bias is not supported");
         return -1;
@@ -160,6 +155,20 @@ static int parse_sampling(json_t *o, oai_sampling *s, long default_max, kreq_are
         return -1;
     }
     if (parse_logprobs(o, default_max < 0, s, e)) return -1;
+    /* n choices: choice i is the request with seed + i (docs/SERVE.md) */
+    s->n = 1;
+    if ((v = kreq_field(o, "n"))) {
+        if (!json_is_integer(v)) return kreq_wrong_type(e, "n", "an integer", v);
+        if (json_integer_value(v) < 1 || json_integer_value(v) > OAI_MAX_N) {
+            oai_error_set(e, 400, "n", "invalid_value", "n must be 1 to %d, got %lld", OAI_MAX_N, (long long)json_integer_value(v));
+            return -1;
+        }
+        s->n = (int)json_integer_value(v);
+        if (s->n > 1 && s->stream) {
+            oai_error_set(e, 400, "n", "unsupported_value", "n > 1 is not streamed yet: give stream: false");
+            return -1;
+        }
+    }
     if (s->logprobs && s->stream) {
         oai_error_set(e, 400, "logprobs", "unsupported_value", "logprobs are not streamed yet: give stream: false");
         return -1;
