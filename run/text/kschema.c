@@ -29,6 +29,7 @@ static const struct { const char *name; int types; } KEYWORDS[] = {
     {"minLength", T_STRING}, {"maxLength", T_STRING},
     {"properties", T_OBJECT}, {"required", T_OBJECT}, {"additionalProperties", T_OBJECT},
     {"items", T_ARRAY}, {"minItems", T_ARRAY}, {"maxItems", T_ARRAY},
+    {"minimum", T_NUMBER | T_INTEGER}, {"maximum", T_NUMBER | T_INTEGER},
 };
 #define N_KEYWORDS (sizeof KEYWORDS / sizeof *KEYWORDS)
 
@@ -127,8 +128,8 @@ static int check_keywords(kschema_ctx *c, json_t *s, const char *path, int *pres
         if ((t = keyword_types(k)) < 0) {
             sub(p, sizeof p, path, k);
             return fail(c, p, "unsupported JSON Schema keyword \"%.60s\": constrained decoding supports type, properties, "
-                        "required, additionalProperties, items, minItems, maxItems, minLength, maxLength, enum, const, "
-                        "anyOf, $ref (docs/SERVE.md)", k);
+                        "required, additionalProperties, items, minItems, maxItems, minLength, maxLength, minimum, "
+                        "maximum, enum, const, anyOf, $ref (docs/SERVE.md)", k);
         }
         *present |= t;
         if (strcmp(k, "type")) ++*others;
@@ -264,6 +265,58 @@ static uint32_t number(kschema_ctx *c, int integer, uint32_t next)
 }
 
 static uint32_t any_rule(kschema_ctx *c);
+
+/* The most integer digits k (0 .. INT_DIGITS) such that every number of at most k digits is at most
+ * b in magnitude: 10^k - 1 <= b; when k is 0, *top: the largest single digit within b (0 .. 9);
+ * *frac: a fraction may follow (the integer part's largest value + 1 <= b, number only). */
+static int digits_within(double b, int integer, int *top, int *frac)
+{
+    double p = 1;
+    int k = 0;
+    while (k < INT_DIGITS && p * 10 - 1 <= b) { p *= 10; k++; }
+    *top = k ? 9 : b >= 9 ? 9 : b >= 0 ? (int)b : 0;
+    *frac = !integer && (k ? p <= b : *top + 1 <= b);
+    return k;
+}
+
+/* One side of zero: up to k digits without a leading zero (k 0: one digit 0 .. top), then a
+ * fraction if frac (k 0 and a number: digits under top always may have one: they stay under it). */
+static uint32_t magnitude(kgram *g, int k, int top, int frac, int integer, uint32_t next)
+{
+    uint32_t with = kg_split(g, next, kg_byte(g, '.', digits(g, 1, FRAC_DIGITS, next)));
+    uint32_t after = frac ? with : next;
+    if (!k && !integer && top >= 1)
+        return kg_split(g, kg_range(g, '0', (uint8_t)('0' + top - 1), with), kg_byte(g, (uint8_t)('0' + top), after));
+    if (!k) return kg_range(g, '0', (uint8_t)('0' + top), after);
+    return kg_split(g, kg_byte(g, '0', after), kg_range(g, '1', '9', digits(g, 0, k - 1, after)));
+}
+
+/* A number or integer with minimum / maximum.  What is generated is a subset of the range that
+ * digits can say: numbers with at most kp integer digits (or one digit up to the bound, when it is
+ * under 9; and a fraction when the bound leaves room for one) up from 0, at most kn below it, no exponent; so the range must hold 0.  zod's
+ * .int() (minimum -(2^53 - 1), maximum 2^53 - 1) gets 15 digits either side. */
+static int bounded_number(kschema_ctx *c, json_t *s, const char *path, int integer, uint32_t next, uint32_t *start)
+{
+    json_t *mn = json_object_get(s, "minimum"), *mx = json_object_get(s, "maximum");
+    double lo = -1e300, hi = 1e300;
+    int kp, kn, tp, tn, fp, fn;
+    char p[256];
+    if (!mn && !mx) { *start = number(c, integer, next); return 0; }
+    if (mn && !json_is_number(mn)) { sub(p, sizeof p, path, "minimum"); return fail(c, p, "minimum must be a number"); }
+    if (mx && !json_is_number(mx)) { sub(p, sizeof p, path, "maximum"); return fail(c, p, "maximum must be a number"); }
+    if (mn) lo = json_number_value(mn);
+    if (mx) hi = json_number_value(mx);
+    if (lo > 0 || hi < 0) {
+        sub(p, sizeof p, path, lo > 0 ? "minimum" : "maximum");
+        return fail(c, p, "\"%s\" %s 0 is not supported: constrained decoding bounds numbers by their digits either side of 0, "
+                    "so the range must hold 0 (docs/SERVE.md)", lo > 0 ? "minimum" : "maximum", lo > 0 ? "above" : "below");
+    }
+    kp = digits_within(hi, integer, &tp, &fp);
+    kn = digits_within(-lo, integer, &tn, &fn);
+    *start = magnitude(c->g, kp, tp, fp, integer, next);
+    if (kn || tn) *start = kg_split(c->g, *start, kg_byte(c->g, '-', magnitude(c->g, kn, tn, fn, integer, next)));
+    return 0;
+}
 
 /* A free-form object: { "key": value, ... } with values of rule val. */
 static uint32_t map_object(kschema_ctx *c, uint32_t val, uint32_t next)
@@ -584,8 +637,8 @@ static int typed(kschema_ctx *c, json_t *s, const char *path, int type, uint32_t
         if (count_kw(c, s, "minLength", path, 0, &lo) || count_kw(c, s, "maxLength", path, KG_INF - 1, &hi)) return -1;
         *start = kg_byte(g, '"', kg_body(g, KG_TEXT_JSON, lo, hi, next));
         return 0;
-    case T_NUMBER: *start = number(c, 0, next); return 0;
-    case T_INTEGER: *start = number(c, 1, next); return 0;
+    case T_NUMBER: return bounded_number(c, s, path, 0, next, start);
+    case T_INTEGER: return bounded_number(c, s, path, 1, next, start);
     case T_BOOLEAN: *start = kg_split(g, kg_lit(g, "true", 4, next), kg_lit(g, "false", 5, next)); return 0;
     case T_NULL: *start = kg_lit(g, "null", 4, next); return 0;
     case T_OBJECT: return object(c, s, path, next, start);

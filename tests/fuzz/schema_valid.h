@@ -84,6 +84,10 @@ static int sv_valid(json_t *root, json_t *s, json_t *v, int depth)
         if ((k = json_object_get(s, "minLength")) && (json_int_t)n < json_integer_value(k)) return 0;
         if ((k = json_object_get(s, "maxLength")) && (json_int_t)n > json_integer_value(k)) return 0;
     }
+    if (json_is_number(v)) {
+        if ((k = json_object_get(s, "minimum")) && json_is_number(k) && json_number_value(v) < json_number_value(k)) return 0;
+        if ((k = json_object_get(s, "maximum")) && json_is_number(k) && json_number_value(v) > json_number_value(k)) return 0;
+    }
     if (json_is_array(v)) {
         json_t *items = json_object_get(s, "items");
         if ((k = json_object_get(s, "minItems")) && (json_int_t)json_array_size(v) < json_integer_value(k)) return 0;
