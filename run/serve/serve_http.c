@@ -330,43 +330,49 @@ static enum MHD_Result run_request(srv_http *h, struct MHD_Connection *c, conn *
     }
 }
 
-static enum MHD_Result chat_completions(srv_http *h, struct MHD_Connection *c, conn *k)
+/* A chat request made ready to run, for either API: the model checked, the messages rendered in
+ * K3's chat format, the sampling, the context and the reply's constraint.  NULL with err. */
+static sreq *chat_sreq(srv_http *h, const kchat_message *msgs, size_t n_msgs, const kchat_options *chat, const oai_sampling *s,
+                       oai_error *err)
 {
-    krun_model *m = srv_engine_model(h->e);
-    const ktok *tk = krun_model_tokenizer(m);
-    oai_chat_request q;
-    oai_error err;
+    const ktok *tk = krun_model_tokenizer(srv_engine_model(h->e));
     kchat_rendering rend;
     krun_err rerr;
+    sreq *r;
+    if (oai_check_model(s->model, srv_engine_model_name(h->e), err)) return NULL;
+    if (ktok_find_special(tk, KCHAT_OPEN) < 0 || ktok_find_special(tk, KCHAT_END_OF_MSG) < 0) {
+        oai_error_set(err, 400, NULL, "chat_unsupported", "this model's tokenizer has no chat markers (%s, %s): use /v1/completions",
+                      KCHAT_OPEN, KCHAT_END_OF_MSG);
+        return NULL;
+    }
+    if (kchat_render(tk, msgs, n_msgs, chat, &rend, &rerr)) {
+        oai_error_set(err, 400, NULL, "invalid_value", "%s", rerr.msg);
+        return NULL;
+    }
+    free(rend.text);
+    if (!(r = sreq_new())) { free(rend.ids); oai_error_set(err, 500, NULL, NULL, "out of memory"); return NULL; }
+    r->prompt = rend.ids;
+    r->n_prompt = rend.n_ids;
+    sampling_of(s, r);
+    if (fit_context(h, r, s->max_tokens, err) || constrain(h, chat, r, err)) { srv_release(h->e, r); return NULL; }
+    return r;
+}
+
+static enum MHD_Result chat_completions(srv_http *h, struct MHD_Connection *c, conn *k)
+{
+    oai_chat_request q;
+    oai_error err;
     char id[64];
     sreq *r;
     enum MHD_Result rc;
     if (oai_parse_chat_request(k->body.p, k->body.n, &q, &err)) return reply_error(c, &err, 0);
-    if (oai_check_model(q.s.model, srv_engine_model_name(h->e), &err)) { oai_chat_request_free(&q); return reply_error(c, &err, 0); }
     if (q.s.ignore_eos) {
         oai_error_set(&err, 400, "ignore_eos", "unsupported_value", "ignore_eos is for /v1/completions: a chat reply ends at <|end_of_msg|>");
         oai_chat_request_free(&q);
         return reply_error(c, &err, 0);
     }
-    if (ktok_find_special(tk, KCHAT_OPEN) < 0 || ktok_find_special(tk, KCHAT_END_OF_MSG) < 0) {
-        oai_error_set(&err, 400, NULL, "chat_unsupported", "this model's tokenizer has no chat markers (%s, %s): use /v1/completions",
-                      KCHAT_OPEN, KCHAT_END_OF_MSG);
-        oai_chat_request_free(&q);
-        return reply_error(c, &err, 0);
-    }
-    if (kchat_render(tk, q.messages, q.n_messages, &q.chat, &rend, &rerr)) {
-        oai_error_set(&err, 400, NULL, "invalid_value", "%s", rerr.msg);
-        oai_chat_request_free(&q);
-        return reply_error(c, &err, 0);
-    }
-    free(rend.text);
-    r = sreq_new();
-    if (!r) { free(rend.ids); oai_chat_request_free(&q); oai_error_set(&err, 500, NULL, NULL, "out of memory"); return reply_error(c, &err, 0); }
-    r->prompt = rend.ids;
-    r->n_prompt = rend.n_ids;
-    sampling_of(&q.s, r);
-    if (fit_context(h, r, q.s.max_tokens, &err) || constrain(h, &q.chat, r, &err) ||
-        (q.s.n > 1 && add_choices(h, k, r, q.s.n, &q.chat, &err))) {
+    if (!(r = chat_sreq(h, q.messages, q.n_messages, &q.chat, &q.s, &err))) { oai_chat_request_free(&q); return reply_error(c, &err, 0); }
+    if (q.s.n > 1 && add_choices(h, k, r, q.s.n, &q.chat, &err)) {
         srv_release(h->e, r);
         oai_chat_request_free(&q);
         return reply_error(c, &err, 0);
@@ -440,42 +446,18 @@ static enum MHD_Result reply_anth_error(struct MHD_Connection *c, const oai_erro
  * engine, renderer and constraint as the chat endpoint; only the JSON differs (anth.h). */
 static enum MHD_Result messages(srv_http *h, struct MHD_Connection *c, conn *k, int count)
 {
-    krun_model *m = srv_engine_model(h->e);
-    const ktok *tk = krun_model_tokenizer(m);
     anth_request q;
     oai_error err;
-    kchat_rendering rend;
-    krun_err rerr;
     char id[64];
     sreq *r;
     enum MHD_Result rc;
     if (anth_parse_request(k->body.p, k->body.n, count, &q, &err)) return reply_anth_error(c, &err);
-    if (oai_check_model(q.s.model, srv_engine_model_name(h->e), &err)) { anth_request_free(&q); return reply_anth_error(c, &err); }
-    if (ktok_find_special(tk, KCHAT_OPEN) < 0 || ktok_find_special(tk, KCHAT_END_OF_MSG) < 0) {
-        oai_error_set(&err, 400, NULL, "chat_unsupported", "this model's tokenizer has no chat markers (%s, %s)", KCHAT_OPEN, KCHAT_END_OF_MSG);
-        anth_request_free(&q);
-        return reply_anth_error(c, &err);
-    }
-    if (kchat_render(tk, q.messages, q.n_messages, &q.chat, &rend, &rerr)) {
-        oai_error_set(&err, 400, "messages", "invalid_value", "%s", rerr.msg);
-        anth_request_free(&q);
-        return reply_anth_error(c, &err);
-    }
-    free(rend.text);
+    if (!(r = chat_sreq(h, q.messages, q.n_messages, &q.chat, &q.s, &err))) { anth_request_free(&q); return reply_anth_error(c, &err); }
     if (count) {
-        free(rend.ids);
-        anth_request_free(&q);
-        return reply(c, 200, anth_count_tokens_response((long)rend.n_ids), 0);
-    }
-    r = sreq_new();
-    if (!r) { free(rend.ids); anth_request_free(&q); oai_error_set(&err, 500, NULL, NULL, "out of memory"); return reply_anth_error(c, &err); }
-    r->prompt = rend.ids;
-    r->n_prompt = rend.n_ids;
-    sampling_of(&q.s, r);
-    if (fit_context(h, r, q.s.max_tokens, &err) || constrain(h, &q.chat, r, &err)) {
+        long n = (long)r->n_prompt;
         srv_release(h->e, r);
         anth_request_free(&q);
-        return reply_anth_error(c, &err);
+        return reply(c, 200, anth_count_tokens_response(n), 0);
     }
     request_id(h, "msg", id, sizeof id);
     {

@@ -85,6 +85,18 @@ static int add_text(kchat_message *m, const char *s, size_t n, kreq_arena *a, oa
     return 0;
 }
 
+/* Content block k of message i: an object with a string "type" (returned; p then names it,
+ * "messages.I.content.K.type"), or NULL with e. */
+static json_t *block_type(json_t *blk, size_t i, size_t k, char *p, size_t plen, oai_error *e)
+{
+    json_t *type = json_object_get(blk, "type");
+    snprintf(p, plen, "messages.%zu.content.%zu", i, k);
+    if (!json_is_object(blk)) { kreq_wrong_type(e, p, "a content block", blk); return NULL; }
+    snprintf(p, plen, "messages.%zu.content.%zu.type", i, k);
+    if (!json_is_string(type)) { if (type) kreq_wrong_type(e, p, "a string", type); else required(e, p); return NULL; }
+    return type;
+}
+
 static int user_message(json_t *content, size_t i, msgs *l, kreq_arena *a, oai_error *e)
 {
     kchat_message *cur = NULL;        /* the user message text blocks go to */
@@ -99,11 +111,8 @@ static int user_message(json_t *content, size_t i, msgs *l, kreq_arena *a, oai_e
     snprintf(p, sizeof p, "messages.%zu.content", i);
     if (!json_is_array(content)) return content ? kreq_wrong_type(e, p, "a string or an array of content blocks", content) : required(e, p);
     for (size_t k = 0; k < json_array_size(content); k++) {
-        json_t *blk = json_array_get(content, k), *type = json_object_get(blk, "type");
-        snprintf(p, sizeof p, "messages.%zu.content.%zu", i, k);
-        if (!json_is_object(blk)) return kreq_wrong_type(e, p, "a content block", blk);
-        strcat(p, ".type");
-        if (!json_is_string(type)) return type ? kreq_wrong_type(e, p, "a string", type) : required(e, p);
+        json_t *blk = json_array_get(content, k), *type;
+        if (!(type = block_type(blk, i, k, p, sizeof p, e))) return -1;
         if (kreq_str_is(type, "text")) {
             json_t *t = json_object_get(blk, "text");
             snprintf(p, sizeof p, "messages.%zu.content.%zu.text", i, k);
@@ -153,11 +162,8 @@ static int assistant_message(json_t *content, size_t i, msgs *l, kreq_arena *a, 
     if (!calls) return OOM(e);
     m->tool_calls = calls;
     for (size_t k = 0; k < json_array_size(content); k++) {
-        json_t *blk = json_array_get(content, k), *type = json_object_get(blk, "type");
-        snprintf(p, sizeof p, "messages.%zu.content.%zu", i, k);
-        if (!json_is_object(blk)) return kreq_wrong_type(e, p, "a content block", blk);
-        strcat(p, ".type");
-        if (!json_is_string(type)) return type ? kreq_wrong_type(e, p, "a string", type) : required(e, p);
+        json_t *blk = json_array_get(content, k), *type;
+        if (!(type = block_type(blk, i, k, p, sizeof p, e))) return -1;
         if (kreq_str_is(type, "text") || kreq_str_is(type, "thinking")) {
             int thinking = kreq_str_is(type, "thinking");
             json_t *t = json_object_get(blk, thinking ? "thinking" : "text");
