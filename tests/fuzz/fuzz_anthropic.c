@@ -13,6 +13,7 @@
 #include "fuzz.h"
 
 #include "run/text/anth.h"
+#include "run/text/jsontext.h"
 
 #include <jansson.h>
 #include <string.h>
@@ -37,8 +38,15 @@ static uint64_t parse(const char *body, size_t len, int count, int *ok)
         FUZZ_CHECK(r.messages == NULL && r.own == NULL);
         FUZZ_CHECK((e.status >= 400 && e.status < 500) || (e.status == 500 && strstr(e.message, "out of memory")));
         FUZZ_CHECK(e.message[0] && (e.status == 500 || !e.param[0] || !strncmp(e.message, e.param, strlen(e.param))));
+        /* the message as the error object shows it: ill-formed UTF-8 (a body's bad bytes quoted by
+         * the JSON parser, a message cut inside a character) as U+FFFD */
+        kbuf shown = {0};
+        kutf8_sanitize(e.message, strlen(e.message), &shown);
+        kbuf_add(&shown, "", 1);
+        FUZZ_CHECK(!shown.oom);
         FUZZ_CHECK(json_is_object(o) && !strcmp(json_string_value(json_object_get(o, "type")), "error") && json_is_string(json_object_get(x, "type")) &&
-                   !strcmp(json_string_value(json_object_get(x, "message")), e.message));
+                   !strcmp(json_string_value(json_object_get(x, "message")), shown.p));
+        kbuf_free(&shown);
         json_decref(o);
         free(j);
         D(h, e.status);
