@@ -42,7 +42,9 @@ static int parse_logprobs(json_t *o, int chat, oai_sampling *s, oai_error *e)
 {
     json_t *v = kreq_field(o, "logprobs"), *t = kreq_field(o, "top_logprobs");
     if (chat) {
-        if (kreq_bool(o, "logprobs", &s->logprobs, e)) return -1;
+        /* the neutral values the soak's clients send: false, 0 */
+        if (v && json_is_integer(v) && json_integer_value(v) == 0) v = NULL;
+        else if (kreq_bool(o, "logprobs", &s->logprobs, e)) return -1;
         if (t) {
             if (!json_is_integer(t)) return kreq_wrong_type(e, "top_logprobs", "an integer", t);
             if (json_integer_value(t) < 0 || json_integer_value(t) > OAI_MAX_TOP_LOGPROBS) {
@@ -58,8 +60,11 @@ static int parse_logprobs(json_t *o, int chat, oai_sampling *s, oai_error *e)
         }
         return 0;
     }
-    if (t) { oai_error_set(e, 400, "top_logprobs", "unsupported_value", "top_logprobs is a chat field: /v1/completions takes logprobs: N"); return -1; }
-    if (!v) return 0;
+    if (t && !(json_is_integer(t) && json_integer_value(t) == 0)) {
+        oai_error_set(e, 400, "top_logprobs", "unsupported_value", "top_logprobs is a chat field: /v1/completions takes logprobs: N");
+        return -1;
+    }
+    if (!v || json_is_false(v)) return 0;      /* false: off, as clients send it */
     if (!json_is_integer(v)) return kreq_wrong_type(e, "logprobs", "an integer", v);
     if (json_integer_value(v) < 0 || json_integer_value(v) > OAI_MAX_TOP_LOGPROBS) {
         oai_error_set(e, 400, "logprobs", "invalid_value", "logprobs must be 0 to %d, got %lld", OAI_MAX_TOP_LOGPROBS,
