@@ -4,6 +4,19 @@
 
 CC      ?= cc
 OPT     ?= -O2
+# Cross builds: `make CROSS=aarch64-linux-gnu-` compiles with that prefix's gcc
+# and ar (Debian's gcc-aarch64-linux-gnu; the arm64 -dev packages through
+# multiarch: tests/deps.sh arm64) into build/aarch64-linux-gnu.  A CC given on
+# the command line wins: CROSS=aarch64-linux-gnu- CC="clang --target=aarch64-linux-gnu".
+ifneq ($(CROSS),)
+  ifeq ($(origin CC),default)
+    CC := $(CROSS)gcc
+  endif
+  ifeq ($(origin AR),default)
+    AR := $(CROSS)ar
+  endif
+  BUILD ?= build/$(patsubst %-,%,$(CROSS))
+endif
 # -ffp-contract=off: the floating-point contract (docs/NUMERICS.md) forbids the
 # compiler from fusing a*b+c, so the scalar and SIMD paths give the same bits.
 CFLAGS  ?= $(OPT) -g
@@ -28,9 +41,23 @@ ifneq ($(ABLATIONS),)
   override CFLAGS += -DKRUN_ABLATIONS
 endif
 
+# The target's architecture picks the SIMD kernel files: *_avx2.c and
+# *_avx512.c (GCC target pragmas, x86 intrinsics) only for x86-64, *_neon.c
+# only for aarch64, neither elsewhere (the scalar kernels alone).
+KPK_ARCH := $(firstword $(subst -, ,$(shell $(CC) -dumpmachine 2>/dev/null)))
+SIMD_X86  := %_avx2.c %_avx512.c
+SIMD_NEON := %_neon.c
+ifeq ($(KPK_ARCH),x86_64)
+  SIMD_SKIP := $(SIMD_NEON)
+else ifeq ($(KPK_ARCH),aarch64)
+  SIMD_SKIP := $(SIMD_X86)
+else
+  SIMD_SKIP := $(SIMD_X86) $(SIMD_NEON)
+endif
+
 FORMAT_SRC := $(sort $(wildcard format/*.c))
 PACK_SRC   := $(sort $(filter-out pack/main.c,$(wildcard pack/*.c)))
-RUN_SRC    := $(sort $(filter-out run/main.c,$(wildcard run/*.c)))
+RUN_SRC    := $(sort $(filter-out run/main.c $(SIMD_SKIP),$(wildcard run/*.c)))
 SYNTH_SRC  := $(sort $(wildcard tests/synth/*.c))
 UNIT_SRC   := $(sort $(wildcard tests/unit/test_*.c))
 # probes: test programs the CLI tests drive on a synthesized model
