@@ -14,7 +14,7 @@
  * dispatcher still checks HWCAP_ASIMD.  Widening: BF16 by a 16-bit shift
  * (exact); F16 with vcvt_f32_f16 (FCVTL), which is exact for every code,
  * subnormals included, and quiets a signalling NaN by setting the same bit
- * kern_f16 sets (tests/unit/test_kernels_arch.c checks all 65536 codes).
+ * kern_f16 sets (tests/unit/test_platform.c checks all 65536 codes).
  *
  * Matrix products are register-blocked as in kernels_avx2.c: a tile of R rows
  * x P positions keeps 4*R*P accumulators; the blocking driver is
