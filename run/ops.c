@@ -2,6 +2,7 @@
 
 #include "ablate.h"
 #include "k3_config.h"
+#include "kmath.h"
 
 #include <math.h>
 #include <string.h>
@@ -35,9 +36,9 @@ float op_situ(float g, float u, float b1, float b2)
     float gate, up;
     if (ABLATED(SITU_BETAS_SWAPPED)) { float t = b1; b1 = b2; b2 = t; }
     if (ABLATED(SITU_NO_CAPS)) return g * op_sigmoid(g) * u;
-    gate = b1 * tanhf(g / b1);
+    gate = b1 * kmath_tanhf(g / b1); /* not libm's tanhf: the same bits on every machine (kmath.h) */
     gate = gate * op_sigmoid(ABLATED(SITU_SIGMA_OF_CAPPED) ? gate : g);
-    up = b2 * tanhf(u / b2);
+    up = b2 * kmath_tanhf(u / b2);
     return gate * up;
 }
 

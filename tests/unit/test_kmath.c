@@ -1,0 +1,80 @@
+/* kmath_tanhf (run/kmath.h): accurate against a double-precision tanh, the
+ * special values, odd symmetry, the same bits on every architecture (a hash
+ * of its outputs on a fixed sample of a million inputs, pinned), and on
+ * x86-64 with glibc 2.36 the very bits of the C library's tanhf, which krun
+ * used before (so moving to it changed no output there). */
+#include "check.h"
+#include "kmath.h"
+#include "testrand.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#if defined(__GLIBC__)
+#include <gnu/libc-version.h>
+#endif
+
+/* every 4099th bit pattern: all signs and exponents, 1,047,809 inputs */
+#define STRIDE 4099u
+/* FNV-1a over the output bits of that sample; a change means other bits
+ * somewhere, on this machine or on another (x86-64 and aarch64 agree). */
+#define SAMPLE_HASH 0x54e2070753ef2804ull
+
+static double ulps(float got, double want)
+{
+    float w = (float)want;
+    double ulp = w == 0.0f ? 0x1p-149 : ldexp(1.0, ilogbf(w) - 23);
+    if (ulp < 0x1p-149) ulp = 0x1p-149;
+    return fabs((double)got - want) / ulp;
+}
+
+int main(void)
+{
+    uint64_t h = 1469598103934665603ull;
+    double worst = 0;
+    float worst_x = 0;
+    int odd = 1, same_libm = 1;
+    char why[160] = "";
+    for (uint64_t u = 0; u < 0x100000000ull; u += STRIDE) {
+        const float x = bitsf((uint32_t)u), y = kmath_tanhf(x);
+        h = (h ^ fbits(y)) * 1099511628211ull;
+        if (isnan(x)) continue;
+        const double e = ulps(y, tanh((double)x));
+        if (e > worst) worst = e, worst_x = x;
+        const float m = kmath_tanhf(-x);
+        odd &= fbits(m) == (fbits(y) ^ 0x80000000u);
+        if (fbits(y) != fbits(tanhf(x)) && same_libm) {
+            same_libm = 0;
+            snprintf(why, sizeof why, "x = %a: kmath 0x%08x, libm 0x%08x", x, fbits(y), fbits(tanhf(x)));
+        }
+    }
+    CHECK(worst <= 2.5, "within 2.5 ulp of tanh in double on every sampled input (fdlibm's tanhf is a 2-ulp function) (worst %.3f ulp at %a)", worst, worst_x);
+    CHECK(odd, "odd: tanh(-x) = -tanh(x), bit for bit");
+    CHECK(h == SAMPLE_HASH, "the sample's output bits hash to the pinned value on this machine (0x%016llx)",
+          (unsigned long long)h);
+
+    const float inf = INFINITY;
+    CHECK(fbits(kmath_tanhf(0.0f)) == 0 && fbits(kmath_tanhf(-0.0f)) == 0x80000000u, "+-0 keep their sign");
+    CHECK(kmath_tanhf(inf) == 1.0f && kmath_tanhf(-inf) == -1.0f && kmath_tanhf(22.0f) == 1.0f &&
+              kmath_tanhf(-30.0f) == -1.0f && kmath_tanhf(FLT_MAX) == 1.0f,
+          "+-inf and |x| >= 22 give +-1");
+    CHECK(isnan(kmath_tanhf(NAN)) && isnan(kmath_tanhf(-NAN)), "NaN gives NaN");
+    CHECK(kmath_tanhf(0x1p-149f) == 0x1p-149f && kmath_tanhf(-0x1p-100f) == -0x1p-100f && kmath_tanhf(0x1p-30f) == 0x1p-30f,
+          "tiny and subnormal x give x");
+    CHECK(kmath_tanhf(0.5f) == (float)tanh(0.5) && kmath_tanhf(-1.0f) == (float)tanh(-1.0) &&
+              kmath_tanhf(3.0f) == (float)tanh(3.0),
+          "tanh(0.5), tanh(-1), tanh(3) correctly rounded");
+
+#if defined(__x86_64__) && defined(__GLIBC__)
+    if (strcmp(gnu_get_libc_version(), "2.36") == 0)
+        CHECK(same_libm, "== glibc 2.36's x86-64 tanhf on every sampled input (krun's bits before kmath) %s", why);
+    else
+        SKIP("== glibc 2.36's x86-64 tanhf: this C library is glibc %s", gnu_get_libc_version());
+#else
+    (void)same_libm;
+    SKIP("== glibc 2.36's x86-64 tanhf: not x86-64 glibc (this C library's tanhf %s)",
+         same_libm ? "agrees on the sample" : "differs on the sample");
+#endif
+    return check_exit();
+}
