@@ -74,7 +74,8 @@ UNIT_BIN  := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC) $(PROBE_SRC)
 # sanitizers) keeps its own copies under its build directory.
 BINDIR := $(if $(filter build,$(BUILD)),bin,$(BUILD)/bin)
 
-.PHONY: all test test-clang test-root bench bench-hdd demo deps clean unit asan ablate fuzz fuzz-bins soak
+.PHONY: all test test-clang test-root bench bench-hdd demo deps clean unit asan ablate fuzz fuzz-bins soak \
+        test-arm64 test-arm64-full arm64-bins
 # keep the unit tests' objects (make would delete them as intermediates)
 .SECONDARY:
 all: $(BINDIR)/kpack $(BINDIR)/k3synth $(if $(wildcard run/main.c),$(BINDIR)/krun)
@@ -202,6 +203,39 @@ deps:
 # compares the clang krun with the gcc one in bin/, built first).
 test-clang: all
 	@$(MAKE) --no-print-directory CC=clang BUILD=build/clang test
+
+# aarch64 under emulation (tests/arm64/run.sh): the cross build run by
+# qemu-aarch64-static (tests/deps.sh arm64 installs both).  test-arm64 (CI):
+# the unit suite, the scalar-vs-NEON bit identity (and a fused NEON build
+# that must fail it), x86-64 == aarch64 ids and logit bits on the same KPK
+# files (oracle, test_krun_ref's geometries, quantised MXFP4, compressed,
+# streamed), the oracle and reference tests, and the libm functions.
+# test-arm64-full: every unit and CLI test under emulation (about an hour).
+ARM64       ?= aarch64-linux-gnu-
+ARM64_BUILD := build/$(patsubst %-,%,$(ARM64))
+test-arm64 test-arm64-full: all $(BUILD)/tests/libm_probe
+	@tests/deps.sh arm64 >/dev/null || { echo "make $@ needs the aarch64 cross compiler, the arm64 libraries and qemu-user-static: tests/deps.sh arm64 (as root)"; exit 2; }
+	@$(MAKE) --no-print-directory CROSS=$(ARM64) BUILD=$(ARM64_BUILD) arm64-bins $(if $(filter test-arm64-full,$@),ablate)
+	@ARM64_BUILD=$(ARM64_BUILD) X86_BUILD=$(BUILD) X86_BIN=$(BINDIR) tests/arm64/run.sh $(if $(filter test-arm64-full,$@),full)
+
+# What the emulated suite runs besides `all unit`: libm_probe, and the kernel
+# tests linked with NEON kernels built to fuse (KERN_NEON_FMA_TRAP), which
+# must fail.  Test only; built in the cross build's directory.
+FMATRAP_SRC := $(filter %/kernels_neon.c %/kernels_seq_neon.c,$(RUN_SRC))
+FMATRAP_OBJ := $(patsubst %.c,$(BUILD)/fmatrap/%.o,$(FMATRAP_SRC))
+$(FMATRAP_OBJ): $(BUILD)/fmatrap/%.o: %.c
+	@mkdir -p $(dir $@)
+	@$(if $(V),true,echo "  CC      $< (fused, test only)")
+	$(Q)$(CC) $(CFLAGS) -DKERN_NEON_FMA_TRAP -c $< -o $@
+$(BUILD)/fmatrap/tests/%: $(BUILD)/tests/unit/%.o $(FMATRAP_OBJ) $(LIBRUN) $(LIBPACK) $(LIBFORMAT)
+	@mkdir -p $(dir $@)
+	@$(if $(V),true,echo "  LINK    $@")
+	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+$(BUILD)/tests/libm_probe: $(call obj,tests/arm64/libm_probe.c) $(LIBRUN)
+	@mkdir -p $(dir $@)
+	@$(if $(V),true,echo "  LINK    $@")
+	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+arm64-bins: all unit $(BUILD)/tests/libm_probe $(if $(FMATRAP_SRC),$(BUILD)/fmatrap/tests/test_kernels $(BUILD)/fmatrap/tests/test_kernels_seq)
 
 # Sanitizer and valgrind builds of the same suite.
 # Shadow memory makes RSS meaningless under ASan: the RSS-bound checks skip.
