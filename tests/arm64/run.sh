@@ -21,9 +21,10 @@ if [ "${1:-}" = full ]; then
 else
     # The subset CI runs (a few minutes on 2 cores): every unit test, the
     # fused-kernel trap and the disassembly, x86-64 == aarch64 bits, the libm
-    # agreement, the PyTorch oracle, and the numpy reference on test_krun_ref's
-    # geometries (its ablations run in the x86 suite: the same code).
-    scripts=(tests/arm64/test_fused.sh tests/arm64/test_same_bits.sh tests/arm64/test_libm.sh
+    # agreement, 16 and 64 KiB pages, the PyTorch oracle, and the numpy
+    # reference on test_krun_ref's geometries (its ablations run in the x86
+    # suite: the same code).
+    scripts=(tests/arm64/test_fused.sh tests/arm64/test_same_bits.sh tests/arm64/test_libm.sh tests/arm64/test_pages.sh
              tests/cli/test_krun_oracle.sh tests/cli/test_krun_ref.sh)
     export KPK_NO_ABLATIONS=1
 fi
