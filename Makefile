@@ -210,13 +210,16 @@ test-clang: all
 # that must fail it), x86-64 == aarch64 ids and logit bits on the same KPK
 # files (oracle, test_krun_ref's geometries, quantised MXFP4, compressed,
 # streamed), the oracle and reference tests, and the libm functions.
-# test-arm64-full: every unit and CLI test under emulation (about an hour).
+# test-arm64-full: every unit and CLI test under emulation (about an hour),
+# and the unit tests of a clang build (clang --target=aarch64-linux-gnu).
 ARM64       ?= aarch64-linux-gnu-
 ARM64_BUILD := build/$(patsubst %-,%,$(ARM64))
+ARM64_CLANG := build/aarch64-clang
 test-arm64 test-arm64-full: all $(BUILD)/tests/libm_probe
 	@tests/deps.sh arm64 >/dev/null || { echo "make $@ needs the aarch64 cross compiler, the arm64 libraries and qemu-user-static: tests/deps.sh arm64 (as root)"; exit 2; }
-	@$(MAKE) --no-print-directory CROSS=$(ARM64) BUILD=$(ARM64_BUILD) arm64-bins $(if $(filter test-arm64-full,$@),ablate)
-	@ARM64_BUILD=$(ARM64_BUILD) X86_BUILD=$(BUILD) X86_BIN=$(BINDIR) tests/arm64/run.sh $(if $(filter test-arm64-full,$@),full)
+	@$(MAKE) --no-print-directory CROSS=$(ARM64) BUILD=$(ARM64_BUILD) arm64-bins $(if $(filter test-arm64-full,$@),unit ablate)
+	@$(if $(filter test-arm64-full,$@),$(MAKE) --no-print-directory CROSS=$(ARM64) CC="clang --target=$(patsubst %-,%,$(ARM64))" BUILD=$(ARM64_CLANG) arm64-bins)
+	@ARM64_BUILD=$(ARM64_BUILD) ARM64_CLANG=$(ARM64_CLANG) X86_BUILD=$(BUILD) X86_BIN=$(BINDIR) tests/arm64/run.sh $(if $(filter test-arm64-full,$@),full)
 
 # What the emulated suite runs besides `all unit`: libm_probe, and the kernel
 # tests linked with NEON kernels built to fuse (KERN_NEON_FMA_TRAP), which
@@ -235,7 +238,8 @@ $(BUILD)/tests/libm_probe: $(call obj,tests/arm64/libm_probe.c) $(LIBRUN)
 	@mkdir -p $(dir $@)
 	@$(if $(V),true,echo "  LINK    $@")
 	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
-arm64-bins: all unit $(BUILD)/tests/libm_probe $(if $(FMATRAP_SRC),$(BUILD)/fmatrap/tests/test_kernels $(BUILD)/fmatrap/tests/test_kernels_seq)
+arm64-bins: all $(filter $(BUILD)/tests/test_%,$(UNIT_BIN)) $(BUILD)/tests/libm_probe \
+            $(if $(FMATRAP_SRC),$(BUILD)/fmatrap/tests/test_kernels $(BUILD)/fmatrap/tests/test_kernels_seq)
 
 # Sanitizer and valgrind builds of the same suite.
 # Shadow memory makes RSS meaningless under ASan: the RSS-bound checks skip.

@@ -36,7 +36,7 @@ fi
 
 F=$ABUILD/fmatrap
 [ -x "$F/tests/test_kernels" ] && [ -x "$F/tests/test_kernels_seq" ] || { notok "the fused-NEON test build is missing (make test-arm64)"; finish; exit 1; }
-n=$(fused "$OBJDUMP" "$ARM_PAT" "$F"/*.o | awk '{ s += $2 } END { print s + 0 }')
+n=$(fused "$OBJDUMP" "$ARM_PAT" $(find "$F" -name "*.o") | awk '{ s += $2 } END { print s + 0 }')
 [ "$n" -gt 0 ] && ok "the trap build's NEON kernels fuse ($n fmla)" || notok "the trap build has no fmla: it tests nothing"
 "$QEMU" "$F/tests/test_kernels" >"$T/k.out" 2>&1; rc1=$?
 "$QEMU" "$F/tests/test_kernels_seq" >"$T/s.out" 2>&1; rc2=$?
