@@ -18,6 +18,7 @@ export ARM64_BUILD=$ABUILD X86_BUILD=${X86_BUILD:-build} X86_BIN=${X86_BIN:-bin}
 units=("$W"/tests/test_*)
 if [ "${1:-}" = full ]; then
     scripts=(tests/cli/test_*.sh tests/arm64/test_*.sh)
+    export KPK_SLOW=20 # the tests' timeouts (a terminal session's waits) were set for native speed
     # the clang build's unit tests too (test_fused checks its objects)
     if [ -n "${ARM64_CLANG:-}" ] && [ -x "$ARM64_CLANG/tests/test_kernels" ]; then
         tests/arm64/wrap.sh "$ARM64_CLANG" "$ARM64_CLANG/qemu" || exit 2
