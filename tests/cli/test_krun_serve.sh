@@ -237,7 +237,9 @@ stop INT
 
 # ---- SIGTERM with requests in flight -----------------------------------------------------------------------
 for mode in finish cancel; do
-    if [ $mode = finish ]; then start term "$T/m.kpk" --max-seqs 2; else start term "$T/m.kpk" --max-seqs 2 --shutdown-timeout 0; fi || continue
+    # KPK_SLOW (an emulated build): 600 tokens take longer than the default 30 s to finish
+    if [ $mode = finish ]; then start term "$T/m.kpk" --max-seqs 2 ${KPK_SLOW:+--shutdown-timeout $((30 * KPK_SLOW))}
+    else start term "$T/m.kpk" --max-seqs 2 --shutdown-timeout 0; fi || continue
     python3 - "$PORT" "$T/term.res" <<'PY' &
 import sys, json, serve_client as c
 port = int(sys.argv[1])
