@@ -2,10 +2,11 @@
  *
  * The 16 contract lanes are four float32x4_t accumulators: lanes 0-3, 4-7,
  * 8-11 and 12-15.  Every update is vmulq_f32 then vaddq_f32 (madd below):
- * never vfmaq_f32, and never vmlaq_f32, which GCC's and clang's arm_neon.h
- * define as the C expression a + b * c, so it becomes a fused fmla wherever
- * contraction is allowed.  This file is compiled with -ffp-contract=off and
- * pins it off again below, whatever the command line says; `make test-arm64`
+ * never vfmaq_f32, and never vmlaq_f32, which clang's arm_neon.h defines as
+ * the C expression a + b * c, so clang 14 fuses it into fmla at its default
+ * -ffp-contract=on (gcc 12 keeps it apart; docs/NUMERICS.md §1.1 has what
+ * each compiler does).  This file is compiled with -ffp-contract=off and pins
+ * it off again below, whatever the command line says; `make test-arm64`
  * checks the disassembly of every aarch64 object for fused instructions.
  * hsum16 is exactly the contract's reduction tree (not vaddvq_f32, whose
  * pairwise order is another tree).
@@ -28,7 +29,6 @@
  * 4c..4c+3 of its float, looked up with one vqtbl4q_u8. */
 #if defined(__aarch64__)
 #include <arm_neon.h>
-#include <string.h>
 
 #include "kernels.h"
 #include "kernels_tile.h"
