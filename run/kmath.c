@@ -1,5 +1,25 @@
-/* kmath_tanhf: tanh in float, computed with IEEE operations only (kmath.h).
+/* kmath_expf and kmath_tanhf: exp and tanh in float, the same bits on every
+ * machine (kmath.h).
  *
+ * kmath_expf.  glibc's expf (since 2.27; Arm's optimized-routines algorithm)
+ * evaluates in double and rounds once to float; whether the compiler fused
+ * its multiply-adds decides the last bit where the double lands near a
+ * rounding midpoint.  Debian 12's x86-64 glibc 2.36 has two builds chosen
+ * at run time (an FMA one on CPUs that have FMA, as this machine and CI
+ * do), its aarch64 build a third: the aarch64 one and the x86-64 FMA one
+ * disagree on 2 of the 2^32 inputs (x = 0x1.04845ep+5 and -0x1.f8cbb2p+5,
+ * found exhaustively).  kmath_expf is the algorithm with the x86-64 FMA
+ * build's fusions written as explicit fma() calls: equal to that build on
+ * all 2^32 inputs (checked exhaustively), so no x86-64 bit changed, and
+ * fma() is one correctly rounded operation on every machine (an fmadd on
+ * aarch64, a vfmadd or libm's exact software fma on x86-64).
+ * The algorithm: x = (k + r) ln2 / 32 with k the nearest integer to
+ * 32 x / ln2, exp(x) = 2^(k/32) 2^(r/32), 2^(k/32) from a table of
+ * 2^(i/32) (the nearest double, minus i in the exponent field) and 2^(r/32)
+ * from a cubic.  The cubic's coefficients are Arm's (optimized-routines,
+ * Copyright (c) 2017-2018 Arm Limited, SPDX-License-Identifier: MIT).
+ *
+ * kmath_tanhf.
  * The C library's tanhf is not the same function on every machine: Debian
  * 12's glibc 2.36 computes it with fdlibm's algorithm (tanh from expm1), and
  * its aarch64 build lets the compiler fuse that algorithm's multiply-adds
@@ -18,6 +38,7 @@
  *   granted, provided that this notice is preserved. */
 #include "kmath.h"
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -40,6 +61,47 @@ static float float_of(uint32_t u)
     memcpy(&f, &u, 4);
     return f;
 }
+
+/* ---------------------------------------------------------------- exp */
+
+/* The double nearest 2^(i/32), minus i << 47 (i/32 in the exponent field),
+ * so that adding k << 47 for any k = i mod 32 gives 2^(k/32). */
+static const uint64_t EXP2_32[32] = {
+    0x3ff0000000000000, 0x3fefd9b0d3158574, 0x3fefb5586cf9890f, 0x3fef9301d0125b51, 0x3fef72b83c7d517b,
+    0x3fef54873168b9aa, 0x3fef387a6e756238, 0x3fef1e9df51fdee1, 0x3fef06fe0a31b715, 0x3feef1a7373aa9cb,
+    0x3feedea64c123422, 0x3feece086061892d, 0x3feebfdad5362a27, 0x3feeb42b569d4f82, 0x3feeab07dd485429,
+    0x3feea47eb03a5585, 0x3feea09e667f3bcd, 0x3fee9f75e8ec5f74, 0x3feea11473eb0187, 0x3feea589994cce13,
+    0x3feeace5422aa0db, 0x3feeb737b0cdc5e5, 0x3feec49182a3f090, 0x3feed503b23e255d, 0x3feee89f995ad3ad,
+    0x3feeff76f2fb5e47, 0x3fef199bdd85529c, 0x3fef3720dcef9069, 0x3fef5818dcfba487, 0x3fef7c97337b9b5f,
+    0x3fefa4afa2a490da, 0x3fefd0765b6e4540,
+};
+
+float kmath_expf(float x)
+{
+    const uint32_t ux = bits_of(x), top = (ux >> 20) & 0x7ffu;
+    if (top >= 0x42bu) {                        /* |x| >= 88, or NaN */
+        if (ux == 0xff800000u) return 0.0f;     /* -inf */
+        if (top >= 0x7f8u) return x + x;        /* +inf, NaN */
+        if (x > 0x1.62e42ep6f) return (float)INFINITY; /* above log(2^128) */
+        if (x < -0x1.9fe368p6f) return 0.0f;    /* below log(2^-150) */
+    }
+    static const double inv_ln2_32 = 0x1.71547652b82fep+0 * 32, shift = 0x1.8p+52; /* 1.5 * 2^52: rounds to integers */
+    static const double c0 = 0x1.c6af84b912394p-5 / 32 / 32 / 32, c1 = 0x1.ebfce50fac4f3p-3 / 32 / 32,
+                        c2 = 0x1.62e42ff0c52d6p-1 / 32;
+    const double xd = x;
+    double kd = inv_ln2_32 * xd + shift;        /* k in the low bits: round to nearest, ties to even */
+    uint64_t ki, t;
+    memcpy(&ki, &kd, 8);
+    kd = kd - shift;
+    const double r = fma(inv_ln2_32, xd, -kd); /* 32 x / ln2 - k, in [-1/2, 1/2] */
+    t = EXP2_32[ki % 32] + (ki << 47);
+    double s;
+    memcpy(&s, &t, 8);                          /* 2^(k/32) */
+    const double p = fma(c0, r, c1), q = fma(c2, r, 1.0);
+    return (float)(fma(p, r * r, q) * s);
+}
+
+/* ---------------------------------------------------------------- tanh */
 
 /* y * 2^k for the y the reconstruction below makes (a normal float whose
  * exponent stays in range): k added to the exponent field. */

@@ -27,7 +27,7 @@ void op_l2norm(float *x, size_t n)
     for (size_t i = 0; i < n; i++) x[i] = x[i] * inv;
 }
 
-float op_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+float op_sigmoid(float x) { return 1.0f / (1.0f + kmath_expf(-x)); } /* not libm's expf: kmath.h */
 
 float op_silu(float x) { return x * op_sigmoid(x); }
 
@@ -47,7 +47,7 @@ void op_softmax(float *s, size_t n)
     float m = s[0];
     double z = 0;
     for (size_t i = 1; i < n; i++) if (s[i] > m) m = s[i];
-    for (size_t i = 0; i < n; i++) { s[i] = expf(s[i] - m); z += s[i]; }
+    for (size_t i = 0; i < n; i++) { s[i] = kmath_expf(s[i] - m); z += s[i]; }
     for (size_t i = 0; i < n; i++) s[i] = (float)(s[i] / z);
 }
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The C library's transcendentals krun uses (expf, exp) and krun's own
-# kmath_tanhf give the same bits on x86-64 and aarch64: tests/arm64/libm_probe.c
-# built for both, the aarch64 one (under qemu) comparing with the x86-64 output.
+# krun's own kmath_expf and kmath_tanhf, and the C library's exp (the one
+# transcendental krun still takes from it), give the same bits on x86-64 and
+# aarch64: tests/arm64/libm_probe.c built for both, the aarch64 one (under
+# qemu) comparing with the x86-64 output.
 . "$(dirname "$0")/../cli/lib.sh"
 X86_PROBE=${X86_BUILD:-$TOP/build}/tests/libm_probe
 case $X86_PROBE in /*) ;; *) X86_PROBE="$TOP/$X86_PROBE";; esac

@@ -1,8 +1,8 @@
-/* kmath_tanhf (run/kmath.h): accurate against a double-precision tanh, the
- * special values, odd symmetry, the same bits on every architecture (a hash
- * of its outputs on a fixed sample of a million inputs, pinned), and on
- * x86-64 with glibc 2.36 the very bits of the C library's tanhf, which krun
- * used before (so moving to it changed no output there). */
+/* kmath_expf and kmath_tanhf (run/kmath.h): accurate against double
+ * precision, the special values, the same bits on every architecture (a hash
+ * of their outputs on a fixed sample of a million inputs, pinned), and on
+ * x86-64 with glibc 2.36 the very bits of the C library's expf and tanhf,
+ * which krun used before (so moving to them changed no output there). */
 #include "check.h"
 #include "kmath.h"
 #include "testrand.h"
@@ -20,6 +20,7 @@
 /* FNV-1a over the output bits of that sample; a change means other bits
  * somewhere, on this machine or on another (x86-64 and aarch64 agree). */
 #define SAMPLE_HASH 0x54e2070753ef2804ull
+#define SAMPLE_HASH_EXP 0x03b0cd2036f2dfe5ull
 
 static double ulps(float got, double want)
 {
@@ -29,8 +30,54 @@ static double ulps(float got, double want)
     return fabs((double)got - want) / ulp;
 }
 
+static void test_expf(void)
+{
+    uint64_t h = 1469598103934665603ull;
+    double worst = 0;
+    float worst_x = 0;
+    int same_libm = 1;
+    char why[160] = "";
+    for (uint64_t u = 0; u < 0x100000000ull; u += STRIDE) {
+        const float x = bitsf((uint32_t)u), y = kmath_expf(x);
+        h = (h ^ fbits(y)) * 1099511628211ull;
+        if (isnan(x)) continue;
+        const double want = exp((double)x);
+        if (want < 0x1p-126 || want > 0x1.fffffep127) continue; /* subnormal and overflowing results: below */
+        const double e = ulps(y, want);
+        if (e > worst) worst = e, worst_x = x;
+        if (fbits(y) != fbits(expf(x)) && same_libm) {
+            same_libm = 0;
+            snprintf(why, sizeof why, "x = %a: kmath 0x%08x, libm 0x%08x", x, fbits(y), fbits(expf(x)));
+        }
+    }
+    CHECK(worst <= 0.51, "expf within 0.51 ulp of exp in double on every sampled input with a normal result (worst %.4f ulp at %a)",
+          worst, worst_x);
+    CHECK(h == SAMPLE_HASH_EXP, "expf: the sample's output bits hash to the pinned value on this machine (0x%016llx)",
+          (unsigned long long)h);
+    CHECK(kmath_expf(0.0f) == 1.0f && kmath_expf(-0.0f) == 1.0f && kmath_expf(1.0f) == (float)exp(1.0) &&
+              kmath_expf(-1.0f) == (float)exp(-1.0) && kmath_expf(10.0f) == (float)exp(10.0),
+          "expf(+-0) = 1; e, 1/e, e^10 correctly rounded");
+    CHECK(kmath_expf(-INFINITY) == 0.0f && !signbit(kmath_expf(-INFINITY)) && kmath_expf(INFINITY) == INFINITY &&
+              isnan(kmath_expf(NAN)) && kmath_expf(89.0f) == INFINITY && kmath_expf(-104.0f) == 0.0f,
+          "expf: -inf gives +0, +inf and overflow +inf, NaN NaN, underflow 0");
+    const float sub = kmath_expf(-100.0f), sub2 = kmath_expf(-103.0f);
+    CHECK(sub == (float)exp(-100.0) && sub > 0 && sub < 0x1p-126f && sub2 == (float)exp(-103.0),
+          "expf(-100) = %a and expf(-103) = %a: subnormal results, correctly rounded", sub, sub2);
+#if defined(__x86_64__) && defined(__GLIBC__)
+    if (strcmp(gnu_get_libc_version(), "2.36") == 0)
+        CHECK(same_libm, "expf == glibc 2.36's x86-64 expf on every sampled input (krun's bits before kmath) %s", why);
+    else
+        SKIP("expf == glibc 2.36's x86-64 expf: this C library is glibc %s", gnu_get_libc_version());
+#else
+    (void)same_libm;
+    SKIP("expf == glibc 2.36's x86-64 expf: not x86-64 glibc (this C library's expf %s)",
+         same_libm ? "agrees on the sample" : "differs on the sample");
+#endif
+}
+
 int main(void)
 {
+    test_expf();
     uint64_t h = 1469598103934665603ull;
     double worst = 0;
     float worst_x = 0;
