@@ -12,7 +12,7 @@
  * build's fusions written as explicit fma() calls: equal to that build on
  * all 2^32 inputs (checked exhaustively), so no x86-64 bit changed, and
  * fma() is one correctly rounded operation on every machine (an fmadd on
- * aarch64, a vfmadd or libm's exact software fma on x86-64).
+ * aarch64, a vfmadd on x86-64 CPUs with FMA, libm's exact fma elsewhere).
  * The algorithm: x = (k + r) ln2 / 32 with k the nearest integer to
  * 32 x / ln2, exp(x) = 2^(k/32) 2^(r/32), 2^(k/32) from a table of
  * 2^(i/32) (the nearest double, minus i in the exponent field) and 2^(r/32)
@@ -76,7 +76,7 @@ static const uint64_t EXP2_32[32] = {
     0x3fefa4afa2a490da, 0x3fefd0765b6e4540,
 };
 
-float kmath_expf(float x)
+static inline __attribute__((always_inline)) float expf_body(float x)
 {
     const uint32_t ux = bits_of(x), top = (ux >> 20) & 0x7ffu;
     if (top >= 0x42bu) {                        /* |x| >= 88, or NaN */
@@ -100,6 +100,29 @@ float kmath_expf(float x)
     const double p = fma(c0, r, c1), q = fma(c2, r, 1.0);
     return (float)(fma(p, r * r, q) * s);
 }
+
+#if defined(__x86_64__)
+#include <stdatomic.h>
+/* The x86-64 baseline has no FMA instruction, so there fma() is a call into
+ * the C library (about 3x the time of the whole function): CPUs that have
+ * one get the same function compiled with it.  Same bits either way: fma()
+ * is one correctly rounded operation, in hardware or in software. */
+__attribute__((target("fma"))) static float expf_fma(float x) { return expf_body(x); }
+
+float kmath_expf(float x)
+{
+    static _Atomic int has_fma = -1;
+    int f = atomic_load_explicit(&has_fma, memory_order_relaxed);
+    if (f < 0) {
+        __builtin_cpu_init();
+        f = __builtin_cpu_supports("fma") != 0;
+        atomic_store_explicit(&has_fma, f, memory_order_relaxed);
+    }
+    return f ? expf_fma(x) : expf_body(x);
+}
+#else
+float kmath_expf(float x) { return expf_body(x); }
+#endif
 
 /* ---------------------------------------------------------------- tanh */
 
