@@ -8,6 +8,8 @@
 set -u
 cd "$(dirname "$0")/../.."
 ABUILD=${ARM64_BUILD:-build/aarch64-linux-gnu}
+# qemu's own memory counts in every RSS: the RSS-bound checks skip (tests/cli/lib.sh)
+export KPK_EMULATED=1
 W=$ABUILD/qemu
 tests/arm64/wrap.sh "$ABUILD" "$W" || exit 2
 W=$(cd "$W" && pwd)
