@@ -210,7 +210,7 @@ test-clang: all
 # that must fail it), x86-64 == aarch64 ids and logit bits on the same KPK
 # files (oracle, test_krun_ref's geometries, quantised MXFP4, compressed,
 # streamed), the oracle and reference tests, and the libm functions.
-# test-arm64-full: every unit and CLI test under emulation (about an hour),
+# test-arm64-full: every unit and CLI test under emulation (2 hours or more),
 # and the unit tests of a clang build (clang --target=aarch64-linux-gnu).
 ARM64       ?= aarch64-linux-gnu-
 ARM64_BUILD := build/$(patsubst %-,%,$(ARM64))
