@@ -24,7 +24,7 @@ CFLAGS  ?= $(OPT) -g
 # environment keeps the warnings and, above all, the floating-point contract
 # flags: they are appended whatever the caller sets.
 override CFLAGS += -std=c11 -Wall -Wextra -Werror -Wvla -ffp-contract=off -fno-fast-math \
-           -D_GNU_SOURCE -D_FILE_OFFSET_BITS=64 -Iformat -Ipack -Irun -MMD -MP
+           -D_GNU_SOURCE -D_FILE_OFFSET_BITS=64 -I. -MMD -MP
 # gcc only (clang has no such warning and -Werror refuses unknown ones):
 # diagnostics are built with snprintf into fixed buffers on purpose; a long
 # path may shorten a message, never overflow it.
@@ -57,7 +57,8 @@ endif
 
 FORMAT_SRC := $(sort $(wildcard format/*.c))
 PACK_SRC   := $(sort $(filter-out pack/main.c,$(wildcard pack/*.c)))
-RUN_SRC    := $(sort $(filter-out run/main.c $(SIMD_SKIP),$(wildcard run/*.c)))
+# run/ is one folder per layer (run/LAYERS); its main() is the dispatcher in run/cli.
+RUN_SRC    := $(sort $(filter-out run/cli/main.c $(SIMD_SKIP),$(wildcard run/*/*.c)))
 SYNTH_SRC  := $(sort $(wildcard tests/synth/*.c))
 UNIT_SRC   := $(sort $(wildcard tests/unit/test_*.c))
 # probes: test programs the CLI tests drive on a synthesized model
@@ -74,11 +75,11 @@ UNIT_BIN  := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC) $(PROBE_SRC)
 # sanitizers) keeps its own copies under its build directory.
 BINDIR := $(if $(filter build,$(BUILD)),bin,$(BUILD)/bin)
 
-.PHONY: all test test-clang test-root bench bench-hdd demo deps clean unit asan ablate fuzz fuzz-bins soak \
+.PHONY: all test test-clang test-root bench bench-hdd demo deps clean unit asan ablate fuzz fuzz-bins soak soak-serve check-layers \
         test-arm64 test-arm64-full arm64-bins
 # keep the unit tests' objects (make would delete them as intermediates)
 .SECONDARY:
-all: $(BINDIR)/kpack $(BINDIR)/k3synth $(if $(wildcard run/main.c),$(BINDIR)/krun)
+all: $(BINDIR)/kpack $(BINDIR)/k3synth $(if $(wildcard run/cli/main.c),$(BINDIR)/krun)
 
 # V=1 shows the full command lines.
 Q := $(if $(V),,@)
@@ -101,12 +102,12 @@ $(BINDIR)/kpack: $(call obj,pack/main.c) $(LIBPACK) $(LIBFORMAT)
 	@mkdir -p $(dir $@)
 	@$(if $(V),true,echo "  LINK    $@")
 	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
-$(BINDIR)/krun: $(call obj,run/main.c) $(LIBRUN) $(LIBFORMAT)
+$(BINDIR)/krun: $(call obj,run/cli/main.c) $(LIBRUN) $(LIBFORMAT)
 	@mkdir -p $(dir $@)
 	@$(if $(V),true,echo "  LINK    $@")
 	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
-# k3synth uses krun's tokenizer (only it) to write and check tokenizer files.
-$(BINDIR)/k3synth: $(call obj,$(SYNTH_SRC) run/tokenizer.c run/tokenizer_specials.c) $(LIBFORMAT)
+# k3synth uses krun's tokenizer (only it, and its error type) to write and check tokenizer files.
+$(BINDIR)/k3synth: $(call obj,$(SYNTH_SRC) run/text/tokenizer.c run/text/tokenizer_specials.c run/util/krun_err.c) $(LIBFORMAT)
 	@mkdir -p $(dir $@)
 	@$(if $(V),true,echo "  LINK    $@")
 	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
@@ -137,11 +138,11 @@ $(BUILD)/fuzz/fuzz_%: $(call obj,tests/fuzz/fuzz_%.c tests/fuzz/input_file.c) $(
 	@$(if $(V),true,echo "  LINK    $@")
 	$(Q)$(CC) $(CFLAGS) -fsanitize=fuzzer -o $@ $^ $(LDLIBS)
 fuzz-bins: $(FUZZ_BIN)
-# run/kernels*.c do not build with clang 14 (GCC target pragmas, the "f16c"
+# run/kernels/*.c do not build with clang 14 (GCC target pragmas, the "f16c"
 # cpu feature): the fuzz build takes them from gcc, uninstrumented.  No
-# harness fuzzes the kernels; fuzz_kpk only links them through run/model.c.
+# harness fuzzes the kernels; fuzz_kpk only links them through run/model/model.c.
 ifeq ($(FUZZ_KERNELS_GCC),1)
-$(call obj,$(wildcard run/kernels*.c)): $(BUILD)/%.o: %.c
+$(call obj,$(filter-out $(SIMD_SKIP),$(wildcard run/kernels/*.c))): $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	@$(if $(V),true,echo "  GCC     $<")
 	$(Q)gcc $(filter-out -fsanitize%,$(CFLAGS)) -Wno-format-truncation -c $< -o $@
@@ -170,19 +171,37 @@ unit: $(UNIT_BIN) $(FUZZ_REPLAY) $(KFAULT)
 ablate:
 	@$(MAKE) --no-print-directory BUILD=$(BUILD)/ablate ABLATIONS=1 $(BUILD)/ablate/bin/krun
 
-test: all unit ablate
+# The layers of run/ (run/LAYERS): every include of the sources and every call
+# between the objects go only the way the rules allow, with no cycle between
+# folders (tests/layers/check_layers.py; tests/cli/test_layers.sh proves it fails).
+check-layers: $(LIBFORMAT) $(LIBPACK) $(LIBRUN)
+	@python3 tests/layers/check_layers.py --objects $(BUILD)
+	@echo "check-layers: run/LAYERS kept by every include and every call"
+
+test: all unit ablate check-layers
 	@BUILD=$(BUILD) BIN=$(BINDIR) tests/run_all.sh
 
 # Tests that need root (loop mounts): out of space on a real ext4.
 test-root: all unit
 	@BUILD=$(BUILD) BIN=$(BINDIR) tests/run_all.sh tests/root/test_*.sh
 
-# The randomized campaign (tests/soak/soak.py): kill -9 at random byte counts
-# during convert, random bit flips, re-sealed structural mutations.  Prints
-# figures; SOAK_ARGS="--kills N --flips N --mutations N --seed S --json FILE".
+# The randomized campaigns.  tests/soak/soak.py: kill -9 at random byte counts
+# during convert, random bit flips, re-sealed structural mutations; figures;
+# SOAK_ARGS="--kills N --flips N --mutations N --seed S --json FILE".
+# tests/soak/serve_soak.py (`make soak-serve` alone): 10,000 random requests to
+# krun serve built with ASan/UBSan, with disconnects, half-closes and signals;
+# SERVE_SOAK_ARGS="--requests N --epochs N --workers N --seed S --json FILE".
 SOAK_ARGS ?= --kills 60 --flips 1200 --mutations 1200 --json $(BUILD)/soak.json
-soak: all unit
+SERVE_SOAK_ARGS ?= --requests 10000 --epochs 5 --json $(BUILD)/serve_soak.json
+ASAN_OPT := -O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
+K3_SHARED ?= $(abspath ..)/shared
+soak: all unit soak-serve
 	@nice -n 10 python3 tests/soak/soak.py --bin $(BINDIR) --shim $(KFAULT) $(SOAK_ARGS)
+
+soak-serve: all
+	@$(MAKE) --no-print-directory BUILD=build/asan OPT="$(ASAN_OPT)" build/asan/bin/krun
+	@nice -n 10 python3 tests/soak/serve_soak.py --krun build/asan/bin/krun --tools $(BINDIR) \
+	    --tokenizer $(K3_SHARED)/fixtures/tokenizer/tiktoken.model $(SERVE_SOAK_ARGS)
 
 bench: all
 	@tests/bench/run_bench.sh
@@ -244,7 +263,7 @@ arm64-bins: all $(filter $(BUILD)/tests/test_%,$(UNIT_BIN)) $(BUILD)/tests/libm_
 # Sanitizer and valgrind builds of the same suite.
 # Shadow memory makes RSS meaningless under ASan: the RSS-bound checks skip.
 asan:
-	KPK_SANITIZED=1 $(MAKE) BUILD=build/asan OPT="-O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" test
+	KPK_SANITIZED=1 $(MAKE) BUILD=build/asan OPT="$(ASAN_OPT)" test
 
 clean:
 	rm -rf build bin

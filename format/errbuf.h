@@ -1,7 +1,7 @@
 /* Writing a one-line error message into a caller's buffer: the convention of
  * every "char *err, size_t errlen" parameter in this project. */
-#ifndef ERRBUF_H
-#define ERRBUF_H
+#ifndef KPK_ERRBUF_H
+#define KPK_ERRBUF_H
 
 #include <stddef.h>
 

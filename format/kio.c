@@ -81,3 +81,17 @@ int kio_is_zero(const void *p, size_t n)
     if (b[0]) return 0;
     return memcmp(b, b + 1, n - 1) == 0;
 }
+
+const char *kio_file_kind(const struct stat *st)
+{
+    switch (st->st_mode & S_IFMT) {
+    case S_IFREG: return st->st_nlink > 1 ? "a hard link (a regular file with other names)" : "a regular file";
+    case S_IFDIR: return "a directory";
+    case S_IFLNK: return "a symbolic link";
+    case S_IFIFO: return "a FIFO";
+    case S_IFCHR: return "a character device";
+    case S_IFBLK: return "a block device";
+    case S_IFSOCK: return "a socket";
+    default: return "not a regular file";
+    }
+}

@@ -24,6 +24,7 @@
 #define KPK_MAGIC_LEN 8
 #define KPK_VERSION_MAJOR 1
 #define KPK_VERSION_MINOR 1
+#define KPK_VERSION_END 12u           /* magic, major, minor: the bytes every version keeps in place */
 
 #define KPK_SUPERBLOCK_SIZE 4096u     /* both copies; the file size is a multiple of this */
 #define KPK_SB_CHECKSUM_OFF 4088u     /* XXH3-64 of bytes [0, 4088) */
@@ -64,6 +65,7 @@ static inline uint64_t kpk_block_stored_max(uint64_t raw_len) { return 2 * raw_l
 #define KPK_INCOMPAT_BLOCKS  0x4u     /* 1.1: some extent has codec 2 (blocks) */
 #define KPK_INCOMPAT_ARCHIVE 0x8u     /* 1.1: some extent has kind 5 */
 #define KPK_INCOMPAT_KNOWN   (KPK_INCOMPAT_CODECS | KPK_INCOMPAT_MEMBERS | KPK_INCOMPAT_BLOCKS | KPK_INCOMPAT_ARCHIVE)
+#define KPK_INCOMPAT_SINCE_1_1 (KPK_INCOMPAT_MEMBERS | KPK_INCOMPAT_BLOCKS | KPK_INCOMPAT_ARCHIVE) /* need minor >= 1 */
 /* Compatible-feature bits: informational; unknown ones are ignored. */
 #define KPK_COMPAT_SPARSE    0x1u     /* the writer left all-zero blocks as holes */
 
@@ -194,7 +196,6 @@ static inline int kpk_err_is_damage(int code) { return code == KPK_EFORMAT || co
 /* ---- helpers ------------------------------------------------------------ */
 
 const char *kpk_dtype_name(int dtype);          /* "F32", ...; "?" if unknown */
-int kpk_dtype_from_name(const char *s);         /* safetensors spelling -> KPK_DT_*; 0 if unknown */
 uint64_t kpk_dtype_size(int dtype);             /* bytes per element; 0 if unknown */
 const char *kpk_kind_name(int kind);
 const char *kpk_codec_name(int codec);          /* "none", "zstd", "blocks"; "?" */

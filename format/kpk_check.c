@@ -8,6 +8,42 @@
 
 #define V11 (f->sb.minor <= KPK_VERSION_MINOR) /* reserved fields known to be unused */
 
+/* ---- values this reader does not know (§3 "Order of the checks") ------------ */
+
+/* An enumerated value beyond the ones this version defines (a member role,
+ * an extent kind or codec, a tensor dtype, a block method) means the file
+ * needs a newer reader: "unsupported: newer format", whatever else looks
+ * wrong, since a newer reader may give the rest another meaning.  So these
+ * are checked, in every record, before any rule of the tables. */
+int kpk_check_known_values(kpk_file *f, kpk_err *err)
+{
+    const kpk_superblock *sb = &f->sb;
+    if (sb->member_count > 1)
+        for (uint32_t m = 0; m < sb->member_count; m++)
+            if (f->members[m].role > KPK_ROLE_STRIPE)
+                return kpk_fail(err, KPK_EVERSION, f, "unsupported: newer format (member %u has role %u)", m, f->members[m].role);
+    for (uint64_t i = 0; i < sb->extent_count; i++) {
+        const kpk_extent *x = &f->extents[i];
+        if (x->kind < KPK_KIND_META || x->kind > KPK_KIND_MAX)
+            return kpk_extent_fail(err, KPK_EVERSION, f, (uint32_t)i, "unsupported: newer format (unknown kind %u)", x->kind);
+        if (x->codec > KPK_CODEC_BLOCKS)
+            return kpk_extent_fail(err, KPK_EVERSION, f, (uint32_t)i, "unsupported: newer format (unknown codec %u)", x->codec);
+    }
+    for (uint64_t i = 0; i < sb->tensor_count; i++) {
+        kpk_tensor t;
+        uint32_t name_off;
+        kpk_tensor_decode(f->tensor_records + i * KPK_TENSOR_RECORD_SIZE, &t, &name_off);
+        if (!kpk_dtype_size(t.dtype))
+            return kpk_fail(err, KPK_EVERSION, f, "tensor %llu: unsupported: newer format (unknown dtype %u)",
+                            (unsigned long long)i, t.dtype);
+    }
+    for (uint64_t b = 0; b < sb->block_count; b++)
+        if (f->blocks[b].method > KPK_METHOD_SPLIT2)
+            return kpk_fail(err, KPK_EVERSION, f, "block record %llu: unsupported: newer format (unknown method %u)",
+                            (unsigned long long)b, f->blocks[b].method);
+    return 0;
+}
+
 /* ---- member table and stripe geometry (§7.2, §7.3) ------------------------- */
 
 int kpk_check_member_table(kpk_file *f, kpk_err *err)
@@ -15,14 +51,14 @@ int kpk_check_member_table(kpk_file *f, kpk_err *err)
     const kpk_superblock *sb = &f->sb;
     uint32_t n_stripe = 0;
     if (sb->member_count == 1) return 0; /* the synthesized record of a single file */
+    if (f->member_reserved)
+        return kpk_fail(err, KPK_EFORMAT, f, "member table record %u: reserved bytes are not zero", f->member_reserved - 1);
     f->stripe_member = malloc(sizeof *f->stripe_member * (sb->stripe_count ? sb->stripe_count : 1));
     if (!f->stripe_member) return kpk_fail(err, KPK_ENOMEM, f, "out of memory");
     for (uint32_t k = 0; k < sb->stripe_count; k++) f->stripe_member[k] = KPK_NO_STRIPE;
     for (uint32_t m = 0; m < sb->member_count; m++) {
         const kpk_member *r = &f->members[m];
         if (r->index != m) return kpk_fail(err, KPK_EFORMAT, f, "member table record %u has index %u", m, r->index);
-        if (r->role > KPK_ROLE_STRIPE)
-            return kpk_fail(err, KPK_EVERSION, f, "unsupported: newer format (member %u has role %u)", m, r->role);
         if ((m == 0) != (r->role == KPK_ROLE_ENTRY))
             return kpk_fail(err, KPK_EFORMAT, f, "member %u has role %s; the entry role belongs to member 0 only", m,
                             kpk_role_name(r->role));
@@ -76,6 +112,20 @@ static int pool_string_ok(const kpk_file *f, uint64_t off, uint64_t len)
     return kpk_fits(off, len + 1, f->sb.strings_len) && f->strings[off + len] == 0 && !memchr(f->strings + off, 0, len);
 }
 
+/* A member path's components (between single '/') are neither empty nor ".";
+ * ".." is allowed (a member on another mount point), and a backslash is an
+ * ordinary byte of a name. */
+static int member_path_canonical(const char *p)
+{
+    for (const char *c = p;;) {
+        const char *e = strchr(c, '/');
+        size_t n = e ? (size_t)(e - c) : strlen(c);
+        if (n == 0 || (n == 1 && c[0] == '.')) return 0;
+        if (!e) return 1;
+        c = e + 1;
+    }
+}
+
 int kpk_check_string_pool(kpk_file *f, kpk_err *err)
 {
     const kpk_superblock *sb = &f->sb;
@@ -105,6 +155,9 @@ int kpk_check_string_pool(kpk_file *f, kpk_err *err)
         if (f->strings[r->path_off] == '/')
             return kpk_fail(err, KPK_EFORMAT, f, "member %u: path %s is absolute; member paths are relative to the entry "
                             "file's directory", m, f->strings + r->path_off);
+        if (!member_path_canonical(f->strings + r->path_off))
+            return kpk_fail(err, KPK_EFORMAT, f, "member %u: path %s has an empty or '.' component (a member path is "
+                            "components joined by single '/', FORMAT.md §7.2)", m, f->strings + r->path_off);
         at += (uint64_t)r->path_len + 1;
     }
     if (at != sb->strings_len)
@@ -146,8 +199,6 @@ int kpk_check_extents(kpk_file *f, kpk_err *err)
     for (uint64_t i = 0; i < sb->extent_count; i++) {
         const kpk_extent *x = &f->extents[i];
         uint64_t lo, hi, padded, *end;
-        if (x->kind < KPK_KIND_META || x->kind > KPK_KIND_MAX) BAD(KPK_EVERSION, "unsupported: newer format (unknown kind %u)", x->kind);
-        if (x->codec > KPK_CODEC_BLOCKS) BAD(KPK_EVERSION, "unsupported: newer format (unknown codec %u)", x->codec);
         if (x->codec == KPK_CODEC_ZSTD && !(sb->incompat & KPK_INCOMPAT_CODECS)) BAD(KPK_EFORMAT, "codec 1 without the CODECS feature bit");
         if (x->codec == KPK_CODEC_BLOCKS && !(sb->incompat & KPK_INCOMPAT_BLOCKS)) BAD(KPK_EFORMAT, "codec 2 without the BLOCKS feature bit");
         if (x->kind == KPK_KIND_ARCHIVE && !(sb->incompat & KPK_INCOMPAT_ARCHIVE)) BAD(KPK_EFORMAT, "an archive extent without the ARCHIVE feature bit");
@@ -317,8 +368,7 @@ int kpk_check_tensors(kpk_file *f, kpk_err *err)
             if (t.extent != e) BAD(KPK_EFORMAT, "tensor %s: listed under extent %llu (%s) but claims extent %u", t.name,
                                    (unsigned long long)e, d, t.extent);
             if (!name_agrees(x, t.name)) BAD(KPK_EFORMAT, "tensor %s: its name does not belong in the %s extent", t.name, d);
-            esz = kpk_dtype_size(t.dtype);
-            if (!esz) BAD(KPK_EVERSION, "tensor %s: unsupported: newer format (unknown dtype %u)", t.name, t.dtype);
+            esz = kpk_dtype_size(t.dtype); /* known: kpk_check_known_values */
             if (t.ndim < 1 || t.ndim > 4) BAD(KPK_EFORMAT, "tensor %s: %u dimensions", t.name, t.ndim);
             for (int k = 0; k < 4; k++) {
                 if (k >= t.ndim) {
@@ -361,6 +411,9 @@ int kpk_check_tensors(kpk_file *f, kpk_err *err)
 int kpk_check_blocks(kpk_file *f, kpk_err *err)
 {
     const kpk_superblock *sb = &f->sb;
+    if (f->block_reserved)
+        return kpk_fail(err, KPK_EFORMAT, f, "block record %llu: reserved bytes are not zero",
+                        (unsigned long long)(f->block_reserved - 1));
     for (uint64_t e = 0; e < sb->extent_count; e++) {
         const kpk_extent *x = &f->extents[e];
         const kpk_block *bl = f->blocks + x->first_block;
@@ -371,7 +424,6 @@ int kpk_check_blocks(kpk_file *f, kpk_err *err)
         for (uint32_t b = 0; b < n; b++) {
             const kpk_block *k = &bl[b];
 #define BAD(code, ...) return kpk_extent_fail(err, code, f, (uint32_t)e, __VA_ARGS__)
-            if (k->method > KPK_METHOD_SPLIT2) BAD(KPK_EVERSION, "block %u: unsupported: newer format (unknown method %u)", b, k->method);
             if (k->raw_off != raw || k->stored_off != stored)
                 BAD(KPK_EFORMAT, "block %u starts at raw %llu / stored %llu, where the previous one ended at %llu / %llu", b,
                     (unsigned long long)k->raw_off, (unsigned long long)k->stored_off, (unsigned long long)raw,

@@ -106,15 +106,22 @@ int kpk_superblock_decode(const uint8_t in[KPK_SUPERBLOCK_SIZE], kpk_superblock 
         kpk_err_set(err, KPK_ECHECKSUM, "superblock checksum mismatch");
         return -1;
     }
-    if (get32(in + 12) != KPK_SUPERBLOCK_SIZE) {
-        kpk_err_set(err, KPK_EFORMAT, "superblock size %u, expected %u", get32(in + 12), KPK_SUPERBLOCK_SIZE);
-        return -1;
-    }
+    /* an unknown feature first (§3 step 6): the rest may mean something else to a newer reader */
     sb->incompat = get32(in + 16);
     sb->compat = get32(in + 20);
     if (sb->incompat & ~(uint32_t)KPK_INCOMPAT_KNOWN) {
         kpk_err_set(err, KPK_EVERSION, "unsupported: newer format (the file uses features this reader does not know: "
                     "incompat flags 0x%x)", sb->incompat & ~(uint32_t)KPK_INCOMPAT_KNOWN);
+        return -1;
+    }
+    if (get32(in + 12) != KPK_SUPERBLOCK_SIZE) {
+        kpk_err_set(err, KPK_EFORMAT, "superblock size %u, expected %u", get32(in + 12), KPK_SUPERBLOCK_SIZE);
+        return -1;
+    }
+    /* the 1.1 features need a 1.1 file: a minor-0 file that claims one is not what it says */
+    if (sb->minor == 0 && (sb->incompat & KPK_INCOMPAT_SINCE_1_1)) {
+        kpk_err_set(err, KPK_EFORMAT, "superblock: a version 1.0 file (minor 0) with 1.1 feature bits (incompat 0x%x)",
+                    sb->incompat & KPK_INCOMPAT_SINCE_1_1);
         return -1;
     }
     sb->align = get32(in + 24);
@@ -332,16 +339,6 @@ const char *kpk_kind_name(int kind) { return NAME_OF(kind_names, kind); }
 const char *kpk_codec_name(int codec) { return NAME_OF(codec_names, codec); }
 const char *kpk_method_name(int method) { return NAME_OF(method_names, method); }
 const char *kpk_role_name(int role) { return NAME_OF(role_names, role); }
-
-int kpk_dtype_from_name(const char *s)
-{
-    static const struct { const char *n; int dt; } t[] = {
-        {"F32", KPK_DT_F32}, {"BF16", KPK_DT_BF16}, {"F16", KPK_DT_F16}, {"U8", KPK_DT_U8},
-    };
-    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
-        if (strcmp(s, t[i].n) == 0) return t[i].dt;
-    return 0;
-}
 
 uint64_t kpk_dtype_size(int dt)
 {

@@ -32,6 +32,8 @@ struct kpk_file {
     int64_t *trunk;              /* [n_layers] */
     struct kpk_expert_key *experts; /* sorted by (layer, expert) */
     uint32_t n_expert_extents;
+    uint32_t member_reserved;    /* 1 + the first member record with non-zero reserved bytes, or 0 */
+    uint64_t block_reserved;     /* 1 + the first such block record, or 0 */
     uint32_t *name_hash;         /* open addressing: tensor index + 1, 0 = empty */
     uint64_t name_hash_mask;
 };
@@ -57,6 +59,8 @@ int kpk_read_superblocks(int fd, uint64_t size, const char *what, kpk_superblock
 
 /* kpk_check.c: the directory rules of §4, §5, §8 (extents need the member
  * table checked first: the placement rule uses its sizes). */
+/* Unknown enumerated values first (they make the file "newer format", whatever else fails). */
+int kpk_check_known_values(kpk_file *f, kpk_err *err);
 int kpk_check_member_table(kpk_file *f, kpk_err *err);
 int kpk_check_extents(kpk_file *f, kpk_err *err);
 int kpk_check_tensors(kpk_file *f, kpk_err *err);

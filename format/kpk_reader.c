@@ -165,11 +165,29 @@ int kpk_read_superblocks(int fd, uint64_t size, const char *what, kpk_superblock
         kpk_err_set(err, KPK_ENOTKPK, "%s: not a KPK file (no KPK magic number at its start or end)", what);
         return -1;
     }
-    /* 2. the major version of the first copy with the magic, before anything else */
+    /* the magic, then the end of the file before the version fields: a KPK
+     * file cut there (the magic and nothing to read a version from) */
+    if (size < KPK_VERSION_END) {
+        kpk_err_set(err, KPK_EFORMAT, "%s: truncated KPK file: %llu bytes, the file ends before its version number",
+                    what, (unsigned long long)size);
+        return -1;
+    }
+    /* 2. the major version, before anything else: the primary's, unless an
+     * intact backup proves the primary damaged (a flipped bit in the primary's
+     * major field is damage, not a newer format) */
     {
         const uint8_t *b = prim_magic ? prim : back;
         unsigned major = (unsigned)(b[8] | b[9] << 8), minor = (unsigned)(b[10] | b[11] << 8);
         if (major != KPK_VERSION_MAJOR) {
+            kpk_superblock bsb;
+            if (prim_magic && back_magic && size % KPK_SUPERBLOCK_SIZE == 0 && kpk_superblock_decode(back, &bsb, &e2) == 0 &&
+                bsb.file_size == size) {
+                *sb = bsb;
+                *used_backup = 1;
+                snprintf(backup_why, why_len, "%s: primary superblock damaged (its major version reads %u; the intact "
+                         "backup says %u); opened with the backup copy", what, major, bsb.major);
+                return 0;
+            }
             kpk_err_set(err, KPK_EVERSION, "%s: KPK format version %u.%u is not supported by this reader (it reads %u.x)",
                         what, major, minor, KPK_VERSION_MAJOR);
             return -1;
@@ -295,14 +313,13 @@ static int read_directory(kpk_file *f, kpk_err *err)
     f->tensor_records = p[1];
     f->strings = p[2];
     f->manifest = p[3];
+    /* reserved bytes of the records are a rule of the tables, checked after
+     * the values this reader does not know (kpk_check_known_values) */
     if (s[4].present) {
         for (uint32_t m = 0; m < sb->member_count; m++)
             if (kpk_member_decode((uint8_t *)p[4] + (uint64_t)m * KPK_MEMBER_RECORD_SIZE, &f->members[m]) &&
-                sb->minor <= KPK_VERSION_MINOR) {
-                free(p[4]);
-                free(p[5]);
-                return kpk_fail(err, KPK_EFORMAT, f, "member table record %u: reserved bytes are not zero", m);
-            }
+                sb->minor <= KPK_VERSION_MINOR && !f->member_reserved)
+                f->member_reserved = m + 1;
         free(p[4]);
     } else {
         /* a single file: its own record, as a set would have it */
@@ -312,10 +329,8 @@ static int read_directory(kpk_file *f, kpk_err *err)
     }
     for (uint64_t b = 0; b < sb->block_count; b++)
         if (kpk_block_decode_record((uint8_t *)p[5] + b * KPK_BLOCK_RECORD_SIZE, &f->blocks[b]) &&
-            sb->minor <= KPK_VERSION_MINOR) {
-            free(p[5]);
-            return kpk_fail(err, KPK_EFORMAT, f, "block record %llu: reserved bytes are not zero", (unsigned long long)b);
-        }
+            sb->minor <= KPK_VERSION_MINOR && !f->block_reserved)
+            f->block_reserved = b + 1;
     free(p[5]);
     return 0;
 }
@@ -369,7 +384,7 @@ int kpk_open(const char *path, kpk_file **out, kpk_err *err)
         goto bad;
     }
     if (read_directory(f, err)) goto bad;
-    if (kpk_check_member_table(f, err) || kpk_check_string_pool(f, err) || kpk_check_extents(f, err) ||
+    if (kpk_check_known_values(f, err) || kpk_check_member_table(f, err) || kpk_check_string_pool(f, err) || kpk_check_extents(f, err) ||
         kpk_check_tensors(f, err) || kpk_check_blocks(f, err) || kpk_open_members(f, err))
         goto bad;
     *out = f;

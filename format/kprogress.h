@@ -1,8 +1,8 @@
 /* A progress line for long operations: bytes done, MB/s, ETA.  Drawn on
  * stderr only when stderr is a terminal (and not disabled), at most a few
  * times a second; silent in pipes and logs.  Thread-safe updates. */
-#ifndef KPROGRESS_H
-#define KPROGRESS_H
+#ifndef KPK_KPROGRESS_H
+#define KPK_KPROGRESS_H
 
 #include <stddef.h>
 #include <stdint.h>

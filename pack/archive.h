@@ -4,8 +4,8 @@
  * headers), and every other regular file under --keep-max found in the
  * source directory (listed here).  Files not kept are listed with a reason,
  * so a rebuild can say what it cannot give back. */
-#ifndef ARCHIVE_H
-#define ARCHIVE_H
+#ifndef KPACK_ARCHIVE_H
+#define KPACK_ARCHIVE_H
 
 #include "source.h"
 

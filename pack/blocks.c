@@ -1,8 +1,8 @@
 /* Cutting extents into codec-2 blocks (blocks.h). */
 #include "blocks.h"
 
-#include "k3_schema.h"
-#include "kpk_encode.h"
+#include "format/k3_schema.h"
+#include "format/kpk_encode.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -7,10 +7,10 @@
  * belongs to its last block (so a boundary falls on a tensor's start or on
  * one of its rows: the §8.1 row rule).  Each block gets a class from what
  * its tensor holds, and the class gives the encoder's recipe. */
-#ifndef BLOCKS_H
-#define BLOCKS_H
+#ifndef KPACK_BLOCKS_H
+#define KPACK_BLOCKS_H
 
-#include "kpk.h"
+#include "format/kpk.h"
 
 #include <stdint.h>
 

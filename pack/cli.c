@@ -1,5 +1,7 @@
 #include "cli.h"
 
+#include "format/kargs.h"
+
 #include <errno.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -28,37 +30,6 @@ void kx_note(int quiet, const char *fmt, ...)
     fputc('\n', stderr);
 }
 
-int64_t kx_parse_size(const char *s)
-{
-    char *end;
-    unsigned long long v;
-    errno = 0;
-    v = strtoull(s, &end, 10);
-    if (errno || end == s) return -1;
-    switch (*end) {
-    case 0: break;
-    case 'k': case 'K': v <<= 10; end++; break;
-    case 'm': case 'M': v <<= 20; end++; break;
-    case 'g': case 'G': v <<= 30; end++; break;
-    default: return -1;
-    }
-    if (*end == 'i' || *end == 'B') end++;
-    if (*end == 'B') end++;
-    if (*end || v > (1ULL << 62)) return -1;
-    return (int64_t)v;
-}
-
-int kx_parse_int(const char *s, long lo, long hi, long *out)
-{
-    char *end;
-    long v;
-    errno = 0;
-    v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) return -1;
-    *out = v;
-    return 0;
-}
-
 int kx_cpus(void)
 {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
@@ -75,13 +46,7 @@ int kx_is_dir(const char *path)
 
 int kx_flag(int argc, char **argv, int *i, const char *name, const char **val)
 {
-    const char *a = argv[*i];
-    size_t n = strlen(name);
-    if (strncmp(a, name, n) != 0) return 0;
-    if (!val) return a[n] == 0;
-    if (a[n] == '=') { *val = a + n + 1; return 1; }
-    if (a[n] != 0) return 0;
-    if (*i + 1 >= argc) { kx_error("%s needs a value", name); exit(KX_FAIL); }
-    *val = argv[++*i];
-    return 1;
+    int r = kargs_flag(argc, argv, i, name, val);
+    if (r < 0) { kx_error("%s needs a value", name); exit(KX_FAIL); }
+    return r;
 }

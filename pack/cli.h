@@ -1,6 +1,6 @@
 /* Shared pieces of the kpack command line: exit codes, messages, options. */
-#ifndef CLI_H
-#define CLI_H
+#ifndef KPACK_CLI_H
+#define KPACK_CLI_H
 
 #include <stdint.h>
 #include <stdio.h>
@@ -17,15 +17,13 @@ enum {
 
 void kx_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void kx_note(int quiet, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* "4096", "64K", "2M", "1G" -> bytes; -1 if malformed. */
-int64_t kx_parse_size(const char *s);
-int kx_parse_int(const char *s, long lo, long hi, long *out);
 /* The number of online CPUs. */
 int kx_cpus(void);
 /* 1 if path is a readable directory; otherwise prints why and returns 0. */
 int kx_is_dir(const char *path);
 /* Every command's option loop: is argv[*i] the flag `name`?  For flags
- * taking a value, *val gets it (from "--x=v" or the next argument). */
+ * taking a value, *val gets it (from "--x=v" or the next argument; missing:
+ * exits 2).  Sizes and integers: kargs_size, kargs_long (format/kargs.h). */
 int kx_flag(int argc, char **argv, int *i, const char *name, const char **val);
 
 int cmd_check_source(int argc, char **argv);

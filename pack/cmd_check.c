@@ -1,8 +1,9 @@
 /* kpack check-source DIR: is this download complete and intact? */
 #include "cli.h"
-#include "kprogress.h"
 #include "report.h"
 #include "source.h"
+#include "format/kargs.h"
+#include "format/kprogress.h"
 
 #include <jansson.h>
 #include <stdlib.h>
@@ -12,12 +13,14 @@ static const char usage[] =
     "usage: kpack check-source DIR [--sha256 SUMS] [--threads N] [--json] [--quiet]\n"
     "\n"
     "Checks a Kimi K3 download before converting it: config.json parses; every\n"
-    "shard the index names exists; every header parses; each file's size is\n"
-    "8 + header + the largest data end (a partial download is caught); every\n"
-    "tensor the model needs is present with the right dtype and shape, nothing\n"
-    "overlaps, nothing unknown. With --sha256 (sha256sum format), or when DIR is\n"
-    "a Hugging Face cache snapshot (blob names are SHA-256), every shard is\n"
-    "hashed, N at a time (default: all cores; use 1 on a single HDD).\n"
+    "shard the index names exists; every header parses; each file holds 8 +\n"
+    "header + the largest data end (a partial download is caught; bytes after\n"
+    "the last tensor are kept in the archive); every tensor the model needs is\n"
+    "present with the right dtype and shape (a non-text tensor may have any\n"
+    "safetensors dtype), nothing overlaps, nothing unknown. With --sha256\n"
+    "(sha256sum format), or when DIR is a Hugging Face cache snapshot (blob\n"
+    "names are SHA-256), every shard is hashed, N at a time (default: all\n"
+    "cores; use 1 on a single HDD).\n"
     "\n"
     "  --sha256 SUMS   expected SHA-256 of the files, as printed by sha256sum\n"
     "  --threads N     files hashed at once\n"
@@ -41,7 +44,7 @@ int cmd_check_source(int argc, char **argv)
         if (kx_flag(argc, argv, &i, "--help", NULL) || kx_flag(argc, argv, &i, "-h", NULL)) { fputs(usage, stdout); return KX_OK; }
         else if (kx_flag(argc, argv, &i, "--sha256", &v)) sums = v;
         else if (kx_flag(argc, argv, &i, "--threads", &v)) {
-            if (kx_parse_int(v, 1, 256, &n)) { kx_error("--threads: expected 1..256, got %s", v); return KX_FAIL; }
+            if (kargs_long(v, 1, 256, &n)) { kx_error("--threads: expected 1..256, got %s", v); return KX_FAIL; }
             threads = (int)n;
         } else if (kx_flag(argc, argv, &i, "--json", NULL)) json = 1;
         else if (kx_flag(argc, argv, &i, "--quiet", NULL)) quiet = 1;

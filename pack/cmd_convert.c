@@ -10,14 +10,15 @@
 #include "estimate.h"
 #include "guard.h"
 #include "journal.h"
-#include "k3_check.h"
-#include "kprogress.h"
 #include "output.h"
 #include "plan.h"
 #include "report.h"
 #include "resume.h"
 #include "source.h"
 #include "space.h"
+#include "format/k3_check.h"
+#include "format/kargs.h"
+#include "format/kprogress.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -129,7 +130,7 @@ static long env_long(const char *name, long dflt)
 {
     const char *v = getenv(name);
     long n;
-    return v && kx_parse_int(v, 0, 1L << 40, &n) == 0 ? n : dflt;
+    return v && kargs_long(v, 0, 1L << 40, &n) == 0 ? n : dflt;
 }
 
 /* Records go to the journal only once every member file holds their data durably. */
@@ -423,7 +424,7 @@ int cmd_convert(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         if (kx_flag(argc, argv, &i, "--help", NULL) || kx_flag(argc, argv, &i, "-h", NULL)) { usage(stdout); return KX_OK; }
         else if (kx_flag(argc, argv, &i, "--align", &v)) {
-            int64_t a = kx_parse_size(v);
+            int64_t a = kargs_size(v);
             if (a < 4096 || a > (2 << 20) || (a & (a - 1))) { kx_error("--align: expected a power of two from 4096 to 2M, got %s", v); return KX_FAIL; }
             opt.align = (uint32_t)a;
         } else if (kx_flag(argc, argv, &i, "--order", &v)) {
@@ -431,7 +432,7 @@ int cmd_convert(int argc, char **argv)
             else if (strcmp(v, "trunk-first") == 0) opt.order = KPK_ORDER_TRUNK_FIRST;
             else { kx_error("--order: expected layer-major or trunk-first, got %s", v); return KX_FAIL; }
         } else if (kx_flag(argc, argv, &i, "--stripe-unit", &v)) {
-            unit = kx_parse_size(v);
+            unit = kargs_size(v);
             if (unit < 4096 || unit > KPK_MAX_STRIPE_UNIT || (unit & (unit - 1))) {
                 kx_error("--stripe-unit: expected a power of two from 4K to 64M, got %s", v);
                 return KX_FAIL;
@@ -439,23 +440,23 @@ int cmd_convert(int argc, char **argv)
         } else if (kx_flag(argc, argv, &i, "--compress", &v)) {
             if ((opt.codec.compress = kp_compress_parse(v)) < 0) { kx_error("--compress: expected none, trunk or all, got %s", v); return KX_FAIL; }
         } else if (kx_flag(argc, argv, &i, "--block-size", &v)) {
-            int64_t b = kx_parse_size(v);
+            int64_t b = kargs_size(v);
             if (b < (64 << 10) || b > (32 << 20)) { kx_error("--block-size: expected 64K to 32M, got %s", v); return KX_FAIL; }
             opt.codec.block_size = (uint32_t)b;
         } else if (kx_flag(argc, argv, &i, "--zstd-literal-level", &v)) {
-            if (kx_parse_int(v, -131072, 19, &n)) { kx_error("--zstd-literal-level: expected -131072..19, got %s", v); return KX_FAIL; }
+            if (kargs_long(v, -131072, 19, &n)) { kx_error("--zstd-literal-level: expected -131072..19, got %s", v); return KX_FAIL; }
             opt.codec.literal_level = (int)n;
         } else if (kx_flag(argc, argv, &i, "--zstd-level", &v)) {
-            if (kx_parse_int(v, -131072, 19, &n)) { kx_error("--zstd-level: expected -131072..19, got %s", v); return KX_FAIL; }
+            if (kargs_long(v, -131072, 19, &n)) { kx_error("--zstd-level: expected -131072..19, got %s", v); return KX_FAIL; }
             opt.codec.level = (int)n;
         } else if (kx_flag(argc, argv, &i, "--keep-max", &v)) {
-            if ((keep_max = kx_parse_size(v)) < 0) { kx_error("--keep-max: expected a size (e.g. 64M), got %s", v); return KX_FAIL; }
+            if ((keep_max = kargs_size(v)) < 0) { kx_error("--keep-max: expected a size (e.g. 64M), got %s", v); return KX_FAIL; }
         } else if (kx_flag(argc, argv, &i, "--no-archive", NULL)) no_archive = 1;
         else if (kx_flag(argc, argv, &i, "--stripe", &v)) stripe_list = (char *)v;
         else if (kx_flag(argc, argv, &i, "--trunk-to", &v)) opt.trunk_dir = v;
         else if (kx_flag(argc, argv, &i, "--sha256", &v)) sums = v;
         else if (kx_flag(argc, argv, &i, "--threads", &v)) {
-            if (kx_parse_int(v, 1, 256, &n)) { kx_error("--threads: expected 1..256, got %s", v); return KX_FAIL; }
+            if (kargs_long(v, 1, 256, &n)) { kx_error("--threads: expected 1..256, got %s", v); return KX_FAIL; }
             threads = (int)n;
         } else if (kx_flag(argc, argv, &i, "--force", NULL)) force = 1;
         else if (kx_flag(argc, argv, &i, "--dry-run", NULL)) dry = 1;

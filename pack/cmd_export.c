@@ -3,11 +3,13 @@
  * kpack export FILE.kpk --check: rebuild every file in memory and compare
  * its SHA-256 with the one recorded at conversion: the verdict that tells
  * the user whether the download may be deleted. */
+#include "beneath.h"
 #include "cli.h"
-#include "kio.h"
-#include "kprogress.h"
 #include "rebuild.h"
 #include "source.h"
+#include "format/kargs.h"
+#include "format/kio.h"
+#include "format/kprogress.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -35,8 +37,10 @@ static const char usage[] =
     "converting) are listed as not kept and cannot be given back.\n"
     "\n"
     "  DIR             where the files go (created if needed; subdirectories too).\n"
-    "                  Existing files are never overwritten. Each file is written as\n"
-    "                  NAME.partial and renamed when it is complete and its SHA-256\n"
+    "                  Existing files are never overwritten, and nothing is written\n"
+    "                  outside DIR: a symbolic link, FIFO or device where a file or\n"
+    "                  directory is to go is refused, naming it. Each file is written\n"
+    "                  as NAME.partial and renamed when it is complete and its SHA-256\n"
     "                  matches the one recorded at conversion; an interrupted export\n"
     "                  resumes when rerun (DIR/.kpack-export.journal lists what is done)\n"
     "  --check         write nothing: rebuild every file in memory and compare its\n"
@@ -53,7 +57,8 @@ static const char usage[] =
     "Exit: 0 done (for --check: no file differs; read the verdict for whether the\n"
     "download may be deleted), 1 a file does not rebuild as recorded or FILE.kpk is\n"
     "damaged (named), 2 cannot run (usage, unreadable, no archive in FILE.kpk, a\n"
-    "file exists in DIR, not enough space, I/O error).\n";
+    "file exists in DIR, a link or special file in the way, not enough space, I/O\n"
+    "error).\n";
 
 #define BUF ((size_t)8 << 20)
 #define JOURNAL ".kpack-export.journal"
@@ -176,48 +181,30 @@ static void *check_worker(void *arg)
 
 /* ---- export: files written one at a time, front to back ---------------------------- */
 
-/* mkdir -p of the directories in DIR/NAME. */
-static int make_parents(const char *dir, const char *name)
-{
-    char *p;
-    if (asprintf(&p, "%s/%s", dir, name) < 0) return -1;
-    for (char *c = p + strlen(dir) + 1; (c = strchr(c, '/')); c++) {
-        *c = 0;
-        if (mkdir(p, 0755) && errno != EEXIST) { free(p); return -1; }
-        *c = '/';
-    }
-    free(p);
-    return 0;
-}
-
-static void fsync_parent(const char *path)
-{
-    char *d = strdup(path), *s = d ? strrchr(d, '/') : NULL;
-    int fd;
-    if (s) *s = 0;
-    if (d && (fd = open(s ? d : ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC)) >= 0) { fsync(fd); close(fd); }
-    free(d);
-}
-
 /* The journal of an export into DIR: "kpack-export 1 SET_ID" then one line per
- * finished file, "done SIZE SHA256 NAME".  Returns the open fd (locked), or -1. */
-static int journal_open(const char *dir, uint64_t set_id, struct item *items, size_t n, char *err, size_t errlen)
+ * finished file, "done SIZE SHA256 NAME".  Opened below root as a file of its own
+ * (never through a link); returns the open fd (locked), or -1. */
+static int journal_open(int root, const char *dir, uint64_t set_id, struct item *items, size_t n, char *err, size_t errlen)
 {
     char *path, head[64], *text = NULL, *line, *save = NULL;
-    size_t len = 0;
+    int64_t len;
     int fd;
     if (asprintf(&path, "%s/" JOURNAL, dir) < 0) { snprintf(err, errlen, "out of memory"); return -1; }
-    fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0) { snprintf(err, errlen, "cannot create %s: %s", path, strerror(errno)); free(path); return -1; }
+    if ((fd = kb_open_rw(root, path, JOURNAL, err, errlen)) < 0) { free(path); return -1; }
     if (flock(fd, LOCK_EX | LOCK_NB)) {
         snprintf(err, errlen, "another kpack export is writing into %s (%s is locked); wait for it", dir, path);
         goto bad;
     }
     snprintf(head, sizeof head, "kpack-export 1 %016llx\n", (unsigned long long)set_id);
-    if (kio_read_file(path, (size_t)1 << 30, &text, &len)) { snprintf(err, errlen, "%s: %s", path, strerror(errno)); goto bad; }
+    if ((len = kio_file_size(fd)) < 0 || len > (1 << 30) || !(text = malloc((size_t)len + 1)) ||
+        (len && kio_pread_full(fd, text, (size_t)len, 0))) {
+        snprintf(err, errlen, "%s: %s", path, len > (1 << 30) ? "larger than any journal of kpack export" : strerror(errno));
+        goto bad;
+    }
+    text[len] = 0;
     if (len == 0) {
         if (kio_pwrite_full(fd, head, strlen(head), 0) || fdatasync(fd)) { snprintf(err, errlen, "%s: %s", path, strerror(errno)); goto bad; }
-    } else if (len < strlen(head) || memcmp(text, head, strlen(head)) != 0) {
+    } else if ((size_t)len < strlen(head) || memcmp(text, head, strlen(head)) != 0) {
         snprintf(err, errlen, "%s is the journal of an unfinished export of another KPK file; finish that one, or export into "
                  "another directory", path);
         goto bad;
@@ -258,21 +245,22 @@ static int journal_append(int fd, const struct item *it)
     return rc;
 }
 
-/* Write one file as DIR/NAME.partial, check it, rename it.  0, or -1 with it->msg. */
-static int export_one(kpk_file *f, const char *dir, struct item *it, uint8_t *buf, kprogress *prog)
+/* Write one file as DIR/NAME.partial, check it, rename it to DIR/NAME (which
+ * must not exist).  Every directory on the way is opened below root, never
+ * through a link.  0, or -1 with it->msg. */
+static int export_one(kpk_file *f, int root, const char *dir, struct item *it, uint8_t *buf, kprogress *prog)
 {
-    char *path = NULL, *partial = NULL;
+    char *path = NULL, *partial = NULL, *pbase = NULL;
+    const char *base;
     struct sink s = {NULL, -1, 0};
-    int rc = -1;
+    int rc = -1, pfd = -1;
     if (asprintf(&path, "%s/%s", dir, it->f->name) < 0 || asprintf(&partial, "%s/%s.partial", dir, it->f->name) < 0) {
         snprintf(it->msg, sizeof it->msg, "out of memory");
         goto out;
     }
-    if (make_parents(dir, it->f->name)) { snprintf(it->msg, sizeof it->msg, "creating the directories of %s: %s", path, strerror(errno)); goto out; }
-    if ((s.fd = open(partial, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)) < 0) {
-        snprintf(it->msg, sizeof it->msg, "cannot create %s: %s", partial, strerror(errno));
-        goto out;
-    }
+    if ((pfd = kb_parent(root, dir, it->f->name, 1, &base, it->msg, sizeof it->msg)) < 0) goto out;
+    if (asprintf(&pbase, "%s.partial", base) < 0) { snprintf(it->msg, sizeof it->msg, "out of memory"); goto out; }
+    if ((s.fd = kb_create(pfd, partial, pbase, it->msg, sizeof it->msg)) < 0) goto out;
     if (rebuild(f, it, &s, buf, !it->f->sha256 && !it->listed, prog)) goto out;
     if (ftruncate(s.fd, (off_t)it->f->size) || fdatasync(s.fd)) {
         snprintf(it->msg, sizeof it->msg, "writing %s: %s", partial, strerror(errno));
@@ -280,19 +268,55 @@ static int export_one(kpk_file *f, const char *dir, struct item *it, uint8_t *bu
     }
     if (compare(it)) {
         it->damage = 1;
-        unlink(partial); /* never leave a wrong file where a right one is expected */
+        unlinkat(pfd, pbase, 0); /* never leave a wrong file where a right one is expected */
         goto out;
     }
     if (close(s.fd)) { s.fd = -1; snprintf(it->msg, sizeof it->msg, "closing %s: %s", partial, strerror(errno)); goto out; }
     s.fd = -1;
-    if (rename(partial, path)) { snprintf(it->msg, sizeof it->msg, "renaming %s: %s", partial, strerror(errno)); goto out; }
-    fsync_parent(path);
+    if (kb_publish(pfd, pbase, base)) {
+        snprintf(it->msg, sizeof it->msg, errno == EEXIST ? "%s appeared while it was written; kpack export never overwrites "
+                 "a file (%s is complete: compare, then remove one)" : "renaming %s: %s", errno == EEXIST ? path : partial,
+                 errno == EEXIST ? partial : strerror(errno));
+        goto out;
+    }
+    if (fsync(pfd)) { snprintf(it->msg, sizeof it->msg, "syncing the directory of %s: %s", path, strerror(errno)); goto out; }
     rc = 0;
 out:
     if (s.fd >= 0) close(s.fd);
+    if (pfd >= 0) close(pfd);
     free(path);
     free(partial);
+    free(pbase);
     return rc;
+}
+
+/* Before anything is written: every file still to write has a free name in DIR, and
+ * nothing on the way to it is a link or a non-directory; its NAME.partial, if any, is
+ * a regular file (an interrupted export's).  Every problem is named.  0, or -1. */
+static int preflight(int root, const char *dir, struct item *items, size_t n)
+{
+    int bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        struct stat st;
+        char err[900], *partial;
+        int r = kb_stat(root, dir, items[i].f->name, &st, err, sizeof err);
+        if (r < 0) { kx_error("%s", err); bad = 1; continue; }
+        if (items[i].state == 2 && (r != KB_PRESENT || !S_ISREG(st.st_mode) || (uint64_t)st.st_size != items[i].f->size))
+            items[i].state = 0; /* the journal says done, the file says otherwise: write it again */
+        if (items[i].state == 0 && r == KB_PRESENT) {
+            kx_error("%s/%s already exists; kpack export never overwrites a file (it is %s: remove it, or export into "
+                     "another directory)", dir, items[i].f->name, kio_file_kind(&st));
+            bad = 1;
+        }
+        if (items[i].state != 0 || asprintf(&partial, "%s.partial", items[i].f->name) < 0) continue;
+        if (kb_stat(root, dir, partial, &st, err, sizeof err) == KB_PRESENT && !S_ISREG(st.st_mode)) {
+            kx_error("%s/%s is %s: kpack export writes the file there, and does not write through or remove it; remove it "
+                     "(or export into another directory)", dir, partial, kio_file_kind(&st));
+            bad = 1;
+        }
+        free(partial);
+    }
+    return bad ? -1 : 0;
 }
 
 /* ---- the command ------------------------------------------------------------------ */
@@ -426,7 +450,7 @@ static void report(const char *path, struct item *items, size_t n, const kr_reci
 int cmd_export(int argc, char **argv)
 {
     const char *path = NULL, *dir = NULL, *only = NULL, *sums = NULL, *v;
-    int check = 0, json = 0, quiet = 0, threads = kx_cpus(), rc = KX_OK, damaged = 0, jfd = -1;
+    int check = 0, json = 0, quiet = 0, threads = kx_cpus(), rc = KX_OK, damaged = 0, jfd = -1, root = -1;
     kpk_file *f = NULL;
     kpk_err e = {0};
     kr_recipe r = {0};
@@ -446,7 +470,7 @@ int cmd_export(int argc, char **argv)
         else if (kx_flag(argc, argv, &i, "--only", &v)) only = v;
         else if (kx_flag(argc, argv, &i, "--sha256", &v)) sums = v;
         else if (kx_flag(argc, argv, &i, "--threads", &v)) {
-            if (kx_parse_int(v, 1, 256, &k)) { kx_error("--threads: expected 1..256, got %s", v); return KX_FAIL; }
+            if (kargs_long(v, 1, 256, &k)) { kx_error("--threads: expected 1..256, got %s", v); return KX_FAIL; }
             threads = (int)k;
         } else if (kx_flag(argc, argv, &i, "--json", NULL)) json = 1;
         else if (kx_flag(argc, argv, &i, "--quiet", NULL)) quiet = 1;
@@ -466,6 +490,8 @@ int cmd_export(int argc, char **argv)
     if (kpk_open(path, &f, &e)) { kx_error("%s", e.msg); return kpk_err_is_damage(e.code) ? KX_BAD : KX_FAIL; }
     t0 = know();
     if (kr_recipe_load(f, &r, &damaged, err, sizeof err)) { kx_error("%s", err); rc = damaged ? KX_BAD : KX_FAIL; goto out; }
+    /* every file's pieces, before a byte is written (what verify checks) */
+    if (kr_check(f, &damaged, err, sizeof err)) { kx_error("%s", err); rc = damaged ? KX_BAD : KX_FAIL; goto out; }
     if (only && check_only(&r, only)) { rc = KX_FAIL; goto out; }
     if (sums && ks_sums_read(sums, &listed, &n_listed, err, sizeof err)) { kx_error("%s", err); rc = KX_FAIL; goto out; }
     if (!(items = calloc(r.n + 1, sizeof *items))) { kx_error("out of memory"); rc = KX_FAIL; goto out; }
@@ -500,28 +526,15 @@ int cmd_export(int argc, char **argv)
         goto out;
     }
 
-    /* export into dir: nothing of the user's is overwritten, there is room, one writer */
-    if (mkdir(dir, 0755) && errno != EEXIST) { kx_error("cannot create %s: %s", dir, strerror(errno)); rc = KX_FAIL; goto out; }
-    if ((jfd = journal_open(dir, kpk_super(f)->set_id, items, n, err, sizeof err)) < 0) { kx_error("%s", err); rc = KX_FAIL; goto out; }
-    for (size_t i = 0; i < n; i++) {
-        struct stat st;
-        char *p;
-        int exists;
-        if (asprintf(&p, "%s/%s", dir, items[i].f->name) < 0) { kx_error("out of memory"); rc = KX_FAIL; goto out; }
-        exists = lstat(p, &st) == 0;
-        if (items[i].state == 2 && (!exists || !S_ISREG(st.st_mode) || (uint64_t)st.st_size != items[i].f->size))
-            items[i].state = 0; /* the journal says done, the file says otherwise: write it again */
-        if (items[i].state == 0 && exists) {
-            kx_error("%s already exists; kpack export never overwrites a file (remove it, or export into another directory)", p);
-            rc = KX_FAIL;
-        }
-        free(p);
-    }
-    if (rc) goto out;
+    /* export into dir: nothing of the user's is overwritten, nothing is written outside
+     * dir (beneath.h), there is room, one writer */
+    if ((root = kb_open_root(dir, err, sizeof err)) < 0) { kx_error("%s", err); rc = KX_FAIL; goto out; }
+    if ((jfd = journal_open(root, dir, kpk_super(f)->set_id, items, n, err, sizeof err)) < 0) { kx_error("%s", err); rc = KX_FAIL; goto out; }
+    if (preflight(root, dir, items, n)) { rc = KX_FAIL; goto out; }
     {
         struct statvfs vfs;
         uint64_t need = space_needed(f, items, n);
-        if (statvfs(dir, &vfs) == 0 && (uint64_t)vfs.f_bavail * vfs.f_frsize < need) {
+        if (fstatvfs(root, &vfs) == 0 && (uint64_t)vfs.f_bavail * vfs.f_frsize < need) {
             char b1[32], b2[32];
             kfmt_bytes(need, b1, sizeof b1);
             kfmt_bytes((uint64_t)vfs.f_bavail * vfs.f_frsize, b2, sizeof b2);
@@ -540,7 +553,7 @@ int cmd_export(int argc, char **argv)
         long kill_after = kill_env ? atol(kill_env) : 0, written = 0;
         for (size_t i = 0; i < n && buf; i++) {
             if (items[i].state == 2) continue;
-            if (export_one(f, dir, &items[i], buf, prog)) { items[i].state = -1; break; } /* stop at the first failure */
+            if (export_one(f, root, dir, &items[i], buf, prog)) { items[i].state = -1; break; } /* stop at the first failure */
             items[i].state = 1;
             if (journal_append(jfd, &items[i])) {
                 kx_error("writing %s/" JOURNAL ": %s", dir, strerror(errno));
@@ -556,13 +569,13 @@ int cmd_export(int argc, char **argv)
     for (size_t i = 0; i < n; i++) secs_pieces += items[i].secs_pieces;
     report(path, items, n, &r, 0, only != NULL, json, know() - t0, secs_pieces, total, &rc);
     if (rc == KX_OK) { /* every file is there: the journal has done its job */
-        char *jp;
-        if (asprintf(&jp, "%s/" JOURNAL, dir) >= 0) { unlink(jp); free(jp); }
+        unlinkat(root, JOURNAL, 0);
     } else {
         kx_error("files written so far are kept; rerun the same command to resume");
     }
 out:
     if (jfd >= 0) close(jfd);
+    if (root >= 0) close(root);
     ks_sums_free(listed, n_listed);
     free(items);
     kr_recipe_free(&r);

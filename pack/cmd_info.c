@@ -1,9 +1,9 @@
 /* kpack info FILE.kpk and kpack cat FILE.kpk TENSOR. */
 #include "cli.h"
-#include "k3_config.h"
-#include "kio.h"
-#include "kprogress.h"
-#include "kpk_reader.h"
+#include "format/k3_config.h"
+#include "format/kio.h"
+#include "format/kpk_reader.h"
+#include "format/kprogress.h"
 
 #include <errno.h>
 #include <jansson.h>

@@ -4,11 +4,13 @@
  * that the file holds exactly the model its config describes (so "verify
  * OK" means krun will accept it). */
 #include "cli.h"
-#include "k3_check.h"
-#include "kio.h"
-#include "kprogress.h"
-#include "kpk_reader.h"
+#include "rebuild.h"
 #include "repair.h"
+#include "format/k3_check.h"
+#include "format/kargs.h"
+#include "format/kio.h"
+#include "format/kpk_reader.h"
+#include "format/kprogress.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -23,10 +25,11 @@ static const char usage[] =
     "Checks the superblocks of every member file, the directory checksums, every\n"
     "extent's XXH3, every compressed block (decoded, with its checksum), that every\n"
     "padding byte, every gap between tensors and all unused stripe space is zero,\n"
-    "that the manifest is JSON, and that the file holds exactly the model its\n"
-    "config.json describes (what krun checks before it runs a file). Names each\n"
-    "problem, e.g. \"layer 17 expert 403: checksum mismatch\" or\n"
-    "\"layer 17 trunk: block 212: decoded checksum mismatch\".\n"
+    "that the manifest is JSON, that the file holds exactly the model its\n"
+    "config.json describes (what krun checks before it runs a file), and that the\n"
+    "archive's recipe names only paths inside a directory and rebuilds every file\n"
+    "it lists (what export reads). Names each problem, e.g. \"layer 17 expert 403:\n"
+    "checksum mismatch\" or \"layer 17 trunk: block 212: decoded checksum mismatch\".\n"
     "A set is verified through its entry file (member 0).\n"
     "\n"
     "  --shallow     compressed extents: check the stored bytes only (no decoding)\n"
@@ -159,6 +162,15 @@ static void check_contents(struct vjob *j)
     if (k3_check_kpk(j->f, &cfg, err, sizeof err)) {
         const char *p = strncmp(err, kpk_path(j->f), strlen(kpk_path(j->f))) == 0 ? err + strlen(kpk_path(j->f)) + 2 : err;
         add_problem(j, ORDER_FILE, "model", p);
+    }
+    /* the archive's recipe, as export reads it: "verify OK" means export will work */
+    {
+        int damaged = 0;
+        if (kr_check(j->f, &damaged, err, sizeof err)) {
+            const char *p = strncmp(err, kpk_path(j->f), strlen(kpk_path(j->f))) == 0 ? err + strlen(kpk_path(j->f)) + 2 : err;
+            add_problem(j, ORDER_FILE, "archive", p);
+            if (!damaged) j->io_error = 1;
+        }
     }
 }
 
@@ -315,7 +327,7 @@ int cmd_verify(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         if (kx_flag(argc, argv, &i, "--help", NULL) || kx_flag(argc, argv, &i, "-h", NULL)) { fputs(usage, stdout); return KX_OK; }
         else if (kx_flag(argc, argv, &i, "--threads", &v)) {
-            if (kx_parse_int(v, 1, 256, &n)) { kx_error("--threads: expected 1..256, got %s", v); return KX_FAIL; }
+            if (kargs_long(v, 1, 256, &n)) { kx_error("--threads: expected 1..256, got %s", v); return KX_FAIL; }
             threads = (int)n;
         } else if (kx_flag(argc, argv, &i, "--shallow", NULL)) job.flags |= KPK_VERIFY_SHALLOW;
         else if (kx_flag(argc, argv, &i, "--deep", NULL)) job.flags &= ~KPK_VERIFY_SHALLOW;

@@ -3,7 +3,7 @@
  * copy_read.c the reader, copy_encode.c the encoders). */
 #include "copy_pipe.h"
 
-#include "kio.h"
+#include "format/kio.h"
 
 #include <errno.h>
 #include <fcntl.h>

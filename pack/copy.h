@@ -10,12 +10,12 @@
  * stored ones) to the member writers (output.h), which write every member
  * file in parallel, each front to back.  Source pages are dropped from the
  * page cache once read.  copy_pipe.h describes the pipeline. */
-#ifndef COPY_H
-#define COPY_H
+#ifndef KPACK_COPY_H
+#define KPACK_COPY_H
 
-#include "kprogress.h"
 #include "output.h"
 #include "plan.h"
+#include "format/kprogress.h"
 
 /* Called in extent order when extent i is complete (queued to the writers,
  * not yet synced): its offset, stored_len and hashes are in p->extents[i].

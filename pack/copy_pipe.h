@@ -13,11 +13,11 @@
  *                             FREE again when every write from it is done.
  *
  * One mutex and one condition variable guard every state change. */
-#ifndef COPY_PIPE_H
-#define COPY_PIPE_H
+#ifndef KPACK_COPY_PIPE_H
+#define KPACK_COPY_PIPE_H
 
 #include "copy.h"
-#include "kpk_encode.h"
+#include "format/kpk_encode.h"
 
 #include <pthread.h>
 #include <stdatomic.h>

@@ -4,8 +4,8 @@
 #include "copy_pipe.h"
 
 #include "archive.h"
-#include "kio.h"
-#include "kos.h"
+#include "format/kio.h"
+#include "format/kos.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -1,6 +1,6 @@
 #include "directory.h"
 
-#include "kio.h"
+#include "format/kio.h"
 
 #include <errno.h>
 #include <stdio.h>

@@ -3,8 +3,8 @@
  * member paths, manifest, member table), every member's superblocks, in the
  * order that makes a crash at any point harmless: every backup superblock
  * and the directory, fdatasync, then the primary superblocks, fsync. */
-#ifndef DIRECTORY_H
-#define DIRECTORY_H
+#ifndef KPACK_DIRECTORY_H
+#define KPACK_DIRECTORY_H
 
 #include "plan.h"
 

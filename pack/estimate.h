@@ -3,8 +3,8 @@
  * a few blocks of every class are read from the source and encoded with the
  * conversion's settings, and each class's stored/raw is applied to all of
  * its blocks (uncompressed extents are exact). */
-#ifndef ESTIMATE_H
-#define ESTIMATE_H
+#ifndef KPACK_ESTIMATE_H
+#define KPACK_ESTIMATE_H
 
 #include "plan.h"
 

@@ -2,7 +2,7 @@
 #include "guard.h"
 
 #include "journal.h"
-#include "kio.h"
+#include "format/kio.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -12,8 +12,8 @@
  * file this run wrote (same inode, its final size) and the journal must still
  * record every extent exactly as this run appended it; otherwise nothing is
  * published. */
-#ifndef GUARD_H
-#define GUARD_H
+#ifndef KPACK_GUARD_H
+#define KPACK_GUARD_H
 
 #include "plan.h"
 

@@ -1,6 +1,6 @@
 #include "journal.h"
 
-#include "kio.h"
+#include "format/kio.h"
 
 #include <errno.h>
 #include <fcntl.h>

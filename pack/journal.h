@@ -5,10 +5,10 @@
  * blocks".  Records are appended in extent order, only after the data they
  * describe has been fdatasync'ed, so a record never outlives its data.  A
  * torn last record fails its own checksum and is ignored. */
-#ifndef JOURNAL_H
-#define JOURNAL_H
+#ifndef KPACK_JOURNAL_H
+#define KPACK_JOURNAL_H
 
-#include "kpk.h"
+#include "format/kpk.h"
 
 #include <stdint.h>
 

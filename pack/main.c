@@ -1,6 +1,6 @@
 /* kpack: verify a Kimi K3 download, repack it into one KPK file, give it back. */
 #include "cli.h"
-#include "kpk.h"
+#include "format/kpk.h"
 
 #include <string.h>
 

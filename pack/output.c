@@ -1,8 +1,8 @@
 /* The member writers (output.h). */
 #include "output.h"
 
-#include "kio.h"
-#include "kos.h"
+#include "format/kio.h"
+#include "format/kos.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -4,8 +4,8 @@
  * the stripe members it spans (docs/FORMAT.md §7.3).  Writers leave all-zero
  * 4 KiB blocks as holes, start write-back as they go and drop written pages
  * from the page cache (a 1.5 TB conversion keeps a few chunks in memory). */
-#ifndef OUTPUT_H
-#define OUTPUT_H
+#ifndef KPACK_OUTPUT_H
+#define KPACK_OUTPUT_H
 
 #include "plan.h"
 

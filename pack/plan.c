@@ -420,7 +420,9 @@ static int add_shard_archive(struct builder *b, uint32_t si)
         if (k3_schema_classify(b->in->cfg, t->name, &(k3_tensor_spec){0}, NULL, 0) == K3_CLASS_DROPPED) {
             kp_source_ref from = {.shard = si, .extra = 0, .offset = t->begin};
             uint64_t nbytes = t->end - t->begin, flat[1] = {nbytes};
-            int keep_shape = t->ndim >= 1 && t->ndim <= 4;
+            /* its dtype and shape when a KPK tensor can say them (F32, BF16, F16, U8 in 1 to 4
+             * dimensions), else its bytes: BYTES [nbytes] (FORMAT.md §9.1) */
+            int keep_shape = t->dtype != 0 && t->ndim >= 1 && t->ndim <= 4;
             if (add_tensor(b, x, t->name, keep_shape ? t->dtype : KPK_DT_BYTES, keep_shape ? t->ndim : 1,
                            keep_shape ? t->shape : flat, nbytes, from))
                 goto out;

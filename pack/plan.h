@@ -7,13 +7,13 @@
  * Offsets are NOT planned: they are assigned in extent order as each extent
  * is written (kp_place), because a compressed extent's stored size is known
  * only once it is complete; the journal records them (FORMAT.md §14). */
-#ifndef PLAN_H
-#define PLAN_H
+#ifndef KPACK_PLAN_H
+#define KPACK_PLAN_H
 
 #include "blocks.h"
-#include "kpk.h"
-#include "kpk_reader.h"
 #include "source.h"
+#include "format/kpk.h"
+#include "format/kpk_reader.h"
 
 #define KP_DEFAULT_STRIPE_UNIT (4u << 20)
 

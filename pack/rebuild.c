@@ -7,65 +7,107 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* A name a rebuild may write under its directory: relative, no empty, "."
- * or ".." components (a crafted manifest cannot write outside). */
-static int safe_name(const char *s)
+int kr_name_ok(const char *s)
 {
     if (!*s || *s == '/') return 0;
-    for (const char *c = s; *c;) {
+    for (const char *c = s;;) {
         const char *e = strchr(c, '/');
         size_t n = e ? (size_t)(e - c) : strlen(c);
         if (n == 0 || (n == 1 && c[0] == '.') || (n == 2 && c[0] == '.' && c[1] == '.')) return 0;
-        c += n + (e ? 1 : 0);
-        if (e && !*c) return 0;
+        if (!e) return 1;
+        c = e + 1;
     }
-    return 1;
+}
+
+/* 64 lowercase hexadecimal digits. */
+static int sha_ok(const char *s)
+{
+    size_t n = 0;
+    for (; s[n]; n++)
+        if (!((s[n] >= '0' && s[n] <= '9') || (s[n] >= 'a' && s[n] <= 'f'))) return 0;
+    return n == 64;
 }
 
 int kr_recipe_load(kpk_file *f, kr_recipe *r, int *damaged, char *err, size_t errlen)
 {
-    size_t len, i;
-    const char *m = kpk_manifest(f, &len);
+    size_t len, i = 0;
+    const char *m = kpk_manifest(f, &len), *why = NULL;
     json_t *ar, *files, *it;
+    int has_bit = (kpk_super(f)->incompat & KPK_INCOMPAT_ARCHIVE) != 0;
     memset(r, 0, sizeof *r);
     *damaged = 0;
     r->root = json_loadb(m, len, 0, NULL);
     ar = json_object_get(r->root, "archive");
-    if (!(kpk_super(f)->incompat & KPK_INCOMPAT_ARCHIVE) || !ar) {
+    if (!has_bit || !ar) {
         const char *producer = json_string_value(json_object_get(r->root, "producer"));
-        snprintf(err, errlen, "%s has no archive (it was written by %s, without one): it holds the model only - the "
-                 "shards' headers and non-text tensors were not kept - so the original files cannot be rebuilt from it. "
-                 "Keep the download, or convert it again with kpack " KPACK_VERSION " (without --no-archive) to be able "
-                 "to delete it", kpk_path(f), producer ? producer : "an unknown producer");
-        if (ar && !(kpk_super(f)->incompat & KPK_INCOMPAT_ARCHIVE)) *damaged = 1;
+        if (has_bit || ar) { /* the bit and the recipe go together (§9.2) */
+            snprintf(err, errlen, "%s: %s (FORMAT.md §9.2): the file is damaged", kpk_path(f),
+                     has_bit ? "it has archive extents but its manifest has no archive recipe"
+                             : "its manifest has an archive recipe but no extent is an archive extent");
+            *damaged = 1;
+        } else {
+            snprintf(err, errlen, "%s has no archive (it was written by %s, without one): it holds the model only - the "
+                     "shards' headers and non-text tensors were not kept - so the original files cannot be rebuilt from "
+                     "it. Keep the download, or convert it again with kpack " KPACK_VERSION " (without --no-archive) to be "
+                     "able to delete it", kpk_path(f), producer ? producer : "an unknown producer");
+        }
         kr_recipe_free(r);
         return -1;
     }
     files = json_object_get(ar, "files");
     r->not_kept = json_object_get(ar, "not_kept");
-    if (!json_is_array(files) || (r->not_kept && !json_is_array(r->not_kept))) goto bad;
+    if (!json_is_object(ar) || !json_is_array(files) || (r->not_kept && !json_is_array(r->not_kept))) {
+        why = "\"archive\" is not an object with a \"files\" array (and, if present, a \"not_kept\" array)";
+        goto bad;
+    }
     r->n = json_array_size(files);
     if (!(r->files = calloc(r->n + 1, sizeof *r->files))) { snprintf(err, errlen, "out of memory"); kr_recipe_free(r); return -1; }
     json_array_foreach(files, i, it) {
         kr_file *k = &r->files[i];
-        json_t *sz = json_object_get(it, "size");
+        json_t *sz = json_object_get(it, "size"), *sha = json_object_get(it, "sha256");
         const char *kind = json_string_value(json_object_get(it, "kind"));
         k->name = json_string_value(json_object_get(it, "name"));
-        k->sha256 = json_string_value(json_object_get(it, "sha256"));
+        k->sha256 = json_string_value(sha);
         k->sha_from = json_string_value(json_object_get(it, "sha256_from"));
-        if (!k->name || !safe_name(k->name) || !kind || !json_is_integer(sz) || json_integer_value(sz) < 0) goto bad;
-        if (strcmp(kind, "safetensors") == 0) k->safetensors = 1;
-        else if (strcmp(kind, "file") != 0) goto bad;
-        if (k->sha256 && strlen(k->sha256) != 64) goto bad;
+        if (!k->name) { why = "a file without a name"; goto bad; }
+        if (!kr_name_ok(k->name)) { why = "a file name that is not a relative path inside the directory"; goto bad; }
+        if (!kind || (strcmp(kind, "safetensors") && strcmp(kind, "file"))) { why = "a kind other than \"file\" and \"safetensors\""; goto bad; }
+        k->safetensors = strcmp(kind, "safetensors") == 0;
+        if (!json_is_integer(sz) || json_integer_value(sz) < 0) { why = "a size that is not a non-negative integer"; goto bad; }
+        if (sha && !json_is_null(sha) && !(k->sha256 && sha_ok(k->sha256))) { why = "a sha256 that is not null or 64 lowercase hex digits"; goto bad; }
         k->size = (uint64_t)json_integer_value(sz);
-        if (i && strcmp(r->files[i - 1].name, k->name) >= 0) goto bad;
+        if (i && strcmp(r->files[i - 1].name, k->name) >= 0) { why = "names not sorted, or one twice"; goto bad; }
     }
     return 0;
 bad:
-    snprintf(err, errlen, "%s: the manifest's archive recipe is malformed (FORMAT.md §9.2)", kpk_path(f));
+    if (r->files && i < r->n && r->files[i].name)
+        snprintf(err, errlen, "%s: the manifest's archive recipe is malformed (FORMAT.md §9.2): files[%zu] \"%s\": %s",
+                 kpk_path(f), i, r->files[i].name, why);
+    else
+        snprintf(err, errlen, "%s: the manifest's archive recipe is malformed (FORMAT.md §9.2): %s", kpk_path(f), why);
     *damaged = 1;
     kr_recipe_free(r);
     return -1;
+}
+
+int kr_check(kpk_file *f, int *damaged, char *err, size_t errlen)
+{
+    kr_recipe r;
+    int rc = 0;
+    if (kr_recipe_load(f, &r, damaged, err, errlen)) return *damaged ? -1 : 0; /* no archive: nothing to check */
+    for (size_t i = 0; i < r.n && !rc; i++) {
+        kr_piece *p = NULL;
+        size_t n = 0;
+        kpk_err e = {0};
+        if (kr_pieces(f, &r.files[i], &p, &n, &e)) {
+            snprintf(err, errlen, "%s", e.msg);
+            *damaged = kpk_err_is_damage(e.code);
+            rc = -1;
+        }
+        free(p);
+    }
+    kr_recipe_free(&r);
+    return rc;
 }
 
 void kr_recipe_free(kr_recipe *r)
@@ -175,7 +217,9 @@ static int safetensors_pieces(kpk_file *f, const kr_file *rf, struct plist *l, k
             kpk_tensor_at(f, k, &t);
             if (strncmp(t.name, prefix, plen) != 0) continue;
             p = strtoull(t.name + plen, &end, 10);
-            if (*end || end == t.name + plen) {
+            /* decimal digits, no sign, no leading zero (strtoull alone takes " +012") */
+            if (*end || end == t.name + plen || strspn(t.name + plen, "0123456789") != strlen(t.name + plen) ||
+                (t.name[plen] == '0' && t.name[plen + 1])) {
                 kpk_err_set(err, KPK_EFORMAT, "%s: %s: archive tensor %s: not a gap position", kpk_path(f), rf->name, t.name);
                 goto out;
             }

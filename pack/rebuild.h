@@ -2,11 +2,11 @@
  * (docs/FORMAT.md §9.2): the recipe in the manifest, and each file as an
  * ordered list of pieces (byte ranges of decoded extents) that tile it.
  * `kpack export` writes them; `kpack export --check` hashes them. */
-#ifndef REBUILD_H
-#define REBUILD_H
+#ifndef KPACK_REBUILD_H
+#define KPACK_REBUILD_H
 
-#include "kprogress.h"
-#include "kpk_reader.h"
+#include "format/kpk_reader.h"
+#include "format/kprogress.h"
 
 #include <jansson.h>
 #include <stddef.h>
@@ -27,6 +27,11 @@ typedef struct kr_recipe {
     size_t n;
     json_t *not_kept;        /* array of {name, size, reason} */
 } kr_recipe;
+
+/* A name the recipe may give a file (FORMAT.md §9.2): relative, '/'-separated
+ * components, none empty, "." or "..": a rebuild writes it under its
+ * directory and nowhere else.  The one rule export and verify apply. */
+int kr_name_ok(const char *name);
 
 /* Load the recipe.  -1 with err when the file has none (converted without
  * an archive: err says why the originals cannot be rebuilt) or it is
@@ -52,6 +57,13 @@ int kr_pieces(kpk_file *f, const kr_file *rf, kr_piece **out, size_t *n, kpk_err
 typedef int (*kr_sink)(void *ctx, const uint8_t *buf, size_t len, uint64_t off);
 int kr_stream(kpk_file *f, const kr_piece *p, size_t n, uint8_t *buf, size_t buflen, kr_sink sink, void *ctx,
               kprogress *prog, kpk_err *err);
+
+/* What `kpack verify` checks of the archive, so that "verify OK" means
+ * export will work: the recipe loads (kr_recipe_load: its names, kinds,
+ * sizes, order) and every file's pieces tile it (kr_pieces).  0 when it
+ * does or the file has no archive; -1 with err, *damaged saying whether
+ * the file is damaged (else an I/O error or out of memory). */
+int kr_check(kpk_file *f, int *damaged, char *err, size_t errlen);
 
 /* Check (kpk_extent_verify) every extent the pieces read, once each. */
 int kr_verify_extents(kpk_file *f, const kr_piece *p, size_t n, kpk_err *err);

@@ -3,9 +3,9 @@
 
 #include "archive.h"
 #include "copy_pipe.h"
-#include "kio.h"
 #include "plan.h"
 #include "rebuild.h"
+#include "format/kio.h"
 
 #include <errno.h>
 #include <fcntl.h>

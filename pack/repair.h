@@ -14,10 +14,10 @@
  *
  * Only then is anything written (each extent's stored bytes and its zero
  * padding, through the member files and the stripe mapping, then fsync). */
-#ifndef REPAIR_H
-#define REPAIR_H
+#ifndef KPACK_REPAIR_H
+#define KPACK_REPAIR_H
 
-#include "kpk_reader.h"
+#include "format/kpk_reader.h"
 
 #include <stddef.h>
 #include <stdint.h>

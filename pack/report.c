@@ -1,6 +1,6 @@
 #include "report.h"
 
-#include "kprogress.h"
+#include "format/kprogress.h"
 
 #include <string.h>
 

@@ -1,6 +1,6 @@
 /* Human and JSON reports of a checked source (check-source, convert). */
-#ifndef REPORT_H
-#define REPORT_H
+#ifndef KPACK_REPORT_H
+#define KPACK_REPORT_H
 
 #include "source.h"
 

@@ -3,8 +3,8 @@
  * journaled extent re-hashed from the partial files, stepping back past any
  * that fail.  When nothing can be resumed, the note says why (a kill before
  * the journal was written is not "other options"). */
-#ifndef RESUME_H
-#define RESUME_H
+#ifndef KPACK_RESUME_H
+#define KPACK_RESUME_H
 
 #include "journal.h"
 #include "plan.h"

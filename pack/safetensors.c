@@ -1,7 +1,7 @@
 #include "safetensors.h"
 
-#include "kio.h"
-#include "kpk.h"
+#include "format/kio.h"
+#include "format/kpk.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -18,6 +18,33 @@ static int cmp_begin(const void *a, const void *b)
 {
     const st_tensor *x = a, *y = b;
     return x->begin < y->begin ? -1 : x->begin > y->begin ? 1 : (x->end > y->end) - (x->end < y->end);
+}
+
+/* Every dtype of the safetensors format (its Dtype enum), with its size in
+ * bits; the four a KPK file stores as such carry their KPK dtype. */
+static const struct { const char *name; unsigned bits; int kpk; } st_dtypes[] = {
+    {"BOOL", 8, 0},     {"U8", 8, KPK_DT_U8}, {"I8", 8, 0},       {"F8_E5M2", 8, 0},      {"F8_E4M3", 8, 0},
+    {"F8_E8M0", 8, 0},  {"F8_E4M3FNUZ", 8, 0}, {"F8_E5M2FNUZ", 8, 0}, {"F4", 4, 0},    {"F6_E2M3", 6, 0},
+    {"F6_E3M2", 6, 0},  {"I16", 16, 0},       {"U16", 16, 0},    {"F16", 16, KPK_DT_F16}, {"BF16", 16, KPK_DT_BF16},
+    {"I32", 32, 0},     {"U32", 32, 0},       {"F32", 32, KPK_DT_F32}, {"C64", 64, 0},  {"F64", 64, 0},
+    {"I64", 64, 0},     {"U64", 64, 0},
+};
+
+unsigned st_dtype_bits(const char *name, int *kpk_dtype)
+{
+    for (size_t i = 0; i < sizeof st_dtypes / sizeof st_dtypes[0]; i++)
+        if (strcmp(name, st_dtypes[i].name) == 0) {
+            if (kpk_dtype) *kpk_dtype = st_dtypes[i].kpk;
+            return st_dtypes[i].bits;
+        }
+    return 0;
+}
+
+static const char *st_dtype_static(const char *name)
+{
+    for (size_t i = 0; i < sizeof st_dtypes / sizeof st_dtypes[0]; i++)
+        if (strcmp(name, st_dtypes[i].name) == 0) return st_dtypes[i].name;
+    return NULL;
 }
 
 void st_free(st_file *f)
@@ -78,7 +105,7 @@ int st_open(const char *path, st_file *f, char *err, size_t errlen)
     json_object_foreach(root, key, val) {
         st_tensor *t = &f->t[f->n];
         json_t *dt, *shape, *offs, *v;
-        uint64_t numel = 1, esz, a, b;
+        uint64_t numel = 1, a, b, nbytes;
         size_t j;
         if (strcmp(key, "__metadata__") == 0) {
             /* the format's metadata is a map of strings; anything else is not a safetensors header */
@@ -97,8 +124,14 @@ int st_open(const char *path, st_file *f, char *err, size_t errlen)
             snprintf(err, errlen, "%s: tensor %s: needs dtype, shape and data_offsets [begin, end]", path, key);
             goto out;
         }
-        t->dtype = kpk_dtype_from_name(json_string_value(dt));
-        if (!t->dtype) { snprintf(err, errlen, "%s: tensor %s: unsupported dtype %s", path, key, json_string_value(dt)); goto out; }
+        t->bits = st_dtype_bits(json_string_value(dt), &t->dtype);
+        t->st_dtype = st_dtype_static(json_string_value(dt));
+        if (!t->bits) {
+            snprintf(err, errlen, "%s: tensor %s: dtype %.40s is not a safetensors dtype (BOOL, U8, I8, F8_E5M2, F8_E4M3, "
+                     "F8_E8M0, F8_E4M3FNUZ, F8_E5M2FNUZ, F4, F6_E2M3, F6_E3M2, I16, U16, F16, BF16, I32, U32, F32, C64, "
+                     "F64, I64, U64); a newer safetensors writer? report it", path, key, json_string_value(dt));
+            goto out;
+        }
         if (json_array_size(shape) > 8) { snprintf(err, errlen, "%s: tensor %s: %zu dimensions", path, key, json_array_size(shape)); goto out; }
         t->ndim = (int)json_array_size(shape);
         json_array_foreach(shape, j, v) {
@@ -114,10 +147,15 @@ int st_open(const char *path, st_file *f, char *err, size_t errlen)
         }
         a = (uint64_t)json_integer_value(json_array_get(offs, 0));
         b = (uint64_t)json_integer_value(json_array_get(offs, 1));
-        esz = kpk_dtype_size(t->dtype);
-        if (b < a || numel > UINT64_MAX / esz || b - a != numel * esz) {
+        if (numel > UINT64_MAX / t->bits || (numel * t->bits) % 8) {
+            snprintf(err, errlen, "%s: tensor %s: %llu elements of %s are not a whole number of bytes", path, key,
+                     (unsigned long long)numel, t->st_dtype);
+            goto out;
+        }
+        nbytes = numel * t->bits / 8;
+        if (b < a || b - a != nbytes) {
             snprintf(err, errlen, "%s: tensor %s: data_offsets [%llu, %llu] do not hold %llu elements of %s", path, key,
-                     (unsigned long long)a, (unsigned long long)b, (unsigned long long)numel, kpk_dtype_name(t->dtype));
+                     (unsigned long long)a, (unsigned long long)b, (unsigned long long)numel, t->st_dtype);
             goto out;
         }
         if (b > UINT64_MAX - f->data_start - 1) { snprintf(err, errlen, "%s: tensor %s: data_offsets out of range", path, key); goto out; }

@@ -3,9 +3,9 @@
  * the hash itself (~0.5-1 GB/s per core) is the limit, so use every core. */
 #include "source.h"
 
-#include "kio.h"
-#include "kos.h"
-#include "kprogress.h"
+#include "format/kio.h"
+#include "format/kos.h"
+#include "format/kprogress.h"
 
 #include <errno.h>
 #include <fcntl.h>

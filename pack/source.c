@@ -1,8 +1,8 @@
 /* Indexing and checking a checkpoint directory (kpack check-source). */
 #include "source.h"
 
-#include "kio.h"
-#include "kos.h"
+#include "format/kio.h"
+#include "format/kos.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -457,9 +457,8 @@ static void read_one_header(ks_shard *s)
                       (unsigned long long)s->size, (unsigned long long)s->st.expected_size,
                       (unsigned long long)(s->st.expected_size - s->size), first_cut);
     }
-    else if (s->st.expected_size < s->size)
-        shard_problem(s, "%llu bytes past the last tensor: the file is longer than its header describes",
-                      (unsigned long long)(s->size - s->st.expected_size));
+    /* bytes after the last tensor are not a problem: the archive keeps them
+     * (a gap, FORMAT.md §9.1) and export gives them back */
 }
 
 struct header_job { k3_source *src; _Atomic size_t next; };
@@ -559,7 +558,7 @@ static void check_coverage(k3_source *src, const struct index_map *index)
                 int shape_ok = t->ndim == spec.ndim;
                 for (int d = 0; shape_ok && d < spec.ndim; d++) shape_ok = t->shape[d] == spec.shape[d];
                 if (!(spec.dtypes & K3_DTM(t->dtype))) {
-                    shard_problem(s, "tensor %s: dtype %s, expected %s", t->name, kpk_dtype_name(t->dtype), dtype_list(spec.dtypes, a, sizeof a));
+                    shard_problem(s, "tensor %s: dtype %s, expected %s", t->name, t->st_dtype, dtype_list(spec.dtypes, a, sizeof a));
                     continue;
                 }
                 if (!shape_ok) {

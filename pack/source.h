@@ -2,13 +2,13 @@
  * `check-source` logic, which `convert` runs first).  Opening never stops at
  * the first problem: every shard gets a verdict and a list of problems, so
  * the user sees everything that is wrong in one run. */
-#ifndef SOURCE_H
-#define SOURCE_H
+#ifndef KPACK_SOURCE_H
+#define KPACK_SOURCE_H
 
-#include "k3_config.h"
-#include "k3_schema.h"
-#include "kprogress.h"
 #include "safetensors.h"
+#include "format/k3_config.h"
+#include "format/k3_schema.h"
+#include "format/kprogress.h"
 
 #include <stdint.h>
 

@@ -2,7 +2,7 @@
 
 #include "estimate.h"
 
-#include "kprogress.h"
+#include "format/kprogress.h"
 
 #include <errno.h>
 #include <fcntl.h>

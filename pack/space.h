@@ -3,8 +3,8 @@
  * space); blocks an earlier run's partial files hold past what is kept are
  * counted as available, since the run truncates them before it writes (an
  * out-of-space run can be resumed once space is freed: issue 12.1). */
-#ifndef SPACE_H
-#define SPACE_H
+#ifndef KPACK_SPACE_H
+#define KPACK_SPACE_H
 
 #include "plan.h"
 

@@ -3,14 +3,14 @@
  *   libm_probe write FILE     (x86-64) writes the raw result bits
  *   libm_probe compare FILE   (aarch64, under qemu) compares its own results
  *                             with FILE and prints TAP lines
- * What must agree: krun's own kmath_expf and kmath_tanhf (run/kmath.c), and
+ * What must agree: krun's own kmath_expf and kmath_tanhf (run/kernels/kmath.c), and
  * what it still takes from the C library, exp in double (the sampler); sqrt
  * is IEEE-exact.  The C library's expf and tanhf are reported, not required
  * (their differences are why kmath.c exists).
  * The sample: every 4093rd float bit pattern (every sign and exponent), then
  * every 487th float of +-[2^-3, 2^3), where activations and softmax
  * arguments live: 1,256,047 inputs. */
-#include "kmath.h"
+#include "run/kernels/kmath.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -94,7 +94,7 @@ int main(int argc, char **argv)
             printf("# %s: %llu of %llu inputs differ between the two C libraries", fname[k], (unsigned long long)c.diff[k],
                    (unsigned long long)c.n);
             if (c.diff[k]) printf(" (first x = %a)", c.first[k]);
-            printf("; krun uses its own (run/kmath.c)\n");
+            printf("; krun uses its own (run/kernels/kmath.c)\n");
             continue;
         }
         if (c.diff[k]) {

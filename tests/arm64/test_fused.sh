@@ -18,7 +18,7 @@ QEMU=${QEMU:-qemu-aarch64-static}
 # OBJDUMP PATTERN FILES...: the fused instructions in FILES, counted per
 # object, except in kmath_expf (and its x86-64 FMA build, expf_fma): its
 # fma() calls are written out (one correctly rounded operation each, the same
-# on every machine; run/kmath.c), and counted apart as "kmath_expf N".
+# on every machine; run/kernels/kmath.c), and counted apart as "kmath_expf N".
 fused() {
     local od=$1 pat=$2; shift 2
     "$od" -d "$@" 2>/dev/null | awk -v pat="$pat" '

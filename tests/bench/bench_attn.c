@@ -15,13 +15,13 @@
  * `valgrind --tool=callgrind --toggle-collect=mla_forward` it gives the MLA
  * layers' instructions alone. */
 #include "bench_util.h"
+#include "format/kpk_reader.h"
 #include "../unit/testrand.h"
-#include "forward.h"
-#include "kpk_reader.h"
-#include "model.h"
-#include "state.h"
-#include "store.h"
-#include "threadpool.h"
+#include "run/engine/forward.h"
+#include "run/engine/state.h"
+#include "run/model/model.h"
+#include "run/store/store.h"
+#include "run/util/threadpool.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -49,7 +49,7 @@ int main(int argc, char **argv)
     kstore *store;
     kstore_opts so;
     kpool *pool;
-    char msg[512];
+    krun_err err;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = (size_t)atol(argv[++i]);
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
@@ -59,11 +59,11 @@ int main(int argc, char **argv)
     }
     if (!path || !nS || !steps) { fprintf(stderr, "usage: bench_attn MODEL.kpk [--steps N] [--threads N] S1 S2 ...\n"); return 2; }
     if (kpk_open(path, &f, &e)) { fprintf(stderr, "bench_attn: %s\n", e.msg); return 2; }
-    if (k3_model_open(f, &m, msg, sizeof msg)) { fprintf(stderr, "bench_attn: %s\n", msg); return 2; }
+    if (k3_model_open(f, &m, &err)) { fprintf(stderr, "bench_attn: %s\n", err.msg); return 2; }
     memset(&so, 0, sizeof so);
     so.verify = KSTORE_VERIFY_FIRST;
     so.model = &m;
-    if (kstore_open(f, &so, &store, &e)) { fprintf(stderr, "bench_attn: %s\n", e.msg); return 2; }
+    if (kstore_open(f, &so, &store, &err)) { fprintf(stderr, "bench_attn: %s\n", err.msg); return 2; }
     pool = kpool_create(threads);
     if (!pool) return 2;
     if (dump && !(df = fopen(dump, "wb"))) { fprintf(stderr, "bench_attn: cannot write %s\n", dump); return 2; }
@@ -73,7 +73,6 @@ int main(int argc, char **argv)
         const size_t ctx = S[k] + 1, row = k3_mla_row(c);
         k3_run run;
         k3_state st;
-        krun_err err;
         karena a = {NULL, 0};
         uint8_t *buf;
         float *logits = malloc((size_t)c->vocab * sizeof *logits);

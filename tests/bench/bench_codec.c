@@ -13,11 +13,11 @@
  *       decode GB/s (1 and N threads) per class: how the defaults were chosen.
  *
  * Build (tests/bench/bench_kpack.sh does):
- *   cc -O2 -Iformat -Ipack tests/bench/bench_codec.c build/libkpack.a build/libkpkformat.a \
+ *   cc -O2 -I. tests/bench/bench_codec.c build/libkpack.a build/libkpkformat.a \
  *      -lzstd -lxxhash -lcrypto -ljansson -lpcre2-8 -lpthread -lm */
-#include "blocks.h"
-#include "kpk_encode.h"
-#include "kpk_reader.h"
+#include "format/kpk_encode.h"
+#include "format/kpk_reader.h"
+#include "pack/blocks.h"
 
 #include <pthread.h>
 #include <stdatomic.h>

@@ -33,7 +33,7 @@ echo "== machine"
 machine
 echo
 if [ "$(avail_bytes)" -lt $((20 * 1000 * 1000 * 1000)) ]; then echo "== codec: skipped, less than 20 GB free in $W"; exit 0; fi
-${CC:-cc} -std=c11 -O2 -D_GNU_SOURCE -Iformat -Ipack -o "$W/bench_codec" tests/bench/bench_codec.c build/libkpack.a \
+${CC:-cc} -std=c11 -O2 -D_GNU_SOURCE -I. -o "$W/bench_codec" tests/bench/bench_codec.c build/libkpack.a \
     build/libkpkformat.a -lzstd -lxxhash -lcrypto -ljansson -lpcre2-8 -lpthread -lm 2>"$W/cc.tmp" \
     || { echo "FAILED: building bench_codec: $(head -5 "$W/cc.tmp")"; exit 1; }
 echo "== the slice: k3synth --geometry slice $SLICE_OPTS --mxfp4 quantized"

@@ -3,7 +3,7 @@
  * Replays the reads of a `krun --trace` file (in the order they started)
  * against the .kpk it came from, with O_DIRECT and the page cache dropped
  * before each run, through
- *   - run/iopool.c, the pool krun uses (N threads, each a blocking pread), and
+ *   - run/store/iopool.c, the pool krun uses (N threads, each a blocking pread), and
  *   - liburing with N requests in flight (one ring, refilled as completions arrive),
  * and, for scale, one thread reading the same bytes sequentially.  Both
  * engines keep the same number of reads in flight, so the difference is the
@@ -16,8 +16,8 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
-#include "iopool.h"
-#include "kprogress.h"
+#include "format/kprogress.h"
+#include "run/store/iopool.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -52,12 +52,14 @@ static struct rd *load_trace(const char *path, size_t *n, size_t *max_len)
     if (!fgets(line, sizeof line, f)) { fprintf(stderr, "bench_io: %s: empty\n", path); fclose(f); return NULL; }
     while (fgets(line, sizeof line, f)) {
         char kind;
+        unsigned member;
         unsigned long long off, len;
         double s, e;
-        if (sscanf(line, "%c\t%llu\t%llu\t%lf\t%lf", &kind, &off, &len, &s, &e) != 5) {
+        if (sscanf(line, "%c\t%u\t%llu\t%llu\t%lf\t%lf", &kind, &member, &off, &len, &s, &e) != 6) {
             fprintf(stderr, "bench_io: %s: bad line: %s", path, line);
             free(r); fclose(f); return NULL;
         }
+        if (member != 0) continue;                /* a set's other member files: this replays one file */
         if (off % ALIGN || len % ALIGN) continue; /* not an O_DIRECT read: krun read it buffered */
         if (*n == cap) {
             size_t nc = cap ? 2 * cap : 1024;
@@ -86,28 +88,29 @@ static void drop_cache(void)
  * only after the batch that used it completed (two batches in flight). */
 static double run_pool(int fd, const struct rd *r, size_t n, int depth, uint8_t **buf, int nbuf)
 {
-    kio_pool *p = kio_pool_create(depth);
-    kio_batch b[2];
+    const kiop_member m = {fd, 0};
+    kiop_pool *p = kiop_pool_create(&m, 1, &depth, NULL, 0);
+    kiop_batch b[2];
     size_t half = (size_t)nbuf / 2, i = 0;
     int cur = 0, err = 0;
     double t0;
-    kio_req *q = malloc(half * sizeof *q);
+    kiop_req *q = malloc(half * sizeof *q);
     if (!p || !q) { fprintf(stderr, "bench_io: out of memory\n"); exit(2); }
     memset(b, 0, sizeof b);
     t0 = know();
     while (i < n) {
         size_t k = 0;
-        if (b[cur].pending || b[cur].bytes) { err |= kio_wait(p, &b[cur]); memset(&b[cur], 0, sizeof b[cur]); }
+        if (b[cur].pending || b[cur].bytes) { err |= kiop_wait(p, &b[cur]); memset(&b[cur], 0, sizeof b[cur]); }
         for (; k < half && i < n; k++, i++)
-            q[k] = (kio_req){.fd = fd, .buf = buf[(size_t)cur * half + k], .off = r[i].off, .len = r[i].len, .prio = KIO_URGENT,
-                             .kind = 'B', .batch = &b[cur]};
-        if (kio_submit(p, q, k)) { fprintf(stderr, "bench_io: out of memory\n"); exit(2); }
+            q[k] = (kiop_req){.member = 0, .buf = buf[(size_t)cur * half + k], .off = r[i].off, .len = r[i].len,
+                              .first = r[i].len, .prio = KIOP_URGENT, .kind = 'B', .batch = &b[cur]};
+        if (kiop_submit(p, q, k)) { fprintf(stderr, "bench_io: out of memory\n"); exit(2); }
         cur ^= 1;
     }
-    err |= kio_wait(p, &b[0]) | kio_wait(p, &b[1]);
+    err |= kiop_wait(p, &b[0]) | kiop_wait(p, &b[1]);
     t0 = know() - t0;
     if (err) { fprintf(stderr, "bench_io: pool read failed: %s\n", strerror(err)); exit(1); }
-    kio_pool_destroy(p);
+    kiop_pool_destroy(p);
     free(q);
     return t0;
 }

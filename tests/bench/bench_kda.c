@@ -5,17 +5,17 @@
  * SIMD level.  Every variant's final state and outputs are compared bit for
  * bit with the four passes.  Medians of 5 runs, ns per head and position.
  *
- *   gcc -std=c11 -O2 -ffp-contract=off -D_GNU_SOURCE -Irun -o build/bench_kda \
- *       tests/bench/bench_kda.c run/kernels_seq.c run/kernels.c run/kernels_avx2.c \
- *       run/kernels_avx512.c run/threadpool.c -lpthread -lm
+ *   gcc -std=c11 -O2 -ffp-contract=off -D_GNU_SOURCE -I. -o build/bench_kda \
+ *       tests/bench/bench_kda.c run/kernels/kernels_seq.c run/kernels/kernels.c run/kernels/kernels_avx2.c \
+ *       run/kernels/kernels_avx512.c run/util/threadpool.c -lpthread -lm
  *   ./build/bench_kda [D]
  *
  * Under valgrind --tool=callgrind (with --toggle-collect=four_passes or
  * --toggle-collect=two_passes) it gives the instruction counts. */
 #include "bench_util.h"
 #include "../unit/testrand.h"
-#include "kernels.h"
-#include "kernels_seq.h"
+#include "run/kernels/kernels.h"
+#include "run/kernels/kernels_seq.h"
 
 #include <stdint.h>
 #include <stdio.h>

@@ -2,9 +2,9 @@
  * bytes, and GFLOP/s of matrix products at T=16, per SIMD level, 1 thread and a
  * pool.  Medians of 5 runs.  Not part of `make`; build and run with
  *
- *   gcc -std=c11 -O2 -ffp-contract=off -D_GNU_SOURCE -Irun -o build/bench_kernels \
- *       tests/bench/bench_kernels.c run/kernels.c run/kernels_avx2.c \
- *       run/kernels_avx512.c run/threadpool.c -lpthread -lm
+ *   gcc -std=c11 -O2 -ffp-contract=off -D_GNU_SOURCE -I. -o build/bench_kernels \
+ *       tests/bench/bench_kernels.c run/kernels/kernels.c run/kernels/kernels_avx2.c \
+ *       run/kernels/kernels_avx512.c run/util/threadpool.c -lpthread -lm
  *   ./build/bench_kernels [threads]        # threads for the pool rows (default: all CPUs)
  *
  * MXFP4 expert matrices are small (5.8 MB), so the MXFP4 matvec cycles through
@@ -13,8 +13,8 @@
  * T=16 runs use the first rows only (at most 1024) to keep the bench short; a
  * rate does not depend on the row count. */
 #include "bench_util.h"
-#include "kernels.h"
-#include "threadpool.h"
+#include "run/kernels/kernels.h"
+#include "run/util/threadpool.h"
 
 #include <stdint.h>
 #include <stdio.h>

@@ -71,8 +71,8 @@ echo
 echo "== the same reads through krun's pread pool and through io_uring (tests/bench/bench_io.c)"
 if ! echo '#include <liburing.h>' | ${CC:-gcc} -E -x c - >/dev/null 2>&1; then
     echo "(liburing-dev is not installed: skipped; apt-get install liburing-dev)"
-elif ${CC:-gcc} -std=c11 -O2 -Wall -Wextra -Werror -Wvla -D_GNU_SOURCE -Irun -Iformat -o "$W/bench_io" tests/bench/bench_io.c run/iopool.c format/kio.c \
-        format/kprogress.c -luring -lpthread 2>"$W/cc.err"; then
+elif ${CC:-gcc} -std=c11 -O2 -Wall -Wextra -Werror -Wvla -D_GNU_SOURCE -I. -o "$W/bench_io" tests/bench/bench_io.c run/store/iopool.c \
+        "${BUILD:-build}/libkpkformat.a" -luring -lzstd -lxxhash -lcrypto -ljansson -lpthread 2>"$W/cc.err"; then
     drop
     "$BIN/krun" "$W/slice.kpk" --ids "$IDS" --gen "$GEN" --quiet --mem "$min" --io direct --trace "$W/reads.tsv" >/dev/null 2>"$W/err.txt" \
         || echo "trace run FAILED: $(head -c 300 "$W/err.txt")"

@@ -8,7 +8,7 @@
 #    running them: ms per decoding step at S = 256, 4,096, 32,768, and the
 #    logits of each S (two builds must agree: BENCH_OLD_BUILD below).
 # 2. The KDA recurrence step, D = 128: the four passes kda.c made before
-#    against the two passes of run/kernels_seq.c on each SIMD level
+#    against the two passes of run/kernels/kernels_seq.c on each SIMD level
 #    (tests/bench/bench_kda.c).
 #
 # Env: BENCH_DIR (work directory), BENCH_KEEP=1 keeps the slice,
@@ -28,7 +28,7 @@ LIBS="-lzstd -lxxhash -lcrypto -ljansson -lpcre2-8 -lpthread -lm"
 rc=0
 
 build_attn() { # build_attn OUT TREE BUILDDIR
-    $CC -std=c11 -O2 -ffp-contract=off -D_GNU_SOURCE -I"$2/run" -I"$2/format" -o "$1" tests/bench/bench_attn.c \
+    $CC -std=c11 -O2 -ffp-contract=off -D_GNU_SOURCE -I"$2" -o "$1" tests/bench/bench_attn.c \
         "$3/libkrun.a" "$3/libkpkformat.a" $LIBS
 }
 
@@ -59,8 +59,8 @@ fi
 
 echo
 echo "== The KDA recurrence (tests/bench/bench_kda.c)"
-$CC -std=c11 -O2 -ffp-contract=off -D_GNU_SOURCE -Irun -o "$W/bench_kda" tests/bench/bench_kda.c run/kernels_seq.c run/kernels.c \
-    run/kernels_avx2.c run/kernels_avx512.c run/threadpool.c -lpthread -lm && "$W/bench_kda" || { echo "FAILED: bench_kda"; rc=1; }
+$CC -std=c11 -O2 -ffp-contract=off -D_GNU_SOURCE -I. -o "$W/bench_kda" tests/bench/bench_kda.c run/kernels/kernels_seq.c run/kernels/kernels.c \
+    run/kernels/kernels_avx2.c run/kernels/kernels_avx512.c run/util/threadpool.c -lpthread -lm && "$W/bench_kda" || { echo "FAILED: bench_kda"; rc=1; }
 
 [ -n "${BENCH_KEEP:-}" ] || rm -f "$W/slice.kpk"
 exit $rc

@@ -9,7 +9,8 @@
  *
  * PLAIN.json: `krun MODEL.kpk --ids ... --gen N --ignore-eos --json PLAIN.json`
  * (its prompt_ids and generated_ids).  Built by tests/bench/bench_spec.sh. */
-#include "session.h"
+#include "format/kargs.h"
+#include "run/session/session.h"
 
 #include <jansson.h>
 #include <stdio.h>
@@ -44,7 +45,7 @@ int main(int argc, char **argv)
     json_error_t je;
     json_t *j;
     int32_t *prompt, *want, *got, acc[64], draft[64];
-    kstore_stats a, b;
+    krun_stats a, b;
     krun_spec_stats sp;
     double t0, secs;
     int32_t V;
@@ -72,7 +73,7 @@ int main(int argc, char **argv)
     o.path = path;
     o.ctx = np + ng;
     o.spec = K;
-    if (mem) o.budget = (uint64_t)kmem_parse_size(mem);
+    if (mem) o.budget = (uint64_t)kargs_size(mem);
     o.pin = pin;
     o.expert_slots = slots;
     if (krun_model_open(&o, &m, &e) || krun_session_new(m, &s, &e) || krun_session_feed(s, prompt, np, NULL, &e)) {

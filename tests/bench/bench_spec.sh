@@ -48,7 +48,7 @@ CC=${CC:-gcc}
 rc=0
 drop() { sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || echo "(cannot drop the page cache: not root?)" >&2; sleep 2; }
 
-$CC -std=c11 -O2 -ffp-contract=off -D_GNU_SOURCE -Irun -Iformat -o "$W/bench_spec" tests/bench/bench_spec.c build/libkrun.a \
+$CC -std=c11 -O2 -ffp-contract=off -D_GNU_SOURCE -I. -o "$W/bench_spec" tests/bench/bench_spec.c build/libkrun.a \
     build/libkpkformat.a -lzstd -lxxhash -lcrypto -ljansson -lpcre2-8 -lpthread -lm || { echo "FAILED: building bench_spec"; exit 1; }
 if [ ! -f "$W/spec.kpk" ]; then
     "$BIN/k3synth" "$W/spec" --geometry slice --layers 2 --experts 64 --topk 4 --vocab 512 --first-dense 0 --seed "$SEED" --quiet &&

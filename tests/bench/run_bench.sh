@@ -56,8 +56,8 @@ if [[ "$ONLY" == *" kernels "* ]]; then
     echo "################ kernels (tests/bench/bench_kernels.c)"
     if [ ! -f tests/bench/bench_kernels.c ]; then
         echo "(tests/bench/bench_kernels.c is absent: skipped)"
-    elif ${CC:-gcc} -std=c11 -O2 -ffp-contract=off -D_GNU_SOURCE -Irun -o "$TMP/bench_kernels" \
-            tests/bench/bench_kernels.c run/kernels.c run/kernels_avx2.c run/kernels_avx512.c run/threadpool.c \
+    elif ${CC:-gcc} -std=c11 -O2 -ffp-contract=off -D_GNU_SOURCE -I. -o "$TMP/bench_kernels" \
+            tests/bench/bench_kernels.c run/kernels/kernels.c run/kernels/kernels_avx2.c run/kernels/kernels_avx512.c run/util/threadpool.c \
             -lpthread -lm 2>"$TMP/cc.err"; then
         "$TMP/bench_kernels" || { echo "FAILED: bench_kernels"; rc=1; }
     else

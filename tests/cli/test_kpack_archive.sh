@@ -155,6 +155,108 @@ else
     skip "a KPK 1.0 file: kpk.py cannot write minor 0"
 fi
 
+# ---- every safetensors dtype, odd shapes, trailing bytes (issue 25.9) ------------------------
+# Non-text tensors are bytes to the archive: each of the 22 safetensors dtypes (sub-byte F4/F6
+# too), a 0-dim scalar, an empty tensor, a 5-D tensor, a gap, and bytes after the last tensor;
+# convert, verify and export give every byte back; a text tensor keeps its strict dtype rule.
+"$BIN/k3synth" "$T/dt" --geometry tiny --shards 2 --seed 33 --vision --quiet >/dev/null 2>&1 || notok "k3synth for dtypes"
+$PY - "$T/dt" <<'PY' || notok "building the dtype shard"
+import json, os, random, struct, sys
+d = sys.argv[1]
+idx = json.load(open(os.path.join(d, "model.safetensors.index.json")))
+fn = sorted(set(idx["weight_map"].values()))[-1]
+p = os.path.join(d, fn)
+b = open(p, "rb").read()
+n = struct.unpack_from("<Q", b, 0)[0]
+hdr = json.loads(b[8:8 + n]); data = b[8 + n:]
+r = random.Random(5)
+BITS = {"BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8, "F8_E4M3FNUZ": 8, "F8_E5M2FNUZ": 8,
+        "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6, "I16": 16, "U16": 16, "F16": 16, "BF16": 16, "I32": 32, "U32": 32,
+        "F32": 32, "C64": 64, "F64": 64, "I64": 64, "U64": 64}
+out = bytearray(data)
+new = dict(hdr)
+def add(name, dt, shape):
+    numel = 1
+    for x in shape: numel *= x
+    nb = numel * BITS[dt] // 8
+    new[name] = {"dtype": dt, "shape": shape, "data_offsets": [len(out), len(out) + nb]}
+    out.extend(r.randbytes(nb))
+    idx["weight_map"][name] = fn
+for dt in sorted(BITS):
+    add("vision_tower.dtypes.%s" % dt.lower(), dt, [3, 8] if BITS[dt] >= 8 else [4, 6])
+out.extend(b"a gap between two tensors")
+add("vision_tower.scalar", "I64", [])
+add("vision_tower.empty", "BOOL", [0, 5])
+add("vision_tower.five_d", "F32", [1, 2, 1, 2, 3])
+add("mm_projector.bias", "BF16", [7])
+out.extend(b"bytes after the last tensor, which no header entry describes\n")
+js = json.dumps(new, separators=(",", ":")).encode()
+js += b" " * (-len(js) % 8)
+open(p, "wb").write(struct.pack("<Q", len(js)) + js + out)
+json.dump(idx, open(os.path.join(d, "model.safetensors.index.json"), "w"), indent=1)
+PY
+expect_exit 0 "check-source accepts non-text tensors of every safetensors dtype and bytes after the last tensor" \
+    "$BIN/kpack" check-source "$T/dt" --quiet
+expect_exit 0 "convert it" "$BIN/kpack" convert "$T/dt" "$T/dt.kpk" --quiet
+expect_exit 0 "verify it" "$BIN/kpack" verify "$T/dt.kpk" --quiet
+expect_exit 0 "kpk.py check accepts it (recipe included)" $PY "$KPY" check "$T/dt.kpk"
+$PY "$KPY" tensors "$T/dt.kpk" >"$T/dt.tensors"
+grep -qP "^vision_tower.dtypes.i64\tBYTES\t192\t" "$T/dt.tensors" && grep -qP "^vision_tower.dtypes.bf16\tBF16\t3,8\t" "$T/dt.tensors" \
+    && grep -qP "^vision_tower.dtypes.f4\tBYTES\t12\t" "$T/dt.tensors" && grep -qP "^vision_tower.five_d\tBYTES\t48\t" "$T/dt.tensors" \
+    && grep -qP "^vision_tower.scalar\tBYTES\t8\t" "$T/dt.tensors" \
+    && ok "archived as FORMAT.md §9.1 says: F32/BF16/F16/U8 in 1-4 dimensions keep dtype and shape, the rest are BYTES [nbytes]" \
+    || notok "archive tensors: $(grep -E 'dtypes|scalar|five_d' "$T/dt.tensors" | head -5)"
+expect_exit 0 "export it" "$BIN/kpack" export "$T/dt.kpk" "$T/dtout" --quiet
+diff -r "$T/dt" "$T/dtout" >/dev/null 2>&1 && ok "every file back bit for bit: 22 dtypes, a scalar, an empty and a 5-D tensor, a gap, trailing bytes" \
+    || notok "dtype export differs: $(diff -rq "$T/dt" "$T/dtout" | head -3)"
+expect_exit 0 "convert --compress all" "$BIN/kpack" convert "$T/dt" "$T/dtz.kpk" --compress all --quiet
+expect_exit 0 "export of the compressed file" "$BIN/kpack" export "$T/dtz.kpk" "$T/dtzout" --quiet
+diff -r "$T/dt" "$T/dtzout" >/dev/null 2>&1 && ok "... every file back bit for bit" || notok "compressed dtype export differs"
+expect_exit 0 "convert --no-archive drops them" "$BIN/kpack" convert "$T/dt" "$T/dtn.kpk" --no-archive --quiet
+# bytes after the last tensor alone (the shard longer than its header describes)
+"$BIN/k3synth" "$T/tr" --geometry tiny --shards 2 --seed 34 --quiet >/dev/null 2>&1 || notok "k3synth for trailing bytes"
+sh1=$(ls "$T/tr"/model-00001-of-*.safetensors)
+[ -f "$sh1" ] || notok "no first shard in $T/tr"
+printf 'trailing bytes no tensor covers' >>"$sh1"
+expect_exit 0 "check-source accepts a shard with bytes after its last tensor" "$BIN/kpack" check-source "$T/tr" --quiet
+expect_exit 0 "convert it" "$BIN/kpack" convert "$T/tr" "$T/tr.kpk" --quiet
+expect_exit 0 "export it" "$BIN/kpack" export "$T/tr.kpk" "$T/trout" --quiet
+diff -r "$T/tr" "$T/trout" >/dev/null 2>&1 && ok "the trailing bytes come back" || notok "trailing bytes: $(diff -rq "$T/tr" "$T/trout" | head -3)"
+rm -rf "$T/tr" "$T/trout" "$T/tr.kpk"
+# relabel DIR TENSOR DTYPE: the tensor's header entry gets DTYPE, its shape the same bytes in 8-byte
+# elements (the header rewritten whole, the data untouched)
+relabel() {
+    $PY - "$@" <<'PY'
+import json, os, struct, sys
+d, name, dt = sys.argv[1:4]
+idx = json.load(open(os.path.join(d, "model.safetensors.index.json")))
+p = os.path.join(d, idx["weight_map"][name])
+b = open(p, "rb").read()
+n = struct.unpack_from("<Q", b, 0)[0]
+hdr = json.loads(b[8:8 + n])
+e = hdr[name]
+nb = e["data_offsets"][1] - e["data_offsets"][0]
+assert nb % 8 == 0, nb
+e["dtype"], e["shape"] = dt, [nb // 8]
+js = json.dumps(hdr, separators=(",", ":")).encode()
+js += b" " * (-len(js) % 8)
+open(p, "wb").write(struct.pack("<Q", len(js)) + js + b[8 + n:])
+PY
+}
+# a text tensor keeps its dtype rule: a text tensor relabelled I64 (same bytes) is refused, named
+cp -r "$T/dt" "$T/dtbad"
+relabel "$T/dtbad" language_model.model.layers.0.input_layernorm.weight I64
+expect_exit 1 "check-source refuses a text tensor of dtype I64" "$BIN/kpack" check-source "$T/dtbad"
+grep -q "tensor language_model.model.layers.0.input_layernorm.weight: dtype I64, expected F32/BF16/F16" "$T/last.out" "$T/last.err" \
+    && ok "the text tensor and its dtype are named" || notok "text I64: $(cat "$T/last.out" "$T/last.err" | head -3)"
+# a dtype no safetensors writer has: refused, named
+rm -rf "$T/dtbad"; cp -r "$T/dt" "$T/dtbad"
+relabel "$T/dtbad" vision_tower.dtypes.i64 Q4_K
+expect_exit 1 "check-source refuses a dtype that is not a safetensors dtype" "$BIN/kpack" check-source "$T/dtbad"
+grep -q "tensor vision_tower.dtypes.i64: dtype Q4_K is not a safetensors dtype" "$T/last.out" "$T/last.err" \
+    && ok "the tensor and the dtype are named" || notok "Q4_K: $(cat "$T/last.out" "$T/last.err" | head -3)"
+rm -rf "$T/dt" "$T/dtout" "$T/dtzout" "$T/dtbad" "$T/dt.kpk" "$T/dtz.kpk" "$T/dtn.kpk"
+
 # ---- the sparse full-size virtual K3 -------------------------------------------------------
 "$BIN/k3synth" "$T/virt" --virtual --quiet >/dev/null 2>&1 || notok "k3synth --virtual"
 t0=$(date +%s.%N)

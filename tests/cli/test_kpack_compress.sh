@@ -177,7 +177,7 @@ expect_exit 1 "krun refuses the file with a damaged block" "$BIN/krun" "$T/plane
 "$BIN/krun" "$P" --ids 3,7,11,5 --gen 4 --print-ids --quiet >"$T/a.ids" 2>"$T/a.err"
 "$BIN/krun" "$T/all.kpk" --ids 3,7,11,5 --gen 4 --print-ids --quiet >"$T/b.ids" 2>"$T/b.err"
 if grep -q "bad read of extent" "$T/b.err"; then
-    # run/store.c reads embedding rows straight from an uncompressed globals
+    # run/store/store.c reads embedding rows straight from an uncompressed globals
     # extent; its streaming of codec-2 extents is being written separately
     skip "krun on a file with compressed globals: this krun reads embedding rows from uncompressed globals only: krun says \"$(grep -m1 -o "bad read of extent [0-9]*" "$T/b.err")\")"
 elif [ -s "$T/a.ids" ] && cmp -s "$T/a.ids" "$T/b.ids"; then

@@ -43,6 +43,7 @@ variant arch "archive extents (kind 5), codec-2 archive" --archive --codec2 arch
     && { "$BIN/kpack" cat "$T/arch.kpk" archive/files/README.md | grep -q "a file of the download" \
          && ok "cat reads an archive tensor" || notok "cat of an archive tensor"; }
 variant minor2 "a newer minor version (2) whose reserved superblock bytes are set: ignored" --minor 2 --codec2 globals
+variant archplain "archive extents without blocks" --archive
 expect_exit 0 "kpk.py check accepts the 3-member set" $PY "$KPY" check "$T/set3.kpk"
 "$BIN/kpack" verify "$T/blocks.kpk" --json >"$T/v.json"
 $PY -c 'import json,sys; j=json.load(open(sys.argv[1])); assert j["ok"] and j["deep"], j' "$T/v.json" \
@@ -53,7 +54,7 @@ $PY -c 'import json,sys; j=json.load(open(sys.argv[1])); assert j["ok"] and j["d
 # names the problem (PATTERN, grep -E on its output); kpk.py check exits
 # PY-EXIT.  The last five are the model's rules (the K3 schema check krun
 # makes, in kpack verify); kpk.py checks the container only.
-B="$T/blocks.kpk"; M="$T/set3.kpk"
+B="$T/blocks.kpk"; M="$T/set3.kpk"; P="$T/archplain.kpk"
 cat >"$T/mutations" <<'EOF'
 drop-meta        S 1 1 no meta extent
 drop-globals     S 1 1 no globals extent
@@ -82,13 +83,18 @@ unknown-dtype    S 2 2 unsupported: newer format \(unknown dtype 9\)
 unknown-method   B 2 2 unsupported: newer format \(unknown method 3\)
 unknown-incompat S 2 2 unsupported: newer format .*incompat flags 0x100
 unknown-role     M 2 2 unsupported: newer format \(member 1 has role 3\)
+newer-and-damaged S 2 2 unsupported: newer format \(unknown kind 6\)
+minor0-features  P 1 1 a version 1.0 file \(minor 0\) with 1.1 feature bits
+member-path-dot  M 1 1 member 1: path \./.* has an empty or '\.' component
+member-path-empty M 1 1 member 1: path .*//.* has an empty or '\.' component
+recipe-size      P 1 1 ^archive: README.md: its pieces add up to [0-9]+ bytes, the recipe says
 layer-beyond     S 1 0 ^model: layer 13 trunk \(extent [0-9]+\): the config has 13 layers
 expert-beyond    S 1 0 ^model: layer 12 expert 8 .*fewer routed experts
 dtype-swap       S 1 0 ^model: tensor .* is F16 but .* is BF16: a checkpoint uses one 16-bit float type
 shape-swap       S 1 0 ^model: tensor language_model.model.embed_tokens.weight has dtype BF16 and a shape other than the config implies
 grow-tensor      S 1 0 ^model: tensor .* a shape other than the config implies
 EOF
-for base in S B M; do
+for base in S B M P; do
     eval "src=\$$base"
     $PY "$KPY" mutate-many "$src" "$T/mut" $(awk -v b=$base '$2 == b {print $1}' "$T/mutations") >>"$T/what" 2>"$T/py.err" \
         || notok "kpk.py mutate-many on $base: $(tail -2 "$T/py.err")"
@@ -113,6 +119,49 @@ cp "$S" "$T/nomagic.kpk"; printf '\0\0\0\0\0\0\0\0' | dd of="$T/nomagic.kpk" con
 expect_exit 1 "verify: the primary's magic zeroed, backup intact: damage, not 'not a KPK file'" "$BIN/kpack" verify "$T/nomagic.kpk" --quiet
 grep -q "primary superblock damaged .*opened with the backup copy" "$T/last.out" && ok "the damaged primary is named" || notok "nomagic: $(cat "$T/last.out")"
 expect_exit 0 "info opens it with the backup" "$BIN/kpack" info "$T/nomagic.kpk"
+
+# magic only, a file under 12 bytes, a flipped bit in the primary's major field (§3 steps 1-2, issue 25.10-11)
+printf '\211KPK\r\n\032\n' >"$T/magic8.kpk"
+expect_exit 1 "verify: a file of the 8 magic bytes only is truncated (damage), not a version 0.0" "$BIN/kpack" verify "$T/magic8.kpk" --quiet
+expect_err "truncated KPK file: 8 bytes, the file ends before its version number" "the 8-byte file is named truncated"
+printf '\211KPK\r\n\032\n\001\000' >"$T/magic10.kpk"
+expect_exit 1 "verify: magic + major, 10 bytes: truncated" "$BIN/kpack" verify "$T/magic10.kpk" --quiet
+printf '\211KPK\r' >"$T/magic5.kpk"
+expect_exit 2 "verify: 5 bytes of the magic: not a KPK file" "$BIN/kpack" verify "$T/magic5.kpk" --quiet
+expect_err "not a KPK file" "a file shorter than the magic is not a KPK file"
+{ printf '\211KPK\r\n\032\n\002\000\000\000'; head -c 100 /dev/zero; } >"$T/major2.kpk"
+expect_exit 2 "verify: a short file of major version 2: unsupported, before any size rule" "$BIN/kpack" verify "$T/major2.kpk" --quiet
+expect_err "version 2.0 is not supported" "the newer major is named"
+for f in magic8 magic10 magic5 major2; do
+    want=$([ $f = magic8 ] || [ $f = magic10 ] && echo 1 || echo 2)
+    $PY "$KPY" check "$T/$f.kpk" >/dev/null 2>&1; rc=$?
+    [ $rc -eq "$want" ] && ok "kpk.py check agrees on $f (exit $rc)" || notok "kpk.py check on $f: exit $rc, wanted $want"
+done
+cp "$S" "$T/majorflip.kpk"; printf '\003' | dd of="$T/majorflip.kpk" bs=1 seek=8 conv=notrunc 2>/dev/null
+expect_exit 1 "verify: the primary's major flipped to 3, backup intact: damage (the backup is used), not a newer format" \
+    "$BIN/kpack" verify "$T/majorflip.kpk" --quiet
+grep -q "primary superblock damaged (its major version reads 3; the intact backup says 1); opened with the backup copy" \
+    "$T/last.out" && ok "the flipped major is named" || notok "majorflip: $(cat "$T/last.out" "$T/last.err")"
+expect_exit 0 "info opens it with the backup" "$BIN/kpack" info "$T/majorflip.kpk"
+expect_exit 1 "kpk.py check agrees: damage" $PY "$KPY" check "$T/majorflip.kpk"
+sz=$(stat -c %s "$T/majorflip.kpk"); printf '\003' | dd of="$T/majorflip.kpk" bs=1 seek=$((sz - 4096 + 8)) conv=notrunc 2>/dev/null
+expect_exit 2 "verify: both copies say major 3: a newer format" "$BIN/kpack" verify "$T/majorflip.kpk" --quiet
+expect_exit 2 "kpk.py check agrees: a newer format" $PY "$KPY" check "$T/majorflip.kpk"
+
+# ---- the archive's recipe (§9.2, issue 25.6): verify refuses what export would --
+# each name a rebuild must not write; verify, export and kpk.py refuse it (damage)
+for bad in ../README.md /tmp/README.md a//README.md ./README.md README.md/ a/./b a/../../b .. ""; do
+    $PY "$KPY" mutate "$P" "$T/rn.kpk" recipe-name "$bad" >/dev/null 2>"$T/py.err" || { notok "mutate recipe-name '$bad': $(tail -1 "$T/py.err")"; continue; }
+    "$BIN/kpack" verify "$T/rn.kpk" --quiet >"$T/last.out" 2>&1; rc=$?
+    [ $rc -eq 1 ] && grep -qF "files[0] \"$bad\": a file name that is not a relative path inside the directory" "$T/last.out" \
+        && ok "verify refuses the recipe name '$bad' (exit 1)" || notok "verify on recipe name '$bad': exit $rc: $(head -3 "$T/last.out")"
+    rm -rf "$T/rnx"; "$BIN/kpack" export "$T/rn.kpk" "$T/rnx" --quiet >/dev/null 2>&1; rc=$?
+    [ $rc -eq 1 ] && [ ! -e "$T/rnx/README.md" ] && ok "export refuses it too (exit 1)" || notok "export of recipe name '$bad': exit $rc"
+    $PY "$KPY" check "$T/rn.kpk" >/dev/null 2>&1; rc=$?
+    [ $rc -eq 1 ] && ok "kpk.py check agrees on '$bad' (exit 1)" || notok "kpk.py check on recipe name '$bad': exit $rc"
+done
+expect_exit 0 "the intact recipe verifies" "$BIN/kpack" verify "$P" --quiet
+expect_exit 0 "and exports" "$BIN/kpack" export "$P" "$T/pexp" --quiet
 
 # ---- sets: every member problem of §7.4 (exit 2, named) --------------------
 # fresh copies of the 3-member set + trunk member, in its own directory tree

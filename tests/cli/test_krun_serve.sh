@@ -15,28 +15,7 @@ SLOW=1; [ -n "${KPK_SANITIZED:-}" ] && SLOW=5; [ -n "${KPK_SLOW:-}" ] && SLOW=$K
 "$BIN/k3synth" "$T/m" --geometry tiny --seed 21 --quiet >/dev/null 2>"$T/err" || { notok "k3synth: $(cat "$T/err")"; finish; exit 1; }
 "$BIN/kpack" convert "$T/m" "$T/m.kpk" --quiet || { notok "convert"; finish; exit 1; }
 
-# start NAME ARGS...: krun serve in the background on a free port; sets PORT and PID (0 if it
-# did not start: the reason is in $T/NAME.err)
-start() {
-    local name=$1; shift
-    "$BIN/krun" serve "$@" --port 0 >"$T/$name.out" 2>"$T/$name.err" &
-    PID=$!; PORT=
-    for _ in $(seq $((100 * SLOW))); do
-        PORT=$(sed -n 's/.*listening on http:\/\/.*:\([0-9]*\)$/\1/p; s/.*listening on port \([0-9]*\)$/\1/p' "$T/$name.err" 2>/dev/null)
-        [ -n "$PORT" ] && return 0
-        kill -0 $PID 2>/dev/null || break
-        sleep 0.1
-    done
-    notok "krun serve $* did not start: $(head -c 400 "$T/$name.err")"
-    kill -9 $PID 2>/dev/null; PID=0; PORT=0
-    return 1
-}
-# stop [SIGNAL]: signal the server and wait; RC is its exit status
-stop() {
-    kill -"${1:-TERM}" $PID 2>/dev/null
-    wait $PID; RC=$?
-}
-py() { python3 - "$PORT" "$@"; }
+. "$(dirname "$0")/serve_lib.sh"
 
 # ---- completions, against krun itself -------------------------------------------------------
 start basic "$T/m.kpk" --max-seqs 4 --chunk 16 --ctx 512 || { finish; exit 1; }
@@ -90,6 +69,33 @@ s, _, j = c.post(int(sys.argv[1]), "/v1/completions", {"prompt": "Hello there", 
 cli = [int(x) for x in open(sys.argv[2] + "/cli.ids").read().split()]
 assert s == 200 and "choices" in j, j
 assert j["choices"][0]["token_ids"] == cli and len(j["prompt_token_ids"]) == 11, j
+PY
+
+# a stop string in a streamed request (issue 25.1: the stop strings were kept by pointer into the
+# parsed request, freed when the connection's handler returned: the server crashed); the same
+# request not streamed, and with the stop string, gives the same text
+py <<'PY' && ok "streamed completion with stop strings: cut before the first, == the same request not streamed; the server lives on" \
+    || notok "streamed completion with a stop string"
+import sys, serve_client as c
+port = int(sys.argv[1])
+base = {"prompt": [5, 80, 81, 82, 200, 13, 7], "max_tokens": 40, "temperature": 0, "ignore_eos": True}
+s, _, j = c.post(port, "/v1/completions", base)
+text = j["choices"][0]["text"]
+k = next(i for i in range(8, len(text) - 4) if "\ufffd" not in text[i:i + 3])
+stop = text[k:k + 3]
+cut = text[:text.find(stop)]
+for stream in (False, True):
+    for stops in ([stop], ["\u2603\u2603", stop, "zz\u00e9"]):
+        body = dict(base, stop=stops)
+        if stream:
+            s, _, ev = c.sse(port, "/v1/completions", dict(body, stream=True))
+            got, _, finish, _, done = c.text_of(ev, False)
+            assert done, ev[-2:]
+        else:
+            s, _, j = c.post(port, "/v1/completions", body)
+            got, finish = j["choices"][0]["text"], j["choices"][0]["finish_reason"]
+        assert s == 200 and got == cut and finish == "stop", (stream, stops, s, got, cut, finish)
+assert c.health(port)["status"] == "ok"
 PY
 
 # ---- batching: concurrent requests == each alone ----------------------------------------------
@@ -154,7 +160,7 @@ grep -q "cmpl-.*: 7 prompt + 24 generated tokens, length" "$T/basic.err" && ok "
 
 # ---- body size, auth, queue ----------------------------------------------------------------------
 start auth "$T/m.kpk" --api-key s3cret --max-body 2K --max-seqs 1 --max-queue 0 --quiet || { finish; exit 1; }
-py <<'PY' && ok "--api-key: 401 (WWW-Authenticate: Bearer) without or with a wrong key, 200 with it; /health open" || notok "auth"
+py <<'PY' && ok "--api-key: 401 (WWW-Authenticate: Bearer) without or with a wrong key, 200 with it; /health open: the status only without the key, everything with it" || notok "auth"
 import sys, json, serve_client as c
 port = int(sys.argv[1])
 body = {"prompt": [1, 2], "max_tokens": 2}
@@ -165,7 +171,13 @@ s, _, j = c.request(port, "GET", "/v1/models")
 assert s == 401, s
 s, _, j = c.post(port, "/v1/completions", body, {"Authorization": "Bearer s3cret"})
 assert s == 200 and j["choices"], j
-assert c.health(port)["http_status"] == 200
+# /health stays open, but without the key it says only the status (issue 25.8: it showed the model's absolute path)
+for hdr in ({}, {"Authorization": "Bearer wrong"}):
+    s, h, b = c.request(port, "GET", "/health", None, hdr)
+    assert s == 200 and json.loads(b) == {"status": "ok"}, (hdr, s, b)
+s, h, b = c.request(port, "GET", "/health", None, {"Authorization": "Bearer s3cret"})
+full = json.loads(b)
+assert s == 200 and full["status"] == "ok" and full["file"].endswith("/m.kpk") and full["file"].startswith("/") and "plan" in full and "stats" in full, full
 PY
 py <<'PY' && ok "--max-body 2K: 413 with an error object for a larger body (declared length and chunked), 200 just under" || notok "max body"
 import sys, json, http.client, serve_client as c
@@ -191,7 +203,7 @@ res = {}
 t = threading.Thread(target=lambda: res.update(r=c.post(port, "/v1/completions", {"prompt": [1], "max_tokens": 1000, "ignore_eos": True, "temperature": 0}, auth)))
 t.start()
 for _ in range(500):
-    if c.health(port)["live_sequences"] == 1: break
+    if c.health(port, auth)["live_sequences"] == 1: break
     time.sleep(0.01)
 s, h, j = c.post(port, "/v1/completions", {"prompt": [2], "max_tokens": 2}, auth)
 assert s == 503 and j["error"]["code"] == "server_busy" and int(h["retry-after"]) >= 1, (s, h, j)
@@ -360,7 +372,7 @@ content2, reasoning2, finish2, _, _ = c.text_of(ev, True)
 assert reasoning2 == "" and not any("reasoning_content" in e["choices"][0]["delta"] for e in ev[:-1] if e["choices"]), ev
 PY
         # a stop string taken from a reply: that reply, cut before it, finish stop
-        py <<'PY' && ok "chat stop string: the content is cut before it, finish stop, fewer tokens" || notok "chat stop"
+        py <<'PY' && ok "chat stop string: the content is cut before it, finish stop, fewer tokens; streamed the same" || notok "chat stop"
 import sys, serve_client as c
 port = int(sys.argv[1])
 base = {"messages": [{"role": "user", "content": "Count"}], "max_tokens": 60, "temperature": 0, "reasoning_effort": "none", "return_token_ids": True}
@@ -372,6 +384,14 @@ cut = text[:text.find(stop)]
 s, _, k = c.post(port, "/v1/chat/completions", dict(base, stop=[stop]))
 assert k["choices"][0]["message"]["content"] == cut and k["choices"][0]["finish_reason"] == "stop", (stop, cut, k)
 assert k["usage"]["completion_tokens"] < j["usage"]["completion_tokens"]
+# streamed (issue 25.1: this crashed the server), then an end id only (no stop strings)
+s, _, ev = c.sse(port, "/v1/chat/completions", dict(base, stop=[stop], stream=True))
+content, _, finish, _, done = c.text_of(ev, True)
+assert s == 200 and content == cut and finish == "stop" and done, (s, content, cut, finish)
+s, _, ev = c.sse(port, "/v1/chat/completions", dict(base, stream=True))
+content, _, finish, _, done = c.text_of(ev, True)
+assert s == 200 and content == text and done, (content, text)
+assert c.health(port)["status"] == "ok"
 PY
         stop
     }

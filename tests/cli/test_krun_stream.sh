@@ -53,7 +53,7 @@ PY
 expect_exit 2 "--head stream without a budget is a usage error" "$BIN/krun" "$T/m.kpk" --ids 1 --head stream
 expect_exit 2 "--piece with a bad size is a usage error" "$BIN/krun" "$T/m.kpk" --ids 1 --mem 1G --piece 12Q
 
-# The prediction (run/predict.h) reads a layer's likely experts early: it
+# The prediction (run/engine/predict.h) reads a layer's likely experts early: it
 # changes which bytes are read when, never the bits.  Forced on with the
 # router streaming (read from the file for the guess), in every --io mode, on
 # a compressed copy; and off (the default) said explicitly.

@@ -259,6 +259,33 @@ print("# nibble entropy %.3f bits, %d of %d groups without a largest code of 4 o
 assert 3.7 <= H <= 3.85 and bad == 0 and len(scales) >= 3
 assert "mm_projector.proj.0.bias" in t and t["mm_projector.proj.0.bias"][0]["dtype"] == "F32"
 PY
+# --routing flat: the routers' correction bias is zero (a pool loaded evenly), every other
+# tensor is the default's byte for byte; the default's bias is not zero
+expect_exit 0 "tiny, --routing flat" "$SYN" "$T/rf" --seed 7 --routing flat --quiet
+expect_exit 0 "tiny, --routing skewed (the default, spelled)" "$SYN" "$T/rs" --seed 7 --routing skewed --quiet
+expect_exit 2 "--routing bogus" "$SYN" "$T/rb" --routing bogus --quiet
+$PY - "$T/rf" "$T/s" "$T/rs" <<'PY' && ok "--routing flat: every e_score_correction_bias is zero, every other tensor identical to the default's; the default's biases are not zero; --routing skewed is the default" || notok "--routing flat"
+import json, os, struct, sys
+def load(d):
+    t = {}
+    for f in sorted(os.listdir(d)):
+        if not f.endswith(".safetensors"): continue
+        with open(os.path.join(d, f), "rb") as fh:
+            n = struct.unpack("<Q", fh.read(8))[0]; h = json.loads(fh.read(n))
+            for k, v in h.items():
+                a, b = v["data_offsets"]; fh.seek(8 + n + a); t[k] = fh.read(b - a)
+    return t
+flat, dflt, skew = load(sys.argv[1]), load(sys.argv[2]), load(sys.argv[3])
+assert flat.keys() == dflt.keys() and skew == dflt
+bias = [k for k in flat if k.endswith("e_score_correction_bias")]
+assert bias, "no router bias tensors"
+for k in flat:
+    if k in bias:
+        assert not any(flat[k]), k
+        assert any(dflt[k]), k
+    else:
+        assert flat[k] == dflt[k], k
+PY
 da=$($PY "$T/digest.py" "$T/a"); ds=$($PY "$T/digest.py" "$T/s"); d14=$($PY "$T/digest.py" "$T/a14")
 if [ "$da" = "$ds" ] && [ "$da" = "$d14" ]; then ok "tensor bytes do not depend on the sharding"; else notok "tensor bytes differ between layouts: $da / $ds / $d14"; fi
 

@@ -3,11 +3,15 @@
  *
  *   KFAULT_CALLS=pread,write   which calls: read pread (and preadv) write pwrite fsync
  *                              fdatasync open ftruncate fallocate sync (=
- *                              sync_file_range); "io" = read,pread,write,pwrite
+ *                              sync_file_range) rename (rename, renameat,
+ *                              renameat2; the path is the source name);
+ *                              "io" = read,pread,write,pwrite
  *   KFAULT_NTH=N               the N-th matching call fails (1-based; default 1)
  *   KFAULT_COUNT=K             and the K-1 after it too (default 1; 0 = every one from N on)
- *   KFAULT_ERR=EIO|ENOSPC|EACCES|SHORT   the errno, or SHORT: a read or write
- *                              moves half the bytes asked for and reports that
+ *   KFAULT_ERR=EIO|ENOSPC|EACCES|SHORT|KILL   the errno, or SHORT: a read or write
+ *                              moves half the bytes asked for and reports that,
+ *                              or KILL: SIGKILL instead of making the call (a
+ *                              crash just before it, e.g. between two renames)
  *   KFAULT_PATH=PATTERN        only calls on files whose path matches this
  *                              fnmatch(3) pattern (e.g. '*.kpk.partial'), so the
  *                              harness's own I/O is left alone
@@ -46,15 +50,16 @@
 enum {
     C_READ = 1 << 0, C_PREAD = 1 << 1, C_WRITE = 1 << 2, C_PWRITE = 1 << 3, C_FSYNC = 1 << 4,
     C_FDATASYNC = 1 << 5, C_OPEN = 1 << 6, C_FTRUNCATE = 1 << 7, C_FALLOCATE = 1 << 8, C_SYNC = 1 << 9,
-    C_MADVISE = 1 << 10,
+    C_MADVISE = 1 << 10, C_RENAME = 1 << 11,
 };
 static const struct { const char *name; unsigned bits; } call_names[] = {
     {"read", C_READ}, {"pread", C_PREAD}, {"write", C_WRITE}, {"pwrite", C_PWRITE}, {"fsync", C_FSYNC},
     {"fdatasync", C_FDATASYNC}, {"open", C_OPEN}, {"ftruncate", C_FTRUNCATE}, {"fallocate", C_FALLOCATE},
-    {"sync", C_SYNC}, {"madvise", C_MADVISE}, {"io", C_READ | C_PREAD | C_WRITE | C_PWRITE},
+    {"sync", C_SYNC}, {"madvise", C_MADVISE}, {"rename", C_RENAME}, {"io", C_READ | C_PREAD | C_WRITE | C_PWRITE},
 };
 
 #define SHORT (-1)
+#define KILL (-2)
 static unsigned k_calls;
 static unsigned long k_nth = 1, k_count = 1;
 static int k_err = EIO;
@@ -89,6 +94,7 @@ __attribute__((constructor)) static void kfault_init(void)
         else if (strcmp(v, "ENOSPC") == 0) k_err = ENOSPC;
         else if (strcmp(v, "EACCES") == 0) k_err = EACCES;
         else if (strcmp(v, "SHORT") == 0) k_err = SHORT;
+        else if (strcmp(v, "KILL") == 0) k_err = KILL;
         else { fprintf(stderr, "kfault: unknown KFAULT_ERR '%s'\n", v); _exit(99); }
     }
     if ((v = getenv("KFAULT_PATH"))) snprintf(k_path, sizeof k_path, "%s", v);
@@ -134,7 +140,10 @@ static void log_fault(const char *call, unsigned long k, const char *what, const
     if (n > 0) syscall(SYS_write, k_log, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
 }
 
-static const char *err_name(void) { return k_err == SHORT ? "short count" : k_err == ENOSPC ? "ENOSPC" : k_err == EACCES ? "EACCES" : "EIO"; }
+static const char *err_name(void)
+{
+    return k_err == SHORT ? "short count" : k_err == KILL ? "SIGKILL" : k_err == ENOSPC ? "ENOSPC" : k_err == EACCES ? "EACCES" : "EIO";
+}
 
 /* 1 if this call is to fail: it is of a chosen kind, on a matching file, and
  * its number among such calls is in [nth, nth + count). */
@@ -151,6 +160,7 @@ static int should_fail_how(unsigned bit, const char *call, int fd, const char *p
     k = __atomic_add_fetch(&k_seen, 1, __ATOMIC_SEQ_CST);
     if (k < k_nth || (k_count && k >= k_nth + k_count)) return 0;
     log_fault(call, k, path, how ? how : err_name());
+    if (k_err == KILL && !how) kill(getpid(), SIGKILL); /* a crash where the call would have run */
     return 1;
 }
 
@@ -250,7 +260,7 @@ ssize_t write(int fd, const void *buf, size_t n) { return do_write(C_WRITE, "wri
 ssize_t pwrite(int fd, const void *buf, size_t n, off_t off) { return do_write(C_PWRITE, "pwrite", fd, buf, n, off, 1); }
 ssize_t pwrite64(int fd, const void *buf, size_t n, off_t off) { return do_write(C_PWRITE, "pwrite", fd, buf, n, off, 1); }
 
-static int fail_errno(void) { errno = k_err == SHORT ? EIO : k_err; return -1; }
+static int fail_errno(void) { errno = k_err < 0 ? EIO : k_err; return -1; }
 
 int fsync(int fd) { return should_fail(C_FSYNC, "fsync", fd, NULL) ? fail_errno() : (int)syscall(SYS_fsync, fd); }
 int fdatasync(int fd) { return should_fail(C_FDATASYNC, "fdatasync", fd, NULL) ? fail_errno() : (int)syscall(SYS_fdatasync, fd); }
@@ -290,3 +300,13 @@ int open(const char *path, int flags, ...) { OPEN_MODE(flags, flags); return do_
 int open64(const char *path, int flags, ...) { OPEN_MODE(flags, flags); return do_open(AT_FDCWD, path, flags, mode); }
 int openat(int dirfd, const char *path, int flags, ...) { OPEN_MODE(flags, flags); return do_open(dirfd, path, flags, mode); }
 int openat64(int dirfd, const char *path, int flags, ...) { OPEN_MODE(flags, flags); return do_open(dirfd, path, flags, mode); }
+
+/* The source path names the call (KFAULT_PATH matches it). */
+static int do_rename(int olddir, const char *from, int newdir, const char *to, unsigned flags)
+{
+    if (should_fail(C_RENAME, "rename", -1, from ? from : "")) return fail_errno();
+    return (int)syscall(SYS_renameat2, olddir, from, newdir, to, flags);
+}
+int rename(const char *from, const char *to) { return do_rename(AT_FDCWD, from, AT_FDCWD, to, 0); }
+int renameat(int od, const char *from, int nd, const char *to) { return do_rename(od, from, nd, to, 0); }
+int renameat2(int od, const char *from, int nd, const char *to, unsigned flags) { return do_rename(od, from, nd, to, flags); }

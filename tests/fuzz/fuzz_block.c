@@ -24,9 +24,9 @@
  * write outside them. */
 #include "fuzz.h"
 
-#include "blocks.h"
-#include "kpk_encode.h"
-#include "kpk_reader.h"
+#include "format/kpk_encode.h"
+#include "format/kpk_reader.h"
+#include "pack/blocks.h"
 
 #include <string.h>
 #include <xxhash.h>

@@ -4,8 +4,8 @@
  * inverse and name classification agree for every tensor looked at. */
 #include "fuzz.h"
 
-#include "k3_config.h"
-#include "k3_schema.h"
+#include "format/k3_config.h"
+#include "format/k3_schema.h"
 
 #include <math.h>
 #include <string.h>

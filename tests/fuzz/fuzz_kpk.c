@@ -12,8 +12,8 @@
  * behind it. */
 #include "fuzz.h"
 
-#include "kpk_reader.h"
-#include "model.h"
+#include "format/kpk_reader.h"
+#include "run/model/model.h"
 
 #include <string.h>
 #include <xxhash.h>
@@ -30,7 +30,8 @@ static int code_known(int c) { return c > KPK_OK && c <= KPK_EINVAL; }
 static int check_file(const uint8_t *data, size_t size)
 {
     static uint8_t scratch[SCRATCH];
-    char path[64], err[1000];
+    char path[64];
+    krun_err err;
     kpk_file *f;
     kpk_err e = {0};
     const kpk_superblock *sb;
@@ -82,12 +83,12 @@ static int check_file(const uint8_t *data, size_t size)
             free(buf);
         }
     }
-    err[0] = 0;
-    if (k3_model_open(f, &m, err, sizeof err) == 0) {
+    err.msg[0] = 0;
+    if (k3_model_open(f, &m, &err) == 0) {
         FUZZ_CHECK(kpk_layer_count(f) >= (uint32_t)m.cfg.n_layers);
         k3_model_close(&m);
     } else {
-        FUZZ_CHECK(err[0]);
+        FUZZ_CHECK(err.msg[0]);
         all_ok = 0;
     }
     kpk_close(f);

@@ -1,10 +1,11 @@
 /* The safetensors header parser (pack/safetensors.c, st_open) on arbitrary
  * files.  Whatever it accepts must describe tensors inside the data region,
- * sized exactly by dtype and shape, sorted and not overlapping. */
+ * sized exactly by dtype (any safetensors dtype, in bits) and shape, sorted
+ * and not overlapping. */
 #include "fuzz.h"
 
-#include "kpk.h"
-#include "safetensors.h"
+#include "format/kpk.h"
+#include "pack/safetensors.h"
 
 #include <string.h>
 
@@ -27,11 +28,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         const st_tensor *t = &f.t[i];
         uint64_t numel = 1;
         FUZZ_CHECK(t->name && strcmp(t->name, "__metadata__") != 0);
-        FUZZ_CHECK(kpk_dtype_size(t->dtype) > 0);
+        int kdt = -1;
+        FUZZ_CHECK(t->st_dtype && t->bits > 0 && st_dtype_bits(t->st_dtype, &kdt) == t->bits && kdt == t->dtype);
+        FUZZ_CHECK(t->dtype == 0 || kpk_dtype_size(t->dtype) * 8 == t->bits);
         FUZZ_CHECK(t->ndim >= 0 && t->ndim <= 8);
         for (int d = 0; d < t->ndim; d++) numel *= t->shape[d];
         FUZZ_CHECK(t->begin >= f.data_start && t->end >= t->begin && t->end <= f.expected_size);
-        FUZZ_CHECK(t->end - t->begin == numel * kpk_dtype_size(t->dtype));
+        FUZZ_CHECK((numel * t->bits) % 8 == 0 && t->end - t->begin == numel * t->bits / 8);
         FUZZ_CHECK(i == 0 || f.t[i - 1].begin <= t->begin);
         if (t->end > t->begin) { /* no two non-empty tensors share a byte */
             FUZZ_CHECK(t->begin >= covered);

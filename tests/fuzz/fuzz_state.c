@@ -25,10 +25,10 @@
  * file as the model: the replay test makes both. */
 #include "fuzz.h"
 
-#include "kio.h"
-#include "kpk_reader.h"
-#include "session.h"
-#include "statefile.h"
+#include "format/kio.h"
+#include "format/kpk_reader.h"
+#include "run/session/session.h"
+#include "run/session/statefile.h"
 
 #include <string.h>
 #include <unistd.h>

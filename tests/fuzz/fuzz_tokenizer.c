@@ -1,4 +1,4 @@
-/* The tokenizer (run/tokenizer.c) on arbitrary bytes, with a rank file in
+/* The tokenizer (run/text/tokenizer.c) on arbitrary bytes, with a rank file in
  * the real format: encode then decode gives back the input byte for byte
  * (documented for any bytes, valid UTF-8 or not), every id is in the
  * vocabulary, the JIT and the interpreter give the same ids, and the regex
@@ -10,8 +10,8 @@
  * input byte chooses whether special-token strings are honoured. */
 #include "fuzz.h"
 
-#include "kio.h"
-#include "tokenizer.h"
+#include "format/kio.h"
+#include "run/text/tokenizer.h"
 
 #include <string.h>
 
@@ -23,7 +23,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     const char *paths[] = {env, "../shared/fixtures/tokenizer/tiktoken.model", "build/fuzz/seeds/tiktoken.model"};
     ktok_special *sp = NULL;
     size_t nsp = 0;
-    char err[300];
+    krun_err ke = {0, ""};
+    char *err = ke.msg;
     (void)argc;
     (void)argv;
     for (size_t i = 0; i < sizeof paths / sizeof paths[0] && !tk; i++) {
@@ -31,7 +32,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
         size_t len;
         if (!paths[i] || kio_read_file(paths[i], (size_t)64 << 20, &ranks, &len)) continue;
         if (ktok_specials_builtin("k3", &sp, &nsp) == 0) {
-            tk = ktok_load(ranks, len, sp, nsp, err, sizeof err);
+            tk = ktok_load(ranks, len, sp, nsp, &ke);
             if (!tk) fprintf(stderr, "fuzz_tokenizer: %s: %s\n", paths[i], err);
             else fprintf(stderr, "fuzz_tokenizer: rank file %s (%zu ranks)\n", paths[i], ktok_n_ranks(tk));
             ktok_specials_free(sp, nsp);

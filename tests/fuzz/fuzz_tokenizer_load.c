@@ -1,11 +1,11 @@
-/* Loading a tokenizer from arbitrary files (run/tokenizer.c): ktok_load on
+/* Loading a tokenizer from arbitrary files (run/text/tokenizer.c): ktok_load on
  * a rank file and ktok_specials_from_config on a tokenizer_config.json.  The
  * input is the JSON, a line "\n--\n", then the rank file (no separator: all
  * rank file, no specials).  A tokenizer that loads must be consistent: every
  * rank's bytes map back to that rank, and text round-trips through it. */
 #include "fuzz.h"
 
-#include "tokenizer.h"
+#include "run/text/tokenizer.h"
 
 #include <string.h>
 
@@ -18,13 +18,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     size_t nranks_len = size;
     ktok_special *sp = NULL;
     size_t nsp = 0;
-    char err[400];
+    krun_err ke = {0, ""};
+    char *err = ke.msg;
     ktok *tk;
 
     for (size_t i = 0; i + 4 <= size; i++)
         if (memcmp(data + i, sep, 4) == 0) { cut = data + i; break; }
     if (cut) {
-        if (ktok_specials_from_config((const char *)data, (size_t)(cut - data), &sp, &nsp, err, sizeof err)) {
+        if (ktok_specials_from_config((const char *)data, (size_t)(cut - data), &sp, &nsp, &ke)) {
             FUZZ_CHECK(err[0]);
             sp = NULL;
             nsp = 0;
@@ -33,7 +34,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         nranks_len = size - (size_t)(ranks - data);
     }
     err[0] = 0;
-    tk = ktok_load((const char *)ranks, nranks_len, sp, nsp, err, sizeof err);
+    tk = ktok_load((const char *)ranks, nranks_len, sp, nsp, &ke);
     ktok_specials_free(sp, nsp);
     if (!tk) {
         FUZZ_CHECK(err[0]);

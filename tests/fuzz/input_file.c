@@ -1,7 +1,7 @@
 /* fuzz_as_file (fuzz.h): the input behind a path, in memory (memfd). */
 #include "fuzz.h"
 
-#include "kio.h"
+#include "format/kio.h"
 
 #include <sys/mman.h>
 #include <unistd.h>

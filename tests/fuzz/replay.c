@@ -9,7 +9,7 @@
  * under test accepted all the way through. */
 #include "fuzz.h"
 
-#include "kio.h"
+#include "format/kio.h"
 
 #include <dirent.h>
 #include <string.h>

@@ -379,23 +379,23 @@ def read_superblocks(path, what):
     pm, bm = first[:8] == MAGIC, last[:8] == MAGIC
     if not pm and not bm:
         raise KpkError("notkpk", "%s: not a KPK file (no magic number at either end)" % what)
-    hdr = first if pm else last
-    major = struct.unpack_from("<H", hdr, 8)[0]
-    if major != 1:
-        raise KpkError("version", "%s: KPK major version %d is not supported" % (what, major))
-    if size % SB or size < 2 * SB:
-        raise damage("%s: truncated: %d bytes" % (what, size))
+    if size < 12:  # the magic, and the file ends before the version fields
+        raise damage("%s: truncated: %d bytes, no version number" % (what, size))
 
     def decode(b):  # -> (fields, problem, cls)
         if b[:8] != MAGIC:
             return None, "bad magic", "damage"
+        if struct.unpack_from("<H", b, 8)[0] != 1:
+            return None, "major version %d" % struct.unpack_from("<H", b, 8)[0], "version"
         if _r64(b, 4088) != xxh3(b[:4088]):
             return None, "superblock checksum mismatch", "damage"
         f = sb_decode(b)
+        if f["incompat"] & ~0xF:  # an unknown feature first: the rest may mean something else
+            return None, "unsupported: newer format (incompat 0x%x)" % f["incompat"], "version"
         if f["superblock_size"] != SB:
             return None, "superblock size %d" % f["superblock_size"], "damage"
-        if f["incompat"] & ~0xF:
-            return None, "unsupported: newer format (incompat 0x%x)" % f["incompat"], "version"
+        if f["minor"] == 0 and f["incompat"] & (F_MEMBERS | F_BLOCKS | F_ARCHIVE):
+            return None, "a 1.0 file with 1.1 feature bits", "damage"
         if f["minor"] <= 1:
             for a, e in SB_RESERVED + ([(160, 216)] if f["minor"] == 0 else []):
                 if any(b[a:e]):
@@ -418,6 +418,16 @@ def read_superblocks(path, what):
             return None, "stripe fields without MEMBERS", "damage"
         return f, None, None
 
+    hdr = first if pm else last
+    major = struct.unpack_from("<H", hdr, 8)[0]
+    if major != 1:
+        # the primary's major, unless an intact backup of this file shows the primary damaged
+        g = decode(last)[0] if pm and bm and size % SB == 0 else None
+        if g is not None and g["file_size"] == size:
+            return g, "%s: primary superblock damaged (major version %d); backup used" % (what, major)
+        raise KpkError("version", "%s: KPK major version %d is not supported" % (what, major))
+    if size % SB or size < 2 * SB:
+        raise damage("%s: truncated: %d bytes" % (what, size))
     f, prob, cls = decode(first)
     if f is not None:
         if f["file_size"] != size:
@@ -571,15 +581,101 @@ class Kpk:
         for target, a, b, what in self.zero_regions():
             if any(self.target_read(target, a, b - a)):
                 probs.append("%s: non-zero bytes in %s" % ("stripe space" if target == STRIPED else "member %d" % target, what))
+        m = None
         try:
             m = json.loads(self.manifest.decode("utf-8"))
             if not isinstance(m, dict):
                 probs.append("manifest: not a JSON object")
+                m = None
         except (ValueError, UnicodeDecodeError) as e:
             probs.append("manifest: not JSON (%s)" % e)
+        try:
+            self.check_recipe(m)
+        except KpkError as e:
+            probs.append(str(e))
         if self.note:
             probs.append(self.note)
         return probs
+
+    # ---- the archive's recipe: §9.2 ----
+    def check_recipe(self, m):
+        """The recipe of a file with ARCHIVE: well formed, names inside the directory, each file's
+        pieces tiling it exactly (what a rebuild reads); raise damage() naming the file."""
+        ar = m.get("archive") if isinstance(m, dict) else None
+        has = bool(self.sb["incompat"] & F_ARCHIVE)
+        if not has:
+            if ar is not None:
+                raise damage("archive: a recipe without archive extents")
+            return
+        if not isinstance(ar, dict) or not isinstance(ar.get("files"), list) or \
+                not isinstance(ar.get("not_kept", []), list):
+            raise damage("archive: the recipe is missing or not an object with a files list")
+        prev = None
+        for f in ar["files"]:
+            if not isinstance(f, dict) or not isinstance(f.get("name"), str):
+                raise damage("archive: a file without a name")
+            name = f["name"]
+            if not recipe_name_ok(name):
+                raise damage("archive: %r is not a relative path inside the directory" % name)
+            if prev is not None and name.encode() <= prev:
+                raise damage("archive: %r: names not sorted or repeated" % name)
+            prev = name.encode()
+            size, sha = f.get("size"), f.get("sha256")
+            if f.get("kind") not in ("file", "safetensors") or type(size) is not int or size < 0:
+                raise damage("archive: %r: kind or size" % name)
+            if sha is not None and not (isinstance(sha, str) and len(sha) == 64 and all(c in "0123456789abcdef" for c in sha)):
+                raise damage("archive: %r: sha256" % name)
+            pieces = []
+            if f["kind"] == "file":
+                t = self.tensors[self.by_name["archive/files/" + name]] if "archive/files/" + name in self.by_name else None
+                if t is None:
+                    raise damage("archive: %r: no tensor archive/files/%s" % (name, name))
+                pieces.append((0, t["nbytes"]))
+            else:
+                hn = "archive/shards/%s/header" % name
+                if hn not in self.by_name or self.tensor(hn)["nbytes"] < 8:
+                    raise damage("archive: %r: no tensor %s" % (name, hn))
+                h = self.tensor_bytes(hn)
+                n = _r64(h, 0)
+                if n != len(h) - 8:
+                    raise damage("archive: %r: header length %d, %d bytes kept" % (name, n, len(h) - 8))
+                pieces.append((0, len(h)))
+                try:
+                    text = h[8:].decode("utf-8")
+                    hdr, _ = json.JSONDecoder().raw_decode(text, len(text) - len(text.lstrip()))
+                except (ValueError, UnicodeDecodeError):
+                    raise damage("archive: %r: the archived header is not JSON" % name)
+                if not isinstance(hdr, dict):
+                    raise damage("archive: %r: the archived header is not an object" % name)
+                for tn, v in hdr.items():
+                    if tn == "__metadata__":
+                        continue
+                    d = v.get("data_offsets") if isinstance(v, dict) else None
+                    if not (isinstance(d, list) and len(d) == 2 and all(type(x) is int for x in d) and 0 <= d[0] <= d[1]):
+                        raise damage("archive: %r: tensor %s: data_offsets" % (name, tn))
+                    if tn not in self.by_name or self.tensor(tn)["nbytes"] != d[1] - d[0]:
+                        raise damage("archive: %r: tensor %s missing or of another size" % (name, tn))
+                    if d[1] > d[0]:
+                        pieces.append((len(h) + d[0], d[1] - d[0]))
+                pre = "archive/shards/%s/gap/" % name
+                for i, x in enumerate(self.extents):
+                    if x["kind"] != ARCHIVE:
+                        continue
+                    for t in self.tensors[x["first_tensor"]:x["first_tensor"] + x["tensor_count"]]:
+                        if t["name"].startswith(pre):
+                            pos = t["name"][len(pre):]
+                            if not pos.isdigit() or not pos.isascii() or (pos[0] == "0" and len(pos) > 1):
+                                raise damage("archive: %r: gap tensor %s" % (name, t["name"]))
+                            if t["nbytes"]:
+                                pieces.append((int(pos), t["nbytes"]))
+            at = 0
+            for off, ln in sorted(pieces):
+                if off != at:
+                    raise damage("archive: %r: bytes %d..%d %s" % (name, min(off, at), max(off, at),
+                                                                 "written twice" if off < at else "in no piece"))
+                at += ln
+            if at != size:
+                raise damage("archive: %r: pieces add up to %d bytes, the recipe says %d" % (name, at, size))
 
     def zero_regions(self):
         sb, A = self.sb, self.sb["align"]
@@ -606,6 +702,11 @@ class Kpk:
             at = off + ln
         regs.append((0, at, sb["file_size"] - SB, "directory padding"))
         return [r for r in regs if r[1] < r[2]]
+
+
+def recipe_name_ok(name):
+    """§9.2: relative, '/'-separated, no empty, '.' or '..' component."""
+    return bool(name) and all(c not in ("", ".", "..") for c in name.split("/"))
 
 
 def _name_agrees(x, name):
@@ -668,23 +769,41 @@ def load(path):
     minor_known = sb["minor"] <= 1
     # members
     k.members = []
+    reserved_member = None
     if M > 1:
         for m in range(M):
             idx, role, r1, sidx, r2, fsize, sbh, poff, plen, r3 = MEM.unpack_from(data["member table"], 64 * m)
-            if minor_known and (r1 or r2 or any(r3)):
-                raise damage("member record %d: reserved bytes" % m)
+            if minor_known and (r1 or r2 or any(r3)) and reserved_member is None:
+                reserved_member = m
             k.members.append(dict(index=idx, role=role, stripe_index=sidx, file_size=fsize, superblock_xxh3=sbh,
                                   path_off=poff, path_len=plen))
     else:
         k.members.append(dict(index=0, role=ENTRY, stripe_index=0xFFFF, file_size=len(img), superblock_xxh3=0,
                               path_off=0, path_len=0))
+    # values this version does not define, in every record, before any other rule of the tables:
+    # the file needs a newer reader, whatever else looks wrong (FORMAT.md §3, order of the checks)
+    for m, r in enumerate(k.members):
+        if r["role"] > 2:
+            raise KpkError("version", "member %d: unknown role %d" % (m, r["role"]))
+    for i in range(n_ext):
+        kind, codec = data["extent table"][64 * i], data["extent table"][64 * i + 1]
+        if kind not in KINDS:
+            raise KpkError("version", "extent %d: unsupported: newer format (kind %d)" % (i, kind))
+        if codec > 2:
+            raise KpkError("version", "extent %d: unsupported: newer format (codec %d)" % (i, codec))
+    for i in range(n_ten):
+        if data["tensor table"][64 * i + 8] not in DTYPE_SIZE:
+            raise KpkError("version", "tensor %d: unsupported: newer format (dtype %d)" % (i, data["tensor table"][64 * i + 8]))
+    for b in range(n_blk):
+        if data["block table"][48 * b + 24] > 2:
+            raise KpkError("version", "block %d: unsupported: newer format (method %d)" % (b, data["block table"][48 * b + 24]))
+    if reserved_member is not None:
+        raise damage("member record %d: reserved bytes" % reserved_member)
     N = sb["stripe_count"]
     k.stripe_member = [None] * N
     for m, r in enumerate(k.members):
         if r["index"] != m:
             raise damage("member record %d has index %d" % (m, r["index"]))
-        if r["role"] > 2:
-            raise KpkError("version", "member %d: unknown role %d" % (m, r["role"]))
         if (m == 0) != (r["role"] == ENTRY):
             raise damage("member %d: role %d" % (m, r["role"]))
         if r["file_size"] % 4096 or r["file_size"] < A + SB:
@@ -727,6 +846,8 @@ def load(path):
         r["path"] = pool[r["path_off"]:r["path_off"] + r["path_len"]].decode("utf-8", "replace")
         if r["path"].startswith("/"):
             raise damage("member %d: absolute path" % m)
+        if any(c in ("", ".") for c in r["path"].split("/")):
+            raise damage("member %d: empty or '.' path component" % m)
         at += r["path_len"] + 1
     if at != len(pool):
         raise damage("string pool is %d bytes, names and paths take %d" % (len(pool), at))
@@ -750,10 +871,6 @@ def load(path):
     k.nblocks = []
     for i, x in enumerate(k.extents):
         d = describe(x)
-        if x["kind"] not in KINDS:
-            raise KpkError("version", "extent %d: unsupported: newer format (kind %d)" % (i, x["kind"]))
-        if x["codec"] > 2:
-            raise KpkError("version", "extent %d: unsupported: newer format (codec %d)" % (i, x["codec"]))
         for bit, used in ((F_CODECS, x["codec"] == 1), (F_BLOCKS, x["codec"] == 2), (F_ARCHIVE, x["kind"] == ARCHIVE)):
             if used:
                 uses[bit] = True
@@ -821,8 +938,6 @@ def load(path):
                 raise damage("tensor %s: extent %d, listed under %d" % (t["name"], t["extent"], i))
             if not _name_agrees(x, t["name"]):
                 raise damage("tensor %s: name does not belong in %s" % (t["name"], describe(x)))
-            if t["dtype"] not in DTYPE_SIZE:
-                raise KpkError("version", "tensor %s: unsupported: newer format (dtype %d)" % (t["name"], t["dtype"]))
             if not 1 <= t["ndim"] <= 4 or any(t["shape"][t["ndim"]:]):
                 raise damage("tensor %s: ndim/shape" % t["name"])
             n = 1
@@ -849,8 +964,6 @@ def load(path):
         ts = k.tensors[x["first_tensor"]:x["first_tensor"] + x["tensor_count"]]
         for j, b in enumerate(bl):
             w = "%s, block %d" % (describe(x), j)
-            if b["method"] > 2:
-                raise KpkError("version", "%s: unsupported: newer format (method %d)" % (w, b["method"]))
             if b["raw_off"] != r or b["stored_off"] != s or not 1 <= b["raw_len"] <= MAX_BLOCK:
                 raise damage("%s: does not tile" % w)
             if b["stored_len"] > 2 * b["raw_len"] + 4096:
@@ -1452,6 +1565,36 @@ def _data_flip(p, a):
     raise SystemExit("no uncompressed tensor %s" % (a or "in a trunk extent"))
 
 
+def _newer_and_damaged(p, a):
+    """Two problems: an extent placed over the one before it (damage), and, later in the table, an
+    extent of an unknown kind (newer format): the unknown value decides (§3, order of the checks)."""
+    i = next(i for i in range(1, len(p.extents)) if p.extents[i]["member"] == p.extents[i - 1]["member"])
+    p.extents[i]["offset"] = p.extents[i - 1]["offset"]
+    p.extents[-1]["kind"] = 6
+    return "extent %d moved onto extent %d, and extent %d of kind 6" % (i, i - 1, len(p.extents) - 1)
+
+
+def _member_path(p, a):
+    """Member 1's path written with another spelling of the same place (arg: 'dot' ./x, 'empty' x//y)."""
+    old = p.members[1]["path"]
+    p.members[1]["path"] = "./" + old if a == "dot" else old.replace("/", "//", 1) if "/" in old else old + "//"
+    return "member 1: %s -> %s" % (old, p.members[1]["path"])
+
+
+def _recipe_edit(p, fn):
+    m = json.loads(p.manifest)
+    f = m["archive"]["files"][0]
+    old = dict(f)
+    fn(f)
+    p.manifest = json.dumps(m, sort_keys=True, indent=1).encode()
+    return "recipe file %s: %s" % (old["name"], ", ".join("%s %r" % (k, f[k]) for k in f if f[k] != old.get(k)))
+
+
+def _recipe_name(p, a):
+    """The first file of the archive recipe renamed to arg (its tensors keep their names)."""
+    return _recipe_edit(p, lambda f: f.update(name=a))
+
+
 MUTATIONS = {
     # the container's structure: the reader refuses (damage, exit 1)
     "drop-meta": ("the meta extent removed", lambda p, a: _drop_extent(p, _first(p, META))),
@@ -1490,6 +1633,14 @@ MUTATIONS = {
     "unknown-method": ("a block with method 3", lambda p, a: p.blocks[0].update(method=3)),
     "unknown-incompat": ("an unknown incompat bit", lambda p, a: setattr(p, "incompat", p.incompat | 0x100)),
     "unknown-role": ("a member with role 3", lambda p, a: p.members[1].update(record=dict(role=3))),
+    "newer-and-damaged": ("an overlapping extent, then one of kind 6: newer format wins", _newer_and_damaged),
+    # FORMAT 1.1 points settled by issue 25
+    "minor0-features": ("a version 1.0 (minor 0) file that uses 1.1 features", lambda p, a: setattr(p, "minor", 0)),
+    "member-path-dot": ("a member path with a '.' component", lambda p, a: _member_path(p, "dot")),
+    "member-path-empty": ("a member path with an empty component (//)", lambda p, a: _member_path(p, "empty")),
+    "recipe-size": ("the recipe's first file one byte longer than its pieces",
+                    lambda p, a: _recipe_edit(p, lambda f: f.update(size=f["size"] + 1))),
+    "recipe-name": ("the recipe's first file renamed to ARG (e.g. ../x, /abs, a//b, ./a)", _recipe_name),
     # valid files of an unusual shape (a writer other than kpack could make them), or holding other data
     "data-flip": ("(valid) a byte of a tensor flipped, re-sealed: only a comparison with the source shows it", _data_flip),
     "spread": ("(valid) tensors of the trunk extents spread 64 bytes apart", _spread),

@@ -49,6 +49,10 @@ static const char USAGE[] =
     "  --mxfp4 uniform|quantized  MXFP4 experts: codes uniform over the 16 nibbles (default),\n"
     "                         or heavy-tailed weights quantised as a real MXFP4 checkpoint is\n"
     "                         (its code and scale statistics; for compression measurements)\n"
+    "  --routing skewed|flat  router correction bias uniform in +-0.3 (default: a large pool's\n"
+    "                         choices concentrate on a few hundred experts), or none: every\n"
+    "                         expert chosen about equally often, as the release's balanced\n"
+    "                         routing (for prompt-block and batch measurements)\n"
     "  --threads N            generator threads (default: online CPUs; output is identical)\n"
     "  --force                write into a non-empty OUTDIR (replacing earlier k3synth files)\n"
     "  --quiet                no progress and no summary\n"
@@ -65,6 +69,7 @@ typedef struct opts {
     const char *tokenizer;
     int flat, single, fixture, virt, vision, force, quiet, threads;
     int mxfp4;              /* SYNTH_MXFP4_* */
+    int routing;            /* SYNTH_ROUTING_* */
 } opts;
 
 static void die_usage(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
@@ -175,6 +180,11 @@ static void parse_args(int argc, char **argv, opts *o)
             if (strcmp(m, "uniform") == 0) o->mxfp4 = SYNTH_MXFP4_UNIFORM;
             else if (strcmp(m, "quantized") == 0) o->mxfp4 = SYNTH_MXFP4_QUANTIZED;
             else die_usage("--mxfp4 must be uniform or quantized (got '%s')", m);
+        } else if (strcmp(name, "--routing") == 0) {
+            const char *m = VALUE();
+            if (strcmp(m, "skewed") == 0) o->routing = SYNTH_ROUTING_SKEWED;
+            else if (strcmp(m, "flat") == 0) o->routing = SYNTH_ROUTING_FLAT;
+            else die_usage("--routing must be skewed or flat (got '%s')", m);
         } else {
             die_usage("unknown option '%s'", a);
         }
@@ -440,7 +450,8 @@ int main(int argc, char **argv)
     w.cfg = cfg;
     w.seed = o.seed;
     w.virt = o.virt;
-    w.mxfp4 = o.mxfp4;
+    w.draw.mxfp4 = o.mxfp4;
+    w.draw.routing = o.routing;
     w.progress = !o.quiet && isatty(2);
     w.threads = o.threads;
     if (!w.threads) {

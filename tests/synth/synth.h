@@ -18,8 +18,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "k3_config.h"
-#include "k3_schema.h"
+#include "format/k3_config.h"
+#include "format/k3_schema.h"
 
 /* ---- PRNG (synth_rng.c) -------------------------------------------------- */
 
@@ -94,8 +94,19 @@ uint64_t synth_row_bytes(const synth_tensor *t);
  * (the default; the tests' geometry), or quantised heavy-tailed weights
  * whose code and scale statistics are those of a real checkpoint. */
 enum { SYNTH_MXFP4_UNIFORM = 0, SYNTH_MXFP4_QUANTIZED = 1 };
+/* How the routers choose (--routing): skewed (the default; the tests' geometry): a
+ * correction bias uniform in +-0.3 that reorders the top-k on most tokens and, as a
+ * side effect, concentrates a block's choices on a few hundred favoured experts of a
+ * large pool; flat: no bias, so every expert is chosen about equally often, as the
+ * release's Quantile Balancing makes it (a block of B positions then touches close to
+ * N (1 - (1 - k/N)^B) experts: the pool a prompt or batch benchmark needs). */
+enum { SYNTH_ROUTING_SKEWED = 0, SYNTH_ROUTING_FLAT = 1 };
+typedef struct synth_draw {
+    int mxfp4;            /* SYNTH_MXFP4_* */
+    int routing;          /* SYNTH_ROUTING_* */
+} synth_draw;
 /* Fill rows [row0, row0 + nrows) of t into out (nrows * row_bytes bytes). */
-void synth_fill_rows(const k3_config *cfg, uint64_t seed, int mxfp4, const synth_tensor *t, uint64_t row0,
+void synth_fill_rows(const k3_config *cfg, uint64_t seed, const synth_draw *draw, const synth_tensor *t, uint64_t row0,
                      uint64_t nrows, uint8_t *out);
 /* The dtype the oracle fixture stores a role in (F32 for every gain/vector and the router). */
 int synth_fixture_dtype(int role, int release_dtype);
@@ -115,7 +126,7 @@ typedef struct synth_writer {
     int threads;
     int progress;         /* print progress to stderr */
     int virt;             /* headers only, data left as holes */
-    int mxfp4;            /* SYNTH_MXFP4_* */
+    synth_draw draw;      /* --mxfp4, --routing */
     /* totals, for the summary */
     uint64_t bytes_written, files_written, tensors_written;
     uint64_t apparent_bytes;  /* file sizes, holes included */

@@ -4,10 +4,10 @@
  * no gaps].  The data is streamed: worker threads each fill a chunk of rows
  * (<= 4 MiB) and pwrite it at its final offset, so memory stays at a few chunks
  * whatever the shard size. */
-#include "errbuf.h"
 #include "synth.h"
+#include "format/errbuf.h"
 
-#include "kio.h"
+#include "format/kio.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -177,7 +177,7 @@ static void run_units(job *j, int report)
         const unit *u = &j->u[i];
         const synth_tensor *t = &j->t[u->tensor];
         uint64_t rb = synth_row_bytes(t), len = rb * u->nrows;
-        synth_fill_rows(j->w->cfg, j->w->seed, j->w->mxfp4, t, u->row0, u->nrows, buf);
+        synth_fill_rows(j->w->cfg, j->w->seed, &j->w->draw, t, u->row0, u->nrows, buf);
         if (kio_pwrite_full(j->fd, buf, (size_t)len, j->base + t->off + u->row0 * rb) != 0) {
             int e = errno;
             if (atomic_exchange(&j->failed, 1) == 0) j->err_no = e;

@@ -9,11 +9,11 @@
  * <|open|>, <|close|>, <|sep|>, ...); otherwise all 256.
  * Real (--tokenizer): the rank file is copied byte for byte and the 256-entry
  * K3 table follows its ranks (163,584 ranks -> ids 163,584..163,839). */
-#include "errbuf.h"
 #include "synth.h"
+#include "format/errbuf.h"
 
-#include "kio.h"
-#include "tokenizer.h"
+#include "format/kio.h"
+#include "run/text/tokenizer.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -316,7 +316,7 @@ int synth_tok_write(const char *outdir, const char *real_path, const synth_tok *
     ktok_special *sp = NULL;
     size_t nsp = 0;
     ktok *kt = NULL;
-    char kerr[256] = "";
+    krun_err kerr = {0, ""};
     int rc = -1;
 
     if (real_path) {
@@ -333,9 +333,9 @@ int synth_tok_write(const char *outdir, const char *real_path, const synth_tok *
         goto out;
     }
     /* self-check with krun's own loader before writing anything */
-    kt = ktok_load(ranks, rlen, sp, nsp, kerr, sizeof kerr);
+    kt = ktok_load(ranks, rlen, sp, nsp, &kerr);
     if (!kt) {
-        errbuf_set(err, errlen, "%s: the tokenizer does not load: %s", real_path ? real_path : "synthetic tokenizer", kerr);
+        errbuf_set(err, errlen, "%s: the tokenizer does not load: %s", real_path ? real_path : "synthetic tokenizer", kerr.msg);
         goto out;
     }
     if (ktok_n_ranks(kt) != (size_t)tok->n_ranks || ktok_vocab_size(kt) != (size_t)(tok->n_ranks + tok->n_specials)) {

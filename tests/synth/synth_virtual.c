@@ -7,8 +7,8 @@
  * elements) absorb whatever bytes are left so the file size equals the
  * released one exactly.  Text inference never reads them; they are
  * there so a repacker sees (and drops) vision_tower.* / mm_projector.* names. */
-#include "errbuf.h"
 #include "synth.h"
+#include "format/errbuf.h"
 
 #include <errno.h>
 #include <stdarg.h>

@@ -8,7 +8,8 @@
  *   - SiTU inputs have std 3 (gate) and 12 (up): |gate| > 4 on ~18 % and
  *     |up| > 25 on ~4 % of the elements, so the caps bite;
  *   - router logits of std 1 (sigmoid scores spread ~0.2) against a correction
- *     bias uniform in +-0.3: the bias reorders the top-k on most tokens;
+ *     bias uniform in +-0.3: the bias reorders the top-k on most tokens
+ *     (--routing flat: no bias, a pool loaded evenly, as the release's);
  *   - AttnRes fold vectors of norm ~2: the softmax over sources is far from
  *     uniform without being one-hot;
  *   - KDA A_log is a per-head ramp (exp from 0.37 to 4.5, tail exactly 0),
@@ -53,7 +54,7 @@ static int e8m0_base(double target_std)
     return ib;
 }
 
-static struct dist role_dist(const k3_config *c, int role)
+static struct dist role_dist(const k3_config *c, int role, const synth_draw *draw)
 {
     const double E = c->hidden, D = c->kda_head_dim, P = (double)c->kda_heads * c->kda_head_dim;
     const double dn = c->qk_nope, dr = c->qk_rope, dqk = dn + dr;
@@ -99,7 +100,11 @@ static struct dist role_dist(const k3_config *c, int role)
     case K3T_FFN_DOWN: NORMAL(1.0 / (SITU_RMS * sqrt(Id))); break;
     case K3T_SH_DOWN: NORMAL(1.0 / (SITU_RMS * sqrt(Is))); break;
     case K3T_MOE_ROUTER: NORMAL(0.7 / sqrt(E)); break;
-    case K3T_MOE_BIAS: d.kind = D_UNIFORM; d.lo = -0.3; d.hi = 0.3; break;
+    case K3T_MOE_BIAS: /* --routing flat: none, every expert equally likely */
+        d.kind = D_UNIFORM;
+        d.lo = draw->routing == SYNTH_ROUTING_FLAT ? 0.0 : -0.3;
+        d.hi = -d.lo;
+        break;
     case K3T_MOE_DOWN: NORMAL(4.0 / sqrt(E)); break; /* latent zeta of std ~4 */
     case K3T_MOE_UP: NORMAL(1.0 / sqrt(Lt)); break;
     /* w1 (gate) on zeta ~4: std 2.5 out; w3 (up): std 10 out; w2 (down): unit gain */
@@ -239,10 +244,11 @@ static void row_rng(synth_rng *rng, uint64_t tseed, uint64_t r)
     synth_rng_seed(rng, tseed ^ ((r + 1) * 0xD1B54A32D192ED03ull));
 }
 
-void synth_fill_rows(const k3_config *cfg, uint64_t seed, int mxfp4, const synth_tensor *t, uint64_t row0, uint64_t nrows,
-                     uint8_t *out)
+void synth_fill_rows(const k3_config *cfg, uint64_t seed, const synth_draw *draw, const synth_tensor *t, uint64_t row0,
+                     uint64_t nrows, uint8_t *out)
 {
-    const struct dist d = role_dist(cfg, t->role);
+    const struct dist d = role_dist(cfg, t->role, draw);
+    const int mxfp4 = draw->mxfp4;
     const uint64_t rb = synth_row_bytes(t), esz = kpk_dtype_size(t->dtype), n = rb / esz;
     const uint64_t tseed = tensor_seed(seed, t->name);
     uint64_t pseed = tseed; /* --mxfp4 quantized: the seed of the packed tensor of the pair */

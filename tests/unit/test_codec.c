@@ -8,9 +8,9 @@
  * divide the block size. */
 #include "check.h"
 
-#include "blocks.h"
-#include "kpk_encode.h"
-#include "kpk_reader.h"
+#include "format/kpk_encode.h"
+#include "format/kpk_reader.h"
+#include "pack/blocks.h"
 
 #include <math.h>
 #include <stdint.h>

@@ -1,4 +1,4 @@
-/* The I/O pool's cancel (kio_cancel, the prediction's "the router chose
+/* The I/O pool's cancel (kiop_cancel, the prediction's "the router chose
  * otherwise"): requests no worker has started are taken back unread, the
  * started ones land whole, and the bytes add up -- read + cancelled = queued,
  * the member's byte count = read -- whatever the race between the workers
@@ -8,7 +8,7 @@
 #define _GNU_SOURCE
 #endif
 #include "check.h"
-#include "iopool.h"
+#include "run/store/iopool.h"
 
 #include <fcntl.h>
 #include <stdint.h>
@@ -53,14 +53,14 @@ int main(void)
     unlink(path);
 
     for (int round = 0; round < 40; round++) {
-        kio_member m = {fd, 0};
+        kiop_member m = {fd, 0};
         int threads = 1 + round % 3;
-        kio_pool *p = kio_pool_create(&m, 1, &threads, NULL, 0);
-        kio_batch ba, bb;
-        kio_req req[2 * NREQ];
+        kiop_pool *p = kiop_pool_create(&m, 1, &threads, NULL, 0);
+        kiop_batch ba, bb;
+        kiop_req req[2 * NREQ];
         uint64_t cancelled, read_bytes;
         int whole, untouched, torn, wb, ub, tb;
-        if (!p || kio_reserve(p, 2 * NREQ)) { CHECK(0, "pool of %d workers", threads); break; }
+        if (!p || kiop_reserve(p, 2 * NREQ)) { CHECK(0, "pool of %d workers", threads); break; }
         memset(a, 0xA5, (size_t)NREQ * REQ);
         memset(b, 0xA5, (size_t)NREQ * REQ);
         memset(&ba, 0, sizeof ba);
@@ -68,16 +68,16 @@ int main(void)
         memset(req, 0, sizeof req);
         /* batch a: read-ahead (a prediction); batch b: urgent, queued after it */
         for (int k = 0; k < NREQ; k++) {
-            req[k] = (kio_req){.member = 0, .off = (uint64_t)k * REQ, .len = REQ, .buf = a + (size_t)k * REQ,
-                               .first = REQ, .prio = KIO_AHEAD, .kind = 'P', .batch = &ba};
-            req[NREQ + k] = (kio_req){.member = 0, .off = (uint64_t)(NREQ + k) * REQ, .len = REQ, .buf = b + (size_t)k * REQ,
-                                      .first = REQ, .prio = KIO_URGENT, .kind = 'E', .batch = &bb};
+            req[k] = (kiop_req){.member = 0, .off = (uint64_t)k * REQ, .len = REQ, .buf = a + (size_t)k * REQ,
+                               .first = REQ, .prio = KIOP_AHEAD, .kind = 'P', .batch = &ba};
+            req[NREQ + k] = (kiop_req){.member = 0, .off = (uint64_t)(NREQ + k) * REQ, .len = REQ, .buf = b + (size_t)k * REQ,
+                                      .first = REQ, .prio = KIOP_URGENT, .kind = 'E', .batch = &bb};
         }
-        if (kio_submit(p, req, NREQ) || kio_submit(p, req + NREQ, NREQ)) { CHECK(0, "submit"); kio_pool_destroy(p); break; }
+        if (kiop_submit(p, req, NREQ) || kiop_submit(p, req + NREQ, NREQ)) { CHECK(0, "submit"); kiop_pool_destroy(p); break; }
         if (round % 4 == 3) usleep(2000); /* sometimes let the workers get further first */
-        cancelled = kio_cancel(p, &ba);
-        CHECK(kio_wait(p, &ba) == 0 && kio_wait(p, &bb) == 0, "round %d: both batches complete without error", round);
-        read_bytes = kio_member_bytes(p, 0);
+        cancelled = kiop_cancel(p, &ba);
+        CHECK(kiop_wait(p, &ba) == 0 && kiop_wait(p, &bb) == 0, "round %d: both batches complete without error", round);
+        read_bytes = kiop_member_bytes(p, 0);
         regions(a, 0, &whole, &untouched, &torn);
         regions(b, (uint64_t)NREQ * REQ, &wb, &ub, &tb);
         CHECK(cancelled % REQ == 0 && (uint64_t)untouched * REQ == cancelled && torn == 0 && whole + untouched == NREQ,
@@ -86,8 +86,8 @@ int main(void)
         CHECK(wb == NREQ && ub == 0 && tb == 0, "round %d: the urgent batch is untouched by the cancel: %d/%d whole", round, wb, NREQ);
         CHECK(read_bytes + cancelled == 2ull * NREQ * REQ, "round %d: bytes read %llu + cancelled %llu = queued", round,
               (unsigned long long)read_bytes, (unsigned long long)cancelled);
-        CHECK(kio_cancel(p, &ba) == 0 && kio_cancel(p, &bb) == 0, "round %d: cancelling a complete batch takes nothing", round);
-        kio_pool_destroy(p);
+        CHECK(kiop_cancel(p, &ba) == 0 && kiop_cancel(p, &bb) == 0, "round %d: cancelling a complete batch takes nothing", round);
+        kiop_pool_destroy(p);
     }
     close(fd);
     free(file);

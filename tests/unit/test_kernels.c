@@ -4,9 +4,9 @@
  * MXFP4 nibble order, grouping, E8M0 corner scales; kmatmul blocking / threading
  * invariance; kmatvec_t. */
 #include "check.h"
-#include "kernels.h"
 #include "testrand.h"
-#include "threadpool.h"
+#include "run/kernels/kernels.h"
+#include "run/util/threadpool.h"
 
 #include <math.h>
 #include <stdint.h>

@@ -1,4 +1,4 @@
-/* The sequential kernels (run/kernels_seq.h) against independent references
+/* The sequential kernels (run/kernels/kernels_seq.h) against independent references
  * written from docs/NUMERICS.md §4, bit for bit, on every SIMD level the CPU
  * has:
  *  - the KDA step in two passes == the four passes of the spec (decay every
@@ -11,9 +11,9 @@
  *  - the MLA weighted sums of H heads at once == one head, one position at a
  *    time, in position order. */
 #include "check.h"
-#include "kernels.h"
-#include "kernels_seq.h"
 #include "testrand.h"
+#include "run/kernels/kernels.h"
+#include "run/kernels/kernels_seq.h"
 
 #include <math.h>
 #include <stdint.h>

@@ -1,10 +1,10 @@
-/* kmath_expf and kmath_tanhf (run/kmath.h): accurate against double
+/* kmath_expf and kmath_tanhf (run/kernels/kmath.h): accurate against double
  * precision, the special values, the same bits on every architecture (a hash
  * of their outputs on a fixed sample of a million inputs, pinned), and on
  * x86-64 with glibc 2.36 the very bits of the C library's expf and tanhf,
  * which krun used before (so moving to them changed no output there). */
 #include "check.h"
-#include "kmath.h"
+#include "run/kernels/kmath.h"
 #include "testrand.h"
 
 #include <float.h>

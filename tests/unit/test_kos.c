@@ -4,7 +4,7 @@
  * inside the range: an anonymous page it drops reads back as zeros), and the
  * memory figures are there. */
 #include "check.h"
-#include "kos.h"
+#include "format/kos.h"
 
 #include <string.h>
 #include <sys/mman.h>

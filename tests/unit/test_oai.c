@@ -1,9 +1,9 @@
-/* OpenAI request parsing and response building (run/oai.h): every field, every error (status,
+/* OpenAI request parsing and response building (run/text/oai.h): every field, every error (status,
  * param, code), responses and SSE chunks read back with jansson, a client-side reassembly of a
  * stream, and random mutations of valid bodies (the parsers take arbitrary bytes). */
 #include "check.h"
-#include "jsontext.h"
-#include "oai.h"
+#include "run/text/jsontext.h"
+#include "run/text/oai.h"
 
 #include <jansson.h>
 #include <stdint.h>
@@ -79,6 +79,20 @@ static void test_chat_fields(void)
     rc = parse_chat("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"chat_template_kwargs\":{\"thinking\":false}}", &r, &e);
     CHECK(rc == 0 && !r.chat.thinking, "chat_template_kwargs thinking false");
     if (!rc) oai_chat_request_free(&r);
+    /* issue 25.8: tool_choice without tools: "required" is a 400 (as OpenAI answers), "auto" and "none" are accepted */
+    rc = parse_chat("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":\"required\"}", &r, &e);
+    CHECK(rc == -1 && e.status == 400 && !strcmp(e.param, "tool_choice") && strstr(e.message, "needs at least one tool"),
+          "tool_choice \"required\" without tools: 400 naming tool_choice (%s)", rc ? e.message : "accepted");
+    if (!rc) oai_chat_request_free(&r);
+    ok = 1;
+    for (int k = 0; k < 2; k++) {
+        char b[200];
+        snprintf(b, sizeof b, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":\"%s\"}", k ? "none" : "auto");
+        if (parse_chat(b, &r, &e)) { ok = 0; continue; }
+        ok &= r.chat.tool_choice == (k ? KCHAT_TOOL_CHOICE_NONE : KCHAT_TOOL_CHOICE_AUTO) && !r.chat.tools_json;
+        oai_chat_request_free(&r);
+    }
+    CHECK(ok, "tool_choice \"auto\" and \"none\" without tools are accepted");
     rc = parse_chat("{\"messages\":[{\"role\":\"assistant\",\"tool_calls\":[{\"function\":{\"name\":\"g\",\"arguments\":{\"k\":[1]}}}]}]}",
                     &r, &e);
     CHECK(rc == 0 && r.messages[0].n_tool_calls == 1 && !strcmp(r.messages[0].tool_calls[0].arguments, "{\"k\":[1]}") &&
@@ -181,7 +195,14 @@ static void test_chat_errors(void)
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],"
          "\"tool_choice\":\"sometimes\"}", 400, "tool_choice", "invalid_value", "auto"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[],\"tool_choice\":\"required\"}", 400, "tool_choice",
-         "invalid_value", "needs tools"},
+         "invalid_value", "needs at least one tool"},
+        /* issue 25.8: without a tools field at all, tool_choice was not looked at (200) */
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":\"required\"}", 400, "tool_choice",
+         "invalid_value", "needs at least one tool"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":null,\"tool_choice\":\"required\"}", 400, "tool_choice",
+         "invalid_value", "needs at least one tool"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":\"sometimes\"}", 400, "tool_choice", "invalid_value", "auto"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":5}", 400, "tool_choice", "invalid_type", "a string"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"reasoning_effort\":\"extreme\"}", 400, "reasoning_effort", "invalid_value", "must be"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"reasoning_effort\":1}", 400, "reasoning_effort", "invalid_type", "a string"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"chat_template_kwargs\":[]}", 400, "chat_template_kwargs", "invalid_type", "an object"},
@@ -484,7 +505,8 @@ static void test_mutations(void)
     };
     static const char tokens[] = "{}[]\":,0123456789.-+eEtrufalsn\\ \xff\xc3\xa9\x00";
     int iters = 0, accepted = 0, bad = 0;
-    char err[256];
+    krun_err ke = {0, ""};
+    char *err = ke.msg;
     for (int it = 0; it < 20000; it++) {
         const char *sd = seeds[it & 1];
         size_t n = strlen(sd);
@@ -513,7 +535,7 @@ static void test_mutations(void)
                 accepted++;
                 /* whatever parses must render (or fail with a message) */
                 kchat_rendering out;
-                if (kchat_render(NULL, r.messages, r.n_messages, &r.chat, &out, err, sizeof err) == 0) kchat_rendering_free(&out);
+                if (kchat_render(NULL, r.messages, r.n_messages, &r.chat, &out, &ke) == 0) kchat_rendering_free(&out);
                 else if (!err[0]) bad++;
                 oai_chat_request_free(&r);
             } else if (e.status != 400 || !e.message[0]) bad++;

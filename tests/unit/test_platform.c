@@ -9,9 +9,9 @@
  *     subnormals survive scalar and vector arithmetic;
  *   - the host is little-endian (the build refuses other hosts: format/kpk.h). */
 #include "check.h"
-#include "kernels.h"
+#include "run/kernels/kernels.h"
 #include "testrand.h"
-#include "threadpool.h"
+#include "run/util/threadpool.h"
 
 #include <stdint.h>
 #include <string.h>

@@ -1,4 +1,4 @@
-/* What krun serve sends for the ids a sequence generates (run/serve_gen.h), without a model: the
+/* What krun serve sends for the ids a sequence generates (run/serve/serve_gen.h), without a model: the
  * replies are K3 chat messages rendered by kchat_render (reasoning, content, tool calls) and fed
  * back id by id as the model would generate them, with the real tokenizer (skipped visibly
  * without the shared fixtures).  Streamed responses are reassembled from their SSE chunks, as a
@@ -6,10 +6,10 @@
  * end ids, usage, token ids, characters split across tokens and failures before and after the
  * stream started are checked against what the reply is known to contain. */
 #include "check.h"
-#include "chat.h"
-#include "jsontext.h"
-#include "serve_gen.h"
-#include "tokenizer.h"
+#include "run/serve/serve_gen.h"
+#include "run/text/chat.h"
+#include "run/text/jsontext.h"
+#include "run/text/tokenizer.h"
 
 #include <jansson.h>
 #include <stdint.h>
@@ -30,9 +30,10 @@ static ktok *load_tokenizer(void)
     if (!rf) return NULL;
     ktok_special *sp;
     size_t nsp;
-    char err[256];
+    krun_err ke = {0, ""};
+    char *err = ke.msg;
     if (ktok_specials_builtin("k3", &sp, &nsp)) die("out of memory");
-    ktok *tk = ktok_load(rf, len, sp, nsp, err, sizeof err);
+    ktok *tk = ktok_load(rf, len, sp, nsp, &ke);
     ktok_specials_free(sp, nsp);
     free(rf);
     if (!tk) die(err);
@@ -46,12 +47,13 @@ static int32_t *reply_ids(const ktok *tk, const kchat_message *reply, int thinki
     kchat_message m[2] = {{.role = KCHAT_USER, .content = "Hi", .content_len = 2}, *reply};
     kchat_options o;
     kchat_rendering P, R;
-    char err[256];
+    krun_err ke = {0, ""};
+    char *err = ke.msg;
     kchat_options_default(&o);
     o.thinking = thinking;
-    if (kchat_render(tk, m, 1, &o, &P, err, sizeof err)) die(err);
+    if (kchat_render(tk, m, 1, &o, &P, &ke)) die(err);
     o.add_generation_prompt = 0;
-    if (kchat_render(tk, m, 2, &o, &R, err, sizeof err)) die(err);
+    if (kchat_render(tk, m, 2, &o, &R, &ke)) die(err);
     if (R.n_ids <= P.n_ids || memcmp(R.ids, P.ids, P.n_ids * sizeof *P.ids)) die("the prompt is not a prefix");
     *n = R.n_ids - P.n_ids;
     int32_t *ids = malloc(*n * sizeof *ids);
@@ -391,6 +393,94 @@ static void test_completion(const ktok *tk)
     free(all);
 }
 
+/* The server builds sgen_opts from request-scoped memory (the parsed request's stop strings, an
+ * end-id array on its stack) that is gone while a streamed or abandoned request still runs (issue
+ * 25.1: a streamed request with a stop string crashed krun serve).  sgen must own what it keeps:
+ * here that memory is overwritten with other stop strings and end ids, then freed, before the
+ * first token.  Under ASan a borrowed pointer is a heap-use-after-free; in any build the reply
+ * would be cut at the wrong place or run past [EOS]. */
+static void test_lifetime(const ktok *tk)
+{
+    const char *text = "Once upon a time there was a fox. THE END and more";
+    int32_t *ids, *all;
+    size_t n;
+    if (ktok_encode(tk, text, strlen(text), 0, &ids, &n)) die("encode");
+    all = malloc((n + 2) * sizeof *all);
+    if (!all) die("out of memory");
+    memcpy(all, ids, n * sizeof *all);
+    all[n] = ktok_find_special(tk, "[EOS]");
+    all[n + 1] = ids[0];
+    for (int stream = 0; stream <= 1; stream++)
+        for (int with_stop = 0; with_stop <= 1; with_stop++) {
+            char **stop = calloc(2, sizeof *stop);
+            int32_t *end_ids = malloc(2 * sizeof *end_ids);
+            char meta_id[16] = "req-9", model[16] = "kimi-k3";
+            if (!stop || !end_ids || !(stop[0] = strdup(" THE END")) || !(stop[1] = strdup("fox. T"))) die("out of memory");
+            end_ids[0] = ktok_find_special(tk, KCHAT_END_OF_MSG);
+            end_ids[1] = ktok_find_special(tk, "[EOS]");
+            sgen_opts o = {0, 0, stream, 0, 0, with_stop ? stop : NULL, with_stop ? 2 : 0, end_ids, 2, 1000, {meta_id, model, 1}, NULL, 0};
+            sgen *g = sgen_new(tk, &o);
+            kbuf out = {0};
+            size_t fed = 0;
+            said s;
+            if (!g) die("sgen_new");
+            /* the request's memory is reused for something else, then freed */
+            memcpy(stop[0], "Once up", 8);
+            memcpy(stop[1], "Once u", 7);
+            end_ids[0] = end_ids[1] = ids[0];
+            memcpy(meta_id, "XXXX", 5);
+            free(stop[0]);
+            free(stop[1]);
+            free(stop);
+            free(end_ids);
+            for (size_t i = 0; i < n + 2; i++) {
+                int r = sgen_token(g, all[i]);
+                fed++;
+                sgen_take(g, &out);
+                if (r < 0) die("sgen_token: out of memory");
+                if (r == 1) break;
+            }
+            read_response(&s, out.p, out.n, stream, 0);
+            CHECK(!s.bad && sgen_done(g) && !strcmp(s.finish, "stop") &&
+                  same(&s.content, with_stop ? "Once upon a time there was a " : "Once upon a time there was a fox. THE END and more") &&
+                  (with_stop ? fed < n : fed == n + 1) && strstr(out.p, "req-9") && !strstr(out.p, "XXXX"),
+                  "completion, %s, %s: the stop strings and end ids given to sgen_new are its own copies (the request's "
+                  "memory was overwritten and freed before the first token)", stream ? "streamed" : "one body",
+                  with_stop ? "stop strings and [EOS]" : "[EOS]");
+            said_free(&s);
+            kbuf_free(&out);
+            sgen_free(g);
+        }
+    free(ids);
+    free(all);
+}
+
+/* A completion's bytes need not be UTF-8 (a token may hold half a character); the client reads
+ * the ill-formed parts as U+FFFD, so that is where a stop string is looked for: a stop string
+ * with U+FFFD stops a reply the client would read it in (found by the request soak). */
+static void test_illformed_stop(const ktok *tk)
+{
+    uint8_t b[4] = {'x', 0xF0, 'A', 'y'};
+    int32_t ids[5];
+    for (int i = 0; i < 4; i++) ids[i] = ktok_rank_of(tk, &b[i], 1);
+    ids[4] = ktok_rank_of(tk, &b[0], 1);
+    char *stops[][2] = {{"\xef\xbf\xbd", NULL}, {"\xef\xbf\xbd" "A", "zz"}};
+    for (int stream = 0; stream <= 1; stream++)
+        for (int k = 0; k < 2; k++) {
+            run_opts ro = {.stream = stream, .stop = stops[k], .n_stop = k ? 2 : 1, .no_end_ids = 1, .max_tokens = 5};
+            size_t fed;
+            int status;
+            said s;
+            kbuf out = run(tk, ids, 5, &ro, &fed, &status);
+            read_response(&s, out.p, out.n, stream, 0);
+            CHECK(!s.bad && same(&s.content, "x") && !strcmp(s.finish, "stop") && fed == 3,
+                  "completion, %s: a stop string holding U+FFFD (%s) matches where ill-formed UTF-8 is read as U+FFFD",
+                  stream ? "streamed" : "one body", k ? "\"\\ufffdA\"" : "\"\\ufffd\"");
+            said_free(&s);
+            kbuf_free(&out);
+        }
+}
+
 static void test_failures(const ktok *tk)
 {
     int32_t end_ids[1] = {ktok_find_special(tk, KCHAT_END_OF_MSG)};
@@ -433,6 +523,8 @@ int main(void)
     test_chat(tk);
     test_tool_calls(tk);
     test_completion(tk);
+    test_lifetime(tk);
+    test_illformed_stop(tk);
     test_failures(tk);
     ktok_free(tk);
     return check_exit();

@@ -1,4 +1,4 @@
-/* The speculative-decoding drafter (run/spec.c): prompt lookup over a
+/* The speculative-decoding drafter (run/session/spec.c): prompt lookup over a
  * history, against a brute-force reference on thousands of random
  * histories over small alphabets (where matches of every length occur), and
  * the rules one by one: no draft without a match of `need` tokens, the
@@ -6,8 +6,8 @@
  * suffix runs on into the draft, stop ids end a draft, the limits, and the
  * adaptation of the match length and the draft length. */
 #include "check.h"
-#include "spec.h"
 #include "testrand.h"
+#include "run/session/spec.h"
 
 #include <stdint.h>
 #include <string.h>

@@ -1,9 +1,10 @@
-/* The saved-conversation format (run/statefile.c, docs/STATE.md) without a
+/* The saved-conversation format (run/session/statefile.c, docs/STATE.md) without a
  * model: a written state parses back to the same bytes; every truncation,
  * every single-bit flip, and every re-sealed (checksums recomputed)
  * violation of the format is refused with a message; garbage never crashes
  * the parser. */
-#include "statefile.h"
+#include "run/engine/state.h"
+#include "run/session/statefile.h"
 
 #include <math.h>
 #include <stdio.h>

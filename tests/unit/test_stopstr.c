@@ -1,10 +1,10 @@
-/* Stop strings over streamed text (run/stopstr.h) against a direct reference: the whole text
+/* Stop strings over streamed text (run/text/stopstr.h) against a direct reference: the whole text
  * cut before the stop string complete first (the earliest end, then the earliest start).  Random texts over a small alphabet (so
  * stop strings occur, overlap and share prefixes), cut into random pieces: the output must equal
  * the reference, grow only by text the reference keeps, and hold back no more than the longest
  * stop string minus one byte. */
 #include "check.h"
-#include "stopstr.h"
+#include "run/text/stopstr.h"
 
 #include <stdint.h>
 #include <string.h>

@@ -5,7 +5,7 @@
 #define _GNU_SOURCE
 #endif
 #include "check.h"
-#include "threadpool.h"
+#include "run/util/threadpool.h"
 
 #include <pthread.h>
 #include <stdatomic.h>

@@ -2,8 +2,8 @@
  * oracle vectors of $K3_SHARED/fixtures/tokenizer (skipped visibly when absent). */
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "check.h"
-#include "tokenizer.h"
-#include "tokenizer_ucd.h"
+#include "run/text/tokenizer.h"
+#include "run/text/tokenizer_ucd.h"
 
 #include <jansson.h>
 #include <pcre2.h>
@@ -214,8 +214,9 @@ static void test_synthetic(void)
 {
     static const char *const merges[] = {"ab", "bc", "abc", "aa", "aaa", " a", "He", "ll", "llo", "Hello", " w", "or", " wor", "ld", " world"};
     sbuf rf = synth_rankfile(merges, sizeof merges / sizeof merges[0]);
-    char err[256];
-    ktok *t = ktok_load(rf.p, rf.n, NULL, 0, err, sizeof err);
+    krun_err ke = {0, ""};
+    char *err = ke.msg;
+    ktok *t = ktok_load(rf.p, rf.n, NULL, 0, &ke);
     CHECK(t != NULL, "synthetic: 256 bytes + 15 merges, no specials, loads (%s)", t ? "ok" : err);
     if (!t) { free(rf.p); return; }
     CHECK(ktok_n_ranks(t) == 271 && ktok_vocab_size(t) == 271, "synthetic: n_ranks 271, vocab_size 271");
@@ -354,7 +355,7 @@ static void test_synthetic(void)
 
     /* a handful of specials, one a prefix of another: longest match at the earliest position */
     ktok_special sp[] = {{300, "<s>"}, {301, "<ss>"}, {302, "<|x|>"}, {271, "é"}};
-    t = ktok_load(rf.p, rf.n, sp, 4, err, sizeof err);
+    t = ktok_load(rf.p, rf.n, sp, 4, &ke);
     CHECK(t != NULL, "synthetic: loads with 4 specials (%s)", t ? "ok" : err);
     if (t) {
         CHECK(ktok_vocab_size(t) == 303 && ktok_find_special(t, "<ss>") == 301 && ktok_find_special(t, "<s") == -1 &&
@@ -394,8 +395,9 @@ static void test_synthetic(void)
 static void expect_load_error(const char *what, const char *file, size_t len, const ktok_special *sp, size_t nsp,
                               const char *needle1, const char *needle2)
 {
-    char err[256] = "";
-    ktok *t = ktok_load(file, len, sp, nsp, err, sizeof err);
+    krun_err ke = {0, ""};
+    char *err = ke.msg;
+    ktok *t = ktok_load(file, len, sp, nsp, &ke);
     int ok = t == NULL && strstr(err, needle1) && (!needle2 || strstr(err, needle2));
     CHECK(ok, "bad input: %s -> \"%s\"", what, err);
     ktok_free(t);
@@ -469,8 +471,8 @@ static void test_bad_input(void)
         if (base.p[i] == '\n') sb_str(&b, "\r\n\n");
         else sb_add(&b, base.p + i, 1);
     }
-    char err[256];
-    ktok *t = ktok_load(b.p, b.n, NULL, 0, err, sizeof err);
+    krun_err ke = {0, ""};
+    ktok *t = ktok_load(b.p, b.n, NULL, 0, &ke);
     CHECK(t && ktok_n_ranks(t) == 259, "rank file with CRLF line ends and blank lines loads");
     ktok_free(t);
     free(b.p);
@@ -576,10 +578,11 @@ static void test_special_tables(void)
         " \"163584\": {\"content\": \"[BOS]\", \"special\": true},"
         " \"163649\": {\"content\": \"<osagent_mode>\", \"special\": true}},"
         " \"tokenizer_class\": \"TikTokenTokenizer\"}";
-    char err[256];
+    krun_err ke = {0, ""};
+    char *err = ke.msg;
     ktok_special *c;
     size_t nc;
-    int rc = ktok_specials_from_config(cfg, strlen(cfg), &c, &nc, err, sizeof err);
+    int rc = ktok_specials_from_config(cfg, strlen(cfg), &c, &nc, &ke);
     CHECK(rc == 0 && nc == 3 && c[0].id == 163584 && strcmp(c[0].text, "[BOS]") == 0 && c[1].id == 163586 &&
           strcmp(c[2].text, "<osagent_mode>") == 0,
           "tokenizer_config.json: added_tokens_decoder parsed, ids from the keys, sorted (%s)", rc ? err : "ok");
@@ -603,7 +606,7 @@ static void test_special_tables(void)
     ok = 1;
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         err[0] = 0;
-        rc = ktok_specials_from_config(bad[i], strlen(bad[i]), &c, &nc, err, sizeof err);
+        rc = ktok_specials_from_config(bad[i], strlen(bad[i]), &c, &nc, &ke);
         if (rc != -1 || !strstr(err, why[i])) { ok = 0; printf("# config case %zu: rc %d err \"%s\"\n", i, rc, err); }
         if (rc == 0) ktok_specials_free(c, nc);
     }
@@ -655,8 +658,9 @@ static void split_str(const ktok *t, const char *s, size_t n, sbuf *out)
 static void test_ucd_table(void)
 {
     sbuf rf = synth_rankfile(NULL, 0);
-    char err[256];
-    ktok *t = ktok_load(rf.p, rf.n, NULL, 0, err, sizeof err);
+    krun_err ke = {0, ""};
+    char *err = ke.msg;
+    ktok *t = ktok_load(rf.p, rf.n, NULL, 0, &ke);
     free(rf.p);
     if (!t) { CHECK(0, "byte-level tokenizer for the table checks (%s)", err); return; }
     static uint32_t han[64][2], let[256][2], num[64][2], up[256][2], lo[256][2];
@@ -1075,12 +1079,13 @@ static void test_fixtures(void)
     ktok_special *s2, *s3;
     size_t n2, n3;
     if (ktok_specials_builtin("k2", &s2, &n2) || ktok_specials_builtin("k3", &s3, &n3)) die_oom();
-    char err[256];
+    krun_err ke = {0, ""};
+    char *err = ke.msg;
     double t0 = now_s();
-    ktok *k3 = ktok_load(rf, rl, s3, n3, err, sizeof err);
+    ktok *k3 = ktok_load(rf, rl, s3, n3, &ke);
     double dt = now_s() - t0;
     CHECK(k3 != NULL, "real tiktoken.model + K3 specials loads (%s)", k3 ? "ok" : err);
-    ktok *k2 = ktok_load(rf, rl, s2, n2, err, sizeof err);
+    ktok *k2 = ktok_load(rf, rl, s2, n2, &ke);
     CHECK(k2 != NULL, "real tiktoken.model + K2 specials loads (%s)", k2 ? "ok" : err);
     ktok_specials_free(s2, n2);
     ktok_specials_free(s3, n3);

@@ -1,0 +1,298 @@
+/* `krun serve`: the options, the model, the listening socket, and a clean
+ * shutdown on SIGINT / SIGTERM.  The server itself is serve_http.c (HTTP) and
+ * serve_engine.c (the batching engine); docs/SERVE.md describes it. */
+#include "cmd_serve.h"
+
+#include "krun_cli.h"
+#include "format/kargs.h"
+#include "format/kprogress.h"
+#include "run/serve/serve.h"
+#include "run/session/memplan.h"
+
+#include <errno.h>
+#include <netdb.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#define SERVE_CTX_DEFAULT 4096
+#define SERVE_SEQS_DEFAULT 4
+#define SERVE_QUEUE_DEFAULT 16
+/* Connections one address may open beyond the sequences and the queue it can fill: /health,
+ * /v1/models, idle keep-alive ones.  The limit in all is this many addresses' worth. */
+#define SERVE_CONN_SLACK 32
+#define SERVE_CONN_ADDRESSES 4
+#define SERVE_IDLE_DEFAULT 60
+#define SERVE_REQUEST_TIMEOUT_DEFAULT 30
+/* After cancelling, how long connections may take to send what is left. */
+#define SERVE_FLUSH_SECONDS 10
+
+static const char usage[] =
+    "usage: krun serve MODEL.kpk [options]\n"
+    "\n"
+    "An OpenAI-compatible HTTP server: POST /v1/chat/completions, POST /v1/completions,\n"
+    "GET /v1/models, GET /health.  Requests that arrive while others run join the next\n"
+    "forward sweep: the model's weights are read once for all of them, and each request's\n"
+    "output is bit-identical to running it alone (docs/SERVE.md).\n"
+    "\n"
+    "Server:\n"
+    "  --host ADDR           address to listen on (default 127.0.0.1; 0.0.0.0 or :: for all)\n"
+    "  --port N              port (default 8080; 0: a free port, printed at startup)\n"
+    "  --api-key KEY         require \"Authorization: Bearer KEY\" on /v1/ (or set KRUN_API_KEY)\n"
+    "  --model-name NAME     the model's id in the API (default: the file name without .kpk)\n"
+    "  --max-seqs N          sequences run at once, in one forward block (default 4; the plan\n"
+    "                        budgets their state and says how many would fit)\n"
+    "  --max-queue N         requests waiting for a sequence (default 16); more get 503 + Retry-After\n"
+    "  --max-body SIZE       largest request body (default 8M)\n"
+    "  --max-connections N   open connections at most (default 4 x the per-address limit); the last\n"
+    "                        eighth (at least 2) is kept free: past that, the connection that has\n"
+    "                        waited longest for its request (half a second at least) is closed\n"
+    "  --max-connections-per-ip N\n"
+    "                        open connections from one client address at most, with the same\n"
+    "                        reserve (default max-seqs + max-queue + 32; 0: no limit, e.g. behind a\n"
+    "                        proxy, where every client has the proxy's address)\n"
+    "  --request-timeout S   a request (headers and body) must arrive within S seconds of its first\n"
+    "                        byte, or its connection is closed (default 30)\n"
+    "  --idle-timeout S      close a connection idle for S seconds between requests (default 60;\n"
+    "                        a request never times out while it runs)\n"
+    "  --shutdown-timeout S  on SIGINT / SIGTERM, seconds running requests may take to finish\n"
+    "                        before they are cancelled (default 30; a second signal cancels at once)\n"
+    "  --quiet               no plan and no line per request on stderr\n"
+    "Sequences:\n"
+    "  --ctx N               positions per sequence: prompt + max_tokens (default 4096)\n"
+    "  sampling comes from each request (temperature, top_p, seed, and top_k, min_p)\n"
+    "Execution:\n"
+    KRUN_CLI_USAGE_EXECUTION
+    KRUN_CLI_USAGE_MEMORY
+    "\n"
+    "Exit: 0 stopped by SIGINT or SIGTERM; 1 the model file is damaged (found while serving:\n"
+    "the server answered 500/503 naming the extent from then on); 2 cannot run: usage, not a KPK\n"
+    "file, no tokenizer in it, the address cannot be listened on; 3 out of memory.\n";
+
+struct serve_opts {
+    const char *model, *host, *api_key, *model_name, *max_body;
+    long port, max_queue, max_connections, max_per_ip, idle_timeout;
+    double shutdown_timeout, request_timeout;
+    int quiet;
+    krun_cli c;
+};
+
+/* krun's sampling options, "--temp" or "--temp=0.7": a request brings its own. */
+static int sampling_option(const char *a)
+{
+    static const char *const names[] = {"--temp", "--top-k", "--top-p", "--min-p", "--seed"};
+    for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
+        size_t n = strlen(names[k]);
+        if (!strncmp(a, names[k], n) && (a[n] == 0 || a[n] == '=')) return 1;
+    }
+    return 0;
+}
+
+static void parse_args(int argc, char **argv, struct serve_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    krun_cli_init(&o->c);
+    o->c.max_seqs = SERVE_SEQS_DEFAULT;
+    o->host = "127.0.0.1";
+    o->port = 8080;
+    o->max_queue = SERVE_QUEUE_DEFAULT;
+    o->max_body = "8M";
+    o->shutdown_timeout = 30;
+    o->idle_timeout = SERVE_IDLE_DEFAULT;
+    o->request_timeout = SERVE_REQUEST_TIMEOUT_DEFAULT;
+    o->max_per_ip = -1;
+    o->api_key = getenv("KRUN_API_KEY");
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+#define OPT(name) krun_cli_value(argc, argv, &i, name, &v)
+        if (sampling_option(a))
+            krun_cli_die("%s: krun serve takes sampling from each request (temperature, top_p, top_k, min_p, seed)", a);
+        if (krun_cli_option(&o->c, argc, argv, &i)) continue;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { fputs(usage, stdout); exit(KRUN_OK); }
+        else if (OPT("--host")) o->host = v;
+        else if (OPT("--port")) o->port = krun_cli_long(v, 0, 65535, "--port");
+        else if (OPT("--api-key")) o->api_key = v;
+        else if (OPT("--model-name")) o->model_name = v;
+        else if (OPT("--max-queue")) o->max_queue = krun_cli_long(v, 0, 1L << 20, "--max-queue");
+        else if (OPT("--max-body")) o->max_body = v;
+        else if (OPT("--max-connections"))
+            o->max_connections = krun_cli_long(v, 1, 1L << 16, "--max-connections");
+        else if (OPT("--max-connections-per-ip"))
+            o->max_per_ip = krun_cli_long(v, 0, 1L << 16, "--max-connections-per-ip");
+        else if (OPT("--request-timeout"))
+            o->request_timeout = krun_cli_double(v, 0.1, 1e6, "--request-timeout");
+        else if (OPT("--shutdown-timeout"))
+            o->shutdown_timeout = krun_cli_double(v, 0, 1e9, "--shutdown-timeout");
+        else if (OPT("--idle-timeout"))
+            o->idle_timeout = krun_cli_long(v, 1, 1L << 20, "--idle-timeout");
+        else if (!strcmp(a, "--quiet")) o->quiet = 1;
+        else if (a[0] == '-') krun_cli_die("unknown option %s (see krun serve --help)", a);
+        else if (!o->model) o->model = a;
+        else krun_cli_die("unexpected argument %s", a);
+#undef OPT
+    }
+    if (!o->model) { fputs(usage, stderr); exit(KRUN_EINPUT); }
+    krun_cli_check(&o->c, NULL);
+    if (o->api_key && !*o->api_key) krun_cli_die("%s", "--api-key: the key is empty");
+    if (!o->c.ctx) o->c.ctx = SERVE_CTX_DEFAULT;
+    if (o->max_per_ip < 0) o->max_per_ip = o->c.max_seqs + o->max_queue + SERVE_CONN_SLACK;
+    if (!o->max_connections) o->max_connections = SERVE_CONN_ADDRESSES * (o->c.max_seqs + o->max_queue + SERVE_CONN_SLACK);
+}
+
+/* The model's name in the API: the file's name without its directory and .kpk. */
+static void default_name(const char *path, char *out, size_t len)
+{
+    const char *b = strrchr(path, '/');
+    size_t n;
+    b = b ? b + 1 : path;
+    n = strlen(b);
+    if (n > 4 && !strcmp(b + n - 4, ".kpk")) n -= 4;
+    snprintf(out, len, "%.*s", (int)n, b);
+}
+
+/* A bound, listening TCP socket; *port is the one it got. */
+static int listen_on(const char *host, long want, long *port)
+{
+    struct addrinfo hints, *res = NULL;
+    struct sockaddr_storage sa;
+    socklen_t salen = sizeof sa;
+    char ps[16];
+    int fd = -1, one = 1, rc;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+    snprintf(ps, sizeof ps, "%ld", want);
+    if ((rc = getaddrinfo(host, ps, &hints, &res))) {
+        fprintf(stderr, "krun serve: --host %s: %s\n", host, gai_strerror(rc));
+        return -1;
+    }
+    fd = socket(res->ai_family, res->ai_socktype | SOCK_CLOEXEC, res->ai_protocol);
+    if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) || bind(fd, res->ai_addr, res->ai_addrlen) ||
+        listen(fd, 128) || getsockname(fd, (struct sockaddr *)&sa, &salen)) {
+        fprintf(stderr, "krun serve: cannot listen on %s port %ld: %s%s\n", host, want, strerror(errno),
+                errno == EADDRINUSE ? " (pick another --port, or --port 0 for any free one)" : "");
+        if (fd >= 0) close(fd);
+        freeaddrinfo(res);
+        return -1;
+    }
+    freeaddrinfo(res);
+    *port = sa.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&sa)->sin6_port) : ntohs(((struct sockaddr_in *)&sa)->sin_port);
+    return fd;
+}
+
+/* Say what the model was prepared for: sequences, their state, what would fit. */
+static void announce(const struct serve_opts *o, krun_model *m, const char *name, long port)
+{
+    const kmemplan *p = krun_model_plan(m);
+    char b1[32];
+    kfmt_bytes(krun_session_bytes(krun_model_config(m), krun_model_ctx(m)), b1, sizeof b1);
+    if (p) {
+        kmemplan_print(p, stderr);
+        fprintf(stderr, "krun serve: %zu sequences of %zu positions (%s of state each; this budget would fit %llu), "
+                "%zu positions per sweep\n", krun_model_max_seqs(m), krun_model_ctx(m), b1, (unsigned long long)p->sessions_fit,
+                krun_model_block(m));
+    } else {
+        fprintf(stderr, "krun serve: the model file is used in place from a mapping; %zu sequences of %zu positions (%s of "
+                "state each), %zu positions per sweep\n", krun_model_max_seqs(m), krun_model_ctx(m), b1, krun_model_block(m));
+    }
+    fprintf(stderr, "krun serve: model \"%s\"%s; listening on http://%s%s%s:%ld\n", name, o->api_key ? " (API key required)" : "",
+            strchr(o->host, ':') ? "[" : "", o->host, strchr(o->host, ':') ? "]" : "", port);
+}
+
+int krun_serve_main(int argc, char **argv)
+{
+    struct serve_opts o;
+    krun_model *m = NULL;
+    krun_model_opts mo;
+    krun_err e = {0, {0}};
+    srv_engine *eng = NULL;
+    srv_http *http = NULL;
+    srv_engine_opts eo;
+    srv_http_opts ho;
+    uint64_t budget;
+    int64_t max_body;
+    long port = 0;
+    int fd = -1, rc = KRUN_EINPUT, sig = 0, damaged;
+    char name[256];
+    sigset_t stop_signals;
+    json_t *health;
+
+    parse_args(argc, argv, &o);
+    max_body = kargs_size(o.max_body);
+    if (max_body <= 0) krun_cli_die("--max-body: expected a size like 8M, got %s", o.max_body);
+    if (krun_cli_budget(&o.c, &budget)) return KRUN_EINPUT;
+    if (o.model_name) snprintf(name, sizeof name, "%s", o.model_name);
+    else default_name(o.model, name, sizeof name);
+
+    /* every thread started from here on inherits the blocked signals: only
+     * sigwait below sees SIGINT and SIGTERM; a client that hangs up is an
+     * error on its socket, not a SIGPIPE */
+    sigemptyset(&stop_signals);
+    sigaddset(&stop_signals, SIGINT);
+    sigaddset(&stop_signals, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &stop_signals, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    if (krun_model_load(o.model, &m, &e)) { fprintf(stderr, "krun serve: %s\n", e.msg); return e.code; }
+    if (!krun_model_tokenizer(m)) {
+        fprintf(stderr, "krun serve: %s has no tokenizer: the server needs one to read requests and write text\n", o.model);
+        goto out;
+    }
+    fd = listen_on(o.host, o.port, &port);
+    if (fd < 0) goto out;
+    krun_cli_model_opts(&o.c, o.model, budget, &mo);
+    if (krun_model_prepare(m, &mo, &e)) { fprintf(stderr, "krun serve: %s\n", e.msg); rc = e.code; goto out; }
+    eo = (srv_engine_opts){(size_t)o.max_queue, name, o.quiet};
+    if (srv_engine_start(m, &eo, &eng, &e)) { fprintf(stderr, "krun serve: %s\n", e.msg); rc = e.code; goto out; }
+    ho = (srv_http_opts){o.api_key, (size_t)max_body, fd, (unsigned)o.max_connections, (unsigned)o.max_per_ip, (unsigned)o.idle_timeout,
+                         o.request_timeout};
+    if (srv_http_start(eng, &ho, &http, &e)) { fprintf(stderr, "krun serve: %s\n", e.msg); rc = e.code; goto out; }
+    fd = -1;                                   /* the daemon's now */
+    if (!o.quiet) announce(&o, m, name, port);
+    else fprintf(stderr, "krun serve: listening on port %ld\n", port);
+
+    /* serve until a signal; then refuse new requests and let the running ones
+     * finish (a second signal, or the timeout, cancels them) */
+    while (sigwait(&stop_signals, &sig) != 0) {}
+    {
+        struct timespec zero = {0, 0};
+        double t0 = know();
+        int again = 0;
+        if (!o.quiet)
+            fprintf(stderr, "krun serve: %s: taking no new requests; running ones may finish for %.0f s (send it again to "
+                    "cancel them)\n", sig == SIGINT ? "SIGINT" : "SIGTERM", o.shutdown_timeout);
+        srv_http_quiesce(http);
+        srv_engine_drain(eng);
+        while (!srv_engine_wait_idle(eng, 0.1, NULL)) {
+            if (sigtimedwait(&stop_signals, NULL, &zero) > 0) again = 1;
+            if (again || know() - t0 > o.shutdown_timeout) {
+                if (!o.quiet) fprintf(stderr, "krun serve: cancelling the requests still running\n");
+                srv_engine_cancel_all(eng);
+                /* their error events on their way; a client that reads nothing is cut off */
+                srv_engine_wait_idle(eng, SERVE_FLUSH_SECONDS, NULL);
+                break;
+            }
+        }
+    }
+    srv_http_stop(http);
+    http = NULL;
+    health = srv_engine_health(eng, &damaged);
+    json_decref(health);
+    rc = damaged == 200 ? KRUN_OK : KRUN_EDATA;
+    if (o.c.trace && krun_model_trace_write(m, o.c.trace)) {
+        fprintf(stderr, "krun serve: cannot write %s: %s\n", o.c.trace, strerror(errno));
+        rc = KRUN_EINPUT;
+    }
+    if (!o.quiet) fprintf(stderr, "krun serve: stopped\n");
+out:
+    srv_http_stop(http);
+    srv_engine_stop(eng);
+    if (fd >= 0) close(fd);
+    krun_model_close(m);
+    return rc;
+}

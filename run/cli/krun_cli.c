@@ -1,0 +1,217 @@
+/* The command-line options krun, krun chat and krun serve share (krun_cli.h). */
+#include "krun_cli.h"
+
+#include "format/kargs.h"
+#include "format/kprogress.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+void krun_cli_die(const char *fmt, const char *arg)
+{
+    fprintf(stderr, "krun: ");
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, "\n");
+    exit(KRUN_EINPUT);
+}
+
+int krun_cli_value(int argc, char **argv, int *i, const char *name, const char **val)
+{
+    int r = kargs_flag(argc, argv, i, name, val);
+    if (r < 0) krun_cli_die("%s needs a value", name);
+    return r;
+}
+
+long krun_cli_long(const char *s, long lo, long hi, const char *what)
+{
+    long v;
+    if (kargs_long(s, lo, hi, &v)) krun_cli_die("bad value for %s", what);
+    return v;
+}
+
+double krun_cli_double(const char *s, double lo, double hi, const char *what)
+{
+    char *end;
+    double v = strtod(s, &end);
+    if (end == s || *end || !(v >= lo && v <= hi)) krun_cli_die("bad value for %s", what);
+    return v;
+}
+
+void krun_cli_init(krun_cli *c)
+{
+    memset(c, 0, sizeof *c);
+    c->chunk = 64;
+    c->top_p = 1.0;
+    c->verify = KRUN_VERIFY_FIRST;
+    c->pin = -1;
+    c->slots = -1;
+    c->head = -1;
+    c->max_seqs = 1;
+    c->io = KRUN_IO_DIRECT;
+    c->predict = -1;
+}
+
+int krun_cli_option(krun_cli *c, int argc, char **argv, int *i)
+{
+    const char *v;
+#define OPT(name) krun_cli_value(argc, argv, i, name, &v)
+    if (OPT("--temp")) c->temp = krun_cli_double(v, 0, 100, "--temp");
+    else if (OPT("--top-k")) c->top_k = krun_cli_long(v, 0, 1L << 30, "--top-k");
+    else if (OPT("--top-p")) c->top_p = krun_cli_double(v, 0, 1, "--top-p");
+    else if (OPT("--min-p")) c->min_p = krun_cli_double(v, 0, 1, "--min-p");
+    else if (OPT("--seed")) {
+        c->seed = (unsigned long long)krun_cli_long(v, 0, 0x7fffffffffffffffL, "--seed");
+        c->seed_given = 1;
+    }
+    else if (OPT("--threads")) c->threads = krun_cli_long(v, 1, 1024, "--threads");
+    else if (OPT("--ctx")) c->ctx = krun_cli_long(v, 1, 1L << 40, "--ctx");
+    else if (OPT("--chunk")) c->chunk = krun_cli_long(v, 1, 1L << 20, "--chunk");
+    else if (OPT("--max-seqs")) c->max_seqs = krun_cli_long(v, 1, KRUN_MAX_SEQS, "--max-seqs");
+    else if (OPT("--simd")) c->simd = v;
+    else if (OPT("--verify")) {
+        if (!strcmp(v, "first")) c->verify = KRUN_VERIFY_FIRST;
+        else if (!strcmp(v, "always")) c->verify = KRUN_VERIFY_ALWAYS;
+        else if (!strcmp(v, "off")) c->verify = KRUN_VERIFY_OFF;
+        else krun_cli_die("--verify: expected first, always or off, got %s", v);
+    }
+    else if (OPT("--mem")) c->mem = v;
+    else if (OPT("--preset")) c->preset = v;
+    else if (OPT("--pin")) c->pin = krun_cli_long(v, 0, K3_MAX_LAYERS, "--pin");
+    else if (OPT("--expert-slots")) c->slots = krun_cli_long(v, 1, 1L << 24, "--expert-slots");
+    else if (OPT("--piece")) c->piece = v;
+    else if (OPT("--head")) {
+        if (!strcmp(v, "hold")) c->head = 0;
+        else if (!strcmp(v, "stream")) c->head = 1;
+        else krun_cli_die("--head: expected hold or stream, got %s", v);
+    }
+    else if (OPT("--predict")) {
+        if (!strcmp(v, "on")) c->predict = 1;
+        else if (!strcmp(v, "off")) c->predict = 0;
+        else if (!strcmp(v, "auto")) c->predict = -1;
+        else krun_cli_die("--predict: expected on, off or auto, got %s", v);
+    }
+    else if (OPT("--io-threads")) c->io_threads = krun_cli_long(v, 1, 256, "--io-threads");
+    else if (OPT("--trace")) c->trace = v;
+    else if (OPT("--cache")) {
+        if (!strcmp(v, "lru")) c->policy = KRUN_CACHE_LRU;
+        else if (!strcmp(v, "lfu")) c->policy = KRUN_CACHE_LFU;
+        else krun_cli_die("--cache: expected lru or lfu, got %s", v);
+    }
+    else if (OPT("--io")) {
+        c->io_given = 1;
+        if (!strcmp(v, "mmap")) c->io = KRUN_IO_MMAP;
+        else if (!strcmp(v, "pread")) c->io = KRUN_IO_PREAD;
+        else if (!strcmp(v, "direct")) c->io = KRUN_IO_DIRECT;
+        else krun_cli_die("--io: expected mmap, pread or direct, got %s", v);
+    }
+    else return 0;
+#undef OPT
+    return 1;
+}
+
+void krun_cli_check(krun_cli *c, const char *needs_budget)
+{
+    if (c->mem && c->preset) krun_cli_die("%s", "give --mem or --preset, not both");
+    if ((needs_budget || c->pin >= 0 || c->slots >= 0 || c->io_given || c->trace || c->piece || c->head >= 0 || c->predict > 0) &&
+        !c->mem && !c->preset) {
+        char msg[256];
+        snprintf(msg, sizeof msg, "%s%s--pin, --expert-slots, --head, --piece, --predict on, --io and --trace need a budget: --mem SIZE or --preset NAME",
+                 needs_budget ? needs_budget : "", needs_budget ? ", " : "");
+        krun_cli_die("%s", msg);
+    }
+    if (c->piece && kargs_size(c->piece) <= 0) krun_cli_die("--piece: expected a size like 64M, got %s", c->piece);
+    if (c->simd && strcmp(c->simd, "auto") != 0 && (c->simd_level = krun_simd_parse(c->simd)) < 0)
+        krun_cli_die("--simd: expected auto, scalar, avx2, avx512 or neon, got %s", c->simd);
+}
+
+int krun_cli_budget(const krun_cli *c, uint64_t *budget)
+{
+    int64_t b;
+    *budget = 0;
+    if (!c->mem && !c->preset) return 0;
+    b = c->mem ? kargs_size(c->mem) : kmem_preset(c->preset);
+    if (b <= 0) {
+        fprintf(stderr, "krun: %s: expected a size like 8G or 512M, or a preset (laptop, desktop, workstation, server, max)\n",
+                c->mem ? c->mem : c->preset);
+        return -1;
+    }
+    *budget = (uint64_t)b;
+    return 0;
+}
+
+void krun_cli_model_opts(const krun_cli *c, const char *path, uint64_t budget, krun_model_opts *mo)
+{
+    krun_model_opts_init(mo);
+    mo->path = path;
+    mo->budget = budget;
+    mo->preset = c->preset;
+    mo->pin = (int)c->pin;
+    mo->expert_slots = (int)c->slots;
+    mo->piece = c->piece ? (uint64_t)kargs_size(c->piece) : 0;
+    mo->head = (int)c->head;
+    mo->predict = (int)c->predict;
+    mo->io = c->io;
+    mo->cache_policy = c->policy;
+    mo->io_threads = (int)c->io_threads;
+    mo->verify = c->verify;
+    mo->trace = c->trace != NULL;
+    mo->ctx = (size_t)c->ctx;
+    mo->chunk = (size_t)c->chunk;
+    mo->max_seqs = (size_t)c->max_seqs;
+    mo->threads = (int)c->threads;
+    mo->simd = c->simd && strcmp(c->simd, "auto") != 0 ? c->simd_level : -1;
+}
+
+void krun_cli_sampler(const krun_cli *c, ksampler_opts *so)
+{
+    *so = (ksampler_opts){(float)c->temp, (int)c->top_k, (float)c->top_p, (float)c->min_p, c->seed};
+}
+
+/* ---- prefill progress --------------------------------------------------------------- */
+
+void krun_prefill_progress_start(krun_prefill_progress *p, krun_model *m, int quiet)
+{
+    *p = (krun_prefill_progress){!quiet && isatty(2), quiet, know(), 0, krun_model_chunk(m)};
+}
+
+void krun_prefill_progress_fn(void *ctx, size_t done, size_t total)
+{
+    krun_prefill_progress *p = ctx;
+    double now = know(), rate = done / (now - p->t0 + 1e-9);
+    char eta[32];
+    if (done == p->first_block && done < total && !p->quiet) {
+        kfmt_duration((double)(total - done) / rate, eta, sizeof eta);
+        fprintf(stderr, "%skrun: the first block took %.1f s: about %s for the rest of the prompt\n", p->draw ? "\r" : "",
+                now - p->t0, eta);
+    }
+    if (!p->draw || (now - p->last < 0.25 && done < total)) return;
+    p->last = now;
+    kfmt_duration(done < total ? (double)(total - done) / rate : 0, eta, sizeof eta);
+    fprintf(stderr, "\rprefill: %zu/%zu positions, %.1f positions/s, ETA %s   ", done, total, rate, eta);
+    if (done == total) fprintf(stderr, "\r%*s\r", 70, "");
+}
+
+void krun_announce_prompt(krun_model *m, size_t n)
+{
+    const kmemplan *p = krun_model_plan(m);
+    const k3_config *c = krun_model_config(m);
+    size_t chunk = krun_model_chunk(m), blocks = (n + chunk - 1) / chunk;
+    if (blocks < 2) return;
+    if (p) {
+        /* a block reads every streamed trunk layer and, per MoE layer, the
+         * distinct experts its positions chose (at most all of them) */
+        uint64_t per_layer = (uint64_t)chunk * (uint64_t)c->topk < (uint64_t)c->n_experts ? (uint64_t)chunk * (uint64_t)c->topk
+                                                                                      : (uint64_t)c->n_experts;
+        uint64_t experts = p->expert_reads_max / (c->topk ? (uint64_t)c->topk : 1) * per_layer;
+        char b1[32], b2[32];
+        kfmt_bytes(p->trunk_stream_bytes + p->head_stream_bytes + experts, b1, sizeof b1);
+        kfmt_bytes((p->trunk_stream_bytes + p->head_stream_bytes + experts) * blocks, b2, sizeof b2);
+        fprintf(stderr, "krun: the prompt is %zu tokens: %zu blocks of %zu positions, each reading up to %s (unpinned trunk "
+                "+ chosen experts): up to %s in all\n", n, blocks, chunk, b1, b2);
+    } else {
+        fprintf(stderr, "krun: the prompt is %zu tokens: %zu blocks of %zu positions\n", n, blocks, chunk);
+    }
+}

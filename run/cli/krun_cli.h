@@ -1,0 +1,100 @@
+/* What krun's commands (krun, krun chat, krun serve) share on the command
+ * line: the model's memory and execution options, the sampling options, the
+ * budget they make, and the prefill progress shown on a terminal.  One parser,
+ * so that `krun chat` and `krun serve` take every memory option krun takes,
+ * spelled and checked the same way. */
+#ifndef KRUN_CLI_H
+#define KRUN_CLI_H
+
+#include "run/session/sampler.h"
+#include "run/session/session.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct krun_cli {
+    /* memory and execution */
+    const char *mem, *preset, *trace, *simd, *piece;
+    long threads, ctx, chunk, pin, slots, io_threads, max_seqs;
+    long head;                /* --head: 0 hold, 1 stream, -1 the planner chooses */
+    long predict;             /* --predict: 1 on, 0 off, -1 auto (the default: on for a split layout) */
+    int io, policy, io_given, verify;
+    int simd_level;           /* krun_simd_parse of --simd */
+    /* sampling */
+    double temp, top_p, min_p;
+    long top_k;
+    unsigned long long seed;
+    int seed_given;
+} krun_cli;
+
+/* Defaults: chunk 64, one session, top-p 1, --verify first, --io direct, greedy. */
+void krun_cli_init(krun_cli *c);
+/* If argv[*i] is one of the shared options, parse it and its value (advancing
+ * *i) and return 1; otherwise return 0.  A bad value exits with status 2 and
+ * a message naming the option. */
+int krun_cli_option(krun_cli *c, int argc, char **argv, int *i);
+/* Checks across options (--mem with --preset; options that need a budget;
+ * --simd's value); needs_budget: the caller has its own option that needs one
+ * (its name, or NULL).  Exits with status 2 on a conflict. */
+void krun_cli_check(krun_cli *c, const char *needs_budget);
+/* The budget of --mem / --preset in bytes (0: none given).  -1 with a message
+ * on stderr when malformed. */
+int krun_cli_budget(const krun_cli *c, uint64_t *budget);
+void krun_cli_model_opts(const krun_cli *c, const char *path, uint64_t budget, krun_model_opts *mo);
+void krun_cli_sampler(const krun_cli *c, ksampler_opts *so);
+
+/* Argument helpers: print "krun: " + the message and exit with status 2. */
+_Noreturn void krun_cli_die(const char *fmt, const char *arg);
+/* Is argv[*i] the option `name`, which takes a value?  The value in *val:
+ * "--name=VALUE" or the next argument (then *i moves past it); a missing
+ * value exits.  The matching kpack does too (format/kargs.h). */
+int krun_cli_value(int argc, char **argv, int *i, const char *name, const char **val);
+long krun_cli_long(const char *s, long lo, long hi, const char *what);
+double krun_cli_double(const char *s, double lo, double hi, const char *what);
+
+/* Prefill progress on a terminal: positions done, positions/s, ETA; after the
+ * first block of a long prompt, how long the rest will take (unless quiet). */
+typedef struct krun_prefill_progress {
+    int draw, quiet;
+    double t0, last;
+    size_t first_block;
+} krun_prefill_progress;
+void krun_prefill_progress_start(krun_prefill_progress *p, krun_model *m, int quiet);
+void krun_prefill_progress_fn(void *ctx, size_t done, size_t total);
+/* Say up front what a prompt of n positions costs, when it takes several blocks. */
+void krun_announce_prompt(krun_model *m, size_t n);
+
+#define KRUN_CLI_USAGE_SAMPLING \
+    "  --temp T              temperature (default 0 = greedy argmax)\n" \
+    "  --top-k K  --top-p P  --min-p P   sampling filters (with --temp > 0)\n" \
+    "  --seed S              PRNG seed (xoshiro256**; same seed, same text)\n"
+
+#define KRUN_CLI_USAGE_EXECUTION \
+    "  --threads N           worker threads (default: all cores); results are identical for any N\n" \
+    "  --simd auto|scalar|avx2|avx512|neon   kernel path (default auto); results are identical\n"
+
+#define KRUN_CLI_USAGE_MEMORY \
+    "Memory (without --mem or --preset a file that fits in memory is used in place from a\n" \
+    "mapping; a larger one gets --mem 80% of the available memory):\n" \
+    "  --mem SIZE            memory budget, e.g. 8G, 512M (binary units); peak RSS stays below it\n" \
+    "  --preset NAME         laptop 8G, desktop 32G, workstation 64G, server 128G, max 224G\n" \
+    "  --pin N               trunk layers kept resident (default: as many as fit)\n" \
+    "  --expert-slots N      experts cached (default: what the budget leaves)\n" \
+    "  --head hold|stream    lm_head held, or streamed in pieces every token (default: held\n" \
+    "                        when it fits)\n" \
+    "  --piece SIZE          streamed pieces' target size (default: the largest that fits; a\n" \
+    "                        trunk layer or lm_head larger than a ring slot streams in pieces)\n" \
+    "  --cache lfu|lru       expert cache policy (default lfu: least often used, ties to the most\n" \
+    "                        recently used; LRU evicts exactly what the next step needs)\n" \
+    "  --io mmap|pread|direct  how streamed extents are read (default direct; where a file\n" \
+    "                        system refuses O_DIRECT, buffered reads, said once)\n" \
+    "  --io-threads N        concurrent reads (default 8; a set: shared by its disks, at least\n" \
+    "                        2 per disk)\n" \
+    "  --predict on|off|auto while a layer's attention runs, read the experts its router is\n" \
+    "                        likely to choose (default auto: on when the trunk is in a member\n" \
+    "                        of its own, kpack --trunk-to; never changes the output)\n" \
+    "  --trace FILE          every read: kind, member, offset, length, start, end (TSV)\n" \
+    "  --chunk N             prompt positions per forward block (default 64; results identical)\n" \
+    "  --verify first|always|off   check each extent's XXH3 on first use (default), every use, or never\n"
+
+#endif

@@ -1,0 +1,84 @@
+/* The whole K3 forward pass over one block of new positions, which may come
+ * from several sequences (segments): everything position-wise runs over the
+ * whole block, everything sequential runs per segment on its own state. */
+#ifndef KRUN_FORWARD_H
+#define KRUN_FORWARD_H
+
+#include "journal.h"
+#include "scratch.h"
+#include "state.h"
+#include "weights.h"
+#include "run/model/model.h"
+#include "run/store/store.h"
+#include "run/util/krun_err.h"
+#include "run/util/threadpool.h"
+
+#define K3_MAX_SEQS 256            /* sequences in one forward block, at most */
+
+/* The run: what one model needs to compute, laid out once at open. */
+typedef struct k3_run {
+    const k3_model *model;
+    kstore *store;
+    kpool *pool;
+    k3_weights w;               /* the small vectors, bound once; the seam */
+    k3_scratch s;               /* activations of one block */
+    k3_journal j;               /* a speculative verification block's record (cap 0: none) */
+    size_t expert_batch;        /* experts of one layer held at once */
+    void *arena;                /* w and s live here */
+    size_t arena_bytes;
+    /* the prediction (predict.h); NULL when it is off */
+    uint8_t *predict_mem;
+    uint64_t predict_router_bytes, predict_buf_bytes, predict_stage_bytes;
+} k3_run;
+
+/* One segment of a block: n new positions of the sequence whose state is st.
+ * logits receives the logits of its last position [V], or with all_positions
+ * of each of its n positions [n][V].  A journaled segment (speculative
+ * verification: alone in its block, at most the run journal's cap positions)
+ * runs its positions but its state does not advance; they are recorded in
+ * the run's journal, and k3_commit keeps the first of them. */
+typedef struct k3_seg {
+    k3_state *st;
+    const int32_t *ids;
+    size_t n;
+    float *logits;
+    int all_positions;
+    int journal;
+} k3_seg;
+
+/* Positions of a forward block: a prefill chunk, one step of max_seqs
+ * sessions, or a verification block of spec drafts + 1, whichever is largest. */
+static inline size_t k3_block_positions(size_t chunk, size_t max_seqs, size_t spec)
+{
+    size_t b = chunk > max_seqs ? chunk : max_seqs;
+    return spec + 1 > b ? spec + 1 : b;
+}
+
+/* Bytes of the run's arena for blocks of up to T positions from up to S
+ * segments with ctx positions per sequence, and a journal for verification
+ * blocks of spec drafts (0: none): what k3_run_init allocates. */
+size_t k3_run_bytes(const k3_config *c, size_t T, size_t S, size_t ctx, size_t spec);
+/* The part of it that holds the bound vectors (the rest is activations and the journal). */
+size_t k3_run_vectors_bytes(const k3_config *c);
+int k3_run_init(k3_run *r, const k3_model *m, kstore *store, kpool *pool, size_t T, size_t S, size_t ctx, size_t spec,
+                krun_err *err);
+void k3_run_free(k3_run *r);
+
+/* Process one block: segment k's positions follow the st->pos already in its
+ * state, and the segments' states must be distinct.  The bits of each
+ * segment's logits do not depend on the other segments in the block.  Every
+ * logit computed is checked to be finite.  On error the states of the block
+ * are unusable (reset them). */
+int k3_forward(k3_run *r, const k3_seg *segs, size_t nseg, krun_err *err);
+
+/* Logits that are not finite (rows x V of them, the first at position pos)
+ * fail with KRUN_EDATA naming the position; k3_forward checks every row it
+ * computes except a journaled segment's, whose caller checks the rows it
+ * keeps. */
+int k3_check_finite(const k3_run *r, const float *logits, size_t rows, size_t pos, krun_err *err);
+
+/* After a journaled block of n positions: advance st by its first keep
+ * positions (1 <= keep <= n), bit for bit as if only they had run. */
+void k3_commit(k3_run *r, k3_state *st, size_t keep);
+
+#endif

@@ -1,0 +1,57 @@
+/* The journal of a speculative verification block (docs/RUNTIME.md §7).
+ *
+ * A verification block runs a sampled token and the drafts after it through
+ * the model in one forward block, but whether the drafts are kept is known
+ * only from the block's logits.  The MLA caches need nothing for that (the
+ * rows past the sequence's position are rewritten before they are ever
+ * read), but the KDA recurrence and the ShortConv history cannot be un-run.
+ * So a journaled block leaves them as they were: each head's recurrence runs
+ * on a copy of its state (S below, one layer at a time), the convolution
+ * reads its history without moving it, and the journal records, per KDA
+ * layer and position, what advancing them needs:
+ *
+ *   pre-conv q, k, v   (3P floats)  the ShortConv inputs
+ *   alpha              (P floats)   the decay, as the block computed it
+ *   beta               (Hk floats)  the write strength
+ *
+ * k3_commit then advances the state by the accepted positions only: the
+ * convolution runs again over their recorded inputs from the old history
+ * (moving it, and giving the recurrence's k and v), and the recurrence's
+ * update is replayed on the real state: exactly the float operations a
+ * plain run of those positions performs (docs/NUMERICS.md §5).  (Recording
+ * k and v after the convolution instead would take 2P more floats per
+ * position to save a convolution of Kc taps per channel.)  At full K3 scale
+ * that is 197 KB per KDA layer per position, 13.6 MB per position over the 69
+ * KDA layers, plus one layer's state copies (6.3 MB) and the block's logits
+ * (655 KB per position).
+ *
+ * Laid out once with the run state (arena.h), by this carve function, which
+ * the planner calls too. */
+#ifndef KRUN_JOURNAL_H
+#define KRUN_JOURNAL_H
+
+#include "format/k3_config.h"
+#include "run/util/arena.h"
+
+#include <stddef.h>
+
+typedef struct k3_journal {
+    size_t cap;            /* positions a verification block holds: drafts + 1; 0: no journal */
+    size_t n;              /* positions recorded by the last verification (0 after a commit) */
+    size_t rec_floats;     /* floats recorded per KDA layer and position: 4P + Hk */
+    float **rec;           /* [layer] -> [cap][rec_floats]; NULL for MLA layers */
+    float *S;              /* [Hk][D][D]: the state copies of the layer being verified */
+    float *logits;         /* [cap][V]: the logits of every position of the block */
+} k3_journal;
+
+/* Offsets inside one position's record: pre-conv q | k | v, then alpha, then beta. */
+static inline size_t k3_journal_alpha(const k3_config *c) { return 3 * (size_t)c->kda_heads * c->kda_head_dim; }
+static inline size_t k3_journal_beta(const k3_config *c) { return 4 * (size_t)c->kda_heads * c->kda_head_dim; }
+
+/* Lay out a journal for verification blocks of up to drafts + 1 positions
+ * (nothing when drafts is 0). */
+void k3_journal_carve(k3_journal *j, const k3_config *c, size_t drafts, karena *a);
+/* Its bytes, as carved (the planner's figure). */
+size_t k3_journal_bytes(const k3_config *c, size_t drafts);
+
+#endif

@@ -1,0 +1,122 @@
+/* Stable LatentMoE (spec §4.7) and the dense layer-0 FFN (spec §4.8). */
+#include "layers.h"
+
+#include "ablate_variants.h"
+#include "ops.h"
+#include "run/util/ablate.h"
+
+#include <string.h>
+
+void moe_route(const k3_config *c, const float *logits, const float *bias, float *scratch, int *idx, float *weight)
+{
+    const int Ne = c->n_experts, k = c->topk;
+    float *s = scratch, *sel = scratch + Ne;
+    double sum = 0;
+    for (int e = 0; e < Ne; e++) s[e] = op_sigmoid(logits[e]);      /* independent scores, not a softmax */
+    if (ABLATED(ROUTER_SOFTMAX)) { memcpy(s, logits, (size_t)Ne * sizeof *s); op_softmax(s, (size_t)Ne); }
+    for (int e = 0; e < Ne; e++) sel[e] = s[e] + bias[e];            /* the bias only selects */
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        for (int e = 0; e < Ne; e++) {
+            int taken = 0;
+            for (int q = 0; q < j; q++) taken |= idx[q] == e;
+            if (!taken && (best < 0 || sel[e] > sel[best])) best = e;  /* strict: ties go to the lower index */
+        }
+        idx[j] = best;
+        weight[j] = ABLATED(ROUTER_BIAS_IN_WEIGHTS) ? sel[best] : s[best];
+        sum += weight[j];
+    }
+    if (c->moe_renormalize && !ABLATED(NO_RENORMALIZE))
+        for (int j = 0; j < k; j++) weight[j] = (float)(weight[j] / (sum + 1e-20));
+    for (int j = 0; j < k; j++) weight[j] = weight[j] * (float)c->routed_scale;
+}
+
+/* An expert's matrix times the rows of the positions that chose it. */
+static void expert_matmul(kpool *pool, const kmat *W, const float *X, size_t ldx, size_t n, float *Y, size_t ldy)
+{
+    if (ABLATED(MXFP4_NIBBLE_SWAP) || ABLATED(MXFP4_SCALE_BIAS_126)) { abl_expert_matmul(W, X, ldx, n, Y, ldy); return; }
+    kmatmul(pool, W, X, ldx, n, Y, ldy);
+}
+
+int moe_forward(k3_run *r, int L, size_t T, const float *x, float *y, krun_err *err)
+{
+    const k3_config *c = &r->model->cfg;
+    const k3_vecs *w = k3_weights_vecs(&r->w, L);
+    const k3_moe_scratch *s = &r->s.moe;
+    const size_t E = (size_t)c->hidden, Ne = (size_t)c->n_experts, k = (size_t)c->topk;
+    const size_t Lt = (size_t)c->latent, I = (size_t)c->moe_inter, Is = (size_t)k3_shared_inter(c);
+    const float b1 = (float)c->situ_beta1, b2 = (float)c->situ_beta2;
+    size_t nd = 0;
+
+    /* 1. route on the full width */
+    wmatmul(r->pool, &r->w, L, K3T_MOE_ROUTER, x, E, T, s->logits, Ne);
+    for (size_t t = 0; t < T; t++) moe_route(c, s->logits + t * Ne, w->router_bias, s->route, s->idx + t * k, s->wts + t * k);
+    /* the chosen experts, each once for the whole block, in id order: the
+     * disks start on the first batch now, while the latent projection runs */
+    memset(s->used, 0, Ne);
+    for (size_t i = 0; i < T * k; i++) s->used[s->idx[i]] = 1;
+    for (size_t e = 0; e < Ne; e++) if (s->used[e]) s->distinct[nd++] = (int)e;
+    if (nd && k3_weights_experts_request(&r->w, L, s->distinct, nd < r->expert_batch ? nd : r->expert_batch, s->extent, err))
+        return -1;
+    /* 2. into the latent space */
+    wmatmul(r->pool, &r->w, L, K3T_MOE_DOWN, x, E, T, s->zeta, Lt);
+
+    /* 3. each expert for every position that chose it, as soon as its bytes are in */
+    for (size_t b0 = 0; b0 < nd; b0 += r->expert_batch) {
+        size_t nb = nd - b0 < r->expert_batch ? nd - b0 : r->expert_batch;
+        if (b0 && k3_weights_experts_request(&r->w, L, s->distinct + b0, nb, s->extent, err)) return -1;
+        for (size_t q = 0; q < nb; q++) {
+            const int e = s->distinct[b0 + q];
+            if (k3_weights_expert_ready(&r->w, L, s->extent[q], &s->bound[q], err)) {
+                k3_weights_experts_release(&r->w, L, s->distinct + b0, nb);
+                return -1;
+            }
+            const kmat *g = ABLATED(EXPERT_W1_W3_SWAPPED) ? &s->bound[q].w3 : &s->bound[q].w1;
+            const kmat *u = ABLATED(EXPERT_W1_W3_SWAPPED) ? &s->bound[q].w1 : &s->bound[q].w3;
+            size_t n = 0;
+            for (size_t i = 0; i < T * k; i++)
+                if (s->idx[i] == e) { s->rows[n] = (int)i; memcpy(s->xe + n * Lt, s->zeta + (i / k) * Lt, Lt * sizeof *s->xe); n++; }
+            expert_matmul(r->pool, g, s->xe, Lt, n, s->a1, I);
+            expert_matmul(r->pool, u, s->xe, Lt, n, s->a3, I);
+            for (size_t i = 0; i < n * I; i++) s->a1[i] = op_situ(s->a1[i], s->a3[i], b1, b2);
+            expert_matmul(r->pool, &s->bound[q].w2, s->a1, I, n, s->xe, Lt);
+            for (size_t q2 = 0; q2 < n; q2++) memcpy(s->slots + (size_t)s->rows[q2] * Lt, s->xe + q2 * Lt, Lt * sizeof *s->xe);
+        }
+        k3_weights_experts_release(&r->w, L, s->distinct + b0, nb);
+    }
+    /* 4. the weighted sum in top-k order, then ONE RMSNorm of the aggregate */
+    for (size_t t = 0; t < T; t++) {
+        float *a = s->agg + t * Lt;
+        memset(a, 0, Lt * sizeof *a);
+        for (size_t j = 0; j < k; j++) {
+            float *e = s->slots + (t * k + j) * Lt;
+            if (ABLATED(MOE_NORM_PER_EXPERT)) op_rmsnorm(e, e, w->moe_norm, Lt, c->rms_eps);
+            for (size_t i = 0; i < Lt; i++) a[i] = a[i] + s->wts[t * k + j] * e[i];
+        }
+        if (c->latent_norm && !ABLATED(MOE_NORM_PER_EXPERT)) op_rmsnorm(a, a, w->moe_norm, Lt, c->rms_eps);
+    }
+    /* 5. back to the full width */
+    wmatmul(r->pool, &r->w, L, K3T_MOE_UP, s->agg, Lt, T, y, E);
+
+    /* 6. the fused shared expert on the ORIGINAL x, added unweighted */
+    wmatmul(r->pool, &r->w, L, K3T_SH_GATE, x, E, T, s->sg, Is);
+    wmatmul(r->pool, &r->w, L, K3T_SH_UP, x, E, T, s->su, Is);
+    for (size_t i = 0; i < T * Is; i++) s->sg[i] = op_situ(s->sg[i], s->su[i], b1, b2);
+    wmatmul(r->pool, &r->w, L, K3T_SH_DOWN, s->sg, Is, T, s->sh, E);
+    for (size_t t = 0; t < T; t++)
+        for (size_t i = 0; i < E; i++)
+            y[t * E + i] = y[t * E + i] + (ABLATED(SHARED_ON_LATENT_WEIGHTED) ? s->wts[t * k] * s->sh[t * E + i] : s->sh[t * E + i]);
+    return 0;
+}
+
+void dense_ffn_forward(k3_run *r, int L, size_t T, const float *x, float *y)
+{
+    const k3_config *c = &r->model->cfg;
+    const k3_dense_scratch *s = &r->s.dense;
+    const size_t E = (size_t)c->hidden, Id = (size_t)c->dense_inter;
+    const float b1 = (float)c->situ_beta1, b2 = (float)c->situ_beta2;
+    wmatmul(r->pool, &r->w, L, K3T_FFN_GATE, x, E, T, s->g, Id);
+    wmatmul(r->pool, &r->w, L, K3T_FFN_UP, x, E, T, s->u, Id);
+    for (size_t i = 0; i < T * Id; i++) s->g[i] = op_situ(s->g[i], s->u[i], b1, b2);
+    wmatmul(r->pool, &r->w, L, K3T_FFN_DOWN, s->g, Id, T, y, E);
+}

@@ -1,0 +1,36 @@
+/* Per-sequence state carried between decoding steps (spec §5): the KDA
+ * recurrent state and ShortConv history of every KDA layer, and the MLA cache
+ * of every MLA layer, which holds only the compressed latent: the normalised
+ * kv latent and the raw shared rope key, kv_lora + qk_rope floats per
+ * position (576 at full scale).  Carved from a session's slot (arena.h): the
+ * size the planner counts is the size allocated. */
+#ifndef KRUN_STATE_H
+#define KRUN_STATE_H
+
+#include "format/k3_config.h"
+#include "run/util/arena.h"
+
+#include <stddef.h>
+
+typedef struct k3_state {
+    const k3_config *cfg;
+    size_t pos;            /* positions already processed */
+    size_t ctx;            /* capacity of the MLA caches, in positions */
+    float **kda_S;         /* [layer] -> [Hk][D][D], NULL for MLA layers */
+    float **kda_conv;      /* [layer] -> [3 (q,k,v)][Kc-1][P], oldest first */
+    float **mla_cache;     /* [layer] -> [ctx][kv_lora + qk_rope], NULL for KDA layers */
+} k3_state;
+
+static inline size_t k3_mla_row(const k3_config *c) { return (size_t)(c->kv_lora + c->qk_rope); }
+static inline size_t k3_kda_S_floats(const k3_config *c) { return (size_t)c->kda_heads * c->kda_head_dim * c->kda_head_dim; }
+static inline size_t k3_kda_conv_floats(const k3_config *c)
+{
+    return 3 * (size_t)(c->conv_width - 1) * (size_t)c->kda_heads * c->kda_head_dim;
+}
+
+/* Lay the state for ctx positions out in a (see arena.h); reset before use. */
+void k3_state_carve(k3_state *s, const k3_config *c, size_t ctx, karena *a);
+/* Back to position 0 (KDA state and ShortConv history zeroed). */
+void k3_state_reset(k3_state *s);
+
+#endif

@@ -1,0 +1,173 @@
+/* krun serve: the parts of the server and what they share.
+ *
+ *   cmd_serve.c     options, opening the model, the listening socket, signals, shutdown
+ *   serve_http.c    HTTP (libmicrohttpd): routing, auth, bodies, requests in, responses out
+ *   serve_engine.c  the engine thread: the one owner of the model; the queue, the sequences,
+ *                   one forward sweep after another (docs/SERVE.md: the batching policy)
+ *   serve_gen.c     one request's output from the ids it generates
+ *   serve_framing.c whether a request's body length can be known for sure (RFC 9112 6.3)
+ *   serve_conns.c   every open connection: the deadline for a request to arrive, the reserve
+ *
+ * A request (sreq) is made by an HTTP connection thread (parsed, rendered, tokenized there),
+ * handed to the engine, and read back by the same connection thread as its output grows.  One
+ * mutex (srv_engine.mu) guards what both sides touch; the engine holds it only between sweeps. */
+#ifndef KRUN_SERVE_H
+#define KRUN_SERVE_H
+
+#include "serve_gen.h"
+#include "run/session/sampler.h"
+#include "run/session/session.h"
+#include "run/text/jsontext.h"
+#include "run/text/oai.h"
+
+#include <jansson.h>
+#include <pthread.h>
+#include <sys/socket.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct srv_engine srv_engine;
+
+typedef enum { SREQ_NEW, SREQ_QUEUED, SREQ_ACTIVE, SREQ_DONE } sreq_state;
+
+typedef struct sreq {
+    /* set before srv_submit, then the engine's */
+    int32_t *prompt;           /* malloc'd */
+    size_t n_prompt;
+    long max_tokens;
+    ksampler_opts sampling;
+    sgen *gen;                 /* the output; the engine's while the request runs */
+    int has_seed;              /* else the engine picks one */
+    /* the client, looked at by the connection's own thread only (serve_engine.c, client_check) */
+    int client_fd;             /* the connection's socket, to notice a client that hung up; -1: none */
+    int client_probe;          /* HTTP/1.1: "100 Continue" may be sent before the status to tell a
+                                * client that closed from one that only half-closed */
+    double t_submit;
+    char id[64];               /* the response's id, for the log */
+    /* the engine thread's */
+    krun_session *s;
+    size_t fed;                /* prompt tokens run */
+    int32_t next;              /* the token sampled last, run in the next sweep */
+    /* under srv_engine.mu */
+    sreq_state state;
+    kbuf out;                  /* bytes ready to send */
+    int status;                /* the response's HTTP status, once known */
+    int started;               /* the status is known: output has begun or the request is over */
+    int cancelled;             /* the client went away (or the server is stopping): free the sequence */
+    int probed_head, probed_stream;   /* the client's input ended: probed before the status, in the stream */
+    int refs;
+    pthread_cond_t cv;         /* signalled when out grows or the request ends */
+    struct sreq *next_in_queue;
+} sreq;
+
+typedef struct srv_engine_opts {
+    size_t max_queue;          /* requests waiting for a sequence, at most */
+    const char *model_name;
+    int quiet;                 /* no line per request on stderr */
+} srv_engine_opts;
+
+/* The engine over an opened, prepared model (max_seqs sequences); starts its thread. */
+int  srv_engine_start(krun_model *m, const srv_engine_opts *o, srv_engine **out, krun_err *err);
+/* Stops the thread (after srv_engine_cancel_all or once idle) and frees the engine. */
+void srv_engine_stop(srv_engine *e);
+
+/* A request made ready to run: status 0 until known.  NULL on allocation failure. */
+sreq *sreq_new(void);
+/* Hand a request to the engine (it takes a reference).  Fails with e filled: 503 when the
+ * queue is full (with Retry-After) or the server is draining, 503 when the model is damaged. */
+int  srv_submit(srv_engine *e, sreq *r, oai_error *err);
+/* Seconds to put in Retry-After when the server is busy. */
+int  srv_retry_after(srv_engine *e);
+/* The connection's side: wait until the status is known (started or over), or until the
+ * client hangs up (then the request is cancelled).  Returns the status. */
+int  srv_wait_started(srv_engine *e, sreq *r);
+/* Copy up to max bytes of output into buf, waiting for some; 0 once the request is over and
+ * everything was taken; -1 when the client hung up (the request is cancelled). */
+long srv_read(srv_engine *e, sreq *r, char *buf, size_t max);
+/* Wait until the request is over (r->out then holds the whole body), or the client hangs up. */
+void srv_wait_done(srv_engine *e, sreq *r);
+/* The output so far as one malloc'd string (*body), and the status; -1 if the client hung up. */
+int  srv_take_body(srv_engine *e, sreq *r, char **body);
+/* The client went away: the engine frees the sequence at the end of the sweep. */
+void srv_cancel(srv_engine *e, sreq *r);
+void srv_retain(srv_engine *e, sreq *r);
+void srv_release(srv_engine *e, sreq *r);
+
+/* Shutdown: refuse new requests (503); wait for the running ones and for their output to be
+ * taken by their connections, at most timeout seconds (<0: forever) or until *interrupt becomes
+ * non-zero; returns 1 if nothing is left. */
+void srv_engine_drain(srv_engine *e);
+int  srv_engine_wait_idle(srv_engine *e, double timeout, volatile int *interrupt);
+/* Fail every queued and running request (503, "the server is shutting down"). */
+void srv_engine_cancel_all(srv_engine *e);
+
+/* GET /health: the model, the plan, live sequences, the queue, damage, counters.  *status:
+ * 200, or 503 when the model is damaged. */
+json_t *srv_engine_health(srv_engine *e, int *status);
+/* The model's name in the API. */
+const char *srv_engine_model_name(const srv_engine *e);
+krun_model *srv_engine_model(srv_engine *e);
+
+/* A request's framing (serve_framing.c): fed its header fields in order, says whether its body's
+ * length is certain.  Refused (RFC 9112 6.1, 6.3; what a proxy in front may have read otherwise):
+ * Content-Length values that disagree or are not one decimal number; Transfer-Encoding with
+ * Content-Length; Transfer-Encoding whose last coding is not chunked, or chunked twice; any
+ * Transfer-Encoding in HTTP/1.0.  Codings before chunked (gzip, chunked) are not implemented. */
+typedef struct {
+    unsigned long long cl;     /* the Content-Length value, when valid */
+    int n_cl, cl_invalid, cl_differ;
+    int n_te;                  /* Transfer-Encoding fields */
+    int n_codings, n_chunked, last_chunked;
+} srv_framing;
+
+void srv_framing_init(srv_framing *f);
+void srv_framing_header(srv_framing *f, const char *key, const char *value);
+/* 0: the length is certain; else the HTTP status to refuse it with (400, or 501 for a coding
+ * other than chunked), msg saying why. */
+int  srv_framing_verdict(const srv_framing *f, int http_1_0, char *msg, size_t len);
+
+/* The connections (serve_conns.c).  A request must arrive whole within request_timeout seconds
+ * of its first byte; when the open connections come within a reserve (srv_conns_reserve) of
+ * max_connections, or of per_ip from one address, the connection that has waited longest for a
+ * request (half a second at least) is closed to make room.  The limits themselves are MHD's. */
+typedef struct {
+    unsigned max_connections;  /* open connections at most */
+    unsigned per_ip;           /* from one address at most; 0: no limit */
+    double request_timeout;    /* seconds */
+} srv_conns_opts;
+typedef struct srv_conns srv_conns;
+typedef struct srv_conn srv_conn;
+
+/* The connections kept free of slow and silent ones under a limit: limit/8, at least 2. */
+unsigned srv_conns_reserve(unsigned limit);
+int  srv_conns_start(const srv_conns_opts *o, srv_conns **out, krun_err *err);
+/* After every connection is closed (MHD stopped). */
+void srv_conns_stop(srv_conns *t);
+/* A connection accepted (MHD's notify callback; sa: the client's address).  NULL when out of
+ * memory: then it is not watched. */
+srv_conn *srv_conn_open(srv_conns *t, int fd, const struct sockaddr *sa);
+void srv_conn_close(srv_conns *t, srv_conn *c);
+/* Its request arrived whole / its response is over (it waits for the next request). */
+void srv_conn_busy(srv_conns *t, srv_conn *c);
+void srv_conn_waiting(srv_conns *t, srv_conn *c);
+/* {"open", "busy", "waiting", limits, "accepted", "timed_out", "made_room", ...} for /health. */
+json_t *srv_conns_json(srv_conns *t);
+
+/* The HTTP side (serve_http.c). */
+typedef struct srv_http_opts {
+    const char *api_key;       /* NULL: no auth */
+    size_t max_body;           /* bytes */
+    int listen_fd;             /* a bound, listening socket */
+    unsigned max_connections;
+    unsigned max_connections_per_ip;   /* 0: no limit */
+    unsigned idle_timeout;     /* seconds a connection may stay idle */
+    double request_timeout;    /* seconds for a request to arrive whole, from its first byte */
+} srv_http_opts;
+
+typedef struct srv_http srv_http;
+int  srv_http_start(srv_engine *e, const srv_http_opts *o, srv_http **out, krun_err *err);
+/* Stop accepting connections (the listening socket is closed); connections in progress go on. */
+void srv_http_quiesce(srv_http *h);
+void srv_http_stop(srv_http *h);
+
+#endif

@@ -1,0 +1,707 @@
+/* krun serve's engine: one thread owns the model and runs one forward sweep
+ * after another over every live sequence (serve.h; docs/SERVE.md).
+ *
+ * A sweep is one krun_step_batch block: every decoding sequence advances by
+ * the token it sampled last, and the rest of the block (block - decoders
+ * positions) goes to the prompts still being read, in the order they were
+ * admitted; a prompt runs in as many sweeps as it needs.  Between sweeps the
+ * engine takes the lock, hands out what each request produced, frees the
+ * sequences of finished or abandoned requests and admits queued ones.
+ *
+ * Each sequence has its own state, history and sampler, and a position's
+ * result does not depend on what else is in its block (docs/NUMERICS.md §5),
+ * so a request's output is bit-identical alone or batched. */
+#include "serve.h"
+
+#include "format/kprogress.h"
+#include "run/session/memplan.h"
+
+#include <errno.h>
+#include <math.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <time.h>
+
+struct srv_engine {
+    krun_model *m;
+    char model_name[256];
+    size_t max_seqs, max_queue, block, ctx;
+    pthread_mutex_t mu;
+    pthread_cond_t wake;       /* the engine waits for work */
+    pthread_cond_t idle;       /* drain waits for the engine to run dry */
+    pthread_t thread;
+    int have_thread;
+    /* under mu */
+    sreq *qhead, *qtail;       /* waiting for a sequence */
+    size_t n_queued;
+    sreq **active;             /* [max_seqs], in the order they were admitted */
+    size_t n_active;
+    size_t n_open;             /* requests submitted and not yet freed: their output may still be on its way */
+    int draining, cancel_all, quit, damaged, quiet;
+    char damage[900];
+    struct {
+        uint64_t requests, completed, failed, cancelled, prompt_tokens, generated, sweeps, positions, bytes_read;
+        double sweep_seconds, request_seconds;
+    } st;
+    double t0;
+    uint64_t seeds;            /* seeds handed to requests without one */
+};
+
+/* ---- requests ------------------------------------------------------------------------------- */
+
+sreq *sreq_new(void)
+{
+    sreq *r = calloc(1, sizeof *r);
+    if (!r) return NULL;
+    if (pthread_cond_init(&r->cv, NULL)) { free(r); return NULL; }
+    r->refs = 1;
+    r->client_fd = -1;
+    return r;
+}
+
+static void release_locked(srv_engine *e, sreq *r)
+{
+    if (--r->refs > 0) return;
+    if (r->state != SREQ_NEW) e->n_open--;
+    sgen_free(r->gen);
+    free(r->prompt);
+    kbuf_free(&r->out);
+    pthread_cond_destroy(&r->cv);
+    free(r);
+}
+
+void srv_retain(srv_engine *e, sreq *r)
+{
+    pthread_mutex_lock(&e->mu);
+    r->refs++;
+    pthread_mutex_unlock(&e->mu);
+}
+
+void srv_release(srv_engine *e, sreq *r)
+{
+    if (!r) return;
+    pthread_mutex_lock(&e->mu);
+    release_locked(e, r);
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* What the request produced so far, to its connection. */
+static void publish_locked(sreq *r)
+{
+    sgen_take(r->gen, &r->out);
+    if (!r->started && (sgen_started(r->gen) || sgen_done(r->gen))) {
+        r->started = 1;
+        r->status = sgen_status(r->gen);
+    }
+    pthread_cond_broadcast(&r->cv);
+}
+
+/* The request is over: its output is complete, its sequence is free. */
+static void finish_locked(srv_engine *e, sreq *r)
+{
+    if (r->s) { krun_session_free(r->s); r->s = NULL; }
+    if (r->gen) publish_locked(r);
+    r->started = 1;
+    r->state = SREQ_DONE;
+    pthread_cond_broadcast(&r->cv);
+    release_locked(e, r);         /* the engine's reference */
+}
+
+/* One line per request on stderr: how it ended. */
+static void log_end(const srv_engine *e, const sreq *r, const char *how, const char *detail)
+{
+    if (e->quiet) return;
+    fprintf(stderr, "krun serve: %s: %zu prompt + %zu generated tokens, %s%s%s, %.2f s\n", r->id, r->n_prompt,
+            r->gen ? sgen_n_tokens(r->gen) : 0, how, detail ? ": " : "", detail ? detail : "", know() - r->t_submit);
+}
+
+static void fail_locked(srv_engine *e, sreq *r, const oai_error *err)
+{
+    char how[32];
+    snprintf(how, sizeof how, "failed with %d", err->status);
+    log_end(e, r, how, err->message);
+    sgen_fail(r->gen, err);
+    e->st.failed++;
+    finish_locked(e, r);
+}
+
+static void remove_active(srv_engine *e, size_t k)
+{
+    memmove(e->active + k, e->active + k + 1, (e->n_active - k - 1) * sizeof *e->active);
+    e->n_active--;
+}
+
+/* ---- the engine thread ---------------------------------------------------------------------- */
+
+/* Requests whose client went away, or every request when the server stops. */
+static void drop_cancelled_locked(srv_engine *e)
+{
+    oai_error stopping;
+    oai_error_set(&stopping, 503, NULL, "server_shutting_down", "the server is shutting down; the request was not completed");
+    for (size_t k = e->n_active; k-- > 0;) {
+        sreq *r = e->active[k];
+        if (!r->cancelled && !e->cancel_all) continue;
+        remove_active(e, k);
+        if (r->cancelled) { e->st.cancelled++; log_end(e, r, "cancelled", "the client went away"); finish_locked(e, r); }
+        else fail_locked(e, r, &stopping);
+    }
+    while (e->qhead && e->cancel_all) {
+        sreq *r = e->qhead;
+        e->qhead = r->next_in_queue;
+        e->n_queued--;
+        fail_locked(e, r, &stopping);
+    }
+    if (!e->qhead) e->qtail = NULL;
+}
+
+/* Queued requests take free sequences. */
+static void admit_locked(srv_engine *e)
+{
+    while (e->qhead && e->n_active < e->max_seqs) {
+        sreq *r = e->qhead;
+        krun_err err;
+        e->qhead = r->next_in_queue;
+        if (!e->qhead) e->qtail = NULL;
+        e->n_queued--;
+        if (krun_session_new(e->m, &r->s, &err)) {   /* cannot happen: n_active < max_seqs */
+            oai_error oe;
+            oai_error_set(&oe, 500, NULL, NULL, "%s", err.msg);
+            fail_locked(e, r, &oe);
+            continue;
+        }
+        krun_session_set_sampler(r->s, &r->sampling);
+        r->state = SREQ_ACTIVE;
+        e->active[e->n_active++] = r;
+    }
+}
+
+/* The sweep: every decoding sequence's next token, then prompt positions up
+ * to the block, in admission order.  take[k]: prompt tokens of sw[k] in this
+ * sweep (0: a decoding step).  Returns the number of sequences in it. */
+static size_t plan_sweep_locked(srv_engine *e, sreq **sw, size_t *take)
+{
+    size_t n = 0, budget = e->block;
+    for (size_t k = 0; k < e->n_active; k++) {
+        sreq *r = e->active[k];
+        if (r->fed < r->n_prompt) continue;
+        sw[n] = r;
+        take[n++] = 0;
+        budget--;
+    }
+    for (size_t k = 0; k < e->n_active && budget; k++) {
+        sreq *r = e->active[k];
+        size_t left = r->n_prompt - r->fed;
+        if (!left) continue;
+        sw[n] = r;
+        take[n] = left < budget ? left : budget;
+        budget -= take[n++];
+    }
+    return n;
+}
+
+/* Run the sweep and read what each sequence generated (without the lock).
+ * Returns 0, or -1 with err when the forward block failed (every sequence in
+ * it is broken).  done[k]: sw[k] is complete (its output says why). */
+static int run_sweep(srv_engine *e, sreq **sw, const size_t *take, size_t n, int *done, krun_err *err)
+{
+    krun_session *ss[KRUN_MAX_SEQS];
+    int32_t ids[KRUN_MAX_SEQS];
+    for (size_t k = 0; k < n; k++) {
+        sreq *r = sw[k];
+        ss[k] = r->s;
+        done[k] = 0;
+        if (!take[k]) { ids[k] = r->next; continue; }
+        /* a block of the prompt: all but its last token pending, the last as the step's token */
+        if (take[k] > 1 && krun_session_append(r->s, r->prompt + r->fed, take[k] - 1, err)) return -1;
+        ids[k] = r->prompt[r->fed + take[k] - 1];
+    }
+    if (krun_step_batch(e->m, ss, ids, n, err)) return -1;
+    for (size_t k = 0; k < n; k++) {
+        sreq *r = sw[k];
+        int32_t id;
+        int rc;
+        r->fed += take[k];
+        if (r->fed < r->n_prompt) continue;             /* more prompt to read */
+        id = krun_session_sample(r->s);
+        rc = sgen_token(r->gen, id);
+        if (rc < 0) { done[k] = -1; continue; }          /* out of memory for the output */
+        if (rc == 0 && krun_session_pos(r->s) + 1 > e->ctx) {
+            sgen_end(r->gen, "length");                  /* no room to run the token */
+            rc = 1;
+        }
+        done[k] = rc;
+        r->next = id;
+    }
+    return 0;
+}
+
+/* The model is damaged (a checksum mismatch, non-finite logits): nothing
+ * computed from it may be served.  Every running and queued request fails
+ * with 500 and the damage named; later ones get 503 (srv_submit). */
+static void damaged_locked(srv_engine *e, const krun_err *err)
+{
+    oai_error oe;
+    e->damaged = 1;
+    snprintf(e->damage, sizeof e->damage, "%s", err->msg);
+    oai_error_set(&oe, 500, NULL, "model_damaged",
+                  "the model file is damaged: %s; this server serves nothing more computed from it (restart it with a good "
+                  "file: kpack verify names every bad extent)", err->msg);
+    while (e->n_active) {
+        sreq *r = e->active[e->n_active - 1];
+        e->n_active--;
+        fail_locked(e, r, &oe);
+    }
+    while (e->qhead) {
+        sreq *r = e->qhead;
+        e->qhead = r->next_in_queue;
+        e->n_queued--;
+        fail_locked(e, r, &oe);
+    }
+    e->qtail = NULL;
+}
+
+/* A burst of requests that finds the engine idle starts in one sweep: wait
+ * until none has arrived for SERVE_GATHER_QUIET seconds (at most
+ * SERVE_GATHER_MAX).  A lone request waits SERVE_GATHER_QUIET; a sweep takes
+ * milliseconds in memory and seconds when streaming, and a request that just
+ * missed one waits for the whole next sweep. */
+#define SERVE_GATHER_QUIET 0.003
+#define SERVE_GATHER_MAX 0.05
+
+static void gather_locked(srv_engine *e)
+{
+    double end = know() + SERVE_GATHER_MAX;
+    uint64_t seen = e->st.requests;
+    while (e->n_queued < e->max_seqs && know() < end) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += (long)(SERVE_GATHER_QUIET * 1e9);
+        if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+        pthread_cond_timedwait(&e->wake, &e->mu, &ts);
+        if (e->st.requests == seen || e->cancel_all) break;
+        seen = e->st.requests;
+    }
+}
+
+static void *engine_main(void *arg)
+{
+    srv_engine *e = arg;
+    sreq **sw = calloc(e->max_seqs, sizeof *sw);
+    size_t *take = calloc(e->max_seqs, sizeof *take);
+    int *done = calloc(e->max_seqs, sizeof *done);
+    pthread_mutex_lock(&e->mu);
+    for (;;) {
+        size_t n;
+        krun_err err;
+        int rc;
+        double t;
+        krun_stats ks;
+        drop_cancelled_locked(e);
+        admit_locked(e);
+        if (!e->n_active) {
+            pthread_cond_broadcast(&e->idle);
+            if (e->quit) break;
+            pthread_cond_wait(&e->wake, &e->mu);
+            if (e->n_queued) gather_locked(e);
+            continue;
+        }
+        if (!sw || !take || !done) {               /* no memory for the sweep's lists: fail what runs */
+            oai_error oe;
+            oai_error_set(&oe, 500, NULL, NULL, "out of memory");
+            while (e->n_active) fail_locked(e, e->active[--e->n_active], &oe);
+            continue;
+        }
+        n = plan_sweep_locked(e, sw, take);
+        pthread_mutex_unlock(&e->mu);
+
+        t = know();
+        rc = run_sweep(e, sw, take, n, done, &err);
+        t = know() - t;
+        krun_model_stats(e->m, &ks);
+
+        pthread_mutex_lock(&e->mu);
+        e->st.sweeps++;
+        e->st.sweep_seconds += t;
+        e->st.bytes_read = ks.bytes_read;
+        if (rc) {
+            if (err.code == KRUN_EDATA) { damaged_locked(e, &err); continue; }
+            /* not the model's fault (a bug): the sequences of this block fail, the rest go on */
+            oai_error oe;
+            oai_error_set(&oe, 500, NULL, NULL, "%s", err.msg);
+            for (size_t k = 0; k < n; k++)
+                for (size_t j = 0; j < e->n_active; j++)
+                    if (e->active[j] == sw[k]) { remove_active(e, j); fail_locked(e, sw[k], &oe); break; }
+            continue;
+        }
+        for (size_t k = 0; k < n; k++) {
+            sreq *r = sw[k];
+            e->st.positions += take[k] ? take[k] : 1;
+            if (r->fed == r->n_prompt) e->st.generated++;       /* a token was sampled */
+            if (!done[k]) { publish_locked(r); continue; }
+            for (size_t j = 0; j < e->n_active; j++)
+                if (e->active[j] == r) { remove_active(e, j); break; }
+            if (done[k] < 0) {
+                oai_error oe;
+                oai_error_set(&oe, 500, NULL, NULL, "out of memory while building the response");
+                fail_locked(e, r, &oe);
+            } else {
+                e->st.completed++;
+                e->st.request_seconds += know() - r->t_submit;
+                log_end(e, r, sgen_finish_reason(r->gen), NULL);
+                finish_locked(e, r);
+            }
+        }
+    }
+    pthread_mutex_unlock(&e->mu);
+    free(sw);
+    free(take);
+    free(done);
+    return NULL;
+}
+
+/* ---- the connection's side ------------------------------------------------------------------- */
+
+/* Did the client leave?  Only a reset or an error on its socket says so, or a failed write
+ * (which MHD reports: on_completed).  The end of its input does not: a client may shut its
+ * writing side down once its request is sent (shutdown(SHUT_WR), nc -N, socat) and still read
+ * the answer.  A client that closed its socket and one that only half-closed it look the same
+ * from here (the end of input); they differ in what they do with data sent to them: a closed
+ * socket answers it with a reset.  So, the first time its input is seen ended, the client is sent
+ * something every client skips, and the reset (if it comes) is seen at the next look:
+ *   - before the response's status is known, an interim response "HTTP/1.1 100 Continue" (an
+ *     HTTP/1.1 client must accept 1xx responses before the final one, RFC 9110 15.2; HTTP/1.0
+ *     has none, so there the end of input counts as a hang-up);
+ *   - in a started stream, an SSE comment line (":"), which clients ignore (srv_read). */
+enum { CLIENT_HERE, CLIENT_GONE, CLIENT_EOF };
+#define CLIENT_PROBE "HTTP/1.1 100 Continue\r\n\r\n"
+#define SSE_PROBE ":\n\n"
+/* After a probe, look again this soon (a reset comes back within a round trip). */
+#define PROBE_RECHECK 0.02
+
+static int client_check(const sreq *r)
+{
+    struct pollfd p = {r->client_fd, POLLIN | POLLRDHUP, 0};
+    if (r->client_fd < 0 || poll(&p, 1, 0) <= 0) return CLIENT_HERE;
+    if (p.revents & (POLLERR | POLLHUP | POLLNVAL)) return CLIENT_GONE;   /* a reset, an error, or both sides shut */
+    return p.revents & POLLRDHUP ? CLIENT_EOF : CLIENT_HERE;               /* POLLIN alone: a pipelined request */
+}
+
+/* Before the status is known: is the client gone?  *soon: look again soon (a probe was sent).
+ * The connection's thread is inside MHD's access handler, so MHD writes nothing meanwhile and the
+ * interim response goes out whole before the final one. */
+static int client_gone_head(sreq *r, double *soon)
+{
+    ssize_t n;
+    int st = client_check(r);
+    if (st != CLIENT_EOF) return st == CLIENT_GONE;
+    if (r->probed_head) return 0;                   /* probed: only half-closed */
+    if (!r->client_probe) return 1;                 /* HTTP/1.0: no interim responses */
+    n = send(r->client_fd, CLIENT_PROBE, sizeof CLIENT_PROBE - 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;   /* its buffer is full: later */
+    /* a write that failed means the client left; a partial one (cannot happen with an empty
+     * buffer, but) would leave a torn response on the wire: the connection is given up */
+    if (n != (ssize_t)(sizeof CLIENT_PROBE - 1)) return 1;
+    r->probed_head = 1;
+    *soon = PROBE_RECHECK;
+    return 0;
+}
+
+static void cancel_locked(srv_engine *e, sreq *r)
+{
+    if (r->cancelled || r->state == SREQ_DONE) return;
+    r->cancelled = 1;
+    if (r->state == SREQ_QUEUED) {         /* not running yet: out of the queue now */
+        sreq **p = &e->qhead, *prev = NULL;
+        while (*p && *p != r) { prev = *p; p = &(*p)->next_in_queue; }
+        if (*p) {
+            *p = r->next_in_queue;
+            if (e->qtail == r) e->qtail = prev;
+            e->n_queued--;
+            e->st.cancelled++;
+            log_end(e, r, "cancelled while queued", "the client went away");
+            finish_locked(e, r);
+        }
+    }
+    pthread_cond_signal(&e->wake);
+}
+
+void srv_cancel(srv_engine *e, sreq *r)
+{
+    pthread_mutex_lock(&e->mu);
+    cancel_locked(e, r);
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* A connection waiting for output looks at its client this often (seconds). */
+#define CLIENT_LOOK 0.2
+
+/* Wait on r->cv for at most the given seconds (< 1), then look at the client again. */
+static void wait_a_little(sreq *r, pthread_mutex_t *mu, double seconds)
+{
+    struct timespec ts;
+    long ns = (long)(seconds * 1e9);
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += ns;
+    if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+    pthread_cond_timedwait(&r->cv, mu, &ts);
+}
+
+int srv_wait_started(srv_engine *e, sreq *r)
+{
+    int status = -1;
+    pthread_mutex_lock(&e->mu);
+    while (!r->started && r->state != SREQ_DONE) {
+        double next = CLIENT_LOOK;
+        if (client_gone_head(r, &next)) { cancel_locked(e, r); break; }
+        wait_a_little(r, &e->mu, next);
+    }
+    if (r->started && !r->cancelled) status = r->status;
+    pthread_mutex_unlock(&e->mu);
+    return status;
+}
+
+long srv_read(srv_engine *e, sreq *r, char *buf, size_t max)
+{
+    long got = -1;
+    pthread_mutex_lock(&e->mu);
+    while (!r->out.n && r->state != SREQ_DONE && !r->cancelled) {
+        int st = client_check(r);
+        if (st == CLIENT_GONE) { cancel_locked(e, r); break; }
+        if (st == CLIENT_EOF && !r->probed_stream && max >= sizeof SSE_PROBE - 1) {
+            /* between events (out is empty: every event published so far was taken whole) */
+            r->probed_stream = 1;
+            memcpy(buf, SSE_PROBE, sizeof SSE_PROBE - 1);
+            pthread_mutex_unlock(&e->mu);
+            return (long)(sizeof SSE_PROBE - 1);
+        }
+        wait_a_little(r, &e->mu, CLIENT_LOOK);
+    }
+    if (r->out.n) {
+        size_t n = r->out.n < max ? r->out.n : max;
+        memcpy(buf, r->out.p, n);
+        memmove(r->out.p, r->out.p + n, r->out.n - n);
+        r->out.n -= n;
+        got = (long)n;
+    } else if (r->state == SREQ_DONE && !r->cancelled) {
+        got = 0;
+    }
+    pthread_mutex_unlock(&e->mu);
+    return got;
+}
+
+void srv_wait_done(srv_engine *e, sreq *r)
+{
+    pthread_mutex_lock(&e->mu);
+    while (r->state != SREQ_DONE && !r->cancelled) {
+        double next = CLIENT_LOOK;
+        if (client_gone_head(r, &next)) { cancel_locked(e, r); break; }
+        wait_a_little(r, &e->mu, next);
+    }
+    pthread_mutex_unlock(&e->mu);
+}
+
+int srv_take_body(srv_engine *e, sreq *r, char **body)
+{
+    int status = -1;
+    *body = NULL;
+    pthread_mutex_lock(&e->mu);
+    if (!r->cancelled) {
+        *body = strndup(r->out.p ? r->out.p : "", r->out.n);
+        r->out.n = 0;
+        status = *body ? r->status : -1;
+    }
+    pthread_mutex_unlock(&e->mu);
+    return status;
+}
+
+/* A seed for a request without one: distinct per request and per run. */
+static uint64_t fresh_seed(srv_engine *e)
+{
+    struct timespec ts;
+    uint64_t z;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    z = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 30) ^ (++e->seeds * 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    return (z ^ (z >> 27)) & 0x7fffffffffffffffull;
+}
+
+int srv_submit(srv_engine *e, sreq *r, oai_error *err)
+{
+    int rc = -1;
+    pthread_mutex_lock(&e->mu);
+    if (e->damaged) {
+        oai_error_set(err, 503, NULL, "model_damaged", "the model file is damaged: %s; this server serves nothing computed from "
+                      "it (restart it with a good file: kpack verify names every bad extent)", e->damage);
+    } else if (e->draining) {
+        oai_error_set(err, 503, NULL, "server_shutting_down", "the server is shutting down and takes no new requests");
+    } else if (e->n_queued >= e->max_seqs - e->n_active + e->max_queue) {
+        oai_error_set(err, 503, NULL, "server_busy", "all %zu sequences are busy and %zu requests are waiting (--max-queue); retry later",
+                      e->max_seqs, e->n_queued);
+    } else {
+        if (!r->has_seed) r->sampling.seed = fresh_seed(e);
+        r->t_submit = know();
+        r->state = SREQ_QUEUED;
+        r->refs++;
+        r->next_in_queue = NULL;
+        if (e->qtail) e->qtail->next_in_queue = r;
+        else e->qhead = r;
+        e->qtail = r;
+        e->n_queued++;
+        e->n_open++;
+        e->st.requests++;
+        e->st.prompt_tokens += r->n_prompt;
+        pthread_cond_signal(&e->wake);
+        rc = 0;
+    }
+    pthread_mutex_unlock(&e->mu);
+    return rc;
+}
+
+/* Seconds a client should wait before retrying a busy server: a sequence
+ * frees up about every (a request's mean time / sequences). */
+int srv_retry_after(srv_engine *e)
+{
+    double s = 1;
+    pthread_mutex_lock(&e->mu);
+    if (e->st.completed) s = e->st.request_seconds / (double)e->st.completed / (double)e->max_seqs;
+    pthread_mutex_unlock(&e->mu);
+    return s < 1 ? 1 : s > 3600 ? 3600 : (int)ceil(s);
+}
+
+/* ---- lifetime and health ------------------------------------------------------------------------ */
+
+int srv_engine_start(krun_model *m, const srv_engine_opts *o, srv_engine **out, krun_err *err)
+{
+    srv_engine *e = calloc(1, sizeof *e);
+    *out = NULL;
+    if (!e) return krun_err_set(err, KRUN_ENOMEM, "out of memory");
+    e->m = m;
+    snprintf(e->model_name, sizeof e->model_name, "%s", o->model_name);
+    e->max_queue = o->max_queue;
+    e->quiet = o->quiet;
+    e->ctx = krun_model_ctx(m);
+    e->max_seqs = krun_model_max_seqs(m);       /* the model was prepared for them */
+    e->block = krun_model_block(m);
+    e->active = calloc(e->max_seqs, sizeof *e->active);
+    e->t0 = know();
+    if (!e->active || pthread_mutex_init(&e->mu, NULL)) goto oom;
+    if (pthread_cond_init(&e->wake, NULL)) { pthread_mutex_destroy(&e->mu); goto oom; }
+    if (pthread_cond_init(&e->idle, NULL)) { pthread_cond_destroy(&e->wake); pthread_mutex_destroy(&e->mu); goto oom; }
+    if (pthread_create(&e->thread, NULL, engine_main, e)) {
+        krun_err_set(err, KRUN_ENOMEM, "cannot start the engine thread: %s", strerror(errno));
+        pthread_cond_destroy(&e->idle);
+        pthread_cond_destroy(&e->wake);
+        pthread_mutex_destroy(&e->mu);
+        free(e->active);
+        free(e);
+        return -1;
+    }
+    e->have_thread = 1;
+    *out = e;
+    return 0;
+oom:
+    free(e->active);
+    free(e);
+    krun_err_set(err, KRUN_ENOMEM, "out of memory");
+    return -1;
+}
+
+void srv_engine_drain(srv_engine *e)
+{
+    pthread_mutex_lock(&e->mu);
+    e->draining = 1;
+    pthread_mutex_unlock(&e->mu);
+}
+
+int srv_engine_wait_idle(srv_engine *e, double timeout, volatile int *interrupt)
+{
+    double end = know() + timeout;
+    int idle;
+    pthread_mutex_lock(&e->mu);
+    while ((e->n_active || e->n_queued || e->n_open) && !(interrupt && *interrupt) && (timeout < 0 || know() < end)) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 100 * 1000 * 1000;
+        if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+        pthread_cond_timedwait(&e->idle, &e->mu, &ts);
+    }
+    idle = !e->n_active && !e->n_queued && !e->n_open;
+    pthread_mutex_unlock(&e->mu);
+    return idle;
+}
+
+void srv_engine_cancel_all(srv_engine *e)
+{
+    pthread_mutex_lock(&e->mu);
+    e->draining = 1;
+    e->cancel_all = 1;
+    pthread_cond_signal(&e->wake);
+    pthread_mutex_unlock(&e->mu);
+}
+
+void srv_engine_stop(srv_engine *e)
+{
+    if (!e) return;
+    if (e->have_thread) {
+        pthread_mutex_lock(&e->mu);
+        e->draining = e->cancel_all = e->quit = 1;
+        pthread_cond_signal(&e->wake);
+        pthread_mutex_unlock(&e->mu);
+        pthread_join(e->thread, NULL);
+    }
+    pthread_cond_destroy(&e->idle);
+    pthread_cond_destroy(&e->wake);
+    pthread_mutex_destroy(&e->mu);
+    free(e->active);
+    free(e);
+}
+
+const char *srv_engine_model_name(const srv_engine *e) { return e->model_name; }
+krun_model *srv_engine_model(srv_engine *e) { return e->m; }
+
+json_t *srv_engine_health(srv_engine *e, int *status)
+{
+    json_t *j = json_object(), *st = json_object();
+    const kmemplan *p = krun_model_plan(e->m);
+    size_t prefilling = 0;
+    pthread_mutex_lock(&e->mu);
+    for (size_t k = 0; k < e->n_active; k++) prefilling += e->active[k]->fed < e->active[k]->n_prompt;
+    *status = e->damaged ? 503 : 200;
+    json_object_set_new(j, "status", json_string(e->damaged ? "damaged" : e->draining ? "draining" : "ok"));
+    json_object_set_new(j, "model", json_string(e->model_name));
+    json_object_set_new(j, "file", json_string(krun_model_path(e->m)));
+    json_object_set_new(j, "damage", e->damaged ? json_string(e->damage) : json_null());
+    json_object_set_new(j, "ctx", json_integer((json_int_t)e->ctx));
+    json_object_set_new(j, "max_seqs", json_integer((json_int_t)e->max_seqs));
+    json_object_set_new(j, "block", json_integer((json_int_t)e->block));
+    json_object_set_new(j, "live_sequences", json_integer((json_int_t)e->n_active));
+    json_object_set_new(j, "prefilling", json_integer((json_int_t)prefilling));
+    json_object_set_new(j, "queued", json_integer((json_int_t)e->n_queued));
+    json_object_set_new(j, "max_queue", json_integer((json_int_t)e->max_queue));
+    json_object_set_new(st, "requests", json_integer((json_int_t)e->st.requests));
+    json_object_set_new(st, "completed", json_integer((json_int_t)e->st.completed));
+    json_object_set_new(st, "failed", json_integer((json_int_t)e->st.failed));
+    json_object_set_new(st, "cancelled", json_integer((json_int_t)e->st.cancelled));
+    json_object_set_new(st, "prompt_tokens", json_integer((json_int_t)e->st.prompt_tokens));
+    json_object_set_new(st, "generated_tokens", json_integer((json_int_t)e->st.generated));
+    json_object_set_new(st, "sweeps", json_integer((json_int_t)e->st.sweeps));
+    json_object_set_new(st, "positions", json_integer((json_int_t)e->st.positions));
+    json_object_set_new(st, "sweep_seconds", json_real(e->st.sweep_seconds));
+    json_object_set_new(st, "bytes_read", json_integer((json_int_t)e->st.bytes_read));
+    json_object_set_new(st, "uptime_seconds", json_real(know() - e->t0));
+    {
+        /* the process's CPU time: against sweep_seconds it says whether sweeps wait for the disk or compute */
+        struct rusage ru;
+        if (!getrusage(RUSAGE_SELF, &ru))
+            json_object_set_new(st, "cpu_seconds", json_real((double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec / 1e6 +
+                                                             (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec / 1e6));
+    }
+    pthread_mutex_unlock(&e->mu);
+    json_object_set_new(j, "stats", st);
+    json_object_set_new(j, "plan", p ? kmemplan_json(p) : json_null());
+    return j;
+}

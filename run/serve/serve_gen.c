@@ -1,0 +1,330 @@
+/* One request's output, token by token (serve_gen.h). */
+#include "serve_gen.h"
+
+#include "run/text/chat.h"
+#include "run/text/stopstr.h"
+#include "run/text/utf8_hold.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct sgen {
+    const ktok *tk;
+    sgen_opts o;
+    /* sgen_opts points into the request (its parsed body, the caller's stack), which is gone while
+     * a streamed or abandoned request still runs: everything kept is copied (issue 25.1) */
+    char *id, *model;          /* copies of meta's strings */
+    int32_t *prompt;           /* copy, for return_token_ids */
+    char **stops;              /* copies of the stop strings (kstop borrows these) */
+    int32_t *end_ids;          /* copy */
+    kchat_parser *parser;      /* chat */
+    kstop stop;
+    kutf8_hold pend;           /* completion: an incomplete UTF-8 sequence held back */
+    kbuf ids;                  /* every generated id, as int32_t */
+    kbuf out;                  /* bytes ready to send */
+    kbuf text, reasoning;      /* not streamed: the reply so far (chat content, or the completion's text) */
+    kchat_call *calls;         /* not streamed: the tool calls */
+    char **call_ids;
+    size_t n_calls;            /* kept (not streamed) */
+    size_t calls_made;         /* complete calls, streamed or not: finish_reason tool_calls */
+    int stream_started, complete, failed, stopped, oom, status;
+    const char *finish;
+};
+
+static char *dupstr(const char *s) { return s ? strdup(s) : NULL; }
+
+sgen *sgen_new(const ktok *tk, const sgen_opts *o)
+{
+    sgen *g = calloc(1, sizeof *g);
+    int oom = 0;
+    if (!g) return NULL;
+    g->tk = tk;
+    g->o = *o;
+    g->status = 200;
+    g->id = dupstr(o->meta.id);
+    g->model = dupstr(o->meta.model);
+    g->o.meta.id = g->id;
+    g->o.meta.model = g->model;
+    if (o->n_prompt && o->return_token_ids) {
+        g->prompt = malloc(o->n_prompt * sizeof *g->prompt);
+        if (g->prompt) memcpy(g->prompt, o->prompt_ids, o->n_prompt * sizeof *g->prompt);
+    }
+    g->o.prompt_ids = g->prompt;
+    if (o->n_stop) g->stops = calloc(o->n_stop, sizeof *g->stops);
+    for (size_t i = 0; g->stops && i < o->n_stop; i++)
+        if (!(g->stops[i] = strdup(o->stop[i]))) oom = 1;
+    g->o.stop = g->stops;
+    if (o->n_end_ids) g->end_ids = malloc(o->n_end_ids * sizeof *g->end_ids);
+    if (g->end_ids) memcpy(g->end_ids, o->end_ids, o->n_end_ids * sizeof *g->end_ids);
+    g->o.end_ids = g->end_ids;
+    kstop_init(&g->stop, g->stops, o->n_stop);
+    if (o->chat) g->parser = kchat_parser_new(tk, o->thinking);
+    if ((o->meta.id && !g->id) || (o->meta.model && !g->model) || (o->n_prompt && o->return_token_ids && !g->prompt) ||
+        (o->n_stop && !g->stops) || oom || (o->n_end_ids && !g->end_ids) || (o->chat && !g->parser)) {
+        sgen_free(g);
+        return NULL;
+    }
+    return g;
+}
+
+void sgen_free(sgen *g)
+{
+    if (!g) return;
+    kchat_parser_free(g->parser);
+    kstop_free(&g->stop);
+    for (size_t i = 0; i < g->n_calls; i++) {
+        free(g->calls[i].name);
+        free(g->calls[i].arguments);
+        free(g->call_ids[i]);
+    }
+    free(g->calls);
+    free(g->call_ids);
+    kbuf_free(&g->out);
+    kbuf_free(&g->text);
+    kbuf_free(&g->reasoning);
+    kbuf_free(&g->ids);
+    kutf8_hold_free(&g->pend);
+    free(g->prompt);
+    for (size_t i = 0; g->stops && i < g->o.n_stop; i++) free(g->stops[i]);   /* calloc'd: a failed copy is NULL */
+    free(g->stops);
+    free(g->end_ids);
+    free(g->id);
+    free(g->model);
+    free(g);
+}
+
+/* A malloc'd SSE chunk (or JSON text) onto the output. */
+static void put(sgen *g, char *s)
+{
+    if (!s) { g->oom = 1; return; }
+    kbuf_puts(&g->out, s);
+    free(s);
+}
+
+/* ---- what the reply says -------------------------------------------------------------- */
+
+/* Text of the reply proper (chat content, completion text), after the stop strings. */
+static void emit_text(sgen *g, const char *text, size_t len)
+{
+    if (!len) return;
+    if (!g->o.stream) { kbuf_add(&g->text, text, len); return; }
+    if (g->o.chat) {
+        kchat_event ev = {KCHAT_EV_CONTENT, text, len, 0, NULL};
+        int none;
+        char *s = oai_sse_chat_event(&g->o.meta, &ev, NULL, &none);
+        if (!none) put(g, s);
+    } else {
+        put(g, oai_sse_completion(&g->o.meta, text, len, NULL));
+    }
+}
+
+/* Reply text through the stop strings; returns 1 when one is complete.  The stop strings are
+ * looked for in the text as the client reads it: ill-formed UTF-8 (a token may hold half a
+ * character) as U+FFFD, as the JSON strings will show it.  text ends on a character boundary
+ * (completion_bytes and the chat parser hold back an incomplete character), so replacing piece by
+ * piece gives what replacing the whole text would. */
+static int reply_text(sgen *g, const char *text, size_t len)
+{
+    kbuf clean = {0}, pass = {0};
+    int hit;
+    kutf8_sanitize(text, len, &clean);
+    if (clean.oom) { g->oom = 1; kbuf_free(&clean); return 0; }
+    hit = kstop_feed(&g->stop, clean.p ? clean.p : "", clean.n, &pass);
+    if (pass.oom) g->oom = 1;
+    emit_text(g, pass.p, pass.n);
+    kbuf_free(&pass);
+    kbuf_free(&clean);
+    if (hit) g->stopped = 1;
+    return hit;
+}
+
+/* What the stop strings held back, once no stop string can follow. */
+static void flush_held(sgen *g)
+{
+    kbuf pass = {0};
+    kstop_flush(&g->stop, &pass);
+    if (pass.oom) g->oom = 1;
+    emit_text(g, pass.p, pass.n);
+    kbuf_free(&pass);
+}
+
+static char *call_id(const sgen *g, int index)
+{
+    char buf[160];
+    snprintf(buf, sizeof buf, "call_%s_%d", g->id ? g->id : "", index);
+    return strdup(buf);
+}
+
+static int on_event(void *ctx, const kchat_event *ev)
+{
+    sgen *g = ctx;
+    if (g->stopped) return 0;                 /* after a stop string nothing more is said */
+    if (ev->kind == KCHAT_EV_CONTENT) { reply_text(g, ev->text, ev->len); return 0; }
+    flush_held(g);                            /* content ended: what it held is content */
+    if (ev->kind == KCHAT_EV_TOOL_CALL) g->calls_made++;
+    if (ev->kind == KCHAT_EV_TOOL_CALL_BEGIN && !g->o.stream) return 0;
+    if (ev->kind == KCHAT_EV_REASONING && !g->o.stream) { kbuf_add(&g->reasoning, ev->text, ev->len); return 0; }
+    if (ev->kind == KCHAT_EV_TOOL_CALL && !g->o.stream) {
+        kchat_call *c = realloc(g->calls, (g->n_calls + 1) * sizeof *c);
+        char **ids = c ? realloc(g->call_ids, (g->n_calls + 1) * sizeof *ids) : NULL;
+        if (c) g->calls = c;
+        if (ids) g->call_ids = ids;
+        if (!c || !ids) { g->oom = 1; return 0; }
+        c[g->n_calls].name = dupstr(ev->name ? ev->name : "");
+        c[g->n_calls].arguments = strndup(ev->text ? ev->text : "", ev->len);
+        ids[g->n_calls] = call_id(g, ev->index);
+        if (!c[g->n_calls].name || !c[g->n_calls].arguments || !ids[g->n_calls]) g->oom = 1;
+        g->n_calls++;
+        return 0;
+    }
+    /* streamed: reasoning, a call's header (with the server's id) or its arguments */
+    {
+        char *cid = ev->kind == KCHAT_EV_TOOL_CALL_BEGIN ? call_id(g, ev->index) : NULL;
+        int none;
+        char *s = oai_sse_chat_event(&g->o.meta, ev, cid, &none);
+        free(cid);
+        if (!none) put(g, s);
+    }
+    return 0;
+}
+
+/* A completion's token bytes, whole UTF-8 characters at a time (flush: the
+ * end, when an incomplete character is passed on as it is). */
+static void completion_bytes(sgen *g, const uint8_t *b, size_t len, int flush)
+{
+    const char *text;
+    size_t ok;
+    if (kutf8_hold_take(&g->pend, b, len, flush, &text, &ok)) { g->oom = 1; return; }
+    reply_text(g, text, ok);
+}
+
+/* ---- the end ---------------------------------------------------------------------------- */
+
+/* The non-streamed body with prompt_token_ids and choices[0].token_ids added. */
+static char *with_token_ids(const sgen *g, char *body)
+{
+    json_t *o = body ? json_loads(body, JSON_ALLOW_NUL, NULL) : NULL, *p = json_array(), *t = json_array();   /* the text may hold U+0000 */
+    json_t *ch = json_array_get(json_object_get(o, "choices"), 0);
+    char *s = NULL;
+    int bad = !o || !p || !t || !ch;
+    for (size_t i = 0; !bad && i < g->o.n_prompt; i++) bad |= json_array_append_new(p, json_integer(g->prompt[i]));
+    for (size_t i = 0; !bad && i < sgen_n_tokens(g); i++) bad |= json_array_append_new(t, json_integer(sgen_tokens(g)[i]));
+    if (!bad) bad |= json_object_set(o, "prompt_token_ids", p) | json_object_set(ch, "token_ids", t);
+    if (!bad) s = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    json_decref(p);
+    json_decref(t);
+    free(body);
+    return s;
+}
+
+static void finish_output(sgen *g, const char *reason)
+{
+    long pt = (long)g->o.n_prompt, ct = (long)sgen_n_tokens(g);
+    g->finish = reason;
+    if (g->o.stream) {
+        if (!g->stream_started && g->o.chat) put(g, oai_sse_chat_role(&g->o.meta));
+        g->stream_started = 1;
+        put(g, g->o.chat ? oai_sse_chat_finish(&g->o.meta, reason) : oai_sse_completion(&g->o.meta, "", 0, reason));
+        if (g->o.include_usage) put(g, oai_sse_usage(&g->o.meta, g->o.chat, pt, ct));
+        kbuf_puts(&g->out, OAI_SSE_DONE);
+    } else {
+        char *body;
+        if (g->o.chat) {
+            oai_chat_result r = {g->text.p, g->text.n, g->o.thinking ? (g->reasoning.p ? g->reasoning.p : "") : NULL,
+                                 g->reasoning.n, g->calls, g->n_calls, (const char *const *)g->call_ids, reason, pt, ct};
+            body = oai_chat_response(&g->o.meta, &r);
+        } else {
+            body = oai_completion_response(&g->o.meta, g->text.p, g->text.n, reason, pt, ct);
+        }
+        if (body && g->o.return_token_ids) body = with_token_ids(g, body);
+        put(g, body);
+    }
+    g->complete = 1;
+}
+
+/* The reply as generated is over: let the parser and the stop strings say what they held. */
+static void drain(sgen *g)
+{
+    if (g->o.chat) {
+        if (kchat_parser_finish(g->parser, on_event, g)) g->oom = 1;
+    } else {
+        completion_bytes(g, NULL, 0, 1);
+    }
+    if (!g->stopped) flush_held(g);
+}
+
+int sgen_token(sgen *g, int32_t id)
+{
+    int end = 0;
+    if (g->complete || g->failed) return 1;
+    if (g->o.stream && !g->stream_started) {
+        if (g->o.chat) put(g, oai_sse_chat_role(&g->o.meta));
+        g->stream_started = 1;
+    }
+    kbuf_add(&g->ids, &id, sizeof id);
+    if (g->ids.oom) return -1;
+    for (size_t k = 0; k < g->o.n_end_ids; k++) end |= id == g->o.end_ids[k];
+    if (g->o.chat) {
+        /* <|end_of_msg|> completes the reply (the parser says so); the model's
+         * other end ids ([EOS]) stop it too */
+        int r = kchat_parser_feed_id(g->parser, id, on_event, g);
+        if (r < 0) g->oom = 1;
+        if (r == 1) end = 1;
+    } else if (!end) {
+        size_t len = 0;
+        const uint8_t *b = ktok_id_bytes(g->tk, id, &len);
+        if (b) completion_bytes(g, b, len, 0);
+    }
+    if (g->oom) return -1;
+    if (end || g->stopped || (long)sgen_n_tokens(g) >= g->o.max_tokens) {
+        const char *reason;
+        if (!g->stopped) drain(g);
+        reason = g->stopped || end ? "stop" : "length";
+        if (g->o.chat && !g->stopped && end && g->calls_made) reason = "tool_calls";
+        finish_output(g, reason);
+        return g->oom ? -1 : 1;
+    }
+    return 0;
+}
+
+void sgen_end(sgen *g, const char *finish_reason)
+{
+    if (g->complete || g->failed) return;
+    drain(g);
+    finish_output(g, g->stopped ? "stop" : finish_reason);
+}
+
+void sgen_fail(sgen *g, const oai_error *e)
+{
+    char *body;
+    if (g->complete || g->failed) return;
+    g->failed = 1;
+    body = oai_error_json(e);
+    if (g->stream_started) {
+        kbuf_puts(&g->out, "data: ");
+        kbuf_puts(&g->out, body ? body : "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\"}}");
+        kbuf_puts(&g->out, "\n\n" OAI_SSE_DONE);
+    } else {
+        g->out.n = 0;
+        g->status = e->status;
+        kbuf_puts(&g->out, body ? body : "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\"}}");
+    }
+    free(body);
+}
+
+int sgen_done(const sgen *g) { return g->complete || g->failed; }
+int sgen_started(const sgen *g) { return g->stream_started; }
+int sgen_status(const sgen *g) { return g->status; }
+const char *sgen_finish_reason(const sgen *g) { return g->complete ? g->finish : NULL; }
+size_t sgen_n_tokens(const sgen *g) { return g->ids.n / sizeof(int32_t); }
+const int32_t *sgen_tokens(const sgen *g) { return (const int32_t *)(const void *)g->ids.p; }
+
+void sgen_take(sgen *g, kbuf *out)
+{
+    if (g->out.oom) { out->oom = 1; return; }
+    kbuf_add(out, g->out.p, g->out.n);
+    g->out.n = 0;
+}

@@ -1,0 +1,128 @@
+/* The memory planner: how krun splits a budget (--mem / --preset) between the
+ * parts that hold model bytes and the parts that hold state.
+ *
+ *   held globals       the small global vectors, and lm_head unless it
+ *                      streams (the embedding is read a row at a time,
+ *                      never held)
+ *   pinned trunk       a prefix of trunk layers kept resident (--pin)
+ *   trunk ring         K slots of one piece each: the other trunk layers
+ *                      (and lm_head when it streams) pass through them in
+ *                      pieces, read ahead in the order a step uses them
+ *                      (store_pieces.h); K is the fewest with which the
+ *                      forward pass's order of use never waits on a slot
+ *   expert cache       slots of one routed expert each (--expert-slots)
+ *   I/O staging        compressed files only: each I/O worker's buffers for
+ *                      the stored bytes of the blocks it decodes
+ *   prediction         the largest router, read early to predict a layer's
+ *                      experts (--predict; run/engine/predict.c)
+ *   state              per session (--max-seqs of them): KDA + ShortConv state,
+ *                      the MLA latent cache (--ctx), tokens, logits, sampler
+ *   run state          the widened small vectors of every layer (bound once),
+ *                      the activations of one forward block (--chunk) and,
+ *                      with --spec, the journal of a verification block
+ *   base               the process itself: code, the KPK directory, the
+ *                      tokenizer (computed from the file, so a plan is the
+ *                      same on every run)
+ *
+ * Default rule, measured upstream on the real model: memory goes to what is
+ * read on every token first -- lm_head, then the trunk prefix, whole-extent
+ * ring slots before pieces -- then to the expert cache (experts are only
+ * sampled, and the router spreads load flat).  Streaming in pieces costs no
+ * extra bytes per layer; holding lm_head and pinning save their bytes on
+ * every token. */
+#ifndef KRUN_MEMPLAN_H
+#define KRUN_MEMPLAN_H
+
+#include "run/util/krun_err.h"
+
+#include <jansson.h>
+#include <stdint.h>
+#include <stdio.h>
+
+typedef struct k3_model k3_model;
+
+typedef struct kmemplan {
+    uint64_t budget;
+    const char *preset;            /* NULL unless --preset */
+    uint64_t base;                 /* process overhead at planning time, with margin */
+    uint64_t globals_resident;     /* the held part of the globals */
+    int head_streamed;             /* lm_head streams through the ring */
+    int n_layers;
+    int pin;                       /* layers [0, pin) are resident */
+    uint64_t pinned_bytes;
+    uint64_t piece_bytes;          /* the pieces' target size (0: nothing streams) */
+    uint32_t ring_pieces;          /* pieces per step */
+    int ring_slots;                /* K, or 0 when nothing streams */
+    uint64_t ring_slot_bytes;      /* the largest piece's slot */
+    int io_threads;                /* I/O workers (every member file's) */
+    uint64_t io_worker_bytes;      /* each one's decode buffers (compressed files) */
+    uint64_t io_bytes;             /* io_threads x io_worker_bytes */
+    int expert_slots;
+    uint64_t expert_slot_bytes;
+    uint64_t state_bytes;          /* max_seqs x session_bytes */
+    uint64_t session_bytes;        /* one session's slot for ctx positions */
+    uint64_t vectors_bytes;        /* the bound vectors of every layer */
+    uint64_t scratch_bytes;        /* activations of one block, and the --spec journal */
+    size_t spec;                   /* drafts per verification block (--spec), 0: none */
+    uint64_t spec_bytes;           /* the part of scratch_bytes that is the journal (run/engine/journal.h) */
+    uint64_t total;
+    size_t ctx, chunk, max_seqs;
+    size_t block;                  /* positions per forward block: max(chunk, max_seqs, spec + 1) */
+    uint64_t sessions_fit;         /* sessions this budget could hold (with top-k expert slots) */
+    /* what a decoding step must read at least */
+    uint64_t trunk_stream_bytes;   /* every unpinned trunk layer's pieces */
+    uint64_t head_stream_bytes;    /* lm_head's pieces, when it streams */
+    uint64_t expert_reads_max;     /* MoE layers x top-k expert extents, padded (twice that with predict:
+                                      the predicted reads and the misses they left) */
+    int predict;                   /* experts read ahead on a prediction (krun --predict; run/engine/predict.c) */
+    uint64_t predict_buf_bytes;    /* the largest router, read early for it */
+    uint64_t predict_stage_bytes;  /* its stored bytes, when the trunk is compressed */
+    uint64_t predict_bytes;        /* the two */
+    uint64_t minimum;              /* the smallest budget that works (top-k slots, the best pieces) */
+} kmemplan;
+
+/* What the process needs besides the plan's parts: code and libraries,
+ * thread stacks, allocator slack (a constant, checked under a cgroup limit by
+ * the tests), plus the KPK directory and the tokenizer, computed from the file. */
+#define KMEM_PROCESS_BYTES ((uint64_t)12 << 20)
+uint64_t kmem_base_bytes(const k3_model *m);
+
+/* laptop, desktop, workstation, server, max -> bytes; -1 if unknown. */
+int64_t kmem_preset(const char *name);
+
+/* What the caller fixes (-1 / 0: the planner chooses). */
+typedef struct kmemplan_req {
+    uint64_t budget;
+    int pin, slots;                /* --pin, --expert-slots; -1: choose */
+    int head;                      /* --head: 0 hold lm_head, 1 stream it; -1: choose */
+    uint64_t piece;                /* --piece; 0: choose */
+    size_t ctx, chunk, max_seqs;
+    size_t spec;                   /* --spec: drafts verified per block (0: none) */
+    int io_threads;                /* 0: 8 */
+    uint64_t base;                 /* kmem_base_bytes + the caller's own buffers */
+    int predict;                   /* --predict: 1 on (the plan counts the prediction's buffers), 0 off,
+                                      -1 auto: on for a split layout (kmemplan_split_layout) when the
+                                      budget holds it, else off */
+    uint64_t session_bytes;        /* one session's slot for ctx positions, as the session lays it out
+                                      (krun_session_bytes): the state is max_seqs of them */
+} kmemplan_req;
+
+/* 1 when the trunk is stored in another member file than the experts (kpack
+ * convert --trunk-to): the layout where reading guessed experts during the
+ * trunk's compute pays (docs/PERFORMANCE.md, "The split layout"). */
+int kmemplan_split_layout(const k3_model *m);
+
+/* Plan for a budget.  Returns -1 with err (KRUN_EINPUT) saying what the
+ * minimum is when the budget cannot hold it.  The state, vectors and scratch
+ * sizes come from the functions that lay those buffers out (a session's slot:
+ * the caller's q->session_bytes, from session.c; the run state: forward.c),
+ * the ring's from the cut the store reads (store_pieces.c): what is planned
+ * is what is allocated and read. */
+int kmemplan_make(const k3_model *m, const kmemplan_req *q, kmemplan *p, krun_err *err);
+void kmemplan_print(const kmemplan *p, FILE *out);
+/* The part of a plan the store is handed (store.h): where each extent lives. */
+struct kstore_layout;
+void kmemplan_layout(const kmemplan *p, struct kstore_layout *out);
+json_t *kmemplan_json(const kmemplan *p);
+
+#endif

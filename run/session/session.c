@@ -1,0 +1,631 @@
+/* krun as a library: the model (file, plan, store, threads, run state) and
+ * its sessions (session.h). */
+#include "session.h"
+
+#include "spec.h"
+#include "statefile.h"
+#include "format/kio.h"
+#include "run/engine/forward.h"
+#include "run/engine/predict.h"
+#include "run/kernels/kernels.h"
+#include "run/store/store.h"
+#include "run/text/tokenizer_kpk.h"
+#include "run/util/procmem.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <xxhash.h>
+
+/* session.h's values are the layers' below (it does not include them). */
+_Static_assert(KRUN_MAX_SEQS == K3_MAX_SEQS, "KRUN_MAX_SEQS");
+#define SAME(a, b) ((int)(a) == (int)(b))
+_Static_assert(SAME(KRUN_VERIFY_OFF, KSTORE_VERIFY_OFF) && SAME(KRUN_VERIFY_FIRST, KSTORE_VERIFY_FIRST) &&
+               SAME(KRUN_VERIFY_ALWAYS, KSTORE_VERIFY_ALWAYS), "enum krun_verify");
+_Static_assert(SAME(KRUN_IO_MMAP, KSTORE_IO_MMAP) && SAME(KRUN_IO_PREAD, KSTORE_IO_PREAD) && SAME(KRUN_IO_DIRECT, KSTORE_IO_DIRECT),
+               "enum krun_io");
+_Static_assert(SAME(KRUN_CACHE_LFU, KSTORE_LFU) && SAME(KRUN_CACHE_LRU, KSTORE_LRU), "enum krun_cache");
+#undef SAME
+
+struct krun_session {
+    krun_model *m;
+    int live;
+    int broken;                /* a feed failed: the state is unusable until reset */
+    k3_state st;
+    int32_t *tokens;           /* [ctx]: tokens[0, st.pos) run, [st.pos, n_tokens) pending */
+    size_t n_tokens;
+    float *logits;             /* [vocab] of position st.pos - 1 */
+    int have_logits;
+    ksampler sampler;
+    uint32_t *order;           /* [vocab] sampler scratch */
+    double *prob;              /* [vocab] */
+    krun_progress_fn progress;
+    void *progress_ctx;
+    kspec drafter;             /* speculative decoding: what and how much to draft (spec.h) */
+    krun_spec_stats spec;
+};
+
+struct krun_model {
+    kpk_file *f;
+    k3_model m;
+    int have_m;
+    ktok *tok;
+    int32_t stop[3];
+    size_t n_stop;
+    kmemplan plan;
+    kstore_layout layout;      /* the plan's part the store is handed */
+    int planned;
+    uint64_t auto_budget;
+    kstore *store;
+    kpool *pool;
+    k3_run run;
+    int have_run;
+    size_t ctx, chunk, max_seqs, block, spec;
+    uint8_t *slots;            /* max_seqs x session_bytes: each a krun_session then its buffers */
+    size_t session_bytes, live;
+};
+
+void krun_model_opts_init(krun_model_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->pin = -1;
+    o->expert_slots = -1;
+    o->head = -1;
+    o->io = KRUN_IO_DIRECT;
+    o->cache_policy = KRUN_CACHE_LFU;
+    o->verify = KRUN_VERIFY_FIRST;
+    o->ctx = 4096;
+    o->chunk = 64;
+    o->max_seqs = 1;
+    o->simd = -1;
+    o->predict = -1;
+}
+
+/* ---- opening -------------------------------------------------------------------- */
+
+int krun_model_load(const char *path, krun_model **out, krun_err *err)
+{
+    krun_model *m = calloc(1, sizeof *m);
+    kpk_err e = {0};
+    *out = NULL;
+    if (!m) { krun_err_set(err, KRUN_ENOMEM, "out of memory"); return -1; }
+    if (kpk_open(path, &m->f, &e)) {
+        /* a file that is not KPK or not readable is "cannot run"; a damaged KPK file is damaged data */
+        krun_err_kpk(err, &e);
+        free(m);
+        return -1;
+    }
+    if (k3_model_open(m->f, &m->m, err)) {
+        krun_model_close(m);
+        return -1;
+    }
+    m->have_m = 1;
+    {
+        int st;
+        m->tok = ktok_load_kpk(m->f, &st, err);
+        if (!m->tok && st != KTOK_KPK_ABSENT) {   /* absent: the file takes token ids only */
+            krun_model_close(m);
+            return -1;
+        }
+    }
+    if (m->m.eos_id >= 0) m->stop[m->n_stop++] = m->m.eos_id;
+    if (m->tok) {
+        int32_t a = ktok_find_special(m->tok, "<|end_of_msg|>"), b = ktok_find_special(m->tok, "[EOS]");
+        if (a >= 0) m->stop[m->n_stop++] = a;
+        if (b >= 0) m->stop[m->n_stop++] = b;
+    }
+    *out = m;
+    return 0;
+}
+
+static size_t session_carve(krun_session *s, const k3_config *c, size_t ctx, karena *a);
+
+size_t krun_session_bytes(const k3_config *c, size_t ctx)
+{
+    karena a = {NULL, 0};
+    return session_carve(NULL, c, ctx, &a);
+}
+
+int krun_model_make_plan(const krun_model *m, const krun_model_opts *o, kmemplan *plan, krun_err *err)
+{
+    kmemplan_req q = {o->budget, o->pin, o->expert_slots, o->head, o->piece, o->ctx, o->chunk, o->max_seqs, o->spec,
+                      o->io_threads, kmem_base_bytes(&m->m) + o->extra_bytes, o->predict,
+                      krun_session_bytes(&m->m.cfg, o->ctx)};
+    if (o->spec > KSPEC_MAX_DRAFT) {
+        krun_err_set(err, KRUN_EINPUT, "spec %zu: at most %d drafts per verification", o->spec, KSPEC_MAX_DRAFT);
+        return -1;
+    }
+    if (kmemplan_make(&m->m, &q, plan, err)) return -1;
+    plan->preset = o->preset;
+    return 0;
+}
+
+int krun_model_prepare(krun_model *m, const krun_model_opts *o, krun_err *err)
+{
+    krun_model_opts opt = *o;
+    const k3_config *c = &m->m.cfg;
+    kstore_opts so;
+    if (opt.max_seqs < 1 || opt.max_seqs > K3_MAX_SEQS || opt.ctx < 1 || opt.chunk < 1 || opt.spec > KSPEC_MAX_DRAFT) {
+        krun_err_set(err, KRUN_EINPUT, "max_seqs must be 1..%d, ctx and chunk at least 1, spec at most %d", K3_MAX_SEQS,
+                     KSPEC_MAX_DRAFT);
+        return -1;
+    }
+    /* A file that does not fit comfortably gets 80% of the available memory
+     * as its budget rather than a mapping that pushes everything else out. */
+    if (!opt.budget && kmem_available() && kpk_total_size(m->f) > kmem_available() / 10 * 8) {
+        opt.budget = m->auto_budget = kmem_available() / 10 * 8;
+    }
+    if (opt.simd >= 0) kern_simd_set((ksimd)opt.simd);
+    memset(&so, 0, sizeof so);
+    so.verify = opt.verify;
+    so.model = &m->m;
+    if (opt.budget) {
+        if (krun_model_make_plan(m, &opt, &m->plan, err)) return -1;
+        m->planned = 1;
+        kmemplan_layout(&m->plan, &m->layout);
+        so.layout = &m->layout;
+        so.io = opt.io;
+        so.policy = opt.cache_policy;
+        so.io_threads = opt.io_threads;
+        so.trace = opt.trace;
+    }
+    if (kstore_open(m->f, &so, &m->store, err)) return -1;
+    m->pool = kpool_create(opt.threads ? opt.threads : kpool_ncpu());
+    if (!m->pool) { krun_err_set(err, KRUN_ENOMEM, "cannot start %d threads", opt.threads ? opt.threads : kpool_ncpu()); return -1; }
+    m->ctx = opt.ctx;
+    m->chunk = opt.chunk;
+    m->max_seqs = opt.max_seqs;
+    m->spec = opt.spec;
+    m->block = k3_block_positions(opt.chunk, opt.max_seqs, opt.spec);
+    if (k3_run_init(&m->run, &m->m, m->store, m->pool, m->block, m->max_seqs, m->ctx, m->spec, err)) return -1;
+    m->have_run = 1;
+    if (m->planned && m->plan.predict && k3_predict_init(&m->run, m->plan.predict_buf_bytes, m->plan.predict_stage_bytes, err))
+        return -1;
+    m->session_bytes = krun_session_bytes(c, m->ctx);
+    m->slots = aligned_alloc(KARENA_ALIGN, m->max_seqs * m->session_bytes);
+    if (!m->slots) {
+        krun_err_set(err, KRUN_ENOMEM, "out of memory: %zu bytes for the state of %zu session(s) at --ctx %zu",
+                     m->max_seqs * m->session_bytes, m->max_seqs, m->ctx);
+        return -1;
+    }
+    for (size_t k = 0; k < m->max_seqs; k++) {
+        karena a = {m->slots + k * m->session_bytes, 0};
+        krun_session *s = (krun_session *)(void *)a.base;
+        session_carve(s, c, m->ctx, &a);
+        s->m = m;
+        s->live = 0;
+    }
+    return 0;
+}
+
+int krun_model_open(const krun_model_opts *o, krun_model **out, krun_err *err)
+{
+    if (krun_model_load(o->path, out, err)) return -1;
+    if (krun_model_prepare(*out, o, err)) {
+        krun_model_close(*out);
+        *out = NULL;
+        return -1;
+    }
+    return 0;
+}
+
+void krun_model_close(krun_model *m)
+{
+    if (!m) return;
+    if (m->have_run) k3_run_free(&m->run);
+    free(m->slots);
+    kpool_destroy(m->pool);
+    kstore_close(m->store);
+    if (m->have_m) k3_model_close(&m->m);
+    ktok_free(m->tok);
+    kpk_close(m->f);
+    free(m);
+}
+
+const k3_config *krun_model_config(const krun_model *m) { return &m->m.cfg; }
+const char *krun_model_path(const krun_model *m) { return kpk_path(m->f); }
+ktok *krun_model_tokenizer(const krun_model *m) { return m->tok; }
+const kmemplan *krun_model_plan(const krun_model *m) { return m->planned ? &m->plan : NULL; }
+uint64_t krun_model_auto_budget(const krun_model *m) { return m->auto_budget; }
+int krun_model_threads(const krun_model *m) { return kpool_threads(m->pool); }
+size_t krun_model_ctx(const krun_model *m) { return m->ctx; }
+size_t krun_model_chunk(const krun_model *m) { return m->chunk; }
+size_t krun_model_max_seqs(const krun_model *m) { return m->max_seqs; }
+size_t krun_model_block(const krun_model *m) { return m->block; }
+int krun_model_trace_write(krun_model *m, const char *path) { return kstore_trace_write(m->store, path); }
+
+size_t krun_model_stop_ids(const krun_model *m, int32_t out[3])
+{
+    memcpy(out, m->stop, m->n_stop * sizeof *out);
+    return m->n_stop;
+}
+
+void krun_model_stats(const krun_model *m, krun_stats *st) { kstore_stats_get(m->store, st); }
+
+int krun_simd_parse(const char *name)
+{
+    ksimd l;
+    return kern_simd_parse(name, &l) ? -1 : (int)l;
+}
+
+const char *krun_simd_name(void) { return kern_simd_name(kern_simd_get()); }
+const char *krun_model_notice(const krun_model *m) { return m->store ? kstore_notice(m->store) : NULL; }
+
+void krun_model_memory(const krun_model *m, uint64_t *planned, uint64_t *allocated)
+{
+    const k3_config *c = &m->m.cfg;
+    if (m->planned)
+        *planned = m->plan.state_bytes + m->plan.vectors_bytes + m->plan.scratch_bytes;
+    else
+        *planned = (uint64_t)m->max_seqs * krun_session_bytes(c, m->ctx) + k3_run_bytes(c, m->block, m->max_seqs, m->ctx, m->spec);
+    *allocated = (uint64_t)m->run.arena_bytes + (m->slots ? (uint64_t)m->max_seqs * m->session_bytes : 0);
+}
+
+/* ---- sessions ------------------------------------------------------------------- */
+
+/* One session's slot: the struct, its sequential state, its history, its
+ * logits and its sampler's scratch.  Returns the slot's size (a multiple of
+ * the arena alignment, so slots follow each other). */
+static size_t session_carve(krun_session *s, const k3_config *c, size_t ctx, karena *a)
+{
+    const size_t V = (size_t)c->vocab;
+    krun_session tmp, *x = s ? s : &tmp;
+    karena_take(a, 1, sizeof *x);          /* the struct itself (s points at it) */
+    memset(x, 0, sizeof *x);
+    k3_state_carve(&x->st, c, ctx, a);
+    KTAKE(a, x->tokens, ctx);
+    KTAKE(a, x->logits, V);
+    KTAKE(a, x->order, V);
+    KTAKE(a, x->prob, V);
+    return karena_round(a->used);
+}
+
+int krun_session_new(krun_model *m, krun_session **out, krun_err *err)
+{
+    static const ksampler_opts greedy = {0, 0, 1.0f, 0, 0};
+    *out = NULL;
+    for (size_t k = 0; k < m->max_seqs; k++) {
+        krun_session *s = (krun_session *)(void *)(m->slots + k * m->session_bytes);
+        if (s->live) continue;
+        s->live = 1;
+        m->live++;
+        krun_session_reset(s);
+        krun_session_set_sampler(s, &greedy);
+        s->progress = NULL;
+        *out = s;
+        return 0;
+    }
+    krun_err_set(err, KRUN_EINPUT, "%zu sessions are live: the model was prepared for at most %zu (max_seqs)", m->live, m->max_seqs);
+    return -1;
+}
+
+void krun_session_free(krun_session *s)
+{
+    if (!s || !s->live) return;
+    s->live = 0;
+    s->m->live--;
+}
+
+void krun_session_reset(krun_session *s)
+{
+    k3_state_reset(&s->st);
+    s->n_tokens = 0;
+    s->have_logits = 0;
+    s->broken = 0;
+    kspec_init(&s->drafter, s->m->spec);
+    memset(&s->spec, 0, sizeof s->spec);
+}
+
+const float *krun_session_logits(const krun_session *s) { return s->have_logits ? s->logits : NULL; }
+size_t krun_session_pos(const krun_session *s) { return s->st.pos; }
+size_t krun_session_pending(const krun_session *s) { return s->n_tokens - s->st.pos; }
+
+const int32_t *krun_session_tokens(const krun_session *s, size_t *n)
+{
+    *n = s->n_tokens;
+    return s->tokens;
+}
+
+void krun_session_set_sampler(krun_session *s, const ksampler_opts *o)
+{
+    ksampler_init(&s->sampler, o, s->order, s->prob, (size_t)s->m->m.cfg.vocab);
+}
+
+int32_t krun_session_sample(krun_session *s)
+{
+    return s->have_logits ? ksampler_pick(&s->sampler, s->logits, (size_t)s->m->m.cfg.vocab) : -1;
+}
+
+void krun_session_set_progress(krun_session *s, krun_progress_fn fn, void *ctx)
+{
+    s->progress = fn;
+    s->progress_ctx = ctx;
+}
+
+/* ids join the history as pending tokens, if they are valid and fit. */
+static int push_tokens(krun_session *s, const int32_t *ids, size_t n, krun_err *err)
+{
+    const size_t V = (size_t)s->m->m.cfg.vocab;
+    if (s->broken) {
+        krun_err_set(err, KRUN_EINPUT, "the session's last feed failed: reset it before use");
+        return -1;
+    }
+    if (n > s->st.ctx - s->n_tokens) {
+        krun_err_set(err, KRUN_EINPUT, "context full: %zu positions reserved, %zu needed (give a larger --ctx)", s->st.ctx,
+                     s->n_tokens + n);
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] < 0 || (size_t)ids[i] >= V) {
+            krun_err_set(err, KRUN_EINPUT, "token id %d at position %zu is outside the vocabulary (0..%zu)", ids[i],
+                         s->n_tokens + i, V - 1);
+            return -1;
+        }
+    if (n) memcpy(s->tokens + s->n_tokens, ids, n * sizeof *ids);
+    s->n_tokens += n;
+    return 0;
+}
+
+int krun_session_append(krun_session *s, const int32_t *ids, size_t n, krun_err *err) { return push_tokens(s, ids, n, err); }
+
+int krun_session_feed(krun_session *s, const int32_t *ids, size_t n, float *all_logits, krun_err *err)
+{
+    krun_model *m = s->m;
+    const size_t V = (size_t)m->m.cfg.vocab;
+    size_t start, total;
+    if (push_tokens(s, ids, n, err)) return -1;
+    start = s->st.pos;
+    total = s->n_tokens - start;
+    while (s->st.pos < s->n_tokens) {
+        size_t done = s->st.pos - start, nb = s->n_tokens - s->st.pos < m->chunk ? s->n_tokens - s->st.pos : m->chunk;
+        k3_seg seg = {&s->st, s->tokens + s->st.pos, nb, all_logits ? all_logits + done * V : s->logits, all_logits != NULL, 0};
+        if (k3_forward(&m->run, &seg, 1, err)) {
+            s->broken = 1;
+            s->have_logits = 0;
+            return -1;
+        }
+        if (all_logits) memcpy(s->logits, all_logits + (done + nb - 1) * V, V * sizeof *s->logits);
+        s->have_logits = 1;
+        if (s->progress) s->progress(s->progress_ctx, done + nb, total);
+    }
+    return 0;
+}
+
+/* id (pushed, pending) and the k drafts at s->tokens[n_tokens..) in one
+ * journaled block; keep what the sampler agrees with (speculative decoding). */
+static int verify(krun_session *s, size_t k, int32_t *accepted, float *accepted_logits, size_t *n_accepted, krun_err *err)
+{
+    krun_model *m = s->m;
+    const size_t V = (size_t)m->m.cfg.vocab;
+    const float *L = m->run.j.logits;
+    const int32_t *draft = s->tokens + s->n_tokens;
+    size_t a = 0;
+    k3_seg seg = {&s->st, s->tokens + s->st.pos, k + 1, m->run.j.logits, 1, 1};
+    s->spec.sweeps++;
+    if (k3_forward(&m->run, &seg, 1, err)) {
+        s->broken = 1;
+        s->have_logits = 0;
+        return -1;
+    }
+    /* row i of the block's logits follows id and the first i drafts: draft i
+     * stands if the sampler (greedy) picks it there.  Each row kept is one a
+     * plain run computes, and is checked as it would be. */
+    for (;; a++) {
+        if (k3_check_finite(&m->run, L + a * V, 1, s->st.pos + a, err)) {
+            s->broken = 1;
+            s->have_logits = 0;
+            return -1;
+        }
+        if (a == k || ksampler_pick(&s->sampler, L + a * V, V) != draft[a]) break;
+    }
+    k3_commit(&m->run, &s->st, a + 1);
+    s->n_tokens += a;
+    memcpy(s->logits, L + a * V, V * sizeof *s->logits);
+    s->have_logits = 1;
+    if (accepted) memcpy(accepted, draft, a * sizeof *accepted);
+    if (accepted_logits) memcpy(accepted_logits, L, a * V * sizeof *accepted_logits);
+    s->spec.verifications++;
+    s->spec.drafted += k;
+    s->spec.accepted += a;
+    s->spec.rollbacks += a < k;
+    *n_accepted = a;
+    return 0;
+}
+
+/* The checks before a verification, then id pushed (the pending tokens before it run first). */
+static int verify_begin(krun_session *s, int32_t id, size_t *room, krun_err *err)
+{
+    krun_model *m = s->m;
+    if (m->spec && s->sampler.o.temp > 0) {
+        krun_err_set(err, KRUN_EINPUT, "speculative decoding is exact for greedy decoding only (the sampler's temperature is %g)",
+                     (double)s->sampler.o.temp);
+        return -1;
+    }
+    if (s->n_tokens > s->st.pos && krun_session_feed(s, NULL, 0, NULL, err)) return -1;
+    if (push_tokens(s, &id, 1, err)) return -1;
+    /* drafts go right after the history, where they belong if accepted */
+    *room = s->st.ctx - s->n_tokens < m->spec ? s->st.ctx - s->n_tokens : m->spec;
+    return 0;
+}
+
+int krun_session_feed_spec(krun_session *s, int32_t id, size_t max_draft, int32_t *accepted, float *accepted_logits,
+                           size_t *n_accepted, krun_err *err)
+{
+    krun_model *m = s->m;
+    size_t room, k;
+    *n_accepted = 0;
+    if (verify_begin(s, id, &room, err)) return -1;
+    k = kspec_draft(&s->drafter, s->tokens, s->n_tokens, max_draft < room ? max_draft : room, m->stop, m->n_stop,
+                    s->tokens + s->n_tokens);
+    if (k == 0) {
+        s->spec.sweeps++;
+        return krun_session_feed(s, NULL, 0, NULL, err);
+    }
+    if (verify(s, k, accepted, accepted_logits, n_accepted, err)) return -1;
+    kspec_result(&s->drafter, k, *n_accepted);
+    return 0;
+}
+
+int krun_session_verify(krun_session *s, int32_t id, const int32_t *draft, size_t k, int32_t *accepted, float *accepted_logits,
+                        size_t *n_accepted, krun_err *err)
+{
+    const size_t V = (size_t)s->m->m.cfg.vocab;
+    size_t room;
+    *n_accepted = 0;
+    for (size_t i = 0; i < k; i++)
+        if (draft[i] < 0 || (size_t)draft[i] >= V) {
+            krun_err_set(err, KRUN_EINPUT, "draft %zu: token id %d is outside the vocabulary (0..%zu)", i, draft[i], V - 1);
+            return -1;
+        }
+    if (k > s->m->spec) {
+        krun_err_set(err, KRUN_EINPUT, "%zu drafts: the model was prepared for at most %zu (spec)", k, s->m->spec);
+        return -1;
+    }
+    if (s->n_tokens >= s->st.ctx || k > s->st.ctx - s->n_tokens - 1) {
+        krun_err_set(err, KRUN_EINPUT, "context full: %zu positions reserved, %zu needed (give a larger --ctx)", s->st.ctx,
+                     s->n_tokens + 1 + k);
+        return -1;
+    }
+    if (verify_begin(s, id, &room, err)) return -1;
+    if (k == 0) {
+        s->spec.sweeps++;
+        return krun_session_feed(s, NULL, 0, NULL, err);
+    }
+    memcpy(s->tokens + s->n_tokens, draft, k * sizeof *draft);
+    return verify(s, k, accepted, accepted_logits, n_accepted, err);
+}
+
+void krun_session_spec_stats(const krun_session *s, krun_spec_stats *st) { *st = s->spec; }
+
+int krun_step_batch(krun_model *m, krun_session *const *ss, const int32_t *ids, size_t n, krun_err *err)
+{
+    k3_seg segs[K3_MAX_SEQS];
+    if (n == 0 || n > m->max_seqs) { krun_err_set(err, KRUN_EINPUT, "%zu sessions in one step (1..%zu)", n, m->max_seqs); return -1; }
+    for (size_t k = 0; k < n; k++) {
+        krun_session *s = ss[k];
+        if (s->m != m || !s->live) { krun_err_set(err, KRUN_EINPUT, "session %zu is not a live session of this model", k); return -1; }
+        for (size_t j = 0; j < k; j++)
+            if (ss[j] == s) { krun_err_set(err, KRUN_EINPUT, "session %zu appears twice in one step", k); return -1; }
+    }
+    {
+        size_t T = 0;
+        for (size_t k = 0; k < n; k++) T += ss[k]->n_tokens - ss[k]->st.pos + 1;
+        if (T > m->block) {
+            krun_err_set(err, KRUN_EINPUT, "%zu positions (pending tokens included) in one step; a block holds %zu", T, m->block);
+            return -1;
+        }
+    }
+    for (size_t k = 0; k < n; k++)
+        if (push_tokens(ss[k], &ids[k], 1, err)) {
+            for (size_t j = 0; j < k; j++) ss[j]->n_tokens--;   /* the step did not happen */
+            return -1;
+        }
+    for (size_t k = 0; k < n; k++) {
+        krun_session *s = ss[k];
+        segs[k] = (k3_seg){&s->st, s->tokens + s->st.pos, s->n_tokens - s->st.pos, s->logits, 0, 0};
+    }
+    if (k3_forward(&m->run, segs, n, err)) {
+        for (size_t k = 0; k < n; k++) { ss[k]->broken = 1; ss[k]->have_logits = 0; }
+        return -1;
+    }
+    for (size_t k = 0; k < n; k++) ss[k]->have_logits = 1;
+    return 0;
+}
+
+/* ---- saved conversations -------------------------------------------------------- */
+
+static uint64_t config_hash(const krun_model *m) { return XXH3_64bits(m->m.config_text, m->m.config_len); }
+
+/* The state header of the session; -1 if it has nothing consistent to save. */
+static int session_hdr(const krun_session *s, const char *path, krun_state_hdr *h, krun_err *err)
+{
+    const krun_model *m = s->m;
+    if (s->broken) { krun_err_set(err, KRUN_EINPUT, "%s: the session's last feed failed; nothing consistent to save", path); return -1; }
+    krun_state_hdr_for(h, &m->m.cfg, kpk_super(m->f)->set_id, config_hash(m));
+    h->pos = s->st.pos;
+    h->n_tokens = s->n_tokens;
+    h->flags = s->have_logits ? KRUN_STATE_LOGITS : 0;
+    memcpy(h->rng, s->sampler.s, sizeof h->rng);
+    return 0;
+}
+
+int krun_session_save(const krun_session *s, const char *path, krun_err *err)
+{
+    krun_state_hdr h;
+    if (session_hdr(s, path, &h, err)) return -1;
+    return krun_state_write(path, &h, &s->m->m.cfg, s->tokens, &s->st, s->logits, err);
+}
+
+int krun_session_save_to(const krun_session *s, ksave *out, krun_err *err)
+{
+    krun_state_hdr h;
+    if (session_hdr(s, out->path, &h, err)) return -1;
+    return krun_state_write_to(out, &h, &s->m->m.cfg, s->tokens, &s->st, s->logits, err);
+}
+
+int krun_session_load(krun_session *s, const char *path, krun_err *err)
+{
+    const krun_model *m = s->m;
+    const k3_config *c = &m->m.cfg;
+    krun_state_hdr want, h;
+    struct stat sb;
+    uint64_t most;
+    char *buf = NULL;
+    size_t len = 0;
+    krun_state_hdr_for(&want, c, kpk_super(m->f)->set_id, config_hash(m));
+    /* the largest state this model can have at this context: refuse anything
+     * larger before reading it */
+    want.pos = want.n_tokens = s->st.ctx;
+    want.flags = KRUN_STATE_LOGITS;
+    most = KRUN_STATE_HEADER + krun_state_payload_len(&want, NULL) + KRUN_STATE_TRAILER;
+    if (stat(path, &sb)) { krun_err_set(err, KRUN_EINPUT, "cannot read %s: %s", path, strerror(errno)); return -1; }
+    if ((uint64_t)sb.st_size > most) {
+        krun_err_set(err, KRUN_EINPUT, "%s: %lld bytes, more than any state of this model at --ctx %zu (%llu): another model, "
+                     "a larger context (give --ctx), or not a state file", path, (long long)sb.st_size, s->st.ctx,
+                     (unsigned long long)most);
+        return -1;
+    }
+    if (kio_read_file(path, (size_t)most, &buf, &len)) {
+        krun_err_set(err, errno == ENOMEM ? KRUN_ENOMEM : KRUN_EINPUT, "cannot read %s: %s", path, strerror(errno));
+        return -1;
+    }
+    if (krun_state_parse(buf, len, &h, err)) {
+        free(buf);
+        return krun_err_prefix(err, "%s: ", path);
+    }
+    if (h.set_id != want.set_id || h.config_xxh3 != want.config_xxh3) {
+        krun_err_set(err, KRUN_EINPUT, "%s was saved with another model file (set_id %016llx, config %016llx; %s has %016llx, %016llx)",
+                     path, (unsigned long long)h.set_id, (unsigned long long)h.config_xxh3, kpk_path(m->f),
+                     (unsigned long long)want.set_id, (unsigned long long)want.config_xxh3);
+        free(buf);
+        return -1;
+    }
+    if (h.n_layers != want.n_layers || h.hidden != want.hidden || h.vocab != want.vocab || h.kda_heads != want.kda_heads ||
+        h.kda_head_dim != want.kda_head_dim || h.conv_width != want.conv_width || h.kv_lora != want.kv_lora ||
+        h.qk_rope != want.qk_rope || h.n_mla != want.n_mla) {
+        krun_err_set(err, KRUN_EINPUT, "%s: its geometry differs from this model's", path);
+        free(buf);
+        return -1;
+    }
+    for (int L = 0; L < c->n_layers; L++)
+        if ((uint8_t)buf[h.layer_types_at + (size_t)L] != (c->layer_is_mla[L] ? 1 : 0)) {
+            krun_err_set(err, KRUN_EINPUT, "%s: its layer map differs from this model's (layer %d)", path, L);
+            free(buf);
+            return -1;
+        }
+    if (h.n_tokens > s->st.ctx) {
+        krun_err_set(err, KRUN_EINPUT, "%s holds %llu tokens (%llu run, %llu pending): more than --ctx %zu; give --ctx %llu or more",
+                     path, (unsigned long long)h.n_tokens, (unsigned long long)h.pos, (unsigned long long)(h.n_tokens - h.pos),
+                     s->st.ctx, (unsigned long long)h.n_tokens);
+        free(buf);
+        return -1;
+    }
+    krun_session_reset(s);
+    krun_state_restore(buf, &h, c, s->tokens, &s->st, s->logits);
+    s->n_tokens = (size_t)h.n_tokens;
+    s->have_logits = (h.flags & KRUN_STATE_LOGITS) != 0;
+    memcpy(s->sampler.s, h.rng, sizeof h.rng);
+    free(buf);
+    return 0;
+}

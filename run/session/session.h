@@ -1,0 +1,212 @@
+/* krun as a library: open a model once, run sequences ("sessions") on it.
+ *
+ *   krun_model_opts o;  krun_model *m;  krun_session *s;  krun_err e;
+ *   krun_model_opts_init(&o);  o.path = "k3.kpk";  o.budget = 8ull << 30;  o.ctx = 4096;
+ *   if (krun_model_open(&o, &m, &e)) { fprintf(stderr, "%s\n", e.msg); return e.code; }
+ *   krun_session_new(m, &s, &e);
+ *   krun_session_feed(s, prompt, n, NULL, &e);          // prefill, in blocks of o.chunk
+ *   for (;;) { int32_t id = krun_session_sample(s); ...; krun_session_feed(s, &id, 1, NULL, &e); }
+ *
+ * Several sessions share one model, one store and one run state; up to
+ * o.max_seqs of them are live at once (the plan budgets their state), and
+ * krun_step_batch advances several of them by one token in ONE forward block:
+ * the trunk is read once, the union of their experts once, and each session's
+ * results are bit-identical to stepping it alone.
+ *
+ * Memory: everything is laid out when the model is prepared (the run state
+ * for a block of max(chunk, max_seqs) positions, and max_seqs session slots);
+ * feeding, stepping and sampling allocate nothing.
+ *
+ * Errors: every call that can fail fills a krun_err whose code is krun's exit
+ * status (krun_err.h).  A session whose feed failed must be reset.
+ *
+ * This header is the runtime's public API: the commands and the server use
+ * it (and the plan, memplan.h), never the engine, the store or the model
+ * below it, so it exports what they need of those: the limits, the options'
+ * values, the read statistics and the kernel path. */
+#ifndef KRUN_SESSION_H
+#define KRUN_SESSION_H
+
+#include "memplan.h"
+#include "sampler.h"
+#include "format/k3_config.h"
+#include "run/text/tokenizer.h"
+#include "run/util/krun_err.h"
+#include "run/util/savefile.h"
+#include "run/util/stats.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct krun_model krun_model;
+typedef struct krun_session krun_session;
+
+#define KRUN_MAX_SEQS 256          /* sessions live at once, and sequences in one forward block, at most */
+
+/* Values of krun_model_opts.verify, .io and .cache_policy. */
+enum krun_verify { KRUN_VERIFY_OFF = 0, KRUN_VERIFY_FIRST = 1, KRUN_VERIFY_ALWAYS = 2 };
+enum krun_io { KRUN_IO_MMAP = 0, KRUN_IO_PREAD = 1, KRUN_IO_DIRECT = 2 };
+enum krun_cache { KRUN_CACHE_LFU = 0, KRUN_CACHE_LRU = 1 };
+
+typedef struct krun_model_opts {
+    const char *path;          /* the .kpk file */
+    uint64_t budget;           /* memory budget in bytes; 0: in place from a mapping when the file fits in
+                                  80% of the available memory, else a budget of 80% of it */
+    const char *preset;        /* the budget's name, shown in the plan (NULL) */
+    int pin;                   /* trunk layers kept resident; -1: the planner decides */
+    int expert_slots;          /* experts cached; -1: the planner decides */
+    uint64_t piece;            /* streamed pieces' target size in bytes; 0: the planner decides */
+    int head;                  /* lm_head: 0 held, 1 streamed in pieces; -1: the planner decides */
+    int io;                    /* enum krun_io, with a budget */
+    int cache_policy;          /* enum krun_cache */
+    int io_threads;            /* concurrent reads; 0: 8 */
+    int verify;                /* enum krun_verify */
+    int trace;                 /* record every read (krun_model_trace_write) */
+    size_t ctx;                /* positions per session (default 4096) */
+    size_t chunk;              /* positions per forward block of a prefill (default 64) */
+    size_t max_seqs;           /* sessions live at once, whose state the plan budgets (default 1, at most 256) */
+    uint64_t extra_bytes;      /* the caller's own buffers, counted in the plan (e.g. all-position logits) */
+    size_t spec;               /* speculative decoding: drafts per verification block, at most (0: none, the
+                                  default; at most KSPEC_MAX_DRAFT); the plan counts the journal it needs */
+    int predict;               /* 1: read a layer's likely experts during its attention (run/engine/predict.h);
+                                  0: off; -1 (the default): on for a split layout (the trunk in a member
+                                  of its own) when the budget holds it */
+    int threads;               /* compute threads; 0: every core */
+    int simd;                  /* -1: the best the CPU has; else a level of krun_simd_parse (process-wide) */
+} krun_model_opts;
+
+void krun_model_opts_init(krun_model_opts *o);
+
+/* Open in two steps: load reads the file's directory, config and tokenizer
+ * (enough to tokenize a prompt and choose ctx); prepare makes the plan and
+ * sets up the store, threads, run state and session slots.  open does both. */
+int krun_model_load(const char *path, krun_model **out, krun_err *err);
+int krun_model_prepare(krun_model *m, const krun_model_opts *o, krun_err *err);
+int krun_model_open(const krun_model_opts *o, krun_model **out, krun_err *err);
+void krun_model_close(krun_model *m);
+
+/* The plan a budget would give (krun --plan), without preparing anything. */
+int krun_model_make_plan(const krun_model *m, const krun_model_opts *o, kmemplan *plan, krun_err *err);
+
+const k3_config *krun_model_config(const krun_model *m);
+const char *krun_model_path(const krun_model *m);
+ktok *krun_model_tokenizer(const krun_model *m);            /* NULL: the file has none (ids only) */
+/* Ids that end a generated message: eos_token_id, <|end_of_msg|>, [EOS]
+ * (those that exist); returns how many were written to out[3]. */
+size_t krun_model_stop_ids(const krun_model *m, int32_t out[3]);
+const kmemplan *krun_model_plan(const krun_model *m);       /* NULL: in place, no plan */
+uint64_t krun_model_auto_budget(const krun_model *m);       /* the budget chosen for a too-large file, or 0 */
+
+/* What the model has read so far (run/util/stats.h: the store's counters). */
+void krun_model_stats(const krun_model *m, krun_stats *st);
+/* Something the user should be told once about how the file is read (e.g.
+ * O_DIRECT refused by a file system, buffered reads used instead), or NULL. */
+const char *krun_model_notice(const krun_model *m);
+int krun_model_threads(const krun_model *m);
+size_t krun_model_ctx(const krun_model *m);
+size_t krun_model_chunk(const krun_model *m);
+size_t krun_model_max_seqs(const krun_model *m);            /* sessions live at once, at most */
+size_t krun_model_block(const krun_model *m);               /* positions one forward block holds: max(chunk, max_seqs) */
+/* Bytes of run state and session slots: as planned (from the same layout
+ * functions) and as allocated at prepare. */
+void krun_model_memory(const krun_model *m, uint64_t *planned, uint64_t *allocated);
+int krun_model_trace_write(krun_model *m, const char *path);
+
+/* The compute kernels' path (process-wide, the same bits on each): a --simd
+ * name ("scalar", "avx2", "avx512") as a level for krun_model_opts.simd, -1
+ * if the name is unknown; the name of the path in use. */
+int krun_simd_parse(const char *name);
+const char *krun_simd_name(void);
+
+/* Bytes of one session's slot for ctx positions (the plan's state = max_seqs x this). */
+size_t krun_session_bytes(const k3_config *c, size_t ctx);
+
+/* A new session at position 0 (greedy sampling).  Fails with KRUN_EINPUT
+ * when max_seqs sessions are live. */
+int krun_session_new(krun_model *m, krun_session **out, krun_err *err);
+void krun_session_free(krun_session *s);
+/* Back to position 0, empty history. */
+void krun_session_reset(krun_session *s);
+
+/* Run the pending tokens (krun_session_append), then ids[0..n), in blocks of
+ * the model's chunk.  all_logits: NULL, or room for the logits of every
+ * position run, [pending + n][vocab].  The last position's logits are kept
+ * (krun_session_logits).  Ids must be in the vocabulary and the history must
+ * fit the context (KRUN_EINPUT, nothing run); logits that are not finite stop
+ * it (KRUN_EDATA). */
+int krun_session_feed(krun_session *s, const int32_t *ids, size_t n, float *all_logits, krun_err *err);
+/* Add ids to the history without running them: the next feed runs them
+ * first.  A generated token that was not fed back is recorded this way, so a
+ * saved state continues exactly where the conversation is. */
+int krun_session_append(krun_session *s, const int32_t *ids, size_t n, krun_err *err);
+/* Logits [vocab] of the last position run; NULL before any. */
+const float *krun_session_logits(const krun_session *s);
+size_t krun_session_pos(const krun_session *s);              /* positions run */
+size_t krun_session_pending(const krun_session *s);          /* tokens appended, not yet run */
+const int32_t *krun_session_tokens(const krun_session *s, size_t *n);  /* the history: run, then pending */
+
+void krun_session_set_sampler(krun_session *s, const ksampler_opts *o);
+/* The next token from the last logits; -1 if there are none. */
+int32_t krun_session_sample(krun_session *s);
+
+/* Called after each forward block of a feed: positions done of total. */
+typedef void (*krun_progress_fn)(void *ctx, size_t done, size_t total);
+void krun_session_set_progress(krun_session *s, krun_progress_fn fn, void *ctx);
+
+/* Advance n distinct sessions by one token each (ids[k] for ss[k], after its
+ * pending tokens) in one forward block.  Each session's logits are
+ * bit-identical to feeding it alone. */
+int krun_step_batch(krun_model *m, krun_session *const *ss, const int32_t *ids, size_t n, krun_err *err);
+
+/* Speculative decoding (docs/RUNTIME.md §7), exact for greedy sampling:
+ * runs id (a token sampled from the session's logits, as krun_session_feed
+ * would), preceded by any pending tokens, together with up to max_draft
+ * tokens drafted from the session's own history, in one forward block, and
+ * keeps the drafts the model itself would have chosen greedily.  Those
+ * accepted tokens (*n_accepted of them, never a stop id of the model) are
+ * written to accepted[] and the logits each was chosen from to
+ * accepted_logits[*n_accepted][vocab] (either may be NULL); they are part of
+ * the history and have run, and the session's logits are those after the
+ * last of them, so the caller samples its next token as after a feed.
+ * Everything (ids, logits, the state and a saved state) is bit-identical to
+ * feeding id and then each accepted token one at a time.  With no drafts
+ * (nothing in the history predicts the next tokens, or the model was
+ * prepared with spec 0) it is exactly krun_session_feed of id.  Sampling at a
+ * temperature is refused (KRUN_EINPUT): acceptance would have to follow the
+ * sampler's distribution, and the tokens could not be those of --spec 0.
+ * Not for sessions stepped with krun_step_batch in the same round: one
+ * session verifies at a time. */
+int krun_session_feed_spec(krun_session *s, int32_t id, size_t max_draft, int32_t *accepted, float *accepted_logits,
+                           size_t *n_accepted, krun_err *err);
+/* The same with the caller's drafts (another drafter: a small model, a
+ * server's cache): id, then draft[0..k) (k at most the model's spec, and
+ * within the context), verified in one block; the accepted prefix of the
+ * drafts is kept exactly as by krun_session_feed_spec.  Bad ids, too many
+ * drafts or no room: KRUN_EINPUT, nothing run. */
+int krun_session_verify(krun_session *s, int32_t id, const int32_t *draft, size_t k, int32_t *accepted, float *accepted_logits,
+                        size_t *n_accepted, krun_err *err);
+
+typedef struct krun_spec_stats {
+    uint64_t sweeps;           /* forward blocks krun_session_feed_spec ran (one per call) */
+    uint64_t verifications;    /* of them, blocks that carried drafts */
+    uint64_t drafted;          /* draft tokens verified */
+    uint64_t accepted;         /* of them, accepted */
+    uint64_t rollbacks;        /* verifications that rejected a draft: the state kept only a prefix of the block */
+} krun_spec_stats;
+/* Counted since the session was created or reset. */
+void krun_session_spec_stats(const krun_session *s, krun_spec_stats *st);
+
+/* The session's state (KDA, ShortConv, MLA latent cache, position, history
+ * with pending tokens, last logits, sampler PRNG) to a file, in the format of
+ * docs/STATE.md, through the one safe writer (savefile.h): path is new or an
+ * earlier state file, which is replaced whole or not at all. */
+int krun_session_save(const krun_session *s, const char *path, krun_err *err);
+/* The same bytes into a save the caller began and will commit (krun chat's
+ * /save writes a pair of files, docs/CHAT.md). */
+int krun_session_save_to(const krun_session *s, ksave *out, krun_err *err);
+/* Replace the session's state by a saved one.  A file from another model
+ * file or geometry, damaged, truncated, or holding more positions than the
+ * context is refused (KRUN_EINPUT) and the session is left as it was. */
+int krun_session_load(krun_session *s, const char *path, krun_err *err);
+
+#endif

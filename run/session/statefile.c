@@ -1,0 +1,332 @@
+/* The state file of a saved conversation (docs/STATE.md). */
+#include "statefile.h"
+
+#include "run/engine/state.h"
+#include "format/kio.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "the state file stores little-endian numbers and floats as they are in memory"
+#endif
+
+/* ---- little-endian fields ------------------------------------------------------ */
+
+static uint16_t get16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
+static uint32_t get32(const uint8_t *p) { return (uint32_t)get16(p) | (uint32_t)get16(p + 2) << 16; }
+static uint64_t get64(const uint8_t *p) { return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32; }
+static void put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
+static void put32(uint8_t *p, uint32_t v) { put16(p, (uint16_t)v); put16(p + 2, (uint16_t)(v >> 16)); }
+static void put64(uint8_t *p, uint64_t v) { put32(p, (uint32_t)v); put32(p + 4, (uint32_t)(v >> 32)); }
+
+/* Header offsets (docs/STATE.md §2). */
+enum {
+    H_MAGIC = 0, H_MAJOR = 8, H_MINOR = 10, H_SIZE = 12, H_SET_ID = 16, H_CONFIG = 24,
+    H_LAYERS = 32, H_HIDDEN = 36, H_VOCAB = 40, H_KDA_HEADS = 44, H_KDA_DIM = 48, H_CONV = 52,
+    H_KV_LORA = 56, H_QK_ROPE = 60, H_N_KDA = 64, H_N_MLA = 68, H_POS = 72, H_N_TOKENS = 80,
+    H_FLAGS = 88, H_RESERVED1 = 92, H_RNG = 96, H_PAYLOAD = 128, H_RESERVED2 = 136, H_XXH3 = 152,
+};
+
+static uint64_t kda_floats(const krun_state_hdr *h)
+{
+    return (uint64_t)h->kda_heads * h->kda_head_dim * h->kda_head_dim +
+           3 * (uint64_t)(h->conv_width - 1) * h->kda_heads * h->kda_head_dim;
+}
+
+static uint64_t types_bytes(const krun_state_hdr *h) { return ((uint64_t)h->n_layers + 7) / 8 * 8; }
+
+void krun_state_hdr_for(krun_state_hdr *h, const k3_config *c, uint64_t set_id, uint64_t config_xxh3)
+{
+    memset(h, 0, sizeof *h);
+    h->major = KRUN_STATE_MAJOR;
+    h->minor = KRUN_STATE_MINOR;
+    h->set_id = set_id;
+    h->config_xxh3 = config_xxh3;
+    h->n_layers = (uint32_t)c->n_layers;
+    h->hidden = (uint32_t)c->hidden;
+    h->vocab = (uint32_t)c->vocab;
+    h->kda_heads = (uint32_t)c->kda_heads;
+    h->kda_head_dim = (uint32_t)c->kda_head_dim;
+    h->conv_width = (uint32_t)c->conv_width;
+    h->kv_lora = (uint32_t)c->kv_lora;
+    h->qk_rope = (uint32_t)c->qk_rope;
+    h->n_mla = (uint32_t)k3_config_mla_layer_count(c);
+    h->n_kda = h->n_layers - h->n_mla;
+}
+
+/* Bounds that keep every product below 2^64 (checked again with overflow
+ * builtins); far above any K3 geometry. */
+static int geometry_sane(const krun_state_hdr *h)
+{
+    return h->n_layers >= 1 && h->n_layers <= K3_MAX_LAYERS && h->hidden >= 1 && h->hidden <= (1u << 20) &&
+           h->vocab >= 1 && h->vocab <= (1u << 26) && h->kda_heads <= (1u << 12) && h->kda_head_dim <= (1u << 12) &&
+           h->conv_width >= 1 && h->conv_width <= 256 && h->kv_lora <= (1u << 16) && h->qk_rope <= (1u << 16) &&
+           (uint64_t)h->n_kda + h->n_mla == h->n_layers && h->pos <= ((uint64_t)1 << 40) &&
+           h->n_tokens <= ((uint64_t)1 << 40) && h->n_tokens >= h->pos;
+}
+
+uint64_t krun_state_payload_len(const krun_state_hdr *h, const uint8_t *layer_types)
+{
+    uint64_t n = 0, x;
+    (void)layer_types;
+    if (!geometry_sane(h)) return 0;
+    n = types_bytes(h) + h->n_tokens * 4;
+    /* KDA layers: S and the conv history; MLA layers: pos latent rows */
+    if (__builtin_mul_overflow(kda_floats(h), (uint64_t)h->n_kda * 4, &x) || __builtin_add_overflow(n, x, &n)) return 0;
+    if (__builtin_mul_overflow(h->pos, (uint64_t)(h->kv_lora + h->qk_rope) * 4, &x) ||
+        __builtin_mul_overflow(x, (uint64_t)h->n_mla, &x) || __builtin_add_overflow(n, x, &n))
+        return 0;
+    if (h->flags & KRUN_STATE_LOGITS) n += (uint64_t)h->vocab * 4;
+    return n;
+}
+
+static int bad(krun_err *err, const char *what)
+{
+    krun_err_set(err, KRUN_EINPUT, "not a usable krun state file: %s", what);
+    return -1;
+}
+
+static int all_finite(const uint8_t *p, uint64_t n)
+{
+    for (uint64_t i = 0; i < n; i++) {
+        float f;
+        memcpy(&f, p + 4 * i, 4);
+        if (!isfinite(f)) return 0;
+    }
+    return 1;
+}
+
+int krun_state_parse(const void *buf, size_t len, krun_state_hdr *h, krun_err *err)
+{
+    const uint8_t *b = buf;
+    uint64_t want;
+    char msg[200];
+    memset(h, 0, sizeof *h);
+    if (len < KRUN_STATE_HEADER + KRUN_STATE_TRAILER) return bad(err, "too short for a header (truncated?)");
+    if (memcmp(b + H_MAGIC, KRUN_STATE_MAGIC, 8) != 0) return bad(err, "wrong magic");
+    h->major = get16(b + H_MAJOR);
+    h->minor = get16(b + H_MINOR);
+    if (h->major != KRUN_STATE_MAJOR) {
+        snprintf(msg, sizeof msg, "version %u.%u, this krun reads %d.x", h->major, h->minor, KRUN_STATE_MAJOR);
+        return bad(err, msg);
+    }
+    if (get32(b + H_SIZE) != KRUN_STATE_HEADER) return bad(err, "header size is not 160");
+    if (XXH3_64bits(b, H_XXH3) != get64(b + H_XXH3)) return bad(err, "header checksum mismatch (damaged)");
+    h->set_id = get64(b + H_SET_ID);
+    h->config_xxh3 = get64(b + H_CONFIG);
+    h->n_layers = get32(b + H_LAYERS);
+    h->hidden = get32(b + H_HIDDEN);
+    h->vocab = get32(b + H_VOCAB);
+    h->kda_heads = get32(b + H_KDA_HEADS);
+    h->kda_head_dim = get32(b + H_KDA_DIM);
+    h->conv_width = get32(b + H_CONV);
+    h->kv_lora = get32(b + H_KV_LORA);
+    h->qk_rope = get32(b + H_QK_ROPE);
+    h->n_kda = get32(b + H_N_KDA);
+    h->n_mla = get32(b + H_N_MLA);
+    h->pos = get64(b + H_POS);
+    h->n_tokens = get64(b + H_N_TOKENS);
+    h->flags = get32(b + H_FLAGS);
+    for (int k = 0; k < 4; k++) h->rng[k] = get64(b + H_RNG + 8 * k);
+    h->payload_len = get64(b + H_PAYLOAD);
+    /* a later minor may use the reserved space for additions a 1.0 reader can ignore (docs/STATE.md) */
+    if (h->minor <= KRUN_STATE_MINOR && (get32(b + H_RESERVED1) || get64(b + H_RESERVED2) || get64(b + H_RESERVED2 + 8)))
+        return bad(err, "reserved fields are not zero");
+    if (h->flags & ~KRUN_STATE_LOGITS) return bad(err, "unknown flags");
+    if ((h->flags & KRUN_STATE_LOGITS) && h->pos == 0) return bad(err, "logits saved at position 0");
+    if (!geometry_sane(h)) return bad(err, "impossible geometry or position in the header");
+    want = krun_state_payload_len(h, NULL);
+    if (!want || want != h->payload_len) return bad(err, "the payload length disagrees with the geometry");
+    if ((uint64_t)len - KRUN_STATE_HEADER - KRUN_STATE_TRAILER != h->payload_len) {
+        snprintf(msg, sizeof msg, "%zu bytes, the header says %llu (truncated or extended)", len,
+                 (unsigned long long)(h->payload_len + KRUN_STATE_HEADER + KRUN_STATE_TRAILER));
+        return bad(err, msg);
+    }
+    if (XXH3_64bits(b + KRUN_STATE_HEADER, h->payload_len) != get64(b + KRUN_STATE_HEADER + h->payload_len))
+        return bad(err, "payload checksum mismatch (damaged)");
+    /* the sections */
+    h->layer_types_at = KRUN_STATE_HEADER;
+    h->tokens_at = h->layer_types_at + (size_t)types_bytes(h);
+    h->layers_at = h->tokens_at + (size_t)h->n_tokens * 4;
+    {
+        uint32_t mla = 0;
+        for (uint32_t L = 0; L < h->n_layers; L++) {
+            uint8_t t = b[h->layer_types_at + L];
+            if (t > 1) return bad(err, "a layer type is neither KDA (0) nor MLA (1)");
+            mla += t;
+        }
+        for (uint64_t L = h->n_layers; L < types_bytes(h); L++)
+            if (b[h->layer_types_at + L]) return bad(err, "layer map padding is not zero");
+        if (mla != h->n_mla) return bad(err, "the layer map disagrees with the MLA layer count");
+    }
+    for (uint64_t i = 0; i < h->n_tokens; i++)
+        if (get32(b + h->tokens_at + 4 * i) >= h->vocab) return bad(err, "a token id is outside the vocabulary");
+    h->logits_at = (size_t)(KRUN_STATE_HEADER + h->payload_len - ((h->flags & KRUN_STATE_LOGITS) ? (uint64_t)h->vocab * 4 : 0));
+    if (!all_finite(b + h->layers_at, (KRUN_STATE_HEADER + h->payload_len - h->layers_at) / 4))
+        return bad(err, "it holds values that are not finite");
+    return 0;
+}
+
+int krun_state_peek(const char *path, uint64_t *pos, uint64_t *n_tokens, krun_err *err)
+{
+    uint8_t b[KRUN_STATE_HEADER];
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    ssize_t got = fd < 0 ? -1 : pread(fd, b, sizeof b, 0);
+    int e = errno;
+    if (fd >= 0) close(fd);
+    if (got < 0) { krun_err_set(err, KRUN_EINPUT, "cannot read %s: %s", path, strerror(e)); return -1; }
+    if ((size_t)got < sizeof b || memcmp(b, KRUN_STATE_MAGIC, 8) != 0 || get16(b + H_MAJOR) != KRUN_STATE_MAJOR ||
+        get32(b + H_SIZE) != KRUN_STATE_HEADER || XXH3_64bits(b, H_XXH3) != get64(b + H_XXH3)) {
+        krun_err_set(err, KRUN_EINPUT, "%s: not a usable krun state file (bad header: truncated, damaged, or another version)", path);
+        return -1;
+    }
+    *pos = get64(b + H_POS);
+    *n_tokens = get64(b + H_N_TOKENS);
+    if (*n_tokens < *pos || *n_tokens > ((uint64_t)1 << 40)) {
+        krun_err_set(err, KRUN_EINPUT, "%s: not a usable krun state file (impossible position)", path);
+        return -1;
+    }
+    return 0;
+}
+
+int krun_state_is_file(int fd)
+{
+    uint8_t b[8];
+    return kio_pread_full(fd, b, sizeof b, 0) == 0 && memcmp(b, KRUN_STATE_MAGIC, 8) == 0;
+}
+
+int krun_state_tokens_xxh3(const char *path, uint64_t *n_tokens, uint64_t *hash, krun_err *err)
+{
+    uint8_t b[KRUN_STATE_HEADER];
+    uint64_t pos, at;
+    int32_t *ids = NULL;
+    int fd, rc = -1;
+    if (krun_state_peek(path, &pos, n_tokens, err)) return -1;
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || kio_pread_full(fd, b, sizeof b, 0)) {
+        krun_err_set(err, KRUN_EINPUT, "cannot read %s: %s", path, strerror(errno));
+        goto out;
+    }
+    at = KRUN_STATE_HEADER + ((uint64_t)get32(b + H_LAYERS) + 7) / 8 * 8;
+    if (get32(b + H_LAYERS) > K3_MAX_LAYERS || kio_file_size(fd) < (int64_t)(at + *n_tokens * 4) ||
+        !(ids = malloc(*n_tokens * 4 + 1))) {
+        krun_err_set(err, KRUN_EINPUT, "%s: not a usable krun state file (%s)", path,
+                     get32(b + H_LAYERS) > K3_MAX_LAYERS ? "impossible geometry" : "truncated, or its history does not fit in memory");
+        goto out;
+    }
+    if (kio_pread_full(fd, ids, *n_tokens * 4, at)) {
+        krun_err_set(err, KRUN_EINPUT, "cannot read the history of %s: %s", path, errno == ENODATA ? "truncated" : strerror(errno));
+        goto out;
+    }
+    *hash = XXH3_64bits(ids, *n_tokens * 4);
+    rc = 0;
+out:
+    if (fd >= 0) close(fd);
+    free(ids);
+    return rc;
+}
+
+/* ---- writing -------------------------------------------------------------------- */
+
+struct out {
+    ksave *s;
+    XXH3_state_t *x;
+};
+
+static void emit(struct out *o, const void *p, size_t n)
+{
+    if (!n) return;
+    ksave_write(o->s, p, n);
+    XXH3_64bits_update(o->x, p, n);
+}
+
+int krun_state_write_to(ksave *s, krun_state_hdr *h, const k3_config *c, const int32_t *tokens, const k3_state *st,
+                        const float *logits, krun_err *err)
+{
+    uint8_t hd[KRUN_STATE_HEADER], types[K3_MAX_LAYERS + 8], tail[8];
+    struct out o = {s, NULL};
+    const size_t row = k3_mla_row(c);
+    memset(hd, 0, sizeof hd);
+    memset(types, 0, sizeof types);
+    for (int L = 0; L < c->n_layers; L++) types[L] = c->layer_is_mla[L] ? 1 : 0;
+    h->payload_len = krun_state_payload_len(h, types);
+    if (!h->payload_len) { krun_err_set(err, KRUN_EINPUT, "%s: nothing consistent to save", s->path); return -1; }
+    memcpy(hd + H_MAGIC, KRUN_STATE_MAGIC, 8);
+    put16(hd + H_MAJOR, h->major);
+    put16(hd + H_MINOR, h->minor);
+    put32(hd + H_SIZE, KRUN_STATE_HEADER);
+    put64(hd + H_SET_ID, h->set_id);
+    put64(hd + H_CONFIG, h->config_xxh3);
+    put32(hd + H_LAYERS, h->n_layers);
+    put32(hd + H_HIDDEN, h->hidden);
+    put32(hd + H_VOCAB, h->vocab);
+    put32(hd + H_KDA_HEADS, h->kda_heads);
+    put32(hd + H_KDA_DIM, h->kda_head_dim);
+    put32(hd + H_CONV, h->conv_width);
+    put32(hd + H_KV_LORA, h->kv_lora);
+    put32(hd + H_QK_ROPE, h->qk_rope);
+    put32(hd + H_N_KDA, h->n_kda);
+    put32(hd + H_N_MLA, h->n_mla);
+    put64(hd + H_POS, h->pos);
+    put64(hd + H_N_TOKENS, h->n_tokens);
+    put32(hd + H_FLAGS, h->flags);
+    for (int k = 0; k < 4; k++) put64(hd + H_RNG + 8 * k, h->rng[k]);
+    put64(hd + H_PAYLOAD, h->payload_len);
+    put64(hd + H_XXH3, XXH3_64bits(hd, H_XXH3));
+
+    if (!(o.x = XXH3_createState())) { krun_err_set(err, KRUN_ENOMEM, "saving %s: out of memory", s->path); return -1; }
+    ksave_write(s, hd, sizeof hd);
+    XXH3_64bits_reset(o.x);
+    emit(&o, types, (size_t)types_bytes(h));
+    emit(&o, tokens, (size_t)h->n_tokens * 4);
+    for (int L = 0; L < c->n_layers; L++) {
+        if (c->layer_is_mla[L]) {
+            emit(&o, st->mla_cache[L], (size_t)h->pos * row * 4);
+        } else {
+            emit(&o, st->kda_S[L], k3_kda_S_floats(c) * 4);
+            emit(&o, st->kda_conv[L], k3_kda_conv_floats(c) * 4);
+        }
+    }
+    if (h->flags & KRUN_STATE_LOGITS) emit(&o, logits, (size_t)h->vocab * 4);
+    put64(tail, XXH3_64bits_digest(o.x));
+    XXH3_freeState(o.x);
+    ksave_write(s, tail, sizeof tail);
+    return 0;
+}
+
+int krun_state_write(const char *path, krun_state_hdr *h, const k3_config *c, const int32_t *tokens, const k3_state *st,
+                     const float *logits, krun_err *err)
+{
+    ksave s;
+    if (ksave_target_ok(path, krun_state_is_file, "a krun state file", err) || ksave_begin(&s, path, err)) return -1;
+    if (krun_state_write_to(&s, h, c, tokens, st, logits, err)) { ksave_abort(&s); return -1; }
+    return ksave_commit(&s, err);
+}
+
+void krun_state_restore(const void *buf, const krun_state_hdr *h, const k3_config *c, int32_t *tokens, k3_state *st,
+                        float *logits)
+{
+    const uint8_t *b = buf, *p = b + h->layers_at;
+    const size_t row = k3_mla_row(c);
+    memcpy(tokens, b + h->tokens_at, (size_t)h->n_tokens * 4);
+    for (int L = 0; L < c->n_layers; L++) {
+        if (c->layer_is_mla[L]) {
+            memcpy(st->mla_cache[L], p, (size_t)h->pos * row * 4);
+            p += (size_t)h->pos * row * 4;
+        } else {
+            memcpy(st->kda_S[L], p, k3_kda_S_floats(c) * 4);
+            p += k3_kda_S_floats(c) * 4;
+            memcpy(st->kda_conv[L], p, k3_kda_conv_floats(c) * 4);
+            p += k3_kda_conv_floats(c) * 4;
+        }
+    }
+    if (h->flags & KRUN_STATE_LOGITS) memcpy(logits, b + h->logits_at, (size_t)h->vocab * 4);
+    st->pos = (size_t)h->pos;
+}

@@ -1,0 +1,78 @@
+/* Saved conversations: the state file (docs/STATE.md specifies every byte).
+ *
+ * krun_state_parse checks a whole file image on its own -- no model needed --
+ * so a fuzzer can throw arbitrary bytes at it; the session layer then checks
+ * the parsed identity and geometry against the open model. */
+#ifndef KRUN_STATEFILE_H
+#define KRUN_STATEFILE_H
+
+#include "format/k3_config.h"
+#include "run/util/krun_err.h"
+#include "run/util/savefile.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct k3_state k3_state;   /* state.h: a sequence's state, written and restored */
+
+#define KRUN_STATE_MAGIC "\x89KRS\r\n\x1a\n"
+#define KRUN_STATE_MAJOR 1
+#define KRUN_STATE_MINOR 0
+#define KRUN_STATE_HEADER 160          /* bytes of the header, its checksum included */
+#define KRUN_STATE_TRAILER 8           /* the payload checksum */
+#define KRUN_STATE_LOGITS 1u           /* flags: the last logits are saved */
+
+typedef struct krun_state_hdr {
+    uint16_t major, minor;
+    uint64_t set_id;                   /* the KPK file's set_id */
+    uint64_t config_xxh3;              /* XXH3-64 of its embedded config.json */
+    uint32_t n_layers, hidden, vocab, kda_heads, kda_head_dim, conv_width, kv_lora, qk_rope;
+    uint32_t n_kda, n_mla;
+    uint64_t pos, n_tokens;            /* positions run; history length (>= pos: the rest are pending) */
+    uint32_t flags;
+    uint64_t rng[4];                   /* the sampler's PRNG */
+    uint64_t payload_len;
+    /* where the sections are in the file image (filled by krun_state_parse) */
+    size_t layer_types_at, tokens_at, layers_at, logits_at;
+} krun_state_hdr;
+
+/* The header of this model, geometry and identity filled in. */
+void krun_state_hdr_for(krun_state_hdr *h, const k3_config *c, uint64_t set_id, uint64_t config_xxh3);
+
+/* Bytes of the payload a header implies; 0 if the geometry is impossible. */
+uint64_t krun_state_payload_len(const krun_state_hdr *h, const uint8_t *layer_types);
+
+/* Check a whole state file image (every length, checksum, reserved field,
+ * token id and float) and fill h.  Any other input is refused with
+ * KRUN_EINPUT and a message naming what is wrong. */
+int krun_state_parse(const void *buf, size_t len, krun_state_hdr *h, krun_err *err);
+
+/* Read and check only the header of the state file at path (magic, version,
+ * header checksum): how many tokens it holds, run and pending.  To size the
+ * context before loading it. */
+int krun_state_peek(const char *path, uint64_t *pos, uint64_t *n_tokens, krun_err *err);
+
+/* Write a state file: h (pos, n_tokens, flags, rng and identity set by the
+ * caller), the layer map of c, tokens [n_tokens], st's layers at h->pos
+ * positions, and logits [vocab] when flagged.  Through the one safe writer
+ * (savefile.h): path must be new or an earlier state file; the bytes go to
+ * a temporary file, fsynced, renamed over path. */
+int krun_state_write(const char *path, krun_state_hdr *h, const k3_config *c, const int32_t *tokens, const k3_state *st,
+                     const float *logits, krun_err *err);
+/* The same bytes into a save begun by the caller (who commits it, or renames
+ * it in a protocol of its own: krun chat's /save). */
+int krun_state_write_to(ksave *s, krun_state_hdr *h, const k3_config *c, const int32_t *tokens, const k3_state *st,
+                        const float *logits, krun_err *err);
+/* 1 if the open file begins with the state file's magic (a save may replace it). */
+int krun_state_is_file(int fd);
+/* The history of the state file at path (header checked, payload not): its
+ * length and the XXH3-64 of its ids as 32-bit little-endian numbers, what
+ * FILE.json records of the state it belongs to. */
+int krun_state_tokens_xxh3(const char *path, uint64_t *n_tokens, uint64_t *hash, krun_err *err);
+
+/* Copy a parsed image's sections into st / tokens / logits (the caller has
+ * checked that they fit). */
+void krun_state_restore(const void *buf, const krun_state_hdr *h, const k3_config *c, int32_t *tokens, k3_state *st,
+                        float *logits);
+
+#endif

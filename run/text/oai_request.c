@@ -1,0 +1,659 @@
+/* OpenAI request bodies -> krun requests (see oai.h). */
+#include "oai.h"
+
+#include "jsontext.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void oai_error_set(oai_error *e, int status, const char *param, const char *code, const char *fmt, ...)
+{
+    if (!e) return;
+    memset(e, 0, sizeof *e);
+    e->status = status;
+    e->type = status >= 500 ? "server_error" : "invalid_request_error";
+    e->code = code;
+    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+}
+
+/* Everything a parsed request points into: the JSON tree and strings built from it. */
+typedef struct {
+    json_t *root;
+    void **blocks;
+    size_t n, cap;
+} arena;
+
+static void *arena_keep(arena *a, void *p)
+{
+    if (!p) return NULL;
+    if (a->n == a->cap) {
+        size_t c = a->cap ? 2 * a->cap : 16;
+        void **q = realloc(a->blocks, c * sizeof *q);
+        if (!q) { free(p); return NULL; }
+        a->blocks = q;
+        a->cap = c;
+    }
+    return a->blocks[a->n++] = p;
+}
+
+static void arena_free(arena *a)
+{
+    if (!a) return;
+    for (size_t i = 0; i < a->n; i++) free(a->blocks[i]);
+    free(a->blocks);
+    json_decref(a->root);
+    free(a);
+}
+
+/* A malloc'd copy of the n bytes at s plus a NUL (the bytes may hold NULs:
+ * strndup would stop at the first). */
+static char *text_copy(const char *s, size_t n)
+{
+    char *p = malloc(n + 1);
+    if (!p) return NULL;
+    memcpy(p, s, n);
+    p[n] = 0;
+    return p;
+}
+
+static int oom(oai_error *e)
+{
+    oai_error_set(e, 500, NULL, NULL, "out of memory");
+    return -1;
+}
+#define OOM(e) oom(e)
+
+/* The end of a parse (or a free): on success the request keeps the arena its pointers point into;
+ * otherwise the arena is freed and the request zeroed.  Returns 0 or -1. */
+static int parse_end(arena *a, void **own, void *req, size_t size, int ok)
+{
+    if (ok) { *own = a; return 0; }
+    arena_free(a);
+    memset(req, 0, size);
+    return -1;
+}
+
+/* The body: a JSON object. */
+static json_t *load_body(const char *body, size_t len, oai_error *e)
+{
+    if (!body && len) { oai_error_set(e, 400, NULL, NULL, "empty request body"); return NULL; }
+    json_error_t je;
+    json_t *root = json_loadb(body ? body : "", len, JSON_ALLOW_NUL, &je);
+    if (!root) {
+        oai_error_set(e, 400, NULL, "invalid_json", "the request body is not valid JSON: %s (line %d, column %d)", je.text,
+                      je.line, je.column);
+        return NULL;
+    }
+    if (!json_is_object(root)) {
+        json_decref(root);
+        oai_error_set(e, 400, NULL, "invalid_json", "the request body must be a JSON object");
+        return NULL;
+    }
+    return root;
+}
+
+/* A field that is absent or JSON null counts as absent. */
+static json_t *field(json_t *o, const char *key)
+{
+    json_t *v = json_object_get(o, key);
+    return json_is_null(v) ? NULL : v;
+}
+
+static const char *json_kind(const json_t *v)
+{
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return "an object";
+    case JSON_ARRAY: return "an array";
+    case JSON_STRING: return "a string";
+    case JSON_INTEGER: return "an integer";
+    case JSON_REAL: return "a number";
+    case JSON_TRUE: case JSON_FALSE: return "a boolean";
+    default: return "null";
+    }
+}
+
+static int wrong_type(oai_error *e, const char *param, const char *want, const json_t *got)
+{
+    oai_error_set(e, 400, param, "invalid_type", "%s must be %s, not %s", param, want, json_kind(got));
+    return -1;
+}
+
+/* A JSON string that will be used as a C string: a NUL inside ("\u0000")
+ * would silently cut it, so it is refused. */
+static int c_string(json_t *v, const char *param, oai_error *e)
+{
+    if (!memchr(json_string_value(v), 0, json_string_length(v))) return 0;
+    oai_error_set(e, 400, param, "invalid_value", "%s must not contain a NUL character (\\u0000)", param);
+    return -1;
+}
+
+/* v is the JSON string lit, compared whole: "text\u0000x" is not "text". */
+static int str_is(const json_t *v, const char *lit)
+{
+    return json_is_string(v) && json_string_length(v) == strlen(lit) && !memcmp(json_string_value(v), lit, strlen(lit));
+}
+
+/* Optional number in [lo, hi]. */
+static int get_number(json_t *o, const char *key, double lo, double hi, double *out, int *has, oai_error *e)
+{
+    json_t *v = field(o, key);
+    if (!v) return 0;
+    if (!json_is_number(v)) return wrong_type(e, key, "a number", v);
+    double x = json_number_value(v);
+    if (!(x >= lo && x <= hi)) {
+        oai_error_set(e, 400, key, "invalid_value", "%s must be between %g and %g, got %g", key, lo, hi, x);
+        return -1;
+    }
+    *out = x;
+    if (has) *has = 1;
+    return 0;
+}
+
+static int get_bool(json_t *o, const char *key, int *out, oai_error *e)
+{
+    json_t *v = field(o, key);
+    if (!v) return 0;
+    if (!json_is_boolean(v)) return wrong_type(e, key, "a boolean", v);
+    *out = json_is_true(v);
+    return 0;
+}
+
+/* Fields krun does not implement: an error when given a value that would change the result. */
+static int unsupported(json_t *o, oai_error *e)
+{
+    json_t *v;
+    if ((v = field(o, "n")) && !(json_is_integer(v) && json_integer_value(v) == 1)) {
+        if (!json_is_integer(v)) return wrong_type(e, "n", "an integer", v);
+        oai_error_set(e, 400, "n", "unsupported_value", "n must be 1: one choice per request");
+        return -1;
+    }
+    static const char *const penalties[] = {"frequency_penalty", "presence_penalty"};
+    for (int i = 0; i < 2; i++)
+        if ((v = field(o, penalties[i]))) {
+            if (!json_is_number(v)) return wrong_type(e, penalties[i], "a number", v);
+            if (json_number_value(v) != 0) {
+                oai_error_set(e, 400, penalties[i], "unsupported_value", "%s is not supported (give 0 or omit it)", penalties[i]);
+                return -1;
+            }
+        }
+    if ((v = field(o, "logprobs")) && !json_is_false(v) && !(json_is_integer(v) && json_integer_value(v) == 0)) {
+        oai_error_set(e, 400, "logprobs", "unsupported_value", "logprobs are not supported");
+        return -1;
+    }
+    if ((v = field(o, "top_logprobs")) && !(json_is_integer(v) && json_integer_value(v) == 0)) {
+        oai_error_set(e, 400, "top_logprobs", "unsupported_value", "top_logprobs are not supported");
+        return -1;
+    }
+    if ((v = field(o, "logit_bias")) && !(json_is_object(v) && json_object_size(v) == 0)) {
+        oai_error_set(e, 400, "logit_bias", "unsupported_value", "logit_bias is not supported");
+        return -1;
+    }
+    return 0;
+}
+
+static int parse_sampling(json_t *o, oai_sampling *s, long default_max, arena *a, oai_error *e)
+{
+    memset(s, 0, sizeof *s);
+    s->temperature = 1;
+    s->top_p = 1;
+    s->max_tokens = default_max;
+    json_t *v;
+    if ((v = field(o, "model"))) {
+        if (!json_is_string(v)) return wrong_type(e, "model", "a string", v);
+        if (c_string(v, "model", e)) return -1;
+        s->model = arena_keep(a, strdup(json_string_value(v)));
+        if (!s->model) return OOM(e);
+    }
+    static const char *const maxkeys[] = {"max_completion_tokens", "max_tokens"};
+    for (int i = 0; i < 2; i++)
+        if ((v = field(o, maxkeys[i]))) {
+            if (!json_is_integer(v)) return wrong_type(e, maxkeys[i], "an integer", v);
+            json_int_t x = json_integer_value(v);
+            if (x < 1 || x > 0x7fffffff) {
+                oai_error_set(e, 400, maxkeys[i], "invalid_value", "%s must be at least 1 (and at most 2147483647), got %lld",
+                              maxkeys[i], (long long)x);
+                return -1;
+            }
+            s->max_tokens = (long)x;
+            break;
+        }
+    if (get_number(o, "temperature", 0, 2, &s->temperature, &s->has_temperature, e)) return -1;
+    if (get_number(o, "top_p", 0, 1, &s->top_p, &s->has_top_p, e)) return -1;
+    if ((v = field(o, "seed"))) {
+        if (!json_is_integer(v)) return wrong_type(e, "seed", "an integer", v);
+        s->seed = (int64_t)json_integer_value(v);
+        s->has_seed = 1;
+    }
+    if ((v = field(o, "stop"))) {
+        size_t n = json_is_string(v) ? 1 : json_array_size(v);
+        if (!json_is_string(v) && !json_is_array(v)) return wrong_type(e, "stop", "a string or an array of strings", v);
+        if (n > 4) { oai_error_set(e, 400, "stop", "invalid_value", "stop takes at most 4 strings, got %zu", n); return -1; }
+        s->stop = arena_keep(a, calloc(n ? n : 1, sizeof *s->stop));
+        if (!s->stop) return OOM(e);
+        for (size_t i = 0; i < n; i++) {
+            json_t *x = json_is_string(v) ? v : json_array_get(v, i);
+            char p[32];
+            snprintf(p, sizeof p, "stop[%zu]", i);
+            if (!json_is_string(x)) return wrong_type(e, json_is_string(v) ? "stop" : p, "a string", x);
+            if (!json_string_length(x)) { oai_error_set(e, 400, p, "invalid_value", "stop strings must not be empty"); return -1; }
+            if (c_string(x, json_is_string(v) ? "stop" : p, e)) return -1; /* matched with strlen (stopstr.c) */
+            s->stop[i] = arena_keep(a, text_copy(json_string_value(x), json_string_length(x)));
+            if (!s->stop[i]) return OOM(e);
+        }
+        s->n_stop = n;
+    }
+    if (get_bool(o, "stream", &s->stream, e)) return -1;
+    if ((v = field(o, "stream_options"))) {
+        if (!json_is_object(v)) return wrong_type(e, "stream_options", "an object", v);
+        if (!s->stream) {
+            oai_error_set(e, 400, "stream_options", "invalid_value", "stream_options is only allowed with stream: true");
+            return -1;
+        }
+        json_t *u = field(v, "include_usage");
+        if (u && !json_is_boolean(u)) return wrong_type(e, "stream_options.include_usage", "a boolean", u);
+        s->include_usage = json_is_true(u);
+    }
+    if ((v = field(o, "top_k"))) {
+        if (!json_is_integer(v)) return wrong_type(e, "top_k", "an integer", v);
+        if (json_integer_value(v) < -1 || json_integer_value(v) > 0x7fffffff) {
+            oai_error_set(e, 400, "top_k", "invalid_value", "top_k must be -1 or 0 (off) or a positive count, got %lld",
+                          (long long)json_integer_value(v));
+            return -1;
+        }
+        s->top_k = json_integer_value(v) < 0 ? 0 : (long)json_integer_value(v);
+    }
+    if (get_number(o, "min_p", 0, 1, &s->min_p, NULL, e)) return -1;
+    if (get_bool(o, "ignore_eos", &s->ignore_eos, e)) return -1;
+    if (get_bool(o, "return_token_ids", &s->return_token_ids, e)) return -1;
+    return unsupported(o, e);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* chat                                                                                       */
+
+/* content: a string, or an array of {"type": "text", "text": ...} parts (joined). */
+static int get_content(json_t *m, size_t i, int required, kchat_message *out, arena *a, oai_error *e)
+{
+    char p[64];
+    snprintf(p, sizeof p, "messages[%zu].content", i);
+    json_t *c = field(m, "content");
+    if (!c) {
+        if (required) { oai_error_set(e, 400, p, "missing_required_parameter", "%s is required", p); return -1; }
+        return 0;
+    }
+    if (json_is_string(c)) {
+        out->content = json_string_value(c);
+        out->content_len = json_string_length(c);
+        return 0;
+    }
+    if (!json_is_array(c)) return wrong_type(e, p, "a string or an array of content parts", c);
+    kbuf b = {0};
+    for (size_t k = 0; k < json_array_size(c); k++) {
+        json_t *part = json_array_get(c, k), *t = json_object_get(part, "type"), *x = json_object_get(part, "text");
+        char pp[96];
+        snprintf(pp, sizeof pp, "%s[%zu]", p, k);
+        if (!json_is_object(part)) { kbuf_free(&b); return wrong_type(e, pp, "an object", part); }
+        if (!str_is(t, "text")) {
+            kbuf_free(&b);
+            oai_error_set(e, 400, pp, "unsupported_value", "%s: only text content parts are supported (type \"text\")", pp);
+            return -1;
+        }
+        if (!json_is_string(x)) { kbuf_free(&b); return wrong_type(e, pp, "a text part with a string \"text\"", x ? x : part); }
+        kbuf_add(&b, json_string_value(x), json_string_length(x));
+    }
+    kbuf_add(&b, "", 0);
+    if (b.oom || !arena_keep(a, b.p)) { if (b.oom) kbuf_free(&b); return OOM(e); }
+    out->content = b.p;
+    out->content_len = b.n;
+    return 0;
+}
+
+static int get_string(json_t *o, const char *key, const char *param, const char **out, oai_error *e)
+{
+    json_t *v = field(o, key);
+    if (!v) return 0;
+    if (!json_is_string(v)) return wrong_type(e, param, "a string", v);
+    if (c_string(v, param, e)) return -1;
+    *out = json_string_value(v);
+    return 0;
+}
+
+static int get_tool_calls(json_t *m, size_t i, kchat_message *out, arena *a, oai_error *e)
+{
+    char p[96];
+    snprintf(p, sizeof p, "messages[%zu].tool_calls", i);
+    json_t *tc = field(m, "tool_calls");
+    if (!tc) return 0;
+    if (!json_is_array(tc)) return wrong_type(e, p, "an array", tc);
+    size_t n = json_array_size(tc);
+    kchat_tool_call *calls = arena_keep(a, calloc(n ? n : 1, sizeof *calls));
+    if (!calls) return OOM(e);
+    for (size_t k = 0; k < n; k++) {
+        json_t *c = json_array_get(tc, k), *f = json_object_get(c, "function");
+        snprintf(p, sizeof p, "messages[%zu].tool_calls[%zu]", i, k);
+        if (!json_is_object(c)) return wrong_type(e, p, "an object", c);
+        json_t *type = field(c, "type");
+        if (type && !str_is(type, "function")) {
+            oai_error_set(e, 400, p, "invalid_value", "%s.type must be \"function\"", p);
+            return -1;
+        }
+        if (!json_is_object(f)) { strcat(p, ".function"); return f ? wrong_type(e, p, "an object", f) :
+                                  (oai_error_set(e, 400, p, "missing_required_parameter", "%s is required", p), -1); }
+        char q[128];
+        snprintf(q, sizeof q, "%s.id", p);
+        if (get_string(c, "id", q, &calls[k].id, e)) return -1;
+        json_t *name = json_object_get(f, "name"), *args = field(f, "arguments");
+        if (!json_is_string(name) || !json_string_length(name)) {
+            strcat(p, ".function.name");
+            oai_error_set(e, 400, p, "missing_required_parameter", "%s must be a non-empty string", p);
+            return -1;
+        }
+        snprintf(q, sizeof q, "%s.function.name", p);
+        if (c_string(name, q, e)) return -1;
+        calls[k].name = json_string_value(name);
+        snprintf(q, sizeof q, "%s.function.arguments", p);
+        if (json_is_string(args) && c_string(args, q, e)) return -1;
+        if (json_is_string(args)) calls[k].arguments = json_string_value(args);
+        else if (json_is_object(args)) {
+            /* some clients send the arguments as an object rather than JSON text */
+            calls[k].arguments = arena_keep(a, json_dumps(args, JSON_COMPACT));
+            if (!calls[k].arguments) return OOM(e);
+        } else if (args) {
+            strcat(p, ".function.arguments");
+            return wrong_type(e, p, "a string of JSON", args);
+        }
+    }
+    out->tool_calls = calls;
+    out->n_tool_calls = n;
+    return 0;
+}
+
+static int get_message(json_t *m, size_t i, kchat_message *out, arena *a, oai_error *e)
+{
+    char p[64];
+    snprintf(p, sizeof p, "messages[%zu]", i);
+    if (!json_is_object(m)) return wrong_type(e, p, "an object", m);
+    json_t *role = json_object_get(m, "role");
+    snprintf(p, sizeof p, "messages[%zu].role", i);
+    if (!role) { oai_error_set(e, 400, p, "missing_required_parameter", "%s is required", p); return -1; }
+    if (!json_is_string(role)) return wrong_type(e, p, "a string", role);
+    if (c_string(role, p, e)) return -1;
+    const char *r = json_string_value(role);
+    if (!strcmp(r, "system") || !strcmp(r, "developer")) out->role = KCHAT_SYSTEM;
+    else if (!strcmp(r, "user")) out->role = KCHAT_USER;
+    else if (!strcmp(r, "assistant")) out->role = KCHAT_ASSISTANT;
+    else if (!strcmp(r, "tool")) out->role = KCHAT_TOOL;
+    else {
+        oai_error_set(e, 400, p, "invalid_value", "%s: unknown role \"%.40s\" (expected system, developer, user, assistant or tool)", p, r);
+        return -1;
+    }
+    snprintf(p, sizeof p, "messages[%zu].name", i);
+    if (get_string(m, "name", p, &out->name, e)) return -1;
+    if (out->role == KCHAT_ASSISTANT) {
+        if (get_tool_calls(m, i, out, a, e)) return -1;
+        if (get_content(m, i, out->n_tool_calls == 0, out, a, e)) return -1;
+        /* reasoning_content (DeepSeek / vLLM) or reasoning: the think channel of the history */
+        static const char *const rk[] = {"reasoning_content", "reasoning"};
+        for (int k = 0; k < 2 && !out->reasoning; k++) {
+            json_t *v = field(m, rk[k]);
+            snprintf(p, sizeof p, "messages[%zu].%s", i, rk[k]);
+            if (v && !json_is_string(v)) return wrong_type(e, p, "a string", v);
+            if (v) { out->reasoning = json_string_value(v); out->reasoning_len = json_string_length(v); }
+        }
+        return 0;
+    }
+    if (get_content(m, i, 1, out, a, e)) return -1;
+    if (out->role == KCHAT_TOOL) {
+        snprintf(p, sizeof p, "messages[%zu].tool_call_id", i);
+        json_t *id = field(m, "tool_call_id");
+        if (!id) { oai_error_set(e, 400, p, "missing_required_parameter", "%s is required", p); return -1; }
+        if (get_string(m, "tool_call_id", p, &out->tool_call_id, e)) return -1;
+        out->tool_name = out->name;
+        out->name = NULL;
+    }
+    return 0;
+}
+
+static int get_tool_choice(json_t *o, kchat_options *c, int declared, oai_error *e);
+
+static int get_tools(json_t *o, kchat_options *c, arena *a, oai_error *e)
+{
+    json_t *t = field(o, "tools");
+    if (!t) return get_tool_choice(o, c, 0, e);
+    if (!json_is_array(t)) return wrong_type(e, "tools", "an array", t);
+    for (size_t k = 0; k < json_array_size(t); k++) {
+        json_t *x = json_array_get(t, k), *type = json_object_get(x, "type"), *f = json_object_get(x, "function");
+        char p[64];
+        snprintf(p, sizeof p, "tools[%zu]", k);
+        if (!json_is_object(x)) return wrong_type(e, p, "an object", x);
+        if (!str_is(type, "function")) {
+            oai_error_set(e, 400, p, "invalid_value", "%s.type must be \"function\"", p);
+            return -1;
+        }
+        if (!json_is_object(f)) { strcat(p, ".function"); return wrong_type(e, p, "an object", f ? f : json_null()); }
+        json_t *name = json_object_get(f, "name"), *params = field(f, "parameters"), *desc = field(f, "description");
+        if (!json_is_string(name) || !json_string_length(name) || json_string_length(name) > 64) {
+            strcat(p, ".function.name");
+            oai_error_set(e, 400, p, "invalid_value", "%s must be a string of 1 to 64 characters", p);
+            return -1;
+        }
+        if (memchr(json_string_value(name), 0, json_string_length(name))) {
+            strcat(p, ".function.name");
+            return c_string(name, p, e);
+        }
+        for (const char *s = json_string_value(name); *s; s++)
+            if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') || *s == '_' || *s == '-')) {
+                strcat(p, ".function.name");
+                oai_error_set(e, 400, p, "invalid_value", "%s may contain only a-z, A-Z, 0-9, _ and -", p);
+                return -1;
+            }
+        if (params && !json_is_object(params)) { strcat(p, ".function.parameters"); return wrong_type(e, p, "an object", params); }
+        if (desc && !json_is_string(desc)) { strcat(p, ".function.description"); return wrong_type(e, p, "a string", desc); }
+    }
+    c->tools_json = arena_keep(a, json_dumps(t, JSON_COMPACT));
+    if (!c->tools_json) return OOM(e);
+    return get_tool_choice(o, c, json_array_size(t) > 0, e);
+}
+
+/* tool_choice, checked whether or not tools are given (declared: at least one is): "required"
+ * without a tool is a 400, as OpenAI answers (issue 25.8); "auto" and "none" need none. */
+static int get_tool_choice(json_t *o, kchat_options *c, int declared, oai_error *e)
+{
+    json_t *tc = field(o, "tool_choice");
+    if (tc) {
+        if (json_is_object(tc)) {
+            oai_error_set(e, 400, "tool_choice", "unsupported_value", "naming one tool in tool_choice is not supported (use \"auto\", \"required\" or \"none\")");
+            return -1;
+        }
+        if (!json_is_string(tc)) return wrong_type(e, "tool_choice", "a string", tc);
+        if (c_string(tc, "tool_choice", e)) return -1;
+        const char *s = json_string_value(tc);
+        if (!strcmp(s, "auto")) c->tool_choice = KCHAT_TOOL_CHOICE_AUTO;
+        else if (!strcmp(s, "none")) c->tool_choice = KCHAT_TOOL_CHOICE_NONE;
+        else if (!strcmp(s, "required")) c->tool_choice = KCHAT_TOOL_CHOICE_REQUIRED;
+        else {
+            oai_error_set(e, 400, "tool_choice", "invalid_value", "tool_choice must be \"auto\", \"required\" or \"none\", got \"%.40s\"", s);
+            return -1;
+        }
+        if (c->tool_choice == KCHAT_TOOL_CHOICE_REQUIRED && !declared) {
+            oai_error_set(e, 400, "tool_choice", "invalid_value", "tool_choice \"required\" needs at least one tool in tools");
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* reasoning_effort and chat_template_kwargs -> thinking and effort. */
+static int get_thinking(json_t *o, kchat_options *c, oai_error *e)
+{
+    json_t *v = field(o, "reasoning_effort");
+    if (v) {
+        if (!json_is_string(v)) return wrong_type(e, "reasoning_effort", "a string", v);
+        if (c_string(v, "reasoning_effort", e)) return -1;
+        const char *s = json_string_value(v);
+        static const struct { const char *name; int thinking; kchat_effort effort; } map[] = {
+            {"none", 0, KCHAT_EFFORT_NONE}, {"minimal", 1, KCHAT_EFFORT_LOW}, {"low", 1, KCHAT_EFFORT_LOW},
+            {"medium", 1, KCHAT_EFFORT_HIGH}, {"high", 1, KCHAT_EFFORT_HIGH}, {"max", 1, KCHAT_EFFORT_MAX},
+            {"xhigh", 1, KCHAT_EFFORT_MAX},
+        };
+        size_t k = 0;
+        while (k < sizeof map / sizeof *map && strcmp(map[k].name, s)) k++;
+        if (k == sizeof map / sizeof *map) {
+            oai_error_set(e, 400, "reasoning_effort", "invalid_value",
+                          "reasoning_effort must be none, minimal, low, medium, high, xhigh or max, got \"%.40s\"", s);
+            return -1;
+        }
+        c->thinking = map[k].thinking;
+        c->effort = map[k].effort;
+    }
+    json_t *kw = field(o, "chat_template_kwargs");
+    if (!kw) return 0;
+    if (!json_is_object(kw)) return wrong_type(e, "chat_template_kwargs", "an object", kw);
+    json_t *t = json_object_get(kw, "thinking");
+    if (t) {
+        if (!json_is_boolean(t)) return wrong_type(e, "chat_template_kwargs.thinking", "a boolean", t);
+        c->thinking = json_is_true(t);
+        if (c->thinking && !v && c->effort == KCHAT_EFFORT_NONE) c->effort = KCHAT_EFFORT_MAX;
+    }
+    json_t *te = json_object_get(kw, "thinking_effort");
+    if (te) {
+        if (json_is_null(te)) c->effort = KCHAT_EFFORT_NONE;
+        else if (!json_is_string(te) || memchr(json_string_value(te), 0, json_string_length(te)) ||
+                 kchat_effort_parse(json_string_value(te)) == KCHAT_EFFORT_INVALID) {
+            oai_error_set(e, 400, "chat_template_kwargs.thinking_effort", "invalid_value",
+                          "chat_template_kwargs.thinking_effort must be \"low\", \"high\", \"max\" or null");
+            return -1;
+        } else c->effort = kchat_effort_parse(json_string_value(te));
+    }
+    return 0;
+}
+
+int oai_parse_chat_request(const char *body, size_t len, oai_chat_request *req, oai_error *e)
+{
+    memset(req, 0, sizeof *req);
+    arena *a = calloc(1, sizeof *a);
+    if (!a) return OOM(e);
+    if (!(a->root = load_body(body, len, e))) { arena_free(a); return -1; }
+    json_t *o = a->root, *msgs = json_object_get(o, "messages");
+    kchat_options_default(&req->chat);
+    if (!msgs) { oai_error_set(e, 400, "messages", "missing_required_parameter", "messages is required"); goto bad; }
+    if (!json_is_array(msgs)) { wrong_type(e, "messages", "an array", msgs); goto bad; }
+    size_t n = json_array_size(msgs);
+    if (!n) { oai_error_set(e, 400, "messages", "invalid_value", "messages must not be empty"); goto bad; }
+    req->messages = arena_keep(a, calloc(n, sizeof *req->messages));
+    if (!req->messages) { oom(e); goto bad; }
+    for (size_t i = 0; i < n; i++)
+        if (get_message(json_array_get(msgs, i), i, &req->messages[i], a, e)) goto bad;
+    req->n_messages = n;
+    if (get_tools(o, &req->chat, a, e) || get_thinking(o, &req->chat, e)) goto bad;
+    json_t *rf = field(o, "response_format"), *rt = json_object_get(rf, "type");
+    if (rf && !(json_is_object(rf) && str_is(rt, "text"))) {
+        oai_error_set(e, 400, "response_format", "unsupported_value", "response_format other than {\"type\": \"text\"} is not supported");
+        goto bad;
+    }
+    if (parse_sampling(o, &req->s, -1, a, e)) goto bad;
+    return parse_end(a, &req->own, req, sizeof *req, 1);
+bad:
+    return parse_end(a, &req->own, req, sizeof *req, 0);
+}
+
+void oai_chat_request_free(oai_chat_request *req)
+{
+    if (req) parse_end(req->own, &req->own, req, sizeof *req, 0);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* completions                                                                                */
+
+static int get_ids(json_t *arr, const char *param, size_t vocab, oai_completion_request *req, arena *a, oai_error *e)
+{
+    size_t n = json_array_size(arr);
+    req->prompt_ids = arena_keep(a, malloc((n ? n : 1) * sizeof *req->prompt_ids));
+    if (!req->prompt_ids) return OOM(e);
+    for (size_t i = 0; i < n; i++) {
+        json_t *x = json_array_get(arr, i);
+        if (!json_is_integer(x)) {
+            oai_error_set(e, 400, param, "invalid_type", "%s[%zu] must be a token id (an integer), not %s", param, i, json_kind(x));
+            return -1;
+        }
+        json_int_t id = json_integer_value(x);
+        if (id < 0 || (uint64_t)id >= vocab) {
+            oai_error_set(e, 400, param, "invalid_value", "token id %lld at %s[%zu] is outside the vocabulary (0..%zu)",
+                          (long long)id, param, i, vocab ? vocab - 1 : 0);
+            return -1;
+        }
+        req->prompt_ids[i] = (int32_t)id;
+    }
+    req->n_prompt_ids = n;
+    return 0;
+}
+
+int oai_parse_completion_request(const char *body, size_t len, size_t vocab, oai_completion_request *req, oai_error *e)
+{
+    memset(req, 0, sizeof *req);
+    arena *a = calloc(1, sizeof *a);
+    if (!a) return OOM(e);
+    if (!(a->root = load_body(body, len, e))) { arena_free(a); return -1; }
+    json_t *o = a->root, *p = json_object_get(o, "prompt");
+    if (!p) { oai_error_set(e, 400, "prompt", "missing_required_parameter", "prompt is required"); goto bad; }
+    /* an array of one prompt is that prompt */
+    if (json_is_array(p) && json_array_size(p) >= 1 &&
+        (json_is_string(json_array_get(p, 0)) || json_is_array(json_array_get(p, 0)))) {
+        if (json_array_size(p) > 1) {
+            oai_error_set(e, 400, "prompt", "unsupported_value", "one prompt per request (got %zu)", json_array_size(p));
+            goto bad;
+        }
+        p = json_array_get(p, 0);
+    }
+    if (json_is_string(p)) {
+        /* all prompt_len bytes (a "\u0000" inside is a byte of the text, not its end) */
+        req->prompt = arena_keep(a, text_copy(json_string_value(p), json_string_length(p)));
+        if (!req->prompt) { oom(e); goto bad; }
+        req->prompt_len = json_string_length(p);
+        if (!req->prompt_len) { oai_error_set(e, 400, "prompt", "invalid_value", "prompt must not be empty"); goto bad; }
+    } else if (json_is_array(p)) {
+        if (!json_array_size(p)) { oai_error_set(e, 400, "prompt", "invalid_value", "prompt must not be empty"); goto bad; }
+        if (get_ids(p, "prompt", vocab, req, a, e)) goto bad;
+    } else {
+        wrong_type(e, "prompt", "a string, an array of token ids, or an array of one of those", p);
+        goto bad;
+    }
+    json_t *v;
+    if ((v = field(o, "echo")) && !json_is_false(v)) {
+        oai_error_set(e, 400, "echo", "unsupported_value", "echo is not supported");
+        goto bad;
+    }
+    if ((v = field(o, "suffix"))) {
+        oai_error_set(e, 400, "suffix", "unsupported_value", "suffix is not supported");
+        goto bad;
+    }
+    if ((v = field(o, "best_of")) && !(json_is_integer(v) && json_integer_value(v) == 1)) {
+        oai_error_set(e, 400, "best_of", "unsupported_value", "best_of must be 1");
+        goto bad;
+    }
+    if (parse_sampling(o, &req->s, 16, a, e)) goto bad;
+    return parse_end(a, &req->own, req, sizeof *req, 1);
+bad:
+    return parse_end(a, &req->own, req, sizeof *req, 0);
+}
+
+void oai_completion_request_free(oai_completion_request *req)
+{
+    if (req) parse_end(req->own, &req->own, req, sizeof *req, 0);
+}
+
+int oai_check_model(const char *requested, const char *served, oai_error *e)
+{
+    if (!requested || (served && !strcmp(requested, served))) return 0;
+    oai_error_set(e, 404, "model", "model_not_found", "The model `%.200s` does not exist; this server serves `%.200s`",
+                  requested, served ? served : "");
+    return -1;
+}

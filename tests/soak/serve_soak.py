@@ -1,0 +1,785 @@
+#!/usr/bin/python3
+"""The end-to-end request soak of krun serve (issue 25.1): random valid requests over every field
+the server accepts, sent by clients that behave and clients that do not, against the tiny model
+with the real tokenizer, under a sanitizer build of krun (`make soak`; a short run in `make test`,
+tests/cli/test_serve_soak.sh).  Python standard library only.
+
+What it does, per epoch (a server started, worked, stopped by a signal):
+  * W workers send requests drawn by `draw_request` (chat and completions; stream, stop, tools,
+    tool_choice, seeds, sampling, max_tokens, return_token_ids, stream_options, ...: every field
+    is one entry of FIELDS, so a new field is a new entry) and act out a client behaviour drawn by
+    `draw_action`: read the whole answer; half-close after the request and read it; hang up
+    before the body is sent, while waiting, in the middle of a stream or of a body (a plain close
+    or a reset); two requests on one keep-alive connection.
+  * Every whole answer is checked: its status (200; 503 server_busy with Retry-After when the
+    queue is full; 503 server_shutting_down while draining; nothing else), its JSON or SSE shape,
+    usage against max_tokens, token ids, finish_reason, no stop string in the text.  A request
+    with a seed drawn again (a third of the requests repeat an earlier one, streamed or not) must
+    give the same text, reasoning, tool calls, finish and token count.
+  * A request not answered within --deadline seconds is hung.  The server dying, a sanitizer
+    report on its stderr, or an exit status other than 0 is a crash.
+  * Before the epoch's signal, /health must show nothing running or queued, every request
+    accounted for (requests = completed + failed + cancelled) and no connection busy.
+  * The epoch ends with SIGTERM while requests are in flight (they must finish: the drain), or
+    SIGINT, or two signals (the rest cancelled: an error event and [DONE], or 503).
+
+Prints the figures (requests, by status, by behaviour, disconnects, seconds, RSS) and, with
+--tap, TAP lines for tests/run_all.sh.  Exit 1 if a guarantee broke.
+
+    serve_soak.py --krun KRUN --tools BIN --tokenizer TIKTOKEN [--requests 10000] [--epochs 5]
+                  [--workers 10] [--seed S] [--deadline 120] [--work DIR] [--json FILE] [--tap]
+"""
+import argparse
+import json
+import os
+import random
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+# ---- requests ------------------------------------------------------------------------------------
+
+WORDS = ["the", "fox", "jumps", "over", "a", "lazy", "dog", "Hello", "world", "Kimi", "K3", "2+2", "why", "is", "sky",
+         "blue", "\u4f60\u597d", "\u4e16\u754c", "\U0001f98a", "caf\u00e9", "na\u00efve", "\u00fcber", "\n", "?", "!", "<|open|>",
+         "```", "{\"a\": 1}", "tab\there", "\u0000", "\u2603", "12345", "e=mc^2", "-->", "\\", "\"quoted\""]
+STOPS = [".", " the", "\n", "e", "a", ",", "!", "\u4f60", "zz", "xyz", " ", "th", "ing", "\ufffd", "\U0001f98a", "0", "\"", "}"]
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",
+                                      "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
+    {"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}}}},
+    {"type": "function", "function": {"name": "search-web_2", "description": "Search \u4f60\u597d"}},
+    {"type": "function", "function": {"name": "noop", "parameters": {"type": "object", "properties": {}}}},
+]
+
+
+def text(rng, lo=1, hi=12):
+    return " ".join(rng.choice(WORDS) for _ in range(rng.randint(lo, hi)))
+
+
+def messages(rng):
+    ms = []
+    if rng.random() < 0.4:
+        ms.append({"role": rng.choice(["system", "developer"]), "content": text(rng)})
+    for turn in range(rng.choice([1, 1, 1, 2, 3])):
+        u = {"role": "user", "content": text(rng)}
+        if rng.random() < 0.15:
+            u["content"] = [{"type": "text", "text": text(rng)}, {"type": "text", "text": text(rng, 0, 3)}]
+        if rng.random() < 0.1:
+            u["name"] = "ann"
+        ms.append(u)
+        if turn == 0 or rng.random() < 0.5:
+            continue
+    if len([m for m in ms if m["role"] == "user"]) > 1:
+        # a history: insert an assistant turn (plain, with reasoning, or a tool call and its result)
+        i = max(k for k, m in enumerate(ms) if m["role"] == "user")
+        kind = rng.random()
+        if kind < 0.4:
+            a = [{"role": "assistant", "content": text(rng)}]
+        elif kind < 0.7:
+            a = [{"role": "assistant", "content": text(rng), "reasoning_content": text(rng)}]
+        else:
+            cid = "call_%d" % rng.randint(0, 999)
+            args = json.dumps({"city": rng.choice(["Paris", "\u5317\u4eac"])}) if rng.random() < 0.8 else {"city": "Oslo"}
+            a = [{"role": "assistant", "content": None, "tool_calls": [{"id": cid, "type": "function",
+                                                                         "function": {"name": "get_weather", "arguments": args}}]},
+                 {"role": "tool", "tool_call_id": cid, "content": text(rng, 1, 4)}]
+        ms[i:i] = a
+    return ms
+
+
+def completion_prompt(rng, vocab_hint=160000):
+    k = rng.random()
+    if k < 0.45:
+        return text(rng)
+    if k < 0.6:
+        return [text(rng)]
+    ids = [rng.randrange(0, 100000) for _ in range(rng.randint(1, 40))]
+    return ids if k < 0.9 else [ids]
+
+
+# Every field the server accepts: (name, endpoints, probability it is given, value drawer).  The
+# drawer gets (rng, body so far) and returns the value (or the sentinel OMIT).  n, logprobs and
+# response schemas are not served yet: when they are, they are one line each here.
+OMIT = object()
+
+
+def _stop(rng, body):
+    k = rng.random()
+    if k < 0.3:
+        return rng.choice(STOPS)
+    return rng.sample(STOPS, rng.randint(1, 4))
+
+
+def _tool_choice(rng, body):
+    if body.get("tools"):
+        return rng.choice(["auto", "none", "required"])
+    return rng.choice(["auto", "none"])
+
+
+def _max_tokens(rng, body):
+    """Mostly short answers, sometimes longer ones; shorter still when sampling at a temperature
+    (the sampler sorts the 163,840-token vocabulary for every token: ~40 ms each, 10 times the
+    tiny model's forward pass)."""
+    k = rng.random()
+    if body.get("temperature", 1) > 0:
+        return rng.randint(1, 2) if k < 0.9 else rng.randint(3, 8)
+    return rng.randint(1, 6) if k < 0.7 else rng.randint(7, 20) if k < 0.95 else rng.randint(21, 40)
+
+
+def _stream_options(rng, body):
+    return {"include_usage": rng.random() < 0.7} if body.get("stream") else OMIT
+
+
+FIELDS = [
+    ("model", "both", 0.3, lambda rng, b: "rt"),
+    ("stream", "both", 0.5, lambda rng, b: rng.random() < 0.8),
+    ("stream_options", "both", 0.6, _stream_options),
+    ("temperature", "both", 0.9, lambda rng, b: rng.choice([0] * 12 + [0.3, 0.7, 1.0, 1.3, 2.0])),
+    ("max_tokens", "both", 0.6, _max_tokens),
+    ("max_completion_tokens", "chat", 0.2, _max_tokens),
+    ("top_p", "both", 0.3, lambda rng, b: rng.choice([0.1, 0.5, 0.9, 1.0])),
+    ("top_k", "both", 0.25, lambda rng, b: rng.choice([-1, 0, 1, 5, 40])),
+    ("min_p", "both", 0.2, lambda rng, b: rng.choice([0, 0.01, 0.1, 0.5])),
+    ("seed", "both", 0.6, lambda rng, b: rng.randint(-2**40, 2**40)),
+    ("stop", "both", 0.4, _stop),
+    ("return_token_ids", "both", 0.3, lambda rng, b: rng.random() < 0.7),
+    ("ignore_eos", "completions", 0.2, lambda rng, b: rng.random() < 0.7),
+    ("tools", "chat", 0.35, lambda rng, b: rng.sample(TOOLS, rng.randint(1, len(TOOLS)))),
+    ("tool_choice", "chat", 0.35, _tool_choice),
+    ("reasoning_effort", "chat", 0.4, lambda rng, b: rng.choice(["none", "minimal", "low", "medium", "high", "xhigh", "max"])),
+    ("chat_template_kwargs", "chat", 0.1, lambda rng, b: {"thinking": rng.random() < 0.5,
+                                                         "thinking_effort": rng.choice(["low", "high", "max", None])}),
+    ("n", "both", 0.05, lambda rng, b: 1),
+    ("logprobs", "both", 0.05, lambda rng, b: False),
+    ("frequency_penalty", "both", 0.05, lambda rng, b: 0),
+    ("presence_penalty", "both", 0.05, lambda rng, b: 0),
+    ("logit_bias", "both", 0.03, lambda rng, b: {}),
+    ("response_format", "chat", 0.05, lambda rng, b: {"type": "text"}),
+    ("echo", "completions", 0.05, lambda rng, b: False),
+    ("best_of", "completions", 0.05, lambda rng, b: 1),
+    ("user", "both", 0.05, lambda rng, b: "soak"),            # unknown to krun: ignored
+]
+
+
+def draw_request(rng):
+    chat = rng.random() < 0.6
+    body = {"messages": messages(rng)} if chat else {"prompt": completion_prompt(rng)}
+    for name, where, p, draw in FIELDS:
+        if where != "both" and where != ("chat" if chat else "completions"):
+            continue
+        if rng.random() < p:
+            v = draw(rng, body)
+            if v is not OMIT:
+                body[name] = v
+    if not chat and "max_tokens" not in body and rng.random() < 0.8:
+        body["max_tokens"] = _max_tokens(rng, body)      # (the default is 16)
+    if chat and "max_tokens" not in body and "max_completion_tokens" not in body:
+        body["max_tokens"] = _max_tokens(rng, body)      # without it a chat may use the whole context
+    return ("/v1/chat/completions" if chat else "/v1/completions"), body
+
+
+def repeat_key(path, body):
+    """Requests that must give the same answer: the same body but for how it is delivered.  Only
+    with a seed or at temperature 0 (the server seeds the others itself)."""
+    if "seed" not in body and body.get("temperature", 1) != 0:
+        return None
+    b = {k: v for k, v in body.items() if k not in ("stream", "stream_options", "return_token_ids")}
+    return path + json.dumps(b, sort_keys=True)
+
+
+# ---- a client that talks raw HTTP ----------------------------------------------------------------
+
+class Reader:
+    """Reads one HTTP response from a socket, incrementally (interim 1xx responses skipped)."""
+
+    def __init__(self, s, deadline):
+        self.s, self.deadline, self.buf = s, deadline, b""
+
+    def _more(self):
+        left = self.deadline - time.time()
+        if left <= 0:
+            raise TimeoutError("deadline")
+        self.s.settimeout(left)
+        d = self.s.recv(65536)
+        if not d:
+            raise EOFError("closed")
+        self.buf += d
+
+    def head(self):
+        while True:
+            while b"\r\n\r\n" not in self.buf:
+                self._more()
+            h, self.buf = self.buf.split(b"\r\n\r\n", 1)
+            lines = h.decode("latin-1").split("\r\n")
+            status = int(lines[0].split()[1])
+            hdrs = {}
+            for line in lines[1:]:
+                k, _, v = line.partition(":")
+                hdrs[k.strip().lower()] = v.strip()
+            if status >= 200:
+                return status, hdrs
+
+    def body(self, hdrs):
+        if hdrs.get("transfer-encoding", "").lower() == "chunked":
+            out = b""
+            for piece in self.chunks():
+                out += piece
+            return out
+        n = int(hdrs.get("content-length", "0"))
+        while len(self.buf) < n:
+            self._more()
+        b, self.buf = self.buf[:n], self.buf[n:]
+        return b
+
+    def chunks(self):
+        while True:
+            while b"\r\n" not in self.buf:
+                self._more()
+            line, rest = self.buf.split(b"\r\n", 1)
+            size = int(line.split(b";")[0], 16)
+            while len(rest) < size + 2:
+                self._more()
+                line, rest = self.buf.split(b"\r\n", 1)
+            self.buf = rest[size + 2:]
+            if size == 0:
+                return
+            yield rest[:size]
+
+
+def request_bytes(path, body, close=False):
+    b = json.dumps(body).encode()
+    return (b"POST %s HTTP/1.1\r\nHost: soak\r\nContent-Type: application/json\r\n%sContent-Length: %d\r\n\r\n"
+            % (path.encode(), b"Connection: close\r\n" if close else b"", len(b)) + b)
+
+
+def reset_close(s):
+    """Close with a reset (SO_LINGER 0) rather than a plain end."""
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    except OSError:
+        pass
+    s.close()
+
+
+# ---- checking an answer --------------------------------------------------------------------------
+
+class Bad(Exception):
+    pass
+
+
+def check(cond, what):
+    if not cond:
+        raise Bad(what)
+
+
+def summarize_stream(path, body, raw):
+    """The SSE body as what it says: (content, reasoning, tool calls, finish, usage, ids or None)."""
+    chat = path.endswith("chat/completions")
+    events = [e for e in raw.split(b"\n\n") if e]
+    check(events and events[-1] == b"data: [DONE]", "a stream ends with [DONE]: %r" % raw[-200:])
+    content, reasoning, calls, finish, usage, ids, error = "", "", {}, None, None, None, None
+    for e in events[:-1]:
+        if e.startswith(b":"):
+            continue                       # a comment (sent to a client whose input ended)
+        check(e.startswith(b"data: "), "an SSE event is a data line: %r" % e[:100])
+        o = json.loads(e[6:])
+        if "error" in o:
+            error = o["error"]
+            continue
+        check(o["object"] == ("chat.completion.chunk" if chat else "text_completion"), "chunk object %r" % o.get("object"))
+        if o.get("usage"):
+            usage = o["usage"]
+        for ch in o.get("choices", []):
+            if chat:
+                d = ch["delta"]
+                content += d.get("content") or ""
+                reasoning += d.get("reasoning_content") or ""
+                for tc in d.get("tool_calls") or []:
+                    c = calls.setdefault(tc["index"], {"name": "", "arguments": ""})
+                    f = tc.get("function", {})
+                    c["name"] += f.get("name") or ""
+                    c["arguments"] += f.get("arguments") or ""
+            else:
+                content += ch["text"]
+            if ch.get("finish_reason"):
+                check(finish is None, "one finish_reason")
+                finish = ch["finish_reason"]
+    return content, reasoning, [calls[k] for k in sorted(calls)], finish, usage, ids, error
+
+
+def summarize_body(path, body, raw):
+    chat = path.endswith("chat/completions")
+    o = json.loads(raw)
+    check(o["object"] == ("chat.completion" if chat else "text_completion"), "object %r" % o.get("object"))
+    ch = o["choices"][0]
+    if chat:
+        m = ch["message"]
+        check(m["role"] == "assistant", "role assistant")
+        calls = [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]} for c in m.get("tool_calls") or []]
+        content, reasoning = m.get("content") or "", m.get("reasoning_content") or ""
+    else:
+        content, reasoning, calls = ch["text"], "", []
+    ids = ch.get("token_ids")
+    if body.get("return_token_ids"):
+        check(isinstance(ids, list) and isinstance(o.get("prompt_token_ids"), list), "return_token_ids: the ids")
+    return content, reasoning, calls, ch["finish_reason"], o["usage"], ids, None
+
+
+def check_answer(path, body, status, hdrs, raw, phase):
+    """Returns the outcome to compare between repeats, or None.  Raises Bad."""
+    if status == 503:
+        e = json.loads(raw)["error"]
+        if e.get("code") == "server_busy":
+            check(int(hdrs.get("retry-after", "0")) >= 1, "503 server_busy has Retry-After")
+            return None
+        check(e.get("code") == "server_shutting_down" and phase != "serving", "503 %r while %s" % (e, phase))
+        return None
+    check(status == 200, "status %d: %r" % (status, raw[:300]))
+    stream = body.get("stream")
+    check(hdrs.get("content-type") == ("text/event-stream" if stream else "application/json"), "content-type %r" % hdrs.get("content-type"))
+    summ = summarize_stream if stream else summarize_body
+    content, reasoning, calls, finish, usage, ids, error = summ(path, body, raw)
+    if error is not None:
+        check(error.get("code") == "server_shutting_down" and phase == "cancelling", "an error event while %s: %r" % (phase, error))
+        return None
+    check(finish in ("stop", "length", "tool_calls"), "finish_reason %r" % finish)
+    mt = body.get("max_completion_tokens", body.get("max_tokens", 16))   # 16: the completions default
+    if usage is not None:
+        check(usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"], "usage adds up")
+        check(1 <= usage["completion_tokens"] <= mt, "completion_tokens %d within max_tokens %d" % (usage["completion_tokens"], mt))
+        check(finish != "length" or usage["completion_tokens"] == mt, "finish length at max_tokens")
+    else:
+        check(stream and not (body.get("stream_options") or {}).get("include_usage"), "usage when asked for")
+    if ids is not None:
+        check(len(ids) == usage["completion_tokens"], "token_ids match completion_tokens")
+    stops = body.get("stop")
+    for s in ([stops] if isinstance(stops, str) else stops or []):
+        check(s not in content, "stop string %r not in the text" % s)
+    if finish == "tool_calls":
+        check(calls, "finish tool_calls with calls")
+    return {"content": content, "reasoning": reasoning, "calls": calls, "finish": finish,
+            "tokens": usage and usage["completion_tokens"]}
+
+
+# ---- the soak --------------------------------------------------------------------------------------
+
+def die_with_parent():
+    """In the server's process before exec: SIGKILL it if the soak dies (Linux prctl
+    PR_SET_PDEATHSIG), so an interrupted soak leaves no server behind."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+ACTIONS = [  # (name, weight)
+    ("full", 70), ("half_close", 8), ("drop_before_body", 3), ("drop_waiting", 6), ("drop_mid_stream", 6),
+    ("drop_mid_read", 3), ("keepalive", 4)]
+
+
+def draw_action(rng, body):
+    while True:
+        name = rng.choices([a for a, _ in ACTIONS], [w for _, w in ACTIONS])[0]
+        if name == "drop_mid_stream" and not body.get("stream"):
+            continue
+        return name
+
+
+class Soak:
+    def __init__(self, a):
+        self.a = a
+        self.rng = random.Random(a.seed)
+        self.lock = threading.Lock()
+        self.n = 0                            # requests sent (all epochs)
+        self.by_status, self.by_action = {}, {}
+        self.disconnects = self.half_closes = 0
+        self.failures, self.hung, self.crashes, self.sanitizer = [], 0, [], 0
+        self.seen = {}                        # repeat key -> outcome
+        self.repeats = self.repeat_checked = 0
+        self.history = []                     # (path, body) of requests with a repeat key
+        self.rss = []                         # (epoch, MB)
+        self.refused_after_signal = self.lost_after_signal = 0
+        self.signal_time = None
+
+    def count(self, d, k):
+        d[k] = d.get(k, 0) + 1
+
+    def fail(self, what):
+        with self.lock:
+            self.failures.append(what)
+            if len(self.failures) <= 20:
+                print("# FAILURE: %s" % what[:600], flush=True)
+
+    def next_request(self, rng):
+        with self.lock:
+            if self.history and rng.random() < 0.33:
+                path, body = rng.choice(self.history)
+                body = dict(body)
+                body["stream"] = rng.random() < 0.5
+                body.pop("stream_options", None)
+                if body["stream"] and rng.random() < 0.7:
+                    body["stream_options"] = {"include_usage": True}
+                return path, body, True
+        path, body = draw_request(rng)
+        return path, body, False
+
+    def record(self, path, body, outcome, repeated):
+        k = repeat_key(path, body)
+        if outcome is None or k is None:
+            return
+        with self.lock:
+            if k in self.seen:
+                self.repeat_checked += 1
+                was = self.seen[k]
+                if was["tokens"] is None or outcome["tokens"] is None:   # a stream without usage does not say
+                    was = dict(was, tokens=None)
+                    outcome = dict(outcome, tokens=None)
+                    if self.seen[k]["tokens"] is None:
+                        self.seen[k]["tokens"] = outcome["tokens"]
+                if was != outcome:
+                    self.failures.append("a repeated request answered differently: %s %s: %r vs %r" % (
+                        path, json.dumps(body)[:300], was, outcome))
+                    print("# FAILURE: %s" % self.failures[-1][:800], flush=True)
+            else:
+                self.seen[k] = outcome
+                if len(self.history) < 2000:
+                    self.history.append((path, body))
+
+    def one(self, rng, port, phase_of):
+        path, body, repeated = self.next_request(rng)
+        action = draw_action(rng, body)
+        phase = phase_of()
+        deadline = time.time() + self.a.deadline
+        data = request_bytes(path, body, close=action != "keepalive")
+        t_sent = None
+        with self.lock:
+            self.n += 1
+            self.count(self.by_action, action)
+        try:
+            s = socket.create_connection(("127.0.0.1", port), timeout=10)
+        except OSError as e:
+            if phase_of() != "serving":
+                with self.lock:
+                    self.refused_after_signal += 1
+                return
+            self.fail("connect: %s" % e)
+            return
+        try:
+            if action == "drop_before_body":
+                s.sendall(data[:rng.randint(1, len(data) - 1)])
+                time.sleep(rng.random() * 0.02)
+                (reset_close if rng.random() < 0.5 else socket.socket.close)(s)
+                with self.lock:
+                    self.disconnects += 1
+                return
+            s.sendall(data)
+            t_sent = time.time()
+            if action == "drop_waiting":
+                time.sleep(rng.random() * 0.05)
+                (reset_close if rng.random() < 0.5 else socket.socket.close)(s)
+                with self.lock:
+                    self.disconnects += 1
+                return
+            if action == "half_close":
+                s.shutdown(socket.SHUT_WR)
+            r = Reader(s, deadline)
+            status, hdrs = r.head()
+            if action == "drop_mid_read" or (action == "drop_mid_stream" and status != 200):
+                time.sleep(rng.random() * 0.01)
+                (reset_close if rng.random() < 0.5 else socket.socket.close)(s)
+                with self.lock:
+                    self.disconnects += 1
+                    self.count(self.by_status, status)
+                return
+            if action == "drop_mid_stream":
+                want = rng.randint(1, 8)
+                got = 0
+                for piece in r.chunks():
+                    got += piece.count(b"\n\n")
+                    if got >= want:
+                        break
+                (reset_close if rng.random() < 0.5 else socket.socket.close)(s)
+                with self.lock:
+                    self.disconnects += 1
+                    self.count(self.by_status, status)
+                return
+            raw = r.body(hdrs)
+            with self.lock:
+                self.count(self.by_status, status)
+                self.half_closes += action == "half_close"
+            outcome = check_answer(path, body, status, hdrs, raw, phase_of())
+            self.record(path, body, outcome, repeated)
+            if status == 503:
+                # a client backs off as Retry-After says (jittered), so busy answers stay a minority
+                time.sleep(float(hdrs.get("retry-after", "1")) * (0.5 + rng.random()))
+            if action == "keepalive" and status == 200 and "close" not in hdrs.get("connection", ""):
+                # a second request on the same connection
+                path2, body2 = draw_request(rng)
+                s.sendall(request_bytes(path2, body2, close=True))
+                t_sent = time.time()          # (a second request sent just before the server exits may be cut)
+                status2, hdrs2 = r.head()
+                raw2 = r.body(hdrs2)
+                with self.lock:
+                    self.n += 1
+                    self.count(self.by_status, status2)
+                self.record(path2, body2, check_answer(path2, body2, status2, hdrs2, raw2, phase_of()), False)
+        except TimeoutError:
+            with self.lock:
+                self.hung += 1
+            self.fail("hung: no answer within %g s: %s %s (%s)" % (self.a.deadline, path, json.dumps(body)[:300], action))
+        except (EOFError, ConnectionError, OSError) as e:
+            # while serving, a lost connection is a failure; after a signal, a request the server had
+            # for a while (sent half a second before the signal) must still be answered (the drain),
+            # unless the requests were cancelled (a second signal)
+            t_signal = self.signal_time
+            if phase_of() == "serving" or (phase_of() == "draining" and t_sent is not None and t_signal and t_sent < t_signal - 0.5):
+                self.fail("connection lost (%s: %s) %s: %s %s (%s)" % (type(e).__name__, e, phase_of(), path, json.dumps(body)[:300], action))
+            else:
+                with self.lock:
+                    self.lost_after_signal += 1
+        except (Bad, ValueError, KeyError, IndexError, TypeError) as e:
+            self.fail("bad answer (%s: %s): %s %s (%s)" % (type(e).__name__, e, path, json.dumps(body)[:300], action))
+        finally:
+            try:
+                s.close()
+            except OSError:
+                pass
+
+    # -- the server --
+
+    def start_server(self, name, extra):
+        err = open(os.path.join(self.a.work, name + ".err"), "wb+")
+        env = dict(os.environ)
+        env.setdefault("ASAN_OPTIONS", "")
+        p = subprocess.Popen([self.a.krun, "serve", self.model, "--port", "0", "--quiet", "--ctx", "2048"] + extra,
+                             stdout=subprocess.DEVNULL, stderr=err, env=env, preexec_fn=die_with_parent)
+        port = None
+        t0 = time.time()
+        while time.time() - t0 < 120 and port is None:
+            err.seek(0)
+            for line in err.read().decode(errors="replace").splitlines():
+                if "listening on port " in line:
+                    port = int(line.rsplit(" ", 1)[1])
+            if p.poll() is not None:
+                break
+            time.sleep(0.05)
+        if port is None:
+            p.kill()
+            p.wait()
+            err.seek(0)
+            raise SystemExit("krun serve did not start: %s" % err.read().decode(errors="replace")[-2000:])
+        return p, port, err
+
+    def end_server(self, p, err, what):
+        """Wait for the server to exit; a sanitizer report or an exit status other than 0 is a crash."""
+        try:
+            rc = p.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+            rc = "hung at exit"
+        err.seek(0)
+        log = err.read().decode(errors="replace")
+        err.close()
+        san = [ln for ln in log.splitlines() if "Sanitizer" in ln or "runtime error:" in ln]
+        if san:
+            self.sanitizer += 1
+            self.crashes.append("%s: sanitizer: %s" % (what, " | ".join(san[:6])))
+        elif rc != 0:
+            self.crashes.append("%s: krun serve exited %s: %s" % (what, rc, log[-1500:]))
+        return rc
+
+    def rss_mb(self, pid):
+        try:
+            for line in open("/proc/%d/status" % pid):
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+        except OSError:
+            pass
+        return None
+
+    def health(self, port):
+        s = socket.create_connection(("127.0.0.1", port), timeout=30)
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: soak\r\nConnection: close\r\n\r\n")
+        r = Reader(s, time.time() + 30)
+        st, h = r.head()
+        j = json.loads(r.body(h))
+        s.close()
+        return j
+
+    def epoch(self, k, n_requests, end):
+        seqs, queue = self.rng.choice([(1, 2), (2, 4), (3, 6), (4, 16)])
+        workers = min(self.a.workers, seqs + queue + 1)     # one beyond what it takes: some 503s
+        extra = ["--max-seqs", str(seqs), "--max-queue", str(queue), "--shutdown-timeout", "30" if end != "cancel" else "0.5"]
+        name = "epoch%d" % k
+        self.signal_time = None
+        p, port, err = self.start_server(name, extra)
+        phase = ["serving"]
+        sent = [0]
+        sent_lock = threading.Lock()
+        rss = []
+
+        def worker(seed):
+            rng = random.Random(seed)
+            while True:
+                with sent_lock:
+                    if sent[0] >= n_requests or p.poll() is not None:
+                        return
+                    sent[0] += 1
+                self.one(rng, port, lambda: phase[0])
+
+        t0 = time.time()
+        before = dict(self.by_status)
+        ws = [threading.Thread(target=worker, args=(self.rng.random(),)) for _ in range(workers)]
+        for w in ws:
+            w.start()
+        # the signal comes while the last requests are in flight
+        while any(w.is_alive() for w in ws):
+            with sent_lock:
+                done = sent[0] >= n_requests
+            r = self.rss_mb(p.pid)
+            if r:
+                rss.append(r)
+            if p.poll() is not None:
+                break
+            if done:
+                break
+            time.sleep(0.2)
+        alive = p.poll() is None
+        if alive:
+            # accounting with the last requests still running is checked after they end; the signal first
+            phase[0] = "draining" if end != "cancel" else "cancelling"
+            self.signal_time = time.time()
+            p.send_signal(signal.SIGINT if end == "sigint" else signal.SIGTERM)
+            if end == "cancel":
+                time.sleep(0.05)
+                p.send_signal(signal.SIGTERM)
+        for w in ws:
+            w.join()
+        rc = self.end_server(p, err, "epoch %d" % k)
+        secs = time.time() - t0
+        if rss:
+            self.rss.append((k, rss[0], max(rss), rss[-1]))
+        print("# epoch %d: --max-seqs %d --max-queue %d, %d workers, ended by %s: %d requests (%s), %.1f s, exit %s, RSS %s" % (
+            k, seqs, queue, workers, end, sent[0], ", ".join("%s: %d" % (st, n - before.get(st, 0)) for st, n in sorted(self.by_status.items())),
+            secs, rc, "%.0f..%.0f MB" % (min(rss), max(rss)) if rss else "?"), flush=True)
+        return secs
+
+    def accounting_epoch(self):
+        """An epoch ended without a signal, to check that everything is accounted for."""
+        t0 = time.time()
+        p, port, err = self.start_server("accounting", ["--max-seqs", "2", "--max-queue", "2"])
+        ws = []
+        each = max(4, min(20, self.a.requests // (4 * self.a.workers)))
+        for i in range(self.a.workers):
+            rng = random.Random(self.rng.random())
+            ws.append(threading.Thread(target=lambda rng=rng: [self.one(rng, port, lambda: "serving") for _ in range(each)]))
+        for w in ws:
+            w.start()
+        for w in ws:
+            w.join()
+        ok, h = False, None
+        for _ in range(200):
+            try:
+                h = self.health(port)
+            except (OSError, ValueError, EOFError) as e:
+                h = {"error": str(e)}
+                break                                   # the server died: end_server says how
+            st = h["stats"]
+            if h["live_sequences"] == 0 and h["queued"] == 0 and st["requests"] == st["completed"] + st["failed"] + st["cancelled"] \
+                    and h["connections"]["busy"] <= 1:
+                ok = True
+                break
+            time.sleep(0.05)
+        if not ok:
+            self.fail("after the requests: not everything accounted for: %s" % json.dumps(
+                {k: h[k] for k in ("live_sequences", "queued", "stats", "connections", "error") if k in (h or {})}))
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+        self.end_server(p, err, "accounting epoch")
+        print("# accounting epoch: %d workers x %d requests, then every request accounted for: %s; %.1f s" % (
+            self.a.workers, each, "yes" if ok else "NO", time.time() - t0), flush=True)
+        return ok
+
+    def build_model(self):
+        d = os.path.join(self.a.work, "rt")
+        kpk = os.path.join(self.a.work, "rt.kpk")
+        self.model = kpk
+        if os.path.exists(kpk):
+            return                                       # made by an earlier run in this --work
+        subprocess.run([os.path.join(self.a.tools, "k3synth"), d, "--geometry", "tiny", "--seed", "2", "--layers", "3",
+                        "--experts", "4", "--topk", "2", "--tokenizer", self.a.tokenizer, "--quiet"], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run([os.path.join(self.a.tools, "kpack"), "convert", d, kpk, "--quiet"], check=True)
+        subprocess.run(["rm", "-rf", d], check=True)
+
+    def run(self):
+        a = self.a
+        self.build_model()
+        t0 = time.time()
+        ends = ["cancel", "sigint", "sigterm"]          # the last epoch ends with SIGTERM, whatever their number
+        per = a.requests // a.epochs
+        accounted = self.accounting_epoch()
+        for k in range(a.epochs):
+            end = ends[k % len(ends)] if k < a.epochs - 1 else "sigterm"
+            self.epoch(k, per if k < a.epochs - 1 else a.requests - per * (a.epochs - 1), end)
+        secs = time.time() - t0
+        return secs, accounted
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--krun", required=True, help="the krun to serve with (a sanitizer build for the soak)")
+    ap.add_argument("--tools", required=True, help="the directory with k3synth and kpack")
+    ap.add_argument("--tokenizer", required=True, help="the real tokenizer's rank file (tiktoken.model)")
+    ap.add_argument("--requests", type=int, default=10000)
+    ap.add_argument("--epochs", type=int, default=5)
+    ap.add_argument("--workers", type=int, default=10)
+    ap.add_argument("--deadline", type=float, default=120)
+    ap.add_argument("--seed", type=int, default=int(time.time()))
+    ap.add_argument("--work")
+    ap.add_argument("--json")
+    ap.add_argument("--tap", action="store_true", help="TAP lines for tests/run_all.sh")
+    a = ap.parse_args()
+    own_work = not a.work
+    a.work = a.work or tempfile.mkdtemp(prefix="serve-soak.")
+    os.makedirs(a.work, exist_ok=True)
+    soak = Soak(a)
+    print("# serve soak: seed %d, %d requests, %d epochs, %d workers, krun %s" % (a.seed, a.requests, a.epochs, a.workers, a.krun), flush=True)
+    secs, accounted = soak.run()
+    by_status = ", ".join("%s: %d" % (k, v) for k, v in sorted(soak.by_status.items()))
+    by_action = ", ".join("%s: %d" % (k, v) for k, v in sorted(soak.by_action.items()))
+    rss = "; ".join("epoch %d %.0f -> %.0f MB (max %.0f)" % (k, s, e, m) for k, s, m, e in soak.rss)
+    print("serve soak: %d requests in %.0f s (seed %d): by status {%s}" % (soak.n, secs, a.seed, by_status))
+    print("  behaviours {%s}: %d disconnects, %d half-closed answered whole; after a signal: %d refused (listening closed), %d cut"
+          % (by_action, soak.disconnects, soak.half_closes, soak.refused_after_signal, soak.lost_after_signal))
+    print("  %d answers compared with an earlier identical request, %d differed" % (
+        soak.repeat_checked, sum("repeated request" in f for f in soak.failures)))
+    print("  RSS: %s" % rss)
+    print("  %d crashes, %d sanitizer reports, %d hung requests, %d bad answers; accounting %s" % (
+        len(soak.crashes), soak.sanitizer, soak.hung, len(soak.failures) - soak.hung, "exact" if accounted else "BROKEN"))
+    for c in soak.crashes:
+        print("# CRASH: %s" % c[:2000])
+    if a.json:
+        json.dump({"seed": a.seed, "requests": soak.n, "seconds": secs, "by_status": soak.by_status, "by_action": soak.by_action,
+                   "disconnects": soak.disconnects, "half_closes": soak.half_closes, "repeat_checked": soak.repeat_checked,
+                   "rss": soak.rss, "crashes": soak.crashes, "sanitizer_reports": soak.sanitizer, "hung": soak.hung,
+                   "failures": soak.failures[:100]}, open(a.json, "w"), indent=1)
+    good = not soak.crashes and not soak.failures and accounted
+    if a.tap:
+        print("%s - request soak: %d random requests (chat and completions, streamed or not, every field), %d disconnects, "
+              "%d half-closes, %d epochs ended by signals: no crash, no sanitizer report, no hung request, every answer well formed, "
+              "%d repeats identical, every request accounted for" % ("ok" if good else "not ok", soak.n, soak.disconnects,
+                                                                       soak.half_closes, a.epochs, soak.repeat_checked))
+    if own_work and good:
+        subprocess.run(["rm", "-rf", a.work])
+    return 0 if good else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
