@@ -2,11 +2,16 @@
  * would use instead). */
 #include "kos.h"
 
+#include <errno.h>
 #include <fcntl.h>
+#include <linux/tcp.h>
+#include <netinet/in.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 size_t kos_page_size(void)
@@ -46,6 +51,27 @@ void kos_map_dontneed(const void *p, size_t len)
 {
     const uintptr_t page = kos_page_size(), a = ((uintptr_t)p + page - 1) / page * page, b = ((uintptr_t)p + len) / page * page;
     if (b > a) madvise((void *)a, b - a, MADV_DONTNEED);
+}
+
+int kos_rename_noreplace(int dirfd, const char *from, const char *to)
+{
+#ifdef RENAME_NOREPLACE
+    return renameat2(dirfd, from, dirfd, to, RENAME_NOREPLACE);
+#else
+    (void)dirfd, (void)from, (void)to;
+    errno = ENOSYS; /* a C library without renameat2's flag (glibc < 2.28): the caller falls back */
+    return -1;
+#endif
+}
+
+long long kos_tcp_bytes_received(int fd)
+{
+    struct tcp_info ti;
+    socklen_t len = sizeof ti;
+    memset(&ti, 0, sizeof ti);
+    if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len)) return -1;
+    if (len < offsetof(struct tcp_info, tcpi_bytes_received) + sizeof ti.tcpi_bytes_received) return -1;
+    return (long long)(ti.tcpi_bytes_received & 0x7fffffffffffffffull);
 }
 
 /* "KEY:   123 kB" of /proc/self/status.  open + read into the stack, not

@@ -15,6 +15,12 @@
  *   kos_map_*            madvise WILLNEED / DONTNEED, rounded to pages.  macOS
  *                        has both; its DONTNEED does not drop the pages at once
  *                        (MADV_FREE_REUSABLE comes closest).
+ *   kos_rename_noreplace renameat2(RENAME_NOREPLACE) (kpack export's publish).
+ *                        macOS: renameatx_np(RENAME_EXCL).
+ *   kos_tcp_bytes_received
+ *                        getsockopt TCP_INFO tcpi_bytes_received (krun serve's
+ *                        request deadline).  macOS: TCP_CONNECTION_INFO,
+ *                        tcpi_rxbytes.
  *   kos_rss, kos_peak_rss, kos_mem_available
  *                        /proc/self/status VmRSS, VmHWM; /proc/meminfo
  *                        MemAvailable.  macOS: task_info(MACH_TASK_BASIC_INFO)
@@ -56,6 +62,16 @@ int kos_writeback_wait(int fd, uint64_t off, uint64_t len);
  * nothing next to it is dropped). */
 void kos_map_willneed(const void *p, size_t len);
 void kos_map_dontneed(const void *p, size_t len);
+
+/* Rename from to to, both in the directory dirfd, failing with EEXIST if to
+ * exists.  0, or -1 with errno; EINVAL, ENOSYS or EOPNOTSUPP: this system or
+ * file system cannot (the caller falls back to link + unlink, which also
+ * fails on an existing name). */
+int kos_rename_noreplace(int dirfd, const char *from, const char *to);
+
+/* Bytes the kernel has received on TCP socket fd so far; -1 if it cannot say
+ * (not TCP, an old kernel). */
+long long kos_tcp_bytes_received(int fd);
 
 /* This process's resident set and its peak; the memory the system could give
  * without swapping.  Bytes; 0 if unknown. */
