@@ -124,6 +124,8 @@ float kmath_expf(float x)
 float kmath_expf(float x) { return expf_body(x); }
 #endif
 
+float kmath_expf_nofma(float x) { return expf_body(x); }
+
 /* ---------------------------------------------------------------- tanh */
 
 /* y * 2^k for the y the reconstruction below makes (a normal float whose

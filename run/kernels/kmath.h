@@ -12,6 +12,14 @@
  * quieted). */
 float kmath_expf(float x);
 
+/* kmath_expf as a CPU without the FMA instruction computes it: on x86-64 its
+ * fma() calls go to the C library (glibc: the FMA instruction where the CPU
+ * has one, else its exact software fma); kmath_expf takes this build on
+ * x86-64 CPUs without FMA.  Elsewhere the same function as kmath_expf.  The
+ * two builds give the same bits (test_kmath: on every input of its sample,
+ * and with glibc made to use its software fma). */
+float kmath_expf_nofma(float x);
+
 /* tanh(x) in float: exactly glibc 2.36's x86-64 tanhf (fdlibm's algorithm,
  * unfused), for every input: +-0, subnormals, +-inf (+-1), NaN (quieted). */
 float kmath_tanhf(float x);

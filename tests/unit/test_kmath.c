@@ -2,7 +2,12 @@
  * precision, the special values, the same bits on every architecture (a hash
  * of their outputs on a fixed sample of a million inputs, pinned), and on
  * x86-64 with glibc 2.36 the very bits of the C library's expf and tanhf,
- * which krun used before (so moving to them changed no output there). */
+ * which krun used before (so moving to them changed no output there).
+ * kmath_expf's two x86-64 builds (with the FMA instruction; with the C
+ * library's fma(), as on CPUs without FMA) give the same bits: compared on
+ * the sample and on every 64th float where exp's argument lives, and the
+ * sample's hash again in a child whose glibc is told the CPU has no FMA
+ * (GLIBC_TUNABLES), so that its fma() is the software one. */
 #include "check.h"
 #include "run/kernels/kmath.h"
 #include "testrand.h"
@@ -10,7 +15,10 @@
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #if defined(__GLIBC__)
 #include <gnu/libc-version.h>
 #endif
@@ -28,6 +36,50 @@ static double ulps(float got, double want)
     double ulp = w == 0.0f ? 0x1p-149 : ldexp(1.0, ilogbf(w) - 23);
     if (ulp < 0x1p-149) ulp = 0x1p-149;
     return fabs((double)got - want) / ulp;
+}
+
+/* FNV-1a of f's output bits over the sample */
+static uint64_t sample_hash(float (*f)(float))
+{
+    uint64_t h = 1469598103934665603ull;
+    for (uint64_t u = 0; u < 0x100000000ull; u += STRIDE) h = (h ^ fbits(f(bitsf((uint32_t)u)))) * 1099511628211ull;
+    return h;
+}
+
+/* kmath_expf == kmath_expf_nofma: on the sample, and on every 64th float of
+ * +-[2^-12, 128) (what the forward pass gives exp: softmax and sigmoid
+ * arguments, the KDA decay). */
+static void test_expf_builds(void)
+{
+    uint64_t n = 0, bad = 0;
+    float first = 0;
+    for (uint64_t u = 0; u < 0x100000000ull; u += STRIDE, n++) {
+        const float x = bitsf((uint32_t)u);
+        if (fbits(kmath_expf(x)) != fbits(kmath_expf_nofma(x)) && !bad++) first = x;
+    }
+    for (uint32_t sign = 0; sign < 2; sign++)
+        for (uint32_t u = fbits(0x1p-12f); u < fbits(128.0f); u += 64, n++) {
+            const float x = bitsf(u | sign << 31);
+            if (fbits(kmath_expf(x)) != fbits(kmath_expf_nofma(x)) && !bad++) first = x;
+        }
+    CHECK(bad == 0, "expf: the FMA-instruction build and the fma()-call build give the same bits on %llu inputs (%llu differ, first at %a)",
+          (unsigned long long)n, (unsigned long long)bad, first);
+#if defined(__x86_64__) && defined(__GLIBC__)
+    /* and with glibc's software fma (its ifunc picks the FMA instruction on
+     * this CPU otherwise): the same test binary, its glibc told there is none */
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        setenv("GLIBC_TUNABLES", "glibc.cpu.hwcaps=-FMA,-FMA4,-AVX2", 1);
+        execl("/proc/self/exe", "test_kmath", "--software-fma", (char *)NULL);
+        _exit(127);
+    }
+    int status = 0;
+    CHECK(pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0,
+          "expf with glibc's software fma(): the child's check passed (status 0x%x)", status);
+#else
+    SKIP("expf with glibc's software fma(): not x86-64 glibc (kmath_expf_nofma is kmath_expf here)");
+#endif
 }
 
 static void test_expf(void)
@@ -75,9 +127,16 @@ static void test_expf(void)
 #endif
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    if (argc == 2 && !strcmp(argv[1], "--software-fma")) { /* the child of test_expf_builds */
+        const uint64_t h = sample_hash(kmath_expf_nofma);
+        CHECK(h == SAMPLE_HASH_EXP, "expf, fma() from glibc told there is no FMA (%s): the sample's output bits hash to the pinned value (0x%016llx)",
+              getenv("GLIBC_TUNABLES"), (unsigned long long)h);
+        return check_exit();
+    }
     test_expf();
+    test_expf_builds();
     uint64_t h = 1469598103934665603ull;
     double worst = 0;
     float worst_x = 0;
