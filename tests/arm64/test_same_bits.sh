@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # x86-64 and aarch64 on the same KPK files: the aarch64 krun (under
 # qemu-aarch64-static; BIN is tests/arm64/run.sh's wrappers) gives the ids and
-# every logit bit of the x86-64 krun in $X86_BIN (this machine's SIMD path),
-# on the NEON and the scalar path, for the synthetic geometries of
+# every logit bit of the x86-64 krun in $X86_BIN (this machine's SIMD path,
+# itself compared with the x86-64 scalar path), on the NEON and the scalar path, for the synthetic geometries of
 # test_krun_ref, the oracle fixture, MXFP4 experts quantised as a real
 # checkpoint, a compressed file and a streamed budget; and the aarch64 kpack
 # writes the same bytes as the x86-64 one.
@@ -24,6 +24,13 @@ run_pair() { # NAME KPK IDS GEN ARGS...: x86 (its default path) vs aarch64 neon 
     local name=$1 kpk=$2 ids=$3 gen=$4; shift 4
     "$X86_BIN/krun" "$kpk" --ids "$ids" --gen "$gen" --dump-all-logits "$T/x86.bin" --dump-logits "$T/x86.last" \
         --json "$T/x86.json" --quiet "$@" >/dev/null 2>"$T/err" || { notok "$name: x86 krun: $(head -c 300 "$T/err")"; return; }
+    # the x86-64 scalar path gives the same bits as its SIMD one (the chain: x86 scalar == x86 SIMD == aarch64 NEON == aarch64 scalar)
+    if "$X86_BIN/krun" "$kpk" --ids "$ids" --gen "$gen" --dump-all-logits "$T/x86s.bin" --quiet --simd scalar "$@" >/dev/null 2>"$T/err" \
+            && cmp -s "$T/x86.bin" "$T/x86s.bin"; then
+        ok "$name${*:+ ($*)}: x86-64 scalar == x86-64 $(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["simd"])' "$T/x86.json"): every logit bit"
+    else
+        notok "$name${*:+ ($*)}: x86-64 scalar and SIMD differ: $(head -c 300 "$T/err")"
+    fi
     for simd in neon scalar; do
         if ! "$BIN/krun" "$kpk" --ids "$ids" --gen "$gen" --dump-all-logits "$T/arm.bin" --dump-logits "$T/arm.last" \
                 --json "$T/arm.json" --quiet --simd $simd "$@" >/dev/null 2>"$T/err"; then
