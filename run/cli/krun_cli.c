@@ -128,7 +128,7 @@ void krun_cli_check(krun_cli *c, const char *needs_budget)
     }
     if (c->piece && kargs_size(c->piece) <= 0) krun_cli_die("--piece: expected a size like 64M, got %s", c->piece);
     if (c->simd && strcmp(c->simd, "auto") != 0 && (c->simd_level = krun_simd_parse(c->simd)) < 0)
-        krun_cli_die("--simd: expected auto, scalar, avx2 or avx512, got %s", c->simd);
+        krun_cli_die("--simd: expected auto, scalar, avx2, avx512 or neon, got %s", c->simd);
 }
 
 int krun_cli_budget(const krun_cli *c, uint64_t *budget)

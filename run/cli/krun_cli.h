@@ -78,7 +78,7 @@ void krun_announce_prompt(krun_model *m, size_t n);
 
 #define KRUN_CLI_USAGE_EXECUTION \
     "  --threads N           worker threads (default: all cores); results are identical for any N\n" \
-    "  --simd auto|scalar|avx2|avx512   kernel path (default auto); results are identical\n"
+    "  --simd auto|scalar|avx2|avx512|neon   kernel path (default auto); results are identical\n"
 
 #define KRUN_CLI_USAGE_MEMORY \
     "Memory (without --mem or --preset a file that fits in memory is used in place from a\n" \

@@ -4,6 +4,7 @@
 #include "ablate_variants.h"
 #include "ops.h"
 #include "run/kernels/kernels_seq.h"
+#include "run/kernels/kmath.h"
 #include "run/util/ablate.h"
 
 #include <math.h>
@@ -131,9 +132,9 @@ void kda_forward(k3_run *r, int L, const k3_block *b, const float *x, float *y)
                 for (size_t i = 0; i < D; i++) qh[i] = qh[i] * qscale;
             /* 4. decay alpha = exp(lb * sigma(exp(A_log[h]) * (zeta + dt_bias))); A_log per HEAD */
             for (size_t i = 0; i < D; i++) {
-                float A = expf(w->a_log[ABLATED(ALOG_PER_CHANNEL) ? i : h]);
+                float A = kmath_expf(w->a_log[ABLATED(ALOG_PER_CHANNEL) ? i : h]);
                 float arg = zh[i] + (ABLATED(NO_DT_BIAS) ? 0.0f : w->dt_bias[h * D + i]);
-                zh[i] = expf(lb * op_sigmoid(A * arg)); /* z now holds alpha */
+                zh[i] = kmath_expf(lb * op_sigmoid(A * arg)); /* z now holds alpha */
             }
         }
 

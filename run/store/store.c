@@ -4,6 +4,7 @@
 #include "store_internal.h"
 
 #include "format/kio.h"
+#include "format/kos.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -276,7 +277,7 @@ static int slot_load(kstore *s, struct slot *sl, uint32_t i, int prio, krun_err 
     sl->mapped = kstore_mappable(s, i);
     if (sl->mapped) {
         sl->data = s->map[x->member] + x->offset;
-        madvise((void *)sl->data, kpk_extent_padded_len(s->f, x), MADV_WILLNEED);
+        kos_map_willneed(sl->data, kpk_extent_padded_len(s->f, x));
         sl->loading = 0;
         return 0;
     }

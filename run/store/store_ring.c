@@ -8,6 +8,7 @@
  * piece has been used. */
 #include "store_internal.h"
 
+#include "format/kos.h"
 #include "run/model/use_order.h"
 
 #include <stdlib.h>
@@ -66,7 +67,7 @@ static int slot_load(kstore *s, struct rslot *r, uint32_t q, krun_err *err)
     r->mapped = piece_mapped(s, p);
     if (r->mapped) {
         const kpk_extent *x = kpk_extent_at(s->f, p->extent);
-        madvise((void *)(s->map[x->member] + x->offset + p->a0), p->a1 - p->a0, MADV_WILLNEED);
+        kos_map_willneed(s->map[x->member] + x->offset + p->a0, p->a1 - p->a0);
         r->data = s->map[x->member] + x->offset + p->r0;
         r->loading = 0;
         return 0;

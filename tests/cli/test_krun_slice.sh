@@ -90,9 +90,9 @@ elif [ -e /sys/fs/cgroup/cgroup.controllers ] && [ -w /sys/fs/cgroup ]; then
     d=/sys/fs/cgroup/kpk-slice-$$
     mkdir "$d" && echo $limit > "$d/memory.max" && { echo 0 > "$d/memory.swap.max" 2>/dev/null; true; } || d=""
 fi
-if [ -n "${KPK_SANITIZED:-}" ]; then
+if [ -n "$NOT_KRUNS_MEMORY" ]; then
     [ -n "$d" ] && rmdir "$d"
-    skip "slice cgroup limit: sanitizer builds carry shadow memory"
+    skip "slice cgroup limit: $NOT_KRUNS_MEMORY"
 elif [ -n "$d" ]; then
     (echo $BASHPID > "$d/cgroup.procs" && exec "$BIN/krun" "$T/sl.kpk" --ids $IDS --gen $GEN --mem $limit --dump-all-logits "$T/cg.bin" --json "$T/cg.json" --quiet) >/dev/null 2>"$T/cg.err"
     rc=$?
