@@ -1,0 +1,214 @@
+/* `krun batch`: the options, the model, the progress line and the summary.  The job itself is
+ * run/serve/batch_job.c, on the server's engine; docs/BATCH.md describes it. */
+#include "cmd_batch.h"
+
+#include "krun_cli.h"
+#include "format/kprogress.h"
+#include "run/serve/batch.h"
+#include "run/session/memplan.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define BATCH_CTX_DEFAULT 4096
+#define BATCH_SEQS_DEFAULT 4
+/* requests handed to the engine at once, per sequence: a sequence that frees up takes a queued
+ * request at once */
+#define BATCH_WINDOW_PER_SEQ 4
+#define BATCH_WINDOW_MIN 16
+
+static const char usage[] =
+    "usage: krun batch MODEL.kpk IN.jsonl OUT.jsonl [options]\n"
+    "\n"
+    "Run a file of OpenAI Batch requests, one a line:\n"
+    "  {\"custom_id\": \"...\", \"method\": \"POST\", \"url\": \"/v1/chat/completions\" | \"/v1/completions\",\n"
+    "   \"body\": {... any body krun serve takes ...}}\n"
+    "many sequences to a forward sweep (one read of the weights serves them all), and write one\n"
+    "line per request to OUT.jsonl in vLLM run-batch's shape, in the order of IN:\n"
+    "  {\"id\", \"custom_id\", \"response\": {\"status_code\", \"request_id\", \"body\"}, \"error\": null}\n"
+    "A request the API refuses gets its 4xx status and error body; a line that is not a request gets\n"
+    "\"response\": null and \"error\": {\"code\": \"invalid_batch_line\", \"message\", \"line\", \"field\"}.\n"
+    "Two lines with one custom_id are refused before anything runs.  Each response is bit-identical\n"
+    "to krun serve's for the same body (ids and \"created\" aside: see --created).\n"
+    "\n"
+    "Crash-safe: every finished request is recorded in OUT.jsonl.krun-journal (fsynced); killed at\n"
+    "any moment, the same command continues without running them again, and OUT.jsonl appears whole\n"
+    "at the end (a rename), byte-identical to an uninterrupted run's.  Budget, threads and --max-seqs\n"
+    "may change between runs; the input, the model, --ctx, --model-name, --seed and --created may not.\n"
+    "\n"
+    "Batch:\n"
+    "  --force               replace an existing OUT.jsonl; start over from another job's journal\n"
+    "  --seed N              sampled requests without a \"seed\" get one from N and their line\n"
+    "                        (default: random, kept in the journal)\n"
+    "  --created T           \"created\" of every response, Unix seconds (default: the job's start,\n"
+    "                        kept in the journal); give it to compare outputs of separate jobs\n"
+    "  --model-name NAME     the model's id in the API (default: the file name without .kpk)\n"
+    "  --max-seqs N          sequences per sweep (default 4)\n"
+    "  --ctx N               positions per sequence: prompt + max_tokens (default 4096)\n"
+    "  --json                a summary on stdout at the end (requests, tokens, sweeps, bytes, seconds)\n"
+    "  --quiet               no progress line and no summary on stderr\n"
+    "Execution:\n"
+    KRUN_CLI_USAGE_EXECUTION
+    KRUN_CLI_USAGE_MEMORY
+    "\n"
+    "Progress (on a terminal only): requests done / total, tokens/s, bytes read per generated token,\n"
+    "ETA.\n"
+    "\n"
+    "Exit: 0 OUT.jsonl written (error lines included: see \"failed\" in --json); 1 the model file is\n"
+    "damaged (OUT.jsonl not written; the journal keeps what was done: repair the file, run the same\n"
+    "command); 2 cannot run: usage, IN unreadable, duplicate custom_ids, OUT.jsonl exists (--force),\n"
+    "another krun batch is writing OUT.jsonl, a journal of another job, I/O error; 3 out of memory.\n";
+
+struct batch_opts {
+    const char *model, *in, *out, *model_name;
+    int force, json, quiet, seed_given, created_given;
+    unsigned long long seed;
+    long long created;
+    krun_cli c;
+};
+
+static void parse_args(int argc, char **argv, struct batch_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    krun_cli_init(&o->c);
+    o->c.max_seqs = BATCH_SEQS_DEFAULT;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+#define OPT(name) krun_cli_value(argc, argv, &i, name, &v)
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { fputs(usage, stdout); exit(KRUN_OK); }
+        else if (OPT("--seed")) { o->seed = (unsigned long long)krun_cli_double(v, 0, 9.2e18, "--seed"); o->seed_given = 1; }
+        else if (OPT("--created")) { o->created = (long long)krun_cli_double(v, 0, 1e12, "--created"); o->created_given = 1; }
+        else if (OPT("--model-name")) o->model_name = v;
+        else if (!strcmp(a, "--force")) o->force = 1;
+        else if (!strcmp(a, "--json")) o->json = 1;
+        else if (!strcmp(a, "--quiet")) o->quiet = 1;
+        else if (krun_cli_option(&o->c, argc, argv, &i)) continue;
+        else if (a[0] == '-') krun_cli_die("unknown option %s (see krun batch --help)", a);
+        else if (!o->model) o->model = a;
+        else if (!o->in) o->in = a;
+        else if (!o->out) o->out = a;
+        else krun_cli_die("unexpected argument %s", a);
+#undef OPT
+    }
+    if (!o->out) { fputs(usage, stderr); exit(KRUN_EINPUT); }
+    krun_cli_check(&o->c, NULL);
+    if (o->c.temp != 0 || o->c.top_k || o->c.top_p != 1 || o->c.min_p != 0 || o->c.repetition_penalty != 1 ||
+        o->c.presence_penalty != 0 || o->c.frequency_penalty != 0)
+        krun_cli_die("%s", "krun batch takes sampling from each request's body (temperature, top_p, top_k, min_p, seed)");
+    if (!o->c.ctx) o->c.ctx = BATCH_CTX_DEFAULT;
+    if (!strcmp(o->in, o->out)) krun_cli_die("%s: IN and OUT are the same file", o->in);
+}
+
+/* The model's name in the API: the file's name without its directory and .kpk. */
+static void default_name(const char *path, char *out, size_t len)
+{
+    const char *b = strrchr(path, '/');
+    size_t n;
+    b = b ? b + 1 : path;
+    n = strlen(b);
+    if (n > 4 && !strcmp(b + n - 4, ".kpk")) n -= 4;
+    snprintf(out, len, "%.*s", (int)n, b);
+}
+
+typedef struct { kprogress *bar; int draw; } view;
+
+/* The progress line's detail: tokens/s, bytes per generated token, ETA. */
+static void on_progress(void *ctx, const kbatch_stats *st)
+{
+    view *v = ctx;
+    char bpt[32] = "-", eta[32] = "-";
+    size_t ran = st->done - st->resumed;
+    if (!v->draw) return;
+    if (st->generated) kfmt_bytes(st->bytes_read / st->generated, bpt, sizeof bpt);
+    if (ran && st->seconds > 0) kfmt_duration(st->seconds / (double)ran * (double)(st->total - st->done), eta, sizeof eta);
+    fprintf(stderr, "\r\033[Kkrun batch: %zu/%zu requests, %llu tokens, %.1f tokens/s, %s/token, ETA %s", st->done, st->total,
+            (unsigned long long)st->generated, st->seconds > 0 ? (double)st->generated / st->seconds : 0.0, bpt, eta);
+    fflush(stderr);
+}
+
+static void summary_json(const struct batch_opts *o, const kbatch_stats *st, int ok)
+{
+    json_t *j = json_pack("{s:s, s:s, s:b, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:f}", "in", o->in, "out", o->out, "ok", ok,
+                          "requests", (json_int_t)st->total, "done", (json_int_t)st->done, "resumed", (json_int_t)st->resumed,
+                          "failed", (json_int_t)st->failed, "prompt_tokens", (json_int_t)st->prompt_tokens, "generated_tokens",
+                          (json_int_t)st->generated, "sweeps", (json_int_t)st->sweeps, "bytes_read", (json_int_t)st->bytes_read,
+                          "seconds", st->seconds, "tokens_per_second", st->seconds > 0 ? (double)st->generated / st->seconds : 0.0,
+                          "bytes_per_generated_token", st->generated ? (double)st->bytes_read / (double)st->generated : 0.0);
+    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    if (s) printf("%s\n", s);
+    free(s);
+    json_decref(j);
+}
+
+int krun_batch_main(int argc, char **argv)
+{
+    struct batch_opts o;
+    krun_model *m = NULL;
+    krun_model_opts mo;
+    krun_err e = {0, {0}};
+    kbatch_input in;
+    kbatch_opts bo;
+    kbatch_stats st;
+    uint64_t budget;
+    struct stat sb;
+    char name[256];
+    view v = {NULL, 0};
+    int rc;
+
+    parse_args(argc, argv, &o);
+    if (krun_cli_budget(&o.c, &budget)) return KRUN_EINPUT;
+    if (o.model_name) snprintf(name, sizeof name, "%s", o.model_name);
+    else default_name(o.model, name, sizeof name);
+    signal(SIGPIPE, SIG_IGN);
+    memset(&st, 0, sizeof st);
+
+    if (kbatch_read(o.in, &in, &e)) { fprintf(stderr, "krun batch: %s\n", e.msg); return e.code; }
+    if (stat(o.model, &sb)) { fprintf(stderr, "krun batch: %s: %s\n", o.model, strerror(errno)); kbatch_input_free(&in); return KRUN_EINPUT; }
+    if (krun_model_load(o.model, &m, &e)) { fprintf(stderr, "krun batch: %s\n", e.msg); kbatch_input_free(&in); return e.code; }
+    rc = KRUN_EINPUT;
+    if (!krun_model_tokenizer(m)) {
+        fprintf(stderr, "krun batch: %s has no tokenizer: a batch needs one to read requests and write text\n", o.model);
+        goto out;
+    }
+    krun_cli_model_opts(&o.c, o.model, budget, &mo);
+    if (krun_model_prepare(m, &mo, &e)) { fprintf(stderr, "krun batch: %s\n", e.msg); rc = e.code; goto out; }
+    if (!o.quiet && krun_model_plan(m)) kmemplan_print(krun_model_plan(m), stderr);
+
+    memset(&bo, 0, sizeof bo);
+    bo.out = o.out;
+    bo.model_name = name;
+    bo.model_key = (uint64_t)sb.st_size;
+    bo.seed = o.seed_given ? o.seed : kbatch_request_seed((uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32), (size_t)clock());
+    bo.seed_given = o.seed_given;
+    bo.created = o.created_given ? o.created : (long long)time(NULL);
+    bo.created_given = o.created_given;
+    bo.force = o.force;
+    bo.window = krun_model_max_seqs(m) * BATCH_WINDOW_PER_SEQ;
+    if (bo.window < BATCH_WINDOW_MIN) bo.window = BATCH_WINDOW_MIN;
+    v.draw = !o.quiet && isatty(2);
+    bo.progress = on_progress;
+    bo.progress_ctx = &v;
+
+    rc = kbatch_run(m, &in, &bo, &st, &e) ? e.code : KRUN_OK;
+    if (v.draw) fputs("\r\033[K", stderr);
+    if (rc) fprintf(stderr, "krun batch: %s\n", e.msg);
+    if (!o.quiet) {
+        char b[32] = "-";
+        if (st.generated) kfmt_bytes(st.bytes_read / st.generated, b, sizeof b);
+        fprintf(stderr, "krun batch: %s: %zu of %zu requests written (%zu from the journal, %zu error lines); this run: %llu prompt + "
+                "%llu generated tokens in %llu sweeps, %.1f s, %s read per generated token%s\n", rc ? "stopped" : o.out, st.done, st.total,
+                st.resumed, st.failed, (unsigned long long)st.prompt_tokens, (unsigned long long)st.generated,
+                (unsigned long long)st.sweeps, st.seconds, b, rc ? "; the same command continues" : "");
+    }
+    if (o.json) summary_json(&o, &st, rc == 0);
+out:
+    krun_model_close(m);
+    kbatch_input_free(&in);
+    return rc;
+}
