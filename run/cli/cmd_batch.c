@@ -22,6 +22,8 @@
  * request at once */
 #define BATCH_WINDOW_PER_SEQ 4
 #define BATCH_WINDOW_MIN 16
+/* stopped by SIGINT or SIGTERM (128 + SIGINT, as a shell reports it) */
+#define BATCH_EXIT_INTERRUPTED 130
 
 static const char usage[] =
     "usage: krun batch MODEL.kpk IN.jsonl OUT.jsonl [options]\n"
@@ -63,7 +65,8 @@ static const char usage[] =
     "Exit: 0 OUT.jsonl written (error lines included: see \"failed\" in --json); 1 the model file is\n"
     "damaged (OUT.jsonl not written; the journal keeps what was done: repair the file, run the same\n"
     "command); 2 cannot run: usage, IN unreadable, duplicate custom_ids, OUT.jsonl exists (--force),\n"
-    "another krun batch is writing OUT.jsonl, a journal of another job, I/O error; 3 out of memory.\n";
+    "another krun batch is writing OUT.jsonl, a journal of another job, I/O error; 3 out of memory;\n"
+    "130 stopped by SIGINT or SIGTERM (the journal keeps what was done: the same command continues).\n";
 
 struct batch_opts {
     const char *model, *in, *out, *model_name;
@@ -116,17 +119,25 @@ static void default_name(const char *path, char *out, size_t len)
     snprintf(out, len, "%.*s", (int)n, b);
 }
 
-typedef struct { kprogress *bar; int draw; } view;
+typedef struct { int draw; } view;
+
+static volatile sig_atomic_t interrupted;
+static volatile int stop_job;
+static void on_signal(int sig)
+{
+    interrupted = sig;
+    stop_job = 1;
+}
 
 /* The progress line's detail: tokens/s, bytes per generated token, ETA. */
 static void on_progress(void *ctx, const kbatch_stats *st)
 {
     view *v = ctx;
     char bpt[32] = "-", eta[32] = "-";
-    size_t ran = st->done - st->resumed;
     if (!v->draw) return;
     if (st->generated) kfmt_bytes(st->bytes_read / st->generated, bpt, sizeof bpt);
-    if (ran && st->seconds > 0) kfmt_duration(st->seconds / (double)ran * (double)(st->total - st->done), eta, sizeof eta);
+    /* from the requests run so far (a resumed job's recorded ones and bad lines take no time) */
+    if (st->ran && st->seconds > 0) kfmt_duration(st->seconds / (double)st->ran * (double)(st->total - st->done), eta, sizeof eta);
     fprintf(stderr, "\r\033[Kkrun batch: %zu/%zu requests, %llu tokens, %.1f tokens/s, %s/token, ETA %s", st->done, st->total,
             (unsigned long long)st->generated, st->seconds > 0 ? (double)st->generated / st->seconds : 0.0, bpt, eta);
     fflush(stderr);
@@ -158,7 +169,8 @@ int krun_batch_main(int argc, char **argv)
     uint64_t budget;
     struct stat sb;
     char name[256];
-    view v = {NULL, 0};
+    view v = {0};
+    struct sigaction sa;
     int rc;
 
     parse_args(argc, argv, &o);
@@ -166,6 +178,12 @@ int krun_batch_main(int argc, char **argv)
     if (o.model_name) snprintf(name, sizeof name, "%s", o.model_name);
     else default_name(o.model, name, sizeof name);
     signal(SIGPIPE, SIG_IGN);
+    /* SIGINT, SIGTERM: stop after the requests' current sweep; what is recorded stays */
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
     memset(&st, 0, sizeof st);
 
     if (kbatch_read(o.in, &in, &e)) { fprintf(stderr, "krun batch: %s\n", e.msg); return e.code; }
@@ -192,10 +210,17 @@ int krun_batch_main(int argc, char **argv)
     bo.window = krun_model_max_seqs(m) * BATCH_WINDOW_PER_SEQ;
     if (bo.window < BATCH_WINDOW_MIN) bo.window = BATCH_WINDOW_MIN;
     v.draw = !o.quiet && isatty(2);
+    bo.stop = &stop_job;
     bo.progress = on_progress;
     bo.progress_ctx = &v;
 
-    rc = kbatch_run(m, &in, &bo, &st, &e) ? e.code : KRUN_OK;
+    rc = kbatch_run(m, &in, &bo, &st, &e);
+    if (rc == -2) {
+        rc = BATCH_EXIT_INTERRUPTED;
+        snprintf(e.msg, sizeof e.msg, "%s: interrupted", interrupted == SIGTERM ? "SIGTERM" : "SIGINT");
+    } else if (rc) {
+        rc = e.code;
+    }
     if (v.draw) fputs("\r\033[K", stderr);
     if (rc) fprintf(stderr, "krun batch: %s\n", e.msg);
     if (!o.quiet) {

@@ -88,6 +88,7 @@ typedef struct {
     size_t done;               /* with an output line */
     size_t resumed;            /* of which read back from the journal */
     size_t failed;             /* of which error lines (bad lines, 4xx) */
+    size_t ran;                /* requests the engine ran to their end in this run */
     uint64_t prompt_tokens, generated;   /* this run's */
     uint64_t sweeps, bytes_read;         /* this run's */
     double seconds;            /* this run's */
@@ -102,14 +103,16 @@ typedef struct {
     int seed_given, created_given;
     int force;                 /* replace a finished OUT; start over from another job's journal */
     size_t window;             /* requests handed to the engine at once (running and queued) */
+    volatile int *stop;        /* when it becomes non-zero the job stops (kbatch_run returns -2) */
     /* called about four times a second, and once at the end */
     void (*progress)(void *ctx, const kbatch_stats *st);
     void *progress_ctx;
 } kbatch_opts;
 
-/* Run the job: 0 when OUT is written (error lines included); -1 with err: KRUN_EINPUT (OUT
- * finished and no force, locked, foreign journal, I/O), KRUN_EDATA (the model file is damaged:
- * the journal keeps what was done), KRUN_ENOMEM. */
+/* Run the job: 0 when OUT is written (error lines included); -2 when *stop became non-zero (the
+ * journal keeps what was done); -1 with err: KRUN_EINPUT (OUT finished and no force, locked,
+ * foreign journal, I/O), KRUN_EDATA (the model file is damaged: the journal keeps what was done),
+ * KRUN_ENOMEM. */
 int kbatch_run(krun_model *m, const kbatch_input *in, const kbatch_opts *o, kbatch_stats *st, krun_err *err);
 
 /* The seed of a request without one: from the job's seed and its line. */

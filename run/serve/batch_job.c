@@ -144,6 +144,7 @@ static int collect(job *b, size_t k, sreq *r, krun_err *err)
         return -1;
     }
     rc = record(b, k, status, r->id, body, err);
+    b->st->ran += rc == 0;
     free(body);
     return rc;
 }
@@ -178,7 +179,7 @@ static int run_requests(job *b, krun_err *err)
     engine_counters(b->e, &b->sweeps0, &b->bytes0);
     for (;;) {
         int any = 0;
-        while (!rc && n < window && next < in->n) {
+        while (!rc && n < window && next < in->n && !(b->o->stop && *b->o->stop)) {
             size_t k = next++;
             sreq *r;
             if (in->items[k].bad || b->j.lines[k]) continue;
@@ -186,6 +187,7 @@ static int run_requests(job *b, krun_err *err)
             if (r) fl[n++] = (flight){r, k};
         }
         if (rc || !n) break;
+        if (b->o->stop && *b->o->stop) { rc = -2; break; }
         for (size_t i = 0; i < n && !rc;) {
             if (!srv_done(b->e, fl[i].r)) { i++; continue; }
             any = 1;
@@ -259,7 +261,7 @@ int kbatch_run(krun_model *m, const kbatch_input *in, const kbatch_opts *o, kbat
         if (in->items[k].bad) { st->done++; st->failed++; }
         else if (b.j.lines[k]) { st->done++; st->failed += line_status(b.j.lines[k]) != 200; }
     }
-    if ((rc = run_requests(&b, err)) == 0) rc = write_out(&b, err);
+    if ((rc = run_requests(&b, err)) == 0) rc = b.o->stop && *b.o->stop ? -2 : write_out(&b, err);
     st->seconds = know() - b.t0;
     kbatch_journal_close(&b.j);
     return rc;

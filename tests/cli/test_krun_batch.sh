@@ -144,6 +144,28 @@ done
     && ok "$KILLS jobs killed -9 at random moments ($kills kills, $runs runs, $torn torn journal tails): the same command continues; OUT byte-identical to the uninterrupted run, never half-written, no recorded request run again" \
     || notok "kill -9 and resume: $bad bad outcomes, $recomputed runs read back fewer records than the journal held ($kills kills)"
 
+# ---- on a terminal: the progress line; SIGINT: stops, exit 130, the same command continues -------------------
+printf '[{"wait": "requests, ", "timeout": %d}]' $((60 * SLOW)) >"$T/pty.json"
+rm -f "$T/p.jsonl"
+python3 "$TOP/tests/cli/chat_pty.py" "$T/pty.bin" "$T/pty.json" -- "$BIN/krun" batch "$M" "$T/big.jsonl" "$T/p.jsonl" "${COMMON[@]}" --max-seqs 2 \
+    && python3 - "$T/pty.bin" <<'PY' && ok "on a terminal: a progress line (done/total requests, tokens/s, bytes/token, ETA), cleared at the end" \
+    || notok "progress on a terminal: $(tr -d '\033' <"$T/pty.bin" | head -c 400)"
+import re, sys
+t = open(sys.argv[1], "rb").read().decode("utf-8", "replace")
+assert re.search(r"\r\x1b\[Kkrun batch: \d+/\d+ requests, \d+ tokens, [0-9.]+ tokens/s, ([0-9.]+ [kMG]?B|-)/token, ETA ", t), t[-600:]
+PY
+cmp -s "$T/g.jsonl" "$T/p.jsonl" && ok "  and the same OUT" || notok "OUT on a terminal differs"
+rm -f "$T/s.jsonl"
+"$BIN/krun" batch "$M" "$T/big.jsonl" "$T/s.jsonl" "${COMMON[@]}" --max-seqs 2 >/dev/null 2>"$T/s.err" &
+pid=$!
+for _ in $(seq $((100 * SLOW))); do [ "$(grep -c '' "$T/s.jsonl.krun-journal" 2>/dev/null || echo 0)" -ge 4 ] && break; sleep 0.05; done
+kill -INT $pid; wait $pid; rc=$?
+[ $rc -eq 130 ] && grep -q "SIGINT: interrupted" "$T/s.err" && grep -q "the same command continues" "$T/s.err" && [ ! -e "$T/s.jsonl" ] \
+    && ok "SIGINT stops the job: exit 130, says the same command continues, no OUT" || notok "SIGINT: exit $rc: $(cat "$T/s.err")"
+"$BIN/krun" batch "$M" "$T/big.jsonl" "$T/s.jsonl" "${COMMON[@]}" --max-seqs 2 --quiet --json >"$T/s.summary" 2>"$T/s.err" && cmp -s "$T/g.jsonl" "$T/s.jsonl" \
+    && python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); assert j["resumed"] >= 3, j' "$T/s.summary" \
+    && ok "  the same command continues from the journal to the same bytes" || notok "resume after SIGINT: $(cat "$T/s.err")"
+
 # ---- a damaged model: exit 1, nothing written, the journal kept; the same command finishes with a good file ----
 corrupt_experts "$M" "$T/bad.kpk"
 cp "$M" "$T/good.kpk"
