@@ -170,7 +170,7 @@ K3_SHARED ?= $(abspath ..)/shared
 soak: all unit soak-serve soak-batch
 	@nice -n 10 python3 tests/soak/soak.py --bin $(BINDIR) --shim $(KFAULT) $(SOAK_ARGS)
 
-# krun batch killed -9 at random moments BATCH_KILLS times (the suite does 4): the same command
+# krun batch killed -9 at random moments BATCH_KILLS times (the suite does 3): the same command
 # continues, and OUT is byte-identical to an uninterrupted run (tests/cli/test_krun_batch.sh).
 BATCH_KILLS ?= 30
 soak-batch: all unit
