@@ -6,6 +6,7 @@
 #include "format/kprogress.h"
 #include "run/serve/batch.h"
 #include "run/session/memplan.h"
+#include "run/session/sweep_model.h"
 
 #include <errno.h>
 #include <signal.h>
@@ -17,7 +18,9 @@
 #include <unistd.h>
 
 #define BATCH_CTX_DEFAULT 4096
-#define BATCH_SEQS_DEFAULT 4
+/* --max-seqs auto with the file used in place (no budget: nothing streams, the sweep's cost is
+ * compute): at most this many */
+#define BATCH_SEQS_IN_PLACE 16
 /* requests handed to the engine at once, per sequence: a sequence that frees up takes a queued
  * request at once */
 #define BATCH_WINDOW_PER_SEQ 4
@@ -51,7 +54,9 @@ static const char usage[] =
     "  --created T           \"created\" of every response, Unix seconds (default: the job's start,\n"
     "                        kept in the journal); give it to compare outputs of separate jobs\n"
     "  --model-name NAME     the model's id in the API (default: the file name without .kpk)\n"
-    "  --max-seqs N          sequences per sweep (default 4)\n"
+    "  --max-seqs N|auto     sequences per sweep (default auto: the number with the fewest bytes read\n"
+    "                        per generated token within the budget, by the union model; at most the\n"
+    "                        requests; 16 at most when the file is used in place, without a budget)\n"
     "  --ctx N               positions per sequence: prompt + max_tokens (default 4096)\n"
     "  --json                a summary on stdout at the end (requests, tokens, sweeps, bytes, seconds)\n"
     "  --quiet               no progress line and no summary on stderr\n"
@@ -70,7 +75,7 @@ static const char usage[] =
 
 struct batch_opts {
     const char *model, *in, *out, *model_name;
-    int force, json, quiet, seed_given, created_given;
+    int force, json, quiet, seed_given, created_given, auto_seqs;
     unsigned long long seed;
     long long created;
     krun_cli c;
@@ -80,7 +85,7 @@ static void parse_args(int argc, char **argv, struct batch_opts *o)
 {
     memset(o, 0, sizeof *o);
     krun_cli_init(&o->c);
-    o->c.max_seqs = BATCH_SEQS_DEFAULT;
+    o->auto_seqs = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
 #define OPT(name) krun_cli_value(argc, argv, &i, name, &v)
@@ -88,6 +93,10 @@ static void parse_args(int argc, char **argv, struct batch_opts *o)
         else if (OPT("--seed")) { o->seed = (unsigned long long)krun_cli_double(v, 0, 9.2e18, "--seed"); o->seed_given = 1; }
         else if (OPT("--created")) { o->created = (long long)krun_cli_double(v, 0, 1e12, "--created"); o->created_given = 1; }
         else if (OPT("--model-name")) o->model_name = v;
+        else if (OPT("--max-seqs")) {
+            o->auto_seqs = !strcmp(v, "auto");
+            if (!o->auto_seqs) o->c.max_seqs = krun_cli_long(v, 1, KRUN_MAX_SEQS, "--max-seqs");
+        }
         else if (!strcmp(a, "--force")) o->force = 1;
         else if (!strcmp(a, "--json")) o->json = 1;
         else if (!strcmp(a, "--quiet")) o->quiet = 1;
@@ -143,6 +152,44 @@ static void on_progress(void *ctx, const kbatch_stats *st)
     fflush(stderr);
 }
 
+/* --max-seqs auto: the number of sequences whose sweep reads the fewest bytes per generated token
+ * (sweep_model.h) among the plans the budget holds, at most `runnable`.  Says what it chose. */
+static void choose_seqs(krun_model *m, krun_model_opts *mo, size_t runnable, int quiet)
+{
+    const k3_config *c = krun_model_config(m);
+    size_t best = 1, top = runnable < KRUN_MAX_SEQS ? runnable : KRUN_MAX_SEQS;
+    double best_cost = 0, one = 0, best_sweep = 0;
+    if (!top) top = 1;
+    if (!mo->budget) {
+        mo->max_seqs = top < BATCH_SEQS_IN_PLACE ? top : BATCH_SEQS_IN_PLACE;
+        if (!quiet)
+            fprintf(stderr, "krun batch: %zu sequences per sweep (--max-seqs auto; no budget: the file is used in place if it fits)\n",
+                    mo->max_seqs);
+        return;
+    }
+    for (size_t B = 1; B <= top; B++) {
+        kmemplan p;
+        krun_err e;
+        double sweep, cost;
+        mo->max_seqs = B;
+        if (krun_model_make_plan(m, mo, &p, &e)) break;           /* B sequences' state no longer fits */
+        sweep = ksweep_bytes(&p, c, B);
+        cost = sweep / (double)B;
+        if (B == 1) one = cost;
+        if (B == 1 || cost <= best_cost) { best = B; best_cost = cost; best_sweep = sweep; }
+    }
+    mo->max_seqs = best;
+    if (!quiet) {
+        char a[32], b[32], d[32];
+        kfmt_bytes((uint64_t)best_sweep, a, sizeof a);
+        kfmt_bytes((uint64_t)best_cost, b, sizeof b);
+        kfmt_bytes((uint64_t)one, d, sizeof d);
+        fprintf(stderr, "krun batch: %zu sequences per sweep (--max-seqs auto, the fewest bytes per generated token within the "
+                "budget): a decoding sweep reads ~%s, %s per generated token (one at a time: %s; union model, docs/BATCH.md)\n",
+                best, a, b, d);
+    }
+}
+
 static void summary_json(const struct batch_opts *o, const kbatch_stats *st, int ok)
 {
     json_t *j = json_pack("{s:s, s:s, s:b, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:f}", "in", o->in, "out", o->out, "ok", ok,
@@ -195,6 +242,11 @@ int krun_batch_main(int argc, char **argv)
         goto out;
     }
     krun_cli_model_opts(&o.c, o.model, budget, &mo);
+    if (o.auto_seqs) {
+        size_t runnable = 0;
+        for (size_t k = 0; k < in.n; k++) runnable += !in.items[k].bad;
+        choose_seqs(m, &mo, runnable, o.quiet);
+    }
     if (krun_model_prepare(m, &mo, &e)) { fprintf(stderr, "krun batch: %s\n", e.msg); rc = e.code; goto out; }
     if (!o.quiet && krun_model_plan(m)) kmemplan_print(krun_model_plan(m), stderr);
 

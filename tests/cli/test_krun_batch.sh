@@ -78,6 +78,15 @@ for v in "--max-seqs 1" "--max-seqs 3 --threads 1" "--max-seqs 8 --chunk 5"; do
         && ok "byte-identical OUT with $v" || notok "OUT differs with $v: $(head -c 300 "$T/err")"
 done
 
+# ---- --max-seqs auto (the default): the fewest bytes per generated token within the budget ----------------------
+rm -f "$T/b.jsonl"
+"${B[@]}" "$T/b.jsonl" "${COMMON[@]}" --mem 64M 2>"$T/err" >/dev/null && cmp -s "$T/a.jsonl" "$T/b.jsonl" \
+    && grep -qE "krun batch: [0-9]+ sequences per sweep \(--max-seqs auto, .*a decoding sweep reads ~.* per generated token \(one at a time: " "$T/err" \
+    && ok "--max-seqs auto with a budget: says how many sequences and the bytes per sweep and per token; the same bytes" \
+    || notok "--max-seqs auto: $(head -c 600 "$T/err")"
+n=$(sed -n 's/^krun batch: \([0-9]*\) sequences per sweep.*/\1/p' "$T/err")
+[ "${n:-0}" -gt 1 ] && ok "  it batches ($n sequences: a sweep's cost is shared)" || notok "auto chose ${n:-nothing}"
+
 # ---- a finished OUT, --force, a second process, another job's journal, duplicates ---------------------------
 expect_exit 2 "a finished OUT is not overwritten without --force" "${B[@]}" "$T/a.jsonl" "${COMMON[@]}"
 expect_err "exists .*--force" "  and the message says --force"
@@ -85,8 +94,8 @@ cp "$T/a.jsonl" "$T/c.jsonl"
 expect_exit 0 "--force replaces it" "${B[@]}" "$T/c.jsonl" "${COMMON[@]}" --force --quiet
 cmp -s "$T/a.jsonl" "$T/c.jsonl" && ok "  with the same bytes" || notok "--force output differs"
 : >"$T/d.jsonl.krun-journal"
-flock "$T/d.jsonl.krun-journal" sleep 30 & LOCKER=$!
-sleep 0.3
+flock "$T/d.jsonl.krun-journal" sleep 60 & LOCKER=$!
+for _ in $(seq $((200 * SLOW))); do flock -n "$T/d.jsonl.krun-journal" true || break; sleep 0.05; done   # until it holds the lock
 expect_exit 2 "a second krun batch on the same OUT is refused (its journal is locked)" "${B[@]}" "$T/d.jsonl" "${COMMON[@]}"
 expect_err "being written by another krun batch" "  and the message says so"
 kill $LOCKER 2>/dev/null; wait $LOCKER 2>/dev/null
