@@ -117,17 +117,6 @@ static void parse_args(int argc, char **argv, struct batch_opts *o)
     if (!strcmp(o->in, o->out)) krun_cli_die("%s: IN and OUT are the same file", o->in);
 }
 
-/* The model's name in the API: the file's name without its directory and .kpk. */
-static void default_name(const char *path, char *out, size_t len)
-{
-    const char *b = strrchr(path, '/');
-    size_t n;
-    b = b ? b + 1 : path;
-    n = strlen(b);
-    if (n > 4 && !strcmp(b + n - 4, ".kpk")) n -= 4;
-    snprintf(out, len, "%.*s", (int)n, b);
-}
-
 typedef struct { int draw; } view;
 
 static volatile sig_atomic_t interrupted;
@@ -223,7 +212,7 @@ int krun_batch_main(int argc, char **argv)
     parse_args(argc, argv, &o);
     if (krun_cli_budget(&o.c, &budget)) return KRUN_EINPUT;
     if (o.model_name) snprintf(name, sizeof name, "%s", o.model_name);
-    else default_name(o.model, name, sizeof name);
+    else krun_cli_model_name(o.model, name, sizeof name);
     signal(SIGPIPE, SIG_IGN);
     /* SIGINT, SIGTERM: stop after the requests' current sweep; what is recorded stays */
     memset(&sa, 0, sizeof sa);

@@ -79,7 +79,7 @@ static int duplicates(const kbatch_input *in, const char *path, krun_err *err)
     char lines[200] = "";
     if (!s) return krun_err_set(err, KRUN_ENOMEM, "out of memory");
     for (size_t k = 0; k < in->n; k++)
-        if (in->items[k].custom_id && !in->items[k].bad) s[n++] = &in->items[k];
+        if (in->items[k].custom_id) s[n++] = &in->items[k];     /* a bad line's custom_id too: it has an output line */
     qsort(s, n, sizeof *s, by_id);
     for (size_t k = 1; k < n; k++) {
         if (strcmp(s[k]->custom_id, s[k - 1]->custom_id)) continue;
@@ -92,8 +92,8 @@ static int duplicates(const kbatch_input *in, const char *path, krun_err *err)
             snprintf(lines + strlen(lines), sizeof lines - strlen(lines), ", %zu", s[k]->line);
     }
     if (dups) {
-        krun_err_set(err, KRUN_EINPUT, "%s: custom_id \"%.100s\" is on lines %s%s; every custom_id must be unique (%zu repeated in all)",
-                     path, first, lines, dups > 1 ? " and more" : "", dups);
+        krun_err_set(err, KRUN_EINPUT, "%s: custom_id \"%.100s\" is on lines %s; every custom_id must be unique, to tell the "
+                     "outputs apart (%zu line%s repeat%s an earlier one)", path, first, lines, dups, dups == 1 ? "" : "s", dups == 1 ? "s" : "");
     }
     free(s);
     return dups ? -1 : 0;

@@ -105,9 +105,9 @@ expect_exit 2 "a journal of another job is refused" "${B[@]}" "$T/e.jsonl" "${CO
 expect_err "belongs to another job.*--force" "  and the message says what to do"
 expect_exit 0 "  --force starts this job over" "${B[@]}" "$T/e.jsonl" "${COMMON[@]}" --force --quiet
 cmp -s "$T/a.jsonl" "$T/e.jsonl" && ok "  to the same bytes" || notok "restarted output differs"
-head -3 "$T/in.jsonl" >"$T/dup.jsonl"; sed -n 2p "$T/in.jsonl" >>"$T/dup.jsonl"
+head -3 "$T/in.jsonl" >"$T/dup.jsonl"; sed -n 2p "$T/in.jsonl" >>"$T/dup.jsonl"; sed -n 8p "$T/in.jsonl" | sed "s/bad-url/cmpl-greedy/" >>"$T/dup.jsonl"
 expect_exit 2 "duplicate custom_ids are refused before anything runs" "$BIN/krun" batch "$M" "$T/dup.jsonl" "$T/dup.out"
-expect_err 'custom_id "cmpl-ids-seed" is on lines 2, 4' "  naming the id and its lines"
+expect_err 'custom_id "cmpl-greedy" is on lines 1, 5; .*\(2 lines repeat an earlier one\)' "  naming the id and its lines, a bad line's custom_id included"
 [ ! -e "$T/dup.out" ] && [ ! -e "$T/dup.out.krun-journal" ] && ok "  and nothing is written" || notok "duplicates wrote something"
 expect_exit 2 "krun batch without its arguments" "$BIN/krun" batch "$M"
 expect_exit 2 "a sampling option is refused (sampling is each request's)" "${B[@]}" "$T/f.jsonl" --temp 0.5
