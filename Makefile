@@ -75,7 +75,7 @@ UNIT_BIN  := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC) $(PROBE_SRC)
 # sanitizers) keeps its own copies under its build directory.
 BINDIR := $(if $(filter build,$(BUILD)),bin,$(BUILD)/bin)
 
-.PHONY: all test test-clang test-root bench bench-hdd demo deps clean unit asan ablate fuzz fuzz-bins soak soak-serve check-layers \
+.PHONY: all test test-clang test-root bench bench-hdd demo deps clean unit asan ablate fuzz fuzz-bins soak soak-serve soak-batch check-layers \
         test-arm64 test-arm64-full arm64-bins
 # keep the unit tests' objects (make would delete them as intermediates)
 .SECONDARY:
@@ -195,8 +195,14 @@ SOAK_ARGS ?= --kills 60 --flips 1200 --mutations 1200 --json $(BUILD)/soak.json
 SERVE_SOAK_ARGS ?= --requests 10000 --epochs 5 --json $(BUILD)/serve_soak.json
 ASAN_OPT := -O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
 K3_SHARED ?= $(abspath ..)/shared
-soak: all unit soak-serve
+soak: all unit soak-serve soak-batch
 	@nice -n 10 python3 tests/soak/soak.py --bin $(BINDIR) --shim $(KFAULT) $(SOAK_ARGS)
+
+# krun batch killed -9 at random moments BATCH_KILLS times (the suite does 3): the same command
+# continues, and OUT is byte-identical to an uninterrupted run (tests/cli/test_krun_batch.sh).
+BATCH_KILLS ?= 30
+soak-batch: all unit
+	@BATCH_KILLS=$(BATCH_KILLS) BUILD=$(BUILD) BIN=$(BINDIR) nice -n 10 tests/run_all.sh tests/cli/test_krun_batch.sh
 
 soak-serve: all
 	@$(MAKE) --no-print-directory BUILD=build/asan OPT="$(ASAN_OPT)" build/asan/bin/krun

@@ -144,17 +144,6 @@ static void parse_args(int argc, char **argv, struct serve_opts *o)
     if (!o->max_connections) o->max_connections = SERVE_CONN_ADDRESSES * (o->c.max_seqs + o->max_queue + SERVE_CONN_SLACK);
 }
 
-/* The model's name in the API: the file's name without its directory and .kpk. */
-static void default_name(const char *path, char *out, size_t len)
-{
-    const char *b = strrchr(path, '/');
-    size_t n;
-    b = b ? b + 1 : path;
-    n = strlen(b);
-    if (n > 4 && !strcmp(b + n - 4, ".kpk")) n -= 4;
-    snprintf(out, len, "%.*s", (int)n, b);
-}
-
 /* A bound, listening TCP socket; *port is the one it got. */
 static int listen_on(const char *host, long want, long *port)
 {
@@ -228,7 +217,7 @@ int krun_serve_main(int argc, char **argv)
     if (max_body <= 0) krun_cli_die("--max-body: expected a size like 8M, got %s", o.max_body);
     if (krun_cli_budget(&o.c, &budget)) return KRUN_EINPUT;
     if (o.model_name) snprintf(name, sizeof name, "%s", o.model_name);
-    else default_name(o.model, name, sizeof name);
+    else krun_cli_model_name(o.model, name, sizeof name);
 
     /* every thread started from here on inherits the blocked signals: only
      * sigwait below sees SIGINT and SIGTERM; a client that hangs up is an

@@ -227,3 +227,14 @@ void krun_announce_prompt(krun_model *m, size_t n)
         fprintf(stderr, "krun: the prompt is %zu tokens: %zu blocks of %zu positions\n", n, blocks, chunk);
     }
 }
+
+/* The model's name in the API: the file's name without its directory and .kpk. */
+void krun_cli_model_name(const char *path, char *out, size_t len)
+{
+    const char *b = strrchr(path, '/');
+    size_t n;
+    b = b ? b + 1 : path;
+    n = strlen(b);
+    if (n > 4 && !strcmp(b + n - 4, ".kpk")) n -= 4;
+    snprintf(out, len, "%.*s", (int)n, b);
+}

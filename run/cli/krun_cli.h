@@ -44,6 +44,10 @@ int krun_cli_budget(const krun_cli *c, uint64_t *budget);
 void krun_cli_model_opts(const krun_cli *c, const char *path, uint64_t budget, krun_model_opts *mo);
 void krun_cli_sampler(const krun_cli *c, ksampler_opts *so);
 
+/* The model's name in the API (krun serve, krun batch): the file's name without its directory and
+ * .kpk. */
+void krun_cli_model_name(const char *path, char *out, size_t len);
+
 /* Argument helpers: print "krun: " + the message and exit with status 2. */
 _Noreturn void krun_cli_die(const char *fmt, const char *arg);
 /* Is argv[*i] the option `name`, which takes a value?  The value in *val:

@@ -5,6 +5,7 @@
  *   serve_engine.c  the engine thread: the one owner of the model; the queue, the sequences,
  *                   one forward sweep after another (docs/SERVE.md: the batching policy)
  *   serve_gen.c     one request's output from the ids it generates
+ *   serve_prep.c    a request body made ready to run (parsed, rendered, fitted): krun serve and krun batch
  *   serve_framing.c whether a request's body length can be known for sure (RFC 9112 6.3)
  *   serve_conns.c   every open connection: the deadline for a request to arrive, the reserve
  *
@@ -38,6 +39,7 @@ typedef struct sreq {
     ksampler_opts sampling;
     sgen *gen;                 /* the output; the engine's while the request runs */
     int has_seed;              /* else the engine picks one */
+    int stream;                /* the output is server-sent events */
     /* the client, looked at by the connection's own thread only (serve_engine.c, client_check) */
     int client_fd;             /* the connection's socket, to notice a client that hung up; -1: none */
     int client_probe;          /* HTTP/1.1: "100 Continue" may be sent before the status to tell a
@@ -73,6 +75,15 @@ void srv_engine_stop(srv_engine *e);
 
 /* A request made ready to run: status 0 until known.  NULL on allocation failure. */
 sreq *sreq_new(void);
+/* Free a request that was never submitted (serve_prep.c). */
+void sreq_discard(sreq *r);
+/* A body of POST /v1/chat/completions (chat) or /v1/completions made into a request for model m,
+ * served as model_name (serve_prep.c): parsed, its model checked, rendered or tokenized, fitted to
+ * the context, its sampling and its output (sgen, with meta's id, model and created) set.  NULL
+ * with err filled (400, or 500 when out of memory).  Submit it, or sreq_discard it. */
+sreq *srv_prepare(krun_model *m, const char *model_name, int chat, const char *body, size_t len, const oai_meta *meta, oai_error *err);
+/* Is the request over (its output complete)?  Does not wait. */
+int  srv_done(srv_engine *e, sreq *r);
 /* Hand a request to the engine (it takes a reference).  Fails with e filled: 503 when the
  * queue is full (with Retry-After) or the server is draining, 503 when the model is damaged. */
 int  srv_submit(srv_engine *e, sreq *r, oai_error *err);

@@ -494,6 +494,15 @@ long srv_read(srv_engine *e, sreq *r, char *buf, size_t max)
     return got;
 }
 
+int srv_done(srv_engine *e, sreq *r)
+{
+    int done;
+    pthread_mutex_lock(&e->mu);
+    done = r->state == SREQ_DONE;
+    pthread_mutex_unlock(&e->mu);
+    return done;
+}
+
 void srv_wait_done(srv_engine *e, sreq *r)
 {
     pthread_mutex_lock(&e->mu);
