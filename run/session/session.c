@@ -445,8 +445,12 @@ static int verify(krun_session *s, size_t k, int32_t *accepted, float *accepted_
         return -1;
     }
     /* row i of the block's logits follows id and the first i drafts: draft i
-     * stands if the sampler (greedy) picks it there.  Each row kept is one a
-     * plain run computes, and is checked as it would be. */
+     * stands if the sampler picks it there, at its position, from that
+     * history: by the sampler's contract (sampler.h) the very token plain
+     * decoding picks, at any temperature, with any filter, penalty or mask.
+     * The first pick that differs is the model's own next token, sampled
+     * again by the caller from the session's logits (the same pick).  Each
+     * row kept is one a plain run computes, and is checked as it would be. */
     for (;; a++) {
         if (k3_check_finite(&m->run, L + a * V, 1, s->st.pos + a, err)) {
             s->broken = 1;
@@ -473,11 +477,6 @@ static int verify(krun_session *s, size_t k, int32_t *accepted, float *accepted_
 static int verify_begin(krun_session *s, int32_t id, size_t *room, krun_err *err)
 {
     krun_model *m = s->m;
-    if (m->spec && s->sampler.o.temp > 0) {
-        krun_err_set(err, KRUN_EINPUT, "speculative decoding is exact for greedy decoding only (the sampler's temperature is %g)",
-                     (double)s->sampler.o.temp);
-        return -1;
-    }
     if (s->n_tokens > s->st.pos && krun_session_feed(s, NULL, 0, NULL, err)) return -1;
     if (push_tokens(s, &id, 1, err)) return -1;
     /* drafts go right after the history, where they belong if accepted */

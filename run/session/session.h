@@ -181,11 +181,13 @@ void krun_session_set_progress(krun_session *s, krun_progress_fn fn, void *ctx);
  * bit-identical to feeding it alone. */
 int krun_step_batch(krun_model *m, krun_session *const *ss, const int32_t *ids, size_t n, krun_err *err);
 
-/* Speculative decoding (docs/RUNTIME.md §7), exact for greedy sampling:
+/* Speculative decoding (docs/RUNTIME.md §7), exact at any sampling setting:
  * runs id (a token sampled from the session's logits, as krun_session_feed
  * would), preceded by any pending tokens, together with up to max_draft
  * tokens drafted from the session's own history, in one forward block, and
- * keeps the drafts the model itself would have chosen greedily.  Those
+ * keeps the drafts the session's sampler itself picks at their positions
+ * (sampler.h: a pick depends on its position's logits, the history and the
+ * seed only, so these are the tokens plain decoding samples).  Those
  * accepted tokens (*n_accepted of them, never a stop id of the model) are
  * written to accepted[] and the logits each was chosen from to
  * accepted_logits[*n_accepted][vocab] (either may be NULL); they are part of
@@ -194,9 +196,7 @@ int krun_step_batch(krun_model *m, krun_session *const *ss, const int32_t *ids, 
  * Everything (ids, logits, the state and a saved state) is bit-identical to
  * feeding id and then each accepted token one at a time.  With no drafts
  * (nothing in the history predicts the next tokens, or the model was
- * prepared with spec 0) it is exactly krun_session_feed of id.  Sampling at a
- * temperature is refused (KRUN_EINPUT): acceptance would have to follow the
- * sampler's distribution, and the tokens could not be those of --spec 0.
+ * prepared with spec 0) it is exactly krun_session_feed of id.
  * Not for sessions stepped with krun_step_batch in the same round: one
  * session verifies at a time. */
 int krun_session_feed_spec(krun_session *s, int32_t id, size_t max_draft, int32_t *accepted, float *accepted_logits,
