@@ -413,6 +413,92 @@ static void spec_run(krun_model *m, const int32_t *prompt, size_t n, const int32
     free(logits);
 }
 
+/* Verifications inside a batched step (krun_step_batch_verify, krun serve's sweeps): two
+ * sessions verify drafts wrong at places wa and wb in one block, sharing the journal's k + 1
+ * rows, beside a third that reads its prompt and then steps plainly; each must decode exactly
+ * as the reference (ids, and the saved state: every token, the state, the last logits).  Then a step asking for more rows
+ * than the journal has is refused with nothing run. */
+static void spec_batch(const char *path, const char *mem, const int32_t *prompt, size_t n, const int32_t *ref_ids,
+                       const char *ref_state, const char *state, size_t k, size_t wa, size_t wb)
+{
+    krun_model *m;
+    krun_session *ss[NS], *step[NS];
+    krun_err e;
+    size_t V, g[NS] = {0}, nd[NS], na[NS], wrong[NS] = {wa, wb, 64}, share[NS] = {(k - 1) / 2, k - 1 - (k - 1) / 2, 0};
+    size_t blocks = 0, shared = 0, acc = 0, rows, seqs;
+    int32_t ids[NS][SPEC_GEN_MAX], draft[NS][64], next[NS];
+    const int32_t *dp[NS];
+    int ok = 1;
+    if (open_model(path, mem, 64, 32, NS, &m)) return;   /* a block holds the prompt beside the verifications */
+    V = (size_t)krun_model_config(m)->vocab;
+    krun_model_journal(m, &rows, &seqs);
+    for (size_t i = 0; i < NS; i++) ss[i] = NULL;
+    for (size_t i = 0; i < NS; i++) {
+        if (krun_session_new(m, &ss[i], &e) || (i < 2 && krun_session_feed(ss[i], prompt, n, NULL, &e)) ||
+            (i == 2 && krun_session_append(ss[i], prompt, n - 1, &e))) { ok = 0; break; }
+        spec_sampling(m, ss[i], n);
+        next[i] = i < 2 ? krun_session_sample(ss[i]) : prompt[n - 1];
+        if (i < 2) ids[i][g[i]++] = next[i];
+    }
+    while (ok) {
+        size_t ns = 0, verifying = 0;
+        for (size_t i = 0; i < NS; i++) {
+            size_t left = g[i] < SPEC_GEN ? SPEC_GEN - g[i] - (i == 2 && !g[i] ? 0 : 1) : 0;
+            if (g[i] >= SPEC_GEN) continue;
+            nd[ns] = i < 2 && krun_session_pending(ss[i]) == 0 ? (share[i] < left ? share[i] : left) : 0;
+            for (size_t d = 0; d < nd[ns]; d++) draft[ns][d] = d == wrong[i] ? (ref_ids[g[i] + d] + 1) % (int32_t)V : ref_ids[g[i] + d];
+            dp[ns] = draft[ns];
+            verifying += nd[ns] > 0;
+            step[ns] = ss[i];
+            na[ns] = i;           /* which session, until the step overwrites it */
+            ns++;
+        }
+        if (!ns) break;
+        {
+            size_t who[NS];
+            int32_t sid[NS];
+            for (size_t j = 0; j < ns; j++) { who[j] = na[j]; sid[j] = next[who[j]]; }
+            if (krun_step_batch_verify(m, step, sid, dp, nd, ns, na, &e)) { ok = 0; break; }
+            blocks++;
+            shared += verifying > 1;
+            for (size_t j = 0; j < ns; j++) {
+                size_t i = who[j], nt;
+                const int32_t *h = krun_session_tokens(ss[i], &nt);
+                if (nd[j]) ok &= na[j] == (wrong[i] < nd[j] ? wrong[i] : nd[j]);
+                acc += na[j];
+                for (size_t a = 0; a < na[j]; a++) ids[i][g[i]++] = h[nt - na[j] + a];
+                if (g[i] >= SPEC_GEN) continue;
+                next[i] = krun_session_sample(ss[i]);
+                ids[i][g[i]++] = next[i];
+                if (g[i] == SPEC_GEN) ok &= !krun_session_append(ss[i], &next[i], 1, &e);
+            }
+        }
+    }
+    if (!ok && e.msg[0]) printf("# %s\n", e.msg);
+    for (size_t i = 0; i < NS && ok; i++) {
+        ok &= memcmp(ids[i], ref_ids, SPEC_GEN * sizeof *ref_ids) == 0;
+        ok &= !krun_session_save(ss[i], state, &e) && same_file(state, ref_state);
+    }
+    OK(ok && shared > 0, "%s%s: two sessions verifying in one block (drafts wrong at %zu and %zu, %zu + %zu of the journal's %zu rows) "
+       "beside one reading its prompt and stepping: %zu blocks (%zu with both verifying), %zu drafts accepted; each == plain decoding "
+       "(ids, the saved state)", mem ? mem : "in place", g_label, wa, wb, share[0] + 1, share[1] + 1, rows, blocks, shared, acc);
+    /* more verified positions than the journal holds: refused, nothing run */
+    if (ss[0] && ss[1] && !krun_session_feed(ss[0], NULL, 0, NULL, &e) && !krun_session_feed(ss[1], NULL, 0, NULL, &e)) {
+        size_t pos0 = krun_session_pos(ss[0]), nt0, nt1;
+        size_t big[2] = {k, 1};
+        int32_t zero[64] = {0};
+        const int32_t *zz[2] = {zero, zero};
+        int32_t two[2] = {1, 1};
+        krun_session_tokens(ss[0], &nt0);
+        krun_session_tokens(ss[1], &nt1);
+        OK(krun_step_batch_verify(m, ss, two, zz, big, 2, na, &e) == -1 && e.code == KRUN_EINPUT && krun_session_pos(ss[0]) == pos0 &&
+           krun_session_pending(ss[0]) == nt0 - pos0, "%zu + 2 verified positions (the journal holds %zu) are refused, nothing run: %s",
+           k + 1, rows, e.msg);
+    }
+    for (size_t i = 0; i < NS; i++) krun_session_free(ss[i]);
+    krun_model_close(m);
+}
+
 static void check_spec(const char *path, const char *mem)
 {
     static const int32_t prompt[] = {3, 7, 11, 5, 9, 100, 200, 30, 1, 2};
@@ -439,6 +525,10 @@ static void check_spec(const char *path, const char *mem)
     if (!g_quick) {
         spec_run(m, prompt, n, ref_ids, ref_logits, ref_state, state, 1, 0, mem);
         spec_run(m, prompt, n, ref_ids, ref_logits, ref_state, state, 2, 1, mem);
+    }
+    if (k >= 3) {
+        spec_batch(path, mem, prompt, n, ref_ids, ref_state, state, k, 0, 1);
+        if (!g_quick) spec_batch(path, mem, prompt, n, ref_ids, ref_state, state, k, 64, 1);
     }
     /* what is refused, and leaves the session as it was */
     if (!krun_session_new(m, &s, &e) && !krun_session_feed(s, prompt, n, NULL, &e)) {
