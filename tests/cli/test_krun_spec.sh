@@ -49,6 +49,7 @@ why = (f'{s["drafted"]} drafted, {s["accepted"]} accepted, {s["rollbacks"]} roll
 open(sys.argv[1].rsplit("/", 1)[0] + "/why", "w").write(why)
 assert j["generated_ids"] == j0["generated_ids"] and d["tokens"] == d0["tokens"]
 assert sum(k for k, a in s["rounds"]) == s["drafted"] and sum(a for k, a in s["rounds"]) == s["accepted"]
+assert s["acceptance"] == (s["accepted"] / s["drafted"] if s["drafted"] else None), s
 assert d["sweeps"] == d["tokens"] - s["accepted"]
 assert eval(check), check
 PY
