@@ -602,8 +602,9 @@ int krun_step_batch_verify(krun_model *m, krun_session *const *ss, const int32_t
         seqs++;
     }
     if (T > m->block || rows > m->run.j.cap || seqs > m->run.j.max_segs) {
-        krun_err_set(err, KRUN_EINPUT, "%zu positions in one step (a block holds %zu), %zu of them verified in %zu sequences "
-                     "(the journal holds %zu in %zu)", T, m->block, rows, seqs, m->run.j.cap, m->run.j.max_segs);
+        krun_err_set(err, KRUN_EINPUT, "%zu positions (pending tokens included) in one step (a block holds %zu), %zu of them "
+                     "verified in %zu sequences (the journal holds %zu in %zu)", T, m->block, rows, seqs, m->run.j.cap,
+                     m->run.j.max_segs);
         return -1;
     }
     for (size_t k = 0; k < n; k++)
@@ -634,37 +635,10 @@ int krun_step_batch_verify(krun_model *m, krun_session *const *ss, const int32_t
 
 int krun_step_batch(krun_model *m, krun_session *const *ss, const int32_t *ids, size_t n, krun_err *err)
 {
-    k3_seg segs[K3_MAX_SEQS];
-    if (n == 0 || n > m->max_seqs) { krun_err_set(err, KRUN_EINPUT, "%zu sessions in one step (1..%zu)", n, m->max_seqs); return -1; }
-    for (size_t k = 0; k < n; k++) {
-        krun_session *s = ss[k];
-        if (s->m != m || !s->live) { krun_err_set(err, KRUN_EINPUT, "session %zu is not a live session of this model", k); return -1; }
-        for (size_t j = 0; j < k; j++)
-            if (ss[j] == s) { krun_err_set(err, KRUN_EINPUT, "session %zu appears twice in one step", k); return -1; }
-    }
-    {
-        size_t T = 0;
-        for (size_t k = 0; k < n; k++) T += ss[k]->n_tokens - ss[k]->st.pos + 1;
-        if (T > m->block) {
-            krun_err_set(err, KRUN_EINPUT, "%zu positions (pending tokens included) in one step; a block holds %zu", T, m->block);
-            return -1;
-        }
-    }
-    for (size_t k = 0; k < n; k++)
-        if (push_tokens(ss[k], &ids[k], 1, err)) {
-            for (size_t j = 0; j < k; j++) ss[j]->n_tokens--;   /* the step did not happen */
-            return -1;
-        }
-    for (size_t k = 0; k < n; k++) {
-        krun_session *s = ss[k];
-        segs[k] = (k3_seg){&s->st, s->tokens + s->st.pos, s->n_tokens - s->st.pos, s->logits, 0, 0};
-    }
-    if (k3_forward(&m->run, segs, n, err)) {
-        for (size_t k = 0; k < n; k++) { ss[k]->broken = 1; ss[k]->have_logits = 0; }
-        return -1;
-    }
-    for (size_t k = 0; k < n; k++) ss[k]->have_logits = 1;
-    return 0;
+    static const size_t none[K3_MAX_SEQS];       /* no drafts: a plain step */
+    const int32_t *const nodraft[K3_MAX_SEQS] = {NULL};
+    size_t acc[K3_MAX_SEQS];
+    return krun_step_batch_verify(m, ss, ids, nodraft, none, n, acc, err);
 }
 
 /* ---- saved conversations -------------------------------------------------------- */
