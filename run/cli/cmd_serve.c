@@ -22,8 +22,9 @@
 #define SERVE_CTX_DEFAULT 4096
 #define SERVE_SEQS_DEFAULT 4
 #define SERVE_QUEUE_DEFAULT 16
-/* Speculation is on by default: it cannot lose (no evidence, no drafts: the same sweeps); what
- * it costs is its journal in the plan (--spec 8: 9 positions, docs/SERVE.md). */
+/* Speculation is on by default: without evidence nothing is drafted (the same sweeps, the same
+ * bytes); it costs its journal in the plan (--spec 8: 9 positions) and, where drafts are made,
+ * their positions' arithmetic in the shared sweep (docs/SERVE.md, docs/PERFORMANCE.md). */
 #define SERVE_SPEC_DEFAULT 8
 /* Connections one address may open beyond the sequences and the queue it can fill: /health,
  * /v1/models, idle keep-alive ones.  The limit in all is this many addresses' worth. */

@@ -44,7 +44,7 @@
 # bytes (the server's /health) and wall seconds per generated token, and the
 # ids of every request compared.
 #
-# Env: BENCH_SPEC_SPLITS ("min streamed", the default, or one of them), BENCH_DIR, BENCH_KEEP=1, BENCH_RUNS (default 3), BENCH_GEN (default
+# Env: BENCH_SPEC_CLI=0 (only the server run), BENCH_SPEC_SPLITS ("min streamed", the default, or one of them), BENCH_DIR, BENCH_KEEP=1, BENCH_RUNS (default 3), BENCH_GEN (default
 #      24), BENCH_SPEC_SEED (the slice's seed, default 9), BENCH_SPEC_CYCLE
 #      (a prompt whose text falls into a cycle on that slice), BENCH_SPEC_LEAD
 #      (tokens of its continuation put in the prompt, default 30).
@@ -95,7 +95,7 @@ oracle() { # oracle LABEL REF ARGS...: bench_spec with the same split
 SPLITS=()
 [[ " ${BENCH_SPEC_SPLITS:-min streamed} " == *" min "* ]] && SPLITS+=("--mem $MIN")
 [[ " ${BENCH_SPEC_SPLITS:-min streamed} " == *" streamed "* ]] && SPLITS+=("--mem 6G --pin 0 --expert-slots 16")
-for SPLIT in "${SPLITS[@]}"; do
+[ "${BENCH_SPEC_CLI:-1}" != 0 ] && for SPLIT in "${SPLITS[@]}"; do
 echo
 echo "-- $SPLIT"
 rm -f "$W"/*.[0-9]*.json
@@ -177,11 +177,14 @@ reqs = [(rep, 4), (rep, 3), (norep, 4), (norep[8:] + norep[:8], 5)]
 h0 = c.health(port)
 res = [None] * len(reqs)
 go = threading.Barrier(len(reqs) + 1)
+took = [None] * len(reqs)
 def one(i):
     go.wait()
     p, seed = reqs[i]
+    t = time.time()
     res[i] = c.post(port, "/v1/completions", {"prompt": p, "max_tokens": gen, "temperature": 0.7, "seed": seed, "ignore_eos": True,
                                               "return_token_ids": True})
+    took[i] = time.time() - t
 ts = [threading.Thread(target=one, args=(i,)) for i in range(len(reqs))]
 for t in ts: t.start()
 go.wait()
@@ -194,7 +197,7 @@ d = lambda k: h1["stats"][k] - h0["stats"][k]
 sp1, sp0 = h1["stats"]["speculation"], h0["stats"]["speculation"]
 print(json.dumps({"round": rnd, "spec": sp, "wall": wall, "tokens": d("generated_tokens"), "bytes": d("bytes_read"), "sweeps": d("sweeps"),
                   "drafted": sp1["drafted"] - sp0["drafted"], "accepted": sp1["accepted"] - sp0["accepted"],
-                  "ids": [x[2]["choices"][0]["token_ids"] for x in res]}))
+                  "took": took, "ids": [x[2]["choices"][0]["token_ids"] for x in res]}))
 PY
         kill -TERM $pid; wait $pid
     done
@@ -216,6 +219,10 @@ for sp in (0, 8):
     print("| --spec %d | %d | %d | %d | %.3f | %.3f | %s |" % (sp, statistics.median(r["sweeps"] for r in rs), rs[0]["drafted"],
           rs[0]["accepted"], gb, sec, "" if sp == 0 else "%.2fx bytes, %.2fx time" % (gb / base[0], sec / base[1])))
 print("every request's ids identical with and without speculation: %s (%d tokens a run)" % ("yes" if same else "NO", rows[0]["tokens"]))
+for sp in (0, 8):
+    took = [statistics.median(r["took"][i] for r in by[sp]) for i in range(4)]
+    print("--spec %d: seconds until each reply (repeating seed 4, repeating seed 3, no repetition, no repetition): %s"
+          % (sp, ", ".join("%.1f" % t for t in took)))
 PY
 fi
 [ -n "${BENCH_KEEP:-}" ] || rm -f "$W/spec.kpk"
