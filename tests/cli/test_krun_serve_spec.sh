@@ -2,7 +2,8 @@
 # krun serve with speculation (on by default, --spec 8) against --spec 0: the same requests give
 # the same token ids, text and finish reasons, one at a time and all at once (batched sweeps in
 # which one sequence verifies drafts while others decode or read their prompts), at temperature
-# 0, 0.7 and 1 with top-p, top-k and min-p, streamed and not, on text that repeats (drafts
+# 0, 0.7 and 1 with top-p, top-k and min-p, streamed and not, in place and at a streaming budget,
+# on text that repeats (drafts
 # accepted and rejected) and on text that does not (nothing drafted); a request's
 # "speculative" field turns it off or lowers it; drafts come from another live conversation
 # (a request continuing text another request holds in its prompt); /health and the request log
@@ -38,12 +39,12 @@ json.dump(reqs, open(sys.argv[1], "w"))
 PY
 
 # same_as_plain LABEL MODEL REQS ARGS...: each request alone and all at once on a server with ARGS
-# and on one with --spec 0: every outcome identical; the speculative server's /health counts
+# and on one with ARGS --spec 0: every outcome identical; the speculative server's /health counts
 # are left in $T/LABEL.spec.json
 same_as_plain() {
     local label=$1 kpk=$2 reqs=$3; shift 3
     for s in plain spec; do
-        if [ $s = plain ]; then start "$label.$s" "$kpk" --max-seqs 4 --ctx 512 --chunk 16 --spec 0 --quiet || return
+        if [ $s = plain ]; then start "$label.$s" "$kpk" --max-seqs 4 --ctx 512 --chunk 16 "$@" --spec 0 --quiet || return
         else start "$label.$s" "$kpk" --max-seqs 4 --ctx 512 --chunk 16 "$@" || return; fi
         py "$reqs" "$T/$label.$s.json" <<'PY' 2>"$T/err.py" || notok "$label: $s run: $(tail -c 300 "$T/err.py")"
 import json, sys, serve_client as c
@@ -85,6 +86,8 @@ grep -qE "speculation [0-9]+ of [0-9]+ drafts accepted in [0-9]+ verifications" 
     && ok "the request log line says how many drafts were accepted" || notok "no speculation in the log line: $(head -c 300 "$T/repeat.spec.err")"
 # a small journal (--spec 3: 4 positions, 2 sequences a sweep): the verifications of a batch share it
 same_as_plain shared "$T/g.kpk" "$T/reqs.json" --spec 3 --quiet
+# streaming: no trunk layer pinned, two expert slots (both servers at the same budget)
+same_as_plain streamed "$T/g.kpk" "$T/reqs.json" --mem 1G --pin 0 --expert-slots 2 --quiet
 
 # ---- text that does not repeat: nothing drafted, the same sweeps ------------------------------
 python3 - "$T/flat.json" <<'PY'
