@@ -50,7 +50,7 @@ static const char usage[] =
     KRUN_CLI_USAGE_SAMPLING
     "  --spec N              speculative decoding: draft up to N tokens (1..64) from the text so far\n"
     "                        (where it repeats) and verify them in one forward block; the output is\n"
-    "                        bit-identical to --spec 0 (greedy only: refused with --temp > 0)\n"
+    "                        bit-identical to --spec 0 at every sampling setting and seed\n"
     "Conversations:\n"
     "  --save-state FILE     after the run, save the conversation (KDA/ShortConv/MLA state,\n"
     "                        tokens, last logits; docs/STATE.md) to FILE\n"
@@ -134,10 +134,6 @@ static void parse_args(int argc, char **argv, struct opts *o)
         krun_cli_die("%s", "give only one of --prompt, --prompt-file, --ids");
     if (!o->plan_only && !o->load_state && !!o->prompt + !!o->prompt_file + !!o->ids != 1)
         krun_cli_die("%s", "give exactly one of --prompt, --prompt-file, --ids (or --load-state to continue a conversation)");
-    /* the drafts are checked against the greedy choice: with sampling the text
-     * could not be --spec 0's (docs/RUNTIME.md §7) */
-    if (o->spec && o->c.temp > 0)
-        krun_cli_die("%s", "--spec is exact for greedy decoding only: drop --temp (or give --spec 0) to sample");
     if (o->spec && o->recompute) krun_cli_die("%s", "--spec and --recompute exclude each other (--recompute reruns every position)");
 }
 

@@ -22,6 +22,10 @@
 #define SERVE_CTX_DEFAULT 4096
 #define SERVE_SEQS_DEFAULT 4
 #define SERVE_QUEUE_DEFAULT 16
+/* Speculation is on by default: without evidence nothing is drafted (the same sweeps, the same
+ * bytes); it costs its journal in the plan (--spec 8: 9 positions) and, where drafts are made,
+ * their positions' arithmetic in the shared sweep (docs/SERVE.md, docs/PERFORMANCE.md). */
+#define SERVE_SPEC_DEFAULT 8
 /* Connections one address may open beyond the sequences and the queue it can fill: /health,
  * /v1/models, idle keep-alive ones.  The limit in all is this many addresses' worth. */
 #define SERVE_CONN_SLACK 32
@@ -64,6 +68,10 @@ static const char usage[] =
     "  --quiet               no plan and no line per request on stderr\n"
     "Sequences:\n"
     "  --ctx N               positions per sequence: prompt + max_tokens (default 4096)\n"
+    "  --spec N              speculative decoding: a sequence may verify up to N drafts from its own\n"
+    "                        text or another live sequence's in a sweep; the sweep's verifications\n"
+    "                        share N + 1 positions (default 8; 0: off; a request's \"speculative\"\n"
+    "                        lowers it).  The output is bit-identical with and without\n"
     "  sampling comes from each request (temperature, top_p, seed, and top_k, min_p)\n"
     "Execution:\n"
     KRUN_CLI_USAGE_EXECUTION
@@ -78,6 +86,7 @@ struct serve_opts {
     long port, max_queue, max_connections, max_per_ip, idle_timeout;
     double shutdown_timeout, request_timeout;
     int quiet;
+    long spec;
     krun_cli c;
 };
 
@@ -106,6 +115,7 @@ static void parse_args(int argc, char **argv, struct serve_opts *o)
     o->idle_timeout = SERVE_IDLE_DEFAULT;
     o->request_timeout = SERVE_REQUEST_TIMEOUT_DEFAULT;
     o->max_per_ip = -1;
+    o->spec = SERVE_SPEC_DEFAULT;
     o->api_key = getenv("KRUN_API_KEY");
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
@@ -130,6 +140,7 @@ static void parse_args(int argc, char **argv, struct serve_opts *o)
             o->shutdown_timeout = krun_cli_double(v, 0, 1e9, "--shutdown-timeout");
         else if (OPT("--idle-timeout"))
             o->idle_timeout = krun_cli_long(v, 1, 1L << 20, "--idle-timeout");
+        else if (OPT("--spec")) o->spec = krun_cli_long(v, 0, 64, "--spec (0..64)");
         else if (!strcmp(a, "--quiet")) o->quiet = 1;
         else if (a[0] == '-') krun_cli_die("unknown option %s (see krun serve --help)", a);
         else if (!o->model) o->model = a;
@@ -236,6 +247,7 @@ int krun_serve_main(int argc, char **argv)
     fd = listen_on(o.host, o.port, &port);
     if (fd < 0) goto out;
     krun_cli_model_opts(&o.c, o.model, budget, &mo);
+    mo.spec = (size_t)o.spec;
     if (krun_model_prepare(m, &mo, &e)) { fprintf(stderr, "krun serve: %s\n", e.msg); rc = e.code; goto out; }
     eo = (srv_engine_opts){(size_t)o.max_queue, name, o.quiet};
     if (srv_engine_start(m, &eo, &eng, &e)) { fprintf(stderr, "krun serve: %s\n", e.msg); rc = e.code; goto out; }

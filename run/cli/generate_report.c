@@ -166,6 +166,7 @@ static json_t *spec_json(const gen_record *r, const krun_session *s)
     json_object_set_new(o, "drafted", json_integer((json_int_t)spec.drafted));
     json_object_set_new(o, "accepted", json_integer((json_int_t)spec.accepted));
     json_object_set_new(o, "rollbacks", json_integer((json_int_t)spec.rollbacks));
+    json_object_set_new(o, "acceptance", spec.drafted ? json_real((double)spec.accepted / (double)spec.drafted) : json_null());
     json_object_set_new(o, "rounds", rounds);
     return o;
 }

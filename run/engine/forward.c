@@ -154,6 +154,7 @@ static int make_block(k3_run *r, const k3_seg *segs, size_t nseg, k3_block *b, k
 {
     const size_t V = (size_t)r->model->cfg.vocab;
     k3_scratch *s = &r->s;
+    size_t jn = 0, jrows = 0;
     b->T = 0;
     b->nseg = nseg;
     b->seg = segs;
@@ -168,10 +169,16 @@ static int make_block(k3_run *r, const k3_seg *segs, size_t nseg, k3_block *b, k
         }
         for (size_t h = 0; h < g; h++)
             if (segs[h].st == sg->st) { krun_err_set(err, KRUN_EINPUT, "one sequence twice in a block"); return -1; }
-        if (sg->journal && (nseg != 1 || sg->n > r->j.cap)) {
-            krun_err_set(err, KRUN_EINPUT, "a verification block of %zu positions: it must be alone in its block and hold at most %zu",
-                         sg->n, r->j.cap);
-            return -1;
+        if (sg->journal) {
+            /* the block's verifications share the journal's rows, in block order */
+            if (jn + 1 > r->j.max_segs || sg->n > r->j.cap - jrows) {
+                krun_err_set(err, KRUN_EINPUT, "verification blocks of %zu positions in %zu sequences: the journal holds %zu "
+                             "positions in at most %zu sequences (spec)", jrows + sg->n, jn + 1, r->j.cap, r->j.max_segs);
+                return -1;
+            }
+            b->jrow[g] = jrows;
+            b->jidx[g] = jn++;
+            jrows += sg->n;
         }
         if (b->T + sg->n > s->T) { krun_err_set(err, KRUN_EINPUT, "%zu positions in one block (at most %zu)", b->T + sg->n, s->T); return -1; }
         for (size_t i = 0; i < sg->n; i++) {
@@ -209,7 +216,7 @@ static int output(k3_run *r, const k3_block *b, size_t nsnap, krun_err *err)
             op_rmsnorm(s->xn + t * E, s->a + t * E, g->final_norm, E, c->rms_eps);
         }
         if (sg->all_positions) {
-            calls[nc++] = (wcall){s->xn + b->row0[k] * E, E, sg->n, sg->logits, V};
+            calls[nc++] = (wcall){s->xn + b->row0[k] * E, E, sg->n, sg->journal ? r->j.logits + b->jrow[k] * V : sg->logits, V};
         } else {
             memcpy(s->xg + ng++ * E, s->xn + (b->row0[k] + sg->n - 1) * E, E * sizeof *s->xg);
             last = k;
@@ -302,18 +309,38 @@ int k3_forward(k3_run *r, const k3_seg *segs, size_t nseg, krun_err *err)
     }
 
     if (output(r, &b, nsnap, err)) return -1;
+    r->j.n_segs = 0;
     for (size_t k = 0; k < nseg; k++) {
-        if (segs[k].journal) r->j.n = segs[k].n;   /* k3_commit advances the state */
-        else segs[k].st->pos += segs[k].n;
+        if (!segs[k].journal) { segs[k].st->pos += segs[k].n; continue; }
+        /* k3_commit advances the state */
+        r->j.seg_st[r->j.n_segs] = segs[k].st;
+        r->j.seg_row[r->j.n_segs] = b.jrow[k];
+        r->j.seg_n[r->j.n_segs++] = segs[k].n;
     }
     return 0;
+}
+
+/* The journal entry of st's verification in the last block, or -1. */
+static long journal_seg(const k3_run *r, const k3_state *st)
+{
+    for (size_t i = 0; i < r->j.n_segs; i++)
+        if (r->j.seg_st[i] == st) return (long)i;
+    return -1;
+}
+
+const float *k3_journal_logits(const k3_run *r, const k3_state *st)
+{
+    long i = journal_seg(r, st);
+    return i < 0 ? NULL : r->j.logits + r->j.seg_row[i] * (size_t)r->model->cfg.vocab;
 }
 
 void k3_commit(k3_run *r, k3_state *st, size_t keep)
 {
     const k3_config *c = &r->model->cfg;
+    long i = journal_seg(r, st);
+    if (i < 0 || keep < 1 || keep > r->j.seg_n[i]) abort();   /* a caller's bug: the state would be wrong */
     for (int L = 0; L < c->n_layers; L++)
-        if (!c->layer_is_mla[L]) kda_commit(r, L, st, keep);
+        if (!c->layer_is_mla[L]) kda_commit(r, L, st, r->j.seg_row[i], keep);
     st->pos += keep;
-    r->j.n = 0;
+    r->j.seg_st[i] = NULL;                                    /* committed once */
 }

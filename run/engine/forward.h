@@ -34,9 +34,12 @@ typedef struct k3_run {
 /* One segment of a block: n new positions of the sequence whose state is st.
  * logits receives the logits of its last position [V], or with all_positions
  * of each of its n positions [n][V].  A journaled segment (speculative
- * verification: alone in its block, at most the run journal's cap positions)
- * runs its positions but its state does not advance; they are recorded in
- * the run's journal, and k3_commit keeps the first of them. */
+ * verification) runs its positions but its state does not advance; they are
+ * recorded in the run's journal, its logits go to the journal's rows
+ * (k3_journal_logits; logits is unused), and k3_commit keeps the first of
+ * them.  Journaled and plain segments share a block; the journaled ones
+ * together hold at most the journal's cap positions in at most max_segs
+ * segments (journal.h). */
 typedef struct k3_seg {
     k3_state *st;
     const int32_t *ids;
@@ -77,8 +80,12 @@ int k3_forward(k3_run *r, const k3_seg *segs, size_t nseg, krun_err *err);
  * keeps. */
 int k3_check_finite(const k3_run *r, const float *logits, size_t rows, size_t pos, krun_err *err);
 
-/* After a journaled block of n positions: advance st by its first keep
- * positions (1 <= keep <= n), bit for bit as if only they had run. */
+/* After a block in which st's segment was journaled (n positions): the
+ * logits of its n positions [n][V], valid until the next block; NULL if st
+ * was not journaled in the last block. */
+const float *k3_journal_logits(const k3_run *r, const k3_state *st);
+/* Then advance st by its first keep positions (1 <= keep <= n), bit for bit
+ * as if only they had run; once per journaled segment, before the next block. */
 void k3_commit(k3_run *r, k3_state *st, size_t keep);
 
 #endif

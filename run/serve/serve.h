@@ -40,6 +40,8 @@ typedef struct sreq {
     sgen *gen;                 /* the output; the engine's while the request runs */
     int has_seed;              /* else the engine picks one */
     int stream;                /* the output is server-sent events */
+    size_t spec;               /* drafts per verification at most (the request's "speculative"; the server's
+                                  --spec caps it; SIZE_MAX: the server's) */
     /* the client, looked at by the connection's own thread only (serve_engine.c, client_check) */
     int client_fd;             /* the connection's socket, to notice a client that hung up; -1: none */
     int client_probe;          /* HTTP/1.1: "100 Continue" may be sent before the status to tell a
@@ -50,6 +52,9 @@ typedef struct sreq {
     krun_session *s;
     size_t fed;                /* prompt tokens run */
     int32_t next;              /* the token sampled last, run in the next sweep */
+    uint64_t verifications, drafted, accepted;   /* speculation: sweeps with drafts, drafts, drafts kept */
+    size_t acc_last;           /* drafts kept in the last sweep */
+    size_t emitted;            /* tokens handed to the output in the last sweep */
     /* under srv_engine.mu */
     sreq_state state;
     kbuf out;                  /* bytes ready to send */

@@ -8,6 +8,16 @@
  * engine takes the lock, hands out what each request produced, frees the
  * sequences of finished or abandoned requests and admits queued ones.
  *
+ * Speculation (docs/SERVE.md): a decoding sequence whose request allows it
+ * (srv_engine_opts.spec, the request's "speculative") may follow its token
+ * with drafts, from its own history or another live sequence's
+ * (krun_session_draft); its verification positions join the sweep like
+ * prompt positions (krun_step_batch_verify), after the decoders' tokens and
+ * before the prompts, in admission order, while the journal has rows
+ * (spec + 1 positions, rows / 2 sequences, shared by the sweep).  A draft
+ * stands only where the sequence's own sampler picks it, so the output is
+ * the same with or without.
+ *
  * Each sequence has its own state, history and sampler, and a position's
  * result does not depend on what else is in its block (docs/NUMERICS.md §5),
  * so a request's output is bit-identical alone or batched. */
@@ -30,6 +40,8 @@ struct srv_engine {
     krun_model *m;
     char model_name[256];
     size_t max_seqs, max_queue, block, ctx;
+    size_t spec, jrows, jseqs;  /* drafts per verification at most; the journal's rows and sequences per sweep */
+    int32_t *drafts;            /* [max_seqs][spec]: the sweep's drafts (the engine thread's) */
     pthread_mutex_t mu;
     pthread_cond_t wake;       /* the engine waits for work */
     pthread_cond_t idle;       /* drain waits for the engine to run dry */
@@ -45,6 +57,7 @@ struct srv_engine {
     char damage[900];
     struct {
         uint64_t requests, completed, failed, cancelled, prompt_tokens, generated, sweeps, positions, bytes_read;
+        uint64_t verifications, drafted, accepted;   /* speculation: blocks with drafts, drafts, drafts kept */
         double sweep_seconds, request_seconds;
     } st;
     double t0;
@@ -115,8 +128,12 @@ static void finish_locked(srv_engine *e, sreq *r)
 static void log_end(const srv_engine *e, const sreq *r, const char *how, const char *detail)
 {
     if (e->quiet) return;
-    fprintf(stderr, "krun serve: %s: %zu prompt + %zu generated tokens, %s%s%s, %.2f s\n", r->id, r->n_prompt,
-            r->gen ? sgen_n_tokens(r->gen) : 0, how, detail ? ": " : "", detail ? detail : "", know() - r->t_submit);
+    char spec[96] = "";
+    if (r->drafted)
+        snprintf(spec, sizeof spec, ", speculation %llu of %llu drafts accepted in %llu verifications",
+                 (unsigned long long)r->accepted, (unsigned long long)r->drafted, (unsigned long long)r->verifications);
+    fprintf(stderr, "krun serve: %s: %zu prompt + %zu generated tokens%s, %s%s%s, %.2f s\n", r->id, r->n_prompt,
+            r->gen ? sgen_n_tokens(r->gen) : 0, spec, how, detail ? ": " : "", detail ? detail : "", know() - r->t_submit);
 }
 
 static void fail_locked(srv_engine *e, sreq *r, const oai_error *err)
@@ -180,24 +197,49 @@ static void admit_locked(srv_engine *e)
     }
 }
 
-/* The sweep: every decoding sequence's next token, then prompt positions up
- * to the block, in admission order.  take[k]: prompt tokens of sw[k] in this
- * sweep (0: a decoding step).  Returns the number of sequences in it. */
-static size_t plan_sweep_locked(srv_engine *e, sreq **sw, size_t *take)
+/* Drafts for the decoding sequence r (sweep slot k) to verify in this sweep: at most its
+ * request's limit, the journal rows left and the block positions left, and no further than
+ * max_tokens (a draft past it would be thrown away). */
+static size_t draft_locked(srv_engine *e, sreq *r, size_t k, size_t rows, size_t budget)
 {
-    size_t n = 0, budget = e->block;
+    krun_session *others[KRUN_MAX_SEQS];
+    size_t max = r->spec, left = (size_t)r->max_tokens - sgen_n_tokens(r->gen);
+    if (!max || rows < 2 || !budget || (size_t)r->max_tokens <= sgen_n_tokens(r->gen)) return 0;
+    if (max > rows - 1) max = rows - 1;
+    if (max > budget) max = budget;
+    if (max > left) max = left;
+    for (size_t j = 0; j < e->n_active; j++) others[j] = e->active[j]->s;
+    return krun_session_draft(r->s, r->next, max, others, e->n_active, e->drafts + k * e->spec);
+}
+
+/* The sweep: every decoding sequence's next token, then its drafts (while the journal has
+ * rows), then prompt positions up to the block, in admission order.  take[k]: prompt tokens of
+ * sw[k] in this sweep (0: a decoding step); nd[k]: its drafts.  Returns the number of
+ * sequences in it. */
+static size_t plan_sweep_locked(srv_engine *e, sreq **sw, size_t *take, size_t *nd)
+{
+    size_t n = 0, budget = e->block, rows = e->jrows, seqs = e->jseqs;
     for (size_t k = 0; k < e->n_active; k++) {
         sreq *r = e->active[k];
         if (r->fed < r->n_prompt) continue;
         sw[n] = r;
+        nd[n] = 0;
         take[n++] = 0;
         budget--;
+    }
+    for (size_t k = 0; k < n && seqs; k++) {
+        nd[k] = draft_locked(e, sw[k], k, rows, budget);
+        if (!nd[k]) continue;
+        rows -= nd[k] + 1;
+        seqs--;
+        budget -= nd[k];
     }
     for (size_t k = 0; k < e->n_active && budget; k++) {
         sreq *r = e->active[k];
         size_t left = r->n_prompt - r->fed;
         if (!left) continue;
         sw[n] = r;
+        nd[n] = 0;
         take[n] = left < budget ? left : budget;
         budget -= take[n++];
     }
@@ -207,28 +249,44 @@ static size_t plan_sweep_locked(srv_engine *e, sreq **sw, size_t *take)
 /* Run the sweep and read what each sequence generated (without the lock).
  * Returns 0, or -1 with err when the forward block failed (every sequence in
  * it is broken).  done[k]: sw[k] is complete (its output says why). */
-static int run_sweep(srv_engine *e, sreq **sw, const size_t *take, size_t n, int *done, krun_err *err)
+static int run_sweep(srv_engine *e, sreq **sw, const size_t *take, const size_t *nd, size_t n, int *done, krun_err *err)
 {
     krun_session *ss[KRUN_MAX_SEQS];
     int32_t ids[KRUN_MAX_SEQS];
+    const int32_t *drafts[KRUN_MAX_SEQS];
+    size_t acc[KRUN_MAX_SEQS];
     for (size_t k = 0; k < n; k++) {
         sreq *r = sw[k];
         ss[k] = r->s;
+        drafts[k] = e->drafts + k * e->spec;
         done[k] = 0;
         if (!take[k]) { ids[k] = r->next; continue; }
         /* a block of the prompt: all but its last token pending, the last as the step's token */
         if (take[k] > 1 && krun_session_append(r->s, r->prompt + r->fed, take[k] - 1, err)) return -1;
         ids[k] = r->prompt[r->fed + take[k] - 1];
     }
-    if (krun_step_batch(e->m, ss, ids, n, err)) return -1;
+    if (krun_step_batch_verify(e->m, ss, ids, drafts, nd, n, acc, err)) return -1;
     for (size_t k = 0; k < n; k++) {
         sreq *r = sw[k];
         int32_t id;
-        int rc;
+        int rc = 0;
         r->fed += take[k];
+        r->emitted = 0;
         if (r->fed < r->n_prompt) continue;             /* more prompt to read */
+        if (nd[k]) {
+            /* the drafts kept are the next tokens, already run: out they go, up to an end */
+            size_t nt;
+            const int32_t *h = krun_session_tokens(r->s, &nt);
+            r->verifications++;
+            r->drafted += nd[k];
+            r->accepted += acc[k];
+            r->acc_last = acc[k];
+            for (size_t i = nt - acc[k]; i < nt && rc == 0; i++, r->emitted++) rc = sgen_token(r->gen, h[i]);
+            if (rc) { done[k] = rc < 0 ? -1 : rc; continue; }
+        }
         id = krun_session_sample(r->s);
         rc = sgen_token(r->gen, id);
+        r->emitted++;
         if (rc < 0) { done[k] = -1; continue; }          /* out of memory for the output */
         if (rc == 0 && krun_session_pos(r->s) + 1 > e->ctx) {
             sgen_end(r->gen, "length");                  /* no room to run the token */
@@ -292,7 +350,7 @@ static void *engine_main(void *arg)
 {
     srv_engine *e = arg;
     sreq **sw = calloc(e->max_seqs, sizeof *sw);
-    size_t *take = calloc(e->max_seqs, sizeof *take);
+    size_t *take = calloc(e->max_seqs, sizeof *take), *nd = calloc(e->max_seqs, sizeof *nd);
     int *done = calloc(e->max_seqs, sizeof *done);
     pthread_mutex_lock(&e->mu);
     for (;;) {
@@ -310,17 +368,17 @@ static void *engine_main(void *arg)
             if (e->n_queued) gather_locked(e);
             continue;
         }
-        if (!sw || !take || !done) {               /* no memory for the sweep's lists: fail what runs */
+        if (!sw || !take || !nd || !done) {               /* no memory for the sweep's lists: fail what runs */
             oai_error oe;
             oai_error_set(&oe, 500, NULL, NULL, "out of memory");
             while (e->n_active) fail_locked(e, e->active[--e->n_active], &oe);
             continue;
         }
-        n = plan_sweep_locked(e, sw, take);
+        n = plan_sweep_locked(e, sw, take, nd);
         pthread_mutex_unlock(&e->mu);
 
         t = know();
-        rc = run_sweep(e, sw, take, n, done, &err);
+        rc = run_sweep(e, sw, take, nd, n, done, &err);
         t = know() - t;
         krun_model_stats(e->m, &ks);
 
@@ -340,8 +398,13 @@ static void *engine_main(void *arg)
         }
         for (size_t k = 0; k < n; k++) {
             sreq *r = sw[k];
-            e->st.positions += take[k] ? take[k] : 1;
-            if (r->fed == r->n_prompt) e->st.generated++;       /* a token was sampled */
+            e->st.positions += (take[k] ? take[k] : 1) + nd[k];
+            e->st.generated += r->emitted;                      /* tokens sampled or accepted */
+            if (nd[k]) {
+                e->st.verifications++;
+                e->st.drafted += nd[k];
+                e->st.accepted += r->acc_last;
+            }
             if (!done[k]) { publish_locked(r); continue; }
             for (size_t j = 0; j < e->n_active; j++)
                 if (e->active[j] == r) { remove_active(e, j); break; }
@@ -360,6 +423,7 @@ static void *engine_main(void *arg)
     pthread_mutex_unlock(&e->mu);
     free(sw);
     free(take);
+    free(nd);
     free(done);
     return NULL;
 }
@@ -596,9 +660,12 @@ int srv_engine_start(krun_model *m, const srv_engine_opts *o, srv_engine **out, 
     e->ctx = krun_model_ctx(m);
     e->max_seqs = krun_model_max_seqs(m);       /* the model was prepared for them */
     e->block = krun_model_block(m);
+    krun_model_journal(m, &e->jrows, &e->jseqs);
+    e->spec = e->jrows ? e->jrows - 1 : 0;
+    e->drafts = malloc(e->max_seqs * (e->spec ? e->spec : 1) * sizeof *e->drafts);
     e->active = calloc(e->max_seqs, sizeof *e->active);
     e->t0 = know();
-    if (!e->active || pthread_mutex_init(&e->mu, NULL)) goto oom;
+    if (!e->active || !e->drafts || pthread_mutex_init(&e->mu, NULL)) goto oom;
     if (pthread_cond_init(&e->wake, NULL)) { pthread_mutex_destroy(&e->mu); goto oom; }
     if (pthread_cond_init(&e->idle, NULL)) { pthread_cond_destroy(&e->wake); pthread_mutex_destroy(&e->mu); goto oom; }
     if (pthread_create(&e->thread, NULL, engine_main, e)) {
@@ -607,6 +674,7 @@ int srv_engine_start(krun_model *m, const srv_engine_opts *o, srv_engine **out, 
         pthread_cond_destroy(&e->wake);
         pthread_mutex_destroy(&e->mu);
         free(e->active);
+        free(e->drafts);
         free(e);
         return -1;
     }
@@ -615,6 +683,7 @@ int srv_engine_start(krun_model *m, const srv_engine_opts *o, srv_engine **out, 
     return 0;
 oom:
     free(e->active);
+    free(e->drafts);
     free(e);
     krun_err_set(err, KRUN_ENOMEM, "out of memory");
     return -1;
@@ -667,6 +736,7 @@ void srv_engine_stop(srv_engine *e)
     pthread_cond_destroy(&e->wake);
     pthread_mutex_destroy(&e->mu);
     free(e->active);
+    free(e->drafts);
     free(e);
 }
 
@@ -702,6 +772,16 @@ json_t *srv_engine_health(srv_engine *e, int *status)
     json_object_set_new(st, "positions", json_integer((json_int_t)e->st.positions));
     json_object_set_new(st, "sweep_seconds", json_real(e->st.sweep_seconds));
     json_object_set_new(st, "bytes_read", json_integer((json_int_t)e->st.bytes_read));
+    {
+        /* speculation: of the generated tokens, `accepted` came from drafts verified in sweeps */
+        json_t *sp = json_object();
+        json_object_set_new(sp, "max_drafts", json_integer((json_int_t)e->spec));
+        json_object_set_new(sp, "verifications", json_integer((json_int_t)e->st.verifications));
+        json_object_set_new(sp, "drafted", json_integer((json_int_t)e->st.drafted));
+        json_object_set_new(sp, "accepted", json_integer((json_int_t)e->st.accepted));
+        json_object_set_new(sp, "acceptance", e->st.drafted ? json_real((double)e->st.accepted / (double)e->st.drafted) : json_null());
+        json_object_set_new(st, "speculation", sp);
+    }
     json_object_set_new(st, "uptime_seconds", json_real(know() - e->t0));
     {
         /* the process's CPU time: against sweep_seconds it says whether sweeps wait for the disk or compute */

@@ -31,6 +31,7 @@ static void sampling_of(const oai_sampling *s, sreq *r)
     r->sampling.min_p = (float)s->min_p;
     r->sampling.seed = (uint64_t)s->seed;
     r->has_seed = s->has_seed;
+    r->spec = s->speculative < 0 ? SIZE_MAX : (size_t)s->speculative;
 }
 
 /* Does the prompt fit the context, with max_tokens?  Sets r->max_tokens. */

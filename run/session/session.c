@@ -428,25 +428,23 @@ int krun_session_feed(krun_session *s, const int32_t *ids, size_t n, float *all_
     return 0;
 }
 
-/* id (pushed, pending) and the k drafts at s->tokens[n_tokens..) in one
- * journaled block; keep what the sampler agrees with (speculative decoding). */
-static int verify(krun_session *s, size_t k, int32_t *accepted, float *accepted_logits, size_t *n_accepted, krun_err *err)
+/* After a block in which s verified id (pushed) and the k drafts at
+ * s->tokens[n_tokens..) (journaled): keep what the sampler agrees with
+ * (speculative decoding). */
+static int settle(krun_session *s, size_t k, int32_t *accepted, float *accepted_logits, size_t *n_accepted, krun_err *err)
 {
     krun_model *m = s->m;
     const size_t V = (size_t)m->m.cfg.vocab;
-    const float *L = m->run.j.logits;
+    const float *L = k3_journal_logits(&m->run, &s->st);
     const int32_t *draft = s->tokens + s->n_tokens;
     size_t a = 0;
-    k3_seg seg = {&s->st, s->tokens + s->st.pos, k + 1, m->run.j.logits, 1, 1};
-    s->spec.sweeps++;
-    if (k3_forward(&m->run, &seg, 1, err)) {
-        s->broken = 1;
-        s->have_logits = 0;
-        return -1;
-    }
     /* row i of the block's logits follows id and the first i drafts: draft i
-     * stands if the sampler (greedy) picks it there.  Each row kept is one a
-     * plain run computes, and is checked as it would be. */
+     * stands if the sampler picks it there, at its position, from that
+     * history: by the sampler's contract (sampler.h) the very token plain
+     * decoding picks, at any temperature, with any filter, penalty or mask.
+     * The first pick that differs is the model's own next token, sampled
+     * again by the caller from the session's logits (the same pick).  Each
+     * row kept is one a plain run computes, and is checked as it would be. */
     for (;; a++) {
         if (k3_check_finite(&m->run, L + a * V, 1, s->st.pos + a, err)) {
             s->broken = 1;
@@ -469,15 +467,24 @@ static int verify(krun_session *s, size_t k, int32_t *accepted, float *accepted_
     return 0;
 }
 
+/* id (pushed, pending) and the k drafts at s->tokens[n_tokens..) in one
+ * journaled block of their own. */
+static int verify(krun_session *s, size_t k, int32_t *accepted, float *accepted_logits, size_t *n_accepted, krun_err *err)
+{
+    k3_seg seg = {&s->st, s->tokens + s->st.pos, k + 1, NULL, 1, 1};
+    s->spec.sweeps++;
+    if (k3_forward(&s->m->run, &seg, 1, err)) {
+        s->broken = 1;
+        s->have_logits = 0;
+        return -1;
+    }
+    return settle(s, k, accepted, accepted_logits, n_accepted, err);
+}
+
 /* The checks before a verification, then id pushed (the pending tokens before it run first). */
 static int verify_begin(krun_session *s, int32_t id, size_t *room, krun_err *err)
 {
     krun_model *m = s->m;
-    if (m->spec && s->sampler.o.temp > 0) {
-        krun_err_set(err, KRUN_EINPUT, "speculative decoding is exact for greedy decoding only (the sampler's temperature is %g)",
-                     (double)s->sampler.o.temp);
-        return -1;
-    }
     if (s->n_tokens > s->st.pos && krun_session_feed(s, NULL, 0, NULL, err)) return -1;
     if (push_tokens(s, &id, 1, err)) return -1;
     /* drafts go right after the history, where they belong if accepted */
@@ -534,23 +541,71 @@ int krun_session_verify(krun_session *s, int32_t id, const int32_t *draft, size_
 
 void krun_session_spec_stats(const krun_session *s, krun_spec_stats *st) { *st = s->spec; }
 
-int krun_step_batch(krun_model *m, krun_session *const *ss, const int32_t *ids, size_t n, krun_err *err)
+void krun_model_journal(const krun_model *m, size_t *rows, size_t *seqs)
 {
+    *rows = m->run.j.cap;
+    *seqs = m->run.j.cap ? m->run.j.max_segs : 0;
+}
+
+size_t krun_session_draft(krun_session *s, int32_t id, size_t max, krun_session *const *others, size_t n_others, int32_t *out)
+{
+    krun_model *m = s->m;
+    size_t n = s->n_tokens, k, best = 0;
+    if (s->broken || n + 1 >= s->st.ctx || id < 0 || id >= m->m.cfg.vocab) return 0;
+    if (max > m->spec) max = m->spec;
+    if (max > s->st.ctx - n - 1) max = s->st.ctx - n - 1;
+    s->tokens[n] = id;             /* the history as it will be once id runs (the slot is id's) */
+    k = kspec_draft(&s->drafter, s->tokens, n + 1, max, m->stop, m->n_stop, out);
+    if (k) return k;
+    /* nothing in its own history: what another live conversation says follows */
+    for (size_t i = 0; i < n_others; i++) {
+        int32_t tmp[KSPEC_MAX_DRAFT];
+        const krun_session *o = others[i];
+        if (o == s || o->m != m || !o->live) continue;
+        k = kspec_draft_from(&s->drafter, s->tokens, n + 1, o->tokens, o->n_tokens, max, m->stop, m->n_stop, tmp);
+        if (k > best) { best = k; memcpy(out, tmp, k * sizeof *out); }
+    }
+    return best;
+}
+
+int krun_step_batch_verify(krun_model *m, krun_session *const *ss, const int32_t *ids, const int32_t *const *drafts,
+                           const size_t *nd, size_t n, size_t *n_accepted, krun_err *err)
+{
+    const size_t V = (size_t)m->m.cfg.vocab;
     k3_seg segs[K3_MAX_SEQS];
+    size_t rows = 0, seqs = 0, T = 0;
+    int rc = 0;
     if (n == 0 || n > m->max_seqs) { krun_err_set(err, KRUN_EINPUT, "%zu sessions in one step (1..%zu)", n, m->max_seqs); return -1; }
     for (size_t k = 0; k < n; k++) {
         krun_session *s = ss[k];
         if (s->m != m || !s->live) { krun_err_set(err, KRUN_EINPUT, "session %zu is not a live session of this model", k); return -1; }
         for (size_t j = 0; j < k; j++)
             if (ss[j] == s) { krun_err_set(err, KRUN_EINPUT, "session %zu appears twice in one step", k); return -1; }
-    }
-    {
-        size_t T = 0;
-        for (size_t k = 0; k < n; k++) T += ss[k]->n_tokens - ss[k]->st.pos + 1;
-        if (T > m->block) {
-            krun_err_set(err, KRUN_EINPUT, "%zu positions (pending tokens included) in one step; a block holds %zu", T, m->block);
+        T += s->n_tokens - s->st.pos + 1 + nd[k];
+        n_accepted[k] = 0;
+        if (!nd[k]) continue;
+        if (s->n_tokens != s->st.pos) {
+            krun_err_set(err, KRUN_EINPUT, "session %zu: drafts after pending tokens (feed them first)", k);
             return -1;
         }
+        if (nd[k] > m->spec || s->n_tokens + 1 + nd[k] > s->st.ctx) {
+            krun_err_set(err, KRUN_EINPUT, "session %zu: %zu drafts: at most %zu (spec) and within the context", k, nd[k], m->spec);
+            return -1;
+        }
+        for (size_t i = 0; i < nd[k]; i++)
+            if (drafts[k][i] < 0 || (size_t)drafts[k][i] >= V) {
+                krun_err_set(err, KRUN_EINPUT, "session %zu, draft %zu: token id %d is outside the vocabulary (0..%zu)", k, i,
+                             drafts[k][i], V - 1);
+                return -1;
+            }
+        rows += nd[k] + 1;
+        seqs++;
+    }
+    if (T > m->block || rows > m->run.j.cap || seqs > m->run.j.max_segs) {
+        krun_err_set(err, KRUN_EINPUT, "%zu positions (pending tokens included) in one step (a block holds %zu), %zu of them "
+                     "verified in %zu sequences (the journal holds %zu in %zu)", T, m->block, rows, seqs, m->run.j.cap,
+                     m->run.j.max_segs);
+        return -1;
     }
     for (size_t k = 0; k < n; k++)
         if (push_tokens(ss[k], &ids[k], 1, err)) {
@@ -559,14 +614,31 @@ int krun_step_batch(krun_model *m, krun_session *const *ss, const int32_t *ids, 
         }
     for (size_t k = 0; k < n; k++) {
         krun_session *s = ss[k];
-        segs[k] = (k3_seg){&s->st, s->tokens + s->st.pos, s->n_tokens - s->st.pos, s->logits, 0, 0};
+        /* the drafts go right after the history, where they belong if accepted */
+        if (nd[k]) memcpy(s->tokens + s->n_tokens, drafts[k], nd[k] * sizeof *drafts[k]);
+        segs[k] = (k3_seg){&s->st, s->tokens + s->st.pos, s->n_tokens - s->st.pos + nd[k], s->logits, nd[k] != 0, nd[k] != 0};
+        if (nd[k]) s->spec.sweeps++;
     }
     if (k3_forward(&m->run, segs, n, err)) {
         for (size_t k = 0; k < n; k++) { ss[k]->broken = 1; ss[k]->have_logits = 0; }
         return -1;
     }
-    for (size_t k = 0; k < n; k++) ss[k]->have_logits = 1;
-    return 0;
+    /* every journaled segment is settled (committed), even after another failed */
+    for (size_t k = 0; k < n; k++) {
+        krun_err e2;
+        if (!nd[k]) { ss[k]->have_logits = 1; continue; }
+        if (settle(ss[k], nd[k], NULL, NULL, &n_accepted[k], rc ? &e2 : err)) { rc = -1; continue; }
+        kspec_result(&ss[k]->drafter, nd[k], n_accepted[k]);
+    }
+    return rc;
+}
+
+int krun_step_batch(krun_model *m, krun_session *const *ss, const int32_t *ids, size_t n, krun_err *err)
+{
+    static const size_t none[K3_MAX_SEQS];       /* no drafts: a plain step */
+    const int32_t *const nodraft[K3_MAX_SEQS] = {NULL};
+    size_t acc[K3_MAX_SEQS];
+    return krun_step_batch_verify(m, ss, ids, nodraft, none, n, acc, err);
 }
 
 /* ---- saved conversations -------------------------------------------------------- */

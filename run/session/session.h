@@ -181,11 +181,13 @@ void krun_session_set_progress(krun_session *s, krun_progress_fn fn, void *ctx);
  * bit-identical to feeding it alone. */
 int krun_step_batch(krun_model *m, krun_session *const *ss, const int32_t *ids, size_t n, krun_err *err);
 
-/* Speculative decoding (docs/RUNTIME.md §7), exact for greedy sampling:
+/* Speculative decoding (docs/RUNTIME.md §7), exact at any sampling setting:
  * runs id (a token sampled from the session's logits, as krun_session_feed
  * would), preceded by any pending tokens, together with up to max_draft
  * tokens drafted from the session's own history, in one forward block, and
- * keeps the drafts the model itself would have chosen greedily.  Those
+ * keeps the drafts the session's sampler itself picks at their positions
+ * (sampler.h: a pick depends on its position's logits, the history and the
+ * seed only, so these are the tokens plain decoding samples).  Those
  * accepted tokens (*n_accepted of them, never a stop id of the model) are
  * written to accepted[] and the logits each was chosen from to
  * accepted_logits[*n_accepted][vocab] (either may be NULL); they are part of
@@ -194,9 +196,7 @@ int krun_step_batch(krun_model *m, krun_session *const *ss, const int32_t *ids, 
  * Everything (ids, logits, the state and a saved state) is bit-identical to
  * feeding id and then each accepted token one at a time.  With no drafts
  * (nothing in the history predicts the next tokens, or the model was
- * prepared with spec 0) it is exactly krun_session_feed of id.  Sampling at a
- * temperature is refused (KRUN_EINPUT): acceptance would have to follow the
- * sampler's distribution, and the tokens could not be those of --spec 0.
+ * prepared with spec 0) it is exactly krun_session_feed of id.
  * Not for sessions stepped with krun_step_batch in the same round: one
  * session verifies at a time. */
 int krun_session_feed_spec(krun_session *s, int32_t id, size_t max_draft, int32_t *accepted, float *accepted_logits,
@@ -210,7 +210,8 @@ int krun_session_verify(krun_session *s, int32_t id, const int32_t *draft, size_
                         size_t *n_accepted, krun_err *err);
 
 typedef struct krun_spec_stats {
-    uint64_t sweeps;           /* forward blocks krun_session_feed_spec ran (one per call) */
+    uint64_t sweeps;           /* forward blocks krun_session_feed_spec ran (one per call), and batched
+                                  steps in which the session verified drafts */
     uint64_t verifications;    /* of them, blocks that carried drafts */
     uint64_t drafted;          /* draft tokens verified */
     uint64_t accepted;         /* of them, accepted */
@@ -218,6 +219,27 @@ typedef struct krun_spec_stats {
 } krun_spec_stats;
 /* Counted since the session was created or reset. */
 void krun_session_spec_stats(const krun_session *s, krun_spec_stats *st);
+
+/* Speculation inside a batched step (krun serve's sweeps).  krun_session_draft
+ * proposes up to max drafts for the tokens after id (the token the caller
+ * sampled and will step): from the session's own history (its prompt
+ * included) with its adaptive drafter (spec.h), else from the histories of
+ * others[] (other live sessions: the longest continuation any of them
+ * offers, by the same evidence rule); 0 when nothing is evidence.
+ * krun_step_batch_verify is krun_step_batch where session k's id is followed
+ * by its drafts[k][0..nd[k]) (nd[k] = 0: a plain step; a session with drafts
+ * must have no pending tokens): one forward block in which the verification
+ * positions join the others, each session keeping the drafts its sampler
+ * picks (*n_accepted[k] of them, now the last tokens of its history, run)
+ * exactly as krun_session_verify would.  The block's verification positions
+ * (drafts + 1 per verifying session) share the journal: at most `rows`
+ * positions in at most `seqs` sessions (krun_model_journal; rows = the
+ * model's spec + 1, seqs = rows / 2), and every position counts against the
+ * block (krun_model_block).  Beyond them: KRUN_EINPUT, nothing run. */
+void krun_model_journal(const krun_model *m, size_t *rows, size_t *seqs);
+size_t krun_session_draft(krun_session *s, int32_t id, size_t max, krun_session *const *others, size_t n_others, int32_t *out);
+int krun_step_batch_verify(krun_model *m, krun_session *const *ss, const int32_t *ids, const int32_t *const *drafts,
+                           const size_t *nd, size_t n, size_t *n_accepted, krun_err *err);
 
 /* The session's state (KDA, ShortConv, MLA latent cache, position, history
  * with pending tokens, last logits, the sampler's seed and stream, the reply start) to a file, in the format of

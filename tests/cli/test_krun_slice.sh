@@ -58,12 +58,13 @@ fi
 
 # speculative decoding at full width (docs/RUNTIME.md §7): verification blocks
 # with a wrong draft in the middle, and with none, == plain decoding (ids,
-# logits, the saved state), in place and streaming at the minimum budget
+# logits, the saved state), in place (greedy) and streaming at the minimum
+# budget (sampling at temperature 0.8, top-p 0.95)
 if [ -x "$PROBE" ]; then
     specmin=$("$BIN/krun" "$T/sl.kpk" --plan --mem 8G --ctx 64 --chunk 3 --spec 3 --json "$T/ps.json" >/dev/null && \
               python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["minimum_bytes"])' "$T/ps.json")
     "$PROBE" spec "$T/sl.kpk" --spec 3 --quick | tag "slice"
-    "$PROBE" spec "$T/sl.kpk" --spec 3 --quick --mem "$specmin" | tag "slice streaming"
+    "$PROBE" spec "$T/sl.kpk" --spec 3 --quick --mem "$specmin" --temp 0.8 --top-p 0.95 --seed 5 | tag "slice streaming"
 fi
 # and through the CLI on text that does not repeat: nothing drafted, the same
 # bytes read and the same sweeps as without --spec (the same split)
