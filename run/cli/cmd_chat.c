@@ -464,11 +464,10 @@ static int run_turn(chat *ch, const char *text, size_t len, krun_err *err)
         free(t.fed);
         t.fed = all;
         t.n_fed += pending;
-        krun_prefill_progress_start(&pp, ch->m, ch->o.quiet);
         if (!ch->o.quiet) krun_announce_prompt(ch->m, t.n_fed);
-        krun_session_set_progress(ch->s, krun_prefill_progress_fn, &pp);
+        krun_prefill_progress_start(&pp, ch->m, ch->s, t.n_fed, ch->o.quiet);
         rc = krun_session_feed(ch->s, t.fed + pending, t.n_fed - pending, NULL, err);
-        krun_session_set_progress(ch->s, NULL, NULL);
+        krun_prefill_progress_end(&pp, ch->s);
         t.t_prefill = know() - pp.t0;
         t.bytes_prefill = bytes_read(ch) - b0;
         if (rc) { free(t.fed); return -1; }
