@@ -327,6 +327,11 @@ static void log_turn(chat *ch, const turn_log *t)
     json_object_set_new(j, "reply_seconds", json_real(t->t_reply));
     json_object_set_new(j, "prefill_bytes_read", json_integer((json_int_t)t->bytes_prefill));
     json_object_set_new(j, "reply_bytes_read", json_integer((json_int_t)t->bytes_reply));
+    {
+        krun_stats st;   /* the prefill layout's switches so far (--chunk auto: a long turn runs in large blocks) */
+        krun_model_stats(ch->m, &st);
+        json_object_set_new(j, "phase_switches", json_integer((json_int_t)st.phase_switches));
+    }
     json_dumpf(j, ch->json, JSON_COMPACT);
     fputc('\n', ch->json);
     fflush(ch->json);

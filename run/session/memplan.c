@@ -633,5 +633,7 @@ json_t *kmemplan_json(const kmemplan *p)
     json_object_set_new(j, "trunk_stream_bytes_prefill", json_integer((json_int_t)p->trunk_stream_prefill_bytes));
     json_object_set_new(j, "switch_bytes", json_integer((json_int_t)p->switch_bytes));
     json_object_set_new(j, "prompt_ref", json_integer((json_int_t)p->prompt_ref));
+    json_object_set_new(j, "cost_model", json_pack("{sisisisIsi}", "moe_layers", p->moe_layers, "n_experts", p->n_experts, "topk", p->topk,
+                                                   "expert_bytes", (json_int_t)p->expert_slot_bytes, "max_slots", p->max_slots));
     return j;
 }
