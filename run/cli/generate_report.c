@@ -244,6 +244,8 @@ int gen_report_json(const char *path, krun_model *m, const krun_session *s, cons
     json_object_set_new(j, "decode", decode_json(&d));
     json_object_set_new(j, "spec", spec_json(r, s));
     totals_json(j, m, &st);
+    /* what the cost model said the prompt would read, in the block it chose (beside bytes_read) */
+    if (krun_model_plan(m) && r->n_prompt) json_object_set_new(j, "prompt_plan", kmemplan_prompt_json(krun_model_plan(m), r->n_prompt, 0));
     if (json_dump_file(j, path, JSON_INDENT(1)) != 0) {
         fprintf(stderr, "krun: cannot write %s\n", path);
         rc = -1;
