@@ -383,6 +383,12 @@ static int reply(chat *ch, turn_log *t, krun_err *err)
     uint64_t b0 = bytes_read(ch);
     int rc = 0;
     if (ch->conv.template && !p) { krun_err_set(err, KRUN_ENOMEM, "out of memory"); return -1; }
+    {
+        /* the reply begins here: the sampler's frequency and presence penalties count from it */
+        size_t hist;
+        krun_session_tokens(ch->s, &hist);
+        krun_session_set_reply_start(ch->s, hist);
+    }
     ch->content.n = ch->reasoning.n = 0;
     kutf8_hold_reset(&ch->text_pend);
     ch->in_reasoning_shown = 0;

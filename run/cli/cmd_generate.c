@@ -56,7 +56,7 @@ static const char usage[] =
     "                        tokens, last logits; docs/STATE.md) to FILE\n"
     "  --load-state FILE     continue a saved conversation: the prompt follows it (and may\n"
     "                        be left out); the earlier turns are not run again.  Without\n"
-    "                        --seed, sampling continues the saved PRNG\n"
+    "                        --seed, sampling goes on with the saved seed, as one run would\n"
     "Execution:\n"
     KRUN_CLI_USAGE_EXECUTION
     "  --ctx N               positions to reserve (default: saved state + prompt + --gen; a\n"
@@ -364,6 +364,9 @@ static int prepare(gen *g, uint64_t budget)
     if (!o->c.seed_given) krun_session_set_sampler(g->s, &so);
     if (o->load_state && krun_session_load(g->s, o->load_state, &e)) { fprintf(stderr, "krun: %s\n", e.msg); return e.code; }
     if (o->c.seed_given) krun_session_set_sampler(g->s, &so);
+    /* the reply (what frequency and presence penalties count) begins after the prompt; a
+     * loaded conversation continued without one goes on with its own reply */
+    if (g->n_prompt || !o->load_state) krun_session_set_reply_start(g->s, g->state_tokens + g->n_prompt);
 
     g->gen_ids = malloc(gen_n * sizeof *g->gen_ids);
     g->steps = calloc(gen_n, sizeof *g->steps);
@@ -455,11 +458,12 @@ static int sweep(gen *g, int32_t next, size_t *n_acc, krun_err *e)
     t0 = know();
     if (o->recompute) {
         /* the whole history again from position 0: must equal incremental decoding */
-        size_t n = 0;
+        size_t n = 0, reply = krun_session_reply_start(g->s);
         const int32_t *h = krun_session_tokens(g->s, &n);
         memcpy(g->hist, h, n * sizeof *g->hist);
         g->hist[n] = next;
         krun_session_reset(g->s);
+        krun_session_set_reply_start(g->s, reply);
         rc = krun_session_feed(g->s, g->hist, n + 1, NULL, e);
     } else if (o->spec) {
         /* drafts may fill the generation but one: the model's own token comes last */

@@ -91,7 +91,8 @@ struct serve_opts {
 /* krun's sampling options, "--temp" or "--temp=0.7": a request brings its own. */
 static int sampling_option(const char *a)
 {
-    static const char *const names[] = {"--temp", "--top-k", "--top-p", "--min-p", "--seed"};
+    static const char *const names[] = {"--temp", "--top-k", "--top-p", "--min-p", "--seed", "--repetition-penalty",
+                                        "--presence-penalty", "--frequency-penalty"};
     for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
         size_t n = strlen(names[k]);
         if (!strncmp(a, names[k], n) && (a[n] == 0 || a[n] == '=')) return 1;

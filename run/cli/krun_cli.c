@@ -45,6 +45,7 @@ void krun_cli_init(krun_cli *c)
     memset(c, 0, sizeof *c);
     c->chunk = 0;             /* auto */
     c->top_p = 1.0;
+    c->repetition_penalty = 1.0;
     c->verify = KRUN_VERIFY_FIRST;
     c->pin = -1;
     c->slots = -1;
@@ -62,6 +63,9 @@ int krun_cli_option(krun_cli *c, int argc, char **argv, int *i)
     else if (OPT("--top-k")) c->top_k = krun_cli_long(v, 0, 1L << 30, "--top-k");
     else if (OPT("--top-p")) c->top_p = krun_cli_double(v, 0, 1, "--top-p");
     else if (OPT("--min-p")) c->min_p = krun_cli_double(v, 0, 1, "--min-p");
+    else if (OPT("--repetition-penalty")) c->repetition_penalty = krun_cli_double(v, 0.01, 100, "--repetition-penalty (0.01..100)");
+    else if (OPT("--presence-penalty")) c->presence_penalty = krun_cli_double(v, -2, 2, "--presence-penalty (-2..2)");
+    else if (OPT("--frequency-penalty")) c->frequency_penalty = krun_cli_double(v, -2, 2, "--frequency-penalty (-2..2)");
     else if (OPT("--seed")) {
         c->seed = (unsigned long long)krun_cli_long(v, 0, 0x7fffffffffffffffL, "--seed");
         c->seed_given = 1;
@@ -167,7 +171,15 @@ void krun_cli_model_opts(const krun_cli *c, const char *path, uint64_t budget, k
 
 void krun_cli_sampler(const krun_cli *c, ksampler_opts *so)
 {
-    *so = (ksampler_opts){(float)c->temp, (int)c->top_k, (float)c->top_p, (float)c->min_p, c->seed};
+    ksampler_opts_init(so);
+    so->temp = (float)c->temp;
+    so->top_k = (int)c->top_k;
+    so->top_p = (float)c->top_p;
+    so->min_p = (float)c->min_p;
+    so->seed = c->seed;
+    so->repetition_penalty = (float)c->repetition_penalty;
+    so->presence_penalty = (float)c->presence_penalty;
+    so->frequency_penalty = (float)c->frequency_penalty;
 }
 
 /* ---- prefill progress --------------------------------------------------------------- */

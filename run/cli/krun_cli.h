@@ -22,6 +22,7 @@ typedef struct krun_cli {
     int simd_level;           /* krun_simd_parse of --simd */
     /* sampling */
     double temp, top_p, min_p;
+    double repetition_penalty, presence_penalty, frequency_penalty;
     long top_k;
     unsigned long long seed;
     int seed_given;
@@ -78,7 +79,13 @@ void krun_announce_prompt(krun_model *m, size_t n);
 #define KRUN_CLI_USAGE_SAMPLING \
     "  --temp T              temperature (default 0 = greedy argmax)\n" \
     "  --top-k K  --top-p P  --min-p P   sampling filters (with --temp > 0)\n" \
-    "  --seed S              PRNG seed (xoshiro256**; same seed, same text)\n"
+    "  --seed S              the draws' seed (default 0): the draw for a position is Philox4x64-10\n" \
+    "                        of (seed, position), so the same seed gives the same text, with or\n" \
+    "                        without --spec, continued from a saved state or not\n" \
+    "  --repetition-penalty R  vLLM's: a logit of a token already in the text (prompt or reply)\n" \
+    "                        is divided by R when positive, multiplied when negative (default 1: off)\n" \
+    "  --presence-penalty P  --frequency-penalty F   OpenAI's, over the reply: a token's logit\n" \
+    "                        minus P once it occurs, minus F per occurrence (-2..2; default 0)\n"
 
 #define KRUN_CLI_USAGE_EXECUTION \
     "  --threads N           worker threads (default: all cores); results are identical for any N\n" \

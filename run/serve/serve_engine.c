@@ -184,6 +184,7 @@ static void admit_locked(srv_engine *e)
             continue;
         }
         krun_session_set_sampler(r->s, &r->sampling);
+        krun_session_set_reply_start(r->s, r->n_prompt);
         r->state = SREQ_ACTIVE;
         e->active[e->n_active++] = r;
     }

@@ -130,8 +130,12 @@ static void request_id(srv_http *h, const char *prefix, char *out, size_t len)
 
 static void sampling_of(const oai_sampling *s, sreq *r)
 {
-    r->sampling = (ksampler_opts){s->has_temperature ? (float)s->temperature : 1.0f, (int)s->top_k, (float)s->top_p,
-                                  (float)s->min_p, (uint64_t)s->seed};
+    ksampler_opts_init(&r->sampling);
+    r->sampling.temp = s->has_temperature ? (float)s->temperature : 1.0f;
+    r->sampling.top_k = (int)s->top_k;
+    r->sampling.top_p = (float)s->top_p;
+    r->sampling.min_p = (float)s->min_p;
+    r->sampling.seed = (uint64_t)s->seed;
     r->has_seed = s->has_seed;
 }
 

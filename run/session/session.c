@@ -38,8 +38,11 @@ struct krun_session {
     float *logits;             /* [vocab] of position st.pos - 1 */
     int have_logits;
     ksampler sampler;
-    uint32_t *order;           /* [vocab] sampler scratch */
-    double *prob;              /* [vocab] */
+    ksampler_scratch pick;     /* the sampler's scratch: [vocab] each */
+    uint64_t *allowed;         /* [(vocab + 63) / 64]: the mask of the position being picked */
+    size_t reply_from;         /* tokens[reply_from..) are the reply (the sampler's penalties) */
+    krun_mask_fn mask;         /* constrained decoding: fills `allowed` per position (NULL: none) */
+    void *mask_ctx;
     krun_progress_fn progress;
     void *progress_ctx;
     kspec drafter;             /* speculative decoding: what and how much to draft (spec.h) */
@@ -334,14 +337,18 @@ static size_t session_carve(krun_session *s, const k3_config *c, size_t ctx, kar
     k3_state_carve(&x->st, c, ctx, a);
     KTAKE(a, x->tokens, ctx);
     KTAKE(a, x->logits, V);
-    KTAKE(a, x->order, V);
-    KTAKE(a, x->prob, V);
+    KTAKE(a, x->pick.order, V);
+    KTAKE(a, x->pick.prob, V);
+    KTAKE(a, x->pick.work, V);
+    KTAKE(a, x->pick.count, V);
+    KTAKE(a, x->allowed, (V + 63) / 64);
     return karena_round(a->used);
 }
 
 int krun_session_new(krun_model *m, krun_session **out, krun_err *err)
 {
-    static const ksampler_opts greedy = {0, 0, 1.0f, 0, 0};
+    ksampler_opts greedy;
+    ksampler_opts_init(&greedy);
     *out = NULL;
     for (size_t k = 0; k < m->max_seqs; k++) {
         krun_session *s = (krun_session *)(void *)(m->slots + k * m->session_bytes);
@@ -350,6 +357,7 @@ int krun_session_new(krun_model *m, krun_session **out, krun_err *err)
         m->live++;
         krun_session_reset(s);
         krun_session_set_sampler(s, &greedy);
+        krun_session_set_mask(s, NULL, NULL);
         s->progress = NULL;
         *out = s;
         return 0;
@@ -371,6 +379,7 @@ void krun_session_reset(krun_session *s)
     s->n_tokens = 0;
     s->have_logits = 0;
     s->broken = 0;
+    s->reply_from = 0;
     kspec_init(&s->drafter, s->m->spec);
     memset(&s->spec, 0, sizeof s->spec);
 }
@@ -387,12 +396,39 @@ const int32_t *krun_session_tokens(const krun_session *s, size_t *n)
 
 void krun_session_set_sampler(krun_session *s, const ksampler_opts *o)
 {
-    ksampler_init(&s->sampler, o, s->order, s->prob, (size_t)s->m->m.cfg.vocab);
+    ksampler_init(&s->sampler, o, &s->pick, (size_t)s->m->m.cfg.vocab);
+}
+
+const ksampler_opts *krun_session_sampler(const krun_session *s) { return &s->sampler.o; }
+
+void krun_session_set_reply_start(krun_session *s, size_t at) { s->reply_from = at; }
+size_t krun_session_reply_start(const krun_session *s) { return s->reply_from; }
+
+void krun_session_set_mask(krun_session *s, krun_mask_fn fn, void *ctx)
+{
+    s->mask = fn;
+    s->mask_ctx = ctx;
+}
+
+/* The token at position pos (after tokens[0..pos) of the history) from the
+ * logits of position pos - 1: the sampler's pick, by its contract a function
+ * of those alone (sampler.h), so plain decoding and a verification block
+ * choose alike. */
+static int32_t pick_at(krun_session *s, const float *logits, size_t pos)
+{
+    const size_t V = (size_t)s->m->m.cfg.vocab;
+    ksampler_seq q = {s->tokens, pos, s->reply_from, NULL};
+    if (s->mask) {
+        int rc = s->mask(s->mask_ctx, s->tokens, pos, s->allowed);
+        if (rc < 0) return -1;
+        if (rc == 0) q.allowed = s->allowed;
+    }
+    return ksampler_pick(&s->sampler, logits, V, &q);
 }
 
 int32_t krun_session_sample(krun_session *s)
 {
-    return s->have_logits ? ksampler_pick(&s->sampler, s->logits, (size_t)s->m->m.cfg.vocab) : -1;
+    return s->have_logits ? pick_at(s, s->logits, s->st.pos) : -1;
 }
 
 void krun_session_set_progress(krun_session *s, krun_progress_fn fn, void *ctx)
@@ -486,7 +522,7 @@ static int verify(krun_session *s, size_t k, int32_t *accepted, float *accepted_
             s->have_logits = 0;
             return -1;
         }
-        if (a == k || ksampler_pick(&s->sampler, L + a * V, V) != draft[a]) break;
+        if (a == k || pick_at(s, L + a * V, s->st.pos + a + 1) != draft[a]) break;
     }
     k3_commit(&m->run, &s->st, a + 1);
     s->n_tokens += a;
@@ -617,7 +653,9 @@ static int session_hdr(const krun_session *s, const char *path, krun_state_hdr *
     h->pos = s->st.pos;
     h->n_tokens = s->n_tokens;
     h->flags = s->have_logits ? KRUN_STATE_LOGITS : 0;
-    memcpy(h->rng, s->sampler.s, sizeof h->rng);
+    h->seed = s->sampler.o.seed;
+    h->stream = s->sampler.o.stream;
+    h->reply_from = s->reply_from;
     return 0;
 }
 
@@ -696,7 +734,9 @@ int krun_session_load(krun_session *s, const char *path, krun_err *err)
     krun_state_restore(buf, &h, c, s->tokens, &s->st, s->logits);
     s->n_tokens = (size_t)h.n_tokens;
     s->have_logits = (h.flags & KRUN_STATE_LOGITS) != 0;
-    memcpy(s->sampler.s, h.rng, sizeof h.rng);
+    s->sampler.o.seed = h.seed;
+    s->sampler.o.stream = h.stream;
+    s->reply_from = (size_t)h.reply_from;
     free(buf);
     return 0;
 }

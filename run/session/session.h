@@ -168,9 +168,32 @@ size_t krun_session_pos(const krun_session *s);              /* positions run */
 size_t krun_session_pending(const krun_session *s);          /* tokens appended, not yet run */
 const int32_t *krun_session_tokens(const krun_session *s, size_t *n);  /* the history: run, then pending */
 
+/* Sampling (sampler.h has the contract).  The token chosen at position p is a function of
+ * the logits of position p - 1, the options, the history before p, the reply start and the
+ * mask only (the random draw is keyed by the seed and p): sampling the same position twice
+ * gives the same token, and a speculative verification picks exactly as plain decoding. */
 void krun_session_set_sampler(krun_session *s, const ksampler_opts *o);
-/* The next token from the last logits; -1 if there are none. */
+const ksampler_opts *krun_session_sampler(const krun_session *s);
+/* The next token (at position krun_session_pos) from the last logits; -1 if there are none
+ * or the mask allows no token. */
 int32_t krun_session_sample(krun_session *s);
+/* Where the reply begins: frequency and presence penalties count the tokens from history
+ * index `at` on (repetition_penalty counts the whole history).  0 after new and reset; a
+ * caller sets it after feeding the prompt (or to the prompt's length before).  Saved and
+ * loaded with the state. */
+void krun_session_set_reply_start(krun_session *s, size_t at);
+size_t krun_session_reply_start(const krun_session *s);
+/* Constrained decoding: before each pick the session calls fn(ctx, tokens, pos, allowed)
+ * for the token at position pos, the history before it being tokens[0..pos); fn fills
+ * allowed, a bitmap of vocab bits (token i is bit i % 64 of word i / 64; every word must be
+ * written), and returns 0 to apply it, 1 for no constraint at this position, -1 for none
+ * possible (the pick returns -1).  The mask applies before the temperature and the filters
+ * (sampler.h).  During a speculative verification fn is called for consecutive positions
+ * with the drafts in tokens[], and after a rejected draft the next call may name a position
+ * before the last one called (the history it saw beyond is not the sequence's): a grammar
+ * must derive its state from tokens[0..pos).  NULL: no mask (the default; new clears it). */
+typedef int (*krun_mask_fn)(void *ctx, const int32_t *tokens, size_t pos, uint64_t *allowed);
+void krun_session_set_mask(krun_session *s, krun_mask_fn fn, void *ctx);
 
 /* Called after each forward block of a feed: positions done of total (and,
  * with a layer hook on the model, inside each block: krun_model_set_layer_hook). */
@@ -221,7 +244,7 @@ typedef struct krun_spec_stats {
 void krun_session_spec_stats(const krun_session *s, krun_spec_stats *st);
 
 /* The session's state (KDA, ShortConv, MLA latent cache, position, history
- * with pending tokens, last logits, sampler PRNG) to a file, in the format of
+ * with pending tokens, last logits, the sampler's seed and stream, the reply start) to a file, in the format of
  * docs/STATE.md, through the one safe writer (savefile.h): path is new or an
  * earlier state file, which is replaced whole or not at all. */
 int krun_session_save(const krun_session *s, const char *path, krun_err *err);

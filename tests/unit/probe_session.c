@@ -3,6 +3,7 @@
  *   probe_session memory  FILE.kpk [--mem SIZE]   planned bytes == allocated bytes
  *   probe_session allocs  FILE.kpk [--mem SIZE]   no allocation per decoding step
  *   probe_session batch   FILE.kpk [--mem SIZE]   sessions stepped together == each alone, bit for bit
+ *   probe_session sampler FILE.kpk [--mem SIZE]   the sampler through the session: the mask hook, the reply start
  *   probe_session spec    FILE.kpk [--mem SIZE]   speculative verification == plain decoding, bit for bit
  *                                                 (ids, logits, the saved state), a rollback at every
  *                                                 place of a block (--quick: in the middle of it, and
@@ -180,7 +181,9 @@ static void check_allocs(const char *path, const char *mem)
     krun_model *m;
     krun_session *s;
     krun_err e;
-    ksampler_opts so = {0.8f, 40, 0.95f, 0.0f, 7};
+    ksampler_opts so;
+    ksampler_opts_init(&so);
+    so.temp = 0.8f; so.top_k = 40; so.top_p = 0.95f; so.seed = 7;
     unsigned long n;
     int ok = 1;
     if (SANITIZED) { printf("skip - allocations per decoding step (%s): sanitizer build\n", mem ? mem : "in place"); return; }
@@ -419,7 +422,9 @@ static void check_spec(const char *path, const char *mem)
     }
     /* what is refused, and leaves the session as it was */
     if (!krun_session_new(m, &s, &e) && !krun_session_feed(s, prompt, n, NULL, &e)) {
-        ksampler_opts hot = {0.7f, 0, 1.0f, 0.0f, 3};
+        ksampler_opts hot;
+        ksampler_opts_init(&hot);
+        hot.temp = 0.7f; hot.seed = 3;
         int32_t d[64] = {0}, acc[64];
         size_t na, pos = krun_session_pos(s), nt;
         d[1] = (int32_t)V;
@@ -602,10 +607,71 @@ out:
     if (ref) krun_model_close(ref);
 }
 
+/* ---- sampler: the session's mask hook and reply start ---------------------------------- */
+
+struct mask_probe {
+    const krun_session *s;
+    size_t calls, bad;          /* calls whose pos or history was not the session's */
+    int32_t modulus;            /* allowed: id % modulus == 0 */
+    size_t V;
+};
+
+static int mask_every(void *ctx, const int32_t *tokens, size_t pos, uint64_t *allowed)
+{
+    struct mask_probe *mp = ctx;
+    size_t n;
+    const int32_t *h = krun_session_tokens(mp->s, &n);
+    const size_t V = mp->V;
+    mp->calls++;
+    mp->bad += tokens != h || pos != krun_session_pos(mp->s) || pos > n;
+    memset(allowed, 0, (V + 63) / 64 * sizeof *allowed);
+    for (size_t i = 0; i < V; i += (size_t)mp->modulus) allowed[i / 64] |= 1ULL << (i % 64);
+    return 0;
+}
+
+static void check_sampler(const char *path, const char *mem)
+{
+    static const int32_t prompt[] = {3, 7, 11, 5, 9, 100, 200, 30};
+    krun_model *m;
+    krun_session *s;
+    krun_err e;
+    ksampler_opts so;
+    struct mask_probe mp = {NULL, 0, 0, 7, 0};
+    int in_mask = 1, same = 1;
+    if (open_model(path, mem, 64, 8, 1, &m)) return;
+    if (krun_session_new(m, &s, &e) || krun_session_feed(s, prompt, 8, NULL, &e)) {
+        printf("not ok - sampler: %s\n", e.msg);
+        fails++;
+        krun_model_close(m);
+        return;
+    }
+    mp.s = s;
+    mp.V = (size_t)krun_model_config(m)->vocab;
+    ksampler_opts_init(&so);
+    so.temp = 1.5f; so.seed = 11; so.presence_penalty = 1.0f;
+    krun_session_set_sampler(s, &so);
+    krun_session_set_reply_start(s, 8);
+    krun_session_set_mask(s, mask_every, &mp);
+    for (int g = 0; g < 12; g++) {
+        int32_t id = krun_session_sample(s), again = krun_session_sample(s);
+        in_mask &= id >= 0 && id % 7 == 0;
+        same &= id == again;
+        if (krun_session_feed(s, &id, 1, NULL, &e)) { printf("not ok - sampler feed: %s\n", e.msg); fails++; break; }
+    }
+    OK(in_mask && mp.calls == 24 && mp.bad == 0 && same && krun_session_reply_start(s) == 8,
+       "the mask hook: called per pick with the session's history and position (%zu calls, %zu wrong), every token sampled at "
+       "temp 1.5 allowed by it; sampling a position twice gives the same token", mp.calls, mp.bad);
+    krun_session_set_mask(s, NULL, NULL);
+    krun_session_reset(s);
+    OK(krun_session_reply_start(s) == 0 && krun_session_sampler(s)->seed == 11, "reset: the reply start back to 0, the sampler kept");
+    krun_session_free(s);
+    krun_model_close(m);
+}
+
 int main(int argc, char **argv)
 {
     const char *mem = NULL;
-    if (argc < 3) { fprintf(stderr, "usage: probe_session memory|allocs|batch|spec|phases FILE.kpk [--mem SIZE] [--spec N] [--ctx N] [--quick]\n"); return 2; }
+    if (argc < 3) { fprintf(stderr, "usage: probe_session memory|allocs|batch|spec|phases|sampler FILE.kpk [--mem SIZE] [--spec N] [--ctx N] [--quick]\n"); return 2; }
     for (int i = 3; i < argc; i += 2) {
         if (!strcmp(argv[i], "--quick")) { g_quick = 1; i--; continue; }
         if (i + 1 >= argc) { fprintf(stderr, "probe_session: %s needs a value\n", argv[i]); return 2; }
@@ -619,6 +685,7 @@ int main(int argc, char **argv)
     else if (!strcmp(argv[1], "batch")) check_batch(argv[2], mem);
     else if (!strcmp(argv[1], "spec")) check_spec(argv[2], mem);
     else if (!strcmp(argv[1], "phases")) check_phases(argv[2], mem);
+    else if (!strcmp(argv[1], "sampler")) check_sampler(argv[2], mem);
     else { fprintf(stderr, "probe_session: unknown check %s\n", argv[1]); return 2; }
     return fails ? 1 : 0;
 }
