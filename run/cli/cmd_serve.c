@@ -32,6 +32,9 @@
 #define SERVE_CONN_ADDRESSES 4
 #define SERVE_IDLE_DEFAULT 60
 #define SERVE_REQUEST_TIMEOUT_DEFAULT 30
+/* A streamed request silent this long gets a progress comment (": prefill 1234/5000"):
+ * well inside the 30-60 s idle timeouts of common proxies and clients. */
+#define SERVE_PROGRESS_DEFAULT 10
 /* After cancelling, how long connections may take to send what is left. */
 #define SERVE_FLUSH_SECONDS 10
 
@@ -63,6 +66,10 @@ static const char usage[] =
     "                        byte, or its connection is closed (default 30)\n"
     "  --idle-timeout S      close a connection idle for S seconds between requests (default 60;\n"
     "                        a request never times out while it runs)\n"
+    "  --progress-every S    a streamed request that has sent nothing for S seconds gets an SSE\n"
+    "                        comment saying where it is (\": prefill 1234/5000\", \": queued\"); one whose\n"
+    "                        prompt is still being read then starts its stream (200) early (default\n"
+    "                        10; 0: never)\n"
     "  --shutdown-timeout S  on SIGINT / SIGTERM, seconds running requests may take to finish\n"
     "                        before they are cancelled (default 30; a second signal cancels at once)\n"
     "  --quiet               no plan and no line per request on stderr\n"
@@ -84,7 +91,7 @@ static const char usage[] =
 struct serve_opts {
     const char *model, *host, *api_key, *model_name, *max_body;
     long port, max_queue, max_connections, max_per_ip, idle_timeout;
-    double shutdown_timeout, request_timeout;
+    double shutdown_timeout, request_timeout, progress_every;
     int quiet;
     long spec;
     krun_cli c;
@@ -114,6 +121,7 @@ static void parse_args(int argc, char **argv, struct serve_opts *o)
     o->shutdown_timeout = 30;
     o->idle_timeout = SERVE_IDLE_DEFAULT;
     o->request_timeout = SERVE_REQUEST_TIMEOUT_DEFAULT;
+    o->progress_every = SERVE_PROGRESS_DEFAULT;
     o->max_per_ip = -1;
     o->spec = SERVE_SPEC_DEFAULT;
     o->api_key = getenv("KRUN_API_KEY");
@@ -136,6 +144,8 @@ static void parse_args(int argc, char **argv, struct serve_opts *o)
             o->max_per_ip = krun_cli_long(v, 0, 1L << 16, "--max-connections-per-ip");
         else if (OPT("--request-timeout"))
             o->request_timeout = krun_cli_double(v, 0.1, 1e6, "--request-timeout");
+        else if (OPT("--progress-every"))
+            o->progress_every = krun_cli_double(v, 0, 1e6, "--progress-every");
         else if (OPT("--shutdown-timeout"))
             o->shutdown_timeout = krun_cli_double(v, 0, 1e9, "--shutdown-timeout");
         else if (OPT("--idle-timeout"))
@@ -195,8 +205,11 @@ static void announce(const struct serve_opts *o, krun_model *m, const char *name
     if (p) {
         kmemplan_print(p, stderr);
         fprintf(stderr, "krun serve: %zu sequences of %zu positions (%s of state each; this budget would fit %llu), "
-                "%zu positions per sweep\n", krun_model_max_seqs(m), krun_model_ctx(m), b1, (unsigned long long)p->sessions_fit,
+                "%zu positions per sweep", krun_model_max_seqs(m), krun_model_ctx(m), b1, (unsigned long long)p->sessions_fit,
                 krun_model_block(m));
+        if (krun_model_block_max(m) > krun_model_block(m))
+            fprintf(stderr, " (%zu when prompts are waiting and the cost model says so)", krun_model_block_max(m));
+        fputc('\n', stderr);
     } else {
         fprintf(stderr, "krun serve: the model file is used in place from a mapping; %zu sequences of %zu positions (%s of "
                 "state each), %zu positions per sweep\n", krun_model_max_seqs(m), krun_model_ctx(m), b1, krun_model_block(m));
@@ -249,7 +262,7 @@ int krun_serve_main(int argc, char **argv)
     krun_cli_model_opts(&o.c, o.model, budget, &mo);
     mo.spec = (size_t)o.spec;
     if (krun_model_prepare(m, &mo, &e)) { fprintf(stderr, "krun serve: %s\n", e.msg); rc = e.code; goto out; }
-    eo = (srv_engine_opts){(size_t)o.max_queue, name, o.quiet};
+    eo = (srv_engine_opts){(size_t)o.max_queue, name, o.quiet, o.progress_every};
     if (srv_engine_start(m, &eo, &eng, &e)) { fprintf(stderr, "krun serve: %s\n", e.msg); rc = e.code; goto out; }
     ho = (srv_http_opts){o.api_key, (size_t)max_body, fd, (unsigned)o.max_connections, (unsigned)o.max_per_ip, (unsigned)o.idle_timeout,
                          o.request_timeout};

@@ -24,6 +24,7 @@ static void run_carve(k3_run *r, const k3_config *c, size_t T, size_t S, size_t 
     k3_weights_carve(&r->w, c, a);
     k3_scratch_carve(&r->s, c, T, S, ctx, a);
     k3_journal_carve(&r->j, c, spec, a);
+    KTAKE(a, r->routed, (size_t)c->n_layers * (size_t)c->n_experts);
 }
 
 size_t k3_run_vectors_bytes(const k3_config *c)
@@ -31,6 +32,14 @@ size_t k3_run_vectors_bytes(const k3_config *c)
     k3_weights w;
     karena a = {NULL, 0};
     k3_weights_carve(&w, c, &a);
+    return karena_round(a.used);
+}
+
+size_t k3_run_scratch_bytes(const k3_config *c, size_t T, size_t S, size_t ctx)
+{
+    k3_scratch sc;
+    karena a = {NULL, 0};
+    k3_scratch_carve(&sc, c, T, S, ctx, &a);
     return karena_round(a.used);
 }
 
@@ -62,7 +71,10 @@ int k3_run_init(k3_run *r, const k3_model *m, kstore *store, kpool *pool, size_t
     r->model = m;
     r->store = store;
     r->pool = pool;
-    r->expert_batch = kstore_expert_capacity(store) < K3_EXPERT_BATCH ? kstore_expert_capacity(store) : K3_EXPERT_BATCH;
+    r->T_own = T;
+    r->S = S;
+    r->ctx = ctx;
+    r->scratch_off = k3_run_vectors_bytes(c);
     r->arena_bytes = k3_run_bytes(c, T, S, ctx, spec);
     r->arena = aligned_alloc(KARENA_ALIGN, r->arena_bytes);
     if (!r->arena) {
@@ -72,6 +84,7 @@ int k3_run_init(k3_run *r, const k3_model *m, kstore *store, kpool *pool, size_t
     }
     a.base = r->arena;
     run_carve(r, c, T, S, ctx, spec, &a);
+    memset(r->routed, 0, (size_t)c->n_layers * (size_t)c->n_experts * sizeof *r->routed);
     k3_weights_setup(&r->w, m, store);
     /* the globals are held for the whole run: lm_head and the output vectors */
     g = kstore_get(store, m->globals_extent, &first, err);
@@ -81,6 +94,18 @@ int k3_run_init(k3_run *r, const k3_model *m, kstore *store, kpool *pool, size_t
     }
     k3_weights_attach(&r->w, K3_GLOBALS, g, first);
     return 0;
+}
+
+void k3_run_use_block(k3_run *r, uint8_t *mem, size_t T)
+{
+    karena a = {mem ? mem : (uint8_t *)r->arena, mem ? 0 : r->scratch_off};
+    k3_scratch_carve(&r->s, &r->model->cfg, mem ? T : r->T_own, r->S, r->ctx, &a);
+}
+
+size_t k3_run_expert_batch(const k3_run *r)
+{
+    size_t cap = kstore_expert_capacity(r->store);
+    return cap < K3_EXPERT_BATCH ? cap : K3_EXPERT_BATCH;
 }
 
 void k3_run_free(k3_run *r)
@@ -306,6 +331,7 @@ int k3_forward(k3_run *r, const k3_seg *segs, size_t nseg, krun_err *err)
         for (size_t i = 0; i < b.T * E; i++) s->P[i] = s->P[i] + s->y[i];
         /* fails when anything read for the layer was bad: its results must not be used */
         if (k3_weights_end(&r->w, L, err)) return -1;
+        if (r->on_layer) r->on_layer(r->on_layer_ctx, L + 1, c->n_layers);
     }
 
     if (output(r, &b, nsnap, err)) return -1;

@@ -172,7 +172,7 @@ static int run_requests(job *b, krun_err *err)
     const kbatch_input *in = b->in;
     size_t window = b->o->window ? b->o->window : 1, n = 0, next = 0;
     flight *fl = calloc(window, sizeof *fl);
-    srv_engine_opts eo = {window, b->o->model_name, 1};
+    srv_engine_opts eo = {.max_queue = window, .model_name = b->o->model_name, .quiet = 1};
     int rc = 0;
     if (!fl) return krun_err_set(err, KRUN_ENOMEM, "out of memory");
     if (srv_engine_start(b->m, &eo, &b->e, err)) { free(fl); return -1; }

@@ -55,7 +55,15 @@ typedef struct sreq {
     uint64_t verifications, drafted, accepted;   /* speculation: sweeps with drafts, drafts, drafts kept */
     size_t acc_last;           /* drafts kept in the last sweep */
     size_t emitted;            /* tokens handed to the output in the last sweep */
+    /* the connection's own thread */
+    double last_sent;          /* when the connection last sent something (a keep-alive comment is due after
+                                * srv_engine_opts.progress_every seconds of silence) */
     /* under srv_engine.mu */
+    size_t prefilled;          /* prompt tokens run, as of the last sweep (fed, for the other threads) */
+    size_t in_sweep;           /* prompt positions (or 1, decoding) of the sweep running now; 0: none */
+    size_t generated;          /* tokens generated, as of the last sweep */
+    int early_stream;          /* the stream was opened before the first token, to send progress comments:
+                                * a failure from here on is an error event in it */
     sreq_state state;
     kbuf out;                  /* bytes ready to send */
     int status;                /* the response's HTTP status, once known */
@@ -71,6 +79,8 @@ typedef struct srv_engine_opts {
     size_t max_queue;          /* requests waiting for a sequence, at most */
     const char *model_name;
     int quiet;                 /* no line per request on stderr */
+    double progress_every;     /* a streamed request silent this long gets an SSE comment (": prefill 1234/5000");
+                                  its stream opens (200) when it comes before the first token; 0: never */
 } srv_engine_opts;
 
 /* The engine over an opened, prepared model (max_seqs sequences); starts its thread. */
@@ -95,10 +105,15 @@ int  srv_submit(srv_engine *e, sreq *r, oai_error *err);
 /* Seconds to put in Retry-After when the server is busy. */
 int  srv_retry_after(srv_engine *e);
 /* The connection's side: wait until the status is known (started or over), or until the
- * client hangs up (then the request is cancelled).  Returns the status. */
+ * client hangs up (then the request is cancelled).  Returns the status.  A request still
+ * queued or reading its prompt after progress_every seconds is started then (200): its
+ * stream carries progress comments until the first token (a failure after that is an
+ * error event in the stream). */
 int  srv_wait_started(srv_engine *e, sreq *r);
 /* Copy up to max bytes of output into buf, waiting for some; 0 once the request is over and
- * everything was taken; -1 when the client hung up (the request is cancelled). */
+ * everything was taken; -1 when the client hung up (the request is cancelled).  After
+ * progress_every seconds without output, an SSE comment saying where the request is
+ * (": prefill 1234/5000", ": queued", ": generating"): clients and proxies see it alive. */
 long srv_read(srv_engine *e, sreq *r, char *buf, size_t max);
 /* Wait until the request is over (r->out then holds the whole body), or the client hangs up. */
 void srv_wait_done(srv_engine *e, sreq *r);

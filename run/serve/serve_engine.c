@@ -2,9 +2,12 @@
  * after another over every live sequence (serve.h; docs/SERVE.md).
  *
  * A sweep is one krun_step_batch block: every decoding sequence advances by
- * the token it sampled last, and the rest of the block (block - decoders
- * positions) goes to the prompts still being read, in the order they were
- * admitted; a prompt runs in as many sweeps as it needs.  Between sweeps the
+ * the token it sampled last, and the rest of the block goes to the prompts
+ * still being read, in the order they were admitted; a prompt runs in as many
+ * sweeps as it needs.  The block is the decoding one, or -- when the prompt
+ * positions waiting are many and the cost model says so
+ * (krun_model_prompt_block) -- the prefill layout's large block, which the
+ * decoding sequences ride along in.  Between sweeps the
  * engine takes the lock, hands out what each request produced, frees the
  * sequences of finished or abandoned requests and admits queued ones.
  *
@@ -28,6 +31,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,6 +46,9 @@ struct srv_engine {
     size_t max_seqs, max_queue, block, ctx;
     size_t spec, jrows, jseqs;  /* drafts per verification at most; the journal's rows and sequences per sweep */
     int32_t *drafts;            /* [max_seqs][spec]: the sweep's drafts (the engine thread's) */
+    double progress_every;     /* seconds of silence before a progress comment (0: none) */
+    int n_layers;
+    _Atomic int sweep_layer;   /* layers of the running sweep done (the model's layer hook) */
     pthread_mutex_t mu;
     pthread_cond_t wake;       /* the engine waits for work */
     pthread_cond_t idle;       /* drain waits for the engine to run dry */
@@ -54,9 +61,11 @@ struct srv_engine {
     size_t n_active;
     size_t n_open;             /* requests submitted and not yet freed: their output may still be on its way */
     int draining, cancel_all, quit, damaged, quiet;
+    size_t sweep_T;            /* positions of the running sweep (0: none) */
+    int sweep_prefill;         /* ... in the prefill layout */
     char damage[900];
     struct {
-        uint64_t requests, completed, failed, cancelled, prompt_tokens, generated, sweeps, positions, bytes_read;
+        uint64_t requests, completed, failed, cancelled, prompt_tokens, generated, sweeps, positions, bytes_read, phase_switches;
         uint64_t verifications, drafted, accepted;   /* speculation: blocks with drafts, drafts, drafts kept */
         double sweep_seconds, request_seconds;
     } st;
@@ -139,6 +148,7 @@ static void log_end(const srv_engine *e, const sreq *r, const char *how, const c
 static void fail_locked(srv_engine *e, sreq *r, const oai_error *err)
 {
     char how[32];
+    if (r->early_stream) sgen_stream_opened(r->gen);    /* the 200 is sent: the error goes in the stream */
     snprintf(how, sizeof how, "failed with %d", err->status);
     log_end(e, r, how, err->message);
     sgen_fail(r->gen, err);
@@ -213,12 +223,16 @@ static size_t draft_locked(srv_engine *e, sreq *r, size_t k, size_t rows, size_t
 }
 
 /* The sweep: every decoding sequence's next token, then its drafts (while the journal has
- * rows), then prompt positions up to the block, in admission order.  take[k]: prompt tokens of
- * sw[k] in this sweep (0: a decoding step); nd[k]: its drafts.  Returns the number of
- * sequences in it. */
+ * rows), then prompt positions up to the block, in admission order.  The block: the decoding
+ * one, or the prefill layout's when the cost model says the positions waiting read fewer bytes
+ * in it.  take[k]: prompt tokens of sw[k] in this sweep (0: a decoding step); nd[k]: its
+ * drafts.  Returns the number of sequences in it. */
 static size_t plan_sweep_locked(srv_engine *e, sreq **sw, size_t *take, size_t *nd)
 {
-    size_t n = 0, budget = e->block, rows = e->jrows, seqs = e->jseqs;
+    size_t n = 0, budget, waiting = 0, rows = e->jrows, seqs = e->jseqs;
+    for (size_t k = 0; k < e->n_active; k++)
+        waiting += e->active[k]->fed < e->active[k]->n_prompt ? e->active[k]->n_prompt - e->active[k]->fed : 1;
+    budget = krun_model_prompt_block(e->m, waiting);
     for (size_t k = 0; k < e->n_active; k++) {
         sreq *r = e->active[k];
         if (r->fed < r->n_prompt) continue;
@@ -375,6 +389,13 @@ static void *engine_main(void *arg)
             continue;
         }
         n = plan_sweep_locked(e, sw, take, nd);
+        e->sweep_T = 0;
+        for (size_t k = 0; k < n; k++) {
+            sw[k]->in_sweep = take[k] ? take[k] : 1 + nd[k];
+            e->sweep_T += sw[k]->in_sweep;
+        }
+        e->sweep_prefill = e->sweep_T > e->block;
+        atomic_store(&e->sweep_layer, 0);
         pthread_mutex_unlock(&e->mu);
 
         t = know();
@@ -386,6 +407,13 @@ static void *engine_main(void *arg)
         e->st.sweeps++;
         e->st.sweep_seconds += t;
         e->st.bytes_read = ks.bytes_read;
+        e->st.phase_switches = ks.phase_switches;
+        e->sweep_T = 0;
+        for (size_t k = 0; k < n; k++) {
+            sw[k]->in_sweep = 0;
+            sw[k]->prefilled = sw[k]->fed;
+            sw[k]->generated = sgen_n_tokens(sw[k]->gen);
+        }
         if (rc) {
             if (err.code == KRUN_EDATA) { damaged_locked(e, &err); continue; }
             /* not the model's fault (a bug): the sequences of this block fail, the rest go on */
@@ -519,14 +547,39 @@ int srv_wait_started(srv_engine *e, sreq *r)
 {
     int status = -1;
     pthread_mutex_lock(&e->mu);
+    r->last_sent = r->t_submit;
     while (!r->started && r->state != SREQ_DONE) {
         double next = CLIENT_LOOK;
         if (client_gone_head(r, &next)) { cancel_locked(e, r); break; }
+        if (e->progress_every > 0 && know() - r->t_submit >= e->progress_every) {
+            /* still queued or reading its prompt: the stream opens now, for progress comments */
+            r->started = 1;
+            r->status = 200;
+            r->early_stream = 1;
+            break;
+        }
         wait_a_little(r, &e->mu, next);
     }
     if (r->started && !r->cancelled) status = r->status;
     pthread_mutex_unlock(&e->mu);
     return status;
+}
+
+/* ": prefill 1234/5000 (a block of 2048 positions: layer 40/93)": where the request is, as an
+ * SSE comment (clients skip it).  Returns its length, 0 if it does not fit. */
+static size_t progress_comment_locked(srv_engine *e, const sreq *r, char *buf, size_t max)
+{
+    char t[192];
+    int n;
+    if (r->state == SREQ_QUEUED || r->state == SREQ_NEW) n = snprintf(t, sizeof t, ": queued\n\n");
+    else if (r->prefilled < r->n_prompt && r->in_sweep)
+        n = snprintf(t, sizeof t, ": prefill %zu/%zu (a block of %zu positions: layer %d/%d)\n\n", r->prefilled, r->n_prompt,
+                     e->sweep_T, atomic_load(&e->sweep_layer), e->n_layers);
+    else if (r->prefilled < r->n_prompt) n = snprintf(t, sizeof t, ": prefill %zu/%zu\n\n", r->prefilled, r->n_prompt);
+    else n = snprintf(t, sizeof t, ": generating (%zu tokens)\n\n", r->generated);
+    if (n <= 0 || (size_t)n > max) return 0;
+    memcpy(buf, t, (size_t)n);
+    return (size_t)n;
 }
 
 long srv_read(srv_engine *e, sreq *r, char *buf, size_t max)
@@ -535,7 +588,13 @@ long srv_read(srv_engine *e, sreq *r, char *buf, size_t max)
     pthread_mutex_lock(&e->mu);
     while (!r->out.n && r->state != SREQ_DONE && !r->cancelled) {
         int st = client_check(r);
+        size_t c;
         if (st == CLIENT_GONE) { cancel_locked(e, r); break; }
+        if (e->progress_every > 0 && know() - r->last_sent >= e->progress_every && (c = progress_comment_locked(e, r, buf, max))) {
+            r->last_sent = know();     /* between events (out is empty: every event published was taken whole) */
+            pthread_mutex_unlock(&e->mu);
+            return (long)c;
+        }
         if (st == CLIENT_EOF && !r->probed_stream && max >= sizeof SSE_PROBE - 1) {
             /* between events (out is empty: every event published so far was taken whole) */
             r->probed_stream = 1;
@@ -551,6 +610,7 @@ long srv_read(srv_engine *e, sreq *r, char *buf, size_t max)
         memmove(r->out.p, r->out.p + n, r->out.n - n);
         r->out.n -= n;
         got = (long)n;
+        r->last_sent = know();
     } else if (r->state == SREQ_DONE && !r->cancelled) {
         got = 0;
     }
@@ -648,6 +708,14 @@ int srv_retry_after(srv_engine *e)
 
 /* ---- lifetime and health ------------------------------------------------------------------------ */
 
+/* The model's layer hook, on the engine thread inside a sweep: how far the sweep is. */
+static void sweep_layer_done(void *ctx, int done, int n)
+{
+    srv_engine *e = ctx;
+    (void)n;
+    atomic_store(&e->sweep_layer, done);
+}
+
 int srv_engine_start(krun_model *m, const srv_engine_opts *o, srv_engine **out, krun_err *err)
 {
     srv_engine *e = calloc(1, sizeof *e);
@@ -657,6 +725,9 @@ int srv_engine_start(krun_model *m, const srv_engine_opts *o, srv_engine **out, 
     snprintf(e->model_name, sizeof e->model_name, "%s", o->model_name);
     e->max_queue = o->max_queue;
     e->quiet = o->quiet;
+    e->progress_every = o->progress_every;
+    e->n_layers = krun_model_config(m)->n_layers;
+    atomic_init(&e->sweep_layer, 0);
     e->ctx = krun_model_ctx(m);
     e->max_seqs = krun_model_max_seqs(m);       /* the model was prepared for them */
     e->block = krun_model_block(m);
@@ -668,6 +739,7 @@ int srv_engine_start(krun_model *m, const srv_engine_opts *o, srv_engine **out, 
     if (!e->active || !e->drafts || pthread_mutex_init(&e->mu, NULL)) goto oom;
     if (pthread_cond_init(&e->wake, NULL)) { pthread_mutex_destroy(&e->mu); goto oom; }
     if (pthread_cond_init(&e->idle, NULL)) { pthread_cond_destroy(&e->wake); pthread_mutex_destroy(&e->mu); goto oom; }
+    krun_model_set_layer_hook(m, sweep_layer_done, e);
     if (pthread_create(&e->thread, NULL, engine_main, e)) {
         krun_err_set(err, KRUN_ENOMEM, "cannot start the engine thread: %s", strerror(errno));
         pthread_cond_destroy(&e->idle);
@@ -743,6 +815,33 @@ void srv_engine_stop(srv_engine *e)
 const char *srv_engine_model_name(const srv_engine *e) { return e->model_name; }
 krun_model *srv_engine_model(srv_engine *e) { return e->m; }
 
+/* Each request running or queued: its prompt, how much of it is read, what it generated. */
+static json_t *requests_json_locked(srv_engine *e)
+{
+    json_t *a = json_array();
+    for (size_t k = 0; k < e->n_active; k++) {
+        const sreq *r = e->active[k];
+        json_t *o = json_object();
+        json_object_set_new(o, "id", json_string(r->id));
+        json_object_set_new(o, "state", json_string(r->prefilled < r->n_prompt ? "prefill" : "generating"));
+        json_object_set_new(o, "prompt_tokens", json_integer((json_int_t)r->n_prompt));
+        json_object_set_new(o, "prefilled", json_integer((json_int_t)r->prefilled));
+        json_object_set_new(o, "in_sweep", json_integer((json_int_t)r->in_sweep));
+        json_object_set_new(o, "generated", json_integer((json_int_t)r->generated));
+        json_object_set_new(o, "seconds", json_real(know() - r->t_submit));
+        json_array_append_new(a, o);
+    }
+    for (const sreq *r = e->qhead; r; r = r->next_in_queue) {
+        json_t *o = json_object();
+        json_object_set_new(o, "id", json_string(r->id));
+        json_object_set_new(o, "state", json_string("queued"));
+        json_object_set_new(o, "prompt_tokens", json_integer((json_int_t)r->n_prompt));
+        json_object_set_new(o, "seconds", json_real(know() - r->t_submit));
+        json_array_append_new(a, o);
+    }
+    return a;
+}
+
 json_t *srv_engine_health(srv_engine *e, int *status)
 {
     json_t *j = json_object(), *st = json_object();
@@ -762,6 +861,18 @@ json_t *srv_engine_health(srv_engine *e, int *status)
     json_object_set_new(j, "prefilling", json_integer((json_int_t)prefilling));
     json_object_set_new(j, "queued", json_integer((json_int_t)e->n_queued));
     json_object_set_new(j, "max_queue", json_integer((json_int_t)e->max_queue));
+    json_object_set_new(j, "block_prefill", json_integer((json_int_t)krun_model_block_max(e->m)));
+    json_object_set_new(j, "requests", requests_json_locked(e));
+    if (e->sweep_T) {
+        json_t *w = json_object();
+        json_object_set_new(w, "positions", json_integer((json_int_t)e->sweep_T));
+        json_object_set_new(w, "layout", json_string(e->sweep_prefill ? "prefill" : "decoding"));
+        json_object_set_new(w, "layers_done", json_integer(atomic_load(&e->sweep_layer)));
+        json_object_set_new(w, "layers", json_integer(e->n_layers));
+        json_object_set_new(j, "sweep", w);
+    } else {
+        json_object_set_new(j, "sweep", json_null());
+    }
     json_object_set_new(st, "requests", json_integer((json_int_t)e->st.requests));
     json_object_set_new(st, "completed", json_integer((json_int_t)e->st.completed));
     json_object_set_new(st, "failed", json_integer((json_int_t)e->st.failed));
@@ -772,6 +883,7 @@ json_t *srv_engine_health(srv_engine *e, int *status)
     json_object_set_new(st, "positions", json_integer((json_int_t)e->st.positions));
     json_object_set_new(st, "sweep_seconds", json_real(e->st.sweep_seconds));
     json_object_set_new(st, "bytes_read", json_integer((json_int_t)e->st.bytes_read));
+    json_object_set_new(st, "phase_switches", json_integer((json_int_t)e->st.phase_switches));
     {
         /* speculation: of the generated tokens, `accepted` came from drafts verified in sweeps */
         json_t *sp = json_object();

@@ -65,6 +65,10 @@ struct krun_model {
     k3_run run;
     int have_run;
     size_t ctx, chunk, max_seqs, block, spec;
+    size_t block_prefill;      /* 0: one layout */
+    int phase;                 /* 1: the prefill layout (the flex region holds a large block's activations) */
+    uint8_t *flex;             /* the plan's flex region (memplan.h) */
+    uint64_t flex_bytes;
     uint8_t *slots;            /* max_seqs x session_bytes: each a krun_session then its buffers */
     size_t session_bytes, live;
 };
@@ -79,7 +83,7 @@ void krun_model_opts_init(krun_model_opts *o)
     o->cache_policy = KRUN_CACHE_LFU;
     o->verify = KRUN_VERIFY_FIRST;
     o->ctx = 4096;
-    o->chunk = 64;
+    o->chunk = 0;
     o->max_seqs = 1;
     o->simd = -1;
     o->predict = -1;
@@ -134,7 +138,7 @@ int krun_model_make_plan(const krun_model *m, const krun_model_opts *o, kmemplan
 {
     kmemplan_req q = {o->budget, o->pin, o->expert_slots, o->head, o->piece, o->ctx, o->chunk, o->max_seqs, o->spec,
                       o->io_threads, kmem_base_bytes(&m->m) + o->extra_bytes, o->predict,
-                      krun_session_bytes(&m->m.cfg, o->ctx)};
+                      krun_session_bytes(&m->m.cfg, o->ctx), o->prompt_tokens};
     if (o->spec > KSPEC_MAX_DRAFT) {
         krun_err_set(err, KRUN_EINPUT, "spec %zu: at most %d drafts per verification", o->spec, KSPEC_MAX_DRAFT);
         return -1;
@@ -149,9 +153,8 @@ int krun_model_prepare(krun_model *m, const krun_model_opts *o, krun_err *err)
     krun_model_opts opt = *o;
     const k3_config *c = &m->m.cfg;
     kstore_opts so;
-    if (opt.max_seqs < 1 || opt.max_seqs > K3_MAX_SEQS || opt.ctx < 1 || opt.chunk < 1 || opt.spec > KSPEC_MAX_DRAFT) {
-        krun_err_set(err, KRUN_EINPUT, "max_seqs must be 1..%d, ctx and chunk at least 1, spec at most %d", K3_MAX_SEQS,
-                     KSPEC_MAX_DRAFT);
+    if (opt.max_seqs < 1 || opt.max_seqs > K3_MAX_SEQS || opt.ctx < 1 || opt.spec > KSPEC_MAX_DRAFT) {
+        krun_err_set(err, KRUN_EINPUT, "max_seqs must be 1..%d, ctx at least 1, spec at most %d", K3_MAX_SEQS, KSPEC_MAX_DRAFT);
         return -1;
     }
     /* A file that does not fit comfortably gets 80% of the available memory
@@ -172,15 +175,28 @@ int krun_model_prepare(krun_model *m, const krun_model_opts *o, krun_err *err)
         so.policy = opt.cache_policy;
         so.io_threads = opt.io_threads;
         so.trace = opt.trace;
+        if (m->plan.flex_bytes) {
+            /* the flex region: the lent layers and slots while decoding, a prefill block's activations */
+            m->flex_bytes = m->plan.flex_bytes;
+            m->flex = aligned_alloc(4096, m->flex_bytes);
+            if (!m->flex) {
+                krun_err_set(err, KRUN_ENOMEM, "out of memory: %llu bytes for the flex region (a prefill block's activations, or "
+                             "the layers and expert slots it lends)", (unsigned long long)m->flex_bytes);
+                return -1;
+            }
+            so.flex = m->flex;
+            so.flex_bytes = m->flex_bytes;
+            m->block_prefill = m->plan.block_prefill;
+        }
     }
     if (kstore_open(m->f, &so, &m->store, err)) return -1;
     m->pool = kpool_create(opt.threads ? opt.threads : kpool_ncpu());
     if (!m->pool) { krun_err_set(err, KRUN_ENOMEM, "cannot start %d threads", opt.threads ? opt.threads : kpool_ncpu()); return -1; }
     m->ctx = opt.ctx;
-    m->chunk = opt.chunk;
+    m->chunk = opt.chunk ? opt.chunk : KMEM_DECODE_BLOCK;
     m->max_seqs = opt.max_seqs;
     m->spec = opt.spec;
-    m->block = k3_block_positions(opt.chunk, opt.max_seqs, opt.spec);
+    m->block = k3_block_positions(m->chunk, opt.max_seqs, opt.spec);
     if (k3_run_init(&m->run, &m->m, m->store, m->pool, m->block, m->max_seqs, m->ctx, m->spec, err)) return -1;
     m->have_run = 1;
     if (m->planned && m->plan.predict && k3_predict_init(&m->run, m->plan.predict_buf_bytes, m->plan.predict_stage_bytes, err))
@@ -220,6 +236,7 @@ void krun_model_close(krun_model *m)
     free(m->slots);
     kpool_destroy(m->pool);
     kstore_close(m->store);
+    free(m->flex);                 /* after the store, whose lent buffers it holds */
     if (m->have_m) k3_model_close(&m->m);
     ktok_free(m->tok);
     kpk_close(m->f);
@@ -236,6 +253,41 @@ size_t krun_model_ctx(const krun_model *m) { return m->ctx; }
 size_t krun_model_chunk(const krun_model *m) { return m->chunk; }
 size_t krun_model_max_seqs(const krun_model *m) { return m->max_seqs; }
 size_t krun_model_block(const krun_model *m) { return m->block; }
+size_t krun_model_block_max(const krun_model *m) { return m->block_prefill > m->block ? m->block_prefill : m->block; }
+int krun_model_in_prefill(const krun_model *m) { return m->phase; }
+
+size_t krun_model_prompt_block(const krun_model *m, size_t n)
+{
+    kprompt k;
+    if (!m->block_prefill || n <= m->block) return m->block;
+    kmemplan_prompt(&m->plan, n, m->phase, &k);
+    return k.prefill ? m->block_prefill : m->block;
+}
+
+void krun_model_set_layer_hook(krun_model *m, krun_layer_fn fn, void *ctx)
+{
+    m->run.on_layer = fn;
+    m->run.on_layer_ctx = ctx;
+}
+
+/* The layout a block of T positions runs in: the prefill layout when it does
+ * not fit the decoding one.  Entering it, the store gives the flex region up
+ * first (its lent layers stream, its lent slots empty), then the run's
+ * activations move there; leaving it, the other way round. */
+static int set_phase(krun_model *m, size_t T, krun_err *err)
+{
+    const int want = m->block_prefill && T > m->block;
+    if (want == m->phase) return 0;
+    if (want) {
+        if (kstore_phase(m->store, 1, err)) return -1;
+        k3_run_use_block(&m->run, m->flex, m->block_prefill);
+    } else {
+        k3_run_use_block(&m->run, NULL, 0);
+        if (kstore_phase(m->store, 0, err)) return -1;
+    }
+    m->phase = want;
+    return 0;
+}
 int krun_model_trace_write(krun_model *m, const char *path) { return kstore_trace_write(m->store, path); }
 
 size_t krun_model_stop_ids(const krun_model *m, int32_t out[3])
@@ -245,6 +297,12 @@ size_t krun_model_stop_ids(const krun_model *m, int32_t out[3])
 }
 
 void krun_model_stats(const krun_model *m, krun_stats *st) { kstore_stats_get(m->store, st); }
+
+const uint64_t *krun_model_routing(const krun_model *m, int L)
+{
+    if (!m->have_run || L < 0 || L >= m->m.cfg.n_layers || !k3_layer_is_moe(&m->m.cfg, L)) return NULL;
+    return m->run.routed + (size_t)L * (size_t)m->m.cfg.n_experts;
+}
 
 int krun_simd_parse(const char *name)
 {
@@ -259,10 +317,10 @@ void krun_model_memory(const krun_model *m, uint64_t *planned, uint64_t *allocat
 {
     const k3_config *c = &m->m.cfg;
     if (m->planned)
-        *planned = m->plan.state_bytes + m->plan.vectors_bytes + m->plan.scratch_bytes;
+        *planned = m->plan.state_bytes + m->plan.vectors_bytes + m->plan.scratch_bytes + m->plan.flex_bytes;
     else
         *planned = (uint64_t)m->max_seqs * krun_session_bytes(c, m->ctx) + k3_run_bytes(c, m->block, m->max_seqs, m->ctx, m->spec);
-    *allocated = (uint64_t)m->run.arena_bytes + (m->slots ? (uint64_t)m->max_seqs * m->session_bytes : 0);
+    *allocated = (uint64_t)m->run.arena_bytes + (m->slots ? (uint64_t)m->max_seqs * m->session_bytes : 0) + (m->flex ? m->flex_bytes : 0);
 }
 
 /* ---- sessions ------------------------------------------------------------------- */
@@ -414,8 +472,19 @@ int krun_session_feed(krun_session *s, const int32_t *ids, size_t n, float *all_
     start = s->st.pos;
     total = s->n_tokens - start;
     while (s->st.pos < s->n_tokens) {
-        size_t done = s->st.pos - start, nb = s->n_tokens - s->st.pos < m->chunk ? s->n_tokens - s->st.pos : m->chunk;
+        const size_t left = s->n_tokens - s->st.pos, want = m->block_prefill ? krun_model_prompt_block(m, left) : m->chunk;
+        size_t done = s->st.pos - start, nb = left < want ? left : want;
         k3_seg seg = {&s->st, s->tokens + s->st.pos, nb, all_logits ? all_logits + done * V : s->logits, all_logits != NULL, 0};
+        if (set_phase(m, nb, err)) {
+            s->broken = 1;
+            s->have_logits = 0;
+            return -1;
+        }
+        if (m->block_prefill) {
+            /* the block after this one: the rest of the prompt's, or (none left) a decoding step */
+            const size_t rest = left - nb, nxt = rest ? krun_model_prompt_block(m, rest) : 1;
+            kstore_phase_next(m->store, (rest < nxt ? rest : nxt) > m->block);
+        }
         if (k3_forward(&m->run, &seg, 1, err)) {
             s->broken = 1;
             s->have_logits = 0;
@@ -473,7 +542,7 @@ static int verify(krun_session *s, size_t k, int32_t *accepted, float *accepted_
 {
     k3_seg seg = {&s->st, s->tokens + s->st.pos, k + 1, NULL, 1, 1};
     s->spec.sweeps++;
-    if (k3_forward(&s->m->run, &seg, 1, err)) {
+    if (set_phase(s->m, k + 1, err) || k3_forward(&s->m->run, &seg, 1, err)) {
         s->broken = 1;
         s->have_logits = 0;
         return -1;
@@ -601,12 +670,13 @@ int krun_step_batch_verify(krun_model *m, krun_session *const *ss, const int32_t
         rows += nd[k] + 1;
         seqs++;
     }
-    if (T > m->block || rows > m->run.j.cap || seqs > m->run.j.max_segs) {
+    if (T > krun_model_block_max(m) || rows > m->run.j.cap || seqs > m->run.j.max_segs) {
         krun_err_set(err, KRUN_EINPUT, "%zu positions (pending tokens included) in one step (a block holds %zu), %zu of them "
-                     "verified in %zu sequences (the journal holds %zu in %zu)", T, m->block, rows, seqs, m->run.j.cap,
+                     "verified in %zu sequences (the journal holds %zu in %zu)", T, krun_model_block_max(m), rows, seqs, m->run.j.cap,
                      m->run.j.max_segs);
         return -1;
     }
+    if (set_phase(m, T, err)) return -1;
     for (size_t k = 0; k < n; k++)
         if (push_tokens(ss[k], &ids[k], 1, err)) {
             for (size_t j = 0; j < k; j++) ss[j]->n_tokens--;   /* the step did not happen */

@@ -8,6 +8,13 @@
  *                                                 (ids, logits, the saved state), a rollback at every
  *                                                 place of a block (--quick: in the middle of it, and
  *                                                 none); nothing allocated per round
+ *   probe_session phases  FILE.kpk --mem SIZE [--ctx N]   --chunk auto with a prefill layout: planned ==
+ *                                                 allocated for both layouts (the flex region holds
+ *                                                 either), prompts crossing the phases (decoding ->
+ *                                                 prefill -> decoding, twice, and a long prompt fed
+ *                                                 while another session decodes, batched) == in
+ *                                                 place in blocks of 64, every logit bit; nothing
+ *                                                 allocated by a phase switch
  * Each takes --spec N: the model is prepared for verification blocks of N
  * drafts (the journal is planned and allocated; batching must not care).
  *
@@ -34,6 +41,7 @@ static size_t g_spec;              /* --spec N: drafts the model is prepared for
 static ksampler_opts g_so;         /* spec: the sampler (--temp, --top-k, --top-p, --min-p, --seed, --penalties) */
 static int g_mask;                 /* spec --mask: a mask that depends on the token before */
 static char g_label[160];          /* what the sampler is, for the messages */
+static size_t g_ctx = 1024;        /* --ctx N (phases) */
 static int g_quick;                /* --quick: fewer variants (full-width models) */
 #define OK(cond, ...) do { int c_ = (cond); printf("%s - ", c_ ? "ok" : "not ok"); printf(__VA_ARGS__); printf("\n"); if (!c_) fails++; } while (0)
 
@@ -581,6 +589,144 @@ static void check_spec(const char *path, const char *mem)
     krun_model_close(m);
 }
 
+/* ---- phases: the prefill layout and back, bit for bit -------------------------------- */
+
+#define PH_GEN 4
+
+/* Feed p1, generate PH_GEN, feed p2, generate PH_GEN in session s; the logits of every
+ * position run (both prompts, all positions) and of each generated token into L, ids. */
+static int phase_run(krun_model *m, krun_session *s, const int32_t *p1, size_t n1, const int32_t *p2, size_t n2, float *L, int32_t *ids,
+                     krun_err *e)
+{
+    const size_t V = (size_t)krun_model_config(m)->vocab;
+    float *at = L;
+    size_t g = 0;
+    for (int turn = 0; turn < 2; turn++) {
+        const int32_t *p = turn ? p2 : p1;
+        size_t n = turn ? n2 : n1;
+        if (krun_session_feed(s, p, n, at, e)) return -1;
+        at += n * V;
+        for (int k = 0; k < PH_GEN; k++) {
+            memcpy(at, krun_session_logits(s), V * sizeof *at);
+            at += V;
+            ids[g] = krun_session_sample(s);
+            if (krun_session_feed(s, &ids[g++], 1, NULL, e)) return -1;
+        }
+        /* the generated token's logits, then the next prompt follows it */
+    }
+    return 0;
+}
+
+static void check_phases(const char *path, const char *mem)
+{
+    krun_model *ref = NULL, *m = NULL;
+    krun_session *s = NULL, *a = NULL, *b = NULL;
+    krun_err e;
+    const kmemplan *p;
+    size_t V, n1, n2, B, Bd, total;
+    int32_t *p1 = NULL, *p2 = NULL, ids_ref[2 * PH_GEN], ids[2 * PH_GEN];
+    float *Lref = NULL, *L = NULL;
+    krun_stats st;
+    uint64_t planned, allocated;
+    if (!mem) { printf("not ok - phases needs --mem\n"); fails++; return; }
+    if (open_model(path, mem, g_ctx, 0, 2, &m)) return;
+    p = krun_model_plan(m);
+    if (!p || !p->block_prefill) {
+        printf("not ok - --mem %s --ctx %zu: the plan has no prefill layout (block %zu)\n", mem, g_ctx, p ? p->block : 0);
+        fails++;
+        krun_model_close(m);
+        return;
+    }
+    B = p->block_prefill;
+    Bd = p->block;
+    V = (size_t)krun_model_config(m)->vocab;
+    /* the plan: both layouts in one budget */
+    krun_model_memory(m, &planned, &allocated);
+    OK(planned == allocated && p->flex_bytes > 0, "--mem %s: planned %llu bytes == allocated %llu, a flex region of %llu included",
+       mem, (unsigned long long)planned, (unsigned long long)allocated, (unsigned long long)p->flex_bytes);
+    OK(p->scratch_prefill_bytes == k3_run_scratch_bytes(krun_model_config(m), B, 2, g_ctx) && p->scratch_prefill_bytes <= p->flex_bytes &&
+       p->lent_bytes <= p->flex_bytes && (p->flex_bytes == p->lent_bytes || p->flex_bytes == p->scratch_prefill_bytes) && p->total <= p->budget,
+       "--mem %s: the flex region (%llu) holds the decoding layout's lent layers %d..%d and %d expert slots (%llu) or a %zu-position "
+       "block's activations (%llu); total %llu <= budget", mem, (unsigned long long)p->flex_bytes, p->pin_prefill, p->pin - 1,
+       p->expert_slots - p->expert_slots_prefill, (unsigned long long)p->lent_bytes, B, (unsigned long long)p->scratch_prefill_bytes,
+       (unsigned long long)p->total);
+    if (SANITIZED) printf("skip - the flex region seen by the allocator (sanitizer build)\n");
+    else OK(seen_size(p->flex_bytes), "the allocator was asked for exactly the flex region (%llu)", (unsigned long long)p->flex_bytes);
+    /* prompts of several prefill blocks and a tail that fits the decoding block */
+    n1 = 2 * B + 5;
+    n2 = B + 3;
+    if (n1 + n2 + 2 * PH_GEN > g_ctx) { printf("not ok - --ctx %zu is too small for prompts of %zu and %zu\n", g_ctx, n1, n2); fails++; goto out; }
+    total = n1 + n2 + 2 * PH_GEN;
+    p1 = malloc(n1 * sizeof *p1);
+    p2 = malloc(n2 * sizeof *p2);
+    Lref = malloc(total * V * sizeof *Lref);
+    L = malloc(total * V * sizeof *L);
+    if (!p1 || !p2 || !Lref || !L) { printf("not ok - out of memory\n"); fails++; goto out; }
+    for (size_t i = 0; i < n1; i++) p1[i] = (int32_t)((i * 7919 + 13) % V);
+    for (size_t i = 0; i < n2; i++) p2[i] = (int32_t)((i * 104729 + 5) % V);
+    if (open_model(path, NULL, g_ctx, 64, 1, &ref)) goto out;
+    if (krun_session_new(ref, &s, &e) || phase_run(ref, s, p1, n1, p2, n2, Lref, ids_ref, &e)) {
+        printf("not ok - in place: %s\n", e.msg); fails++; goto out;
+    }
+    krun_session_new(m, &a, &e);
+    count_start();
+    if (!a || phase_run(m, a, p1, n1, p2, n2, L, ids, &e)) { count_stop(); printf("not ok - phases: %s\n", e.msg); fails++; goto out; }
+    {
+        unsigned long n_alloc = count_stop();
+        krun_model_stats(m, &st);
+        OK(memcmp(L, Lref, total * V * sizeof *L) == 0 && memcmp(ids, ids_ref, sizeof ids) == 0,
+           "--mem %s: prompts of %zu and %zu positions (blocks of %zu and %zu) and %d tokens after each == in place in blocks of "
+           "64: every logit bit of every position, the ids", mem, n1, n2, B, Bd, PH_GEN);
+        OK(st.phase_switches == 2 && !krun_model_in_prefill(m) && (p->pin_prefill == p->pin || st.bytes_lent_reread > 0),
+           "two switches into the prefill layout and back (%llu), the lent layers read again (%llu bytes)",
+           (unsigned long long)st.phase_switches, (unsigned long long)st.bytes_lent_reread);
+        if (SANITIZED) printf("skip - allocations across phase switches (sanitizer build)\n");
+        else OK(n_alloc == 0, "%lu allocations while feeding and decoding across 4 phase switches", n_alloc);
+    }
+    krun_session_free(a);
+    a = NULL;
+    /* a long prompt fed in the server's way (pending tokens + one step) while another session decodes */
+    if (krun_session_new(m, &a, &e) || krun_session_new(m, &b, &e) || krun_session_feed(a, p2, 5, NULL, &e)) {
+        printf("not ok - sessions: %s\n", e.msg); fails++; goto out;
+    }
+    {
+        size_t fed = 0, g = 0, ga = 0;
+        int32_t ida[64], ref_a[64];
+        int same = 1;
+        krun_session *r;
+        /* a alone in place: the reference for its tokens */
+        krun_session_free(s);
+        if (krun_session_new(ref, &r, &e) || krun_session_feed(r, p2, 5, NULL, &e)) { printf("not ok - %s\n", e.msg); fails++; goto out; }
+        for (size_t k = 0; k < 64; k++) {
+            ref_a[k] = krun_session_sample(r);
+            if (krun_session_feed(r, &ref_a[k], 1, NULL, &e)) { printf("not ok - %s\n", e.msg); fails++; goto out; }
+        }
+        while (fed < n1 && ga < 64) {
+            size_t take = krun_model_prompt_block(m, n1 - fed + 1) - 1;
+            krun_session *ss[2] = {a, b};
+            int32_t in[2];
+            if (take > n1 - fed) take = n1 - fed;
+            if (take > 1 && krun_session_append(b, p1 + fed, take - 1, &e)) { printf("not ok - %s\n", e.msg); fails++; goto out; }
+            in[1] = p1[fed + take - 1];
+            ida[ga] = in[0] = krun_session_sample(a);
+            if (krun_step_batch(m, ss, in, 2, &e)) { printf("not ok - batch: %s\n", e.msg); fails++; goto out; }
+            ga++;
+            fed += take;
+            g++;
+        }
+        for (size_t k = 0; k < ga; k++) same &= ida[k] == ref_a[k];
+        same &= memcmp(krun_session_logits(b), Lref + (n1 - 1) * V, V * sizeof(float)) == 0;
+        krun_model_stats(m, &st);
+        OK(same && g >= 2 && st.phase_switches >= 3,
+           "a %zu-token prompt fed in %zu batched steps of up to %zu positions while another session decodes: its last logits "
+           "and the other's %zu tokens == each alone", n1, g, B, ga);
+    }
+out:
+    free(p1); free(p2); free(Lref); free(L);
+    if (m) krun_model_close(m);
+    if (ref) krun_model_close(ref);
+}
+
 /* ---- sampler: the session's mask hook and reply start ---------------------------------- */
 
 struct mask_probe {
@@ -645,7 +791,7 @@ static void check_sampler(const char *path, const char *mem)
 int main(int argc, char **argv)
 {
     const char *mem = NULL;
-    if (argc < 3) { fprintf(stderr, "usage: probe_session memory|allocs|batch|spec|sampler FILE.kpk [--mem SIZE] [--spec N] [--quick] "
+    if (argc < 3) { fprintf(stderr, "usage: probe_session memory|allocs|batch|spec|phases|sampler FILE.kpk [--mem SIZE] [--spec N] [--ctx N] [--quick] "
                         "[--temp T --top-k K --top-p P --min-p P --seed S --penalties --mask]\n"); return 2; }
     ksampler_opts_init(&g_so);
     for (int i = 3; i < argc; i += 2) {
@@ -664,6 +810,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--top-p")) g_so.top_p = (float)atof(argv[i + 1]);
         else if (!strcmp(argv[i], "--min-p")) g_so.min_p = (float)atof(argv[i + 1]);
         else if (!strcmp(argv[i], "--seed")) g_so.seed = (uint64_t)atoll(argv[i + 1]);
+        else if (!strcmp(argv[i], "--ctx")) g_ctx = (size_t)atol(argv[i + 1]);
         else { fprintf(stderr, "probe_session: unknown option %s\n", argv[i]); return 2; }
     }
     if (g_so.temp > 0 || g_mask || ksampler_uses_history(&g_so))
@@ -674,6 +821,7 @@ int main(int argc, char **argv)
     else if (!strcmp(argv[1], "allocs")) check_allocs(argv[2], mem);
     else if (!strcmp(argv[1], "batch")) check_batch(argv[2], mem);
     else if (!strcmp(argv[1], "spec")) check_spec(argv[2], mem);
+    else if (!strcmp(argv[1], "phases")) check_phases(argv[2], mem);
     else if (!strcmp(argv[1], "sampler")) check_sampler(argv[2], mem);
     else { fprintf(stderr, "probe_session: unknown check %s\n", argv[1]); return 2; }
     return fails ? 1 : 0;
