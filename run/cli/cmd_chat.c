@@ -327,6 +327,11 @@ static void log_turn(chat *ch, const turn_log *t)
     json_object_set_new(j, "reply_seconds", json_real(t->t_reply));
     json_object_set_new(j, "prefill_bytes_read", json_integer((json_int_t)t->bytes_prefill));
     json_object_set_new(j, "reply_bytes_read", json_integer((json_int_t)t->bytes_reply));
+    {
+        krun_stats st;   /* the prefill layout's switches so far (--chunk auto: a long turn runs in large blocks) */
+        krun_model_stats(ch->m, &st);
+        json_object_set_new(j, "phase_switches", json_integer((json_int_t)st.phase_switches));
+    }
     json_dumpf(j, ch->json, JSON_COMPACT);
     fputc('\n', ch->json);
     fflush(ch->json);
@@ -470,11 +475,10 @@ static int run_turn(chat *ch, const char *text, size_t len, krun_err *err)
         free(t.fed);
         t.fed = all;
         t.n_fed += pending;
-        krun_prefill_progress_start(&pp, ch->m, ch->o.quiet);
         if (!ch->o.quiet) krun_announce_prompt(ch->m, t.n_fed);
-        krun_session_set_progress(ch->s, krun_prefill_progress_fn, &pp);
+        krun_prefill_progress_start(&pp, ch->m, ch->s, t.n_fed, ch->o.quiet);
         rc = krun_session_feed(ch->s, t.fed + pending, t.n_fed - pending, NULL, err);
-        krun_session_set_progress(ch->s, NULL, NULL);
+        krun_prefill_progress_end(&pp, ch->s);
         t.t_prefill = know() - pp.t0;
         t.bytes_prefill = bytes_read(ch) - b0;
         if (rc) { free(t.fed); return -1; }

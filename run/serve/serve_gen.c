@@ -34,6 +34,7 @@ struct sgen {
     int stream_started, complete, failed, stopped, oom, status;
     int ablocks;               /* Anthropic stream: content blocks started */
     const char *akind;         /* ... the open one's type ("thinking", "text"), NULL: none open */
+    int http_stream;           /* the stream was opened before any output (sgen_stream_opened) */
     const char *finish;
 };
 
@@ -452,7 +453,7 @@ void sgen_fail(sgen *g, const oai_error *e)
         return;
     }
     body = oai_error_json(e);
-    if (g->stream_started) {
+    if (g->stream_started || (g->o.stream && g->http_stream)) {
         kbuf_puts(&g->out, "data: ");
         kbuf_puts(&g->out, body ? body : "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\"}}");
         kbuf_puts(&g->out, "\n\n" OAI_SSE_DONE);
@@ -464,6 +465,7 @@ void sgen_fail(sgen *g, const oai_error *e)
     free(body);
 }
 
+void sgen_stream_opened(sgen *g) { g->http_stream = 1; }
 int sgen_done(const sgen *g) { return g->complete || g->failed; }
 int sgen_started(const sgen *g) { return g->stream_started; }
 int sgen_status(const sgen *g) { return g->status; }

@@ -153,85 +153,6 @@ static void request_id(srv_http *h, const char *prefix, char *out, size_t len)
     snprintf(out, len, "%s-%llx%04llx", prefix, (unsigned long long)h->created, n);
 }
 
-static void sampling_of(const oai_sampling *s, sreq *r)
-{
-    ksampler_opts_init(&r->sampling);
-    r->sampling.temp = s->has_temperature ? (float)s->temperature : 1.0f;
-    r->sampling.top_k = (int)s->top_k;
-    r->sampling.top_p = (float)s->top_p;
-    r->sampling.min_p = (float)s->min_p;
-    r->sampling.seed = (uint64_t)s->seed;
-    r->sampling.presence_penalty = (float)s->presence_penalty;
-    r->sampling.frequency_penalty = (float)s->frequency_penalty;
-    r->sampling.repetition_penalty = s->repetition_penalty > 0 ? (float)s->repetition_penalty : 1.0f;
-    r->has_seed = s->has_seed;
-    r->logprobs = s->logprobs;
-    r->top_logprobs = s->top_logprobs;
-}
-
-/* The reply's constraint (response_format, a named tool_choice, strict tools): compiled into
- * r->gram, with the engine's token index.  A refused schema keyword is a 400 naming it. */
-static int constrain(srv_http *h, const kchat_options *o, sreq *r, oai_error *err)
-{
-    char param[128], msg[400];
-    krun_err kerr;
-    if (kchat_constraint(o, &r->gram, param, sizeof param, msg, sizeof msg)) {
-        oai_error_set(err, 400, param, "unsupported_schema", "%s", msg);
-        return -1;
-    }
-    if (r->gram && !(r->mask_index = srv_engine_mask_index(h->e, &kerr))) {
-        oai_error_set(err, 500, NULL, NULL, "%s", kerr.msg);
-        return -1;
-    }
-    return 0;
-}
-
-/* Does the prompt fit the context, with max_tokens?  Sets r->max_tokens. */
-static int fit_context(srv_http *h, sreq *r, long max_tokens, oai_error *err)
-{
-    size_t ctx = krun_model_ctx(srv_engine_model(h->e));
-    if (r->n_prompt > ctx) {
-        oai_error_set(err, 400, "messages", "context_length_exceeded",
-                      "the prompt is %zu tokens, more than the context of %zu positions (krun serve --ctx)", r->n_prompt, ctx);
-        return -1;
-    }
-    /* the last token generated is never run: a request uses n_prompt + max_tokens - 1 positions */
-    if (max_tokens < 0) max_tokens = (long)(ctx - r->n_prompt + 1);
-    if ((size_t)max_tokens - 1 > ctx - r->n_prompt) {
-        oai_error_set(err, 400, "max_tokens", "context_length_exceeded",
-                      "the prompt (%zu tokens) and max_tokens %ld need %zu positions; the context is %zu (krun serve --ctx)",
-                      r->n_prompt, max_tokens, r->n_prompt + (size_t)max_tokens - 1, ctx);
-        return -1;
-    }
-    r->max_tokens = max_tokens;
-    return 0;
-}
-
-/* n > 1: choice i (1 .. n-1) as a request of its own: r0's prompt, settings and constraint, with
- * seed + i (r0's seed is fixed first).  Kept in k->more (released with the connection). */
-static int add_choices(srv_http *h, conn *k, sreq *r0, int n, const kchat_options *chat, oai_error *err)
-{
-    if (!r0->has_seed) { r0->sampling.seed = srv_engine_fresh_seed(h->e); r0->has_seed = 1; }
-    for (int i = 1; i < n; i++) {
-        sreq *r = sreq_new();
-        if (r) {
-            r->prompt = malloc(r0->n_prompt * sizeof *r->prompt);
-            k->more[k->n_more++] = r;
-        }
-        if (!r || !r->prompt) { oai_error_set(err, 500, NULL, NULL, "out of memory"); return -1; }
-        memcpy(r->prompt, r0->prompt, r0->n_prompt * sizeof *r->prompt);
-        r->n_prompt = r0->n_prompt;
-        r->max_tokens = r0->max_tokens;
-        r->sampling = r0->sampling;
-        r->sampling.seed = r0->sampling.seed + (uint64_t)i;
-        r->has_seed = 1;
-        r->logprobs = r0->logprobs;
-        r->top_logprobs = r0->top_logprobs;
-        if (chat && constrain(h, chat, r, err)) return -1;
-    }
-    return 0;
-}
-
 /* n > 1: one body from the choices' bodies (each a whole response with one choice): the first's
  * id and fields, every choice with its index, completion tokens summed. */
 static char *merge_choices(char **bodies, size_t n)
@@ -256,25 +177,13 @@ static char *merge_choices(char **bodies, size_t n)
     return s;
 }
 
-/* Submit r with its output and answer when it is known. */
-static enum MHD_Result run_request(srv_http *h, struct MHD_Connection *c, conn *k, sreq *r, sgen_opts *go)
+/* Submit r (made by srv_prepare, with k->more its other choices) and answer when its output is known. */
+static enum MHD_Result run_request(srv_http *h, struct MHD_Connection *c, conn *k, sreq *r)
 {
     oai_error err;
-    int32_t end_ids[3];
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
-    go->end_ids = end_ids;
-    go->n_end_ids = go->n_end_ids ? krun_model_stop_ids(srv_engine_model(h->e), end_ids) : 0;
-    go->max_tokens = r->max_tokens;
-    go->prompt_ids = r->prompt;
-    go->n_prompt = r->n_prompt;
-    r->gen = sgen_new(krun_model_tokenizer(srv_engine_model(h->e)), go);
-    if (!r->gen) {
-        oai_error_set(&err, 500, NULL, NULL, "out of memory");
-        return reply_error(c, &err, 0);
-    }
     r->client_fd = ci ? ci->connect_fd : -1;
     r->client_probe = !k->http_1_0;
-    snprintf(r->id, sizeof r->id, "%s", go->meta.id);
     k->req = r;
     if (srv_submit(h->e, r, &err)) return reply_error(c, &err, !strcmp(err.code ? err.code : "", "server_busy") ? srv_retry_after(h->e) : 0);
     if (k->n_more) {
@@ -284,12 +193,9 @@ static enum MHD_Result run_request(srv_http *h, struct MHD_Connection *c, conn *
         size_t n = 1 + k->n_more;
         for (size_t i = 0; i < k->n_more; i++) {
             sreq *x = k->more[i];
-            x->gen = sgen_new(krun_model_tokenizer(srv_engine_model(h->e)), go);
             x->client_fd = r->client_fd;
             x->client_probe = r->client_probe;
-            snprintf(x->id, sizeof x->id, "%s.%zu", go->meta.id, i + 1);
-            if (!x->gen) { oai_error_set(&err, 500, NULL, NULL, "out of memory"); status = -2; }
-            else if (srv_submit(h->e, x, &err)) status = -2;
+            if (srv_submit(h->e, x, &err)) status = -2;
             if (status == -2) {
                 srv_cancel(h->e, r);
                 for (size_t j = 0; j < i; j++) srv_cancel(h->e, k->more[j]);
@@ -314,7 +220,7 @@ static enum MHD_Result run_request(srv_http *h, struct MHD_Connection *c, conn *
         if (gone) { free(merged); return MHD_NO; }
         return reply(c, (unsigned)status, merged, 0);
     }
-    if (go->stream) {
+    if (r->stream) {
         int status = srv_wait_started(h->e, r);
         if (status < 0) return MHD_NO;                     /* the client hung up */
         if (status == 200) return reply_stream(h, c, r);
@@ -330,110 +236,20 @@ static enum MHD_Result run_request(srv_http *h, struct MHD_Connection *c, conn *
     }
 }
 
-/* A chat request made ready to run, for either API: the model checked, the messages rendered in
- * K3's chat format, the sampling, the context and the reply's constraint.  NULL with err. */
-static sreq *chat_sreq(srv_http *h, const kchat_message *msgs, size_t n_msgs, const kchat_options *chat, const oai_sampling *s,
-                       oai_error *err)
+/* POST /v1/chat/completions (chat) or /v1/completions: the body made a request (serve_prep.c),
+ * with its other choices (n > 1) in k->more. */
+static enum MHD_Result api_request(srv_http *h, struct MHD_Connection *c, conn *k, int chat)
 {
-    const ktok *tk = krun_model_tokenizer(srv_engine_model(h->e));
-    kchat_rendering rend;
-    krun_err rerr;
-    sreq *r;
-    if (oai_check_model(s->model, srv_engine_model_name(h->e), err)) return NULL;
-    if (ktok_find_special(tk, KCHAT_OPEN) < 0 || ktok_find_special(tk, KCHAT_END_OF_MSG) < 0) {
-        oai_error_set(err, 400, NULL, "chat_unsupported", "this model's tokenizer has no chat markers (%s, %s): use /v1/completions",
-                      KCHAT_OPEN, KCHAT_END_OF_MSG);
-        return NULL;
-    }
-    if (kchat_render(tk, msgs, n_msgs, chat, &rend, &rerr)) {
-        oai_error_set(err, 400, NULL, "invalid_value", "%s", rerr.msg);
-        return NULL;
-    }
-    free(rend.text);
-    if (!(r = sreq_new())) { free(rend.ids); oai_error_set(err, 500, NULL, NULL, "out of memory"); return NULL; }
-    r->prompt = rend.ids;
-    r->n_prompt = rend.n_ids;
-    sampling_of(s, r);
-    if (fit_context(h, r, s->max_tokens, err) || constrain(h, chat, r, err)) { srv_release(h->e, r); return NULL; }
-    return r;
-}
-
-static enum MHD_Result chat_completions(srv_http *h, struct MHD_Connection *c, conn *k)
-{
-    oai_chat_request q;
     oai_error err;
     char id[64];
     sreq *r;
     enum MHD_Result rc;
-    if (oai_parse_chat_request(k->body.p, k->body.n, &q, &err)) return reply_error(c, &err, 0);
-    if (q.s.ignore_eos) {
-        oai_error_set(&err, 400, "ignore_eos", "unsupported_value", "ignore_eos is for /v1/completions: a chat reply ends at <|end_of_msg|>");
-        oai_chat_request_free(&q);
-        return reply_error(c, &err, 0);
-    }
-    if (!(r = chat_sreq(h, q.messages, q.n_messages, &q.chat, &q.s, &err))) { oai_chat_request_free(&q); return reply_error(c, &err, 0); }
-    if (q.s.n > 1 && add_choices(h, k, r, q.s.n, &q.chat, &err)) {
-        srv_release(h->e, r);
-        oai_chat_request_free(&q);
-        return reply_error(c, &err, 0);
-    }
-    request_id(h, "chatcmpl", id, sizeof id);
-    {
-        sgen_opts go = {1, q.chat.thinking, q.s.stream, q.s.include_usage, q.s.return_token_ids, q.s.stop, q.s.n_stop, NULL, 1, 0,
-                        {id, srv_engine_model_name(h->e), (long long)time(NULL)}, NULL, 0, q.s.logprobs, 0};
-        rc = run_request(h, c, k, r, &go);
-    }
+    oai_meta meta = {id, srv_engine_model_name(h->e), (long long)time(NULL)};
+    request_id(h, chat ? "chatcmpl" : "cmpl", id, sizeof id);
+    r = srv_prepare(h->e, srv_engine_model_name(h->e), chat, k->body.p, k->body.n, &meta, k->more, &k->n_more, &err);
+    if (!r) return reply_error(c, &err, 0);
+    rc = run_request(h, c, k, r);
     if (!k->req) srv_release(h->e, r);
-    oai_chat_request_free(&q);
-    return rc;
-}
-
-static enum MHD_Result completions(srv_http *h, struct MHD_Connection *c, conn *k)
-{
-    krun_model *m = srv_engine_model(h->e);
-    const ktok *tk = krun_model_tokenizer(m);
-    oai_completion_request q;
-    oai_error err;
-    char id[64];
-    sreq *r;
-    enum MHD_Result rc;
-    if (oai_parse_completion_request(k->body.p, k->body.n, (size_t)krun_model_config(m)->vocab, &q, &err)) return reply_error(c, &err, 0);
-    if (oai_check_model(q.s.model, srv_engine_model_name(h->e), &err)) { oai_completion_request_free(&q); return reply_error(c, &err, 0); }
-    r = sreq_new();
-    if (!r) { oai_completion_request_free(&q); oai_error_set(&err, 500, NULL, NULL, "out of memory"); return reply_error(c, &err, 0); }
-    if (q.prompt_ids) {
-        r->prompt = malloc(q.n_prompt_ids * sizeof *r->prompt);
-        if (r->prompt) memcpy(r->prompt, q.prompt_ids, q.n_prompt_ids * sizeof *r->prompt);
-        r->n_prompt = q.n_prompt_ids;
-    } else if (ktok_encode(tk, q.prompt, q.prompt_len, 1, &r->prompt, &r->n_prompt)) {
-        r->prompt = NULL;
-    }
-    if (!r->prompt) {
-        srv_release(h->e, r);
-        oai_completion_request_free(&q);
-        oai_error_set(&err, 500, NULL, NULL, "out of memory");
-        return reply_error(c, &err, 0);
-    }
-    sampling_of(&q.s, r);
-    if (fit_context(h, r, q.s.max_tokens, &err)) {
-        snprintf(err.param, sizeof err.param, "%s", r->n_prompt > krun_model_ctx(m) ? "prompt" : "max_tokens");
-        srv_release(h->e, r);
-        oai_completion_request_free(&q);
-        return reply_error(c, &err, 0);
-    }
-    if (q.s.n > 1 && add_choices(h, k, r, q.s.n, NULL, &err)) {
-        srv_release(h->e, r);
-        oai_completion_request_free(&q);
-        return reply_error(c, &err, 0);
-    }
-    request_id(h, "cmpl", id, sizeof id);
-    {
-        sgen_opts go = {0, 0, q.s.stream, q.s.include_usage, q.s.return_token_ids, q.s.stop, q.s.n_stop, NULL, !q.s.ignore_eos, 0,
-                        {id, srv_engine_model_name(h->e), (long long)time(NULL)}, NULL, 0, q.s.logprobs, 0};
-        rc = run_request(h, c, k, r, &go);
-    }
-    if (!k->req) srv_release(h->e, r);
-    oai_completion_request_free(&q);
     return rc;
 }
 
@@ -451,20 +267,29 @@ static enum MHD_Result messages(srv_http *h, struct MHD_Connection *c, conn *k, 
     char id[64];
     sreq *r;
     enum MHD_Result rc;
+    request_id(h, "msg", id, sizeof id);
     if (anth_parse_request(k->body.p, k->body.n, count, &q, &err)) return reply_anth_error(c, &err);
-    if (!(r = chat_sreq(h, q.messages, q.n_messages, &q.chat, &q.s, &err))) { anth_request_free(&q); return reply_anth_error(c, &err); }
+    if (oai_check_model(q.s.model, srv_engine_model_name(h->e), &err) ||
+        !(r = srv_prepare_chat(h->e, q.messages, q.n_messages, &q.chat, &q.s, &err))) {
+        anth_request_free(&q);
+        return reply_anth_error(c, &err);
+    }
     if (count) {
         long n = (long)r->n_prompt;
-        srv_release(h->e, r);
+        sreq_discard(r);
         anth_request_free(&q);
         return reply(c, 200, anth_count_tokens_response(n), 0);
     }
-    request_id(h, "msg", id, sizeof id);
     {
         sgen_opts go = {1, q.chat.thinking, q.s.stream, 0, 0, q.s.stop, q.s.n_stop, NULL, 1, 0,
                         {id, srv_engine_model_name(h->e), (long long)time(NULL)}, NULL, 0, 0, 1};
-        rc = run_request(h, c, k, r, &go);
+        if (srv_prepare_output(srv_engine_model(h->e), r, &go, &err)) {
+            sreq_discard(r);
+            anth_request_free(&q);
+            return reply_anth_error(c, &err);
+        }
     }
+    rc = run_request(h, c, k, r);
     if (!k->req) srv_release(h->e, r);
     anth_request_free(&q);
     return rc;
@@ -628,8 +453,8 @@ static enum MHD_Result route(srv_http *h, struct MHD_Connection *c, const char *
         return reply_json(c, (unsigned)status, j);
     }
     case 1: return reply(c, 200, oai_models_response(srv_engine_model_name(h->e), h->created, "krun"), 0);
-    case 2: return chat_completions(h, c, k);
-    case 3: return completions(h, c, k);
+    case 2: return api_request(h, c, k, 1);
+    case 3: return api_request(h, c, k, 0);
     case 4: return messages(h, c, k, 0);
     case 5: return messages(h, c, k, 1);
     case 6: return tokenize(h, c, k);

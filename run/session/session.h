@@ -63,7 +63,11 @@ typedef struct krun_model_opts {
     int verify;                /* enum krun_verify */
     int trace;                 /* record every read (krun_model_trace_write) */
     size_t ctx;                /* positions per session (default 4096) */
-    size_t chunk;              /* positions per forward block of a prefill (default 64) */
+    size_t chunk;              /* positions per forward block of a prefill; 0 (the default): auto -- with a
+                                  budget the planner chooses, per prompt, between blocks of 64 and a larger
+                                  prefill block that borrows the decoding layout's memory (memplan.h);
+                                  without one, 64.  A given chunk is one layout, blocks of that size */
+    size_t prompt_tokens;      /* chunk auto: the prompt the caller expects (the planner's reference); 0: ctx */
     size_t max_seqs;           /* sessions live at once, whose state the plan budgets (default 1, at most 256) */
     uint64_t extra_bytes;      /* the caller's own buffers, counted in the plan (e.g. all-position logits) */
     size_t spec;               /* speculative decoding: drafts per verification block, at most (0: none, the
@@ -97,6 +101,10 @@ size_t krun_model_stop_ids(const krun_model *m, int32_t out[3]);
 const kmemplan *krun_model_plan(const krun_model *m);       /* NULL: in place, no plan */
 uint64_t krun_model_auto_budget(const krun_model *m);       /* the budget chosen for a too-large file, or 0 */
 
+/* Times each routed expert of MoE layer L was chosen so far, [n_experts]
+ * (NULL for a dense layer): the routing's histogram. */
+const uint64_t *krun_model_routing(const krun_model *m, int L);
+
 /* What the model has read so far (run/util/stats.h: the store's counters). */
 void krun_model_stats(const krun_model *m, krun_stats *st);
 /* Something the user should be told once about how the file is read (e.g.
@@ -104,11 +112,26 @@ void krun_model_stats(const krun_model *m, krun_stats *st);
 const char *krun_model_notice(const krun_model *m);
 int krun_model_threads(const krun_model *m);
 size_t krun_model_ctx(const krun_model *m);
-size_t krun_model_chunk(const krun_model *m);
+size_t krun_model_chunk(const krun_model *m);               /* the decoding layout's prompt block */
 size_t krun_model_max_seqs(const krun_model *m);            /* sessions live at once, at most */
-size_t krun_model_block(const krun_model *m);               /* positions one forward block holds: max(chunk, max_seqs) */
-/* Bytes of run state and session slots: as planned (from the same layout
- * functions) and as allocated at prepare. */
+size_t krun_model_block(const krun_model *m);               /* positions a decoding block holds: max(chunk, max_seqs) */
+/* Positions the largest block holds: the prefill layout's (chunk auto), else krun_model_block. */
+size_t krun_model_block_max(const krun_model *m);
+/* How many positions the next block should hold when n positions of prompt
+ * (and decoding tokens) are waiting: the cost model's choice between the
+ * decoding block and the prefill block (kmemplan_prompt, from the phase the
+ * model is in).  A block of more than krun_model_block positions runs in the
+ * prefill layout: the model switches phase before it (and back before the
+ * next block that fits the decoding layout). */
+size_t krun_model_prompt_block(const krun_model *m, size_t n);
+/* 1 while the model is in the prefill layout (its flex region holds a large block's activations). */
+int krun_model_in_prefill(const krun_model *m);
+/* Called after each layer of every forward block (layers done, of n):
+ * progress inside a long block, from the thread that runs it.  NULL: none. */
+typedef void (*krun_layer_fn)(void *ctx, int done, int n);
+void krun_model_set_layer_hook(krun_model *m, krun_layer_fn fn, void *ctx);
+/* Bytes of run state, session slots and the flex region: as planned (from
+ * the same layout functions) and as allocated at prepare. */
 void krun_model_memory(const krun_model *m, uint64_t *planned, uint64_t *allocated);
 int krun_model_trace_write(krun_model *m, const char *path);
 
@@ -129,7 +152,7 @@ void krun_session_free(krun_session *s);
 void krun_session_reset(krun_session *s);
 
 /* Run the pending tokens (krun_session_append), then ids[0..n), in blocks of
- * the model's chunk.  all_logits: NULL, or room for the logits of every
+ * the model's chunk (chunk auto: as krun_model_prompt_block says).  all_logits: NULL, or room for the logits of every
  * position run, [pending + n][vocab].  The last position's logits are kept
  * (krun_session_logits).  Ids must be in the vocabulary and the history must
  * fit the context (KRUN_EINPUT, nothing run); logits that are not finite stop
@@ -172,7 +195,8 @@ size_t krun_session_reply_start(const krun_session *s);
 typedef int (*krun_mask_fn)(void *ctx, const int32_t *tokens, size_t pos, uint64_t *allowed);
 void krun_session_set_mask(krun_session *s, krun_mask_fn fn, void *ctx);
 
-/* Called after each forward block of a feed: positions done of total. */
+/* Called after each forward block of a feed: positions done of total (and,
+ * with a layer hook on the model, inside each block: krun_model_set_layer_hook). */
 typedef void (*krun_progress_fn)(void *ctx, size_t done, size_t total);
 void krun_session_set_progress(krun_session *s, krun_progress_fn fn, void *ctx);
 
@@ -181,11 +205,13 @@ void krun_session_set_progress(krun_session *s, krun_progress_fn fn, void *ctx);
  * bit-identical to feeding it alone. */
 int krun_step_batch(krun_model *m, krun_session *const *ss, const int32_t *ids, size_t n, krun_err *err);
 
-/* Speculative decoding (docs/RUNTIME.md §7), exact for greedy sampling:
+/* Speculative decoding (docs/RUNTIME.md §7), exact at any sampling setting:
  * runs id (a token sampled from the session's logits, as krun_session_feed
  * would), preceded by any pending tokens, together with up to max_draft
  * tokens drafted from the session's own history, in one forward block, and
- * keeps the drafts the model itself would have chosen greedily.  Those
+ * keeps the drafts the session's sampler itself picks at their positions
+ * (sampler.h: a pick depends on its position's logits, the history and the
+ * seed only, so these are the tokens plain decoding samples).  Those
  * accepted tokens (*n_accepted of them, never a stop id of the model) are
  * written to accepted[] and the logits each was chosen from to
  * accepted_logits[*n_accepted][vocab] (either may be NULL); they are part of
@@ -194,9 +220,7 @@ int krun_step_batch(krun_model *m, krun_session *const *ss, const int32_t *ids, 
  * Everything (ids, logits, the state and a saved state) is bit-identical to
  * feeding id and then each accepted token one at a time.  With no drafts
  * (nothing in the history predicts the next tokens, or the model was
- * prepared with spec 0) it is exactly krun_session_feed of id.  Sampling at a
- * temperature is refused (KRUN_EINPUT): acceptance would have to follow the
- * sampler's distribution, and the tokens could not be those of --spec 0.
+ * prepared with spec 0) it is exactly krun_session_feed of id.
  * Not for sessions stepped with krun_step_batch in the same round: one
  * session verifies at a time. */
 int krun_session_feed_spec(krun_session *s, int32_t id, size_t max_draft, int32_t *accepted, float *accepted_logits,
@@ -210,7 +234,8 @@ int krun_session_verify(krun_session *s, int32_t id, const int32_t *draft, size_
                         size_t *n_accepted, krun_err *err);
 
 typedef struct krun_spec_stats {
-    uint64_t sweeps;           /* forward blocks krun_session_feed_spec ran (one per call) */
+    uint64_t sweeps;           /* forward blocks krun_session_feed_spec ran (one per call), and batched
+                                  steps in which the session verified drafts */
     uint64_t verifications;    /* of them, blocks that carried drafts */
     uint64_t drafted;          /* draft tokens verified */
     uint64_t accepted;         /* of them, accepted */
@@ -218,6 +243,27 @@ typedef struct krun_spec_stats {
 } krun_spec_stats;
 /* Counted since the session was created or reset. */
 void krun_session_spec_stats(const krun_session *s, krun_spec_stats *st);
+
+/* Speculation inside a batched step (krun serve's sweeps).  krun_session_draft
+ * proposes up to max drafts for the tokens after id (the token the caller
+ * sampled and will step): from the session's own history (its prompt
+ * included) with its adaptive drafter (spec.h), else from the histories of
+ * others[] (other live sessions: the longest continuation any of them
+ * offers, by the same evidence rule); 0 when nothing is evidence.
+ * krun_step_batch_verify is krun_step_batch where session k's id is followed
+ * by its drafts[k][0..nd[k]) (nd[k] = 0: a plain step; a session with drafts
+ * must have no pending tokens): one forward block in which the verification
+ * positions join the others, each session keeping the drafts its sampler
+ * picks (*n_accepted[k] of them, now the last tokens of its history, run)
+ * exactly as krun_session_verify would.  The block's verification positions
+ * (drafts + 1 per verifying session) share the journal: at most `rows`
+ * positions in at most `seqs` sessions (krun_model_journal; rows = the
+ * model's spec + 1, seqs = rows / 2), and every position counts against the
+ * block (krun_model_block).  Beyond them: KRUN_EINPUT, nothing run. */
+void krun_model_journal(const krun_model *m, size_t *rows, size_t *seqs);
+size_t krun_session_draft(krun_session *s, int32_t id, size_t max, krun_session *const *others, size_t n_others, int32_t *out);
+int krun_step_batch_verify(krun_model *m, krun_session *const *ss, const int32_t *ids, const int32_t *const *drafts,
+                           const size_t *nd, size_t n, size_t *n_accepted, krun_err *err);
 
 /* The session's state (KDA, ShortConv, MLA latent cache, position, history
  * with pending tokens, last logits, the sampler's seed and stream, the reply start) to a file, in the format of

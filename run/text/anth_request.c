@@ -311,6 +311,9 @@ static int get_sampling(json_t *o, anth_request *r, int count_tokens, kreq_arena
     s->temperature = 1;
     s->top_p = 1;
     s->max_tokens = -1;
+    s->speculative = -1;       /* the server's --spec */
+    s->repetition_penalty = 1;
+    s->n = 1;
     v = kreq_field(o, "model");
     if (!v) return required(e, "model");
     if (!json_is_string(v)) return kreq_wrong_type(e, "model", "a string", v);

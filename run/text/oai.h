@@ -52,6 +52,8 @@ typedef struct {
     int logprobs;             /* report each generated token's log-probability */
     int top_logprobs;         /* and this many alternatives (0 .. OAI_MAX_TOP_LOGPROBS) */
     int n;                    /* choices (1 .. OAI_MAX_N): choice i is the request with seed + i */
+    long speculative;         /* krun's: drafts per verification at most (0: none; true: the server's
+                                 --spec; false: 0); -1: absent (the server's) */
 } oai_sampling;
 #define OAI_MAX_N 16
 #define OAI_MAX_TOP_LOGPROBS 20
