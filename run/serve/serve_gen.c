@@ -446,8 +446,9 @@ void sgen_fail(sgen *g, const oai_error *e)
     if (g->complete || g->failed) return;
     g->failed = 1;
     if (g->o.anthropic) {
-        body = g->stream_started ? anth_sse_error(e) : anth_error_json(e);
-        if (!g->stream_started) { g->out.n = 0; g->status = e->status; }
+        int sse = g->stream_started || (g->o.stream && g->http_stream);
+        body = sse ? anth_sse_error(e) : anth_error_json(e);
+        if (!sse) { g->out.n = 0; g->status = e->status; }
         kbuf_puts(&g->out, body ? body : "{\"type\":\"error\",\"error\":{\"type\":\"api_error\",\"message\":\"out of memory\"}}");
         free(body);
         return;

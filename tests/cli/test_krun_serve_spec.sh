@@ -167,19 +167,23 @@ if [ ! -f "$TOK" ]; then skip "constrained/logprobs with speculation: the real t
     && "$BIN/kpack" convert "$T/rt" "$T/rt.kpk" --quiet && rm -rf "$T/rt" || notok "real-tokenizer model"
 python3 - "$T/creqs.json" <<'PY'
 import json, sys
-SCHEMA = {"type": "object", "properties": {"c": {"type": "array", "items": {"enum": ["red", "green", "blue"]}}},
-          "required": ["c"], "additionalProperties": False}
-REP = '{"c": ["red", "red", "red", "green", "red", "red", "red", "green", "red", "red"]} ' * 6
-def chat(**b):
-    b.setdefault("messages", [{"role": "user", "content": REP}]); b.setdefault("max_tokens", 60)
+S = "the red fox and " * 12
+FREE = {"type": "object", "properties": {"c": {"type": "array", "items": {"enum": ["red", "green", "blue"]}}},
+        "required": ["c"], "additionalProperties": False}
+def chat(schema=None, **b):
+    b.setdefault("messages", [{"role": "user", "content": S}]); b.setdefault("max_tokens", 60)
     b.setdefault("chat_template_kwargs", {"thinking": False})
+    if schema: b["response_format"] = {"type": "json_schema", "json_schema": {"name": "c", "schema": schema}}
     return ("/v1/chat/completions", b)
+# the schemas whose text repeats (drafts made, accepted and rejected under the mask), a free one, json_object
 reqs = [
-    chat(temperature=0, response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": SCHEMA, "strict": True}}),
-    chat(temperature=0.7, seed=3, response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": SCHEMA}}),
+    chat({"enum": [S]}, temperature=0.7, seed=3),
+    chat({"enum": [S]}, temperature=1, seed=3),
+    chat({"type": "object", "properties": {"a": {"enum": [S]}}, "required": ["a"], "additionalProperties": False}, temperature=0.7, seed=4),
+    chat(FREE, temperature=0.7, seed=3),
     chat(temperature=1, seed=4, response_format={"type": "json_object"}),
     chat(temperature=0.7, seed=3, logprobs=True, top_logprobs=3),
-    ("/v1/completions", {"prompt": REP, "max_tokens": 40, "temperature": 0.7, "seed": 5, "logprobs": 4, "ignore_eos": True}),
+    ("/v1/completions", {"prompt": S, "max_tokens": 40, "temperature": 0.7, "seed": 5, "logprobs": 4, "ignore_eos": True}),
 ]
 json.dump(reqs, open(sys.argv[1], "w"))
 PY
@@ -194,11 +198,13 @@ def body(path, b):
     assert s == 200, (s, j)
     j.pop("id", None); j.pop("created", None)
     return j
-out = {"alone": [], "drafted": []}
+out = {"alone": [], "drafted": [], "accepted": []}
 for path, b in reqs:
-    d0 = c.health(port)["stats"]["speculation"]["drafted"]
+    h0 = c.health(port)["stats"]["speculation"]
     out["alone"].append(body(path, b))
-    out["drafted"].append(c.health(port)["stats"]["speculation"]["drafted"] - d0)
+    h1 = c.health(port)["stats"]["speculation"]
+    out["drafted"].append(h1["drafted"] - h0["drafted"])
+    out["accepted"].append(h1["accepted"] - h0["accepted"])
 together = [None] * len(reqs)
 bar = threading.Barrier(len(reqs))
 def go(i):
@@ -219,14 +225,14 @@ for k in range(len(a["alone"])):
     assert a["alone"][k] == a["together"][k], ("--spec 0: batched differs from alone", k)
     assert b["alone"][k] == a["alone"][k], ("alone: speculative differs from --spec 0", k, b["alone"][k], a["alone"][k])
     assert b["together"][k] == a["together"][k], ("batched: speculative differs from --spec 0", k)
-for k in (0, 1):
-    json.loads(a["alone"][k]["choices"][0]["message"]["content"])     # the schema's JSON
-assert a["alone"][3]["choices"][0]["logprobs"]["content"] and a["alone"][4]["choices"][0]["logprobs"]["token_logprobs"]
-d = b["drafted"]
-assert d[3] == 0 and d[4] == 0, ("a logprobs request drafted", d)
-assert d[0] + d[1] + d[2] > 0, ("the constrained requests drafted nothing: the check proves nothing", d)
-print(f"json_schema (greedy, strict; 0.7), json_object, chat and completion logprobs, alone and 5 at once: bodies == --spec 0; "
-      f"drafts of the constrained ones alone {d[:3]}, of the logprobs ones none")
+for k in range(3):
+    assert "the red fox and the red" in a["alone"][k]["choices"][0]["message"]["content"], a["alone"][k]   # the schema's text
+assert a["alone"][5]["choices"][0]["logprobs"]["content"] and a["alone"][6]["choices"][0]["logprobs"]["token_logprobs"]
+d, acc = b["drafted"], b["accepted"]
+assert d[5] == 0 and d[6] == 0, ("a logprobs request drafted", d)
+assert sum(acc[:3]) > 0 and sum(acc[:3]) < sum(d[:3]), ("the constrained requests' drafts were not both kept and rejected", d, acc)
+print(f"json_schema (3 whose text repeats, 1 free), json_object, chat and completion logprobs, alone and 7 at once: bodies == --spec 0; "
+      f"constrained alone: {sum(acc[:5])} of {sum(d[:5])} drafts accepted; logprobs: none drafted")
 PY
 fi
 finish
