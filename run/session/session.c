@@ -533,6 +533,146 @@ int krun_step_batch(krun_model *m, krun_session *const *ss, const int32_t *ids, 
     return 0;
 }
 
+/* ---- copies and snapshots ------------------------------------------------------ */
+
+struct krun_snapshot {
+    krun_model *m;
+    size_t cap;                /* history tokens it has room for (its state's MLA rows too) */
+    int taken;
+    k3_state st;
+    int32_t *tokens;           /* [cap] */
+    size_t n_tokens;
+    float *logits;             /* [vocab] */
+    int have_logits;
+    ksampler_opts so;          /* the sampler: options and PRNG state */
+    uint64_t rng[4];
+    kspec drafter;
+};
+
+/* What a session is, in one place: its state, history, logits, sampler and
+ * drafter.  Each copy below is one of these assignments. */
+typedef struct sess_view {
+    k3_state *st;
+    int32_t *tokens;
+    size_t *n_tokens;
+    float *logits;
+    int *have_logits;
+    ksampler_opts *so;         /* NULL for a session: its sampler is re-initialised */
+    uint64_t *rng;
+    kspec *drafter;
+} sess_view;
+
+static sess_view view_of_session(krun_session *s)
+{
+    return (sess_view){&s->st, s->tokens, &s->n_tokens, s->logits, &s->have_logits, NULL, s->sampler.s, &s->drafter};
+}
+
+static sess_view view_of_snapshot(krun_snapshot *x)
+{
+    return (sess_view){&x->st, x->tokens, &x->n_tokens, x->logits, &x->have_logits, &x->so, x->rng, &x->drafter};
+}
+
+/* dst := src, everything a continuation depends on (the caller checked room). */
+static void view_copy(const sess_view *dst, const sess_view *src, size_t V)
+{
+    k3_state_copy(dst->st, src->st);
+    memcpy(dst->tokens, src->tokens, *src->n_tokens * sizeof *dst->tokens);
+    *dst->n_tokens = *src->n_tokens;
+    if (*src->have_logits) memcpy(dst->logits, src->logits, V * sizeof *dst->logits);
+    *dst->have_logits = *src->have_logits;
+    if (dst->so && src->so) *dst->so = *src->so;
+    memcpy(dst->rng, src->rng, 4 * sizeof *dst->rng);
+    *dst->drafter = *src->drafter;
+}
+
+/* A session becomes src: its sampler takes src's options (so) first. */
+static void copy_into_session(krun_session *dst, const sess_view *src, const ksampler_opts *so)
+{
+    sess_view d = view_of_session(dst);
+    krun_session_reset(dst);
+    ksampler_init(&dst->sampler, so, dst->order, dst->prob, (size_t)dst->m->m.cfg.vocab);
+    view_copy(&d, src, (size_t)dst->m->m.cfg.vocab);
+}
+
+static int copy_check(const krun_session *src, const krun_model *m, size_t room, const char *what, krun_err *err)
+{
+    if (src->m != m || !src->live) return krun_err_set(err, KRUN_EINPUT, "copying a session: not a live session of this model");
+    if (src->broken) return krun_err_set(err, KRUN_EINPUT, "copying a session: its last feed failed, nothing consistent to copy");
+    if (src->n_tokens > room)
+        return krun_err_set(err, KRUN_EINPUT, "copying a session of %zu tokens: %s holds %zu", src->n_tokens, what, room);
+    return 0;
+}
+
+int krun_session_copy(krun_session *dst, const krun_session *src, krun_err *err)
+{
+    sess_view v = view_of_session((krun_session *)src);   /* read only */
+    if (dst == src || !dst->live) return krun_err_set(err, KRUN_EINPUT, "copying a session: the target must be another live session");
+    if (copy_check(src, dst->m, dst->st.ctx, "the target session's context", err)) return -1;
+    copy_into_session(dst, &v, &src->sampler.o);
+    return 0;
+}
+
+static size_t snapshot_carve(krun_snapshot *x, const k3_config *c, size_t cap, karena *a)
+{
+    krun_snapshot tmp, *s = x ? x : &tmp;
+    karena_take(a, 1, sizeof *s);
+    memset(s, 0, sizeof *s);
+    k3_state_carve(&s->st, c, cap, a);
+    KTAKE(a, s->tokens, cap);
+    KTAKE(a, s->logits, (size_t)c->vocab);
+    return karena_round(a->used);
+}
+
+size_t krun_snapshot_bytes(const krun_model *m, size_t cap)
+{
+    karena a = {NULL, 0};
+    return snapshot_carve(NULL, &m->m.cfg, cap, &a);
+}
+
+int krun_snapshot_new(krun_model *m, size_t cap, krun_snapshot **out, krun_err *err)
+{
+    size_t n = krun_snapshot_bytes(m, cap);
+    karena a = {aligned_alloc(KARENA_ALIGN, n), 0};
+    *out = NULL;
+    if (!a.base) return krun_err_set(err, KRUN_ENOMEM, "out of memory: %zu bytes for a snapshot of %zu positions", n, cap);
+    snapshot_carve((krun_snapshot *)(void *)a.base, &m->m.cfg, cap, &a);
+    *out = (krun_snapshot *)(void *)a.base;
+    (*out)->m = m;
+    (*out)->cap = cap;
+    return 0;
+}
+
+void krun_snapshot_free(krun_snapshot *snap) { free(snap); }
+
+int krun_snapshot_take(krun_snapshot *snap, const krun_session *s, krun_err *err)
+{
+    sess_view d = view_of_snapshot(snap), v = view_of_session((krun_session *)s);   /* s: read only */
+    if (copy_check(s, snap->m, snap->cap, "the snapshot", err)) return -1;
+    snap->so = s->sampler.o;
+    view_copy(&d, &v, (size_t)snap->m->m.cfg.vocab);
+    snap->taken = 1;
+    return 0;
+}
+
+int krun_snapshot_restore(krun_session *s, const krun_snapshot *snap, krun_err *err)
+{
+    sess_view v = view_of_snapshot((krun_snapshot *)snap);   /* read only */
+    if (s->m != snap->m || !s->live) return krun_err_set(err, KRUN_EINPUT, "restoring a snapshot: not a live session of its model");
+    if (!snap->taken) return krun_err_set(err, KRUN_EINPUT, "restoring a snapshot: nothing was taken into it");
+    if (snap->n_tokens > s->st.ctx)
+        return krun_err_set(err, KRUN_EINPUT, "restoring a snapshot of %zu tokens into a session whose context holds %zu", snap->n_tokens,
+                            s->st.ctx);
+    copy_into_session(s, &v, &snap->so);
+    return 0;
+}
+
+const int32_t *krun_snapshot_tokens(const krun_snapshot *snap, size_t *n, size_t *pos)
+{
+    *n = snap->taken ? snap->n_tokens : 0;
+    *pos = snap->taken ? snap->st.pos : 0;
+    return snap->taken ? snap->tokens : NULL;
+}
+
 /* ---- saved conversations -------------------------------------------------------- */
 
 static uint64_t config_hash(const krun_model *m) { return XXH3_64bits(m->m.config_text, m->m.config_len); }

@@ -196,6 +196,45 @@ typedef struct krun_spec_stats {
 /* Counted since the session was created or reset. */
 void krun_session_spec_stats(const krun_session *s, krun_spec_stats *st);
 
+/* ---- copies and snapshots ------------------------------------------------------
+ *
+ * A session's whole state -- the sequential state of the positions it ran (KDA
+ * recurrent states and ShortConv histories, the MLA latent rows), its history
+ * with its pending tokens, its last logits, its sampler (options and PRNG
+ * state) and its drafter -- copied into another session, or into a snapshot
+ * kept outside the session slots, and back.  The copy continues exactly as the
+ * original would: every feed, sample and step gives the same bits
+ * (probe_session copy).  What is not copied: the progress callback (the
+ * caller's) and the spec statistics (counted per session).
+ *
+ * One prefill, several continuations (n > 1 choices): feed the prompt once,
+ * krun_session_copy it into n - 1 other sessions, give each its own sampler.
+ * A copy costs the state of the positions run: at full scale 464.6 MB of KDA
+ * state plus 55 KB per position (docs/STATE.md §1), a memcpy, no model read. */
+
+/* dst (a live session of the same model, not src) becomes src.  Fails with
+ * KRUN_EINPUT, dst unchanged, when src's last feed failed or its history does
+ * not fit dst's context. */
+int krun_session_copy(krun_session *dst, const krun_session *src, krun_err *err);
+
+typedef struct krun_snapshot krun_snapshot;
+/* Bytes of a snapshot with room for a history of cap tokens (the KDA state,
+ * cap MLA rows, cap tokens, the logits): for a caller's budget. */
+size_t krun_snapshot_bytes(const krun_model *m, size_t cap);
+/* A snapshot buffer for histories of up to cap tokens (KRUN_ENOMEM). */
+int krun_snapshot_new(krun_model *m, size_t cap, krun_snapshot **out, krun_err *err);
+void krun_snapshot_free(krun_snapshot *snap);
+/* snap becomes a copy of s (KRUN_EINPUT when s's last feed failed or its
+ * history is longer than the snapshot's cap; snap unchanged). */
+int krun_snapshot_take(krun_snapshot *snap, const krun_session *s, krun_err *err);
+/* s (live, of the snapshot's model) becomes the snapshot's session, exactly
+ * as it was taken (KRUN_EINPUT when the history does not fit s's context or
+ * the snapshot is empty; s unchanged).  A snapshot may be restored any
+ * number of times. */
+int krun_snapshot_restore(krun_session *s, const krun_snapshot *snap, krun_err *err);
+/* The snapshot's history (NULL and 0 before the first take) and positions run. */
+const int32_t *krun_snapshot_tokens(const krun_snapshot *snap, size_t *n, size_t *pos);
+
 /* The session's state (KDA, ShortConv, MLA latent cache, position, history
  * with pending tokens, last logits, sampler PRNG) to a file, in the format of
  * docs/STATE.md, through the one safe writer (savefile.h): path is new or an

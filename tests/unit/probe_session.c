@@ -3,6 +3,9 @@
  *   probe_session memory  FILE.kpk [--mem SIZE]   planned bytes == allocated bytes
  *   probe_session allocs  FILE.kpk [--mem SIZE]   no allocation per decoding step
  *   probe_session batch   FILE.kpk [--mem SIZE]   sessions stepped together == each alone, bit for bit
+ *   probe_session copy    FILE.kpk [--mem SIZE]   a session copied (krun_session_copy) or snapshotted and
+ *                                                 restored (krun_snapshot_*) continues bit for bit as the
+ *                                                 original: ids, logits, the sampler's PRNG, pending tokens
  *   probe_session spec    FILE.kpk [--mem SIZE]   speculative verification == plain decoding, bit for bit
  *                                                 (ids, logits, the saved state), a rollback at every
  *                                                 place of a block (--quick: in the middle of it, and
@@ -293,6 +296,118 @@ out:
     krun_model_close(m);
 }
 
+/* ---- copy: a copied session continues as the original -------------------------- */
+
+#define CP_GEN 10          /* tokens generated after the prompt */
+#define CP_AT 4            /* copied after this many: CP_AT - 1 run, the last pending */
+
+/* Sample and feed from where s is (g tokens generated so far; with a pending
+ * token when pend) to CP_GEN, recording ids and the logits each came from;
+ * the sessions in ss[0..n) advance together, one block per token. */
+static int cp_continue(krun_model *m, krun_session **ss, size_t n, size_t g, int32_t ids[][CP_GEN], float *logits, krun_err *e)
+{
+    const size_t V = (size_t)krun_model_config(m)->vocab;
+    for (; g < CP_GEN; g++) {
+        int32_t in[NS];
+        for (size_t k = 0; k < n; k++) {
+            if (krun_session_pending(ss[k])) {            /* the pending token first (a copy taken there) */
+                if (krun_session_feed(ss[k], NULL, 0, NULL, e)) return -1;
+            }
+            memcpy(logits + (k * CP_GEN + g) * V, krun_session_logits(ss[k]), V * sizeof *logits);
+            in[k] = ids[k][g] = krun_session_sample(ss[k]);
+        }
+        if (g + 1 < CP_GEN && krun_step_batch(m, ss, in, n, e)) return -1;
+    }
+    return 0;
+}
+
+static void check_copy(const char *path, const char *mem)
+{
+    static const int32_t prompt[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13};
+    const ksampler_opts so = {0.8f, 0, 1.0f, 0.0f, 5};       /* at a temperature: the PRNG state matters */
+    krun_model *m;
+    krun_session *a, *b, *c;
+    krun_snapshot *snap = NULL, *small = NULL;
+    krun_err e;
+    float *ref, *got;
+    int32_t ref_ids[1][CP_GEN], ids[NS][CP_GEN];
+    size_t V, n, pos;
+    int ok = 1;
+    if (open_model(path, mem, 64, 4, NS, &m)) return;
+    V = (size_t)krun_model_config(m)->vocab;
+    ref = malloc((size_t)CP_GEN * V * sizeof *ref);
+    got = malloc((size_t)NS * CP_GEN * V * sizeof *got);
+    if (!ref || !got || krun_session_new(m, &a, &e) || krun_session_new(m, &b, &e) || krun_session_new(m, &c, &e)) {
+        printf("not ok - copy: setup\n"); fails++; goto out;
+    }
+    /* the reference: one session, the whole way */
+    krun_session_set_sampler(a, &so);
+    if (krun_session_feed(a, prompt, 13, NULL, &e) || cp_continue(m, &a, 1, 0, ref_ids, ref, &e)) goto bad;
+    /* again to CP_AT tokens, the last appended (sampled, not run); copy and snapshot there */
+    krun_session_reset(a);
+    krun_session_set_sampler(a, &so);
+    if (krun_session_feed(a, prompt, 13, NULL, &e)) goto bad;
+    for (size_t g = 0; g < CP_AT; g++) {
+        ids[0][g] = krun_session_sample(a);
+        if (g + 1 < CP_AT ? krun_session_feed(a, &ids[0][g], 1, NULL, &e) : krun_session_append(a, &ids[0][g], 1, &e)) goto bad;
+    }
+    OK(krun_session_copy(a, a, &e) == -1 && e.code == KRUN_EINPUT, "copy: a session onto itself is refused: %s", e.msg);
+    if (krun_session_copy(b, a, &e) || krun_snapshot_new(m, 64, &snap, &e) || krun_snapshot_take(snap, a, &e)) goto bad;
+    {
+        const int32_t *h = krun_snapshot_tokens(snap, &n, &pos);
+        OK(h && n == 13 + CP_AT && pos == 13 + CP_AT - 1 && krun_session_pending(b) == 1 && krun_session_pos(b) == pos,
+           "copy: the copy and the snapshot hold the history with its pending token (%zu tokens, %zu run)", n, pos);
+    }
+    if (krun_snapshot_new(m, 8, &small, &e)) goto bad;
+    OK(krun_snapshot_take(small, a, &e) == -1 && e.code == KRUN_EINPUT, "copy: a snapshot too small for the history is refused: %s", e.msg);
+    /* a and its copy b step together: both must continue as the reference did */
+    {
+        krun_session *ab[2] = {a, b};
+        for (size_t g = 0; g < CP_AT; g++) ids[1][g] = ids[0][g];
+        if (cp_continue(m, ab, 2, CP_AT, ids, got, &e)) goto bad;
+        for (size_t k = 0; k < 2; k++) {
+            ok &= memcmp(ids[k], ref_ids[0], sizeof ref_ids[0]) == 0;
+            ok &= memcmp(got + (k * CP_GEN + CP_AT) * V, ref + CP_AT * V, (CP_GEN - CP_AT) * V * sizeof *got) == 0;
+        }
+        OK(ok, "%s: a session and its copy (taken with a pending token, sampling at temperature 0.8) stepped together: "
+               "ids and every logit bit of the %d tokens after == the original run alone", mem ? mem : "in place", CP_GEN - CP_AT);
+    }
+    /* the snapshot restored, twice: into a fresh session and into a that has moved on */
+    ok = 1;
+    if (krun_snapshot_restore(c, snap, &e) || krun_snapshot_restore(a, snap, &e)) goto bad;
+    {
+        krun_session *ca[2] = {c, a};
+        if (cp_continue(m, ca, 2, CP_AT, ids, got, &e)) goto bad;
+        for (size_t k = 0; k < 2; k++)
+            ok &= memcmp(ids[k] + CP_AT, ref_ids[0] + CP_AT, (CP_GEN - CP_AT) * sizeof **ids) == 0 &&
+                  memcmp(got + (k * CP_GEN + CP_AT) * V, ref + CP_AT * V, (CP_GEN - CP_AT) * V * sizeof *got) == 0;
+        OK(ok, "%s: a snapshot restored twice (a fresh session; the original after it ran on) continues bit for bit as the original",
+           mem ? mem : "in place");
+    }
+    {
+        krun_model *m2;
+        krun_session *d;
+        if (open_model(path, mem, 8, 4, 1, &m2) == 0) {
+            if (krun_session_new(m2, &d, &e) == 0) {
+                OK(krun_session_copy(d, a, &e) == -1 && e.code == KRUN_EINPUT, "copy: into a session of another model is refused: %s", e.msg);
+                OK(krun_snapshot_restore(d, snap, &e) == -1 && e.code == KRUN_EINPUT, "copy: a snapshot restored into another model is refused: %s",
+                   e.msg);
+            }
+            krun_model_close(m2);
+        }
+    }
+    goto out;
+bad:
+    printf("not ok - copy: %s\n", e.msg);
+    fails++;
+out:
+    krun_snapshot_free(snap);
+    krun_snapshot_free(small);
+    free(ref);
+    free(got);
+    krun_model_close(m);
+}
+
 /* ---- spec: verification blocks == plain decoding ---------------------------------- */
 
 #define SPEC_GEN_MAX 14
@@ -459,7 +574,7 @@ static void check_spec(const char *path, const char *mem)
 int main(int argc, char **argv)
 {
     const char *mem = NULL;
-    if (argc < 3) { fprintf(stderr, "usage: probe_session memory|allocs|batch|spec FILE.kpk [--mem SIZE] [--spec N] [--quick]\n"); return 2; }
+    if (argc < 3) { fprintf(stderr, "usage: probe_session memory|allocs|batch|copy|spec FILE.kpk [--mem SIZE] [--spec N] [--quick]\n"); return 2; }
     for (int i = 3; i < argc; i += 2) {
         if (!strcmp(argv[i], "--quick")) { g_quick = 1; i--; continue; }
         if (i + 1 >= argc) { fprintf(stderr, "probe_session: %s needs a value\n", argv[i]); return 2; }
@@ -471,6 +586,7 @@ int main(int argc, char **argv)
     else if (!strcmp(argv[1], "allocs")) check_allocs(argv[2], mem);
     else if (!strcmp(argv[1], "batch")) check_batch(argv[2], mem);
     else if (!strcmp(argv[1], "spec")) check_spec(argv[2], mem);
+    else if (!strcmp(argv[1], "copy")) check_copy(argv[2], mem);
     else { fprintf(stderr, "probe_session: unknown check %s\n", argv[1]); return 2; }
     return fails ? 1 : 0;
 }
