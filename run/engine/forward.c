@@ -168,6 +168,11 @@ static int make_block(k3_run *r, const k3_seg *segs, size_t nseg, k3_block *b, k
         }
         for (size_t h = 0; h < g; h++)
             if (segs[h].st == sg->st) { krun_err_set(err, KRUN_EINPUT, "one sequence twice in a block"); return -1; }
+        if (sg->snap && (sg->journal || sg->snap->at < 1 || sg->snap->at > sg->n)) {
+            krun_err_set(err, KRUN_EINPUT, "a snapshot after position %zu of a %s segment of %zu", sg->snap->at,
+                         sg->journal ? "journaled" : "", sg->n);
+            return -1;
+        }
         if (sg->journal && (nseg != 1 || sg->n > r->j.cap)) {
             krun_err_set(err, KRUN_EINPUT, "a verification block of %zu positions: it must be alone in its block and hold at most %zu",
                          sg->n, r->j.cap);
@@ -299,6 +304,8 @@ int k3_forward(k3_run *r, const k3_seg *segs, size_t nseg, krun_err *err)
         for (size_t i = 0; i < b.T * E; i++) s->P[i] = s->P[i] + s->y[i];
         /* fails when anything read for the layer was bad: its results must not be used */
         if (k3_weights_end(&r->w, L, err)) return -1;
+        for (size_t k = 0; k < nseg; k++)
+            if (segs[k].snap && segs[k].snap->layer_done) segs[k].snap->layer_done(segs[k].snap->ctx, L);
     }
 
     if (output(r, &b, nsnap, err)) return -1;

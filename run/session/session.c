@@ -44,6 +44,13 @@ struct krun_session {
     void *progress_ctx;
     kspec drafter;             /* speculative decoding: what and how much to draft (spec.h) */
     krun_spec_stats spec;
+    /* a snapshot to take inside a later block (krun_session_mark): 0 none */
+    size_t mark_at;
+    krun_session *mark_dst;    /* into this idle slot, or (NULL) into mark_path */
+    char *mark_path;
+    int mark_status;           /* KRUN_MARK_* */
+    char mark_msg[160];        /* why it was dropped */
+    k3_snap snap;              /* armed for the block that runs position mark_at - 1 (at 0: not armed) */
 };
 
 struct krun_model {
@@ -64,6 +71,12 @@ struct krun_model {
     size_t ctx, chunk, max_seqs, block, spec;
     uint8_t *slots;            /* max_seqs x session_bytes: each a krun_session then its buffers */
     size_t session_bytes, live;
+    /* snapshots written to a file as their block runs (krun_model_opts.cache): one at a time */
+    float *mark_buf;           /* one KDA layer's head states, then its ShortConv history */
+    float **mark_S, **mark_conv;   /* [n_layers]: every entry the buffer's two parts */
+    krun_session *mark_owner;  /* the session whose file mark uses them, or NULL */
+    ksave mark_save;
+    krun_state_writer mark_w;
 };
 
 void krun_model_opts_init(krun_model_opts *o)
@@ -120,6 +133,35 @@ int krun_model_load(const char *path, krun_model **out, krun_err *err)
 }
 
 static size_t session_carve(krun_session *s, const k3_config *c, size_t ctx, karena *a);
+static void mark_arm(krun_session *s, k3_seg *seg);
+static void mark_end(krun_session *s, const k3_seg *seg, const krun_err *failed);
+static void mark_drop(krun_session *s, const char *why);
+
+
+/* The buffer snapshots written to a file go through (krun_session_mark_save):
+ * one KDA layer's head states and ShortConv history, and the two per-layer
+ * tables that point every layer at them. */
+static size_t mark_buf_carve(krun_model *m, const k3_config *c, karena *a)
+{
+    float *S, *conv, **tS, **tc;
+    KTAKE(a, S, k3_kda_S_floats(c));
+    KTAKE(a, conv, k3_kda_conv_floats(c));
+    KTAKE(a, tS, (size_t)c->n_layers);
+    KTAKE(a, tc, (size_t)c->n_layers);
+    if (a->base) {
+        for (int L = 0; L < c->n_layers; L++) { tS[L] = S; tc[L] = conv; }
+        m->mark_buf = S;
+        m->mark_S = tS;
+        m->mark_conv = tc;
+    }
+    return karena_round(a->used);
+}
+
+static size_t mark_buf_bytes(const k3_config *c)
+{
+    karena a = {NULL, 0};
+    return mark_buf_carve(NULL, c, &a);
+}
 
 size_t krun_session_bytes(const k3_config *c, size_t ctx)
 {
@@ -130,7 +172,7 @@ size_t krun_session_bytes(const k3_config *c, size_t ctx)
 int krun_model_make_plan(const krun_model *m, const krun_model_opts *o, kmemplan *plan, krun_err *err)
 {
     kmemplan_req q = {o->budget, o->pin, o->expert_slots, o->head, o->piece, o->ctx, o->chunk, o->max_seqs, o->spec,
-                      o->io_threads, kmem_base_bytes(&m->m) + o->extra_bytes, o->predict,
+                      o->io_threads, kmem_base_bytes(&m->m) + o->extra_bytes + (o->cache ? mark_buf_bytes(&m->m.cfg) : 0), o->predict,
                       krun_session_bytes(&m->m.cfg, o->ctx)};
     if (o->spec > KSPEC_MAX_DRAFT) {
         krun_err_set(err, KRUN_EINPUT, "spec %zu: at most %d drafts per verification", o->spec, KSPEC_MAX_DRAFT);
@@ -196,6 +238,11 @@ int krun_model_prepare(krun_model *m, const krun_model_opts *o, krun_err *err)
         s->m = m;
         s->live = 0;
     }
+    if (opt.cache) {
+        karena a = {aligned_alloc(KARENA_ALIGN, mark_buf_bytes(c)), 0};
+        if (!a.base) return krun_err_set(err, KRUN_ENOMEM, "out of memory: %zu bytes for the prefix cache's layer buffer", mark_buf_bytes(c));
+        mark_buf_carve(m, c, &a);
+    }
     return 0;
 }
 
@@ -215,6 +262,7 @@ void krun_model_close(krun_model *m)
     if (!m) return;
     if (m->have_run) k3_run_free(&m->run);
     free(m->slots);
+    free(m->mark_buf);
     kpool_destroy(m->pool);
     kstore_close(m->store);
     if (m->have_m) k3_model_close(&m->m);
@@ -303,12 +351,14 @@ int krun_session_new(krun_model *m, krun_session **out, krun_err *err)
 void krun_session_free(krun_session *s)
 {
     if (!s || !s->live) return;
+    if (s->mark_at) mark_drop(s, "the session was freed");
     s->live = 0;
     s->m->live--;
 }
 
 void krun_session_reset(krun_session *s)
 {
+    if (s->mark_at) mark_drop(s, "the session was reset");
     k3_state_reset(&s->st);
     s->n_tokens = 0;
     s->have_logits = 0;
@@ -379,12 +429,15 @@ int krun_session_feed(krun_session *s, const int32_t *ids, size_t n, float *all_
     total = s->n_tokens - start;
     while (s->st.pos < s->n_tokens) {
         size_t done = s->st.pos - start, nb = s->n_tokens - s->st.pos < m->chunk ? s->n_tokens - s->st.pos : m->chunk;
-        k3_seg seg = {&s->st, s->tokens + s->st.pos, nb, all_logits ? all_logits + done * V : s->logits, all_logits != NULL, 0};
+        k3_seg seg = {&s->st, s->tokens + s->st.pos, nb, all_logits ? all_logits + done * V : s->logits, all_logits != NULL, 0, NULL};
+        mark_arm(s, &seg);
         if (k3_forward(&m->run, &seg, 1, err)) {
+            mark_end(s, &seg, err);
             s->broken = 1;
             s->have_logits = 0;
             return -1;
         }
+        mark_end(s, &seg, NULL);
         if (all_logits) memcpy(s->logits, all_logits + (done + nb - 1) * V, V * sizeof *s->logits);
         s->have_logits = 1;
         if (s->progress) s->progress(s->progress_ctx, done + nb, total);
@@ -401,7 +454,8 @@ static int verify(krun_session *s, size_t k, int32_t *accepted, float *accepted_
     const float *L = m->run.j.logits;
     const int32_t *draft = s->tokens + s->n_tokens;
     size_t a = 0;
-    k3_seg seg = {&s->st, s->tokens + s->st.pos, k + 1, m->run.j.logits, 1, 1};
+    k3_seg seg = {&s->st, s->tokens + s->st.pos, k + 1, m->run.j.logits, 1, 1, NULL};
+    mark_arm(s, &seg);                 /* a journaled block takes no snapshot: one it passes is dropped */
     s->spec.sweeps++;
     if (k3_forward(&m->run, &seg, 1, err)) {
         s->broken = 1;
@@ -523,12 +577,14 @@ int krun_step_batch(krun_model *m, krun_session *const *ss, const int32_t *ids, 
         }
     for (size_t k = 0; k < n; k++) {
         krun_session *s = ss[k];
-        segs[k] = (k3_seg){&s->st, s->tokens + s->st.pos, s->n_tokens - s->st.pos, s->logits, 0, 0};
+        segs[k] = (k3_seg){&s->st, s->tokens + s->st.pos, s->n_tokens - s->st.pos, s->logits, 0, 0, NULL};
+        mark_arm(s, &segs[k]);
     }
     if (k3_forward(&m->run, segs, n, err)) {
-        for (size_t k = 0; k < n; k++) { ss[k]->broken = 1; ss[k]->have_logits = 0; }
+        for (size_t k = 0; k < n; k++) { mark_end(ss[k], &segs[k], err); ss[k]->broken = 1; ss[k]->have_logits = 0; }
         return -1;
     }
+    for (size_t k = 0; k < n; k++) mark_end(ss[k], &segs[k], NULL);
     for (size_t k = 0; k < n; k++) ss[k]->have_logits = 1;
     return 0;
 }
@@ -768,4 +824,175 @@ int krun_session_load(krun_session *s, const char *path, krun_err *err)
     memcpy(s->sampler.s, h.rng, sizeof h.rng);
     free(buf);
     return 0;
+}
+
+/* ---- snapshots inside a block (the prefix cache) -------------------------------- */
+
+size_t krun_model_slots(const krun_model *m) { return m->max_seqs; }
+
+krun_session *krun_model_slot(krun_model *m, size_t k)
+{
+    return k < m->max_seqs ? (krun_session *)(void *)(m->slots + k * m->session_bytes) : NULL;
+}
+
+int krun_session_live(const krun_session *s) { return s->live; }
+
+int krun_session_claim(krun_session *s, krun_err *err)
+{
+    krun_model *m = s->m;
+    if (s->live) return krun_err_set(err, KRUN_EINPUT, "claiming a session slot: it is live");
+    if (m->live >= m->max_seqs)
+        return krun_err_set(err, KRUN_EINPUT, "%zu sessions are live: the model was prepared for at most %zu (max_seqs)", m->live,
+                            m->max_seqs);
+    for (size_t k = 0; k < m->max_seqs; k++) {
+        const krun_session *o = krun_model_slot(m, k);
+        if (o->live && o->mark_dst == s) return krun_err_set(err, KRUN_EINPUT, "claiming a session slot: a snapshot is due in it");
+    }
+    s->live = 1;
+    m->live++;
+    s->progress = NULL;
+    s->mark_at = 0;
+    memset(&s->spec, 0, sizeof s->spec);
+    return 0;
+}
+
+void krun_session_drop_pending(krun_session *s) { s->n_tokens = s->st.pos; }
+
+static int mark_check(krun_session *s, size_t at, krun_err *err)
+{
+    if (!s->live) return krun_err_set(err, KRUN_EINPUT, "a snapshot of a session that is not live");
+    if (s->mark_at) return krun_err_set(err, KRUN_EINPUT, "the session has a snapshot due already");
+    if (at <= s->st.pos || at > s->st.ctx)
+        return krun_err_set(err, KRUN_EINPUT, "a snapshot after %zu positions: the session has run %zu, its context holds %zu", at,
+                            s->st.pos, s->st.ctx);
+    return 0;
+}
+
+int krun_session_mark(krun_session *s, size_t at, krun_session *dst, krun_err *err)
+{
+    if (mark_check(s, at, err)) return -1;
+    if (!dst || dst == s || dst->m != s->m || dst->live)
+        return krun_err_set(err, KRUN_EINPUT, "a snapshot goes into another, idle session slot of the model");
+    if (at > dst->st.ctx) return krun_err_set(err, KRUN_EINPUT, "a snapshot of %zu positions: its slot holds %zu", at, dst->st.ctx);
+    s->mark_at = at;
+    s->mark_dst = dst;
+    s->mark_status = KRUN_MARK_PENDING;
+    s->mark_msg[0] = 0;
+    return 0;
+}
+
+int krun_session_mark_save(krun_session *s, size_t at, const char *path, krun_err *err)
+{
+    krun_model *m = s->m;
+    if (mark_check(s, at, err)) return -1;
+    if (!m->mark_buf) return krun_err_set(err, KRUN_EINPUT, "snapshots to a file need a model prepared for them (krun_model_opts.cache)");
+    if (m->mark_owner) return krun_err_set(err, KRUN_EINPUT, "another session's snapshot to a file is due (one at a time)");
+    if (!(s->mark_path = strdup(path))) return krun_err_set(err, KRUN_ENOMEM, "out of memory");
+    m->mark_owner = s;
+    s->mark_at = at;
+    s->mark_dst = NULL;
+    s->mark_status = KRUN_MARK_PENDING;
+    s->mark_msg[0] = 0;
+    return 0;
+}
+
+int krun_session_mark_status(const krun_session *s, const char **why)
+{
+    if (why) *why = s->mark_msg;
+    return s->mark_status;
+}
+
+static void mark_clear(krun_session *s)
+{
+    if (!s->mark_dst && s->m->mark_owner == s) s->m->mark_owner = NULL;
+    free(s->mark_path);
+    s->mark_path = NULL;
+    s->mark_at = 0;
+    s->mark_dst = NULL;
+    s->snap.at = 0;
+}
+
+static void mark_drop(krun_session *s, const char *why)
+{
+    krun_model *m = s->m;
+    if (s->snap.at && !s->mark_dst && m->mark_owner == s) {     /* a file was begun */
+        krun_state_write_drop(&m->mark_w);
+        ksave_abort(&m->mark_save);
+    }
+    s->mark_status = KRUN_MARK_DROPPED;
+    snprintf(s->mark_msg, sizeof s->mark_msg, "%s", why);
+    mark_clear(s);
+}
+
+void krun_session_unmark(krun_session *s)
+{
+    if (s->mark_at) mark_drop(s, "taken back");
+}
+
+/* A file snapshot: each layer written as soon as the forward pass is done with it. */
+static void mark_layer_to_file(void *ctx, int L)
+{
+    krun_session *s = ctx;
+    krun_model *m = s->m;
+    krun_state_write_layer(&m->mark_w, &m->m.cfg, L, m->mark_S[L], m->mark_conv[L], s->st.mla_cache[L]);
+}
+
+/* Before a block: arm its segment when the mark's position falls in it. */
+static void mark_arm(krun_session *s, k3_seg *seg)
+{
+    krun_model *m = s->m;
+    size_t at;
+    krun_err e;
+    if (!s->mark_at) return;
+    if (s->mark_at <= s->st.pos) { mark_drop(s, "a block passed the position"); return; }
+    if (s->mark_at > s->st.pos + seg->n) return;                 /* a later block */
+    if (seg->journal) { mark_drop(s, "a verification block passed the position"); return; }
+    at = s->mark_at - s->st.pos;
+    if (s->mark_dst) {
+        s->snap = (k3_snap){at, s->mark_dst->st.kda_S, s->mark_dst->st.kda_conv, NULL, s};
+    } else {
+        /* the file is begun now (header, layer map, history), its layers follow as the block runs */
+        krun_state_hdr h;
+        krun_state_hdr_for(&h, &m->m.cfg, kpk_super(m->f)->set_id, config_hash(m));
+        h.pos = h.n_tokens = s->mark_at;
+        h.flags = (seg->all_positions || at == seg->n) ? KRUN_STATE_LOGITS : 0;
+        if (ksave_begin(&m->mark_save, s->mark_path, &e)) { mark_drop(s, e.msg); return; }
+        if (krun_state_write_begin(&m->mark_w, &m->mark_save, &h, &m->m.cfg, s->tokens, &e)) {
+            ksave_abort(&m->mark_save);
+            mark_drop(s, e.msg);
+            return;
+        }
+        s->snap = (k3_snap){at, m->mark_S, m->mark_conv, mark_layer_to_file, s};
+    }
+    seg->snap = &s->snap;
+}
+
+/* After the block: the snapshot completed (the MLA rows, history and logits
+ * added, or the file finished and renamed into place), or dropped. */
+static void mark_end(krun_session *s, const k3_seg *seg, const krun_err *failed)
+{
+    krun_model *m = s->m;
+    const k3_config *c = &m->m.cfg;
+    const size_t V = (size_t)c->vocab, at = s->snap.at;
+    const float *logits;
+    krun_err e;
+    if (!seg->snap) return;
+    if (failed) { mark_drop(s, failed->msg); return; }
+    logits = seg->all_positions ? seg->logits + (at - 1) * V : at == seg->n ? seg->logits : NULL;
+    if (s->mark_dst) {
+        krun_session *d = s->mark_dst;
+        for (int L = 0; L < c->n_layers; L++)
+            if (c->layer_is_mla[L]) memcpy(d->st.mla_cache[L], s->st.mla_cache[L], s->mark_at * k3_mla_row(c) * sizeof(float));
+        memcpy(d->tokens, s->tokens, s->mark_at * sizeof *d->tokens);
+        d->n_tokens = d->st.pos = s->mark_at;
+        d->have_logits = logits != NULL;
+        if (logits) memcpy(d->logits, logits, V * sizeof *d->logits);
+        d->broken = 0;
+        kspec_init(&d->drafter, m->spec);
+    } else {
+        krun_state_write_end(&m->mark_w, logits);
+        if (ksave_commit(&m->mark_save, &e)) { s->snap.at = 0; mark_drop(s, e.msg); return; }
+    }
+    s->mark_status = KRUN_MARK_TAKEN;
+    mark_clear(s);
 }

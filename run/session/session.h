@@ -71,6 +71,8 @@ typedef struct krun_model_opts {
     int predict;               /* 1: read a layer's likely experts during its attention (run/engine/predict.h);
                                   0: off; -1 (the default): on for a split layout (the trunk in a member
                                   of its own) when the budget holds it */
+    int cache;                 /* 1: the model serves a prefix cache (pcache.h): the plan counts the buffer
+                                  of one KDA layer that snapshots written to a file go through */
     int threads;               /* compute threads; 0: every core */
     int simd;                  /* -1: the best the CPU has; else a level of krun_simd_parse (process-wide) */
 } krun_model_opts;
@@ -234,6 +236,43 @@ int krun_snapshot_take(krun_snapshot *snap, const krun_session *s, krun_err *err
 int krun_snapshot_restore(krun_session *s, const krun_snapshot *snap, krun_err *err);
 /* The snapshot's history (NULL and 0 before the first take) and positions run. */
 const int32_t *krun_snapshot_tokens(const krun_snapshot *snap, size_t *n, size_t *pos);
+
+/* ---- snapshots inside a block, and session slots (the prefix cache) -----------
+ *
+ * krun_session_mark arranges for a copy of the state after the first `at`
+ * tokens of s's history to be taken while a later krun_session_feed or
+ * krun_step_batch runs position at - 1: in the same forward block, without a
+ * pass of its own (each KDA layer copies its head states and ShortConv history
+ * as the recurrence passes that position; the MLA rows up to it are kept by
+ * the block).  The prefix cache takes one at the end of a chat's system/tools
+ * preamble, which seldom ends a block (docs/RUNTIME.md §8).  The copy has the
+ * history's first `at` tokens, all run, and the logits of position at - 1 when
+ * the block computed them (the position ended its segment).  A block that
+ * runs past the position without taking it (a verification block), a failed
+ * block, and a reset or free of s drop the mark. */
+enum { KRUN_MARK_NONE = 0, KRUN_MARK_PENDING = 1, KRUN_MARK_TAKEN = 2, KRUN_MARK_DROPPED = 3 };
+/* Into dst: another session slot of the model, idle (not live), which cannot
+ * be claimed until the mark is taken or dropped; its state is replaced. */
+int krun_session_mark(krun_session *s, size_t at, krun_session *dst, krun_err *err);
+/* Into a state file at path (docs/STATE.md, written through the safe writer:
+ * each layer as the block is done with it, then renamed into place).  Needs a
+ * model prepared with o.cache; one such mark at a time per model. */
+int krun_session_mark_save(krun_session *s, size_t at, const char *path, krun_err *err);
+/* KRUN_MARK_*: pending, taken, dropped (*why: the reason), or none. */
+int krun_session_mark_status(const krun_session *s, const char **why);
+void krun_session_unmark(krun_session *s);
+
+/* The session slots: max_seqs of them.  A freed session keeps its state in
+ * its slot until the slot is taken again: krun_session_claim makes an idle
+ * slot live again exactly as it was (its history, state and logits; its
+ * sampler must be set), where krun_session_new resets the slot it takes. */
+size_t krun_model_slots(const krun_model *m);
+krun_session *krun_model_slot(krun_model *m, size_t k);
+int krun_session_live(const krun_session *s);
+int krun_session_claim(krun_session *s, krun_err *err);
+/* Forget the pending tokens (appended, not run): the history ends at the
+ * positions run. */
+void krun_session_drop_pending(krun_session *s);
 
 /* The session's state (KDA, ShortConv, MLA latent cache, position, history
  * with pending tokens, last logits, sampler PRNG) to a file, in the format of

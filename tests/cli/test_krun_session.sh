@@ -14,7 +14,7 @@ case ${BUILD:-build} in /*) PROBE="$BUILD/tests/probe_session" ;; *) PROBE="$TOP
 # ---- the session API, through the probe -------------------------------------------
 if [ -x "$PROBE" ]; then
     for mem in "" "--mem 1G"; do
-        for c in memory allocs batch copy; do "$PROBE" $c "$T/m.kpk" $mem; done
+        for c in memory allocs batch copy mark; do "$PROBE" $c "$T/m.kpk" $mem; done
     done
     # a streaming budget that holds almost nothing: every step reads trunk and experts
     min=$("$BIN/krun" "$T/m.kpk" --plan --mem 1G --ctx 64 --chunk 4 --max-seqs 3 --json "$T/p.json" >/dev/null && \

@@ -6,6 +6,9 @@
  *   probe_session copy    FILE.kpk [--mem SIZE]   a session copied (krun_session_copy) or snapshotted and
  *                                                 restored (krun_snapshot_*) continues bit for bit as the
  *                                                 original: ids, logits, the sampler's PRNG, pending tokens
+ *   probe_session mark    FILE.kpk [--mem SIZE]   a snapshot taken inside a block (krun_session_mark, into an
+ *                                                 idle slot or a file; alone and in a batch) == the state of
+ *                                                 a run that stopped there, bit for bit
  *   probe_session spec    FILE.kpk [--mem SIZE]   speculative verification == plain decoding, bit for bit
  *                                                 (ids, logits, the saved state), a rollback at every
  *                                                 place of a block (--quick: in the middle of it, and
@@ -22,6 +25,7 @@
 #include "format/kargs.h"
 #include "run/engine/forward.h"
 #include "run/session/session.h"
+#include "run/session/statefile.h"
 #include "run/util/procmem.h"
 
 #include <stdatomic.h>
@@ -93,11 +97,14 @@ int posix_memalign(void **out, size_t al, size_t n)
 
 /* ---- helpers ------------------------------------------------------------------ */
 
+static int g_cache;                /* the model is prepared for a prefix cache (o.cache) */
+
 static int open_model(const char *path, const char *mem, size_t ctx, size_t chunk, size_t max_seqs, krun_model **m)
 {
     krun_model_opts o;
     krun_err e;
     krun_model_opts_init(&o);
+    o.cache = g_cache;
     o.path = path;
     o.ctx = ctx;
     o.chunk = chunk;
@@ -408,6 +415,150 @@ out:
     krun_model_close(m);
 }
 
+/* ---- mark: a snapshot inside a block == a run that stopped there ---------------- */
+
+/* The state file at path, read whole (NULL on failure; *len its size). */
+static char *slurp(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    char *b = NULL;
+    long n;
+    if (!f) return NULL;
+    if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) > 0 && fseek(f, 0, SEEK_SET) == 0 && (b = malloc((size_t)n)) &&
+        fread(b, 1, (size_t)n, f) != (size_t)n) {
+        free(b);
+        b = NULL;
+    }
+    if (b) *len = (size_t)n;
+    fclose(f);
+    return b;
+}
+
+/* Do two state files hold the same history and layers (and, with logits,
+ * the same logits), whatever their headers' flags? */
+static int same_state(const char *a, const char *b, int logits)
+{
+    size_t na = 0, nb = 0;
+    char *x = slurp(a, &na), *y = slurp(b, &nb);
+    krun_state_hdr ha, hb;
+    krun_err e;
+    int same = x && y && !krun_state_parse(x, na, &ha, &e) && !krun_state_parse(y, nb, &hb, &e) && ha.pos == hb.pos &&
+               ha.n_tokens == hb.n_tokens && ha.layers_at == hb.layers_at;
+    if (same) {
+        size_t end_a = KRUN_STATE_HEADER + ha.payload_len - ((ha.flags & KRUN_STATE_LOGITS) ? 4u * ha.vocab : 0);
+        size_t end_b = KRUN_STATE_HEADER + hb.payload_len - ((hb.flags & KRUN_STATE_LOGITS) ? 4u * hb.vocab : 0);
+        same = end_a == end_b && memcmp(x + ha.tokens_at, y + hb.tokens_at, end_a - ha.tokens_at) == 0;
+        if (same && logits)
+            same = (ha.flags & hb.flags & KRUN_STATE_LOGITS) && memcmp(x + ha.logits_at, y + hb.logits_at, 4u * ha.vocab) == 0;
+    }
+    free(x);
+    free(y);
+    return same;
+}
+
+/* The reference: a session that ran prompt[0..at) and stopped, saved. */
+static int mark_reference(krun_model *m, const int32_t *prompt, size_t at, const char *path)
+{
+    krun_session *r;
+    krun_err e;
+    if (krun_session_new(m, &r, &e) || krun_session_feed(r, prompt, at, NULL, &e) || krun_session_save(r, path, &e)) {
+        printf("not ok - mark reference: %s\n", e.msg);
+        fails++;
+        return -1;
+    }
+    krun_session_free(r);
+    return 0;
+}
+
+/* An idle slot other than s (the model has max_seqs >= 2). */
+static krun_session *idle_slot(krun_model *m)
+{
+    for (size_t k = 0; k < krun_model_slots(m); k++)
+        if (!krun_session_live(krun_model_slot(m, k))) return krun_model_slot(m, k);
+    return NULL;
+}
+
+static void check_mark(const char *path, const char *mem)
+{
+    static const int32_t prompt[] = {3, 7, 11, 5, 9, 100, 200, 30, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+    const size_t n = sizeof prompt / sizeof *prompt;
+    /* chunk 4: 7 is inside a block, 8 ends one, 1 is before the ShortConv history fills */
+    static const size_t ats[] = {7, 8, 1, 19};
+    char dir[] = "/tmp/probe_mark.XXXXXX", ref[64], got[64], file[64];
+    const char *label = mem ? mem : "in place";
+    krun_model *m;
+    krun_session *s, *d, *x;
+    krun_err e;
+    if (!mkdtemp(dir)) { printf("not ok - mark: mkdtemp\n"); fails++; return; }
+    snprintf(ref, sizeof ref, "%s/ref", dir);
+    snprintf(got, sizeof got, "%s/got", dir);
+    snprintf(file, sizeof file, "%s/file", dir);
+    g_cache = 1;
+    if (open_model(path, mem, 64, 4, 3, &m)) goto rm;
+    g_cache = 0;
+    for (size_t i = 0; i < sizeof ats / sizeof *ats; i++) {
+        const size_t at = ats[i];
+        const int logits = at % 4 == 0;        /* the position ends its block */
+        if (mark_reference(m, prompt, at, ref)) break;
+        /* into an idle slot, the session fed the whole prompt in blocks of 4 */
+        if (krun_session_new(m, &s, &e) || !(d = idle_slot(m)) || krun_session_mark(s, at, d, &e) ||
+            krun_session_feed(s, prompt, n, NULL, &e))
+            goto bad;
+        OK(krun_session_mark_status(s, NULL) == KRUN_MARK_TAKEN, "mark: the snapshot after %zu positions is taken", at);
+        OK(krun_session_claim(d, &e) == 0 && krun_session_pos(d) == at && (krun_session_logits(d) != NULL) == logits,
+           "mark: its slot claimed holds %zu positions run, %s", at, logits ? "with the logits (the position ended its block)" : "no logits");
+        krun_session_set_sampler(d, &(ksampler_opts){0, 0, 1.0f, 0, 0});
+        if (krun_session_save(d, got, &e)) goto bad;
+        OK(same_state(ref, got, logits), "%s: a snapshot after %zu of %zu positions (blocks of 4), into an idle slot == a run of %zu positions: "
+           "history, every KDA / ShortConv / MLA float%s", label, at, n, at, logits ? ", the logits" : "");
+        krun_session_free(d);
+        /* the same into a file, the layers written as the block runs */
+        krun_session_reset(s);
+        if (krun_session_mark_save(s, at, file, &e) || krun_session_feed(s, prompt, n, NULL, &e)) goto bad;
+        OK(krun_session_mark_status(s, NULL) == KRUN_MARK_TAKEN && same_state(ref, file, logits),
+           "%s: the snapshot after %zu positions written to a file while its block ran == a run of %zu positions", label, at, at);
+        unlink(file);
+        krun_session_free(s);
+    }
+    /* in a batch: the marked sequence's rows start after another sequence's */
+    {
+        const size_t at = 4;
+        int32_t ids[2];
+        krun_session *ss[2];
+        if (mark_reference(m, prompt, at, ref)) goto out;
+        if (krun_session_new(m, &x, &e) || krun_session_new(m, &s, &e) || !(d = idle_slot(m))) goto bad;
+        if (krun_session_feed(x, prompt + 4, 3, NULL, &e) || krun_session_feed(s, prompt, 2, NULL, &e) ||
+            krun_session_mark(s, at, d, &e) || krun_session_append(s, prompt + 2, 2, &e))
+            goto bad;
+        ss[0] = x; ss[1] = s;
+        ids[0] = krun_session_sample(x);
+        ids[1] = prompt[4];
+        if (krun_step_batch(m, ss, ids, 2, &e) || krun_session_claim(d, &e)) goto bad;
+        krun_session_set_sampler(d, &(ksampler_opts){0, 0, 1.0f, 0, 0});
+        if (krun_session_save(d, got, &e)) goto bad;
+        OK(krun_session_mark_status(s, NULL) == KRUN_MARK_TAKEN && same_state(ref, got, 0),
+           "%s: a snapshot in a batched block (rows 1..3, after another sequence's; taken after row 2) == a run of %zu positions", label, at);
+        krun_session_free(d);
+        /* a mark is dropped by a reset, and its slot is free again */
+        if (krun_session_mark(s, 9, idle_slot(m), &e)) goto bad;
+        OK(krun_session_claim(idle_slot(m), &e) == -1, "mark: the slot of a pending snapshot cannot be claimed: %s", e.msg);
+        krun_session_reset(s);
+        OK(krun_session_mark_status(s, NULL) == KRUN_MARK_DROPPED && krun_session_claim(idle_slot(m), &e) == 0,
+           "mark: a reset drops the snapshot and frees its slot");
+    }
+    goto out;
+bad:
+    printf("not ok - mark: %s\n", e.msg);
+    fails++;
+out:
+    krun_model_close(m);
+rm:
+    unlink(ref);
+    unlink(got);
+    unlink(file);
+    rmdir(dir);
+}
+
 /* ---- spec: verification blocks == plain decoding ---------------------------------- */
 
 #define SPEC_GEN_MAX 14
@@ -574,7 +725,7 @@ static void check_spec(const char *path, const char *mem)
 int main(int argc, char **argv)
 {
     const char *mem = NULL;
-    if (argc < 3) { fprintf(stderr, "usage: probe_session memory|allocs|batch|copy|spec FILE.kpk [--mem SIZE] [--spec N] [--quick]\n"); return 2; }
+    if (argc < 3) { fprintf(stderr, "usage: probe_session memory|allocs|batch|copy|mark|spec FILE.kpk [--mem SIZE] [--spec N] [--quick]\n"); return 2; }
     for (int i = 3; i < argc; i += 2) {
         if (!strcmp(argv[i], "--quick")) { g_quick = 1; i--; continue; }
         if (i + 1 >= argc) { fprintf(stderr, "probe_session: %s needs a value\n", argv[i]); return 2; }
@@ -587,6 +738,7 @@ int main(int argc, char **argv)
     else if (!strcmp(argv[1], "batch")) check_batch(argv[2], mem);
     else if (!strcmp(argv[1], "spec")) check_spec(argv[2], mem);
     else if (!strcmp(argv[1], "copy")) check_copy(argv[2], mem);
+    else if (!strcmp(argv[1], "mark")) check_mark(argv[2], mem);
     else { fprintf(stderr, "probe_session: unknown check %s\n", argv[1]); return 2; }
     return fails ? 1 : 0;
 }
