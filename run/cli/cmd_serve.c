@@ -64,6 +64,10 @@ static const char usage[] =
     "  --quiet               no plan and no line per request on stderr\n"
     "Sequences:\n"
     "  --ctx N               positions per sequence: prompt + max_tokens (default 4096)\n"
+    "Prefix cache (on by default: a request starts from the longest kept state whose history\n"
+    "is a prefix of its prompt -- the end of an earlier prompt, reply or system/tools part --\n"
+    "kept in idle sequences; usage.prompt_tokens_details.cached_tokens says how many):\n"
+    KRUN_CLI_USAGE_CACHE(" (every request runs its whole prompt)")
     "  sampling comes from each request (temperature, top_p, seed, and top_k, min_p)\n"
     "Execution:\n"
     KRUN_CLI_USAGE_EXECUTION
@@ -211,6 +215,7 @@ int krun_serve_main(int argc, char **argv)
     krun_model_opts mo;
     krun_err e = {0, {0}};
     srv_engine *eng = NULL;
+    krun_pcache *cache = NULL;
     srv_http *http = NULL;
     srv_engine_opts eo;
     srv_http_opts ho;
@@ -247,7 +252,8 @@ int krun_serve_main(int argc, char **argv)
     if (fd < 0) goto out;
     krun_cli_model_opts(&o.c, o.model, budget, &mo);
     if (krun_model_prepare(m, &mo, &e)) { fprintf(stderr, "krun serve: %s\n", e.msg); rc = e.code; goto out; }
-    eo = (srv_engine_opts){(size_t)o.max_queue, name, o.quiet};
+    if (krun_cli_pcache(&o.c, m, "krun serve", 1, 1, &cache, &e)) { fprintf(stderr, "krun serve: %s\n", e.msg); rc = e.code; goto out; }
+    eo = (srv_engine_opts){(size_t)o.max_queue, name, o.quiet, cache};
     if (srv_engine_start(m, &eo, &eng, &e)) { fprintf(stderr, "krun serve: %s\n", e.msg); rc = e.code; goto out; }
     ho = (srv_http_opts){o.api_key, (size_t)max_body, fd, (unsigned)o.max_connections, (unsigned)o.max_per_ip, (unsigned)o.idle_timeout,
                          o.request_timeout};
@@ -292,6 +298,7 @@ int krun_serve_main(int argc, char **argv)
 out:
     srv_http_stop(http);
     srv_engine_stop(eng);
+    krun_pcache_close(cache);                  /* its writes finished */
     if (fd >= 0) close(fd);
     krun_model_close(m);
     return rc;

@@ -227,6 +227,7 @@ static enum MHD_Result chat_completions(srv_http *h, struct MHD_Connection *c, c
     if (!r) { free(rend.ids); oai_chat_request_free(&q); oai_error_set(&err, 500, NULL, NULL, "out of memory"); return reply_error(c, &err, 0); }
     r->prompt = rend.ids;
     r->n_prompt = rend.n_ids;
+    r->n_preamble = rend.n_preamble;
     sampling_of(&q.s, r);
     if (fit_context(h, r, q.s.max_tokens, &err)) { srv_release(h->e, r); oai_chat_request_free(&q); return reply_error(c, &err, 0); }
     request_id(h, "chatcmpl", id, sizeof id);

@@ -71,6 +71,7 @@ struct krun_model {
     size_t ctx, chunk, max_seqs, block, spec;
     uint8_t *slots;            /* max_seqs x session_bytes: each a krun_session then its buffers */
     size_t session_bytes, live;
+    char identity[40];         /* set_id-config hash (krun_model_identity) */
     /* snapshots written to a file as their block runs (krun_model_opts.cache): one at a time */
     float *mark_buf;           /* one KDA layer's head states, then its ShortConv history */
     float **mark_S, **mark_conv;   /* [n_layers]: every entry the buffer's two parts */
@@ -272,6 +273,16 @@ void krun_model_close(krun_model *m)
 }
 
 const k3_config *krun_model_config(const krun_model *m) { return &m->m.cfg; }
+
+static uint64_t config_hash(const krun_model *m);
+const char *krun_model_identity(const krun_model *m)
+{
+    krun_model *w = (krun_model *)m;      /* filled on first use */
+    if (!w->identity[0])
+        snprintf(w->identity, sizeof w->identity, "%016llx-%016llx", (unsigned long long)kpk_super(m->f)->set_id,
+                 (unsigned long long)config_hash(m));
+    return m->identity;
+}
 const char *krun_model_path(const krun_model *m) { return kpk_path(m->f); }
 ktok *krun_model_tokenizer(const krun_model *m) { return m->tok; }
 const kmemplan *krun_model_plan(const krun_model *m) { return m->planned ? &m->plan : NULL; }
@@ -369,6 +380,7 @@ void krun_session_reset(krun_session *s)
 
 const float *krun_session_logits(const krun_session *s) { return s->have_logits ? s->logits : NULL; }
 size_t krun_session_pos(const krun_session *s) { return s->st.pos; }
+size_t krun_session_ctx_of(const krun_session *s) { return s->st.ctx; }
 size_t krun_session_pending(const krun_session *s) { return s->n_tokens - s->st.pos; }
 
 const int32_t *krun_session_tokens(const krun_session *s, size_t *n)
@@ -381,6 +393,9 @@ void krun_session_set_sampler(krun_session *s, const ksampler_opts *o)
 {
     ksampler_init(&s->sampler, o, s->order, s->prob, (size_t)s->m->m.cfg.vocab);
 }
+
+void krun_session_get_rng(const krun_session *s, uint64_t rng[4]) { memcpy(rng, s->sampler.s, sizeof s->sampler.s); }
+void krun_session_set_rng(krun_session *s, const uint64_t rng[4]) { memcpy(s->sampler.s, rng, sizeof s->sampler.s); }
 
 int32_t krun_session_sample(krun_session *s)
 {
@@ -652,7 +667,7 @@ static void copy_into_session(krun_session *dst, const sess_view *src, const ksa
 
 static int copy_check(const krun_session *src, const krun_model *m, size_t room, const char *what, krun_err *err)
 {
-    if (src->m != m || !src->live) return krun_err_set(err, KRUN_EINPUT, "copying a session: not a live session of this model");
+    if (src->m != m) return krun_err_set(err, KRUN_EINPUT, "copying a session: not a session of this model");
     if (src->broken) return krun_err_set(err, KRUN_EINPUT, "copying a session: its last feed failed, nothing consistent to copy");
     if (src->n_tokens > room)
         return krun_err_set(err, KRUN_EINPUT, "copying a session of %zu tokens: %s holds %zu", src->n_tokens, what, room);
@@ -760,21 +775,25 @@ int krun_session_save_to(const krun_session *s, ksave *out, krun_err *err)
     return krun_state_write_to(out, &h, &s->m->m.cfg, s->tokens, &s->st, s->logits, err);
 }
 
-int krun_session_load(krun_session *s, const char *path, krun_err *err)
+/* The largest state file this model can have at the session's context. */
+static uint64_t state_most(const krun_session *s)
 {
     const krun_model *m = s->m;
-    const k3_config *c = &m->m.cfg;
-    krun_state_hdr want, h;
-    struct stat sb;
-    uint64_t most;
-    char *buf = NULL;
-    size_t len = 0;
-    krun_state_hdr_for(&want, c, kpk_super(m->f)->set_id, config_hash(m));
-    /* the largest state this model can have at this context: refuse anything
-     * larger before reading it */
+    krun_state_hdr want;
+    krun_state_hdr_for(&want, &m->m.cfg, kpk_super(m->f)->set_id, config_hash(m));
     want.pos = want.n_tokens = s->st.ctx;
     want.flags = KRUN_STATE_LOGITS;
-    most = KRUN_STATE_HEADER + krun_state_payload_len(&want, NULL) + KRUN_STATE_TRAILER;
+    return KRUN_STATE_HEADER + krun_state_payload_len(&want, NULL) + KRUN_STATE_TRAILER;
+}
+
+int krun_session_load(krun_session *s, const char *path, krun_err *err)
+{
+    struct stat sb;
+    uint64_t most = state_most(s);
+    char *buf = NULL;
+    size_t len = 0;
+    int rc;
+    /* refuse anything larger than the largest state before reading it */
     if (stat(path, &sb)) { krun_err_set(err, KRUN_EINPUT, "cannot read %s: %s", path, strerror(errno)); return -1; }
     if ((uint64_t)sb.st_size > most) {
         krun_err_set(err, KRUN_EINPUT, "%s: %lld bytes, more than any state of this model at --ctx %zu (%llu): another model, "
@@ -786,43 +805,39 @@ int krun_session_load(krun_session *s, const char *path, krun_err *err)
         krun_err_set(err, errno == ENOMEM ? KRUN_ENOMEM : KRUN_EINPUT, "cannot read %s: %s", path, strerror(errno));
         return -1;
     }
-    if (krun_state_parse(buf, len, &h, err)) {
-        free(buf);
-        return krun_err_prefix(err, "%s: ", path);
-    }
-    if (h.set_id != want.set_id || h.config_xxh3 != want.config_xxh3) {
-        krun_err_set(err, KRUN_EINPUT, "%s was saved with another model file (set_id %016llx, config %016llx; %s has %016llx, %016llx)",
-                     path, (unsigned long long)h.set_id, (unsigned long long)h.config_xxh3, kpk_path(m->f),
-                     (unsigned long long)want.set_id, (unsigned long long)want.config_xxh3);
-        free(buf);
-        return -1;
-    }
+    rc = krun_session_load_mem(s, buf, len, path, err);
+    free(buf);
+    return rc;
+}
+
+int krun_session_load_mem(krun_session *s, const void *buf, size_t len, const char *name, krun_err *err)
+{
+    const krun_model *m = s->m;
+    const k3_config *c = &m->m.cfg;
+    const uint8_t *b = buf;
+    krun_state_hdr want, h;
+    krun_state_hdr_for(&want, c, kpk_super(m->f)->set_id, config_hash(m));
+    if (krun_state_parse(buf, len, &h, err)) return krun_err_prefix(err, "%s: ", name);
+    if (h.set_id != want.set_id || h.config_xxh3 != want.config_xxh3)
+        return krun_err_set(err, KRUN_EINPUT, "%s was saved with another model file (set_id %016llx, config %016llx; %s has %016llx, %016llx)",
+                            name, (unsigned long long)h.set_id, (unsigned long long)h.config_xxh3, kpk_path(m->f),
+                            (unsigned long long)want.set_id, (unsigned long long)want.config_xxh3);
     if (h.n_layers != want.n_layers || h.hidden != want.hidden || h.vocab != want.vocab || h.kda_heads != want.kda_heads ||
         h.kda_head_dim != want.kda_head_dim || h.conv_width != want.conv_width || h.kv_lora != want.kv_lora ||
-        h.qk_rope != want.qk_rope || h.n_mla != want.n_mla) {
-        krun_err_set(err, KRUN_EINPUT, "%s: its geometry differs from this model's", path);
-        free(buf);
-        return -1;
-    }
+        h.qk_rope != want.qk_rope || h.n_mla != want.n_mla)
+        return krun_err_set(err, KRUN_EINPUT, "%s: its geometry differs from this model's", name);
     for (int L = 0; L < c->n_layers; L++)
-        if ((uint8_t)buf[h.layer_types_at + (size_t)L] != (c->layer_is_mla[L] ? 1 : 0)) {
-            krun_err_set(err, KRUN_EINPUT, "%s: its layer map differs from this model's (layer %d)", path, L);
-            free(buf);
-            return -1;
-        }
-    if (h.n_tokens > s->st.ctx) {
-        krun_err_set(err, KRUN_EINPUT, "%s holds %llu tokens (%llu run, %llu pending): more than --ctx %zu; give --ctx %llu or more",
-                     path, (unsigned long long)h.n_tokens, (unsigned long long)h.pos, (unsigned long long)(h.n_tokens - h.pos),
-                     s->st.ctx, (unsigned long long)h.n_tokens);
-        free(buf);
-        return -1;
-    }
+        if (b[h.layer_types_at + (size_t)L] != (c->layer_is_mla[L] ? 1 : 0))
+            return krun_err_set(err, KRUN_EINPUT, "%s: its layer map differs from this model's (layer %d)", name, L);
+    if (h.n_tokens > s->st.ctx)
+        return krun_err_set(err, KRUN_EINPUT, "%s holds %llu tokens (%llu run, %llu pending): more than --ctx %zu; give --ctx %llu or more",
+                            name, (unsigned long long)h.n_tokens, (unsigned long long)h.pos,
+                            (unsigned long long)(h.n_tokens - h.pos), s->st.ctx, (unsigned long long)h.n_tokens);
     krun_session_reset(s);
     krun_state_restore(buf, &h, c, s->tokens, &s->st, s->logits);
     s->n_tokens = (size_t)h.n_tokens;
     s->have_logits = (h.flags & KRUN_STATE_LOGITS) != 0;
     memcpy(s->sampler.s, h.rng, sizeof h.rng);
-    free(buf);
     return 0;
 }
 

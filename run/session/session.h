@@ -91,6 +91,9 @@ void krun_model_close(krun_model *m);
 int krun_model_make_plan(const krun_model *m, const krun_model_opts *o, kmemplan *plan, krun_err *err);
 
 const k3_config *krun_model_config(const krun_model *m);
+/* What a saved state must have been computed with: the file's set_id and the
+ * XXH3-64 of its config.json, as "%016x-%016x" (docs/STATE.md). */
+const char *krun_model_identity(const krun_model *m);
 const char *krun_model_path(const krun_model *m);
 ktok *krun_model_tokenizer(const krun_model *m);            /* NULL: the file has none (ids only) */
 /* Ids that end a generated message: eos_token_id, <|end_of_msg|>, [EOS]
@@ -144,10 +147,15 @@ int krun_session_append(krun_session *s, const int32_t *ids, size_t n, krun_err 
 /* Logits [vocab] of the last position run; NULL before any. */
 const float *krun_session_logits(const krun_session *s);
 size_t krun_session_pos(const krun_session *s);              /* positions run */
+size_t krun_session_ctx_of(const krun_session *s);           /* positions its context holds */
 size_t krun_session_pending(const krun_session *s);          /* tokens appended, not yet run */
 const int32_t *krun_session_tokens(const krun_session *s, size_t *n);  /* the history: run, then pending */
 
 void krun_session_set_sampler(krun_session *s, const ksampler_opts *o);
+/* The sampler's PRNG state (xoshiro256**), to carry a random stream from one
+ * session to another (krun chat starting over from a prefix cache's session). */
+void krun_session_get_rng(const krun_session *s, uint64_t rng[4]);
+void krun_session_set_rng(krun_session *s, const uint64_t rng[4]);
 /* The next token from the last logits; -1 if there are none. */
 int32_t krun_session_sample(krun_session *s);
 
@@ -286,5 +294,7 @@ int krun_session_save_to(const krun_session *s, ksave *out, krun_err *err);
  * file or geometry, damaged, truncated, or holding more positions than the
  * context is refused (KRUN_EINPUT) and the session is left as it was. */
 int krun_session_load(krun_session *s, const char *path, krun_err *err);
+/* The same from a state file's image in memory (name: for messages). */
+int krun_session_load_mem(krun_session *s, const void *buf, size_t len, const char *name, krun_err *err);
 
 #endif
