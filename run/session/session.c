@@ -970,7 +970,7 @@ static void mark_arm(krun_session *s, k3_seg *seg)
         krun_state_hdr h;
         krun_state_hdr_for(&h, &m->m.cfg, kpk_super(m->f)->set_id, config_hash(m));
         h.pos = h.n_tokens = s->mark_at;
-        h.flags = (seg->all_positions || at == seg->n) ? KRUN_STATE_LOGITS : 0;
+        h.flags = 0;                   /* the file is named before the blocks are known: never logits */
         if (ksave_begin(&m->mark_save, s->mark_path, &e)) { mark_drop(s, e.msg); return; }
         if (krun_state_write_begin(&m->mark_w, &m->mark_save, &h, &m->m.cfg, s->tokens, &e)) {
             ksave_abort(&m->mark_save);

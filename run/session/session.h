@@ -263,8 +263,9 @@ enum { KRUN_MARK_NONE = 0, KRUN_MARK_PENDING = 1, KRUN_MARK_TAKEN = 2, KRUN_MARK
  * be claimed until the mark is taken or dropped; its state is replaced. */
 int krun_session_mark(krun_session *s, size_t at, krun_session *dst, krun_err *err);
 /* Into a state file at path (docs/STATE.md, written through the safe writer:
- * each layer as the block is done with it, then renamed into place).  Needs a
- * model prepared with o.cache; one such mark at a time per model. */
+ * each layer as the block is done with it, then renamed into place), without
+ * the logits.  Needs a model prepared with o.cache; one such mark at a time
+ * per model. */
 int krun_session_mark_save(krun_session *s, size_t at, const char *path, krun_err *err);
 /* KRUN_MARK_*: pending, taken, dropped (*why: the reason), or none. */
 int krun_session_mark_status(const krun_session *s, const char **why);
