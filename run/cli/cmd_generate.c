@@ -51,9 +51,9 @@ static const char usage[] =
     "  --spec N              speculative decoding: draft up to N tokens (1..64) from the text so far\n"
     "                        (where it repeats) and verify them in one forward block; the output is\n"
     "                        bit-identical to --spec 0 (greedy only: refused with --temp > 0)\n"
-    "Prefix cache (off unless --cache-dir; shared with krun chat and krun serve):\n"
+    "Prefix cache (off unless --cache-dir; shared with krun chat and krun serve; kept: the\n"
+    "state at the end of the prompt and at the end of the run):\n"
     KRUN_CLI_USAGE_CACHE("")
-    "                        the state at the end of the prompt and at the end of the run are kept\n"
     "Conversations:\n"
     "  --save-state FILE     after the run, save the conversation (KDA/ShortConv/MLA state,\n"
     "                        tokens, last logits; docs/STATE.md) to FILE\n"

@@ -270,18 +270,24 @@ fi
 
 # ---- krun and krun chat with --cache-dir ---------------------------------------------------------------------------
 A=5,80,81,82,200,13,7,9,9,9,40,41
-"$BIN/krun" "$T/rt.kpk" --ids $A --gen 8 --json "$T/k0.json" --quiet >/dev/null
-"$BIN/krun" "$T/rt.kpk" --ids $A --gen 8 --json "$T/k1.json" --quiet --cache-dir "$T/kdir" >/dev/null
-"$BIN/krun" "$T/rt.kpk" --ids $A --gen 8 --json "$T/k2.json" --quiet --cache-dir "$T/kdir" >/dev/null
+# kN: the ids, the last prompt position's logits (.lg) and every generated token's (.gl)
+kr() { local n=$1; shift; "$BIN/krun" "$T/rt.kpk" "$@" --json "$T/k$n.json" --dump-logits "$T/k$n.lg" --dump-gen-logits "$T/k$n.gl" --quiet >/dev/null; }
+kr 0 --ids $A --gen 8
+kr 1 --ids $A --gen 8 --cache-dir "$T/kdir"
+kr 2 --ids $A --gen 8 --cache-dir "$T/kdir"
 G=$(python3 -c 'import json,sys; print(",".join(map(str, json.load(open(sys.argv[1]))["generated_ids"])))' "$T/k0.json")
-"$BIN/krun" "$T/rt.kpk" --ids $A,$G,1,2,3 --gen 5 --json "$T/k3.json" --quiet >/dev/null
-"$BIN/krun" "$T/rt.kpk" --ids $A,$G,1,2,3 --gen 5 --json "$T/k4.json" --quiet --cache-dir "$T/kdir" >/dev/null
-python3 - "$T" <<'PY' && ok "krun --cache-dir: the same prompt again runs none of it (the logits kept); a prompt that continues a run starts after its last generated token; ids unchanged" \
+kr 3 --ids $A,$G,1,2,3 --gen 5
+kr 4 --ids $A,$G,1,2,3 --gen 5 --cache-dir "$T/kdir"
+python3 - "$T" <<'PY' && ok "krun --cache-dir: the same prompt again runs none of it (the logits kept); a prompt that continues a run starts after its last generated token; ids and every logit (the prompt's last, each generated token's) bit-identical" \
     || notok "krun --cache-dir"
 import json, sys
 d = sys.argv[1]
 k = [json.load(open(f"{d}/k{i}.json")) for i in range(5)]
 assert k[0]["generated_ids"] == k[1]["generated_ids"] == k[2]["generated_ids"] and k[3]["generated_ids"] == k[4]["generated_ids"]
+raw = lambda i, x: open(f"{d}/k{i}.{x}", "rb").read()
+for x in ("lg", "gl"):
+    assert raw(0, x) and raw(0, x) == raw(1, x) == raw(2, x), ("logits differ", x)
+    assert raw(3, x) and raw(3, x) == raw(4, x), ("logits differ", x)
 assert k[0]["prefix_cache"] is None and k[1]["prefix_cache"]["cached_positions"] == 0, k[1]["prefix_cache"]
 assert k[2]["prefix_cache"] == {"cached_positions": 12, "prefilled_positions": 0}, k[2]["prefix_cache"]
 assert k[4]["prefix_cache"] == {"cached_positions": 12 + 8 - 1, "prefilled_positions": 4}, k[4]["prefix_cache"]

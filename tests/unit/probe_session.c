@@ -9,6 +9,9 @@
  *   probe_session mark    FILE.kpk [--mem SIZE]   a snapshot taken inside a block (krun_session_mark, into an
  *                                                 idle slot or a file; alone and in a batch) == the state of
  *                                                 a run that stopped there, bit for bit
+ *   probe_session pcache  FILE.kpk [--mem SIZE]   requests through the prefix cache (krun_pcache, in RAM
+ *                                                 and on disk, reopened) == each run alone, bit for bit:
+ *                                                 every logit and id; each starts where it should
  *   probe_session spec    FILE.kpk [--mem SIZE]   speculative verification == plain decoding, bit for bit
  *                                                 (ids, logits, the saved state), a rollback at every
  *                                                 place of a block (--quick: in the middle of it, and
@@ -24,6 +27,7 @@
 #include "sanitized.h"
 #include "format/kargs.h"
 #include "run/engine/forward.h"
+#include "run/session/pcache.h"
 #include "run/session/session.h"
 #include "run/session/statefile.h"
 #include "run/util/procmem.h"
@@ -560,6 +564,118 @@ rm:
     rmdir(dir);
 }
 
+/* ---- pcache: a request continued from the prefix cache == the same request alone ---- */
+
+#define PC_GEN 4
+#define PC_MAX 40
+
+/* One request: prompt p[0..n) (its preamble ending at pre), then PC_GEN
+ * tokens sampled (the last not run), through cache c, or alone on model r.
+ * lg: the logits each token was sampled from; *reused: where it started. */
+static int pc_request(krun_pcache *c, krun_model *r, const int32_t *p, size_t n, size_t pre, const ksampler_opts *so,
+                      int32_t *ids, float *lg, size_t *reused)
+{
+    krun_session *s;
+    krun_err e;
+    const size_t V = (size_t)krun_model_config(r)->vocab;
+    *reused = 0;
+    if (c ? krun_pcache_begin(c, p, n, pre, &s, reused, &e) : krun_session_new(r, &s, &e)) goto bad;
+    krun_session_set_sampler(s, so);
+    if (*reused < n && krun_session_feed(s, p + *reused, n - *reused, NULL, &e)) goto bad;
+    if (c) krun_pcache_keep(c, s);
+    for (int g = 0; g < PC_GEN; g++) {
+        memcpy(lg + (size_t)g * V, krun_session_logits(s), V * sizeof *lg);
+        ids[g] = krun_session_sample(s);
+        if (g + 1 < PC_GEN && krun_session_feed(s, &ids[g], 1, NULL, &e)) goto bad;
+    }
+    if (c) krun_pcache_end(c, s);
+    else krun_session_free(s);
+    return 0;
+bad:
+    printf("not ok - pcache request: %s\n", e.msg);
+    fails++;
+    return -1;
+}
+
+static void check_pcache(const char *path, const char *mem)
+{
+    /* chunk 4; the preamble (7 positions) ends inside a block */
+    static const int32_t sys[] = {3, 7, 11, 5, 9, 100, 200};
+    const size_t pre = sizeof sys / sizeof *sys;
+    char dir[] = "/tmp/probe_pcache.XXXXXX";
+    const char *label = mem ? mem : "in place";
+    krun_model *m = NULL, *r = NULL;
+    krun_pcache *c = NULL;
+    krun_pcache_stats st;
+    krun_err e;
+    float *lg = NULL, *lr = NULL;
+    int32_t ids[PC_GEN], rid[PC_GEN], p[PC_MAX], q[PC_MAX];
+    size_t n1, n2, used, ru;
+    ksampler_opts greedy = {0, 0, 1.0f, 0, 0}, warm = {0.8f, 0, 1.0f, 0, 5};
+    if (!mkdtemp(dir)) { printf("not ok - pcache: mkdtemp\n"); fails++; return; }
+    g_cache = 1;
+    if (open_model(path, mem, 64, 4, 3, &m)) { g_cache = 0; goto rm; }
+    g_cache = 0;
+    if (open_model(path, mem, 64, 4, 1, &r)) goto out;
+    {
+        const size_t V = (size_t)krun_model_config(r)->vocab;
+        krun_pcache_opts o = {dir, 0, 1, stderr, "probe_session"};
+        lg = malloc(PC_GEN * V * sizeof *lg);
+        lr = malloc(PC_GEN * V * sizeof *lr);
+        if (!lg || !lr || krun_pcache_open(m, &o, &c, &e)) { printf("not ok - pcache open: %s\n", lg && lr ? e.msg : "memory"); fails++; goto out; }
+#define SAME(what, ...) OK(!memcmp(ids, rid, sizeof ids) && !memcmp(lg, lr, PC_GEN * V * sizeof *lg), "%s: " what \
+                           ": every logit and id == the request alone", label, __VA_ARGS__)
+        /* 1: the preamble, a question: nothing kept yet */
+        memcpy(p, sys, sizeof sys);
+        for (size_t i = 0; i < 6; i++) p[pre + i] = (int32_t)(40 + 3 * i);
+        n1 = pre + 6;
+        if (pc_request(c, r, p, n1, pre, &greedy, ids, lg, &used) || pc_request(NULL, r, p, n1, 0, &greedy, rid, lr, &ru)) goto out;
+        SAME("request 1 (%zu positions, nothing kept: started at %zu)", n1, used);
+        OK(used == 0, "pcache: the first request starts at 0 (%zu)", used);
+        /* 2: request 1 continued as a client sends it back: its prompt, its reply but the sampled
+         * last token... (entry b: the reply's end), at temperature 0.8 */
+        memcpy(q, p, n1 * sizeof *p);
+        memcpy(q + n1, ids, PC_GEN * sizeof *ids);
+        n2 = n1 + PC_GEN;
+        q[n2++] = 17; q[n2++] = 18; q[n2++] = 19;
+        if (pc_request(c, r, q, n2, pre, &warm, ids, lg, &used) || pc_request(NULL, r, q, n2, 0, &warm, rid, lr, &ru)) goto out;
+        SAME("request 2 continues request 1's reply, temperature 0.8 (started at %zu of %zu)", used, n2);
+        OK(used == n1 + PC_GEN - 1, "pcache: request 2 starts at the end of request 1's reply (%zu == %zu)", used, n1 + PC_GEN - 1);
+        /* 3: the same preamble, another question: entry c, a snapshot inside a block */
+        p[pre] = 77;
+        if (pc_request(c, r, p, n1, pre, &greedy, ids, lg, &used) || pc_request(NULL, r, p, n1, 0, &greedy, rid, lr, &ru)) goto out;
+        SAME("request 3 shares request 1's preamble (started at %zu)", used);
+        OK(used == pre, "pcache: request 3 starts at the end of the preamble (%zu == %zu, inside a block of 4)", used, pre);
+        /* 4: request 3's prompt again: entry a, with its logits: nothing run */
+        if (pc_request(c, r, p, n1, pre, &greedy, ids, lg, &used) || pc_request(NULL, r, p, n1, 0, &greedy, rid, lr, &ru)) goto out;
+        SAME("request 4 == request 3's prompt (started at %zu of %zu)", used, n1);
+        OK(used == n1, "pcache: request 4 runs none of its prompt (the kept logits)");
+        /* 5: a new cache over the same directory (RAM forgotten): request 2 again, from its file */
+        krun_pcache_close(c);
+        c = NULL;
+        if (krun_pcache_open(m, &o, &c, &e)) { printf("not ok - pcache reopen: %s\n", e.msg); fails++; goto out; }
+        for (size_t k = 0; k < krun_model_slots(m); k++) krun_session_reset(krun_model_slot(m, k));
+        if (pc_request(c, r, q, n2, pre, &warm, ids, lg, &used) || pc_request(NULL, r, q, n2, 0, &warm, rid, lr, &ru)) goto out;
+        krun_pcache_get_stats(c, &st);
+        SAME("request 2 again after a reopen, from the disk (started at %zu)", used);
+        OK(used == n2 && st.hits_disk == 1 && st.damaged == 0, "pcache: after a reopen request 2's prompt comes from its file (%zu of %zu, %llu from disk)",
+           used, n2, (unsigned long long)st.hits_disk);
+#undef SAME
+    }
+out:
+    krun_pcache_close(c);
+    if (r) krun_model_close(r);
+    if (m) krun_model_close(m);
+    free(lg);
+    free(lr);
+rm:
+    {
+        char cmd[128];
+        snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+        if (system(cmd) != 0) printf("# could not remove %s\n", dir);
+    }
+}
+
 /* ---- spec: verification blocks == plain decoding ---------------------------------- */
 
 #define SPEC_GEN_MAX 14
@@ -726,7 +842,7 @@ static void check_spec(const char *path, const char *mem)
 int main(int argc, char **argv)
 {
     const char *mem = NULL;
-    if (argc < 3) { fprintf(stderr, "usage: probe_session memory|allocs|batch|copy|mark|spec FILE.kpk [--mem SIZE] [--spec N] [--quick]\n"); return 2; }
+    if (argc < 3) { fprintf(stderr, "usage: probe_session memory|allocs|batch|copy|mark|pcache|spec FILE.kpk [--mem SIZE] [--spec N] [--quick]\n"); return 2; }
     for (int i = 3; i < argc; i += 2) {
         if (!strcmp(argv[i], "--quick")) { g_quick = 1; i--; continue; }
         if (i + 1 >= argc) { fprintf(stderr, "probe_session: %s needs a value\n", argv[i]); return 2; }
@@ -740,6 +856,7 @@ int main(int argc, char **argv)
     else if (!strcmp(argv[1], "spec")) check_spec(argv[2], mem);
     else if (!strcmp(argv[1], "copy")) check_copy(argv[2], mem);
     else if (!strcmp(argv[1], "mark")) check_mark(argv[2], mem);
+    else if (!strcmp(argv[1], "pcache")) check_pcache(argv[2], mem);
     else { fprintf(stderr, "probe_session: unknown check %s\n", argv[1]); return 2; }
     return fails ? 1 : 0;
 }
