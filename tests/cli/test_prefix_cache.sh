@@ -69,7 +69,7 @@ bad = pc.same(on["results"], off["results"])
 assert not bad and len(on["results"]) == 5, ("differ at", bad)
 assert on["streamed_again"]["content"] == off["streamed_again"]["content"] == on["results"][-1]["content"]
 PY
-    python3 - "$T" "$PRE" <<'PY' && ok "cached_tokens == the longest kept state that prefixes each prompt (end of a prompt, of a reply, of the preamble), across the restart; 0 re-read positions on every turn" \
+    python3 - "$T" "$PRE" <<'PY' && ok "cached_tokens == the longest kept state that prefixes each prompt (end of a prompt, of a reply, of the preamble), across the restart; 0 re-read positions on every turn; the log lines say the same" \
         || notok "cached_tokens or re-read positions"
 import json, sys, prefix_check as pc
 d, pre = sys.argv[1], int(sys.argv[2])
@@ -89,6 +89,11 @@ s = on["streamed_again"]["usage"]
 assert s["prompt_tokens_details"]["cached_tokens"] == s["prompt_tokens"] == r[-1]["usage"]["prompt_tokens"], s
 h = json.load(open(f"{d}/on2.health"))
 assert h["hits_disk"] >= 1 and h["damaged"] == 0 and h["dir"], h
+# the request log lines say the same: "N prompt (M cached)", in order, across both servers
+import re
+logged = [tuple(map(int, m)) for f in ("on", "on2") for m in re.findall(r"(\d+) prompt \((\d+) cached\)", open(f"{d}/{f}.err").read())]
+conv = [(x["usage"]["prompt_tokens"], x["usage"]["prompt_tokens_details"]["cached_tokens"]) for x in r]
+assert logged[:3] == conv[:3] and logged[-3:-1] == conv[3:], (logged, conv)
 PY
     python3 - "$T" <<'PY' && ok "thinking on (reasoning_content dropped by the client): bit-identical with and without the cache; each turn starts at the end of the previous prompt; 0 re-read positions" \
         || notok "thinking-mode conversation"
@@ -209,6 +214,7 @@ assert cached == [0] + [pre] * (len(got) - 1), (cached, pre)
 assert pre % 16 != 0, "the preamble ends a block: the snapshot inside a block is not exercised"
 h = json.load(open(f"{d}/shared.health"))
 assert h["hits"] == len(got) - 1 and h["positions_reused"] == pre * (len(got) - 1) and h["dir"] is None, h
+assert 0 < h["entries_ram"] <= 3 and h["bytes_ram"] > 0 and h["entries_disk"] == 0, h      # in the 3 slots, nowhere else
 PY
 # eviction: room for about two entries
 ENTRY=$(python3 -c 'import glob,os,sys; print(max(os.path.getsize(f) for f in glob.glob(sys.argv[1] + "/k3-*/*.krs")))' "$T/ddir")
