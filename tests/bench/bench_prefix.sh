@@ -43,7 +43,7 @@ start() {   # start NAME ARGS...
 }
 stop() { kill -TERM "$PID"; wait "$PID"; }
 chat() {    # chat CONV TURNS
-    KRUN_PID=$PID node "$TOP/tests/node/prefix_chat.mjs" "http://127.0.0.1:$PORT/v1" "$(basename "$KPK" .kpk)" "$1" "$2" || { echo "bench_prefix: the client failed" >&2; exit 1; }
+    PREFIX_TIMEOUT_S=7200 KRUN_PID=$PID node "$TOP/tests/node/prefix_chat.mjs" "http://127.0.0.1:$PORT/v1" "$(basename "$KPK" .kpk)" "$1" "$2" || { echo "bench_prefix: the client failed" >&2; exit 1; }
 }
 
 python3 - "$T/conv" "$TURNS" "$MAX_TOKENS" <<'PY'

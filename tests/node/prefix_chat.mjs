@@ -17,7 +17,7 @@ const pid = process.env.KRUN_PID;
 const readBytes = () => (pid ? Number(/read_bytes: (\d+)/.exec(readFileSync(`/proc/${pid}/io`, "utf8"))[1]) : null);
 
 const [baseURL, model, statePath, turnsArg, flag] = process.argv.slice(2);
-const client = new OpenAI({ baseURL, apiKey: "none", maxRetries: 0, timeout: 120000 });
+const client = new OpenAI({ baseURL, apiKey: "none", maxRetries: 0, timeout: 1000 * Number(process.env.PREFIX_TIMEOUT_S ?? 120) });
 const st = JSON.parse(readFileSync(statePath, "utf8"));
 st.messages ??= st.system ? [{ role: "system", content: st.system }] : [];
 st.results ??= [];
