@@ -43,7 +43,7 @@ think = {"users": users[:4], "params": {"max_tokens": 7, "temperature": 0}}
 for name, conv in (("on", plain), ("off", plain), ("think_on", think), ("think_off", think)):
     json.dump(conv, open(f"{d}/{name}.conv", "w"))
 PY
-    chat() { node "$NODE_CLIENT" "http://127.0.0.1:$PORT/v1" rt "$@" 2>>"$T/node.err"; }
+    chat() { PREFIX_TIMEOUT_S=$((120 * SLOW)) node "$NODE_CLIENT" "http://127.0.0.1:$PORT/v1" rt "$@" 2>>"$T/node.err"; }
     start on "$T/rt.kpk" --max-seqs 2 --ctx 1024 --chunk 16 --cache-dir "$T/dir" && {
         chat "$T/on.conv" 3 && chat "$T/think_on.conv" 4
         stop
