@@ -18,11 +18,15 @@
 #            and seconds per generated token with and without --spec
 #   serve    tests/bench/bench_serve.sh: krun serve's batching (1, 2, 4, 8 concurrent
 #            requests) and krun chat's turn two, on a full-width slice
+#   prefix   tests/bench/bench_prefix.sh: a conversation through krun serve and the openai
+#            client with and without the prefix cache, and across a restart on --cache-dir;
+#            needs a release-geometry pool in BENCH_PREFIX_KPK (k3synth --geometry slice
+#            --layers 2 --experts 896 --topk 16 --routing flat: 19.8 GB), skipped without
 #
 # Everything is generated under a temporary directory in build/ (the repo's
 # disk) and deleted at the end.
 #
-# Env: BENCH_ONLY       a subset of "kpack codec export kernels krun seq spec serve" (default: all)
+# Env: BENCH_ONLY       a subset of "kpack codec export kernels krun seq spec serve prefix" (default: all)
 #      KPK_VIRTUAL_OUT  keep the converted virtual .kpk at this path (the
 #                       runtime's scale test uses it); otherwise it is deleted
 #      BENCH_RUNS, BENCH_SLICE, BENCH_SETTLE, BENCH_SKIP: see bench_kpack.sh
@@ -33,7 +37,7 @@ mkdir -p "$TOP/build"
 TMP=$(mktemp -d "$TOP/build/bench.XXXXXX")
 trap 'rm -rf "$TMP"' EXIT
 trap 'exit 130' INT TERM
-ONLY=" ${BENCH_ONLY:-kpack codec export kernels krun seq spec serve} "
+ONLY=" ${BENCH_ONLY:-kpack codec export kernels krun seq spec serve prefix} "
 VIRT=${KPK_VIRTUAL_OUT:-$TMP/k3-virtual.kpk}
 rc=0
 start=$(date +%s)
@@ -89,6 +93,15 @@ done
 if [[ "$ONLY" == *" serve "* ]]; then
     echo "################ krun serve and krun chat (tests/bench/bench_serve.sh)"
     BENCH_DIR="$TMP/serve" bash tests/bench/bench_serve.sh || { echo "FAILED: bench_serve.sh"; rc=1; }
+    echo
+fi
+if [[ "$ONLY" == *" prefix "* ]]; then
+    echo "################ the prefix cache (tests/bench/bench_prefix.sh)"
+    if [ -n "${BENCH_PREFIX_KPK:-}" ]; then
+        bash tests/bench/bench_prefix.sh "$BENCH_PREFIX_KPK" || { echo "FAILED: bench_prefix.sh"; rc=1; }
+    else
+        echo "skipped: set BENCH_PREFIX_KPK to a release-geometry pool"
+    fi
     echo
 fi
 
