@@ -4,6 +4,19 @@
 
 CC      ?= cc
 OPT     ?= -O2
+# Cross builds: `make CROSS=aarch64-linux-gnu-` compiles with that prefix's gcc
+# and ar (Debian's gcc-aarch64-linux-gnu; the arm64 -dev packages through
+# multiarch: tests/deps.sh arm64) into build/aarch64-linux-gnu.  A CC given on
+# the command line wins: CROSS=aarch64-linux-gnu- CC="clang --target=aarch64-linux-gnu".
+ifneq ($(CROSS),)
+  ifeq ($(origin CC),default)
+    CC := $(CROSS)gcc
+  endif
+  ifeq ($(origin AR),default)
+    AR := $(CROSS)ar
+  endif
+  BUILD ?= build/$(patsubst %-,%,$(CROSS))
+endif
 # -ffp-contract=off: the floating-point contract (docs/NUMERICS.md) forbids the
 # compiler from fusing a*b+c, so the scalar and SIMD paths give the same bits.
 CFLAGS  ?= $(OPT) -g
@@ -28,10 +41,24 @@ ifneq ($(ABLATIONS),)
   override CFLAGS += -DKRUN_ABLATIONS
 endif
 
+# The target's architecture picks the SIMD kernel files: *_avx2.c and
+# *_avx512.c (GCC target pragmas, x86 intrinsics) only for x86-64, *_neon.c
+# only for aarch64, neither elsewhere (the scalar kernels alone).
+KPK_ARCH := $(firstword $(subst -, ,$(shell $(CC) -dumpmachine 2>/dev/null)))
+SIMD_X86  := %_avx2.c %_avx512.c
+SIMD_NEON := %_neon.c
+ifeq ($(KPK_ARCH),x86_64)
+  SIMD_SKIP := $(SIMD_NEON)
+else ifeq ($(KPK_ARCH),aarch64)
+  SIMD_SKIP := $(SIMD_X86)
+else
+  SIMD_SKIP := $(SIMD_X86) $(SIMD_NEON)
+endif
+
 FORMAT_SRC := $(sort $(wildcard format/*.c))
 PACK_SRC   := $(sort $(filter-out pack/main.c,$(wildcard pack/*.c)))
 # run/ is one folder per layer (run/LAYERS); its main() is the dispatcher in run/cli.
-RUN_SRC    := $(sort $(filter-out run/cli/main.c,$(wildcard run/*/*.c)))
+RUN_SRC    := $(sort $(filter-out run/cli/main.c $(SIMD_SKIP),$(wildcard run/*/*.c)))
 SYNTH_SRC  := $(sort $(wildcard tests/synth/*.c))
 UNIT_SRC   := $(sort $(wildcard tests/unit/test_*.c))
 # probes: test programs the CLI tests drive on a synthesized model
@@ -48,7 +75,8 @@ UNIT_BIN  := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC) $(PROBE_SRC)
 # sanitizers) keeps its own copies under its build directory.
 BINDIR := $(if $(filter build,$(BUILD)),bin,$(BUILD)/bin)
 
-.PHONY: all test test-clang test-root bench bench-hdd demo deps clean unit asan ablate fuzz fuzz-bins soak soak-serve check-layers
+.PHONY: all test test-clang test-root bench bench-hdd demo deps clean unit asan ablate fuzz fuzz-bins soak soak-serve soak-batch check-layers \
+        test-arm64 test-arm64-full arm64-bins
 # keep the unit tests' objects (make would delete them as intermediates)
 .SECONDARY:
 all: $(BINDIR)/kpack $(BINDIR)/k3synth $(if $(wildcard run/cli/main.c),$(BINDIR)/krun)
@@ -114,7 +142,7 @@ fuzz-bins: $(FUZZ_BIN)
 # cpu feature): the fuzz build takes them from gcc, uninstrumented.  No
 # harness fuzzes the kernels; fuzz_kpk only links them through run/model/model.c.
 ifeq ($(FUZZ_KERNELS_GCC),1)
-$(call obj,$(wildcard run/kernels/*.c)): $(BUILD)/%.o: %.c
+$(call obj,$(filter-out $(SIMD_SKIP),$(wildcard run/kernels/*.c))): $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	@$(if $(V),true,echo "  GCC     $<")
 	$(Q)gcc $(filter-out -fsanitize%,$(CFLAGS)) -Wno-format-truncation -c $< -o $@
@@ -167,8 +195,14 @@ SOAK_ARGS ?= --kills 60 --flips 1200 --mutations 1200 --json $(BUILD)/soak.json
 SERVE_SOAK_ARGS ?= --requests 10000 --epochs 5 --json $(BUILD)/serve_soak.json
 ASAN_OPT := -O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
 K3_SHARED ?= $(abspath ..)/shared
-soak: all unit soak-serve
+soak: all unit soak-serve soak-batch
 	@nice -n 10 python3 tests/soak/soak.py --bin $(BINDIR) --shim $(KFAULT) $(SOAK_ARGS)
+
+# krun batch killed -9 at random moments BATCH_KILLS times (the suite does 3): the same command
+# continues, and OUT is byte-identical to an uninterrupted run (tests/cli/test_krun_batch.sh).
+BATCH_KILLS ?= 30
+soak-batch: all unit
+	@BATCH_KILLS=$(BATCH_KILLS) BUILD=$(BUILD) BIN=$(BINDIR) nice -n 10 tests/run_all.sh tests/cli/test_krun_batch.sh
 
 soak-serve: all
 	@$(MAKE) --no-print-directory BUILD=build/asan OPT="$(ASAN_OPT)" build/asan/bin/krun
@@ -194,6 +228,43 @@ deps:
 # compares the clang krun with the gcc one in bin/, built first).
 test-clang: all
 	@$(MAKE) --no-print-directory CC=clang BUILD=build/clang test
+
+# aarch64 under emulation (tests/arm64/run.sh): the cross build run by
+# qemu-aarch64-static (tests/deps.sh arm64 installs both).  test-arm64 (CI):
+# the unit suite, the scalar-vs-NEON bit identity (and a fused NEON build
+# that must fail it), x86-64 == aarch64 ids and logit bits on the same KPK
+# files (oracle, test_krun_ref's geometries, quantised MXFP4, compressed,
+# streamed), the oracle and reference tests, and the libm functions.
+# test-arm64-full: every unit and CLI test under emulation (2 hours or more),
+# and the unit tests of a clang build (clang --target=aarch64-linux-gnu).
+ARM64       ?= aarch64-linux-gnu-
+ARM64_BUILD := build/$(patsubst %-,%,$(ARM64))
+ARM64_CLANG := build/aarch64-clang
+test-arm64 test-arm64-full: all $(BUILD)/tests/libm_probe
+	@tests/deps.sh arm64 >/dev/null || { echo "make $@ needs the aarch64 cross compiler, the arm64 libraries and qemu-user-static: tests/deps.sh arm64 (as root)"; exit 2; }
+	@$(MAKE) --no-print-directory CROSS=$(ARM64) BUILD=$(ARM64_BUILD) arm64-bins $(if $(filter test-arm64-full,$@),unit ablate)
+	@$(if $(filter test-arm64-full,$@),$(MAKE) --no-print-directory CROSS=$(ARM64) CC="clang --target=$(patsubst %-,%,$(ARM64))" BUILD=$(ARM64_CLANG) arm64-bins)
+	@ARM64_BUILD=$(ARM64_BUILD) ARM64_CLANG=$(ARM64_CLANG) X86_BUILD=$(BUILD) X86_BIN=$(BINDIR) tests/arm64/run.sh $(if $(filter test-arm64-full,$@),full)
+
+# What the emulated suite runs besides `all unit`: libm_probe, and the kernel
+# tests linked with NEON kernels built to fuse (KERN_NEON_FMA_TRAP), which
+# must fail.  Test only; built in the cross build's directory.
+FMATRAP_SRC := $(filter %/kernels_neon.c %/kernels_seq_neon.c,$(RUN_SRC))
+FMATRAP_OBJ := $(patsubst %.c,$(BUILD)/fmatrap/%.o,$(FMATRAP_SRC))
+$(FMATRAP_OBJ): $(BUILD)/fmatrap/%.o: %.c
+	@mkdir -p $(dir $@)
+	@$(if $(V),true,echo "  CC      $< (fused, test only)")
+	$(Q)$(CC) $(CFLAGS) -DKERN_NEON_FMA_TRAP -c $< -o $@
+$(BUILD)/fmatrap/tests/%: $(BUILD)/tests/unit/%.o $(FMATRAP_OBJ) $(LIBRUN) $(LIBPACK) $(LIBFORMAT)
+	@mkdir -p $(dir $@)
+	@$(if $(V),true,echo "  LINK    $@")
+	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+$(BUILD)/tests/libm_probe: $(call obj,tests/arm64/libm_probe.c) $(LIBRUN)
+	@mkdir -p $(dir $@)
+	@$(if $(V),true,echo "  LINK    $@")
+	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+arm64-bins: all $(filter $(BUILD)/tests/test_%,$(UNIT_BIN)) $(BUILD)/tests/libm_probe \
+            $(if $(FMATRAP_SRC),$(BUILD)/fmatrap/tests/test_kernels $(BUILD)/fmatrap/tests/test_kernels_seq)
 
 # Sanitizer and valgrind builds of the same suite.
 # Shadow memory makes RSS meaningless under ASan: the RSS-bound checks skip.

@@ -8,6 +8,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* krun uses the weights in place (F32, BF16 and F16 as host numbers), so the
+ * host must be little-endian like the file: a big-endian build stops here
+ * rather than compute garbage (supporting one would mean swapping every
+ * weight as it is read). */
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "kpk needs a little-endian host: KPK files are little-endian and their weights are used in place (big-endian hosts are not supported)"
+#endif
+
 /* ---- constants ---------------------------------------------------------- */
 
 /* 0x89 'K' 'P' 'K' CR LF 0x1A LF: the high byte catches 7-bit transports, the

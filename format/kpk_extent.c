@@ -4,6 +4,7 @@
 #include "kpk_internal.h"
 
 #include "kio.h"
+#include "kos.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -260,7 +261,7 @@ static void drop_cache(const kpk_file *f, uint32_t i, uint64_t pos, uint64_t len
     uint64_t done;
     size_t n = kpk_extent_segments(f, i, pos, len, seg, 64, &done);
     for (size_t s = 0; s < n; s++)
-        posix_fadvise(f->member_fd[seg[s].member], (off_t)seg[s].off, (off_t)seg[s].len, POSIX_FADV_DONTNEED);
+        kos_cache_drop(f->member_fd[seg[s].member], seg[s].off, seg[s].len);
 }
 
 void kpk_extent_drop_cache(const kpk_file *f, uint32_t i, uint64_t pos, uint64_t len)
@@ -285,7 +286,7 @@ void kpk_extent_drop_cache(const kpk_file *f, uint32_t i, uint64_t pos, uint64_t
         size_t m = kpk_extent_segments(f, i, pos + done, len - done, seg, 64, &d);
         if (!m) break;
         for (size_t s = 0; s < m; s++)
-            posix_fadvise(f->member_fd[seg[s].member], (off_t)seg[s].off, (off_t)seg[s].len, POSIX_FADV_DONTNEED);
+            kos_cache_drop(f->member_fd[seg[s].member], seg[s].off, seg[s].len);
         done += d;
     }
 }

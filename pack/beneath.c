@@ -2,6 +2,7 @@
 #include "beneath.h"
 
 #include "format/kio.h"
+#include "format/kos.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -10,10 +11,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-#ifndef RENAME_NOREPLACE
-#define RENAME_NOREPLACE (1 << 0)
-#endif
 
 int kb_open_root(const char *dir, char *err, size_t errlen)
 {
@@ -132,7 +129,7 @@ int kb_open_rw(int pfd, const char *shown, const char *base, char *err, size_t e
 
 int kb_publish(int pfd, const char *from, const char *to)
 {
-    if (renameat2(pfd, from, pfd, to, RENAME_NOREPLACE) == 0) return 0;
+    if (kos_rename_noreplace(pfd, from, to) == 0) return 0;
     if (errno != EINVAL && errno != ENOSYS && errno != EOPNOTSUPP) return -1;
     /* a filesystem without RENAME_NOREPLACE: a hard link fails on an existing name too */
     if (linkat(pfd, from, pfd, to, 0)) return -1;

@@ -5,6 +5,7 @@
 
 #include "archive.h"
 #include "format/kio.h"
+#include "format/kos.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -126,7 +127,7 @@ static int read_tensor(struct pipe *pp, const kpk_tensor *t, const kp_source_ref
             return -1;
         }
         /* read once: drop it from the page cache rather than let 1.5 TB push everything else out */
-        posix_fadvise(fd, (off_t)so, (off_t)len, POSIX_FADV_DONTNEED);
+        kos_cache_drop(fd, so, len);
     }
     pp->bytes_read += len;
     return 0;
@@ -197,7 +198,7 @@ int kp_sources_open(struct pipe *pp, char *err, size_t errlen)
         pp->shard_fd[i] = open(in->src->shards[i].path, O_RDONLY | O_CLOEXEC);
         if (pp->shard_fd[i] < 0 || fstat(pp->shard_fd[i], &sst)) { snprintf(err, errlen, "%s: %s", in->src->shards[i].path, strerror(errno)); return -1; }
         pp->shard_size[i] = (uint64_t)sst.st_size;
-        posix_fadvise(pp->shard_fd[i], 0, 0, POSIX_FADV_SEQUENTIAL);
+        kos_cache_sequential(pp->shard_fd[i]);
     }
     return 0;
 }
@@ -372,7 +373,7 @@ void *kp_reader_main(void *arg)
          * behind (page cache folios that straddle a range's ends). */
         if (pp->ends_shard[e])
             for (size_t i = 0; pp->in->src && i < pp->in->src->n_shards; i++)
-                if (pp->last_use[i] == e) posix_fadvise(pp->shard_fd[i], 0, 0, POSIX_FADV_DONTNEED);
+                if (pp->last_use[i] == e) kos_cache_drop(pp->shard_fd[i], 0, 0);
     }
     pthread_mutex_lock(&pp->mu);
     pp->reader_done = 1;

@@ -2,6 +2,7 @@
 #include "output.h"
 
 #include "format/kio.h"
+#include "format/kos.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -58,7 +59,7 @@ static int write_behind(struct wb *w, int fd, uint64_t off, uint64_t len)
 {
     unsigned k;
     if (w->disabled || !len) return 0;
-    if (sync_file_range(fd, (off_t)off, (off_t)len, SYNC_FILE_RANGE_WRITE)) {
+    if (kos_writeback_start(fd, off, len)) {
         if (errno == ENOSYS || errno == EINVAL || errno == EOPNOTSUPP) { w->disabled = 1; return 0; } /* plain writeback then */
         return -1;
     }
@@ -67,10 +68,8 @@ static int write_behind(struct wb *w, int fd, uint64_t off, uint64_t len)
     w->n++;
     if (w->n <= WB_LAG) return 0;
     k = (w->n - 1 - WB_LAG) % (WB_LAG + 1);
-    if (sync_file_range(fd, (off_t)w->off[k], (off_t)w->len[k],
-                        SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER))
-        return -1;
-    posix_fadvise(fd, (off_t)w->off[k], (off_t)w->len[k], POSIX_FADV_DONTNEED);
+    if (kos_writeback_wait(fd, w->off[k], w->len[k])) return -1;
+    kos_cache_drop(fd, w->off[k], w->len[k]);
     return 0;
 }
 

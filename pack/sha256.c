@@ -4,6 +4,7 @@
 #include "source.h"
 
 #include "format/kio.h"
+#include "format/kos.h"
 #include "format/kprogress.h"
 
 #include <errno.h>
@@ -38,7 +39,7 @@ int ks_sha256_file(const char *path, char out[65], kprogress *prog, int *io_errn
         snprintf(err, errlen, "%s", strerror(errno));
         return -1;
     }
-    posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+    kos_cache_sequential(fd);
     buf = malloc(SHA_CHUNK);
     ctx = EVP_MD_CTX_new();
     if (!buf || !ctx || EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) != 1) { snprintf(err, errlen, "out of memory"); goto out; }
@@ -54,7 +55,7 @@ int ks_sha256_file(const char *path, char out[65], kprogress *prog, int *io_errn
         if (EVP_DigestUpdate(ctx, buf, (size_t)r) != 1) { snprintf(err, errlen, "hash failed"); goto out; }
         /* hashed once: keep the page cache for something else (on a VM that
          * hands free memory back to the host this is also what is fast) */
-        posix_fadvise(fd, (off_t)off, (off_t)r, POSIX_FADV_DONTNEED);
+        kos_cache_drop(fd, off, (uint64_t)r);
         off += (uint64_t)r;
         kprogress_add(prog, (uint64_t)r);
     }

@@ -2,6 +2,7 @@
 #include "source.h"
 
 #include "format/kio.h"
+#include "format/kos.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -265,7 +266,7 @@ static json_t *load_index(const char *path, char *err, size_t errlen, int *absen
         close(r.fd);
         return NULL;
     }
-    posix_fadvise(r.fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+    kos_cache_sequential(r.fd);
     r.buf = malloc(INDEX_READ);
     if (!r.buf) { snprintf(err, errlen, "out of memory"); close(r.fd); return NULL; }
     root = json_load_callback(index_read, &r, 0, &je);

@@ -336,6 +336,11 @@ static void log_turn(chat *ch, const turn_log *t)
     json_object_set_new(j, "reply_seconds", json_real(t->t_reply));
     json_object_set_new(j, "prefill_bytes_read", json_integer((json_int_t)t->bytes_prefill));
     json_object_set_new(j, "reply_bytes_read", json_integer((json_int_t)t->bytes_reply));
+    {
+        krun_stats st;   /* the prefill layout's switches so far (--chunk auto: a long turn runs in large blocks) */
+        krun_model_stats(ch->m, &st);
+        json_object_set_new(j, "phase_switches", json_integer((json_int_t)st.phase_switches));
+    }
     json_dumpf(j, ch->json, JSON_COMPACT);
     fputc('\n', ch->json);
     fflush(ch->json);
@@ -378,16 +383,15 @@ static int turn_ids(chat *ch, const char *text, size_t len, int32_t **ids, size_
 
 /* The first turn with --cache-dir: the session starts over from the cache,
  * holding the longest kept state the conversation begins with (a system
- * prompt read by an earlier run), its random stream carried over. */
+ * prompt read by an earlier run), with the conversation's sampler: its draw
+ * depends on the seed, the stream and the position only (sampler.h), so there
+ * is no random state to carry over; the reply start is set by reply(). */
 static int from_cache(chat *ch, turn_log *t, size_t preamble, krun_err *err)
 {
-    uint64_t rng[4];
-    krun_session_get_rng(ch->s, rng);
     krun_pcache_end(ch->cache, ch->s);
     ch->s = NULL;
     if (krun_pcache_begin(ch->cache, t->fed, t->n_fed, preamble, &ch->s, &t->cached, err)) return -1;
     krun_session_set_sampler(ch->s, &ch->so);
-    krun_session_set_rng(ch->s, rng);
     return 0;
 }
 
@@ -404,6 +408,12 @@ static int reply(chat *ch, turn_log *t, krun_err *err)
     uint64_t b0 = bytes_read(ch);
     int rc = 0;
     if (ch->conv.template && !p) { krun_err_set(err, KRUN_ENOMEM, "out of memory"); return -1; }
+    {
+        /* the reply begins here: the sampler's frequency and presence penalties count from it */
+        size_t hist;
+        krun_session_tokens(ch->s, &hist);
+        krun_session_set_reply_start(ch->s, hist);
+    }
     ch->content.n = ch->reasoning.n = 0;
     kutf8_hold_reset(&ch->text_pend);
     ch->in_reasoning_shown = 0;
@@ -491,14 +501,13 @@ static int run_turn(chat *ch, const char *text, size_t len, krun_err *err)
         free(t.fed);
         t.fed = all;
         t.n_fed += pending;
-        krun_prefill_progress_start(&pp, ch->m, ch->o.quiet);
         if (!ch->o.quiet) krun_announce_prompt(ch->m, t.n_fed - t.cached);
         if (!ch->o.quiet && t.cached)
             fprintf(stderr, "krun chat: %zu of the %zu positions of this turn were kept from an earlier run (--cache-dir)\n", t.cached,
                     t.n_fed);
-        krun_session_set_progress(ch->s, krun_prefill_progress_fn, &pp);
+        krun_prefill_progress_start(&pp, ch->m, ch->s, t.n_fed - t.cached, ch->o.quiet);
         rc = krun_session_feed(ch->s, t.fed + pending + t.cached, t.n_fed - pending - t.cached, NULL, err);
-        krun_session_set_progress(ch->s, NULL, NULL);
+        krun_prefill_progress_end(&pp, ch->s);
         t.t_prefill = know() - pp.t0;
         t.bytes_prefill = bytes_read(ch) - b0;
         if (rc) { free(t.fed); return -1; }

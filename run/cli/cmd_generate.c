@@ -50,7 +50,7 @@ static const char usage[] =
     KRUN_CLI_USAGE_SAMPLING
     "  --spec N              speculative decoding: draft up to N tokens (1..64) from the text so far\n"
     "                        (where it repeats) and verify them in one forward block; the output is\n"
-    "                        bit-identical to --spec 0 (greedy only: refused with --temp > 0)\n"
+    "                        bit-identical to --spec 0 at every sampling setting and seed\n"
     "Prefix cache (off unless --cache-dir; shared with krun chat and krun serve; kept: the\n"
     "state at the end of the prompt and at the end of the run):\n"
     KRUN_CLI_USAGE_CACHE("")
@@ -59,13 +59,17 @@ static const char usage[] =
     "                        tokens, last logits; docs/STATE.md) to FILE\n"
     "  --load-state FILE     continue a saved conversation: the prompt follows it (and may\n"
     "                        be left out); the earlier turns are not run again.  Without\n"
-    "                        --seed, sampling continues the saved PRNG\n"
+    "                        --seed, sampling goes on with the saved seed, as one run would\n"
     "Execution:\n"
     KRUN_CLI_USAGE_EXECUTION
     "  --ctx N               positions to reserve (default: saved state + prompt + --gen; a\n"
     "                        prompt beyond 262144 positions needs an explicit --ctx)\n"
     KRUN_CLI_USAGE_MEMORY
     "  --plan                print the memory plan (and the minimum budget) and exit\n"
+    "  --prompt-tokens P[,P2,...]  with --plan: what a prompt of P tokens will cost: the block\n"
+    "                        chosen, the blocks, the bytes read (trunk, lm_head, experts, resuming\n"
+    "                        decoding); the plan is made for the largest (--ctx defaults to it + --gen)\n"
+    "  --disk-mbps X         with --prompt-tokens: the time those bytes take at X MB/s\n"
     "  --max-seqs N          sessions whose state the plan budgets (default 1; for --plan)\n"
     "  --recompute           recompute the whole sequence every step (testing; same result)\n"
     "Output:\n"
@@ -88,6 +92,9 @@ struct opts {
     const char *model, *prompt, *prompt_file, *ids, *json, *dump_logits, *dump_all, *dump_gen;
     const char *save_state, *load_state;
     long gen, spec;
+    size_t prompt_tokens[16]; /* --plan --prompt-tokens P[,P2,...] */
+    size_t n_prompt_tokens;
+    double disk_mbps;
     int plan_only;
     int recompute, print_ids, quiet, ignore_eos;
     krun_cli c;               /* memory, execution and sampling: shared with krun chat and krun serve */
@@ -116,6 +123,17 @@ static void parse_args(int argc, char **argv, struct opts *o)
         else if (OPT("--gen")) o->gen = krun_cli_long(v, 0, 1L << 30, "--gen");
         else if (!strcmp(a, "--recompute")) o->recompute = 1;
         else if (!strcmp(a, "--plan")) o->plan_only = 1;
+        else if (OPT("--prompt-tokens")) {
+            char buf[256], *save = NULL;
+            snprintf(buf, sizeof buf, "%s", v);
+            o->n_prompt_tokens = 0;
+            for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+                if (o->n_prompt_tokens == 16) krun_cli_die("%s", "--prompt-tokens: at most 16 sizes");
+                o->prompt_tokens[o->n_prompt_tokens++] = (size_t)krun_cli_long(t, 1, 1L << 30, "--prompt-tokens");
+            }
+            if (!o->n_prompt_tokens) krun_cli_die("%s", "--prompt-tokens: expected a token count, or several separated by commas");
+        }
+        else if (OPT("--disk-mbps")) o->disk_mbps = krun_cli_double(v, 0.001, 1e9, "--disk-mbps");
         else if (OPT("--json")) o->json = v;
         else if (OPT("--dump-logits")) o->dump_logits = v;
         else if (OPT("--dump-all-logits")) o->dump_all = v;
@@ -133,14 +151,12 @@ static void parse_args(int argc, char **argv, struct opts *o)
     }
     if (!o->model) { fputs(usage, stderr); exit(KRUN_EINPUT); }
     krun_cli_check(&o->c, o->plan_only ? "--plan" : NULL);
+    if ((o->n_prompt_tokens || o->disk_mbps > 0) && !o->plan_only) krun_cli_die("%s", "--prompt-tokens and --disk-mbps go with --plan");
+    if (o->disk_mbps > 0 && !o->n_prompt_tokens) krun_cli_die("%s", "--disk-mbps needs --prompt-tokens P (the prompt whose reads it times)");
     if (!o->plan_only && !!o->prompt + !!o->prompt_file + !!o->ids > 1)
         krun_cli_die("%s", "give only one of --prompt, --prompt-file, --ids");
     if (!o->plan_only && !o->load_state && !!o->prompt + !!o->prompt_file + !!o->ids != 1)
         krun_cli_die("%s", "give exactly one of --prompt, --prompt-file, --ids (or --load-state to continue a conversation)");
-    /* the drafts are checked against the greedy choice: with sampling the text
-     * could not be --spec 0's (docs/RUNTIME.md §7) */
-    if (o->spec && o->c.temp > 0)
-        krun_cli_die("%s", "--spec is exact for greedy decoding only: drop --temp (or give --spec 0) to sample");
     if (o->spec && o->recompute) krun_cli_die("%s", "--spec and --recompute exclude each other (--recompute reruns every position)");
     if (o->c.cache_dir && (o->load_state || o->dump_all || o->recompute))
         krun_cli_die("%s", "--cache-dir starts the prompt from a kept state: it cannot be combined with --load-state (which "
@@ -228,17 +244,32 @@ static int plan_only(const struct opts *o, krun_model *m, uint64_t budget)
     krun_model_opts mo;
     kmemplan plan;
     krun_err e;
+    size_t most = 0;
+    for (size_t k = 0; k < o->n_prompt_tokens; k++) most = o->prompt_tokens[k] > most ? o->prompt_tokens[k] : most;
     krun_cli_model_opts(&o->c, o->model, budget, &mo);
     mo.spec = (size_t)o->spec;
-    mo.ctx = o->c.ctx ? (size_t)o->c.ctx : 4096; /* the plan alone: no prompt needed */
+    /* the plan alone: no prompt needed; for --prompt-tokens, what krun would reserve for the largest */
+    mo.ctx = o->c.ctx ? (size_t)o->c.ctx : most ? most + (size_t)o->gen : 4096;
+    mo.prompt_tokens = most;
+    if (most > mo.ctx) {
+        fprintf(stderr, "krun: --prompt-tokens %zu does not fit --ctx %zu\n", most, mo.ctx);
+        return KRUN_EINPUT;
+    }
     if (krun_model_make_plan(m, &mo, &plan, &e)) { fprintf(stderr, "krun: %s\n", e.msg); return e.code; }
     if (o->json) {
         json_t *j = kmemplan_json(&plan);
-        int bad = json_dump_file(j, o->json, JSON_INDENT(1)) != 0;
+        int bad;
+        if (o->n_prompt_tokens) {
+            json_t *a = json_array();
+            for (size_t k = 0; k < o->n_prompt_tokens; k++) json_array_append_new(a, kmemplan_prompt_json(&plan, o->prompt_tokens[k], o->disk_mbps));
+            json_object_set_new(j, "prompts", a);
+        }
+        bad = json_dump_file(j, o->json, JSON_INDENT(1)) != 0;
         json_decref(j);
         if (bad) { fprintf(stderr, "krun: cannot write %s\n", o->json); return KRUN_EINPUT; }
     }
     kmemplan_print(&plan, stdout);
+    for (size_t k = 0; k < o->n_prompt_tokens; k++) kmemplan_prompt_print(&plan, o->prompt_tokens[k], o->disk_mbps, stdout);
     return KRUN_OK;
 }
 
@@ -320,6 +351,7 @@ static int prepare(gen *g, uint64_t budget)
     krun_err e;
     krun_cli_model_opts(&o->c, o->model, budget, &mo);
     mo.spec = (size_t)o->spec;
+    mo.prompt_tokens = g->pending + g->n_prompt;   /* the planner's reference prompt (--chunk auto) */
     if (o->dump_all) mo.extra_bytes += (uint64_t)(g->pending + g->n_prompt) * V * sizeof(float);
     if (o->dump_gen) mo.extra_bytes += (uint64_t)o->gen * V * sizeof(float);
     if (krun_model_prepare(g->m, &mo, &e)) { fprintf(stderr, "krun: %s\n", e.msg); return e.code; }
@@ -341,6 +373,9 @@ static int prepare(gen *g, uint64_t budget)
     if (!o->c.seed_given) krun_session_set_sampler(g->s, &so);
     if (o->load_state && krun_session_load(g->s, o->load_state, &e)) { fprintf(stderr, "krun: %s\n", e.msg); return e.code; }
     if (o->c.seed_given) krun_session_set_sampler(g->s, &so);
+    /* the reply (what frequency and presence penalties count) begins after the prompt; a
+     * loaded conversation continued without one goes on with its own reply */
+    if (g->n_prompt || !o->load_state) krun_session_set_reply_start(g->s, g->state_tokens + g->n_prompt);
 
     g->gen_ids = malloc(gen_n * sizeof *g->gen_ids);
     g->steps = calloc(gen_n, sizeof *g->steps);
@@ -358,7 +393,7 @@ static int prepare(gen *g, uint64_t budget)
 }
 
 /* The prompt (after a loaded state's pending tokens), in blocks of --chunk
- * positions: the result does not depend on it.  Then --dump-logits and
+ * positions (auto: as the cost model chooses): the result does not depend on it.  Then --dump-logits and
  * --dump-all-logits. */
 static int prefill(gen *g)
 {
@@ -367,14 +402,12 @@ static int prefill(gen *g)
     krun_err e;
     if (n > 0) {
         krun_prefill_progress pp;
-        krun_prefill_progress_start(&pp, g->m, o->quiet);
+        int rc;
         if (!o->quiet) krun_announce_prompt(g->m, n);
-        krun_session_set_progress(g->s, krun_prefill_progress_fn, &pp);
-        if (krun_session_feed(g->s, g->prompt + g->cached, g->n_prompt - g->cached, g->all, &e)) {
-            fprintf(stderr, "\nkrun: %s\n", e.msg);
-            return e.code;
-        }
-        krun_session_set_progress(g->s, NULL, NULL);
+        krun_prefill_progress_start(&pp, g->m, g->s, n, o->quiet);
+        rc = krun_session_feed(g->s, g->prompt + g->cached, g->n_prompt - g->cached, g->all, &e);
+        krun_prefill_progress_end(&pp, g->s);
+        if (rc) { fprintf(stderr, "\nkrun: %s\n", e.msg); return e.code; }
         g->t_prefill = know() - pp.t0;
         if (g->cache && g->cached < g->n_prompt) krun_pcache_keep(g->cache, g->s);   /* the end of the prompt: kept */
     } else if (!krun_session_logits(g->s) && o->gen > 0) {
@@ -435,11 +468,12 @@ static int sweep(gen *g, int32_t next, size_t *n_acc, krun_err *e)
     t0 = know();
     if (o->recompute) {
         /* the whole history again from position 0: must equal incremental decoding */
-        size_t n = 0;
+        size_t n = 0, reply = krun_session_reply_start(g->s);
         const int32_t *h = krun_session_tokens(g->s, &n);
         memcpy(g->hist, h, n * sizeof *g->hist);
         g->hist[n] = next;
         krun_session_reset(g->s);
+        krun_session_set_reply_start(g->s, reply);
         rc = krun_session_feed(g->s, g->hist, n + 1, NULL, e);
     } else if (o->spec) {
         /* drafts may fill the generation but one: the model's own token comes last */

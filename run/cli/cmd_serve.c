@@ -22,12 +22,19 @@
 #define SERVE_CTX_DEFAULT 4096
 #define SERVE_SEQS_DEFAULT 4
 #define SERVE_QUEUE_DEFAULT 16
+/* Speculation is on by default: without evidence nothing is drafted (the same sweeps, the same
+ * bytes); it costs its journal in the plan (--spec 8: 9 positions) and, where drafts are made,
+ * their positions' arithmetic in the shared sweep (docs/SERVE.md, docs/PERFORMANCE.md). */
+#define SERVE_SPEC_DEFAULT 8
 /* Connections one address may open beyond the sequences and the queue it can fill: /health,
  * /v1/models, idle keep-alive ones.  The limit in all is this many addresses' worth. */
 #define SERVE_CONN_SLACK 32
 #define SERVE_CONN_ADDRESSES 4
 #define SERVE_IDLE_DEFAULT 60
 #define SERVE_REQUEST_TIMEOUT_DEFAULT 30
+/* A streamed request silent this long gets a progress comment (": prefill 1234/5000"):
+ * well inside the 30-60 s idle timeouts of common proxies and clients. */
+#define SERVE_PROGRESS_DEFAULT 10
 /* After cancelling, how long connections may take to send what is left. */
 #define SERVE_FLUSH_SECONDS 10
 
@@ -59,16 +66,24 @@ static const char usage[] =
     "                        byte, or its connection is closed (default 30)\n"
     "  --idle-timeout S      close a connection idle for S seconds between requests (default 60;\n"
     "                        a request never times out while it runs)\n"
+    "  --progress-every S    a streamed request that has sent nothing for S seconds gets an SSE\n"
+    "                        comment saying where it is (\": prefill 1234/5000\", \": queued\"); one whose\n"
+    "                        prompt is still being read then starts its stream (200) early (default\n"
+    "                        10; 0: never)\n"
     "  --shutdown-timeout S  on SIGINT / SIGTERM, seconds running requests may take to finish\n"
     "                        before they are cancelled (default 30; a second signal cancels at once)\n"
     "  --quiet               no plan and no line per request on stderr\n"
     "Sequences:\n"
     "  --ctx N               positions per sequence: prompt + max_tokens (default 4096)\n"
+    "  --spec N              speculative decoding: a sequence may verify up to N drafts from its own\n"
+    "                        text or another live sequence's in a sweep; the sweep's verifications\n"
+    "                        share N + 1 positions (default 8; 0: off; a request's \"speculative\"\n"
+    "                        lowers it).  The output is bit-identical with and without\n"
+    "  sampling comes from each request (temperature, top_p, seed, and top_k, min_p)\n"
     "Prefix cache (on by default: a request starts from the longest kept state whose history\n"
     "is a prefix of its prompt -- the end of an earlier prompt, reply or system/tools part --\n"
     "kept in idle sequences; usage.prompt_tokens_details.cached_tokens says how many):\n"
     KRUN_CLI_USAGE_CACHE(" (every request runs its whole prompt)")
-    "  sampling comes from each request (temperature, top_p, seed, and top_k, min_p)\n"
     "Execution:\n"
     KRUN_CLI_USAGE_EXECUTION
     KRUN_CLI_USAGE_MEMORY
@@ -80,15 +95,17 @@ static const char usage[] =
 struct serve_opts {
     const char *model, *host, *api_key, *model_name, *max_body;
     long port, max_queue, max_connections, max_per_ip, idle_timeout;
-    double shutdown_timeout, request_timeout;
+    double shutdown_timeout, request_timeout, progress_every;
     int quiet;
+    long spec;
     krun_cli c;
 };
 
 /* krun's sampling options, "--temp" or "--temp=0.7": a request brings its own. */
 static int sampling_option(const char *a)
 {
-    static const char *const names[] = {"--temp", "--top-k", "--top-p", "--min-p", "--seed"};
+    static const char *const names[] = {"--temp", "--top-k", "--top-p", "--min-p", "--seed", "--repetition-penalty",
+                                        "--presence-penalty", "--frequency-penalty"};
     for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
         size_t n = strlen(names[k]);
         if (!strncmp(a, names[k], n) && (a[n] == 0 || a[n] == '=')) return 1;
@@ -108,7 +125,9 @@ static void parse_args(int argc, char **argv, struct serve_opts *o)
     o->shutdown_timeout = 30;
     o->idle_timeout = SERVE_IDLE_DEFAULT;
     o->request_timeout = SERVE_REQUEST_TIMEOUT_DEFAULT;
+    o->progress_every = SERVE_PROGRESS_DEFAULT;
     o->max_per_ip = -1;
+    o->spec = SERVE_SPEC_DEFAULT;
     o->api_key = getenv("KRUN_API_KEY");
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
@@ -129,10 +148,13 @@ static void parse_args(int argc, char **argv, struct serve_opts *o)
             o->max_per_ip = krun_cli_long(v, 0, 1L << 16, "--max-connections-per-ip");
         else if (OPT("--request-timeout"))
             o->request_timeout = krun_cli_double(v, 0.1, 1e6, "--request-timeout");
+        else if (OPT("--progress-every"))
+            o->progress_every = krun_cli_double(v, 0, 1e6, "--progress-every");
         else if (OPT("--shutdown-timeout"))
             o->shutdown_timeout = krun_cli_double(v, 0, 1e9, "--shutdown-timeout");
         else if (OPT("--idle-timeout"))
             o->idle_timeout = krun_cli_long(v, 1, 1L << 20, "--idle-timeout");
+        else if (OPT("--spec")) o->spec = krun_cli_long(v, 0, 64, "--spec (0..64)");
         else if (!strcmp(a, "--quiet")) o->quiet = 1;
         else if (a[0] == '-') krun_cli_die("unknown option %s (see krun serve --help)", a);
         else if (!o->model) o->model = a;
@@ -145,17 +167,6 @@ static void parse_args(int argc, char **argv, struct serve_opts *o)
     if (!o->c.ctx) o->c.ctx = SERVE_CTX_DEFAULT;
     if (o->max_per_ip < 0) o->max_per_ip = o->c.max_seqs + o->max_queue + SERVE_CONN_SLACK;
     if (!o->max_connections) o->max_connections = SERVE_CONN_ADDRESSES * (o->c.max_seqs + o->max_queue + SERVE_CONN_SLACK);
-}
-
-/* The model's name in the API: the file's name without its directory and .kpk. */
-static void default_name(const char *path, char *out, size_t len)
-{
-    const char *b = strrchr(path, '/');
-    size_t n;
-    b = b ? b + 1 : path;
-    n = strlen(b);
-    if (n > 4 && !strcmp(b + n - 4, ".kpk")) n -= 4;
-    snprintf(out, len, "%.*s", (int)n, b);
 }
 
 /* A bound, listening TCP socket; *port is the one it got. */
@@ -198,8 +209,11 @@ static void announce(const struct serve_opts *o, krun_model *m, const char *name
     if (p) {
         kmemplan_print(p, stderr);
         fprintf(stderr, "krun serve: %zu sequences of %zu positions (%s of state each; this budget would fit %llu), "
-                "%zu positions per sweep\n", krun_model_max_seqs(m), krun_model_ctx(m), b1, (unsigned long long)p->sessions_fit,
+                "%zu positions per sweep", krun_model_max_seqs(m), krun_model_ctx(m), b1, (unsigned long long)p->sessions_fit,
                 krun_model_block(m));
+        if (krun_model_block_max(m) > krun_model_block(m))
+            fprintf(stderr, " (%zu when prompts are waiting and the cost model says so)", krun_model_block_max(m));
+        fputc('\n', stderr);
     } else {
         fprintf(stderr, "krun serve: the model file is used in place from a mapping; %zu sequences of %zu positions (%s of "
                 "state each), %zu positions per sweep\n", krun_model_max_seqs(m), krun_model_ctx(m), b1, krun_model_block(m));
@@ -232,7 +246,7 @@ int krun_serve_main(int argc, char **argv)
     if (max_body <= 0) krun_cli_die("--max-body: expected a size like 8M, got %s", o.max_body);
     if (krun_cli_budget(&o.c, &budget)) return KRUN_EINPUT;
     if (o.model_name) snprintf(name, sizeof name, "%s", o.model_name);
-    else default_name(o.model, name, sizeof name);
+    else krun_cli_model_name(o.model, name, sizeof name);
 
     /* every thread started from here on inherits the blocked signals: only
      * sigwait below sees SIGINT and SIGTERM; a client that hangs up is an
@@ -251,9 +265,10 @@ int krun_serve_main(int argc, char **argv)
     fd = listen_on(o.host, o.port, &port);
     if (fd < 0) goto out;
     krun_cli_model_opts(&o.c, o.model, budget, &mo);
+    mo.spec = (size_t)o.spec;
     if (krun_model_prepare(m, &mo, &e)) { fprintf(stderr, "krun serve: %s\n", e.msg); rc = e.code; goto out; }
     if (krun_cli_pcache(&o.c, m, "krun serve", 1, 1, &cache, &e)) { fprintf(stderr, "krun serve: %s\n", e.msg); rc = e.code; goto out; }
-    eo = (srv_engine_opts){(size_t)o.max_queue, name, o.quiet, cache};
+    eo = (srv_engine_opts){(size_t)o.max_queue, name, o.quiet, o.progress_every, cache};
     if (srv_engine_start(m, &eo, &eng, &e)) { fprintf(stderr, "krun serve: %s\n", e.msg); rc = e.code; goto out; }
     ho = (srv_http_opts){o.api_key, (size_t)max_body, fd, (unsigned)o.max_connections, (unsigned)o.max_per_ip, (unsigned)o.idle_timeout,
                          o.request_timeout};

@@ -169,8 +169,30 @@ static json_t *spec_json(const gen_record *r, const krun_session *s)
     json_object_set_new(o, "drafted", json_integer((json_int_t)spec.drafted));
     json_object_set_new(o, "accepted", json_integer((json_int_t)spec.accepted));
     json_object_set_new(o, "rollbacks", json_integer((json_int_t)spec.rollbacks));
+    json_object_set_new(o, "acceptance", spec.drafted ? json_real((double)spec.accepted / (double)spec.drafted) : json_null());
     json_object_set_new(o, "rounds", rounds);
     return o;
+}
+
+/* The routing's histogram: per MoE layer, the times each expert was chosen
+ * ({"layer": L, "counts": [...]}), so that the bytes a prompt reads can be
+ * predicted from the experts' measured loads (tests/bench/bench_prompt.sh). */
+static json_t *routing_json(const krun_model *m)
+{
+    const k3_config *c = krun_model_config(m);
+    json_t *a = json_array();
+    for (int L = 0; L < c->n_layers; L++) {
+        const uint64_t *n = krun_model_routing(m, L);
+        json_t *o, *v;
+        if (!n) continue;
+        o = json_object();
+        v = json_array();
+        for (int e = 0; e < c->n_experts; e++) json_array_append_new(v, json_integer((json_int_t)n[e]));
+        json_object_set_new(o, "layer", json_integer(L));
+        json_object_set_new(o, "counts", v);
+        json_array_append_new(a, o);
+    }
+    return a;
 }
 
 /* The whole run's reads (krun_model_stats), memory, kernels and plan, into j. */
@@ -192,6 +214,10 @@ static void totals_json(json_t *j, krun_model *m, const krun_stats *st)
     json_object_set_new(j, "bytes_router", json_integer((json_int_t)st->bytes_router));
     json_object_set_new(j, "bytes_cancelled", json_integer((json_int_t)st->bytes_cancelled));
     json_object_set_new(j, "io_wait_seconds", json_real(st->io_wait_seconds));
+    json_object_set_new(j, "phase_switches", json_integer((json_int_t)st->phase_switches));
+    json_object_set_new(j, "bytes_lent_reread", json_integer((json_int_t)st->bytes_lent_reread));
+    json_object_set_new(j, "bytes_discarded", json_integer((json_int_t)st->bytes_discarded));
+    json_object_set_new(j, "routing", routing_json(m));
     json_object_set_new(j, "peak_rss_bytes", json_integer((json_int_t)kmem_peak_rss()));
     json_object_set_new(j, "simd", json_string(krun_simd_name()));
     json_object_set_new(j, "threads", json_integer(krun_model_threads(m)));
@@ -230,6 +256,8 @@ int gen_report_json(const char *path, krun_model *m, const krun_session *s, cons
         json_object_set_new(j, "prefix_cache", json_null());
     }
     totals_json(j, m, &st);
+    /* what the cost model said the prompt would read, in the block it chose (beside bytes_read) */
+    if (krun_model_plan(m) && r->n_prompt) json_object_set_new(j, "prompt_plan", kmemplan_prompt_json(krun_model_plan(m), r->n_prompt, 0));
     if (json_dump_file(j, path, JSON_INDENT(1)) != 0) {
         fprintf(stderr, "krun: cannot write %s\n", path);
         rc = -1;

@@ -43,8 +43,9 @@ double krun_cli_double(const char *s, double lo, double hi, const char *what)
 void krun_cli_init(krun_cli *c)
 {
     memset(c, 0, sizeof *c);
-    c->chunk = 64;
+    c->chunk = 0;             /* auto */
     c->top_p = 1.0;
+    c->repetition_penalty = 1.0;
     c->verify = KRUN_VERIFY_FIRST;
     c->pin = -1;
     c->slots = -1;
@@ -62,13 +63,16 @@ int krun_cli_option(krun_cli *c, int argc, char **argv, int *i)
     else if (OPT("--top-k")) c->top_k = krun_cli_long(v, 0, 1L << 30, "--top-k");
     else if (OPT("--top-p")) c->top_p = krun_cli_double(v, 0, 1, "--top-p");
     else if (OPT("--min-p")) c->min_p = krun_cli_double(v, 0, 1, "--min-p");
+    else if (OPT("--repetition-penalty")) c->repetition_penalty = krun_cli_double(v, 0.01, 100, "--repetition-penalty (0.01..100)");
+    else if (OPT("--presence-penalty")) c->presence_penalty = krun_cli_double(v, -2, 2, "--presence-penalty (-2..2)");
+    else if (OPT("--frequency-penalty")) c->frequency_penalty = krun_cli_double(v, -2, 2, "--frequency-penalty (-2..2)");
     else if (OPT("--seed")) {
         c->seed = (unsigned long long)krun_cli_long(v, 0, 0x7fffffffffffffffL, "--seed");
         c->seed_given = 1;
     }
     else if (OPT("--threads")) c->threads = krun_cli_long(v, 1, 1024, "--threads");
     else if (OPT("--ctx")) c->ctx = krun_cli_long(v, 1, 1L << 40, "--ctx");
-    else if (OPT("--chunk")) c->chunk = krun_cli_long(v, 1, 1L << 20, "--chunk");
+    else if (OPT("--chunk")) c->chunk = !strcmp(v, "auto") ? 0 : krun_cli_long(v, 1, 1L << 20, "--chunk (auto, or 1..1048576)");
     else if (OPT("--max-seqs")) c->max_seqs = krun_cli_long(v, 1, KRUN_MAX_SEQS, "--max-seqs");
     else if (OPT("--simd")) c->simd = v;
     else if (OPT("--verify")) {
@@ -130,7 +134,7 @@ void krun_cli_check(krun_cli *c, const char *needs_budget)
     if (c->cache_size && !c->cache_dir) krun_cli_die("%s", "--cache-size bounds the states kept in --cache-dir DIR: give it too");
     if (c->cache_size && kargs_size(c->cache_size) <= 0) krun_cli_die("--cache-size: expected a size like 32G, got %s", c->cache_size);
     if (c->simd && strcmp(c->simd, "auto") != 0 && (c->simd_level = krun_simd_parse(c->simd)) < 0)
-        krun_cli_die("--simd: expected auto, scalar, avx2 or avx512, got %s", c->simd);
+        krun_cli_die("--simd: expected auto, scalar, avx2, avx512 or neon, got %s", c->simd);
 }
 
 int krun_cli_budget(const krun_cli *c, uint64_t *budget)
@@ -174,7 +178,15 @@ void krun_cli_model_opts(const krun_cli *c, const char *path, uint64_t budget, k
 
 void krun_cli_sampler(const krun_cli *c, ksampler_opts *so)
 {
-    *so = (ksampler_opts){(float)c->temp, (int)c->top_k, (float)c->top_p, (float)c->min_p, c->seed};
+    ksampler_opts_init(so);
+    so->temp = (float)c->temp;
+    so->top_k = (int)c->top_k;
+    so->top_p = (float)c->top_p;
+    so->min_p = (float)c->min_p;
+    so->seed = c->seed;
+    so->repetition_penalty = (float)c->repetition_penalty;
+    so->presence_penalty = (float)c->presence_penalty;
+    so->frequency_penalty = (float)c->frequency_penalty;
 }
 
 int krun_cli_pcache(const krun_cli *c, krun_model *m, const char *prog, int ram, int background, krun_pcache **out, krun_err *err)
@@ -187,9 +199,49 @@ int krun_cli_pcache(const krun_cli *c, krun_model *m, const char *prog, int ram,
 
 /* ---- prefill progress --------------------------------------------------------------- */
 
-void krun_prefill_progress_start(krun_prefill_progress *p, krun_model *m, int quiet)
+/* The block the feed runs next: the same choice krun_session_feed makes. */
+static size_t next_block(krun_prefill_progress *p)
 {
-    *p = (krun_prefill_progress){!quiet && isatty(2), quiet, know(), 0, krun_model_chunk(m)};
+    size_t left = p->total - p->done, b = krun_model_prompt_block(p->m, left);
+    if (!krun_model_plan(p->m) || b == krun_model_block(p->m)) b = krun_model_chunk(p->m);
+    return left < b ? left : b;
+}
+
+static void draw(krun_prefill_progress *p, double now)
+{
+    const double at = (double)p->done + (p->layers ? (double)p->block * p->layer / p->layers : 0);
+    const double rate = at / (now - p->t0 + 1e-9);
+    char eta[32], where[96] = "";
+    p->last = now;
+    kfmt_duration(p->done < p->total && rate > 0 ? ((double)p->total - at) / rate : 0, eta, sizeof eta);
+    if (p->done < p->total && p->layers && p->block > 1)
+        snprintf(where, sizeof where, " (a block of %zu: layer %d/%d)", p->block, p->layer, p->layers);
+    fprintf(stderr, "\rprefill: %zu/%zu positions%s, %.1f positions/s, ETA %s   ", p->done, p->total, where, rate, eta);
+    if (p->done == p->total) fprintf(stderr, "\r%*s\r", 100, "");
+}
+
+static void on_layer(void *ctx, int done, int n)
+{
+    krun_prefill_progress *p = ctx;
+    double now;
+    p->layer = done;
+    p->layers = n;
+    if (!p->draw || p->done >= p->total || (now = know()) - p->last < 0.25) return;
+    draw(p, now);
+}
+
+void krun_prefill_progress_start(krun_prefill_progress *p, krun_model *m, krun_session *s, size_t total, int quiet)
+{
+    *p = (krun_prefill_progress){!quiet && isatty(2), quiet, know(), 0, m, 0, total, 0, 0, 0, 0};
+    p->block = next_block(p);
+    krun_session_set_progress(s, krun_prefill_progress_fn, p);
+    krun_model_set_layer_hook(m, on_layer, p);
+}
+
+void krun_prefill_progress_end(krun_prefill_progress *p, krun_session *s)
+{
+    krun_session_set_progress(s, NULL, NULL);
+    krun_model_set_layer_hook(p->m, NULL, NULL);
 }
 
 void krun_prefill_progress_fn(void *ctx, size_t done, size_t total)
@@ -197,36 +249,47 @@ void krun_prefill_progress_fn(void *ctx, size_t done, size_t total)
     krun_prefill_progress *p = ctx;
     double now = know(), rate = done / (now - p->t0 + 1e-9);
     char eta[32];
-    if (done == p->first_block && done < total && !p->quiet) {
+    p->done = done;
+    p->total = total;
+    p->layer = 0;
+    if (p->blocks++ == 0 && done < total && !p->quiet) {
         kfmt_duration((double)(total - done) / rate, eta, sizeof eta);
         fprintf(stderr, "%skrun: the first block took %.1f s: about %s for the rest of the prompt\n", p->draw ? "\r" : "",
                 now - p->t0, eta);
     }
+    if (done < total) p->block = next_block(p);
     if (!p->draw || (now - p->last < 0.25 && done < total)) return;
-    p->last = now;
-    kfmt_duration(done < total ? (double)(total - done) / rate : 0, eta, sizeof eta);
-    fprintf(stderr, "\rprefill: %zu/%zu positions, %.1f positions/s, ETA %s   ", done, total, rate, eta);
-    if (done == total) fprintf(stderr, "\r%*s\r", 70, "");
+    draw(p, now);
 }
 
 void krun_announce_prompt(krun_model *m, size_t n)
 {
     const kmemplan *p = krun_model_plan(m);
-    const k3_config *c = krun_model_config(m);
     size_t chunk = krun_model_chunk(m), blocks = (n + chunk - 1) / chunk;
-    if (blocks < 2) return;
     if (p) {
-        /* a block reads every streamed trunk layer and, per MoE layer, the
-         * distinct experts its positions chose (at most all of them) */
-        uint64_t per_layer = (uint64_t)chunk * (uint64_t)c->topk < (uint64_t)c->n_experts ? (uint64_t)chunk * (uint64_t)c->topk
-                                                                                      : (uint64_t)c->n_experts;
-        uint64_t experts = p->expert_reads_max / (c->topk ? (uint64_t)c->topk : 1) * per_layer;
-        char b1[32], b2[32];
-        kfmt_bytes(p->trunk_stream_bytes + p->head_stream_bytes + experts, b1, sizeof b1);
-        kfmt_bytes((p->trunk_stream_bytes + p->head_stream_bytes + experts) * blocks, b2, sizeof b2);
-        fprintf(stderr, "krun: the prompt is %zu tokens: %zu blocks of %zu positions, each reading up to %s (unpinned trunk "
-                "+ chosen experts): up to %s in all\n", n, blocks, chunk, b1, b2);
-    } else {
+        kprompt k;
+        char b1[32], b2[32], b3[32];
+        kmemplan_prompt(p, n, krun_model_in_prefill(m), &k);
+        if (k.blocks < 2 && !k.prefill) return;
+        kfmt_bytes(k.total_bytes, b1, sizeof b1);
+        kfmt_bytes(k.trunk_bytes + k.head_bytes, b2, sizeof b2);
+        kfmt_bytes(k.expert_bytes, b3, sizeof b3);
+        fprintf(stderr, "krun: the prompt is %zu tokens: %zu block%s of up to %zu positions (%s layout), reading about %s "
+                "(trunk %s, experts %s: %.0f expected reads)%s\n", n, k.blocks, k.blocks == 1 ? "" : "s", k.block,
+                k.prefill ? "the prefill" : "the decoding", b1, b2, b3, k.experts,
+                k.switch_bytes ? ", and the lent layers again when decoding resumes" : "");
+    } else if (blocks >= 2) {
         fprintf(stderr, "krun: the prompt is %zu tokens: %zu blocks of %zu positions\n", n, blocks, chunk);
     }
+}
+
+/* The model's name in the API: the file's name without its directory and .kpk. */
+void krun_cli_model_name(const char *path, char *out, size_t len)
+{
+    const char *b = strrchr(path, '/');
+    size_t n;
+    b = b ? b + 1 : path;
+    n = strlen(b);
+    if (n > 4 && !strcmp(b + n - 4, ".kpk")) n -= 4;
+    snprintf(out, len, "%.*s", (int)n, b);
 }

@@ -16,7 +16,7 @@
 typedef struct krun_cli {
     /* memory and execution */
     const char *mem, *preset, *trace, *simd, *piece;
-    long threads, ctx, chunk, pin, slots, io_threads, max_seqs;
+    long threads, ctx, chunk, pin, slots, io_threads, max_seqs;   /* chunk 0: auto */
     long head;                /* --head: 0 hold, 1 stream, -1 the planner chooses */
     long predict;             /* --predict: 1 on, 0 off, -1 auto (the default: on for a split layout) */
     int io, policy, io_given, verify;
@@ -26,12 +26,13 @@ typedef struct krun_cli {
     int no_cache;
     /* sampling */
     double temp, top_p, min_p;
+    double repetition_penalty, presence_penalty, frequency_penalty;
     long top_k;
     unsigned long long seed;
     int seed_given;
 } krun_cli;
 
-/* Defaults: chunk 64, one session, top-p 1, --verify first, --io direct, greedy. */
+/* Defaults: chunk auto, one session, top-p 1, --verify first, --io direct, greedy. */
 void krun_cli_init(krun_cli *c);
 /* If argv[*i] is one of the shared options, parse it and its value (advancing
  * *i) and return 1; otherwise return 0.  A bad value exits with status 2 and
@@ -52,6 +53,10 @@ void krun_cli_sampler(const krun_cli *c, ksampler_opts *so);
  * entries (the server).  -1 with err when the directory cannot be used. */
 int krun_cli_pcache(const krun_cli *c, krun_model *m, const char *prog, int ram, int background, krun_pcache **out, krun_err *err);
 
+/* The model's name in the API (krun serve, krun batch): the file's name without its directory and
+ * .kpk. */
+void krun_cli_model_name(const char *path, char *out, size_t len);
+
 /* Argument helpers: print "krun: " + the message and exit with status 2. */
 _Noreturn void krun_cli_die(const char *fmt, const char *arg);
 /* Is argv[*i] the option `name`, which takes a value?  The value in *val:
@@ -61,34 +66,51 @@ int krun_cli_value(int argc, char **argv, int *i, const char *name, const char *
 long krun_cli_long(const char *s, long lo, long hi, const char *what);
 double krun_cli_double(const char *s, double lo, double hi, const char *what);
 
-/* Prefill progress on a terminal: positions done, positions/s, ETA; after the
- * first block of a long prompt, how long the rest will take (unless quiet). */
+/* Prefill progress on a terminal: positions done, inside a block the layer
+ * it is at (a block of thousands of positions takes long at full scale),
+ * positions/s, ETA; after the first block of a long prompt, how long the rest
+ * will take (unless quiet).  The same figures krun serve's progress comments
+ * and /health give. */
 typedef struct krun_prefill_progress {
     int draw, quiet;
     double t0, last;
-    size_t first_block;
+    krun_model *m;
+    size_t done, total;       /* positions in finished blocks, of the prompt */
+    size_t block;             /* the block running now */
+    int layer, layers;        /* its layers done, of */
+    int blocks;               /* blocks finished */
 } krun_prefill_progress;
-void krun_prefill_progress_start(krun_prefill_progress *p, krun_model *m, int quiet);
+/* Before a feed of total positions: sets the session's progress callback
+ * (krun_prefill_progress_fn) and the model's layer hook; _end clears both. */
+void krun_prefill_progress_start(krun_prefill_progress *p, krun_model *m, krun_session *s, size_t total, int quiet);
+void krun_prefill_progress_end(krun_prefill_progress *p, krun_session *s);
 void krun_prefill_progress_fn(void *ctx, size_t done, size_t total);
-/* Say up front what a prompt of n positions costs, when it takes several blocks. */
+/* Say up front what a prompt of n positions costs, when it takes several blocks
+ * or the prefill layout: the blocks and the bytes the cost model expects. */
 void krun_announce_prompt(krun_model *m, size_t n);
 
 #define KRUN_CLI_USAGE_SAMPLING \
     "  --temp T              temperature (default 0 = greedy argmax)\n" \
     "  --top-k K  --top-p P  --min-p P   sampling filters (with --temp > 0)\n" \
-    "  --seed S              PRNG seed (xoshiro256**; same seed, same text)\n"
+    "  --seed S              the draws' seed (default 0): the draw for a position is Philox4x64-10\n" \
+    "                        of (seed, position), so the same seed gives the same text, with or\n" \
+    "                        without --spec, continued from a saved state or not\n" \
+    "  --repetition-penalty R  vLLM's: a logit of a token already in the text (prompt or reply)\n" \
+    "                        is divided by R when positive, multiplied when negative (default 1: off)\n" \
+    "  --presence-penalty P  --frequency-penalty F   OpenAI's, over the reply: a token's logit\n" \
+    "                        minus P once it occurs, minus F per occurrence (-2..2; default 0)\n"
 
 #define KRUN_CLI_USAGE_CACHE(ram) \
     "  --cache-dir DIR       keep prompt states on disk in DIR, shared by krun, krun chat and krun\n" \
     "                        serve runs of the same model file: a prompt that begins with a kept\n" \
-    "                        state runs only the rest; the output is the same bits (docs/RUNTIME.md §8)\n" \
+    "                        state runs only the rest; the output is the same bits (docs/RUNTIME.md §9)\n" \
     "  --cache-size SIZE     the kept states of this model in DIR, at most (default 32G; least\n" \
     "                        recently used out)\n" \
     "  --no-cache            keep nothing" ram "\n"
 
 #define KRUN_CLI_USAGE_EXECUTION \
     "  --threads N           worker threads (default: all cores); results are identical for any N\n" \
-    "  --simd auto|scalar|avx2|avx512   kernel path (default auto); results are identical\n"
+    "  --simd auto|scalar|avx2|avx512|neon   kernel path (default auto); results are identical\n"
 
 #define KRUN_CLI_USAGE_MEMORY \
     "Memory (without --mem or --preset a file that fits in memory is used in place from a\n" \
@@ -111,7 +133,10 @@ void krun_announce_prompt(krun_model *m, size_t n);
     "                        likely to choose (default auto: on when the trunk is in a member\n" \
     "                        of its own, kpack --trunk-to; never changes the output)\n" \
     "  --trace FILE          every read: kind, member, offset, length, start, end (TSV)\n" \
-    "  --chunk N             prompt positions per forward block (default 64; results identical)\n" \
+    "  --chunk auto|N        prompt positions per forward block (default auto: with a budget the\n" \
+    "                        planner picks, per prompt, blocks of 64 or a large block that borrows\n" \
+    "                        the expert cache and pinned layers while it runs -- see --plan; N: that\n" \
+    "                        size, one layout; results are identical)\n" \
     "  --verify first|always|off   check each extent's XXH3 on first use (default), every use, or never\n"
 
 #endif

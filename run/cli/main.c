@@ -4,8 +4,10 @@
  *   krun tokenize MODEL.kpk ...   text <-> token ids, chat rendering: cmd_tokenize.c
  *   krun chat MODEL.kpk ...       a conversation in a terminal: cmd_chat.c
  *   krun serve MODEL.kpk ...      an OpenAI-compatible HTTP server: cmd_serve.c
+ *   krun batch MODEL.kpk IN OUT   a file of OpenAI Batch requests: cmd_batch.c
  *
  * Every command reaches the model through the session API (session.h). */
+#include "cmd_batch.h"
 #include "cmd_chat.h"
 #include "cmd_generate.h"
 #include "cmd_serve.h"
@@ -17,6 +19,7 @@ int main(int argc, char **argv)
 {
     static const struct { const char *name; int (*fn)(int, char **); } cmds[] = {
         {"tokenize", krun_tokenize_main}, {"chat", krun_chat_main}, {"serve", krun_serve_main},
+        {"batch", krun_batch_main},
     };
     for (size_t i = 0; argc > 1 && i < sizeof cmds / sizeof cmds[0]; i++)
         if (strcmp(argv[1], cmds[i].name) == 0) return cmds[i].fn(argc - 1, argv + 1);

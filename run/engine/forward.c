@@ -24,6 +24,7 @@ static void run_carve(k3_run *r, const k3_config *c, size_t T, size_t S, size_t 
     k3_weights_carve(&r->w, c, a);
     k3_scratch_carve(&r->s, c, T, S, ctx, a);
     k3_journal_carve(&r->j, c, spec, a);
+    KTAKE(a, r->routed, (size_t)c->n_layers * (size_t)c->n_experts);
 }
 
 size_t k3_run_vectors_bytes(const k3_config *c)
@@ -31,6 +32,14 @@ size_t k3_run_vectors_bytes(const k3_config *c)
     k3_weights w;
     karena a = {NULL, 0};
     k3_weights_carve(&w, c, &a);
+    return karena_round(a.used);
+}
+
+size_t k3_run_scratch_bytes(const k3_config *c, size_t T, size_t S, size_t ctx)
+{
+    k3_scratch sc;
+    karena a = {NULL, 0};
+    k3_scratch_carve(&sc, c, T, S, ctx, &a);
     return karena_round(a.used);
 }
 
@@ -62,7 +71,10 @@ int k3_run_init(k3_run *r, const k3_model *m, kstore *store, kpool *pool, size_t
     r->model = m;
     r->store = store;
     r->pool = pool;
-    r->expert_batch = kstore_expert_capacity(store) < K3_EXPERT_BATCH ? kstore_expert_capacity(store) : K3_EXPERT_BATCH;
+    r->T_own = T;
+    r->S = S;
+    r->ctx = ctx;
+    r->scratch_off = k3_run_vectors_bytes(c);
     r->arena_bytes = k3_run_bytes(c, T, S, ctx, spec);
     r->arena = aligned_alloc(KARENA_ALIGN, r->arena_bytes);
     if (!r->arena) {
@@ -72,6 +84,7 @@ int k3_run_init(k3_run *r, const k3_model *m, kstore *store, kpool *pool, size_t
     }
     a.base = r->arena;
     run_carve(r, c, T, S, ctx, spec, &a);
+    memset(r->routed, 0, (size_t)c->n_layers * (size_t)c->n_experts * sizeof *r->routed);
     k3_weights_setup(&r->w, m, store);
     /* the globals are held for the whole run: lm_head and the output vectors */
     g = kstore_get(store, m->globals_extent, &first, err);
@@ -81,6 +94,18 @@ int k3_run_init(k3_run *r, const k3_model *m, kstore *store, kpool *pool, size_t
     }
     k3_weights_attach(&r->w, K3_GLOBALS, g, first);
     return 0;
+}
+
+void k3_run_use_block(k3_run *r, uint8_t *mem, size_t T)
+{
+    karena a = {mem ? mem : (uint8_t *)r->arena, mem ? 0 : r->scratch_off};
+    k3_scratch_carve(&r->s, &r->model->cfg, mem ? T : r->T_own, r->S, r->ctx, &a);
+}
+
+size_t k3_run_expert_batch(const k3_run *r)
+{
+    size_t cap = kstore_expert_capacity(r->store);
+    return cap < K3_EXPERT_BATCH ? cap : K3_EXPERT_BATCH;
 }
 
 void k3_run_free(k3_run *r)
@@ -154,6 +179,7 @@ static int make_block(k3_run *r, const k3_seg *segs, size_t nseg, k3_block *b, k
 {
     const size_t V = (size_t)r->model->cfg.vocab;
     k3_scratch *s = &r->s;
+    size_t jn = 0, jrows = 0;
     b->T = 0;
     b->nseg = nseg;
     b->seg = segs;
@@ -173,10 +199,16 @@ static int make_block(k3_run *r, const k3_seg *segs, size_t nseg, k3_block *b, k
                          sg->journal ? "journaled" : "", sg->n);
             return -1;
         }
-        if (sg->journal && (nseg != 1 || sg->n > r->j.cap)) {
-            krun_err_set(err, KRUN_EINPUT, "a verification block of %zu positions: it must be alone in its block and hold at most %zu",
-                         sg->n, r->j.cap);
-            return -1;
+        if (sg->journal) {
+            /* the block's verifications share the journal's rows, in block order */
+            if (jn + 1 > r->j.max_segs || sg->n > r->j.cap - jrows) {
+                krun_err_set(err, KRUN_EINPUT, "verification blocks of %zu positions in %zu sequences: the journal holds %zu "
+                             "positions in at most %zu sequences (spec)", jrows + sg->n, jn + 1, r->j.cap, r->j.max_segs);
+                return -1;
+            }
+            b->jrow[g] = jrows;
+            b->jidx[g] = jn++;
+            jrows += sg->n;
         }
         if (b->T + sg->n > s->T) { krun_err_set(err, KRUN_EINPUT, "%zu positions in one block (at most %zu)", b->T + sg->n, s->T); return -1; }
         for (size_t i = 0; i < sg->n; i++) {
@@ -214,7 +246,7 @@ static int output(k3_run *r, const k3_block *b, size_t nsnap, krun_err *err)
             op_rmsnorm(s->xn + t * E, s->a + t * E, g->final_norm, E, c->rms_eps);
         }
         if (sg->all_positions) {
-            calls[nc++] = (wcall){s->xn + b->row0[k] * E, E, sg->n, sg->logits, V};
+            calls[nc++] = (wcall){s->xn + b->row0[k] * E, E, sg->n, sg->journal ? r->j.logits + b->jrow[k] * V : sg->logits, V};
         } else {
             memcpy(s->xg + ng++ * E, s->xn + (b->row0[k] + sg->n - 1) * E, E * sizeof *s->xg);
             last = k;
@@ -306,21 +338,42 @@ int k3_forward(k3_run *r, const k3_seg *segs, size_t nseg, krun_err *err)
         if (k3_weights_end(&r->w, L, err)) return -1;
         for (size_t k = 0; k < nseg; k++)
             if (segs[k].snap && segs[k].snap->layer_done) segs[k].snap->layer_done(segs[k].snap->ctx, L);
+        if (r->on_layer) r->on_layer(r->on_layer_ctx, L + 1, c->n_layers);
     }
 
     if (output(r, &b, nsnap, err)) return -1;
+    r->j.n_segs = 0;
     for (size_t k = 0; k < nseg; k++) {
-        if (segs[k].journal) r->j.n = segs[k].n;   /* k3_commit advances the state */
-        else segs[k].st->pos += segs[k].n;
+        if (!segs[k].journal) { segs[k].st->pos += segs[k].n; continue; }
+        /* k3_commit advances the state */
+        r->j.seg_st[r->j.n_segs] = segs[k].st;
+        r->j.seg_row[r->j.n_segs] = b.jrow[k];
+        r->j.seg_n[r->j.n_segs++] = segs[k].n;
     }
     return 0;
+}
+
+/* The journal entry of st's verification in the last block, or -1. */
+static long journal_seg(const k3_run *r, const k3_state *st)
+{
+    for (size_t i = 0; i < r->j.n_segs; i++)
+        if (r->j.seg_st[i] == st) return (long)i;
+    return -1;
+}
+
+const float *k3_journal_logits(const k3_run *r, const k3_state *st)
+{
+    long i = journal_seg(r, st);
+    return i < 0 ? NULL : r->j.logits + r->j.seg_row[i] * (size_t)r->model->cfg.vocab;
 }
 
 void k3_commit(k3_run *r, k3_state *st, size_t keep)
 {
     const k3_config *c = &r->model->cfg;
+    long i = journal_seg(r, st);
+    if (i < 0 || keep < 1 || keep > r->j.seg_n[i]) abort();   /* a caller's bug: the state would be wrong */
     for (int L = 0; L < c->n_layers; L++)
-        if (!c->layer_is_mla[L]) kda_commit(r, L, st, keep);
+        if (!c->layer_is_mla[L]) kda_commit(r, L, st, r->j.seg_row[i], keep);
     st->pos += keep;
-    r->j.n = 0;
+    r->j.seg_st[i] = NULL;                                    /* committed once */
 }

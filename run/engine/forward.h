@@ -23,9 +23,14 @@ typedef struct k3_run {
     k3_weights w;               /* the small vectors, bound once; the seam */
     k3_scratch s;               /* activations of one block */
     k3_journal j;               /* a speculative verification block's record (cap 0: none) */
-    size_t expert_batch;        /* experts of one layer held at once */
-    void *arena;                /* w and s live here */
+    uint64_t *routed;           /* [n_layers][n_experts]: times each expert was chosen (the routing's histogram) */
+    void *arena;                /* w, s (for blocks of T_own positions) and j live here */
     size_t arena_bytes;
+    size_t T_own, S, ctx;       /* the arena's scratch: capacity in positions, segments, context */
+    size_t scratch_off;         /* where in the arena the scratch starts */
+    /* called after each layer of a block (layers done, of n_layers): progress within a long block */
+    void (*on_layer)(void *ctx, int done, int total);
+    void *on_layer_ctx;
     /* the prediction (predict.h); NULL when it is off */
     uint8_t *predict_mem;
     uint64_t predict_router_bytes, predict_buf_bytes, predict_stage_bytes;
@@ -53,9 +58,12 @@ typedef struct k3_snap {
 /* One segment of a block: n new positions of the sequence whose state is st.
  * logits receives the logits of its last position [V], or with all_positions
  * of each of its n positions [n][V].  A journaled segment (speculative
- * verification: alone in its block, at most the run journal's cap positions)
- * runs its positions but its state does not advance; they are recorded in
- * the run's journal, and k3_commit keeps the first of them. */
+ * verification) runs its positions but its state does not advance; they are
+ * recorded in the run's journal, its logits go to the journal's rows
+ * (k3_journal_logits; logits is unused), and k3_commit keeps the first of
+ * them.  Journaled and plain segments share a block; the journaled ones
+ * together hold at most the journal's cap positions in at most max_segs
+ * segments (journal.h). */
 typedef struct k3_seg {
     k3_state *st;
     const int32_t *ids;
@@ -75,14 +83,26 @@ static inline size_t k3_block_positions(size_t chunk, size_t max_seqs, size_t sp
 }
 
 /* Bytes of the run's arena for blocks of up to T positions from up to S
- * segments with ctx positions per sequence, and a journal for verification
- * blocks of spec drafts (0: none): what k3_run_init allocates. */
+ * segments with ctx positions per sequence, a journal for verification
+ * blocks of spec drafts (0: none) and the routing histogram: what
+ * k3_run_init allocates. */
 size_t k3_run_bytes(const k3_config *c, size_t T, size_t S, size_t ctx, size_t spec);
 /* The part of it that holds the bound vectors (the rest is activations and the journal). */
 size_t k3_run_vectors_bytes(const k3_config *c);
+/* The activations of a block of T positions alone (no vectors, no journal): what
+ * k3_run_use_block carves over memory of its own (the planner's prefill layout). */
+size_t k3_run_scratch_bytes(const k3_config *c, size_t T, size_t S, size_t ctx);
 int k3_run_init(k3_run *r, const k3_model *m, kstore *store, kpool *pool, size_t T, size_t S, size_t ctx, size_t spec,
                 krun_err *err);
 void k3_run_free(k3_run *r);
+/* Blocks of up to T positions from now on, their activations carved over mem
+ * (k3_run_scratch_bytes(T) of it, 64-byte aligned; the caller's, e.g. memory
+ * the store lent back); mem NULL: back to the arena's own scratch (T_own).
+ * Between blocks only: nothing in the scratch outlives a block. */
+void k3_run_use_block(k3_run *r, uint8_t *mem, size_t T);
+/* Experts of one layer the MoE holds at once: the store's expert capacity
+ * right now (it changes with the store's phase), at most K3_EXPERT_BATCH. */
+size_t k3_run_expert_batch(const k3_run *r);
 
 /* Process one block: segment k's positions follow the st->pos already in its
  * state, and the segments' states must be distinct.  The bits of each
@@ -97,8 +117,12 @@ int k3_forward(k3_run *r, const k3_seg *segs, size_t nseg, krun_err *err);
  * keeps. */
 int k3_check_finite(const k3_run *r, const float *logits, size_t rows, size_t pos, krun_err *err);
 
-/* After a journaled block of n positions: advance st by its first keep
- * positions (1 <= keep <= n), bit for bit as if only they had run. */
+/* After a block in which st's segment was journaled (n positions): the
+ * logits of its n positions [n][V], valid until the next block; NULL if st
+ * was not journaled in the last block. */
+const float *k3_journal_logits(const k3_run *r, const k3_state *st);
+/* Then advance st by its first keep positions (1 <= keep <= n), bit for bit
+ * as if only they had run; once per journaled segment, before the next block. */
 void k3_commit(k3_run *r, k3_state *st, size_t keep);
 
 #endif

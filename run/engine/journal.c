@@ -8,6 +8,7 @@ void k3_journal_carve(k3_journal *j, const k3_config *c, size_t drafts, karena *
     memset(j, 0, sizeof *j);
     if (drafts == 0) return;
     j->cap = drafts + 1;
+    j->max_segs = j->cap / 2 > 1 ? j->cap / 2 : 1;
     j->rec_floats = k3_journal_beta(c) + Hk;     /* 4P + Hk */
     KTAKE(a, j->rec, NL);
     for (size_t L = 0; L < NL; L++) {
@@ -15,7 +16,7 @@ void k3_journal_carve(k3_journal *j, const k3_config *c, size_t drafts, karena *
         if (!c->layer_is_mla[L]) KTAKE(a, rec, j->cap * j->rec_floats);
         if (a->base) j->rec[L] = rec;
     }
-    KTAKE(a, j->S, Hk * D * D);
+    KTAKE(a, j->S, j->max_segs * Hk * D * D);
     KTAKE(a, j->logits, j->cap * (size_t)c->vocab);
 }
 

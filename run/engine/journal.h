@@ -25,6 +25,12 @@
  * KDA layers, plus one layer's state copies (6.3 MB) and the block's logits
  * (655 KB per position).
  *
+ * Several sequences may verify in one block (krun serve's sweeps): their
+ * positions share the journal's cap rows, each segment's rows following the
+ * previous one's in block order, and each journaled segment has its own
+ * state copies (at most cap / 2 segments: a verification is a token and at
+ * least one draft).
+ *
  * Laid out once with the run state (arena.h), by this carve function, which
  * the planner calls too. */
 #ifndef KRUN_JOURNAL_H
@@ -35,13 +41,19 @@
 
 #include <stddef.h>
 
+#define K3_JOURNAL_MAX_SEGS 64  /* journaled segments in one block, at most (cap / 2 of the largest cap) */
+
 typedef struct k3_journal {
-    size_t cap;            /* positions a verification block holds: drafts + 1; 0: no journal */
-    size_t n;              /* positions recorded by the last verification (0 after a commit) */
+    size_t cap;            /* positions a block's verifications hold together: drafts + 1; 0: no journal */
+    size_t max_segs;       /* journaled segments one block holds: max(1, cap / 2) */
     size_t rec_floats;     /* floats recorded per KDA layer and position: 4P + Hk */
     float **rec;           /* [layer] -> [cap][rec_floats]; NULL for MLA layers */
-    float *S;              /* [Hk][D][D]: the state copies of the layer being verified */
-    float *logits;         /* [cap][V]: the logits of every position of the block */
+    float *S;              /* [max_segs][Hk][D][D]: the state copies of the layer being verified */
+    float *logits;         /* [cap][V]: the logits of every journaled position of the block */
+    /* the last block's journaled segments, until committed: their state, first row, positions */
+    size_t n_segs;
+    const void *seg_st[K3_JOURNAL_MAX_SEGS];
+    size_t seg_row[K3_JOURNAL_MAX_SEGS], seg_n[K3_JOURNAL_MAX_SEGS];
 } k3_journal;
 
 /* Offsets inside one position's record: pre-conv q | k | v, then alpha, then beta. */

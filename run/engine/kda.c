@@ -4,6 +4,7 @@
 #include "ablate_variants.h"
 #include "ops.h"
 #include "run/kernels/kernels_seq.h"
+#include "run/kernels/kmath.h"
 #include "run/util/ablate.h"
 
 #include <math.h>
@@ -74,7 +75,7 @@ static void recurrence(void *arg, size_t j0, size_t j1)
         const size_t g = jh / j->Hk, h = jh % j->Hk;
         const k3_seg *sg = &j->b->seg[g];
         const float *Sin = sg->st->kda_S[j->L] + h * D * D;     /* the state before the block */
-        float *S = sg->journal ? j->copies + h * D * D : (float *)Sin;
+        float *S = sg->journal ? j->copies + (j->b->jidx[g] * j->Hk + h) * D * D : (float *)Sin;
         /* the row after which a snapshot copies the state (forward.h), or none */
         const size_t snap_row = sg->snap ? j->b->row0[g] + sg->snap->at - 1 : (size_t)-1;
         for (size_t t = j->b->row0[g]; t < j->b->row0[g] + sg->n; t++) {
@@ -97,7 +98,6 @@ void kda_forward(k3_run *r, int L, const k3_block *b, const float *x, float *y)
     const int Kc = c->conv_width;
     const float lb = (float)c->gate_lb, qscale = (float)(1.0 / sqrt((double)D));
     struct kda_job job = {b, s, L, Hk, D, P, r->j.S};
-    float *rec = b->seg[0].journal ? r->j.rec[L] : NULL;   /* a verification block is alone in its block */
     const size_t rf = r->j.rec_floats;
 
     /* 1. projections, every position of the block */
@@ -111,12 +111,14 @@ void kda_forward(k3_run *r, int L, const k3_block *b, const float *x, float *y)
     wmatmul(r->pool, &r->w, L, K3T_KDA_FB, s->fa, D, T, s->z, P);  /* no activation between f_a and f_b */
 
     /* a verification records the pre-conv inputs: the history it does not advance */
-    for (size_t t = 0; rec && t < T; t++) {
-        float *at = rec + t * rf;
-        memcpy(at, s->q + t * P, P * sizeof *at);
-        memcpy(at + P, s->k + t * P, P * sizeof *at);
-        memcpy(at + 2 * P, s->v + t * P, P * sizeof *at);
-    }
+    for (size_t g = 0; g < b->nseg; g++)
+        for (size_t i = 0; b->seg[g].journal && i < b->seg[g].n; i++) {
+            const size_t t = b->row0[g] + i;
+            float *at = r->j.rec[L] + (b->jrow[g] + i) * rf;
+            memcpy(at, s->q + t * P, P * sizeof *at);
+            memcpy(at + P, s->k + t * P, P * sizeof *at);
+            memcpy(at + 2 * P, s->v + t * P, P * sizeof *at);
+        }
 
     /* 2. ShortConv + SiLU on q, k, v separately, each segment carrying its own histories */
     for (size_t g = 0; g < b->nseg; g++) {
@@ -142,17 +144,20 @@ void kda_forward(k3_run *r, int L, const k3_block *b, const float *x, float *y)
                 for (size_t i = 0; i < D; i++) qh[i] = qh[i] * qscale;
             /* 4. decay alpha = exp(lb * sigma(exp(A_log[h]) * (zeta + dt_bias))); A_log per HEAD */
             for (size_t i = 0; i < D; i++) {
-                float A = expf(w->a_log[ABLATED(ALOG_PER_CHANNEL) ? i : h]);
+                float A = kmath_expf(w->a_log[ABLATED(ALOG_PER_CHANNEL) ? i : h]);
                 float arg = zh[i] + (ABLATED(NO_DT_BIAS) ? 0.0f : w->dt_bias[h * D + i]);
-                zh[i] = expf(lb * op_sigmoid(A * arg)); /* z now holds alpha */
+                zh[i] = kmath_expf(lb * op_sigmoid(A * arg)); /* z now holds alpha */
             }
         }
 
     /* and the decay and write strength, to replay the positions that are kept */
-    for (size_t t = 0; rec && t < T; t++) {
-        memcpy(rec + t * rf + k3_journal_alpha(c), s->z + t * P, P * sizeof *rec);
-        memcpy(rec + t * rf + k3_journal_beta(c), s->beta + t * Hk, Hk * sizeof *rec);
-    }
+    for (size_t g = 0; g < b->nseg; g++)
+        for (size_t i = 0; b->seg[g].journal && i < b->seg[g].n; i++) {
+            const size_t t = b->row0[g] + i;
+            float *at = r->j.rec[L] + (b->jrow[g] + i) * rf;
+            memcpy(at + k3_journal_alpha(c), s->z + t * P, P * sizeof *at);
+            memcpy(at + k3_journal_beta(c), s->beta + t * Hk, Hk * sizeof *at);
+        }
 
     /* 6. the recurrence: every (segment, head) pair in parallel, each on its own state */
     kpool_for(r->pool, b->nseg * Hk, recurrence, &job);
@@ -195,7 +200,7 @@ static void replay(void *arg, size_t h0, size_t h1)
     }
 }
 
-void kda_commit(k3_run *r, int L, k3_state *st, size_t keep)
+void kda_commit(k3_run *r, int L, k3_state *st, size_t row, size_t keep)
 {
     const k3_config *c = &r->model->cfg;
     const k3_vecs *w = k3_weights_vecs(&r->w, L);   /* bound once: still there after the layer's extent went back */
@@ -203,7 +208,7 @@ void kda_commit(k3_run *r, int L, k3_state *st, size_t keep)
     const size_t D = (size_t)c->kda_head_dim, Hk = (size_t)c->kda_heads, P = Hk * D, H = (size_t)c->conv_width - 1;
     const size_t rf = r->j.rec_floats;
     const int Kc = c->conv_width;
-    const float *rec = r->j.rec[L];
+    const float *rec = r->j.rec[L] + row * r->j.rec_floats;
     float *hist = st->kda_conv[L];
     struct commit_job job = {c, s, rec, rf, keep, st->kda_S[L]};
     /* the kept positions' ShortConv inputs through the convolution again:

@@ -14,13 +14,15 @@ typedef struct k3_block {
     size_t T, nseg;
     const k3_seg *seg;
     size_t row0[K3_MAX_SEQS];
+    /* a journaled segment: its first row in the journal, and which of the block's journaled segments it is */
+    size_t jrow[K3_MAX_SEQS], jidx[K3_MAX_SEQS];
 } k3_block;
 
 /* Kimi Delta Attention (spec §4.5).  A journaled segment's state is left as
  * it was and its inputs recorded (journal.h); kda_commit advances it by the
- * first keep positions of that record. */
+ * first keep positions of that record (from journal row `row` on). */
 void kda_forward(k3_run *r, int L, const k3_block *b, const float *x, float *y);
-void kda_commit(k3_run *r, int L, k3_state *st, size_t keep);
+void kda_commit(k3_run *r, int L, k3_state *st, size_t row, size_t keep);
 /* Gated MLA with NoPE (spec §4.6), attending from each segment's latent cache. */
 void mla_forward(k3_run *r, int L, const k3_block *b, const float *x, float *y);
 /* Dense SiTU-GLU FFN (spec §4.8). */

@@ -46,6 +46,7 @@ int moe_forward(k3_run *r, int L, size_t T, const float *x, float *y, krun_err *
     const size_t E = (size_t)c->hidden, Ne = (size_t)c->n_experts, k = (size_t)c->topk;
     const size_t Lt = (size_t)c->latent, I = (size_t)c->moe_inter, Is = (size_t)k3_shared_inter(c);
     const float b1 = (float)c->situ_beta1, b2 = (float)c->situ_beta2;
+    const size_t eb = k3_run_expert_batch(r);   /* fewer while the store lends its slots (a prefill block) */
     size_t nd = 0;
 
     /* 1. route on the full width */
@@ -54,16 +55,19 @@ int moe_forward(k3_run *r, int L, size_t T, const float *x, float *y, krun_err *
     /* the chosen experts, each once for the whole block, in id order: the
      * disks start on the first batch now, while the latent projection runs */
     memset(s->used, 0, Ne);
-    for (size_t i = 0; i < T * k; i++) s->used[s->idx[i]] = 1;
+    for (size_t i = 0; i < T * k; i++) {
+        s->used[s->idx[i]] = 1;
+        r->routed[(size_t)L * Ne + (size_t)s->idx[i]]++;   /* the routing's histogram (krun --json "routing") */
+    }
     for (size_t e = 0; e < Ne; e++) if (s->used[e]) s->distinct[nd++] = (int)e;
-    if (nd && k3_weights_experts_request(&r->w, L, s->distinct, nd < r->expert_batch ? nd : r->expert_batch, s->extent, err))
+    if (nd && k3_weights_experts_request(&r->w, L, s->distinct, nd < eb ? nd : eb, s->extent, err))
         return -1;
     /* 2. into the latent space */
     wmatmul(r->pool, &r->w, L, K3T_MOE_DOWN, x, E, T, s->zeta, Lt);
 
     /* 3. each expert for every position that chose it, as soon as its bytes are in */
-    for (size_t b0 = 0; b0 < nd; b0 += r->expert_batch) {
-        size_t nb = nd - b0 < r->expert_batch ? nd - b0 : r->expert_batch;
+    for (size_t b0 = 0; b0 < nd; b0 += eb) {
+        size_t nb = nd - b0 < eb ? nd - b0 : eb;
         if (b0 && k3_weights_experts_request(&r->w, L, s->distinct + b0, nb, s->extent, err)) return -1;
         for (size_t q = 0; q < nb; q++) {
             const int e = s->distinct[b0 + q];

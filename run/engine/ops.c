@@ -2,6 +2,7 @@
 
 #include "ablate_variants.h"
 #include "format/k3_config.h"
+#include "run/kernels/kmath.h"
 #include "run/util/ablate.h"
 
 #include <math.h>
@@ -27,7 +28,7 @@ void op_l2norm(float *x, size_t n)
     for (size_t i = 0; i < n; i++) x[i] = x[i] * inv;
 }
 
-float op_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+float op_sigmoid(float x) { return 1.0f / (1.0f + kmath_expf(-x)); } /* not libm's expf: kmath.h */
 
 float op_silu(float x) { return x * op_sigmoid(x); }
 
@@ -36,9 +37,9 @@ float op_situ(float g, float u, float b1, float b2)
     float gate, up;
     if (ABLATED(SITU_BETAS_SWAPPED)) { float t = b1; b1 = b2; b2 = t; }
     if (ABLATED(SITU_NO_CAPS)) return g * op_sigmoid(g) * u;
-    gate = b1 * tanhf(g / b1);
+    gate = b1 * kmath_tanhf(g / b1); /* not libm's tanhf: the same bits on every machine (kmath.h) */
     gate = gate * op_sigmoid(ABLATED(SITU_SIGMA_OF_CAPPED) ? gate : g);
-    up = b2 * tanhf(u / b2);
+    up = b2 * kmath_tanhf(u / b2);
     return gate * up;
 }
 
@@ -47,7 +48,7 @@ void op_softmax(float *s, size_t n)
     float m = s[0];
     double z = 0;
     for (size_t i = 1; i < n; i++) if (s[i] > m) m = s[i];
-    for (size_t i = 0; i < n; i++) { s[i] = expf(s[i] - m); z += s[i]; }
+    for (size_t i = 0; i < n; i++) { s[i] = kmath_expf(s[i] - m); z += s[i]; }
     for (size_t i = 0; i < n; i++) s[i] = (float)(s[i] / z);
 }
 

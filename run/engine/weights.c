@@ -173,22 +173,20 @@ const k3_vecs *k3_weights_vecs(const k3_weights *w, int L) { return &w->vec[slot
 
 static const kring *ring_of(const k3_weights *w) { return w->store ? kstore_ring(w->store) : NULL; }
 
+/* Layer L (K3_GLOBALS: lm_head) streams in the store's phase right now: the
+ * layers a prefill block borrows back stream only then (store.h, kstore_phase). */
+static int streamed(const k3_weights *w, int L) { return w->store && kstore_streams(w->store, (int)slot(w, L)); }
+
 /* The parts of (L, role) in the ring; NULL (and *n = 0) when it is not streamed. */
 static const kpart *parts_of(const k3_weights *w, int L, k3_role role, uint32_t *n)
 {
     const kring *r = ring_of(w);
     size_t t;
     *n = 0;
-    if (!r) return NULL;
+    if (!r || !streamed(w, L)) return NULL;
     t = slot(w, L) * K3T_COUNT + role;
     *n = r->tnparts[t];
     return *n ? r->part + r->tpart0[t] : NULL;
-}
-
-static int streamed(const k3_weights *w, int L)
-{
-    const kring *r = ring_of(w);
-    return r && r->slot_npieces[slot(w, L)];
 }
 
 /* Tensor (L, role) in one held piece: where its first byte is. */

@@ -1,6 +1,6 @@
 /* Scalar reference kernels and run-time SIMD dispatch.  The scalar functions here
- * ARE the floating-point contract (docs/NUMERICS.md section 3); the AVX2 and
- * AVX-512 files must reproduce them bit for bit. */
+ * ARE the floating-point contract (docs/NUMERICS.md section 3); the AVX2,
+ * AVX-512 and NEON files must reproduce them bit for bit. */
 #include "kernels.h"
 #include "run/util/threadpool.h"
 
@@ -9,11 +9,18 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(__x86_64__) || defined(__i386__)
+#if defined(__x86_64__)
 #define KERN_X86 1
 #include <cpuid.h>
 #else
 #define KERN_X86 0
+#endif
+#if defined(__aarch64__)
+#define KERN_NEON 1
+#include <sys/auxv.h>
+#include <asm/hwcap.h>
+#else
+#define KERN_NEON 0
 #endif
 
 const float KE2M1[16] = {
@@ -164,9 +171,23 @@ ksimd kern_simd_detect(void)
     if (!__builtin_cpu_supports("avx2") || !__get_cpuid(1, &a, &b, &c, &d) || !(c & bit_F16C)) return KSIMD_SCALAR;
     if (__builtin_cpu_supports("avx512f")) return KSIMD_AVX512;
     return KSIMD_AVX2;
+#elif KERN_NEON
+    return (getauxval(AT_HWCAP) & HWCAP_ASIMD) ? KSIMD_NEON : KSIMD_SCALAR;
 #else
     return KSIMD_SCALAR;
 #endif
+}
+
+int kern_simd_supported(ksimd l)
+{
+    ksimd best = kern_simd_detect();
+    switch (l) {
+    case KSIMD_SCALAR: return 1;
+    case KSIMD_AVX2: return best == KSIMD_AVX2 || best == KSIMD_AVX512;
+    case KSIMD_AVX512: return best == KSIMD_AVX512;
+    case KSIMD_NEON: return best == KSIMD_NEON;
+    }
+    return 0;
 }
 
 const char *kern_simd_name(ksimd l)
@@ -175,6 +196,7 @@ const char *kern_simd_name(ksimd l)
     case KSIMD_SCALAR: return "scalar";
     case KSIMD_AVX2: return "avx2";
     case KSIMD_AVX512: return "avx512";
+    case KSIMD_NEON: return "neon";
     }
     return "?";
 }
@@ -185,14 +207,14 @@ int kern_simd_parse(const char *s, ksimd *out)
     if (!strcmp(s, "scalar")) { *out = KSIMD_SCALAR; return 0; }
     if (!strcmp(s, "avx2")) { *out = KSIMD_AVX2; return 0; }
     if (!strcmp(s, "avx512")) { *out = KSIMD_AVX512; return 0; }
+    if (!strcmp(s, "neon")) { *out = KSIMD_NEON; return 0; }
     return -1;
 }
 
 static ksimd clamp_level(ksimd l)
 {
-    ksimd best = kern_simd_detect();
     if ((int)l < 0) return KSIMD_SCALAR;
-    return (int)l > (int)best ? best : l;
+    return kern_simd_supported(l) ? l : kern_simd_detect();
 }
 
 void kern_simd_set(ksimd level)
@@ -209,43 +231,42 @@ ksimd kern_simd_get(void)
     if (env && *env) {
         ksimd e;
         if (kern_simd_parse(env, &e) == 0) want = clamp_level(e);
-        else fprintf(stderr, "krun: ignoring KRUN_SIMD=%s (want scalar, avx2 or avx512)\n", env);
+        else fprintf(stderr, "krun: ignoring KRUN_SIMD=%s (want scalar, avx2, avx512 or neon)\n", env);
     }
     int expect = -1;
     if (!atomic_compare_exchange_strong(&g_level, &expect, (int)want)) return (ksimd)expect;
     return want;
 }
 
+/* `ret name_LEVEL args` for the level in force (ret: return, or (void) in a
+ * void function); only the target's levels are compiled in (the Makefile
+ * builds only its kernel files). */
 #if KERN_X86
-#define DISPATCH(ret, call_avx512, call_avx2, call_scalar) \
-    switch (kern_simd_get()) {                             \
-    case KSIMD_AVX512: ret call_avx512;                    \
-    case KSIMD_AVX2: ret call_avx2;                        \
-    default: ret call_scalar;                              \
+#define DISPATCH(ret, name, args)                        \
+    switch (kern_simd_get()) {                           \
+    case KSIMD_AVX512: ret name##_avx512 args; break;    \
+    case KSIMD_AVX2: ret name##_avx2 args; break;        \
+    default: ret name##_scalar args; break;              \
+    }
+#elif KERN_NEON
+#define DISPATCH(ret, name, args)                        \
+    switch (kern_simd_get()) {                           \
+    case KSIMD_NEON: ret name##_neon args; break;        \
+    default: ret name##_scalar args; break;              \
     }
 #else
-#define DISPATCH(ret, call_avx512, call_avx2, call_scalar) ret call_scalar;
+#define DISPATCH(ret, name, args) ret name##_scalar args;
 #endif
 
-float kdot_f32(const float *w, const float *x, size_t n)
-{
-    DISPATCH(return, kdot_f32_avx512(w, x, n), kdot_f32_avx2(w, x, n), kdot_f32_scalar(w, x, n))
-}
+float kdot_f32(const float *w, const float *x, size_t n) { DISPATCH(return, kdot_f32, (w, x, n)) }
 
-float kdot_bf16(const uint16_t *w, const float *x, size_t n)
-{
-    DISPATCH(return, kdot_bf16_avx512(w, x, n), kdot_bf16_avx2(w, x, n), kdot_bf16_scalar(w, x, n))
-}
+float kdot_bf16(const uint16_t *w, const float *x, size_t n) { DISPATCH(return, kdot_bf16, (w, x, n)) }
 
-float kdot_f16(const uint16_t *w, const float *x, size_t n)
-{
-    DISPATCH(return, kdot_f16_avx512(w, x, n), kdot_f16_avx2(w, x, n), kdot_f16_scalar(w, x, n))
-}
+float kdot_f16(const uint16_t *w, const float *x, size_t n) { DISPATCH(return, kdot_f16, (w, x, n)) }
 
 float kdot_mxfp4(const uint8_t *packed, const uint8_t *scales, const float *x, size_t n)
 {
-    DISPATCH(return, kdot_mxfp4_avx512(packed, scales, x, n), kdot_mxfp4_avx2(packed, scales, x, n),
-             kdot_mxfp4_scalar(packed, scales, x, n))
+    DISPATCH(return, kdot_mxfp4, (packed, scales, x, n))
 }
 
 float kmat_row_dot(const kmat *W, size_t r, const float *x)
@@ -265,15 +286,12 @@ void kmatmul_rows(const kmat *W, size_t r0, size_t r1, const float *X, size_t ld
                   float *Y, size_t ldy)
 {
     if (r1 <= r0 || T == 0) return;
-    DISPATCH((void), kmatmul_rows_avx512(W, r0, r1, X, ldx, T, Y, ldy); return,
-             kmatmul_rows_avx2(W, r0, r1, X, ldx, T, Y, ldy); return,
-             kmatmul_rows_scalar(W, r0, r1, X, ldx, T, Y, ldy); return)
+    DISPATCH((void), kmatmul_rows, (W, r0, r1, X, ldx, T, Y, ldy))
 }
 
 void kmatvec_t(const kmat *W, size_t r0, size_t r1, const float *x, float *y)
 {
-    DISPATCH((void), kmatvec_t_avx512(W, r0, r1, x, y); return, kmatvec_t_avx2(W, r0, r1, x, y); return,
-             kmatvec_t_scalar(W, r0, r1, x, y); return)
+    DISPATCH((void), kmatvec_t, (W, r0, r1, x, y))
 }
 
 /* Threads split the rows in units of KMM_UNIT (a multiple of every register

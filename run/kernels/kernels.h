@@ -1,6 +1,7 @@
 /* krun compute kernels: dot products and matrix products over F32 / BF16 / F16 /
  * MXFP4 weight rows, with a scalar reference path and run-time selected AVX2 and
- * AVX-512F paths that give bit-identical results.
+ * AVX-512F paths (x86-64) and a NEON path (aarch64) that give bit-identical
+ * results.
  *
  * The floating-point contract (docs/NUMERICS.md section 3): every dot product of a
  * weight row w[0..n) with an activation x[0..n) uses 16 float lane accumulators,
@@ -30,19 +31,25 @@ typedef struct {
     const uint8_t *scales;    /* MXFP4 only: E8M0 bytes [rows][cols/32] */
 } kmat;
 
-typedef enum { KSIMD_SCALAR = 0, KSIMD_AVX2 = 1, KSIMD_AVX512 = 2 } ksimd;
+typedef enum { KSIMD_SCALAR = 0, KSIMD_AVX2 = 1, KSIMD_AVX512 = 2, KSIMD_NEON = 3 } ksimd;
+#define KSIMD_COUNT 4
 
-/* Best level the CPU (and OS) supports: AVX2 needs AVX2+F16C, AVX-512 needs
- * those plus AVX-512F (checked with __builtin_cpu_supports, which also checks
- * that the OS saves the registers). */
+/* Best level the CPU (and OS) supports.  x86-64: AVX2 needs AVX2+F16C, AVX-512
+ * needs those plus AVX-512F (checked with __builtin_cpu_supports, which also
+ * checks that the OS saves the registers).  aarch64: NEON (HWCAP_ASIMD, part of
+ * the base architecture).  Other architectures: scalar. */
 ksimd kern_simd_detect(void);
-/* Force a path (tests, --simd); clamps to what the CPU supports. */
+/* Whether this build and CPU can run a level (scalar always can). */
+int   kern_simd_supported(ksimd level);
+/* Force a path (tests, --simd).  A level the CPU cannot run becomes the best it
+ * can: avx512 on an AVX2-only CPU runs avx2, avx2 on aarch64 runs neon. */
 void  kern_simd_set(ksimd level);
-/* Current level.  On first use honours env KRUN_SIMD=scalar|avx2|avx512 (clamped;
- * an unknown value is ignored with a warning on stderr), else the best level. */
+/* Current level.  On first use honours env KRUN_SIMD=scalar|avx2|avx512|neon
+ * (as kern_simd_set; an unknown value is ignored with a warning on stderr),
+ * else the best level. */
 ksimd kern_simd_get(void);
 const char *kern_simd_name(ksimd);
-/* Parses "scalar" / "avx2" / "avx512"; returns 0 on success, -1 otherwise. */
+/* Parses "scalar" / "avx2" / "avx512" / "neon"; returns 0 on success, -1 otherwise. */
 int   kern_simd_parse(const char *s, ksimd *out);
 
 /* Dot products (the contract).  n may be 0 (result +0.0f). */
@@ -113,8 +120,9 @@ static inline float kern_f16(uint16_t h)
 }
 
 /* The per-level implementations (kernels.c, kernels_avx2.c,
- * kernels_avx512.c).  Called only through the dispatching functions above, which
- * check that the CPU supports the level. ---- */
+ * kernels_avx512.c, kernels_neon.c; the Makefile compiles only the target's).
+ * Called only through the dispatching functions above, which check that the
+ * CPU supports the level. ---- */
 float kdot_f32_scalar(const float *w, const float *x, size_t n);
 float kdot_bf16_scalar(const uint16_t *w, const float *x, size_t n);
 float kdot_f16_scalar(const uint16_t *w, const float *x, size_t n);
@@ -138,5 +146,13 @@ float kdot_mxfp4_avx512(const uint8_t *packed, const uint8_t *scales, const floa
 void  kmatmul_rows_avx512(const kmat *W, size_t r0, size_t r1, const float *X, size_t ldx,
                           size_t T, float *Y, size_t ldy);
 void  kmatvec_t_avx512(const kmat *W, size_t r0, size_t r1, const float *x, float *y);
+
+float kdot_f32_neon(const float *w, const float *x, size_t n);
+float kdot_bf16_neon(const uint16_t *w, const float *x, size_t n);
+float kdot_f16_neon(const uint16_t *w, const float *x, size_t n);
+float kdot_mxfp4_neon(const uint8_t *packed, const uint8_t *scales, const float *x, size_t n);
+void  kmatmul_rows_neon(const kmat *W, size_t r0, size_t r1, const float *X, size_t ldx,
+                        size_t T, float *Y, size_t ldy);
+void  kmatvec_t_neon(const kmat *W, size_t r0, size_t r1, const float *x, float *y);
 
 #endif

@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "kernels.h"
+#include "kernels_tile.h"
 /* Everything below is compiled for AVX2 + F16C (selected at run time). */
 #if defined(__clang__)
 #pragma clang attribute push(__attribute__((target("avx2,f16c"))), apply_to = function)
@@ -31,8 +32,6 @@
 #endif
 
 #define AI static inline __attribute__((always_inline))
-
-enum { WT_F32 = 0, WT_BF16 = 1, WT_F16 = 2 };
 
 /* The contract's tree over lanes lo = 0..7, hi = 8..15. */
 AI float hsum16(__m256 lo, __m256 hi)
@@ -60,29 +59,7 @@ AI float ld_w1(int wt, const void *base, size_t i)
 
 AI size_t wt_size(int wt) { return wt == WT_F32 ? 4 : 2; }
 
-#define MAXR 4
-#define MAXP 4
-#define MX_PREFETCH 8192 /* see the blocking notes above kmatmul_rows_avx2 */
-
-/* One pass of a tile of R rows x P positions over columns [i0, i1).  Accumulators
- * start at zero on the first pass, otherwise come from acc (lanes 0..15 of row r,
- * position p at acc + r*accr + p*16); they go back there after a pass that is not
- * the last, and the last pass reduces them, adds the tail and writes y[p*ldy + r]. */
-typedef struct {
-    const char *w;      /* the tile's first row: values (wide) or packed bytes (MXFP4) */
-    size_t ws;          /* bytes between rows */
-    const uint8_t *s;   /* MXFP4: the first row's scales */
-    size_t ss;          /* MXFP4: bytes between scale rows */
-    const float *x;     /* the first position */
-    size_t ldx;
-    size_t i0, i1, n;   /* i0, i1: multiples of 16 (wide) or 32 (MXFP4), <= n - n%16 */
-    float *acc;
-    size_t accr;
-    int first, last;
-    size_t pf;          /* if not 0: prefetch the rows this many bytes ahead */
-    float *y;
-    size_t ldy;
-} tile_args;
+#define MX_PREFETCH 8192 /* see kernels_blocking.h */
 
 AI void tile_wide(int wt, int R, int P, const tile_args *a)
 {
@@ -252,92 +229,6 @@ AI void tile_mx(int R, int P, const tile_args *a)
         }
 }
 
-/* ---------------------------------------------------------------- entry points */
-
-static inline tile_args one_row(const void *w, const uint8_t *s, const float *x, size_t n, size_t nb, float *y)
-{
-    tile_args a = {(const char *)w, 0, s, 0, x, 0, 0, nb, n, NULL, 0, 1, 1, s ? MX_PREFETCH : 0, y, 0};
-    return a;
-}
-
-float kdot_f32_avx2(const float *w, const float *x, size_t n)
-{
-    float y;
-    tile_args a = one_row(w, NULL, x, n, n - n % 16, &y);
-    tile_wide(WT_F32, 1, 1, &a);
-    return y;
-}
-
-float kdot_bf16_avx2(const uint16_t *w, const float *x, size_t n)
-{
-    float y;
-    tile_args a = one_row(w, NULL, x, n, n - n % 16, &y);
-    tile_wide(WT_BF16, 1, 1, &a);
-    return y;
-}
-
-float kdot_f16_avx2(const uint16_t *w, const float *x, size_t n)
-{
-    float y;
-    tile_args a = one_row(w, NULL, x, n, n - n % 16, &y);
-    tile_wide(WT_F16, 1, 1, &a);
-    return y;
-}
-
-float kdot_mxfp4_avx2(const uint8_t *packed, const uint8_t *scales, const float *x, size_t n)
-{
-    if (n % 32) return kdot_mxfp4_scalar(packed, scales, x, n);
-    float y;
-    tile_args a = one_row(packed, scales, x, n, n, &y);
-    tile_mx(1, 1, &a);
-    return y;
-}
-
-/* Tile shapes (R rows x P positions); each keeps at most 16 ymm registers live. */
-#define TILE_CASES(X) X(1, 1) X(1, 2) X(1, 3) X(1, 4) X(2, 1) X(2, 2) X(4, 1)
-
-typedef void (*tile_fn)(const tile_args *);
-
-#define WIDE_FN(wt, R, P) \
-    static void tile_##wt##_##R##_##P(const tile_args *a) { tile_wide(wt, R, P, a); }
-#define WIDE_F32(R, P) WIDE_FN(WT_F32, R, P)
-#define WIDE_BF16(R, P) WIDE_FN(WT_BF16, R, P)
-#define WIDE_F16(R, P) WIDE_FN(WT_F16, R, P)
-TILE_CASES(WIDE_F32)
-TILE_CASES(WIDE_BF16)
-TILE_CASES(WIDE_F16)
-#define MX_FN(R, P) \
-    static void tile_mx_##R##_##P(const tile_args *a) { tile_mx(R, P, a); }
-TILE_CASES(MX_FN)
-
-/* wt: 0..2 wide types, 3 MXFP4. */
-static tile_fn pick_tile(int wt, int R, int P)
-{
-#define PICK(wtv, R_, P_) \
-    if (wt == wtv && R == R_ && P == P_) return tile_##wtv##_##R_##_##P_;
-#define PICK_F32(R_, P_) PICK(WT_F32, R_, P_)
-#define PICK_BF16(R_, P_) PICK(WT_BF16, R_, P_)
-#define PICK_F16(R_, P_) PICK(WT_F16, R_, P_)
-#define PICK_MX(R_, P_) \
-    if (wt == 3 && R == R_ && P == P_) return tile_mx_##R_##_##P_;
-    TILE_CASES(PICK_F32)
-    TILE_CASES(PICK_BF16)
-    TILE_CASES(PICK_F16)
-    TILE_CASES(PICK_MX)
-    return NULL;
-}
-
-/* Blocking: see kernels_blocking.h. */
-#define RB_WIDE 1 /* rows per tile for several positions: 2 x R x PB accumulators must fit 16 ymm registers beside the weights */
-#define RB_MX 1
-#include "kernels_blocking.h"
-
-void kmatmul_rows_avx2(const kmat *W, size_t r0, size_t r1, const float *X, size_t ldx, size_t T,
-                       float *Y, size_t ldy)
-{
-    kmatmul_rows_blocked(W, r0, r1, X, ldx, T, Y, ldy);
-}
-
 /* y[c] = sum_r W[r][c] * x[r-r0], sequential in r for each c; vectorised across c. */
 AI void matvec_t_wide(int wt, const char *w0, size_t ws, size_t nr, size_t n, const float *x, float *y)
 {
@@ -368,30 +259,13 @@ AI void matvec_t_wide(int wt, const char *w0, size_t ws, size_t nr, size_t n, co
     }
 }
 
-static void matvec_t_f32(const char *w0, size_t ws, size_t nr, size_t n, const float *x, float *y)
-{
-    matvec_t_wide(WT_F32, w0, ws, nr, n, x, y);
-}
-static void matvec_t_bf16(const char *w0, size_t ws, size_t nr, size_t n, const float *x, float *y)
-{
-    matvec_t_wide(WT_BF16, w0, ws, nr, n, x, y);
-}
-static void matvec_t_f16(const char *w0, size_t ws, size_t nr, size_t n, const float *x, float *y)
-{
-    matvec_t_wide(WT_F16, w0, ws, nr, n, x, y);
-}
-
-void kmatvec_t_avx2(const kmat *W, size_t r0, size_t r1, const float *x, float *y)
-{
-    size_t n = W->cols, nr = r1 > r0 ? r1 - r0 : 0;
-    switch (W->type) {
-    case KD_F32: matvec_t_f32((const char *)W->data + r0 * n * 4, n * 4, nr, n, x, y); return;
-    case KD_BF16: matvec_t_bf16((const char *)W->data + r0 * n * 2, n * 2, nr, n, x, y); return;
-    case KD_F16: matvec_t_f16((const char *)W->data + r0 * n * 2, n * 2, nr, n, x, y); return;
-    case KD_MXFP4: break;
-    }
-    kmatvec_t_scalar(W, r0, r1, x, y);
-}
+/* Tile shapes (R rows x P positions); each keeps at most 16 ymm registers live. */
+#define TILE_CASES(X) X(1, 1) X(1, 2) X(1, 3) X(1, 4) X(2, 1) X(2, 2) X(4, 1)
+/* Blocking: see kernels_blocking.h. */
+#define RB_WIDE 1 /* rows per tile for several positions: 2 x R x PB accumulators must fit 16 ymm registers beside the weights */
+#define RB_MX 1
+#define SFX avx2
+#include "kernels_entry.h"
 
 #if defined(__clang__)
 #pragma clang attribute pop

@@ -1,9 +1,9 @@
-/* The blocking driver of the SIMD matrix products, shared by kernels_avx2.c
- * and kernels_avx512.c.  It is a template, not a header of declarations: each
- * of those files includes it once, after defining its own tile_args, tile_fn,
- * pick_tile(wt, rows, positions), MX_PREFETCH, and RB_WIDE / RB_MX (rows per
- * tile for several positions), so the driver is compiled for that file's
- * instruction set and calls that file's tiles.  The driver only decides which
+/* The blocking driver of the SIMD matrix products, shared by kernels_avx2.c,
+ * kernels_avx512.c and kernels_neon.c.  It is a template, not a header of
+ * declarations: kernels_entry.h includes it once in each of those files,
+ * after pick_tile(wt, rows, positions) and that file's MX_PREFETCH and
+ * RB_WIDE / RB_MX (rows per tile for several positions), so the driver is
+ * compiled for that file's instruction set and calls that file's tiles.  The driver only decides which
  * tile runs on which rows, positions and columns; every sum is the tile's, so
  * the order of operations (docs/NUMERICS.md) does not depend on it.
  *

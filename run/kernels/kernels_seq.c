@@ -1,5 +1,6 @@
 /* Kernels of the sequential parts (kernels_seq.h): the scalar reference,
- * AVX2 and AVX-512 instantiations of kernels_seq_simd.h, and the dispatch. */
+ * AVX2 and AVX-512 instantiations of kernels_seq_simd.h, and the dispatch
+ * (the NEON instantiation is kernels_seq_neon.c). */
 #include "kernels_seq.h"
 
 #include "kernels.h"
@@ -103,6 +104,12 @@ void kseq_wsum_scalar(float *y, size_t ldy, const float *w, size_t ldw, size_t H
     case KSIMD_AVX512: name##_avx512 args; return; \
     case KSIMD_AVX2: name##_avx2 args; return;     \
     default: name##_scalar args; return;           \
+    }
+#elif defined(__aarch64__)
+#define KSEQ_DISPATCH(name, args)              \
+    switch (kern_simd_get()) {                 \
+    case KSIMD_NEON: name##_neon args; return; \
+    default: name##_scalar args; return;       \
     }
 #else
 #define KSEQ_DISPATCH(name, args) name##_scalar args;

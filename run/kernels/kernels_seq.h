@@ -7,7 +7,7 @@
  * positions runs sequentially), and the SIMD paths only compute several
  * independent elements at once (across the value / latent dimension).  Each
  * operation is a rounded product followed by a rounded sum, never an FMA, so
- * the scalar, AVX2 and AVX-512 paths give the same bits
+ * the scalar, AVX2, AVX-512 and NEON paths give the same bits
  * (tests/unit/test_kernels_seq.c checks it against an independent reference).
  * The path follows kern_simd_get() (--simd, KRUN_SIMD). */
 #ifndef KRUN_KERNELS_SEQ_H
@@ -34,7 +34,8 @@ void kseq_write_out(float *S, size_t D, const float *k, const float *d, const fl
  * so every y element accumulates in position order. */
 void kseq_wsum(float *y, size_t ldy, const float *w, size_t ldw, size_t H, const float *x, size_t ldx, size_t n, size_t m);
 
-/* The per-level implementations (kernels_seq.c), called through the above. */
+/* The per-level implementations (kernels_seq.c; NEON: kernels_seq_neon.c),
+ * called through the above. */
 void kseq_decay_read_scalar(float *S, const float *Sin, size_t D, const float *alpha, const float *k, float *u);
 void kseq_write_out_scalar(float *S, size_t D, const float *k, const float *d, const float *q, float *o);
 void kseq_wsum_scalar(float *y, size_t ldy, const float *w, size_t ldw, size_t H, const float *x, size_t ldx, size_t n, size_t m);
@@ -44,5 +45,8 @@ void kseq_wsum_avx2(float *y, size_t ldy, const float *w, size_t ldw, size_t H, 
 void kseq_decay_read_avx512(float *S, const float *Sin, size_t D, const float *alpha, const float *k, float *u);
 void kseq_write_out_avx512(float *S, size_t D, const float *k, const float *d, const float *q, float *o);
 void kseq_wsum_avx512(float *y, size_t ldy, const float *w, size_t ldw, size_t H, const float *x, size_t ldx, size_t n, size_t m);
+void kseq_decay_read_neon(float *S, const float *Sin, size_t D, const float *alpha, const float *k, float *u);
+void kseq_write_out_neon(float *S, size_t D, const float *k, const float *d, const float *q, float *o);
+void kseq_wsum_neon(float *y, size_t ldy, const float *w, size_t ldw, size_t H, const float *x, size_t ldx, size_t n, size_t m);
 
 #endif

@@ -9,7 +9,12 @@
  * exactly as in the scalar functions: VMUL then VADD (never fused: the file
  * is compiled with -ffp-contract=off and these targets are entered with the
  * contract pinned off), and elements left over after the last whole vector
- * take the scalar statements.  It undefines those parameters at its end. */
+ * take the scalar statements.  It undefines those parameters at its end.
+ * VMADD(acc, a, b), acc + a * b, is VADD(acc, VMUL(a, b)) unless the
+ * instantiation defines it (only the test-only fused NEON build does). */
+#ifndef VMADD
+#define VMADD(acc, a, b) VADD(acc, VMUL(a, b))
+#endif
 
 #define KSEQ_NB 8 /* vectors of independent columns kept in registers */
 /* Columns [c, cols) in blocks of 8, then 4, 2, 1 vectors: each call has a
@@ -40,7 +45,7 @@ static inline __attribute__((always_inline)) void KSEQ_CAT(decay_read_cols, SFX)
         for (int b = 0; b < nb; b++) {
             V s = VMUL(VLOAD(src + b * VW), a);
             VSTORE(dst + b * VW, s);
-            acc[b] = VADD(acc[b], VMUL(s, kk));
+            acc[b] = VMADD(acc[b], s, kk);
         }
     }
     #pragma GCC unroll 8
@@ -75,13 +80,13 @@ static inline __attribute__((always_inline)) void KSEQ_CAT(write_out_cols, SFX)(
             const V qq = VSET1(q[i]);
             #pragma GCC unroll 8
             for (int b = 0; b < nb; b++) {
-                V s = VADD(VLOAD(row + b * VW), VMUL(kk, VLOAD(d + c + b * VW)));
+                V s = VMADD(VLOAD(row + b * VW), kk, VLOAD(d + c + b * VW));
                 VSTORE(row + b * VW, s);
-                acc[b] = VADD(acc[b], VMUL(s, qq));
+                acc[b] = VMADD(acc[b], s, qq);
             }
         } else {
             #pragma GCC unroll 8
-            for (int b = 0; b < nb; b++) VSTORE(row + b * VW, VADD(VLOAD(row + b * VW), VMUL(kk, VLOAD(d + c + b * VW))));
+            for (int b = 0; b < nb; b++) VSTORE(row + b * VW, VMADD(VLOAD(row + b * VW), kk, VLOAD(d + c + b * VW)));
         }
     }
     if (out)
@@ -126,7 +131,7 @@ static inline __attribute__((always_inline)) void KSEQ_CAT(wsum_tile, SFX)(float
         for (int hh = 0; hh < hb; hh++) {
             const V wv = VSET1(w[(h0 + (size_t)hh) * ldw + p]);
             #pragma GCC unroll 8
-            for (int b = 0; b < nb; b++) acc[hh][b] = VADD(acc[hh][b], VMUL(wv, xv[b]));
+            for (int b = 0; b < nb; b++) acc[hh][b] = VMADD(acc[hh][b], wv, xv[b]);
         }
     }
     #pragma GCC unroll 4
@@ -175,6 +180,7 @@ void KSEQ_CAT(kseq_wsum, SFX)(float *y, size_t ldy, const float *w, size_t ldw, 
 #undef VSTORE
 #undef VADD
 #undef VMUL
+#undef VMADD
 #undef VSET1
 #undef VZERO
 #undef SFX

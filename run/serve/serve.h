@@ -5,6 +5,7 @@
  *   serve_engine.c  the engine thread: the one owner of the model; the queue, the sequences,
  *                   one forward sweep after another (docs/SERVE.md: the batching policy)
  *   serve_gen.c     one request's output from the ids it generates
+ *   serve_prep.c    a request body made ready to run (parsed, rendered, fitted): krun serve and krun batch
  *   serve_framing.c whether a request's body length can be known for sure (RFC 9112 6.3)
  *   serve_conns.c   every open connection: the deadline for a request to arrive, the reserve
  *
@@ -40,6 +41,9 @@ typedef struct sreq {
     ksampler_opts sampling;
     sgen *gen;                 /* the output; the engine's while the request runs */
     int has_seed;              /* else the engine picks one */
+    int stream;                /* the output is server-sent events */
+    size_t spec;               /* drafts per verification at most (the request's "speculative"; the server's
+                                  --spec caps it; SIZE_MAX: the server's) */
     /* the client, looked at by the connection's own thread only (serve_engine.c, client_check) */
     int client_fd;             /* the connection's socket, to notice a client that hung up; -1: none */
     int client_probe;          /* HTTP/1.1: "100 Continue" may be sent before the status to tell a
@@ -51,7 +55,18 @@ typedef struct sreq {
     size_t fed;                /* prompt tokens run (or held by the prefix cache's entry) */
     size_t cached;             /* of them, those the prefix cache held */
     int32_t next;              /* the token sampled last, run in the next sweep */
+    uint64_t verifications, drafted, accepted;   /* speculation: sweeps with drafts, drafts, drafts kept */
+    size_t acc_last;           /* drafts kept in the last sweep */
+    size_t emitted;            /* tokens handed to the output in the last sweep */
+    /* the connection's own thread */
+    double last_sent;          /* when the connection last sent something (a keep-alive comment is due after
+                                * srv_engine_opts.progress_every seconds of silence) */
     /* under srv_engine.mu */
+    size_t prefilled;          /* prompt tokens run, as of the last sweep (fed, for the other threads) */
+    size_t in_sweep;           /* prompt positions (or 1, decoding) of the sweep running now; 0: none */
+    size_t generated;          /* tokens generated, as of the last sweep */
+    int early_stream;          /* the stream was opened before the first token, to send progress comments:
+                                * a failure from here on is an error event in it */
     sreq_state state;
     kbuf out;                  /* bytes ready to send */
     int status;                /* the response's HTTP status, once known */
@@ -67,6 +82,8 @@ typedef struct srv_engine_opts {
     size_t max_queue;          /* requests waiting for a sequence, at most */
     const char *model_name;
     int quiet;                 /* no line per request on stderr */
+    double progress_every;     /* a streamed request silent this long gets an SSE comment (": prefill 1234/5000");
+                                  its stream opens (200) when it comes before the first token; 0: never */
     krun_pcache *cache;        /* the prefix cache every session comes from, or NULL (--no-cache) */
 } srv_engine_opts;
 
@@ -77,16 +94,30 @@ void srv_engine_stop(srv_engine *e);
 
 /* A request made ready to run: status 0 until known.  NULL on allocation failure. */
 sreq *sreq_new(void);
+/* Free a request that was never submitted (serve_prep.c). */
+void sreq_discard(sreq *r);
+/* A body of POST /v1/chat/completions (chat) or /v1/completions made into a request for model m,
+ * served as model_name (serve_prep.c): parsed, its model checked, rendered or tokenized, fitted to
+ * the context, its sampling and its output (sgen, with meta's id, model and created) set.  NULL
+ * with err filled (400, or 500 when out of memory).  Submit it, or sreq_discard it. */
+sreq *srv_prepare(krun_model *m, const char *model_name, int chat, const char *body, size_t len, const oai_meta *meta, oai_error *err);
+/* Is the request over (its output complete)?  Does not wait. */
+int  srv_done(srv_engine *e, sreq *r);
 /* Hand a request to the engine (it takes a reference).  Fails with e filled: 503 when the
  * queue is full (with Retry-After) or the server is draining, 503 when the model is damaged. */
 int  srv_submit(srv_engine *e, sreq *r, oai_error *err);
 /* Seconds to put in Retry-After when the server is busy. */
 int  srv_retry_after(srv_engine *e);
 /* The connection's side: wait until the status is known (started or over), or until the
- * client hangs up (then the request is cancelled).  Returns the status. */
+ * client hangs up (then the request is cancelled).  Returns the status.  A request still
+ * queued or reading its prompt after progress_every seconds is started then (200): its
+ * stream carries progress comments until the first token (a failure after that is an
+ * error event in the stream). */
 int  srv_wait_started(srv_engine *e, sreq *r);
 /* Copy up to max bytes of output into buf, waiting for some; 0 once the request is over and
- * everything was taken; -1 when the client hung up (the request is cancelled). */
+ * everything was taken; -1 when the client hung up (the request is cancelled).  After
+ * progress_every seconds without output, an SSE comment saying where the request is
+ * (": prefill 1234/5000", ": queued", ": generating"): clients and proxies see it alive. */
 long srv_read(srv_engine *e, sreq *r, char *buf, size_t max);
 /* Wait until the request is over (r->out then holds the whole body), or the client hangs up. */
 void srv_wait_done(srv_engine *e, sreq *r);

@@ -22,6 +22,7 @@
  * always still this connection's. */
 #include "serve.h"
 
+#include "format/kos.h"
 #include "format/kprogress.h"
 
 #include <errno.h>
@@ -30,7 +31,6 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <netinet/in.h>
-#include <linux/tcp.h>
 #include <time.h>
 
 /* A connection younger than this (waiting since) is not closed to make room. */
@@ -68,22 +68,11 @@ unsigned srv_conns_reserve(unsigned limit)
     return r < limit ? r : limit ? limit - 1 : 0;
 }
 
-/* Bytes received on the socket so far; -1 if the kernel cannot say (not TCP, an old kernel). */
-static long long bytes_received(int fd)
-{
-    struct tcp_info ti;
-    socklen_t len = sizeof ti;
-    memset(&ti, 0, sizeof ti);
-    if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len)) return -1;
-    if (len < offsetof(struct tcp_info, tcpi_bytes_received) + sizeof ti.tcpi_bytes_received) return -1;
-    return (long long)(ti.tcpi_bytes_received & 0x7fffffffffffffffull);
-}
-
 /* The connection starts waiting for a request (under mu): fresh, just accepted (whatever it
  * received is its request's), or after a response. */
 static void start_waiting(srv_conn *c, double now, int fresh)
 {
-    long long b = bytes_received(c->fd);
+    long long b = kos_tcp_bytes_received(c->fd);
     c->busy = 0;
     c->since = now;
     c->bytes_then = b < 0 || fresh ? 0 : (unsigned long long)b;
@@ -141,7 +130,7 @@ static void *sweep_main(void *arg)
         for (srv_conn *c = t->head; c; c = c->next) {
             if (c->closing || c->busy) continue;
             if (!c->first_byte) {
-                long long b = bytes_received(c->fd);
+                long long b = kos_tcp_bytes_received(c->fd);
                 if (b < 0 || (unsigned long long)b > c->bytes_then) c->first_byte = now;
             }
             if (c->first_byte && now - c->first_byte > t->o.request_timeout) {

@@ -2,11 +2,24 @@
  * after another over every live sequence (serve.h; docs/SERVE.md).
  *
  * A sweep is one krun_step_batch block: every decoding sequence advances by
- * the token it sampled last, and the rest of the block (block - decoders
- * positions) goes to the prompts still being read, in the order they were
- * admitted; a prompt runs in as many sweeps as it needs.  Between sweeps the
+ * the token it sampled last, and the rest of the block goes to the prompts
+ * still being read, in the order they were admitted; a prompt runs in as many
+ * sweeps as it needs.  The block is the decoding one, or -- when the prompt
+ * positions waiting are many and the cost model says so
+ * (krun_model_prompt_block) -- the prefill layout's large block, which the
+ * decoding sequences ride along in.  Between sweeps the
  * engine takes the lock, hands out what each request produced, frees the
  * sequences of finished or abandoned requests and admits queued ones.
+ *
+ * Speculation (docs/SERVE.md): a decoding sequence whose request allows it
+ * (srv_engine_opts.spec, the request's "speculative") may follow its token
+ * with drafts, from its own history or another live sequence's
+ * (krun_session_draft); its verification positions join the sweep like
+ * prompt positions (krun_step_batch_verify), after the decoders' tokens and
+ * before the prompts, in admission order, while the journal has rows
+ * (spec + 1 positions, rows / 2 sequences, shared by the sweep).  A draft
+ * stands only where the sequence's own sampler picks it, so the output is
+ * the same with or without.
  *
  * Each sequence has its own state, history and sampler, and a position's
  * result does not depend on what else is in its block (docs/NUMERICS.md §5),
@@ -18,6 +31,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,6 +45,11 @@ struct srv_engine {
     krun_pcache *cache;        /* NULL: sessions straight from the model */
     char model_name[256];
     size_t max_seqs, max_queue, block, ctx;
+    size_t spec, jrows, jseqs;  /* drafts per verification at most; the journal's rows and sequences per sweep */
+    int32_t *drafts;            /* [max_seqs][spec]: the sweep's drafts (the engine thread's) */
+    double progress_every;     /* seconds of silence before a progress comment (0: none) */
+    int n_layers;
+    _Atomic int sweep_layer;   /* layers of the running sweep done (the model's layer hook) */
     pthread_mutex_t mu;
     pthread_cond_t wake;       /* the engine waits for work */
     pthread_cond_t idle;       /* drain waits for the engine to run dry */
@@ -43,9 +62,12 @@ struct srv_engine {
     size_t n_active;
     size_t n_open;             /* requests submitted and not yet freed: their output may still be on its way */
     int draining, cancel_all, quit, damaged, quiet;
+    size_t sweep_T;            /* positions of the running sweep (0: none) */
+    int sweep_prefill;         /* ... in the prefill layout */
     char damage[900];
     struct {
-        uint64_t requests, completed, failed, cancelled, prompt_tokens, cached_tokens, generated, sweeps, positions, bytes_read;
+        uint64_t requests, completed, failed, cancelled, prompt_tokens, cached_tokens, generated, sweeps, positions, bytes_read, phase_switches;
+        uint64_t verifications, drafted, accepted;   /* speculation: blocks with drafts, drafts, drafts kept */
         double sweep_seconds, request_seconds;
     } st;
     double t0;
@@ -120,13 +142,18 @@ static void finish_locked(srv_engine *e, sreq *r)
 static void log_end(const srv_engine *e, const sreq *r, const char *how, const char *detail)
 {
     if (e->quiet) return;
-    fprintf(stderr, "krun serve: %s: %zu prompt (%zu cached) + %zu generated tokens, %s%s%s, %.2f s\n", r->id, r->n_prompt,
-            r->cached, r->gen ? sgen_n_tokens(r->gen) : 0, how, detail ? ": " : "", detail ? detail : "", know() - r->t_submit);
+    char spec[96] = "";
+    if (r->drafted)
+        snprintf(spec, sizeof spec, ", speculation %llu of %llu drafts accepted in %llu verifications",
+                 (unsigned long long)r->accepted, (unsigned long long)r->drafted, (unsigned long long)r->verifications);
+    fprintf(stderr, "krun serve: %s: %zu prompt (%zu cached) + %zu generated tokens%s, %s%s%s, %.2f s\n", r->id, r->n_prompt,
+            r->cached, r->gen ? sgen_n_tokens(r->gen) : 0, spec, how, detail ? ": " : "", detail ? detail : "", know() - r->t_submit);
 }
 
 static void fail_locked(srv_engine *e, sreq *r, const oai_error *err)
 {
     char how[32];
+    if (r->early_stream) sgen_stream_opened(r->gen);    /* the 200 is sent: the error goes in the stream */
     snprintf(how, sizeof how, "failed with %d", err->status);
     log_end(e, r, how, err->message);
     sgen_fail(r->gen, err);
@@ -195,7 +222,8 @@ static void admit_locked(srv_engine *e)
             continue;
         }
         krun_session_set_sampler(r->s, &r->sampling);
-        r->fed = r->cached = reused;
+        krun_session_set_reply_start(r->s, r->n_prompt);
+        r->fed = r->cached = r->prefilled = reused;
         sgen_set_cached(r->gen, reused);
         e->st.cached_tokens += reused;
         e->active[e->n_active++] = r;
@@ -203,28 +231,58 @@ static void admit_locked(srv_engine *e)
         if (r->fed == r->n_prompt) {
             e->st.generated++;
             conclude_locked(e, r, next_token(e, r));
+            r->generated = sgen_n_tokens(r->gen);
         }
     }
 }
 
-/* The sweep: every decoding sequence's next token, then prompt positions up
- * to the block, in admission order.  take[k]: prompt tokens of sw[k] in this
- * sweep (0: a decoding step).  Returns the number of sequences in it. */
-static size_t plan_sweep_locked(srv_engine *e, sreq **sw, size_t *take)
+/* Drafts for the decoding sequence r (sweep slot k) to verify in this sweep: at most its
+ * request's limit, the journal rows left and the block positions left, and no further than
+ * max_tokens (a draft past it would be thrown away). */
+static size_t draft_locked(srv_engine *e, sreq *r, size_t k, size_t rows, size_t budget)
 {
-    size_t n = 0, budget = e->block;
+    krun_session *others[KRUN_MAX_SEQS];
+    size_t max = r->spec, left = (size_t)r->max_tokens - sgen_n_tokens(r->gen);
+    if (!max || rows < 2 || !budget || (size_t)r->max_tokens <= sgen_n_tokens(r->gen)) return 0;
+    if (max > rows - 1) max = rows - 1;
+    if (max > budget) max = budget;
+    if (max > left) max = left;
+    for (size_t j = 0; j < e->n_active; j++) others[j] = e->active[j]->s;
+    return krun_session_draft(r->s, r->next, max, others, e->n_active, e->drafts + k * e->spec);
+}
+
+/* The sweep: every decoding sequence's next token, then its drafts (while the journal has
+ * rows), then prompt positions up to the block, in admission order.  The block: the decoding
+ * one, or the prefill layout's when the cost model says the positions waiting read fewer bytes
+ * in it.  take[k]: prompt tokens of sw[k] in this sweep (0: a decoding step); nd[k]: its
+ * drafts.  Returns the number of sequences in it. */
+static size_t plan_sweep_locked(srv_engine *e, sreq **sw, size_t *take, size_t *nd)
+{
+    size_t n = 0, budget, waiting = 0, rows = e->jrows, seqs = e->jseqs;
+    for (size_t k = 0; k < e->n_active; k++)
+        waiting += e->active[k]->fed < e->active[k]->n_prompt ? e->active[k]->n_prompt - e->active[k]->fed : 1;
+    budget = krun_model_prompt_block(e->m, waiting);
     for (size_t k = 0; k < e->n_active; k++) {
         sreq *r = e->active[k];
         if (r->fed < r->n_prompt) continue;
         sw[n] = r;
+        nd[n] = 0;
         take[n++] = 0;
         budget--;
+    }
+    for (size_t k = 0; k < n && seqs; k++) {
+        nd[k] = draft_locked(e, sw[k], k, rows, budget);
+        if (!nd[k]) continue;
+        rows -= nd[k] + 1;
+        seqs--;
+        budget -= nd[k];
     }
     for (size_t k = 0; k < e->n_active && budget; k++) {
         sreq *r = e->active[k];
         size_t left = r->n_prompt - r->fed;
         if (!left) continue;
         sw[n] = r;
+        nd[n] = 0;
         take[n] = left < budget ? left : budget;
         budget -= take[n++];
     }
@@ -234,26 +292,52 @@ static size_t plan_sweep_locked(srv_engine *e, sreq **sw, size_t *take)
 /* Run the sweep and read what each sequence generated (without the lock).
  * Returns 0, or -1 with err when the forward block failed (every sequence in
  * it is broken).  done[k]: sw[k] is complete (its output says why). */
-static int run_sweep(srv_engine *e, sreq **sw, const size_t *take, size_t n, int *done, krun_err *err)
+static int run_sweep(srv_engine *e, sreq **sw, const size_t *take, const size_t *nd, size_t n, int *done, krun_err *err)
 {
     krun_session *ss[KRUN_MAX_SEQS];
     int32_t ids[KRUN_MAX_SEQS];
+    const int32_t *drafts[KRUN_MAX_SEQS];
+    size_t acc[KRUN_MAX_SEQS];
     for (size_t k = 0; k < n; k++) {
         sreq *r = sw[k];
         ss[k] = r->s;
+        drafts[k] = e->drafts + k * e->spec;
         done[k] = 0;
         if (!take[k]) { ids[k] = r->next; continue; }
         /* a block of the prompt: all but its last token pending, the last as the step's token */
         if (take[k] > 1 && krun_session_append(r->s, r->prompt + r->fed, take[k] - 1, err)) return -1;
         ids[k] = r->prompt[r->fed + take[k] - 1];
     }
-    if (krun_step_batch(e->m, ss, ids, n, err)) return -1;
+    if (krun_step_batch_verify(e->m, ss, ids, drafts, nd, n, acc, err)) return -1;
     for (size_t k = 0; k < n; k++) {
         sreq *r = sw[k];
+        int32_t id;
+        int rc = 0;
         r->fed += take[k];
+        r->emitted = 0;
         if (r->fed < r->n_prompt) continue;             /* more prompt to read */
         if (take[k] && e->cache) krun_pcache_keep(e->cache, r->s);   /* the end of the prompt: kept */
-        done[k] = next_token(e, r);
+        if (nd[k]) {
+            /* the drafts kept are the next tokens, already run: out they go, up to an end */
+            size_t nt;
+            const int32_t *h = krun_session_tokens(r->s, &nt);
+            r->verifications++;
+            r->drafted += nd[k];
+            r->accepted += acc[k];
+            r->acc_last = acc[k];
+            for (size_t i = nt - acc[k]; i < nt && rc == 0; i++, r->emitted++) rc = sgen_token(r->gen, h[i]);
+            if (rc) { done[k] = rc < 0 ? -1 : rc; continue; }
+        }
+        id = krun_session_sample(r->s);
+        rc = sgen_token(r->gen, id);
+        r->emitted++;
+        if (rc < 0) { done[k] = -1; continue; }          /* out of memory for the output */
+        if (rc == 0 && krun_session_pos(r->s) + 1 > e->ctx) {
+            sgen_end(r->gen, "length");                  /* no room to run the token */
+            rc = 1;
+        }
+        done[k] = rc;
+        r->next = id;
     }
     return 0;
 }
@@ -344,7 +428,7 @@ static void *engine_main(void *arg)
 {
     srv_engine *e = arg;
     sreq **sw = calloc(e->max_seqs, sizeof *sw);
-    size_t *take = calloc(e->max_seqs, sizeof *take);
+    size_t *take = calloc(e->max_seqs, sizeof *take), *nd = calloc(e->max_seqs, sizeof *nd);
     int *done = calloc(e->max_seqs, sizeof *done);
     pthread_mutex_lock(&e->mu);
     for (;;) {
@@ -362,17 +446,24 @@ static void *engine_main(void *arg)
             if (e->n_queued) gather_locked(e);
             continue;
         }
-        if (!sw || !take || !done) {               /* no memory for the sweep's lists: fail what runs */
+        if (!sw || !take || !nd || !done) {               /* no memory for the sweep's lists: fail what runs */
             oai_error oe;
             oai_error_set(&oe, 500, NULL, NULL, "out of memory");
             while (e->n_active) fail_locked(e, e->active[--e->n_active], &oe);
             continue;
         }
-        n = plan_sweep_locked(e, sw, take);
+        n = plan_sweep_locked(e, sw, take, nd);
+        e->sweep_T = 0;
+        for (size_t k = 0; k < n; k++) {
+            sw[k]->in_sweep = take[k] ? take[k] : 1 + nd[k];
+            e->sweep_T += sw[k]->in_sweep;
+        }
+        e->sweep_prefill = e->sweep_T > e->block;
+        atomic_store(&e->sweep_layer, 0);
         pthread_mutex_unlock(&e->mu);
 
         t = know();
-        rc = run_sweep(e, sw, take, n, done, &err);
+        rc = run_sweep(e, sw, take, nd, n, done, &err);
         t = know() - t;
         krun_model_stats(e->m, &ks);
 
@@ -380,6 +471,13 @@ static void *engine_main(void *arg)
         e->st.sweeps++;
         e->st.sweep_seconds += t;
         e->st.bytes_read = ks.bytes_read;
+        e->st.phase_switches = ks.phase_switches;
+        e->sweep_T = 0;
+        for (size_t k = 0; k < n; k++) {
+            sw[k]->in_sweep = 0;
+            sw[k]->prefilled = sw[k]->fed;
+            sw[k]->generated = sgen_n_tokens(sw[k]->gen);
+        }
         if (rc) {
             if (err.code == KRUN_EDATA) { damaged_locked(e, &err); continue; }
             /* not the model's fault (a bug): the sequences of this block fail, the rest go on */
@@ -392,14 +490,20 @@ static void *engine_main(void *arg)
         }
         for (size_t k = 0; k < n; k++) {
             sreq *r = sw[k];
-            e->st.positions += take[k] ? take[k] : 1;
-            if (r->fed == r->n_prompt) e->st.generated++;       /* a token was sampled */
+            e->st.positions += (take[k] ? take[k] : 1) + nd[k];
+            e->st.generated += r->emitted;                      /* tokens sampled or accepted */
+            if (nd[k]) {
+                e->st.verifications++;
+                e->st.drafted += nd[k];
+                e->st.accepted += r->acc_last;
+            }
             conclude_locked(e, r, done[k]);
         }
     }
     pthread_mutex_unlock(&e->mu);
     free(sw);
     free(take);
+    free(nd);
     free(done);
     return NULL;
 }
@@ -495,14 +599,39 @@ int srv_wait_started(srv_engine *e, sreq *r)
 {
     int status = -1;
     pthread_mutex_lock(&e->mu);
+    r->last_sent = r->t_submit;
     while (!r->started && r->state != SREQ_DONE) {
         double next = CLIENT_LOOK;
         if (client_gone_head(r, &next)) { cancel_locked(e, r); break; }
+        if (e->progress_every > 0 && know() - r->t_submit >= e->progress_every) {
+            /* still queued or reading its prompt: the stream opens now, for progress comments */
+            r->started = 1;
+            r->status = 200;
+            r->early_stream = 1;
+            break;
+        }
         wait_a_little(r, &e->mu, next);
     }
     if (r->started && !r->cancelled) status = r->status;
     pthread_mutex_unlock(&e->mu);
     return status;
+}
+
+/* ": prefill 1234/5000 (a block of 2048 positions: layer 40/93)": where the request is, as an
+ * SSE comment (clients skip it).  Returns its length, 0 if it does not fit. */
+static size_t progress_comment_locked(srv_engine *e, const sreq *r, char *buf, size_t max)
+{
+    char t[192];
+    int n;
+    if (r->state == SREQ_QUEUED || r->state == SREQ_NEW) n = snprintf(t, sizeof t, ": queued\n\n");
+    else if (r->prefilled < r->n_prompt && r->in_sweep)
+        n = snprintf(t, sizeof t, ": prefill %zu/%zu (a block of %zu positions: layer %d/%d)\n\n", r->prefilled, r->n_prompt,
+                     e->sweep_T, atomic_load(&e->sweep_layer), e->n_layers);
+    else if (r->prefilled < r->n_prompt) n = snprintf(t, sizeof t, ": prefill %zu/%zu\n\n", r->prefilled, r->n_prompt);
+    else n = snprintf(t, sizeof t, ": generating (%zu tokens)\n\n", r->generated);
+    if (n <= 0 || (size_t)n > max) return 0;
+    memcpy(buf, t, (size_t)n);
+    return (size_t)n;
 }
 
 long srv_read(srv_engine *e, sreq *r, char *buf, size_t max)
@@ -511,7 +640,13 @@ long srv_read(srv_engine *e, sreq *r, char *buf, size_t max)
     pthread_mutex_lock(&e->mu);
     while (!r->out.n && r->state != SREQ_DONE && !r->cancelled) {
         int st = client_check(r);
+        size_t c;
         if (st == CLIENT_GONE) { cancel_locked(e, r); break; }
+        if (e->progress_every > 0 && know() - r->last_sent >= e->progress_every && (c = progress_comment_locked(e, r, buf, max))) {
+            r->last_sent = know();     /* between events (out is empty: every event published was taken whole) */
+            pthread_mutex_unlock(&e->mu);
+            return (long)c;
+        }
         if (st == CLIENT_EOF && !r->probed_stream && max >= sizeof SSE_PROBE - 1) {
             /* between events (out is empty: every event published so far was taken whole) */
             r->probed_stream = 1;
@@ -527,11 +662,21 @@ long srv_read(srv_engine *e, sreq *r, char *buf, size_t max)
         memmove(r->out.p, r->out.p + n, r->out.n - n);
         r->out.n -= n;
         got = (long)n;
+        r->last_sent = know();
     } else if (r->state == SREQ_DONE && !r->cancelled) {
         got = 0;
     }
     pthread_mutex_unlock(&e->mu);
     return got;
+}
+
+int srv_done(srv_engine *e, sreq *r)
+{
+    int done;
+    pthread_mutex_lock(&e->mu);
+    done = r->state == SREQ_DONE;
+    pthread_mutex_unlock(&e->mu);
+    return done;
 }
 
 void srv_wait_done(srv_engine *e, sreq *r)
@@ -615,6 +760,14 @@ int srv_retry_after(srv_engine *e)
 
 /* ---- lifetime and health ------------------------------------------------------------------------ */
 
+/* The model's layer hook, on the engine thread inside a sweep: how far the sweep is. */
+static void sweep_layer_done(void *ctx, int done, int n)
+{
+    srv_engine *e = ctx;
+    (void)n;
+    atomic_store(&e->sweep_layer, done);
+}
+
 int srv_engine_start(krun_model *m, const srv_engine_opts *o, srv_engine **out, krun_err *err)
 {
     srv_engine *e = calloc(1, sizeof *e);
@@ -625,20 +778,28 @@ int srv_engine_start(krun_model *m, const srv_engine_opts *o, srv_engine **out, 
     snprintf(e->model_name, sizeof e->model_name, "%s", o->model_name);
     e->max_queue = o->max_queue;
     e->quiet = o->quiet;
+    e->progress_every = o->progress_every;
+    e->n_layers = krun_model_config(m)->n_layers;
+    atomic_init(&e->sweep_layer, 0);
     e->ctx = krun_model_ctx(m);
     e->max_seqs = krun_model_max_seqs(m);       /* the model was prepared for them */
     e->block = krun_model_block(m);
+    krun_model_journal(m, &e->jrows, &e->jseqs);
+    e->spec = e->jrows ? e->jrows - 1 : 0;
+    e->drafts = malloc(e->max_seqs * (e->spec ? e->spec : 1) * sizeof *e->drafts);
     e->active = calloc(e->max_seqs, sizeof *e->active);
     e->t0 = know();
-    if (!e->active || pthread_mutex_init(&e->mu, NULL)) goto oom;
+    if (!e->active || !e->drafts || pthread_mutex_init(&e->mu, NULL)) goto oom;
     if (pthread_cond_init(&e->wake, NULL)) { pthread_mutex_destroy(&e->mu); goto oom; }
     if (pthread_cond_init(&e->idle, NULL)) { pthread_cond_destroy(&e->wake); pthread_mutex_destroy(&e->mu); goto oom; }
+    krun_model_set_layer_hook(m, sweep_layer_done, e);
     if (pthread_create(&e->thread, NULL, engine_main, e)) {
         krun_err_set(err, KRUN_ENOMEM, "cannot start the engine thread: %s", strerror(errno));
         pthread_cond_destroy(&e->idle);
         pthread_cond_destroy(&e->wake);
         pthread_mutex_destroy(&e->mu);
         free(e->active);
+        free(e->drafts);
         free(e);
         return -1;
     }
@@ -647,6 +808,7 @@ int srv_engine_start(krun_model *m, const srv_engine_opts *o, srv_engine **out, 
     return 0;
 oom:
     free(e->active);
+    free(e->drafts);
     free(e);
     krun_err_set(err, KRUN_ENOMEM, "out of memory");
     return -1;
@@ -699,6 +861,7 @@ void srv_engine_stop(srv_engine *e)
     pthread_cond_destroy(&e->wake);
     pthread_mutex_destroy(&e->mu);
     free(e->active);
+    free(e->drafts);
     free(e);
 }
 
@@ -731,6 +894,34 @@ static json_t *pcache_json(krun_pcache *c)
     return j;
 }
 
+/* Each request running or queued: its prompt, how much of it is read, what it generated. */
+static json_t *requests_json_locked(srv_engine *e)
+{
+    json_t *a = json_array();
+    for (size_t k = 0; k < e->n_active; k++) {
+        const sreq *r = e->active[k];
+        json_t *o = json_object();
+        json_object_set_new(o, "id", json_string(r->id));
+        json_object_set_new(o, "state", json_string(r->prefilled < r->n_prompt ? "prefill" : "generating"));
+        json_object_set_new(o, "prompt_tokens", json_integer((json_int_t)r->n_prompt));
+        json_object_set_new(o, "prefilled", json_integer((json_int_t)r->prefilled));
+        json_object_set_new(o, "cached_tokens", json_integer((json_int_t)r->cached));
+        json_object_set_new(o, "in_sweep", json_integer((json_int_t)r->in_sweep));
+        json_object_set_new(o, "generated", json_integer((json_int_t)r->generated));
+        json_object_set_new(o, "seconds", json_real(know() - r->t_submit));
+        json_array_append_new(a, o);
+    }
+    for (const sreq *r = e->qhead; r; r = r->next_in_queue) {
+        json_t *o = json_object();
+        json_object_set_new(o, "id", json_string(r->id));
+        json_object_set_new(o, "state", json_string("queued"));
+        json_object_set_new(o, "prompt_tokens", json_integer((json_int_t)r->n_prompt));
+        json_object_set_new(o, "seconds", json_real(know() - r->t_submit));
+        json_array_append_new(a, o);
+    }
+    return a;
+}
+
 json_t *srv_engine_health(srv_engine *e, int *status)
 {
     json_t *j = json_object(), *st = json_object();
@@ -750,6 +941,18 @@ json_t *srv_engine_health(srv_engine *e, int *status)
     json_object_set_new(j, "prefilling", json_integer((json_int_t)prefilling));
     json_object_set_new(j, "queued", json_integer((json_int_t)e->n_queued));
     json_object_set_new(j, "max_queue", json_integer((json_int_t)e->max_queue));
+    json_object_set_new(j, "block_prefill", json_integer((json_int_t)krun_model_block_max(e->m)));
+    json_object_set_new(j, "requests", requests_json_locked(e));
+    if (e->sweep_T) {
+        json_t *w = json_object();
+        json_object_set_new(w, "positions", json_integer((json_int_t)e->sweep_T));
+        json_object_set_new(w, "layout", json_string(e->sweep_prefill ? "prefill" : "decoding"));
+        json_object_set_new(w, "layers_done", json_integer(atomic_load(&e->sweep_layer)));
+        json_object_set_new(w, "layers", json_integer(e->n_layers));
+        json_object_set_new(j, "sweep", w);
+    } else {
+        json_object_set_new(j, "sweep", json_null());
+    }
     json_object_set_new(st, "requests", json_integer((json_int_t)e->st.requests));
     json_object_set_new(st, "completed", json_integer((json_int_t)e->st.completed));
     json_object_set_new(st, "failed", json_integer((json_int_t)e->st.failed));
@@ -761,6 +964,17 @@ json_t *srv_engine_health(srv_engine *e, int *status)
     json_object_set_new(st, "positions", json_integer((json_int_t)e->st.positions));
     json_object_set_new(st, "sweep_seconds", json_real(e->st.sweep_seconds));
     json_object_set_new(st, "bytes_read", json_integer((json_int_t)e->st.bytes_read));
+    json_object_set_new(st, "phase_switches", json_integer((json_int_t)e->st.phase_switches));
+    {
+        /* speculation: of the generated tokens, `accepted` came from drafts verified in sweeps */
+        json_t *sp = json_object();
+        json_object_set_new(sp, "max_drafts", json_integer((json_int_t)e->spec));
+        json_object_set_new(sp, "verifications", json_integer((json_int_t)e->st.verifications));
+        json_object_set_new(sp, "drafted", json_integer((json_int_t)e->st.drafted));
+        json_object_set_new(sp, "accepted", json_integer((json_int_t)e->st.accepted));
+        json_object_set_new(sp, "acceptance", e->st.drafted ? json_real((double)e->st.accepted / (double)e->st.drafted) : json_null());
+        json_object_set_new(st, "speculation", sp);
+    }
     json_object_set_new(st, "uptime_seconds", json_real(know() - e->t0));
     {
         /* the process's CPU time: against sweep_seconds it says whether sweeps wait for the disk or compute */

@@ -31,6 +31,7 @@ struct sgen {
     size_t n_calls;            /* kept (not streamed) */
     size_t calls_made;         /* complete calls, streamed or not: finish_reason tool_calls */
     int stream_started, complete, failed, stopped, oom, status;
+    int http_stream;           /* the stream was opened before any output (sgen_stream_opened) */
     const char *finish;
 };
 
@@ -306,7 +307,7 @@ void sgen_fail(sgen *g, const oai_error *e)
     if (g->complete || g->failed) return;
     g->failed = 1;
     body = oai_error_json(e);
-    if (g->stream_started) {
+    if (g->stream_started || (g->o.stream && g->http_stream)) {
         kbuf_puts(&g->out, "data: ");
         kbuf_puts(&g->out, body ? body : "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\"}}");
         kbuf_puts(&g->out, "\n\n" OAI_SSE_DONE);
@@ -318,6 +319,7 @@ void sgen_fail(sgen *g, const oai_error *e)
     free(body);
 }
 
+void sgen_stream_opened(sgen *g) { g->http_stream = 1; }
 int sgen_done(const sgen *g) { return g->complete || g->failed; }
 int sgen_started(const sgen *g) { return g->stream_started; }
 int sgen_status(const sgen *g) { return g->status; }

@@ -53,6 +53,9 @@ void sgen_end(sgen *g, const char *finish_reason);
  * and [DONE]; otherwise the response is e's status and error object. */
 void sgen_fail(sgen *g, const oai_error *e);
 
+/* The HTTP stream was opened (200) before any output, to carry progress
+ * comments: a failure from now on is an error event in it, not a status. */
+void sgen_stream_opened(sgen *g);
 int sgen_done(const sgen *g);              /* complete or failed: no more output */
 int sgen_started(const sgen *g);           /* a streamed reply has output: its status is 200, whatever comes */
 /* Append the bytes ready to send to out and forget them. */

@@ -128,56 +128,16 @@ static void request_id(srv_http *h, const char *prefix, char *out, size_t len)
     snprintf(out, len, "%s-%llx%04llx", prefix, (unsigned long long)h->created, n);
 }
 
-static void sampling_of(const oai_sampling *s, sreq *r)
-{
-    r->sampling = (ksampler_opts){s->has_temperature ? (float)s->temperature : 1.0f, (int)s->top_k, (float)s->top_p,
-                                  (float)s->min_p, (uint64_t)s->seed};
-    r->has_seed = s->has_seed;
-}
-
-/* Does the prompt fit the context, with max_tokens?  Sets r->max_tokens. */
-static int fit_context(srv_http *h, sreq *r, long max_tokens, oai_error *err)
-{
-    size_t ctx = krun_model_ctx(srv_engine_model(h->e));
-    if (r->n_prompt > ctx) {
-        oai_error_set(err, 400, "messages", "context_length_exceeded",
-                      "the prompt is %zu tokens, more than the context of %zu positions (krun serve --ctx)", r->n_prompt, ctx);
-        return -1;
-    }
-    /* the last token generated is never run: a request uses n_prompt + max_tokens - 1 positions */
-    if (max_tokens < 0) max_tokens = (long)(ctx - r->n_prompt + 1);
-    if ((size_t)max_tokens - 1 > ctx - r->n_prompt) {
-        oai_error_set(err, 400, "max_tokens", "context_length_exceeded",
-                      "the prompt (%zu tokens) and max_tokens %ld need %zu positions; the context is %zu (krun serve --ctx)",
-                      r->n_prompt, max_tokens, r->n_prompt + (size_t)max_tokens - 1, ctx);
-        return -1;
-    }
-    r->max_tokens = max_tokens;
-    return 0;
-}
-
-/* Submit r with its output and answer when it is known. */
-static enum MHD_Result run_request(srv_http *h, struct MHD_Connection *c, conn *k, sreq *r, sgen_opts *go)
+/* Submit r (made by srv_prepare) and answer when its output is known. */
+static enum MHD_Result run_request(srv_http *h, struct MHD_Connection *c, conn *k, sreq *r)
 {
     oai_error err;
-    int32_t end_ids[3];
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
-    go->end_ids = end_ids;
-    go->n_end_ids = go->n_end_ids ? krun_model_stop_ids(srv_engine_model(h->e), end_ids) : 0;
-    go->max_tokens = r->max_tokens;
-    go->prompt_ids = r->prompt;
-    go->n_prompt = r->n_prompt;
-    r->gen = sgen_new(krun_model_tokenizer(srv_engine_model(h->e)), go);
-    if (!r->gen) {
-        oai_error_set(&err, 500, NULL, NULL, "out of memory");
-        return reply_error(c, &err, 0);
-    }
     r->client_fd = ci ? ci->connect_fd : -1;
     r->client_probe = !k->http_1_0;
-    snprintf(r->id, sizeof r->id, "%s", go->meta.id);
     k->req = r;
     if (srv_submit(h->e, r, &err)) return reply_error(c, &err, !strcmp(err.code ? err.code : "", "server_busy") ? srv_retry_after(h->e) : 0);
-    if (go->stream) {
+    if (r->stream) {
         int status = srv_wait_started(h->e, r);
         if (status < 0) return MHD_NO;                     /* the client hung up */
         if (status == 200) return reply_stream(h, c, r);
@@ -193,95 +153,19 @@ static enum MHD_Result run_request(srv_http *h, struct MHD_Connection *c, conn *
     }
 }
 
-static enum MHD_Result chat_completions(srv_http *h, struct MHD_Connection *c, conn *k)
+/* POST /v1/chat/completions (chat) or /v1/completions: the body made a request (serve_prep.c). */
+static enum MHD_Result api_request(srv_http *h, struct MHD_Connection *c, conn *k, int chat)
 {
-    krun_model *m = srv_engine_model(h->e);
-    const ktok *tk = krun_model_tokenizer(m);
-    oai_chat_request q;
-    oai_error err;
-    kchat_rendering rend;
-    krun_err rerr;
-    char id[64];
-    sreq *r;
-    enum MHD_Result rc;
-    if (oai_parse_chat_request(k->body.p, k->body.n, &q, &err)) return reply_error(c, &err, 0);
-    if (oai_check_model(q.s.model, srv_engine_model_name(h->e), &err)) { oai_chat_request_free(&q); return reply_error(c, &err, 0); }
-    if (q.s.ignore_eos) {
-        oai_error_set(&err, 400, "ignore_eos", "unsupported_value", "ignore_eos is for /v1/completions: a chat reply ends at <|end_of_msg|>");
-        oai_chat_request_free(&q);
-        return reply_error(c, &err, 0);
-    }
-    if (ktok_find_special(tk, KCHAT_OPEN) < 0 || ktok_find_special(tk, KCHAT_END_OF_MSG) < 0) {
-        oai_error_set(&err, 400, NULL, "chat_unsupported", "this model's tokenizer has no chat markers (%s, %s): use /v1/completions",
-                      KCHAT_OPEN, KCHAT_END_OF_MSG);
-        oai_chat_request_free(&q);
-        return reply_error(c, &err, 0);
-    }
-    if (kchat_render(tk, q.messages, q.n_messages, &q.chat, &rend, &rerr)) {
-        oai_error_set(&err, 400, NULL, "invalid_value", "%s", rerr.msg);
-        oai_chat_request_free(&q);
-        return reply_error(c, &err, 0);
-    }
-    free(rend.text);
-    r = sreq_new();
-    if (!r) { free(rend.ids); oai_chat_request_free(&q); oai_error_set(&err, 500, NULL, NULL, "out of memory"); return reply_error(c, &err, 0); }
-    r->prompt = rend.ids;
-    r->n_prompt = rend.n_ids;
-    r->n_preamble = rend.n_preamble;
-    sampling_of(&q.s, r);
-    if (fit_context(h, r, q.s.max_tokens, &err)) { srv_release(h->e, r); oai_chat_request_free(&q); return reply_error(c, &err, 0); }
-    request_id(h, "chatcmpl", id, sizeof id);
-    {
-        sgen_opts go = {1, q.chat.thinking, q.s.stream, q.s.include_usage, q.s.return_token_ids, q.s.stop, q.s.n_stop, NULL, 1, 0,
-                        {id, srv_engine_model_name(h->e), (long long)time(NULL)}, NULL, 0};
-        rc = run_request(h, c, k, r, &go);
-    }
-    if (!k->req) srv_release(h->e, r);
-    oai_chat_request_free(&q);
-    return rc;
-}
-
-static enum MHD_Result completions(srv_http *h, struct MHD_Connection *c, conn *k)
-{
-    krun_model *m = srv_engine_model(h->e);
-    const ktok *tk = krun_model_tokenizer(m);
-    oai_completion_request q;
     oai_error err;
     char id[64];
     sreq *r;
     enum MHD_Result rc;
-    if (oai_parse_completion_request(k->body.p, k->body.n, (size_t)krun_model_config(m)->vocab, &q, &err)) return reply_error(c, &err, 0);
-    if (oai_check_model(q.s.model, srv_engine_model_name(h->e), &err)) { oai_completion_request_free(&q); return reply_error(c, &err, 0); }
-    r = sreq_new();
-    if (!r) { oai_completion_request_free(&q); oai_error_set(&err, 500, NULL, NULL, "out of memory"); return reply_error(c, &err, 0); }
-    if (q.prompt_ids) {
-        r->prompt = malloc(q.n_prompt_ids * sizeof *r->prompt);
-        if (r->prompt) memcpy(r->prompt, q.prompt_ids, q.n_prompt_ids * sizeof *r->prompt);
-        r->n_prompt = q.n_prompt_ids;
-    } else if (ktok_encode(tk, q.prompt, q.prompt_len, 1, &r->prompt, &r->n_prompt)) {
-        r->prompt = NULL;
-    }
-    if (!r->prompt) {
-        srv_release(h->e, r);
-        oai_completion_request_free(&q);
-        oai_error_set(&err, 500, NULL, NULL, "out of memory");
-        return reply_error(c, &err, 0);
-    }
-    sampling_of(&q.s, r);
-    if (fit_context(h, r, q.s.max_tokens, &err)) {
-        snprintf(err.param, sizeof err.param, "%s", r->n_prompt > krun_model_ctx(m) ? "prompt" : "max_tokens");
-        srv_release(h->e, r);
-        oai_completion_request_free(&q);
-        return reply_error(c, &err, 0);
-    }
-    request_id(h, "cmpl", id, sizeof id);
-    {
-        sgen_opts go = {0, 0, q.s.stream, q.s.include_usage, q.s.return_token_ids, q.s.stop, q.s.n_stop, NULL, !q.s.ignore_eos, 0,
-                        {id, srv_engine_model_name(h->e), (long long)time(NULL)}, NULL, 0};
-        rc = run_request(h, c, k, r, &go);
-    }
+    oai_meta meta = {id, srv_engine_model_name(h->e), (long long)time(NULL)};
+    request_id(h, chat ? "chatcmpl" : "cmpl", id, sizeof id);
+    r = srv_prepare(srv_engine_model(h->e), srv_engine_model_name(h->e), chat, k->body.p, k->body.n, &meta, &err);
+    if (!r) return reply_error(c, &err, 0);
+    rc = run_request(h, c, k, r);
     if (!k->req) srv_release(h->e, r);
-    oai_completion_request_free(&q);
     return rc;
 }
 
@@ -348,8 +232,8 @@ static enum MHD_Result route(srv_http *h, struct MHD_Connection *c, const char *
         return reply_json(c, (unsigned)status, j);
     }
     case 1: return reply(c, 200, oai_models_response(srv_engine_model_name(h->e), h->created, "krun"), 0);
-    case 2: return chat_completions(h, c, k);
-    default: return completions(h, c, k);
+    case 2: return api_request(h, c, k, 1);
+    default: return api_request(h, c, k, 0);
     }
 }
 

@@ -7,6 +7,7 @@
 #include "run/store/store.h"
 #include "run/store/store_pieces.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -203,10 +204,15 @@ static void fixed_parts(kmemplan *p, const kmemplan_req *q, const struct sizes *
     p->budget = q->budget;
     p->base = q->base;
     p->ctx = q->ctx;
-    p->chunk = q->chunk;
+    p->chunk_auto = q->chunk == 0;
+    p->chunk = q->chunk ? q->chunk : KMEM_DECODE_BLOCK;
     p->max_seqs = q->max_seqs;
     p->spec = q->spec;
-    p->block = k3_block_positions(q->chunk, q->max_seqs, q->spec);
+    p->block = k3_block_positions(p->chunk, q->max_seqs, q->spec);
+    p->moe_layers = s->moe_layers;
+    p->n_experts = c->n_experts;
+    p->topk = c->topk;
+    p->max_slots = s->max_slots;
     p->n_layers = c->n_layers;
     p->session_bytes = q->session_bytes;
     p->state_bytes = (uint64_t)q->max_seqs * p->session_bytes;
@@ -276,12 +282,149 @@ static void fill(kmemplan *p, const struct sizes *s, const struct choice *ch, co
     p->piece_bytes = p->ring_slots ? s->cand[ch->cand].piece : 0;
     for (int L = ch->pin; L < NL; L++) p->trunk_stream_bytes += s->cand[ch->cand].slot_read[L];
     if (ch->head) p->head_stream_bytes = s->cand[ch->cand].slot_read[NL];
+    /* one layout until choose_prefill adds the other */
+    p->pin_prefill = p->pin;
+    p->pinned_prefill_bytes = p->pinned_bytes;
+    p->expert_slots_prefill = slots;
+    p->ring_pieces_prefill = p->ring_pieces;
+    p->trunk_stream_prefill_bytes = p->trunk_stream_bytes;
     p->expert_reads_max = (uint64_t)s->moe_layers * (uint64_t)c->topk * s->expert_slot * (p->predict ? 2 : 1);
     {
         /* sessions that fit: the rest of the plan with the fewest expert slots */
         uint64_t rest = total_for(s, p, ch, s->min_slots) - p->state_bytes;
         p->sessions_fit = q->budget > rest && p->session_bytes ? (q->budget - rest) / p->session_bytes : 0;
     }
+}
+
+/* ---- the prefill layout (--chunk auto) ------------------------------------------------ */
+
+/* Expected distinct experts a block of b positions chooses in one MoE layer:
+ * N (1 - (1 - k/N)^b), each position choosing k of N uniformly. */
+static double distinct(const kmemplan *p, double b)
+{
+    if (p->n_experts <= 0 || b <= 0) return 0;
+    return p->n_experts * (1.0 - pow(1.0 - (double)p->topk / p->n_experts, b));
+}
+
+void kmemplan_prompt_in(const kmemplan *p, size_t n, int prefill, int in_prefill, kprompt *o)
+{
+    const int pf = prefill && p->block_prefill > 0;
+    const size_t B = pf ? p->block_prefill : p->block, full = n / B, rem = n % B;
+    const int slots = pf ? p->expert_slots_prefill : p->expert_slots;
+    memset(o, 0, sizeof *o);
+    o->positions = n;
+    o->block = n < B ? n : B;
+    o->blocks = full + (rem > 0);
+    o->prefill = pf;
+    o->trunk_bytes = (uint64_t)o->blocks * (pf ? p->trunk_stream_prefill_bytes : p->trunk_stream_bytes);
+    o->head_bytes = (uint64_t)o->blocks * p->head_stream_bytes;
+    /* a block reads each expert it chose once; the next block finds none of
+     * them (a cache smaller than every expert is turned over by a block's
+     * reads), unless the cache holds every expert: then each is read once */
+    if (slots >= p->max_slots) o->experts = p->moe_layers * distinct(p, (double)n);
+    else o->experts = p->moe_layers * ((double)full * distinct(p, (double)B) + distinct(p, (double)rem));
+    o->expert_bytes = (uint64_t)llround(o->experts * (double)p->expert_slot_bytes);
+    o->switch_bytes = pf && !in_prefill ? p->switch_bytes : 0;
+    o->total_bytes = o->trunk_bytes + o->head_bytes + o->expert_bytes + o->switch_bytes;
+}
+
+void kmemplan_prompt(const kmemplan *p, size_t n, int in_prefill, kprompt *out)
+{
+    kprompt f;
+    kmemplan_prompt_in(p, n, 0, in_prefill, out);
+    if (!p->block_prefill || n <= p->block) return;
+    kmemplan_prompt_in(p, n, 1, in_prefill, &f);
+    if (f.total_bytes < out->total_bytes) *out = f;
+}
+
+/* The largest block in (lo, hi] whose activations fit in F bytes; lo if none. */
+static size_t largest_block(const k3_config *c, const kmemplan *p, size_t lo, size_t hi, uint64_t F)
+{
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo + 1) / 2;
+        if (k3_run_scratch_bytes(c, mid, p->max_seqs, p->ctx) <= F) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+/* With --chunk auto: a prefill layout of the same budget, when the cost model
+ * says a prompt of prompt_ref positions reads fewer bytes in it.  For every
+ * choice of the layers it lends (none, or the pinned ones from the last
+ * down), the fixed part is the decoding plan with pin_prefill layers and
+ * top-k expert slots; the flex region is the rest of the budget: the
+ * decoding layout fills it with the lent layers and expert slots, a prefill
+ * block with its activations, as many positions as fit. */
+static void choose_prefill(kmemplan *p, const struct sizes *s, const struct choice *ch, const kmemplan_req *q, const k3_model *m)
+{
+    const k3_config *c = &m->cfg;
+    const int Smin = s->min_slots;
+    const size_t cap = q->ctx < KMEM_BLOCK_MAX ? q->ctx : KMEM_BLOCK_MAX;
+    const size_t P = q->prompt_hint ? q->prompt_hint : q->ctx;
+    const uint64_t slot = s->expert_slot;
+    kmemplan t = *p, best = *p;
+    kprompt k;
+    uint64_t best_bytes;
+    kstore_layout lay;
+    if (!q->budget || cap <= p->block || p->expert_slots < Smin || p->total > q->budget) return;
+    kmemplan_prompt_in(p, P, 0, 0, &k);
+    best_bytes = k.total_bytes;
+    for (int pin = p->pin; pin >= 0; pin--) {
+        const struct choice c2 = {ch->head, pin, ch->cand};
+        const uint64_t fixed0 = total_for(s, p, &c2, Smin);
+        uint64_t F, lent_pins = 0, lent_read = 0, keep;
+        int slots, Sp;
+        size_t B;
+        if (fixed0 >= q->budget) continue;
+        F = q->budget - fixed0;        /* the rest: the decoding layout's lent layers and slots, or a block */
+        for (int L = pin; L < p->pin; L++) {
+            krange r;
+            lent_pins += s->trunk[L];
+            kring_range(m->file, m->trunk_extent[L], 0, kpk_extent_at(m->file, m->trunk_extent[L])->raw_len, kiop_stage_bytes(m->file), &r);
+            lent_read += r.read_bytes;
+        }
+        if (lent_pins > F) continue;
+        slots = q->slots >= 0 ? p->expert_slots : Smin + (int)(slot ? (F - lent_pins) / slot : 0);
+        if (slots > s->max_slots) slots = s->max_slots;
+        if (lent_pins + (uint64_t)(slots - Smin) * slot > F) continue;
+        B = largest_block(c, p, p->block, cap, F);
+        if (B <= p->block) continue;
+        t = *p;
+        t.scratch_prefill_bytes = k3_run_scratch_bytes(c, B, p->max_seqs, p->ctx);
+        /* what the block leaves (a block capped by the context) keeps expert slots in the prefill layout too */
+        keep = slot ? (F - t.scratch_prefill_bytes) / slot : 0;
+        Sp = Smin + (keep < (uint64_t)(slots - Smin) ? (int)keep : slots - Smin);
+        t.block_prefill = B;
+        t.pin_prefill = pin;
+        t.expert_slots_prefill = Sp;
+        t.expert_slots = slots;
+        t.trunk_stream_prefill_bytes = 0;
+        for (int L = pin; L < p->n_layers; L++) t.trunk_stream_prefill_bytes += s->cand[ch->cand].slot_read[L];
+        t.switch_bytes = lent_read;
+        t.lent_bytes = lent_pins + (uint64_t)(slots - Sp) * slot;
+        t.flex_bytes = t.lent_bytes > t.scratch_prefill_bytes ? t.lent_bytes : t.scratch_prefill_bytes;
+        t.total = fixed0 + (uint64_t)(Sp - Smin) * slot + t.flex_bytes;
+        kmemplan_prompt(&t, P, 0, &k);
+        if (k.prefill && k.total_bytes < best_bytes) {  /* ties: the fewest layers lent */
+            best = t;
+            best_bytes = k.total_bytes;
+        }
+    }
+    if (!best.block_prefill) return;
+    *p = best;
+    {
+        const struct choice c2 = {ch->head, p->pin_prefill, ch->cand};
+        uint32_t np;
+        p->pinned_prefill_bytes = 0;
+        for (int L = 0; L < p->pin_prefill; L++) p->pinned_prefill_bytes += s->trunk[L];
+        ring_of(s, &c2, p->n_layers, &p->ring_slots, &p->ring_slot_bytes, &np);
+        p->ring_pieces_prefill = np;
+        p->piece_bytes = p->ring_slots ? s->cand[ch->cand].piece : 0;
+    }
+    /* the flex region's decoding tenants, as the store carves them (the same sizes) */
+    kmemplan_layout(p, &lay);
+    p->lent_bytes = kstore_lent_bytes(m->file, m, &lay, kiop_stage_bytes(m->file));
+    p->flex_bytes = p->lent_bytes > p->scratch_prefill_bytes ? p->lent_bytes : p->scratch_prefill_bytes;
 }
 
 int kmemplan_make(const k3_model *m, const kmemplan_req *q, kmemplan *p, krun_err *err)
@@ -308,6 +451,8 @@ int kmemplan_make(const k3_model *m, const kmemplan_req *q, kmemplan *p, krun_er
     slots = q->slots > s.max_slots ? s.max_slots : q->slots;
     ch = choose(&s, p, q, slots >= 0 ? slots : s.min_slots);
     fill(p, &s, &ch, q, &m->cfg, slots);
+    p->prompt_ref = q->prompt_hint ? q->prompt_hint : q->ctx;
+    if (p->chunk_auto) choose_prefill(p, &s, &ch, q, m);
     sizes_free(&s);
     if (p->total > q->budget) {
         kfmt_bytes(q->budget, b1, sizeof b1);
@@ -322,12 +467,13 @@ int kmemplan_make(const k3_model *m, const kmemplan_req *q, kmemplan *p, krun_er
 void kmemplan_layout(const kmemplan *p, kstore_layout *out)
 {
     *out = (kstore_layout){p->pin, p->head_streamed, p->piece_bytes, p->ring_pieces, p->ring_slots, p->ring_slot_bytes,
-                           p->expert_slots, p->expert_slot_bytes};
+                           p->expert_slots, p->expert_slot_bytes, p->pin_prefill, p->expert_slots_prefill, p->ring_pieces_prefill};
 }
 
 void kmemplan_print(const kmemplan *p, FILE *out)
 {
     char b[32], c2[32], c3[32];
+    const int two = p->block_prefill > 0;
 #define ROW(label, bytes, ...) do { kfmt_bytes(bytes, b, sizeof b); fprintf(out, "  %-22s %10s  ", label, b); fprintf(out, __VA_ARGS__); fputc('\n', out); } while (0)
     kfmt_bytes(p->budget, b, sizeof b);
     fprintf(out, "memory plan: budget %s%s%s%s (%llu bytes)\n", b, p->preset ? " (preset " : "", p->preset ? p->preset : "",
@@ -335,17 +481,27 @@ void kmemplan_print(const kmemplan *p, FILE *out)
     ROW("process base", p->base, "code, threads, KPK directory, tokenizer");
     if (p->head_streamed) ROW("held globals", p->globals_resident, "global vectors (lm_head streams; embedding rows read on demand)");
     else ROW("held globals", p->globals_resident, "lm_head and global vectors (embedding rows read on demand)");
-    if (p->pin) ROW("pinned trunk", p->pinned_bytes, "layers 0..%d of %d", p->pin - 1, p->n_layers);
+    if (p->pin && two && p->pin_prefill < p->pin)
+        ROW("pinned trunk", p->pinned_bytes, "layers 0..%d of %d (%d..%d lent to a prefill block)", p->pin - 1, p->n_layers,
+            p->pin_prefill, p->pin - 1);
+    else if (p->pin) ROW("pinned trunk", p->pinned_bytes, "layers 0..%d of %d", p->pin - 1, p->n_layers);
     else ROW("pinned trunk", p->pinned_bytes, "none of %d layers", p->n_layers);
     kfmt_bytes(p->ring_slot_bytes, c2, sizeof c2);
     kfmt_bytes(p->piece_bytes, c3, sizeof c3);
-    if (p->ring_slots)
+    if (p->ring_slots && two && p->ring_pieces_prefill != p->ring_pieces)
+        ROW("trunk ring", (uint64_t)p->ring_slots * p->ring_slot_bytes, "%d slots x %s: %u pieces of up to ~%s per step (%u in a "
+            "prefill block)%s", p->ring_slots, c2, p->ring_pieces, c3, p->ring_pieces_prefill, p->head_streamed ? ", lm_head last" : "");
+    else if (p->ring_slots)
         ROW("trunk ring", (uint64_t)p->ring_slots * p->ring_slot_bytes, "%d slots x %s: %u pieces of up to ~%s per step%s", p->ring_slots,
             c2, p->ring_pieces, c3, p->head_streamed ? ", lm_head last" : "");
     else
         ROW("trunk ring", (uint64_t)0, "none: nothing streams");
     kfmt_bytes(p->expert_slot_bytes, c2, sizeof c2);
-    ROW("expert cache", (uint64_t)p->expert_slots * p->expert_slot_bytes, "%d slots x %s", p->expert_slots, c2);
+    if (two && p->expert_slots_prefill < p->expert_slots)
+        ROW("expert cache", (uint64_t)p->expert_slots * p->expert_slot_bytes, "%d slots x %s (%d kept during a prefill block)",
+            p->expert_slots, c2, p->expert_slots_prefill);
+    else
+        ROW("expert cache", (uint64_t)p->expert_slots * p->expert_slot_bytes, "%d slots x %s", p->expert_slots, c2);
     if (p->io_bytes) {
         kfmt_bytes(p->io_worker_bytes, c2, sizeof c2);
         ROW("I/O staging", p->io_bytes, "%d I/O workers x %s: stored bytes of the compressed blocks each decodes", p->io_threads, c2);
@@ -359,7 +515,13 @@ void kmemplan_print(const kmemplan *p, FILE *out)
         kfmt_bytes(p->spec_bytes, c2, sizeof c2);
         ROW("scratch", p->scratch_bytes, "activations of a %zu-position block; %s of it the --spec %zu journal", p->block, c2, p->spec);
     } else {
-        ROW("scratch", p->scratch_bytes, "activations of a %zu-position block", p->block);
+        ROW("scratch", p->scratch_bytes, "activations of a %zu-position block%s", p->block, two ? " (while decoding)" : "");
+    }
+    if (two) {
+        kfmt_bytes(p->lent_bytes, c2, sizeof c2);
+        kfmt_bytes(p->scratch_prefill_bytes, c3, sizeof c3);
+        ROW("flex region", p->flex_bytes, "while decoding: the lent layers and expert slots (%s); during a prefill block: its "
+            "activations, %zu positions (%s)", c2, p->block_prefill, c3);
     }
     ROW("total", p->total, "(minimum for this model and --ctx: %.3g GB)", (double)p->minimum / 1e9);
     kfmt_bytes(p->trunk_stream_bytes, b, sizeof b);
@@ -367,7 +529,60 @@ void kmemplan_print(const kmemplan *p, FILE *out)
     kfmt_bytes(p->head_stream_bytes, c3, sizeof c3);
     fprintf(out, "reads per decoding step: trunk %s (every unpinned layer)%s%s%s, experts up to %s (top-k of every MoE layer, less cache hits)\n",
             b, p->head_streamed ? ", lm_head " : "", p->head_streamed ? c3 : "", p->head_streamed ? " (streamed)" : "", c2);
+    if (two) {
+        kfmt_bytes(p->trunk_stream_prefill_bytes, b, sizeof b);
+        kfmt_bytes(p->switch_bytes, c2, sizeof c2);
+        kfmt_bytes(p->expert_slot_bytes, c3, sizeof c3);
+        fprintf(out, "prompt blocks (--chunk auto): up to %zu positions while decoding; a longer prompt runs in blocks of up to %zu "
+                "positions when the cost model says it reads fewer bytes (each reads the trunk %s, and %s more when decoding resumes)\n",
+                p->block, p->block_prefill, b, c2);
+        fprintf(out, "cost model: a P-token prompt in blocks of B reads ceil(P/B) x (unpinned trunk%s + %d MoE layers x "
+                "%d (1 - (1 - %d/%d)^B) experts x %s), + the lent layers once when decoding resumes (chosen for P = %zu)\n",
+                p->head_streamed ? " + lm_head" : "", p->moe_layers, p->n_experts, p->topk, p->n_experts, c3, p->prompt_ref);
+    } else if (p->chunk_auto) {
+        fprintf(out, "prompt blocks (--chunk auto): %zu positions (no larger block saves bytes at this budget)\n", p->block);
+    }
 #undef ROW
+}
+
+void kmemplan_prompt_print(const kmemplan *p, size_t n, double disk_mbps, FILE *out)
+{
+    kprompt k;
+    char t[32], h[32], e[32], w[32], a[32];
+    kmemplan_prompt(p, n, 0, &k);
+    kfmt_bytes(k.trunk_bytes, t, sizeof t);
+    kfmt_bytes(k.head_bytes, h, sizeof h);
+    kfmt_bytes(k.expert_bytes, e, sizeof e);
+    kfmt_bytes(k.switch_bytes, w, sizeof w);
+    kfmt_bytes(k.total_bytes, a, sizeof a);
+    fprintf(out, "prompt of %zu tokens: %zu block%s of up to %zu positions (%s layout); reads %s: trunk %s, lm_head %s, experts %s "
+            "(%.0f expected reads), decoding resumes %s\n", n, k.blocks, k.blocks == 1 ? "" : "s", k.block,
+            k.prefill ? "prefill" : "decoding", a, t, h, e, k.experts, w);
+    if (disk_mbps > 0) {
+        char d[32];
+        kfmt_duration((double)k.total_bytes / (disk_mbps * 1e6), d, sizeof d);
+        fprintf(out, "at %.0f MB/s: %s of reading (the compute is not counted)\n", disk_mbps, d);
+    }
+}
+
+json_t *kmemplan_prompt_json(const kmemplan *p, size_t n, double disk_mbps)
+{
+    kprompt k;
+    json_t *j = json_object();
+    kmemplan_prompt(p, n, 0, &k);
+    json_object_set_new(j, "tokens", json_integer((json_int_t)n));
+    json_object_set_new(j, "block", json_integer((json_int_t)k.block));
+    json_object_set_new(j, "blocks", json_integer((json_int_t)k.blocks));
+    json_object_set_new(j, "layout", json_string(k.prefill ? "prefill" : "decoding"));
+    json_object_set_new(j, "expected_expert_reads", json_real(k.experts));
+    json_object_set_new(j, "trunk_bytes", json_integer((json_int_t)k.trunk_bytes));
+    json_object_set_new(j, "head_bytes", json_integer((json_int_t)k.head_bytes));
+    json_object_set_new(j, "expert_bytes", json_integer((json_int_t)k.expert_bytes));
+    json_object_set_new(j, "switch_bytes", json_integer((json_int_t)k.switch_bytes));
+    json_object_set_new(j, "total_bytes", json_integer((json_int_t)k.total_bytes));
+    json_object_set_new(j, "disk_mbps", disk_mbps > 0 ? json_real(disk_mbps) : json_null());
+    json_object_set_new(j, "seconds", disk_mbps > 0 ? json_real((double)k.total_bytes / (disk_mbps * 1e6)) : json_null());
+    return j;
 }
 
 json_t *kmemplan_json(const kmemplan *p)
@@ -406,5 +621,19 @@ json_t *kmemplan_json(const kmemplan *p)
     json_object_set_new(j, "expert_read_bytes_per_token_max", json_integer((json_int_t)p->expert_reads_max));
     json_object_set_new(j, "predict", json_boolean(p->predict));
     json_object_set_new(j, "predict_bytes", json_integer((json_int_t)p->predict_bytes));
+    json_object_set_new(j, "chunk_auto", json_boolean(p->chunk_auto));
+    json_object_set_new(j, "block_prefill", json_integer((json_int_t)p->block_prefill));
+    json_object_set_new(j, "pinned_layers_prefill", json_integer(p->pin_prefill));
+    json_object_set_new(j, "pinned_bytes_prefill", json_integer((json_int_t)p->pinned_prefill_bytes));
+    json_object_set_new(j, "expert_slots_prefill", json_integer(p->expert_slots_prefill));
+    json_object_set_new(j, "ring_pieces_prefill", json_integer((json_int_t)p->ring_pieces_prefill));
+    json_object_set_new(j, "lent_bytes", json_integer((json_int_t)p->lent_bytes));
+    json_object_set_new(j, "scratch_prefill_bytes", json_integer((json_int_t)p->scratch_prefill_bytes));
+    json_object_set_new(j, "flex_bytes", json_integer((json_int_t)p->flex_bytes));
+    json_object_set_new(j, "trunk_stream_bytes_prefill", json_integer((json_int_t)p->trunk_stream_prefill_bytes));
+    json_object_set_new(j, "switch_bytes", json_integer((json_int_t)p->switch_bytes));
+    json_object_set_new(j, "prompt_ref", json_integer((json_int_t)p->prompt_ref));
+    json_object_set_new(j, "cost_model", json_pack("{sisisisIsi}", "moe_layers", p->moe_layers, "n_experts", p->n_experts, "topk", p->topk,
+                                                   "expert_bytes", (json_int_t)p->expert_slot_bytes, "max_slots", p->max_slots));
     return j;
 }

@@ -29,7 +29,29 @@
  * ring slots before pieces -- then to the expert cache (experts are only
  * sampled, and the router spreads load flat).  Streaming in pieces costs no
  * extra bytes per layer; holding lm_head and pinning save their bytes on
- * every token. */
+ * every token.
+ *
+ * Prompt blocks (--chunk auto, the default): that plan is the DECODING
+ * layout, with blocks of KMEM_DECODE_BLOCK positions.  A prompt block of B
+ * positions reads the unpinned trunk once and every expert its positions
+ * chose once, so a large block reads far fewer bytes per prompt: the
+ * planner adds a PREFILL layout of the same budget that lends the decoding
+ * layout's memory to a large block's activations -- the expert slots above
+ * top-k (a prefill block hardly hits the cache: it reads each of its
+ * experts once anyway) and, when a larger block saves more bytes than they
+ * cost, pinned trunk layers [pin_prefill, pin) -- through one FLEX region:
+ * while decoding it holds the lent layers and slots, while a prefill block
+ * runs it holds the block's activations.  The rest of the plan is the same
+ * in both, so the total is the fixed part + the flex region at every moment.
+ * Which layout a prompt runs in, and the pins lent, come from the cost model
+ * (kmemplan_prompt): bytes read for a P-token prompt in blocks of B =
+ *   ceil(P / B) x (unpinned trunk + streamed lm_head
+ *                  + MoE layers x N (1 - (1 - k/N)^B) x expert bytes)
+ *   + the lent layers read again when decoding resumes,
+ * N (1 - (1 - k/N)^B) being the expected distinct experts a block of B
+ * positions chooses of N, top-k each, under uniform routing (the release's
+ * routing is balanced); cache hits are counted as none, unless the cache
+ * holds every expert (then each is read once per prompt). */
 #ifndef KRUN_MEMPLAN_H
 #define KRUN_MEMPLAN_H
 
@@ -40,6 +62,9 @@
 #include <stdio.h>
 
 typedef struct k3_model k3_model;
+
+#define KMEM_DECODE_BLOCK 64       /* --chunk auto: the decoding layout's block (short prompts, chat turns) */
+#define KMEM_BLOCK_MAX 65536       /* --chunk auto: the prefill layout's block, at most */
 
 typedef struct kmemplan {
     uint64_t budget;
@@ -79,7 +104,40 @@ typedef struct kmemplan {
     uint64_t predict_stage_bytes;  /* its stored bytes, when the trunk is compressed */
     uint64_t predict_bytes;        /* the two */
     uint64_t minimum;              /* the smallest budget that works (top-k slots, the best pieces) */
+    /* --chunk auto: the prefill layout (block_prefill 0: none, one layout) */
+    int chunk_auto;
+    size_t block_prefill;          /* positions of a prefill block */
+    int pin_prefill;               /* layers [0, pin_prefill) stay held during a prefill; [pin_prefill, pin) are lent */
+    uint64_t pinned_prefill_bytes;
+    int expert_slots_prefill;      /* slots [0, expert_slots_prefill) stay; the others are lent */
+    uint32_t ring_pieces_prefill;  /* pieces per step of a prefill block (ring_pieces: while decoding) */
+    uint64_t lent_bytes;           /* what the decoding layout keeps in the flex region (kstore_lent_bytes) */
+    uint64_t scratch_prefill_bytes;/* a prefill block's activations (k3_run_scratch_bytes) */
+    uint64_t flex_bytes;           /* the flex region: max(lent_bytes, scratch_prefill_bytes) */
+    uint64_t trunk_stream_prefill_bytes; /* a prefill block's unpinned trunk */
+    uint64_t switch_bytes;         /* the lent layers, read again when decoding resumes */
+    size_t prompt_ref;             /* the prompt length the lent pins were chosen for (--prompt-tokens, or ctx) */
+    /* the cost model's inputs */
+    int moe_layers, n_experts, topk, max_slots;
 } kmemplan;
+
+/* What a prompt of n positions costs (kmemplan_prompt), in the layout the
+ * cost model chooses for it. */
+typedef struct kprompt {
+    size_t positions, block, blocks;
+    int prefill;                   /* 1: the prefill layout */
+    double experts;                /* expected expert reads, every block and MoE layer */
+    uint64_t trunk_bytes, head_bytes, expert_bytes, switch_bytes, total_bytes;
+} kprompt;
+/* The cheaper layout for n positions from the phase the model is in
+ * (in_prefill: the switch back is owed already); the decoding layout when
+ * n fits its block. */
+void kmemplan_prompt(const kmemplan *p, size_t n, int in_prefill, kprompt *out);
+/* The same for the layout given (prefill 0 or 1), whatever it costs. */
+void kmemplan_prompt_in(const kmemplan *p, size_t n, int prefill, int in_prefill, kprompt *out);
+/* "prompt of N tokens: ..." and the projected time at disk_mbps (0: none), one paragraph. */
+void kmemplan_prompt_print(const kmemplan *p, size_t n, double disk_mbps, FILE *out);
+json_t *kmemplan_prompt_json(const kmemplan *p, size_t n, double disk_mbps);
 
 /* What the process needs besides the plan's parts: code and libraries,
  * thread stacks, allocator slack (a constant, checked under a cgroup limit by
@@ -96,7 +154,7 @@ typedef struct kmemplan_req {
     int pin, slots;                /* --pin, --expert-slots; -1: choose */
     int head;                      /* --head: 0 hold lm_head, 1 stream it; -1: choose */
     uint64_t piece;                /* --piece; 0: choose */
-    size_t ctx, chunk, max_seqs;
+    size_t ctx, chunk, max_seqs;   /* chunk 0: auto (a decoding and a prefill layout) */
     size_t spec;                   /* --spec: drafts verified per block (0: none) */
     int io_threads;                /* 0: 8 */
     uint64_t base;                 /* kmem_base_bytes + the caller's own buffers */
@@ -105,6 +163,7 @@ typedef struct kmemplan_req {
                                       budget holds it, else off */
     uint64_t session_bytes;        /* one session's slot for ctx positions, as the session lays it out
                                       (krun_session_bytes): the state is max_seqs of them */
+    size_t prompt_hint;            /* chunk auto: the prompt expected (krun knows it); 0: ctx */
 } kmemplan_req;
 
 /* 1 when the trunk is stored in another member file than the experts (kpack

@@ -1,4 +1,4 @@
-/* The prefix cache (pcache.h; docs/RUNTIME.md §8). */
+/* The prefix cache (pcache.h; docs/RUNTIME.md §9). */
 #include "pcache.h"
 
 #include "statefile.h"
@@ -654,6 +654,7 @@ pick:
         return krun_err_set(err, KRUN_EINPUT, "no free session slot for a new request");
     }
     krun_session_drop_pending(s);
+    krun_session_spec_restart(s);      /* a new request drafts as in a new session (the entry's drafter was another's) */
     if (*reused) {
         c->st.hits++;
         c->st.positions_reused += *reused;

@@ -1,5 +1,5 @@
 /* The prefix cache: a request starts from the longest kept state whose history
- * is an exact prefix of its own ids, and runs only the rest (docs/RUNTIME.md §8).
+ * is an exact prefix of its own ids, and runs only the rest (docs/RUNTIME.md §9).
  *
  * An entry is an exact state: the positions [0, pos) of some history, run,
  * the sequential state after them and, when they were computed, the logits of

@@ -38,8 +38,11 @@ struct krun_session {
     float *logits;             /* [vocab] of position st.pos - 1 */
     int have_logits;
     ksampler sampler;
-    uint32_t *order;           /* [vocab] sampler scratch */
-    double *prob;              /* [vocab] */
+    ksampler_scratch pick;     /* the sampler's scratch: [vocab] each */
+    uint64_t *allowed;         /* [(vocab + 63) / 64]: the mask of the position being picked */
+    size_t reply_from;         /* tokens[reply_from..) are the reply (the sampler's penalties) */
+    krun_mask_fn mask;         /* constrained decoding: fills `allowed` per position (NULL: none) */
+    void *mask_ctx;
     krun_progress_fn progress;
     void *progress_ctx;
     kspec drafter;             /* speculative decoding: what and how much to draft (spec.h) */
@@ -69,6 +72,10 @@ struct krun_model {
     k3_run run;
     int have_run;
     size_t ctx, chunk, max_seqs, block, spec;
+    size_t block_prefill;      /* 0: one layout */
+    int phase;                 /* 1: the prefill layout (the flex region holds a large block's activations) */
+    uint8_t *flex;             /* the plan's flex region (memplan.h) */
+    uint64_t flex_bytes;
     uint8_t *slots;            /* max_seqs x session_bytes: each a krun_session then its buffers */
     size_t session_bytes, live;
     char identity[40];         /* set_id-config hash (krun_model_identity) */
@@ -90,7 +97,7 @@ void krun_model_opts_init(krun_model_opts *o)
     o->cache_policy = KRUN_CACHE_LFU;
     o->verify = KRUN_VERIFY_FIRST;
     o->ctx = 4096;
-    o->chunk = 64;
+    o->chunk = 0;
     o->max_seqs = 1;
     o->simd = -1;
     o->predict = -1;
@@ -174,7 +181,7 @@ int krun_model_make_plan(const krun_model *m, const krun_model_opts *o, kmemplan
 {
     kmemplan_req q = {o->budget, o->pin, o->expert_slots, o->head, o->piece, o->ctx, o->chunk, o->max_seqs, o->spec,
                       o->io_threads, kmem_base_bytes(&m->m) + o->extra_bytes + (o->cache ? mark_buf_bytes(&m->m.cfg) : 0), o->predict,
-                      krun_session_bytes(&m->m.cfg, o->ctx)};
+                      krun_session_bytes(&m->m.cfg, o->ctx), o->prompt_tokens};
     if (o->spec > KSPEC_MAX_DRAFT) {
         krun_err_set(err, KRUN_EINPUT, "spec %zu: at most %d drafts per verification", o->spec, KSPEC_MAX_DRAFT);
         return -1;
@@ -189,9 +196,8 @@ int krun_model_prepare(krun_model *m, const krun_model_opts *o, krun_err *err)
     krun_model_opts opt = *o;
     const k3_config *c = &m->m.cfg;
     kstore_opts so;
-    if (opt.max_seqs < 1 || opt.max_seqs > K3_MAX_SEQS || opt.ctx < 1 || opt.chunk < 1 || opt.spec > KSPEC_MAX_DRAFT) {
-        krun_err_set(err, KRUN_EINPUT, "max_seqs must be 1..%d, ctx and chunk at least 1, spec at most %d", K3_MAX_SEQS,
-                     KSPEC_MAX_DRAFT);
+    if (opt.max_seqs < 1 || opt.max_seqs > K3_MAX_SEQS || opt.ctx < 1 || opt.spec > KSPEC_MAX_DRAFT) {
+        krun_err_set(err, KRUN_EINPUT, "max_seqs must be 1..%d, ctx at least 1, spec at most %d", K3_MAX_SEQS, KSPEC_MAX_DRAFT);
         return -1;
     }
     /* A file that does not fit comfortably gets 80% of the available memory
@@ -212,15 +218,28 @@ int krun_model_prepare(krun_model *m, const krun_model_opts *o, krun_err *err)
         so.policy = opt.cache_policy;
         so.io_threads = opt.io_threads;
         so.trace = opt.trace;
+        if (m->plan.flex_bytes) {
+            /* the flex region: the lent layers and slots while decoding, a prefill block's activations */
+            m->flex_bytes = m->plan.flex_bytes;
+            m->flex = aligned_alloc(4096, m->flex_bytes);
+            if (!m->flex) {
+                krun_err_set(err, KRUN_ENOMEM, "out of memory: %llu bytes for the flex region (a prefill block's activations, or "
+                             "the layers and expert slots it lends)", (unsigned long long)m->flex_bytes);
+                return -1;
+            }
+            so.flex = m->flex;
+            so.flex_bytes = m->flex_bytes;
+            m->block_prefill = m->plan.block_prefill;
+        }
     }
     if (kstore_open(m->f, &so, &m->store, err)) return -1;
     m->pool = kpool_create(opt.threads ? opt.threads : kpool_ncpu());
     if (!m->pool) { krun_err_set(err, KRUN_ENOMEM, "cannot start %d threads", opt.threads ? opt.threads : kpool_ncpu()); return -1; }
     m->ctx = opt.ctx;
-    m->chunk = opt.chunk;
+    m->chunk = opt.chunk ? opt.chunk : KMEM_DECODE_BLOCK;
     m->max_seqs = opt.max_seqs;
     m->spec = opt.spec;
-    m->block = k3_block_positions(opt.chunk, opt.max_seqs, opt.spec);
+    m->block = k3_block_positions(m->chunk, opt.max_seqs, opt.spec);
     if (k3_run_init(&m->run, &m->m, m->store, m->pool, m->block, m->max_seqs, m->ctx, m->spec, err)) return -1;
     m->have_run = 1;
     if (m->planned && m->plan.predict && k3_predict_init(&m->run, m->plan.predict_buf_bytes, m->plan.predict_stage_bytes, err))
@@ -266,6 +285,7 @@ void krun_model_close(krun_model *m)
     free(m->mark_buf);
     kpool_destroy(m->pool);
     kstore_close(m->store);
+    free(m->flex);                 /* after the store, whose lent buffers it holds */
     if (m->have_m) k3_model_close(&m->m);
     ktok_free(m->tok);
     kpk_close(m->f);
@@ -292,6 +312,41 @@ size_t krun_model_ctx(const krun_model *m) { return m->ctx; }
 size_t krun_model_chunk(const krun_model *m) { return m->chunk; }
 size_t krun_model_max_seqs(const krun_model *m) { return m->max_seqs; }
 size_t krun_model_block(const krun_model *m) { return m->block; }
+size_t krun_model_block_max(const krun_model *m) { return m->block_prefill > m->block ? m->block_prefill : m->block; }
+int krun_model_in_prefill(const krun_model *m) { return m->phase; }
+
+size_t krun_model_prompt_block(const krun_model *m, size_t n)
+{
+    kprompt k;
+    if (!m->block_prefill || n <= m->block) return m->block;
+    kmemplan_prompt(&m->plan, n, m->phase, &k);
+    return k.prefill ? m->block_prefill : m->block;
+}
+
+void krun_model_set_layer_hook(krun_model *m, krun_layer_fn fn, void *ctx)
+{
+    m->run.on_layer = fn;
+    m->run.on_layer_ctx = ctx;
+}
+
+/* The layout a block of T positions runs in: the prefill layout when it does
+ * not fit the decoding one.  Entering it, the store gives the flex region up
+ * first (its lent layers stream, its lent slots empty), then the run's
+ * activations move there; leaving it, the other way round. */
+static int set_phase(krun_model *m, size_t T, krun_err *err)
+{
+    const int want = m->block_prefill && T > m->block;
+    if (want == m->phase) return 0;
+    if (want) {
+        if (kstore_phase(m->store, 1, err)) return -1;
+        k3_run_use_block(&m->run, m->flex, m->block_prefill);
+    } else {
+        k3_run_use_block(&m->run, NULL, 0);
+        if (kstore_phase(m->store, 0, err)) return -1;
+    }
+    m->phase = want;
+    return 0;
+}
 int krun_model_trace_write(krun_model *m, const char *path) { return kstore_trace_write(m->store, path); }
 
 size_t krun_model_stop_ids(const krun_model *m, int32_t out[3])
@@ -301,6 +356,12 @@ size_t krun_model_stop_ids(const krun_model *m, int32_t out[3])
 }
 
 void krun_model_stats(const krun_model *m, krun_stats *st) { kstore_stats_get(m->store, st); }
+
+const uint64_t *krun_model_routing(const krun_model *m, int L)
+{
+    if (!m->have_run || L < 0 || L >= m->m.cfg.n_layers || !k3_layer_is_moe(&m->m.cfg, L)) return NULL;
+    return m->run.routed + (size_t)L * (size_t)m->m.cfg.n_experts;
+}
 
 int krun_simd_parse(const char *name)
 {
@@ -315,10 +376,10 @@ void krun_model_memory(const krun_model *m, uint64_t *planned, uint64_t *allocat
 {
     const k3_config *c = &m->m.cfg;
     if (m->planned)
-        *planned = m->plan.state_bytes + m->plan.vectors_bytes + m->plan.scratch_bytes;
+        *planned = m->plan.state_bytes + m->plan.vectors_bytes + m->plan.scratch_bytes + m->plan.flex_bytes;
     else
         *planned = (uint64_t)m->max_seqs * krun_session_bytes(c, m->ctx) + k3_run_bytes(c, m->block, m->max_seqs, m->ctx, m->spec);
-    *allocated = (uint64_t)m->run.arena_bytes + (m->slots ? (uint64_t)m->max_seqs * m->session_bytes : 0);
+    *allocated = (uint64_t)m->run.arena_bytes + (m->slots ? (uint64_t)m->max_seqs * m->session_bytes : 0) + (m->flex ? m->flex_bytes : 0);
 }
 
 /* ---- sessions ------------------------------------------------------------------- */
@@ -335,14 +396,18 @@ static size_t session_carve(krun_session *s, const k3_config *c, size_t ctx, kar
     k3_state_carve(&x->st, c, ctx, a);
     KTAKE(a, x->tokens, ctx);
     KTAKE(a, x->logits, V);
-    KTAKE(a, x->order, V);
-    KTAKE(a, x->prob, V);
+    KTAKE(a, x->pick.order, V);
+    KTAKE(a, x->pick.prob, V);
+    KTAKE(a, x->pick.work, V);
+    KTAKE(a, x->pick.count, V);
+    KTAKE(a, x->allowed, (V + 63) / 64);
     return karena_round(a->used);
 }
 
 int krun_session_new(krun_model *m, krun_session **out, krun_err *err)
 {
-    static const ksampler_opts greedy = {0, 0, 1.0f, 0, 0};
+    ksampler_opts greedy;
+    ksampler_opts_init(&greedy);
     *out = NULL;
     for (size_t k = 0; k < m->max_seqs; k++) {
         krun_session *s = (krun_session *)(void *)(m->slots + k * m->session_bytes);
@@ -351,6 +416,7 @@ int krun_session_new(krun_model *m, krun_session **out, krun_err *err)
         m->live++;
         krun_session_reset(s);
         krun_session_set_sampler(s, &greedy);
+        krun_session_set_mask(s, NULL, NULL);
         s->progress = NULL;
         *out = s;
         return 0;
@@ -374,6 +440,7 @@ void krun_session_reset(krun_session *s)
     s->n_tokens = 0;
     s->have_logits = 0;
     s->broken = 0;
+    s->reply_from = 0;
     kspec_init(&s->drafter, s->m->spec);
     memset(&s->spec, 0, sizeof s->spec);
 }
@@ -391,15 +458,40 @@ const int32_t *krun_session_tokens(const krun_session *s, size_t *n)
 
 void krun_session_set_sampler(krun_session *s, const ksampler_opts *o)
 {
-    ksampler_init(&s->sampler, o, s->order, s->prob, (size_t)s->m->m.cfg.vocab);
+    ksampler_init(&s->sampler, o, &s->pick, (size_t)s->m->m.cfg.vocab);
 }
 
-void krun_session_get_rng(const krun_session *s, uint64_t rng[4]) { memcpy(rng, s->sampler.s, sizeof s->sampler.s); }
-void krun_session_set_rng(krun_session *s, const uint64_t rng[4]) { memcpy(s->sampler.s, rng, sizeof s->sampler.s); }
+const ksampler_opts *krun_session_sampler(const krun_session *s) { return &s->sampler.o; }
+
+void krun_session_set_reply_start(krun_session *s, size_t at) { s->reply_from = at; }
+size_t krun_session_reply_start(const krun_session *s) { return s->reply_from; }
+
+void krun_session_set_mask(krun_session *s, krun_mask_fn fn, void *ctx)
+{
+    s->mask = fn;
+    s->mask_ctx = ctx;
+}
+
+/* The token at position pos (after tokens[0..pos) of the history) from the
+ * logits of position pos - 1: the sampler's pick, by its contract a function
+ * of those alone (sampler.h), so plain decoding and a verification block
+ * choose alike. */
+static int32_t pick_at(krun_session *s, const float *logits, size_t pos)
+{
+    const size_t V = (size_t)s->m->m.cfg.vocab;
+    ksampler_seq q = {s->tokens, pos, s->reply_from, NULL};
+    if (s->mask) {
+        int rc = s->mask(s->mask_ctx, s->tokens, pos, s->allowed);
+        if (rc < 0) return -1;
+        if (rc == 0) q.allowed = s->allowed;
+    }
+    return ksampler_pick(&s->sampler, logits, V, &q);
+}
+
 
 int32_t krun_session_sample(krun_session *s)
 {
-    return s->have_logits ? ksampler_pick(&s->sampler, s->logits, (size_t)s->m->m.cfg.vocab) : -1;
+    return s->have_logits ? pick_at(s, s->logits, s->st.pos) : -1;
 }
 
 void krun_session_set_progress(krun_session *s, krun_progress_fn fn, void *ctx)
@@ -443,8 +535,19 @@ int krun_session_feed(krun_session *s, const int32_t *ids, size_t n, float *all_
     start = s->st.pos;
     total = s->n_tokens - start;
     while (s->st.pos < s->n_tokens) {
-        size_t done = s->st.pos - start, nb = s->n_tokens - s->st.pos < m->chunk ? s->n_tokens - s->st.pos : m->chunk;
+        const size_t left = s->n_tokens - s->st.pos, want = m->block_prefill ? krun_model_prompt_block(m, left) : m->chunk;
+        size_t done = s->st.pos - start, nb = left < want ? left : want;
         k3_seg seg = {&s->st, s->tokens + s->st.pos, nb, all_logits ? all_logits + done * V : s->logits, all_logits != NULL, 0, NULL};
+        if (set_phase(m, nb, err)) {
+            s->broken = 1;
+            s->have_logits = 0;
+            return -1;
+        }
+        if (m->block_prefill) {
+            /* the block after this one: the rest of the prompt's, or (none left) a decoding step */
+            const size_t rest = left - nb, nxt = rest ? krun_model_prompt_block(m, rest) : 1;
+            kstore_phase_next(m->store, (rest < nxt ? rest : nxt) > m->block);
+        }
         mark_arm(s, &seg);
         if (k3_forward(&m->run, &seg, 1, err)) {
             mark_end(s, &seg, err);
@@ -460,33 +563,30 @@ int krun_session_feed(krun_session *s, const int32_t *ids, size_t n, float *all_
     return 0;
 }
 
-/* id (pushed, pending) and the k drafts at s->tokens[n_tokens..) in one
- * journaled block; keep what the sampler agrees with (speculative decoding). */
-static int verify(krun_session *s, size_t k, int32_t *accepted, float *accepted_logits, size_t *n_accepted, krun_err *err)
+/* After a block in which s verified id (pushed) and the k drafts at
+ * s->tokens[n_tokens..) (journaled): keep what the sampler agrees with
+ * (speculative decoding). */
+static int settle(krun_session *s, size_t k, int32_t *accepted, float *accepted_logits, size_t *n_accepted, krun_err *err)
 {
     krun_model *m = s->m;
     const size_t V = (size_t)m->m.cfg.vocab;
-    const float *L = m->run.j.logits;
+    const float *L = k3_journal_logits(&m->run, &s->st);
     const int32_t *draft = s->tokens + s->n_tokens;
     size_t a = 0;
-    k3_seg seg = {&s->st, s->tokens + s->st.pos, k + 1, m->run.j.logits, 1, 1, NULL};
-    mark_arm(s, &seg);                 /* a journaled block takes no snapshot: one it passes is dropped */
-    s->spec.sweeps++;
-    if (k3_forward(&m->run, &seg, 1, err)) {
-        s->broken = 1;
-        s->have_logits = 0;
-        return -1;
-    }
     /* row i of the block's logits follows id and the first i drafts: draft i
-     * stands if the sampler (greedy) picks it there.  Each row kept is one a
-     * plain run computes, and is checked as it would be. */
+     * stands if the sampler picks it there, at its position, from that
+     * history: by the sampler's contract (sampler.h) the very token plain
+     * decoding picks, at any temperature, with any filter, penalty or mask.
+     * The first pick that differs is the model's own next token, sampled
+     * again by the caller from the session's logits (the same pick).  Each
+     * row kept is one a plain run computes, and is checked as it would be. */
     for (;; a++) {
         if (k3_check_finite(&m->run, L + a * V, 1, s->st.pos + a, err)) {
             s->broken = 1;
             s->have_logits = 0;
             return -1;
         }
-        if (a == k || ksampler_pick(&s->sampler, L + a * V, V) != draft[a]) break;
+        if (a == k || pick_at(s, L + a * V, s->st.pos + a + 1) != draft[a]) break;
     }
     k3_commit(&m->run, &s->st, a + 1);
     s->n_tokens += a;
@@ -502,15 +602,25 @@ static int verify(krun_session *s, size_t k, int32_t *accepted, float *accepted_
     return 0;
 }
 
+/* id (pushed, pending) and the k drafts at s->tokens[n_tokens..) in one
+ * journaled block of their own. */
+static int verify(krun_session *s, size_t k, int32_t *accepted, float *accepted_logits, size_t *n_accepted, krun_err *err)
+{
+    k3_seg seg = {&s->st, s->tokens + s->st.pos, k + 1, NULL, 1, 1, NULL};
+    mark_arm(s, &seg);                 /* a journaled block takes no snapshot: one it passes is dropped */
+    s->spec.sweeps++;
+    if (set_phase(s->m, k + 1, err) || k3_forward(&s->m->run, &seg, 1, err)) {
+        s->broken = 1;
+        s->have_logits = 0;
+        return -1;
+    }
+    return settle(s, k, accepted, accepted_logits, n_accepted, err);
+}
+
 /* The checks before a verification, then id pushed (the pending tokens before it run first). */
 static int verify_begin(krun_session *s, int32_t id, size_t *room, krun_err *err)
 {
     krun_model *m = s->m;
-    if (m->spec && s->sampler.o.temp > 0) {
-        krun_err_set(err, KRUN_EINPUT, "speculative decoding is exact for greedy decoding only (the sampler's temperature is %g)",
-                     (double)s->sampler.o.temp);
-        return -1;
-    }
     if (s->n_tokens > s->st.pos && krun_session_feed(s, NULL, 0, NULL, err)) return -1;
     if (push_tokens(s, &id, 1, err)) return -1;
     /* drafts go right after the history, where they belong if accepted */
@@ -567,24 +677,79 @@ int krun_session_verify(krun_session *s, int32_t id, const int32_t *draft, size_
 
 void krun_session_spec_stats(const krun_session *s, krun_spec_stats *st) { *st = s->spec; }
 
-int krun_step_batch(krun_model *m, krun_session *const *ss, const int32_t *ids, size_t n, krun_err *err)
+void krun_session_spec_restart(krun_session *s)
 {
+    kspec_init(&s->drafter, s->m->spec);
+    memset(&s->spec, 0, sizeof s->spec);
+}
+
+void krun_model_journal(const krun_model *m, size_t *rows, size_t *seqs)
+{
+    *rows = m->run.j.cap;
+    *seqs = m->run.j.cap ? m->run.j.max_segs : 0;
+}
+
+size_t krun_session_draft(krun_session *s, int32_t id, size_t max, krun_session *const *others, size_t n_others, int32_t *out)
+{
+    krun_model *m = s->m;
+    size_t n = s->n_tokens, k, best = 0;
+    if (s->broken || n + 1 >= s->st.ctx || id < 0 || id >= m->m.cfg.vocab) return 0;
+    if (max > m->spec) max = m->spec;
+    if (max > s->st.ctx - n - 1) max = s->st.ctx - n - 1;
+    s->tokens[n] = id;             /* the history as it will be once id runs (the slot is id's) */
+    k = kspec_draft(&s->drafter, s->tokens, n + 1, max, m->stop, m->n_stop, out);
+    if (k) return k;
+    /* nothing in its own history: what another live conversation says follows */
+    for (size_t i = 0; i < n_others; i++) {
+        int32_t tmp[KSPEC_MAX_DRAFT];
+        const krun_session *o = others[i];
+        if (o == s || o->m != m || !o->live) continue;
+        k = kspec_draft_from(&s->drafter, s->tokens, n + 1, o->tokens, o->n_tokens, max, m->stop, m->n_stop, tmp);
+        if (k > best) { best = k; memcpy(out, tmp, k * sizeof *out); }
+    }
+    return best;
+}
+
+int krun_step_batch_verify(krun_model *m, krun_session *const *ss, const int32_t *ids, const int32_t *const *drafts,
+                           const size_t *nd, size_t n, size_t *n_accepted, krun_err *err)
+{
+    const size_t V = (size_t)m->m.cfg.vocab;
     k3_seg segs[K3_MAX_SEQS];
+    size_t rows = 0, seqs = 0, T = 0;
+    int rc = 0;
     if (n == 0 || n > m->max_seqs) { krun_err_set(err, KRUN_EINPUT, "%zu sessions in one step (1..%zu)", n, m->max_seqs); return -1; }
     for (size_t k = 0; k < n; k++) {
         krun_session *s = ss[k];
         if (s->m != m || !s->live) { krun_err_set(err, KRUN_EINPUT, "session %zu is not a live session of this model", k); return -1; }
         for (size_t j = 0; j < k; j++)
             if (ss[j] == s) { krun_err_set(err, KRUN_EINPUT, "session %zu appears twice in one step", k); return -1; }
-    }
-    {
-        size_t T = 0;
-        for (size_t k = 0; k < n; k++) T += ss[k]->n_tokens - ss[k]->st.pos + 1;
-        if (T > m->block) {
-            krun_err_set(err, KRUN_EINPUT, "%zu positions (pending tokens included) in one step; a block holds %zu", T, m->block);
+        T += s->n_tokens - s->st.pos + 1 + nd[k];
+        n_accepted[k] = 0;
+        if (!nd[k]) continue;
+        if (s->n_tokens != s->st.pos) {
+            krun_err_set(err, KRUN_EINPUT, "session %zu: drafts after pending tokens (feed them first)", k);
             return -1;
         }
+        if (nd[k] > m->spec || s->n_tokens + 1 + nd[k] > s->st.ctx) {
+            krun_err_set(err, KRUN_EINPUT, "session %zu: %zu drafts: at most %zu (spec) and within the context", k, nd[k], m->spec);
+            return -1;
+        }
+        for (size_t i = 0; i < nd[k]; i++)
+            if (drafts[k][i] < 0 || (size_t)drafts[k][i] >= V) {
+                krun_err_set(err, KRUN_EINPUT, "session %zu, draft %zu: token id %d is outside the vocabulary (0..%zu)", k, i,
+                             drafts[k][i], V - 1);
+                return -1;
+            }
+        rows += nd[k] + 1;
+        seqs++;
     }
+    if (T > krun_model_block_max(m) || rows > m->run.j.cap || seqs > m->run.j.max_segs) {
+        krun_err_set(err, KRUN_EINPUT, "%zu positions (pending tokens included) in one step (a block holds %zu), %zu of them "
+                     "verified in %zu sequences (the journal holds %zu in %zu)", T, krun_model_block_max(m), rows, seqs, m->run.j.cap,
+                     m->run.j.max_segs);
+        return -1;
+    }
+    if (set_phase(m, T, err)) return -1;
     for (size_t k = 0; k < n; k++)
         if (push_tokens(ss[k], &ids[k], 1, err)) {
             for (size_t j = 0; j < k; j++) ss[j]->n_tokens--;   /* the step did not happen */
@@ -592,16 +757,33 @@ int krun_step_batch(krun_model *m, krun_session *const *ss, const int32_t *ids, 
         }
     for (size_t k = 0; k < n; k++) {
         krun_session *s = ss[k];
-        segs[k] = (k3_seg){&s->st, s->tokens + s->st.pos, s->n_tokens - s->st.pos, s->logits, 0, 0, NULL};
-        mark_arm(s, &segs[k]);
+        /* the drafts go right after the history, where they belong if accepted */
+        if (nd[k]) memcpy(s->tokens + s->n_tokens, drafts[k], nd[k] * sizeof *drafts[k]);
+        segs[k] = (k3_seg){&s->st, s->tokens + s->st.pos, s->n_tokens - s->st.pos + nd[k], s->logits, nd[k] != 0, nd[k] != 0, NULL};
+        mark_arm(s, &segs[k]);              /* a verification block takes no snapshot: one it passes is dropped */
+        if (nd[k]) s->spec.sweeps++;
     }
     if (k3_forward(&m->run, segs, n, err)) {
         for (size_t k = 0; k < n; k++) { mark_end(ss[k], &segs[k], err); ss[k]->broken = 1; ss[k]->have_logits = 0; }
         return -1;
     }
     for (size_t k = 0; k < n; k++) mark_end(ss[k], &segs[k], NULL);
-    for (size_t k = 0; k < n; k++) ss[k]->have_logits = 1;
-    return 0;
+    /* every journaled segment is settled (committed), even after another failed */
+    for (size_t k = 0; k < n; k++) {
+        krun_err e2;
+        if (!nd[k]) { ss[k]->have_logits = 1; continue; }
+        if (settle(ss[k], nd[k], NULL, NULL, &n_accepted[k], rc ? &e2 : err)) { rc = -1; continue; }
+        kspec_result(&ss[k]->drafter, nd[k], n_accepted[k]);
+    }
+    return rc;
+}
+
+int krun_step_batch(krun_model *m, krun_session *const *ss, const int32_t *ids, size_t n, krun_err *err)
+{
+    static const size_t none[K3_MAX_SEQS];       /* no drafts: a plain step */
+    const int32_t *const nodraft[K3_MAX_SEQS] = {NULL};
+    size_t acc[K3_MAX_SEQS];
+    return krun_step_batch_verify(m, ss, ids, nodraft, none, n, acc, err);
 }
 
 /* ---- copies and snapshots ------------------------------------------------------ */
@@ -615,8 +797,8 @@ struct krun_snapshot {
     size_t n_tokens;
     float *logits;             /* [vocab] */
     int have_logits;
-    ksampler_opts so;          /* the sampler: options and PRNG state */
-    uint64_t rng[4];
+    ksampler_opts so;          /* the sampler: options (its seed and stream key the draw) */
+    size_t reply_from;         /* where the reply begins (the penalties) */
     kspec drafter;
 };
 
@@ -629,18 +811,18 @@ typedef struct sess_view {
     float *logits;
     int *have_logits;
     ksampler_opts *so;         /* NULL for a session: its sampler is re-initialised */
-    uint64_t *rng;
+    size_t *reply_from;
     kspec *drafter;
 } sess_view;
 
 static sess_view view_of_session(krun_session *s)
 {
-    return (sess_view){&s->st, s->tokens, &s->n_tokens, s->logits, &s->have_logits, NULL, s->sampler.s, &s->drafter};
+    return (sess_view){&s->st, s->tokens, &s->n_tokens, s->logits, &s->have_logits, NULL, &s->reply_from, &s->drafter};
 }
 
 static sess_view view_of_snapshot(krun_snapshot *x)
 {
-    return (sess_view){&x->st, x->tokens, &x->n_tokens, x->logits, &x->have_logits, &x->so, x->rng, &x->drafter};
+    return (sess_view){&x->st, x->tokens, &x->n_tokens, x->logits, &x->have_logits, &x->so, &x->reply_from, &x->drafter};
 }
 
 /* dst := src, everything a continuation depends on (the caller checked room). */
@@ -652,7 +834,7 @@ static void view_copy(const sess_view *dst, const sess_view *src, size_t V)
     if (*src->have_logits) memcpy(dst->logits, src->logits, V * sizeof *dst->logits);
     *dst->have_logits = *src->have_logits;
     if (dst->so && src->so) *dst->so = *src->so;
-    memcpy(dst->rng, src->rng, 4 * sizeof *dst->rng);
+    *dst->reply_from = *src->reply_from;
     *dst->drafter = *src->drafter;
 }
 
@@ -661,7 +843,7 @@ static void copy_into_session(krun_session *dst, const sess_view *src, const ksa
 {
     sess_view d = view_of_session(dst);
     krun_session_reset(dst);
-    ksampler_init(&dst->sampler, so, dst->order, dst->prob, (size_t)dst->m->m.cfg.vocab);
+    ksampler_init(&dst->sampler, so, &dst->pick, (size_t)dst->m->m.cfg.vocab);
     view_copy(&d, src, (size_t)dst->m->m.cfg.vocab);
 }
 
@@ -757,7 +939,9 @@ static int session_hdr(const krun_session *s, const char *path, krun_state_hdr *
     h->pos = s->st.pos;
     h->n_tokens = s->n_tokens;
     h->flags = s->have_logits ? KRUN_STATE_LOGITS : 0;
-    memcpy(h->rng, s->sampler.s, sizeof h->rng);
+    h->seed = s->sampler.o.seed;
+    h->stream = s->sampler.o.stream;
+    h->reply_from = s->reply_from;
     return 0;
 }
 
@@ -837,7 +1021,9 @@ int krun_session_load_mem(krun_session *s, const void *buf, size_t len, const ch
     krun_state_restore(buf, &h, c, s->tokens, &s->st, s->logits);
     s->n_tokens = (size_t)h.n_tokens;
     s->have_logits = (h.flags & KRUN_STATE_LOGITS) != 0;
-    memcpy(s->sampler.s, h.rng, sizeof h.rng);
+    s->sampler.o.seed = h.seed;
+    s->sampler.o.stream = h.stream;
+    s->reply_from = (size_t)h.reply_from;
     return 0;
 }
 
@@ -866,6 +1052,7 @@ int krun_session_claim(krun_session *s, krun_err *err)
     s->live = 1;
     m->live++;
     s->progress = NULL;
+    krun_session_set_mask(s, NULL, NULL);
     s->mark_at = 0;
     memset(&s->spec, 0, sizeof s->spec);
     return 0;
@@ -1003,6 +1190,7 @@ static void mark_end(krun_session *s, const k3_seg *seg, const krun_err *failed)
         d->have_logits = logits != NULL;
         if (logits) memcpy(d->logits, logits, V * sizeof *d->logits);
         d->broken = 0;
+        d->reply_from = 0;             /* as in a file's header: the one who claims it says where its reply begins */
         kspec_init(&d->drafter, m->spec);
     } else {
         krun_state_write_end(&m->mark_w, logits);

@@ -63,7 +63,11 @@ typedef struct krun_model_opts {
     int verify;                /* enum krun_verify */
     int trace;                 /* record every read (krun_model_trace_write) */
     size_t ctx;                /* positions per session (default 4096) */
-    size_t chunk;              /* positions per forward block of a prefill (default 64) */
+    size_t chunk;              /* positions per forward block of a prefill; 0 (the default): auto -- with a
+                                  budget the planner chooses, per prompt, between blocks of 64 and a larger
+                                  prefill block that borrows the decoding layout's memory (memplan.h);
+                                  without one, 64.  A given chunk is one layout, blocks of that size */
+    size_t prompt_tokens;      /* chunk auto: the prompt the caller expects (the planner's reference); 0: ctx */
     size_t max_seqs;           /* sessions live at once, whose state the plan budgets (default 1, at most 256) */
     uint64_t extra_bytes;      /* the caller's own buffers, counted in the plan (e.g. all-position logits) */
     size_t spec;               /* speculative decoding: drafts per verification block, at most (0: none, the
@@ -102,6 +106,10 @@ size_t krun_model_stop_ids(const krun_model *m, int32_t out[3]);
 const kmemplan *krun_model_plan(const krun_model *m);       /* NULL: in place, no plan */
 uint64_t krun_model_auto_budget(const krun_model *m);       /* the budget chosen for a too-large file, or 0 */
 
+/* Times each routed expert of MoE layer L was chosen so far, [n_experts]
+ * (NULL for a dense layer): the routing's histogram. */
+const uint64_t *krun_model_routing(const krun_model *m, int L);
+
 /* What the model has read so far (run/util/stats.h: the store's counters). */
 void krun_model_stats(const krun_model *m, krun_stats *st);
 /* Something the user should be told once about how the file is read (e.g.
@@ -109,11 +117,26 @@ void krun_model_stats(const krun_model *m, krun_stats *st);
 const char *krun_model_notice(const krun_model *m);
 int krun_model_threads(const krun_model *m);
 size_t krun_model_ctx(const krun_model *m);
-size_t krun_model_chunk(const krun_model *m);
+size_t krun_model_chunk(const krun_model *m);               /* the decoding layout's prompt block */
 size_t krun_model_max_seqs(const krun_model *m);            /* sessions live at once, at most */
-size_t krun_model_block(const krun_model *m);               /* positions one forward block holds: max(chunk, max_seqs) */
-/* Bytes of run state and session slots: as planned (from the same layout
- * functions) and as allocated at prepare. */
+size_t krun_model_block(const krun_model *m);               /* positions a decoding block holds: max(chunk, max_seqs) */
+/* Positions the largest block holds: the prefill layout's (chunk auto), else krun_model_block. */
+size_t krun_model_block_max(const krun_model *m);
+/* How many positions the next block should hold when n positions of prompt
+ * (and decoding tokens) are waiting: the cost model's choice between the
+ * decoding block and the prefill block (kmemplan_prompt, from the phase the
+ * model is in).  A block of more than krun_model_block positions runs in the
+ * prefill layout: the model switches phase before it (and back before the
+ * next block that fits the decoding layout). */
+size_t krun_model_prompt_block(const krun_model *m, size_t n);
+/* 1 while the model is in the prefill layout (its flex region holds a large block's activations). */
+int krun_model_in_prefill(const krun_model *m);
+/* Called after each layer of every forward block (layers done, of n):
+ * progress inside a long block, from the thread that runs it.  NULL: none. */
+typedef void (*krun_layer_fn)(void *ctx, int done, int n);
+void krun_model_set_layer_hook(krun_model *m, krun_layer_fn fn, void *ctx);
+/* Bytes of run state, session slots and the flex region: as planned (from
+ * the same layout functions) and as allocated at prepare. */
 void krun_model_memory(const krun_model *m, uint64_t *planned, uint64_t *allocated);
 int krun_model_trace_write(krun_model *m, const char *path);
 
@@ -134,7 +157,7 @@ void krun_session_free(krun_session *s);
 void krun_session_reset(krun_session *s);
 
 /* Run the pending tokens (krun_session_append), then ids[0..n), in blocks of
- * the model's chunk.  all_logits: NULL, or room for the logits of every
+ * the model's chunk (chunk auto: as krun_model_prompt_block says).  all_logits: NULL, or room for the logits of every
  * position run, [pending + n][vocab].  The last position's logits are kept
  * (krun_session_logits).  Ids must be in the vocabulary and the history must
  * fit the context (KRUN_EINPUT, nothing run); logits that are not finite stop
@@ -151,15 +174,35 @@ size_t krun_session_ctx_of(const krun_session *s);           /* positions its co
 size_t krun_session_pending(const krun_session *s);          /* tokens appended, not yet run */
 const int32_t *krun_session_tokens(const krun_session *s, size_t *n);  /* the history: run, then pending */
 
+/* Sampling (sampler.h has the contract).  The token chosen at position p is a function of
+ * the logits of position p - 1, the options, the history before p, the reply start and the
+ * mask only (the random draw is keyed by the seed and p): sampling the same position twice
+ * gives the same token, and a speculative verification picks exactly as plain decoding. */
 void krun_session_set_sampler(krun_session *s, const ksampler_opts *o);
-/* The sampler's PRNG state (xoshiro256**), to carry a random stream from one
- * session to another (krun chat starting over from a prefix cache's session). */
-void krun_session_get_rng(const krun_session *s, uint64_t rng[4]);
-void krun_session_set_rng(krun_session *s, const uint64_t rng[4]);
-/* The next token from the last logits; -1 if there are none. */
+const ksampler_opts *krun_session_sampler(const krun_session *s);
+/* The next token (at position krun_session_pos) from the last logits; -1 if there are none
+ * or the mask allows no token. */
 int32_t krun_session_sample(krun_session *s);
+/* Where the reply begins: frequency and presence penalties count the tokens from history
+ * index `at` on (repetition_penalty counts the whole history).  0 after new and reset; a
+ * caller sets it after feeding the prompt (or to the prompt's length before).  Saved and
+ * loaded with the state. */
+void krun_session_set_reply_start(krun_session *s, size_t at);
+size_t krun_session_reply_start(const krun_session *s);
+/* Constrained decoding: before each pick the session calls fn(ctx, tokens, pos, allowed)
+ * for the token at position pos, the history before it being tokens[0..pos); fn fills
+ * allowed, a bitmap of vocab bits (token i is bit i % 64 of word i / 64; every word must be
+ * written), and returns 0 to apply it, 1 for no constraint at this position, -1 for none
+ * possible (the pick returns -1).  The mask applies before the temperature and the filters
+ * (sampler.h).  During a speculative verification fn is called for consecutive positions
+ * with the drafts in tokens[], and after a rejected draft the next call may name a position
+ * before the last one called (the history it saw beyond is not the sequence's): a grammar
+ * must derive its state from tokens[0..pos).  NULL: no mask (the default; new clears it). */
+typedef int (*krun_mask_fn)(void *ctx, const int32_t *tokens, size_t pos, uint64_t *allowed);
+void krun_session_set_mask(krun_session *s, krun_mask_fn fn, void *ctx);
 
-/* Called after each forward block of a feed: positions done of total. */
+/* Called after each forward block of a feed: positions done of total (and,
+ * with a layer hook on the model, inside each block: krun_model_set_layer_hook). */
 typedef void (*krun_progress_fn)(void *ctx, size_t done, size_t total);
 void krun_session_set_progress(krun_session *s, krun_progress_fn fn, void *ctx);
 
@@ -168,11 +211,13 @@ void krun_session_set_progress(krun_session *s, krun_progress_fn fn, void *ctx);
  * bit-identical to feeding it alone. */
 int krun_step_batch(krun_model *m, krun_session *const *ss, const int32_t *ids, size_t n, krun_err *err);
 
-/* Speculative decoding (docs/RUNTIME.md §7), exact for greedy sampling:
+/* Speculative decoding (docs/RUNTIME.md §7), exact at any sampling setting:
  * runs id (a token sampled from the session's logits, as krun_session_feed
  * would), preceded by any pending tokens, together with up to max_draft
  * tokens drafted from the session's own history, in one forward block, and
- * keeps the drafts the model itself would have chosen greedily.  Those
+ * keeps the drafts the session's sampler itself picks at their positions
+ * (sampler.h: a pick depends on its position's logits, the history and the
+ * seed only, so these are the tokens plain decoding samples).  Those
  * accepted tokens (*n_accepted of them, never a stop id of the model) are
  * written to accepted[] and the logits each was chosen from to
  * accepted_logits[*n_accepted][vocab] (either may be NULL); they are part of
@@ -181,9 +226,7 @@ int krun_step_batch(krun_model *m, krun_session *const *ss, const int32_t *ids, 
  * Everything (ids, logits, the state and a saved state) is bit-identical to
  * feeding id and then each accepted token one at a time.  With no drafts
  * (nothing in the history predicts the next tokens, or the model was
- * prepared with spec 0) it is exactly krun_session_feed of id.  Sampling at a
- * temperature is refused (KRUN_EINPUT): acceptance would have to follow the
- * sampler's distribution, and the tokens could not be those of --spec 0.
+ * prepared with spec 0) it is exactly krun_session_feed of id.
  * Not for sessions stepped with krun_step_batch in the same round: one
  * session verifies at a time. */
 int krun_session_feed_spec(krun_session *s, int32_t id, size_t max_draft, int32_t *accepted, float *accepted_logits,
@@ -197,7 +240,8 @@ int krun_session_verify(krun_session *s, int32_t id, const int32_t *draft, size_
                         size_t *n_accepted, krun_err *err);
 
 typedef struct krun_spec_stats {
-    uint64_t sweeps;           /* forward blocks krun_session_feed_spec ran (one per call) */
+    uint64_t sweeps;           /* forward blocks krun_session_feed_spec ran (one per call), and batched
+                                  steps in which the session verified drafts */
     uint64_t verifications;    /* of them, blocks that carried drafts */
     uint64_t drafted;          /* draft tokens verified */
     uint64_t accepted;         /* of them, accepted */
@@ -205,17 +249,23 @@ typedef struct krun_spec_stats {
 } krun_spec_stats;
 /* Counted since the session was created or reset. */
 void krun_session_spec_stats(const krun_session *s, krun_spec_stats *st);
+/* The drafter back to its start and the statistics to 0, the state kept: a
+ * request that starts from a kept state (the prefix cache) drafts as one in
+ * a new session would. */
+void krun_session_spec_restart(krun_session *s);
 
 /* ---- copies and snapshots ------------------------------------------------------
  *
  * A session's whole state -- the sequential state of the positions it ran (KDA
  * recurrent states and ShortConv histories, the MLA latent rows), its history
- * with its pending tokens, its last logits, its sampler (options and PRNG
- * state) and its drafter -- copied into another session, or into a snapshot
- * kept outside the session slots, and back.  The copy continues exactly as the
- * original would: every feed, sample and step gives the same bits
- * (probe_session copy).  What is not copied: the progress callback (the
- * caller's) and the spec statistics (counted per session).
+ * with its pending tokens, its last logits, its sampler (options -- the seed
+ * and stream that key the draw -- and the reply start) and its drafter --
+ * copied into another session, or into a snapshot kept outside the session
+ * slots, and back.  The copy continues exactly as the original would: every
+ * feed, sample and step gives the same bits (probe_session copy; the draw
+ * depends on the position, so there is no generator state to carry).  What
+ * is not copied: the progress callback and the mask (the caller's: the
+ * target keeps its own) and the spec statistics (counted per session).
  *
  * One prefill, several continuations (n > 1 choices): feed the prompt once,
  * krun_session_copy it into n - 1 other sessions, give each its own sampler.
@@ -253,7 +303,7 @@ const int32_t *krun_snapshot_tokens(const krun_snapshot *snap, size_t *n, size_t
  * pass of its own (each KDA layer copies its head states and ShortConv history
  * as the recurrence passes that position; the MLA rows up to it are kept by
  * the block).  The prefix cache takes one at the end of a chat's system/tools
- * preamble, which seldom ends a block (docs/RUNTIME.md §8).  The copy has the
+ * preamble, which seldom ends a block (docs/RUNTIME.md §9).  The copy has the
  * history's first `at` tokens, all run, and the logits of position at - 1 when
  * the block computed them (the position ended its segment).  A block that
  * runs past the position without taking it (a verification block), a failed
@@ -274,7 +324,8 @@ void krun_session_unmark(krun_session *s);
 /* The session slots: max_seqs of them.  A freed session keeps its state in
  * its slot until the slot is taken again: krun_session_claim makes an idle
  * slot live again exactly as it was (its history, state and logits; its
- * sampler must be set), where krun_session_new resets the slot it takes. */
+ * sampler and reply start must be set, its mask is cleared), where
+ * krun_session_new resets the slot it takes. */
 size_t krun_model_slots(const krun_model *m);
 krun_session *krun_model_slot(krun_model *m, size_t k);
 int krun_session_live(const krun_session *s);
@@ -283,8 +334,29 @@ int krun_session_claim(krun_session *s, krun_err *err);
  * positions run. */
 void krun_session_drop_pending(krun_session *s);
 
+/* Speculation inside a batched step (krun serve's sweeps).  krun_session_draft
+ * proposes up to max drafts for the tokens after id (the token the caller
+ * sampled and will step): from the session's own history (its prompt
+ * included) with its adaptive drafter (spec.h), else from the histories of
+ * others[] (other live sessions: the longest continuation any of them
+ * offers, by the same evidence rule); 0 when nothing is evidence.
+ * krun_step_batch_verify is krun_step_batch where session k's id is followed
+ * by its drafts[k][0..nd[k]) (nd[k] = 0: a plain step; a session with drafts
+ * must have no pending tokens): one forward block in which the verification
+ * positions join the others, each session keeping the drafts its sampler
+ * picks (*n_accepted[k] of them, now the last tokens of its history, run)
+ * exactly as krun_session_verify would.  The block's verification positions
+ * (drafts + 1 per verifying session) share the journal: at most `rows`
+ * positions in at most `seqs` sessions (krun_model_journal; rows = the
+ * model's spec + 1, seqs = rows / 2), and every position counts against the
+ * block (krun_model_block).  Beyond them: KRUN_EINPUT, nothing run. */
+void krun_model_journal(const krun_model *m, size_t *rows, size_t *seqs);
+size_t krun_session_draft(krun_session *s, int32_t id, size_t max, krun_session *const *others, size_t n_others, int32_t *out);
+int krun_step_batch_verify(krun_model *m, krun_session *const *ss, const int32_t *ids, const int32_t *const *drafts,
+                           const size_t *nd, size_t n, size_t *n_accepted, krun_err *err);
+
 /* The session's state (KDA, ShortConv, MLA latent cache, position, history
- * with pending tokens, last logits, sampler PRNG) to a file, in the format of
+ * with pending tokens, last logits, the sampler's seed and stream, the reply start) to a file, in the format of
  * docs/STATE.md, through the one safe writer (savefile.h): path is new or an
  * earlier state file, which is replaced whole or not at all. */
 int krun_session_save(const krun_session *s, const char *path, krun_err *err);

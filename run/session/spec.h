@@ -1,5 +1,6 @@
 /* Drafting for speculative decoding: prompt lookup over the sequence's own
- * history (docs/RUNTIME.md §7).
+ * history (its prompt included), and in a server over the other live
+ * sequences' (docs/RUNTIME.md §7).
  *
  * The draft is what followed the last time the history's most recent tokens
  * occurred: find the longest suffix of the history (at least `need` tokens,
@@ -42,6 +43,12 @@ void kspec_init(kspec *d, size_t max);
 /* A draft for the history h[0..n): up to min(limit, d->len) tokens into out;
  * returns how many (0: no evidence). */
 size_t kspec_draft(const kspec *d, const int32_t *h, size_t n, size_t limit, const int32_t *stop, size_t n_stop, int32_t *out);
+/* A draft for h[0..n) from another sequence o[0..m) (another live
+ * conversation): what followed, in o, the most recent occurrence of the
+ * longest suffix of h (the same evidence rule, need tokens at least); no
+ * running on past o's end.  Returns how many (0: no evidence). */
+size_t kspec_draft_from(const kspec *d, const int32_t *h, size_t n, const int32_t *o, size_t m, size_t limit,
+                        const int32_t *stop, size_t n_stop, int32_t *out);
 /* What the verification of a draft of `drafted` tokens accepted. */
 void kspec_result(kspec *d, size_t drafted, size_t accepted);
 

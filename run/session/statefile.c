@@ -31,7 +31,8 @@ enum {
     H_MAGIC = 0, H_MAJOR = 8, H_MINOR = 10, H_SIZE = 12, H_SET_ID = 16, H_CONFIG = 24,
     H_LAYERS = 32, H_HIDDEN = 36, H_VOCAB = 40, H_KDA_HEADS = 44, H_KDA_DIM = 48, H_CONV = 52,
     H_KV_LORA = 56, H_QK_ROPE = 60, H_N_KDA = 64, H_N_MLA = 68, H_POS = 72, H_N_TOKENS = 80,
-    H_FLAGS = 88, H_RESERVED1 = 92, H_RNG = 96, H_PAYLOAD = 128, H_RESERVED2 = 136, H_XXH3 = 152,
+    H_FLAGS = 88, H_RESERVED1 = 92, H_SEED = 96, H_STREAM = 104, H_REPLY = 112, H_SAMPLER = 120, H_RESERVED3 = 124,
+    H_PAYLOAD = 128, H_RESERVED2 = 136, H_XXH3 = 152,
 };
 
 static uint64_t kda_floats(const krun_state_hdr *h)
@@ -47,6 +48,7 @@ void krun_state_hdr_for(krun_state_hdr *h, const k3_config *c, uint64_t set_id, 
     memset(h, 0, sizeof *h);
     h->major = KRUN_STATE_MAJOR;
     h->minor = KRUN_STATE_MINOR;
+    h->sampler = KRUN_STATE_SAMPLER_PHILOX;
     h->set_id = set_id;
     h->config_xxh3 = config_xxh3;
     h->n_layers = (uint32_t)c->n_layers;
@@ -134,11 +136,26 @@ int krun_state_parse(const void *buf, size_t len, krun_state_hdr *h, krun_err *e
     h->pos = get64(b + H_POS);
     h->n_tokens = get64(b + H_N_TOKENS);
     h->flags = get32(b + H_FLAGS);
-    for (int k = 0; k < 4; k++) h->rng[k] = get64(b + H_RNG + 8 * k);
     h->payload_len = get64(b + H_PAYLOAD);
-    /* a later minor may use the reserved space for additions a 1.0 reader can ignore (docs/STATE.md) */
-    if (h->minor <= KRUN_STATE_MINOR && (get32(b + H_RESERVED1) || get64(b + H_RESERVED2) || get64(b + H_RESERVED2 + 8)))
+    /* a later minor may use the reserved space for additions this reader can ignore (docs/STATE.md) */
+    if (h->minor <= KRUN_STATE_MINOR && (get32(b + H_RESERVED1) || get64(b + H_RESERVED2) || get64(b + H_RESERVED2 + 8) ||
+                                         (h->minor >= 1 && get32(b + H_RESERVED3))))
         return bad(err, "reserved fields are not zero");
+    if (h->minor == 0) {
+        /* 1.0 held a xoshiro256** state there: its sampler cannot be resumed; its first word
+         * seeds the one of 1.1, and the whole history counts as prompt */
+        h->seed = get64(b + H_SEED);
+        h->stream = 0;
+        h->reply_from = h->n_tokens;
+        h->sampler = 0;
+    } else {
+        h->seed = get64(b + H_SEED);
+        h->stream = get64(b + H_STREAM);
+        h->reply_from = get64(b + H_REPLY);
+        h->sampler = get32(b + H_SAMPLER);
+        if (h->minor == 1 && h->sampler != KRUN_STATE_SAMPLER_PHILOX) return bad(err, "unknown sampler");
+        if (h->reply_from > h->n_tokens) return bad(err, "the reply starts after the end of the history");
+    }
     if (h->flags & ~KRUN_STATE_LOGITS) return bad(err, "unknown flags");
     if ((h->flags & KRUN_STATE_LOGITS) && h->pos == 0) return bad(err, "logits saved at position 0");
     if (!geometry_sane(h)) return bad(err, "impossible geometry or position in the header");
@@ -271,7 +288,10 @@ int krun_state_write_begin(krun_state_writer *w, ksave *s, krun_state_hdr *h, co
     put64(hd + H_POS, h->pos);
     put64(hd + H_N_TOKENS, h->n_tokens);
     put32(hd + H_FLAGS, h->flags);
-    for (int k = 0; k < 4; k++) put64(hd + H_RNG + 8 * k, h->rng[k]);
+    put64(hd + H_SEED, h->seed);
+    put64(hd + H_STREAM, h->stream);
+    put64(hd + H_REPLY, h->reply_from);
+    put32(hd + H_SAMPLER, KRUN_STATE_SAMPLER_PHILOX);
     put64(hd + H_PAYLOAD, h->payload_len);
     put64(hd + H_XXH3, XXH3_64bits(hd, H_XXH3));
 

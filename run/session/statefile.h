@@ -17,10 +17,11 @@ typedef struct k3_state k3_state;   /* state.h: a sequence's state, written and 
 
 #define KRUN_STATE_MAGIC "\x89KRS\r\n\x1a\n"
 #define KRUN_STATE_MAJOR 1
-#define KRUN_STATE_MINOR 0
+#define KRUN_STATE_MINOR 1             /* 1.1: the sampler is its seed, stream and reply start (docs/STATE.md) */
 #define KRUN_STATE_HEADER 160          /* bytes of the header, its checksum included */
 #define KRUN_STATE_TRAILER 8           /* the payload checksum */
 #define KRUN_STATE_LOGITS 1u           /* flags: the last logits are saved */
+#define KRUN_STATE_SAMPLER_PHILOX 1u   /* the sampler field of 1.1: draws by (seed, stream, position), sampler.h */
 
 typedef struct krun_state_hdr {
     uint16_t major, minor;
@@ -30,7 +31,11 @@ typedef struct krun_state_hdr {
     uint32_t n_kda, n_mla;
     uint64_t pos, n_tokens;            /* positions run; history length (>= pos: the rest are pending) */
     uint32_t flags;
-    uint64_t rng[4];                   /* the sampler's PRNG */
+    /* the sampler (1.1; a 1.0 file's PRNG words are read as: seed = its first word, stream 0,
+     * reply_from = n_tokens, sampler 0) */
+    uint64_t seed, stream;             /* the draw's key (sampler.h) */
+    uint64_t reply_from;               /* where the reply begins in the history (<= n_tokens) */
+    uint32_t sampler;                  /* KRUN_STATE_SAMPLER_PHILOX (0: read from a 1.0 file) */
     uint64_t payload_len;
     /* where the sections are in the file image (filled by krun_state_parse) */
     size_t layer_types_at, tokens_at, layers_at, logits_at;
@@ -52,7 +57,7 @@ int krun_state_parse(const void *buf, size_t len, krun_state_hdr *h, krun_err *e
  * context before loading it. */
 int krun_state_peek(const char *path, uint64_t *pos, uint64_t *n_tokens, krun_err *err);
 
-/* Write a state file: h (pos, n_tokens, flags, rng and identity set by the
+/* Write a state file: h (pos, n_tokens, flags, the sampler and identity set by the
  * caller), the layer map of c, tokens [n_tokens], st's layers at h->pos
  * positions, and logits [vocab] when flagged.  Through the one safe writer
  * (savefile.h): path must be new or an earlier state file; the bytes go to

@@ -1,6 +1,7 @@
 #include "iopool.h"
 
 #include "format/kio.h"
+#include "format/kos.h"
 #include "format/kprogress.h"
 
 #include <errno.h>
@@ -89,7 +90,7 @@ static int preadv_full(int fd, struct iovec *iov, int n, uint64_t off)
 
 static void drop(const kiop_member *m, uint64_t off, uint64_t len)
 {
-    if (m->drop_cache) posix_fadvise(m->fd, (off_t)off, (off_t)len, POSIX_FADV_DONTNEED);
+    if (m->drop_cache) kos_cache_drop(m->fd, off, len);
 }
 
 /* A plain request: one member's contiguous range, scattered run by run. */

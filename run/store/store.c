@@ -4,6 +4,7 @@
 #include "store_internal.h"
 
 #include "format/kio.h"
+#include "format/kos.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -51,8 +52,32 @@ static uint8_t *alloc_aligned(size_t n)
     return p;
 }
 
-/* With a plan: who is where; held extents get their buffers now. */
-static int plan_roles(kstore *s, krun_err *err)
+/* A trunk layer the decoding phase holds in the flex region: [pin_prefill, pin). */
+static int lent_layer(const kstore_layout *p, int L) { return L >= p->pin_prefill && L < p->pin; }
+
+uint64_t kstore_lent_bytes(const kpk_file *f, const k3_model *m, const kstore_layout *l, uint64_t stage_bytes)
+{
+    uint64_t n = 0;
+    krange r;
+    for (int L = l->pin_prefill; L < l->pin && L < m->cfg.n_layers; L++) {
+        kring_range(f, m->trunk_extent[L], 0, kpk_extent_at(f, m->trunk_extent[L])->raw_len, stage_bytes, &r);
+        n += r.buf_bytes;
+    }
+    if (l->expert_slots > l->expert_slots_prefill) n += (uint64_t)(l->expert_slots - l->expert_slots_prefill) * l->expert_slot_bytes;
+    return n;
+}
+
+/* The next bytes of the flex region (every size is a multiple of the page). */
+static uint8_t *flex_take(kstore *s, uint64_t *used, uint64_t n)
+{
+    uint8_t *p = s->opt.flex && *used + n <= s->opt.flex_bytes ? s->opt.flex + *used : NULL;
+    *used += n;
+    return p;
+}
+
+/* With a plan: who is where; held extents get their buffers now (the lent
+ * layers theirs in the flex region). */
+static int plan_roles(kstore *s, uint64_t *flex_used, krun_err *err)
 {
     const kstore_layout *p = s->opt.layout;
     const k3_model *m = s->opt.model;
@@ -82,26 +107,45 @@ static int plan_roles(kstore *s, krun_err *err)
         s->held_r0[i] = r0;
         /* codec 2: the blocks of the embedding (before lm_head) are the ones checked through the window */
         if (i == m->globals_extent && x->codec == KPK_CODEC_BLOCKS) s->prefix_end = m->globals[K3T_LM_HEAD].offset;
-        if (!(s->held_buf[i] = alloc_aligned(r.buf_bytes))) goto oom;
+        if (x->kind == KPK_KIND_TRUNK && lent_layer(p, (int)x->layer)) {
+            if (!(s->held_buf[i] = flex_take(s, flex_used, r.buf_bytes))) goto lent;
+        } else if (!(s->held_buf[i] = alloc_aligned(r.buf_bytes))) {
+            goto oom;
+        }
     }
     return 0;
 oom:
     krun_err_set(err, KRUN_ENOMEM, "out of memory for the held extents");
     return -1;
+lent:
+    krun_err_set(err, KRUN_EDATA, "internal: the flex region (%llu bytes) is smaller than what the plan lends",
+                 (unsigned long long)s->opt.flex_bytes);
+    return -1;
 }
 
-static int expert_slots(kstore *s, krun_err *err)
+static int expert_slots(kstore *s, uint64_t *flex_used, krun_err *err)
 {
     const kstore_layout *p = s->opt.layout;
     int need_buf = 0;
     for (uint32_t i = 0; i < kpk_extent_count(s->f); i++)
         if (s->role[i] == ROLE_EXPERT) need_buf |= !kstore_mappable(s, i);
-    s->n_eslots = p->expert_slots;
+    s->n_eslots = s->n_live = p->expert_slots;
     s->eslots = calloc((size_t)s->n_eslots + 1, sizeof *s->eslots);
     if (!s->eslots) goto oom;
     for (int k = 0; k < s->n_eslots; k++) {
         s->eslots[k].extent = -1;
-        if (need_buf && !(s->eslots[k].buf = alloc_aligned(p->expert_slot_bytes))) goto oom;
+        if (k >= p->expert_slots_prefill) {     /* lent: in the flex region, counted whether or not used */
+            uint8_t *b = flex_take(s, flex_used, p->expert_slot_bytes);
+            s->eslots[k].lent = 1;
+            if (!b) {
+                krun_err_set(err, KRUN_EDATA, "internal: the flex region (%llu bytes) is smaller than what the plan lends",
+                             (unsigned long long)s->opt.flex_bytes);
+                return -1;
+            }
+            if (need_buf) s->eslots[k].buf = b;
+        } else if (need_buf && !(s->eslots[k].buf = alloc_aligned(p->expert_slot_bytes))) {
+            goto oom;
+        }
     }
     return 0;
 oom:
@@ -150,6 +194,7 @@ int kstore_open(kpk_file *f, const kstore_opts *opt, kstore **out, krun_err *err
     s->cur_slot = -1;
     s->role = calloc(n + 1, 1);
     s->verified = calloc(n + 1, 1);
+    s->reread = calloc(n + 1, 1);
     s->touched = calloc(n + 1, 1);
     s->decoded = calloc(n + 1, sizeof *s->decoded);
     s->slot_of = malloc((n + 1) * sizeof *s->slot_of);
@@ -157,7 +202,7 @@ int kstore_open(kpk_file *f, const kstore_opts *opt, kstore **out, krun_err *err
     s->xxh = XXH3_createState();
     s->prefix_xxh = XXH3_createState();
     s->sub = malloc(kstore_sub_size());
-    if (!s->role || !s->verified || !s->touched || !s->decoded || !s->slot_of || !s->uses || !s->xxh || !s->prefix_xxh || !s->sub)
+    if (!s->role || !s->verified || !s->reread || !s->touched || !s->decoded || !s->slot_of || !s->uses || !s->xxh || !s->prefix_xxh || !s->sub)
         goto oom;
     for (uint32_t i = 0; i <= n; i++) s->slot_of[i] = -1;
     s->st.n_members = s->nm;
@@ -168,8 +213,14 @@ int kstore_open(kpk_file *f, const kstore_opts *opt, kstore **out, krun_err *err
     }
     s->stage_bytes = kiop_stage_bytes(f);
     s->window_bytes = kstore_window_bytes(opt->model);
+    s->pin_now = p->pin;
     if (!(s->window = alloc_aligned(s->window_bytes))) goto oom;
-    if (plan_roles(s, err) || kstore_io_open(s, err) || expert_slots(s, err) || kstore_ring_open(s, err) || reserve(s, err)) goto fail;
+    {
+        uint64_t flex_used = 0;
+        if (plan_roles(s, &flex_used, err) || kstore_io_open(s, err) || expert_slots(s, &flex_used, err) || kstore_ring_open(s, err) ||
+            reserve(s, err))
+            goto fail;
+    }
     *out = s;
     return 0;
 oom:
@@ -196,7 +247,8 @@ void kstore_close(kstore *s)
             if (s->eslots[k].loading) kiop_wait(s->io, &s->eslots[k].batch);
     kstore_io_close(s);
     if (s->eslots)
-        for (int k = 0; k < s->n_eslots; k++) free(s->eslots[k].buf);
+        for (int k = 0; k < s->n_eslots; k++)
+            if (!s->eslots[k].lent) free(s->eslots[k].buf);
     free(s->eslots);
     if (s->map)
         for (uint16_t m = 0; m < s->nm; m++)
@@ -206,9 +258,15 @@ void kstore_close(kstore *s)
     free_table(s->decoded, kpk_extent_count(s->f));
     free(s->role);
     free(s->verified);
+    free(s->reread);
     free(s->touched);
     free(s->slot_of);
     free(s->uses);
+    if (s->held_buf && s->opt.layout) /* the lent layers' buffers are the flex region's */
+        for (uint32_t i = 0; i < kpk_extent_count(s->f); i++) {
+            const kpk_extent *x = kpk_extent_at(s->f, i);
+            if (x->kind == KPK_KIND_TRUNK && lent_layer(s->opt.layout, (int)x->layer)) s->held_buf[i] = NULL;
+        }
     free_table(s->held_buf, kpk_extent_count(s->f));
     free(s->held_base);
     free(s->held_r0);
@@ -276,7 +334,7 @@ static int slot_load(kstore *s, struct slot *sl, uint32_t i, int prio, krun_err 
     sl->mapped = kstore_mappable(s, i);
     if (sl->mapped) {
         sl->data = s->map[x->member] + x->offset;
-        madvise((void *)sl->data, kpk_extent_padded_len(s->f, x), MADV_WILLNEED);
+        kos_map_willneed(sl->data, kpk_extent_padded_len(s->f, x));
         sl->loading = 0;
         return 0;
     }
@@ -312,7 +370,7 @@ static struct slot *expert_victim(kstore *s, int may_wait)
         struct slot *v = expert_victim(s, 0);
         if (v) return v;
     }
-    for (int k = 0; k < s->n_eslots; k++) {
+    for (int k = 0; k < s->n_live; k++) {
         struct slot *sl = &s->eslots[k];
         if (sl->refs || (sl->loading && !may_wait)) continue;
         if (sl->extent < 0) return sl;
@@ -343,7 +401,7 @@ static void sort_by_offset(const kstore *s, uint32_t *v, size_t n)
     }
 }
 
-size_t kstore_expert_capacity(const kstore *s) { return s->opt.layout ? (size_t)s->n_eslots : 256; }
+size_t kstore_expert_capacity(const kstore *s) { return s->opt.layout ? (size_t)s->n_live : 256; }
 
 static const uint8_t *mapped_or_decoded(kstore *s, uint32_t i, krun_err *err);
 
@@ -357,8 +415,8 @@ int kstore_experts_request(kstore *s, const uint32_t *ids, size_t n, krun_err *e
     uint32_t miss[256];
     size_t nm = 0;
     if (!s->opt.layout || n == 0) return 0;
-    if (n > 256 || n > (size_t)s->n_eslots) {
-        krun_err_set(err, KRUN_EDATA, "%zu experts requested at once, the cache has %d slots", n, s->n_eslots);
+    if (n > 256 || n > (size_t)s->n_live) {
+        krun_err_set(err, KRUN_EDATA, "%zu experts requested at once, the cache has %d slots", n, s->n_live);
         return -1;
     }
     s->tick++;
@@ -383,7 +441,7 @@ int kstore_experts_request(kstore *s, const uint32_t *ids, size_t n, krun_err *e
      * not read at all, so the misses go first, and the slot is emptied (what
      * is in flight lands in a slot no extent owns); one already read whole,
      * or being read, stays as an ordinary cache entry */
-    for (int k = 0; k < s->n_eslots; k++) {
+    for (int k = 0; k < s->n_live; k++) {
         struct slot *sl = &s->eslots[k];
         uint64_t b;
         if (!sl->predicted || sl->refs) continue;
@@ -401,7 +459,7 @@ int kstore_experts_request(kstore *s, const uint32_t *ids, size_t n, krun_err *e
     sort_by_offset(s, miss, nm);
     for (size_t k = 0; k < nm; k++) {
         struct slot *v = expert_victim(s, 1);
-        if (!v) { krun_err_set(err, KRUN_EDATA, "expert cache full (%d slots in use)", s->n_eslots); goto fail; }
+        if (!v) { krun_err_set(err, KRUN_EDATA, "expert cache full (%d slots in use)", s->n_live); goto fail; }
         slot_evict(s, v);
         s->slot_of[miss[k]] = (int32_t)(v - s->eslots);
         v->refs = 1;
@@ -567,8 +625,13 @@ static const uint8_t *held_get(kstore *s, uint32_t i, uint64_t *first, krun_err 
         s->held_loaded[i] = 1;
         s->st.bytes_resident += r.read_bytes;
         s->st.bytes_read += r.read_bytes;
+        if (s->reread[i]) s->st.bytes_lent_reread += r.read_bytes;
     }
-    if (kstore_need_verify(s, i) && check_held(s, i, err)) return NULL;
+    /* a lent layer held again came from the disk again: checked again (unless --verify off) */
+    if (kstore_need_verify(s, i) || (s->reread[i] && s->opt.verify != KSTORE_VERIFY_OFF)) {
+        if (check_held(s, i, err)) { s->held_loaded[i] = 0; return NULL; }
+        s->reread[i] = 0;
+    }
     if (first) *first = s->held_base[i];
     return s->held_buf[i];
 }
@@ -632,6 +695,34 @@ void kstore_put(kstore *s, uint32_t i)
     if (v->refs > 0 && --v->refs == 0 && (v->loading || v->fresh))
         slot_evict(s, v); /* given back before it was used (a failure elsewhere in its batch): bytes
                            * never checked must not be found as a hit later */
+}
+
+/* ---- phases: the flex region lent to a prefill block and taken back -------------------- */
+
+int kstore_phase_now(const kstore *s) { return s->phase; }
+
+int kstore_phase(kstore *s, int prefill, krun_err *err)
+{
+    const kstore_layout *p = s->opt.layout;
+    prefill = !!prefill;
+    if (!p || prefill == s->phase || (p->pin_prefill >= p->pin && p->expert_slots_prefill >= p->expert_slots)) return 0;
+    for (int L = p->pin_prefill; L < p->pin; L++) {
+        uint32_t i = s->opt.model->trunk_extent[L];
+        s->role[i] = prefill ? ROLE_RING : ROLE_HELD;
+        s->held_loaded[i] = 0;         /* forgotten: its buffer is scratch now, or to be read again */
+        s->reread[i] = !prefill;
+    }
+    /* the lent slots: whatever lands in one is waited for before the region is reused */
+    for (int k = p->expert_slots_prefill; k < p->expert_slots; k++) {
+        struct slot *sl = &s->eslots[k];
+        slot_evict(s, sl);             /* a wrong guess still being read is waited for */
+        sl->refs = 0;
+    }
+    s->n_live = prefill ? p->expert_slots_prefill : p->expert_slots;
+    s->pin_now = prefill ? p->pin_prefill : p->pin;
+    s->phase = prefill;
+    if (prefill) s->st.phase_switches++;
+    return kstore_ring_restart(s, prefill ? 0 : s->q_first_decode, err);
 }
 
 /* ---- embedding rows --------------------------------------------------------------- */

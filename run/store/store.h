@@ -54,6 +54,17 @@ typedef struct kstore_layout {
     uint64_t ring_slot_bytes; /* each one's size: the largest piece's slot */
     int expert_slots;
     uint64_t expert_slot_bytes;
+    /* Two phases (a plan with a prefill layout; else pin_prefill == pin,
+     * expert_slots_prefill == expert_slots): while decoding, layers
+     * [pin_prefill, pin) are held and expert slots [expert_slots_prefill,
+     * expert_slots) are in use, both in the caller's flex region
+     * (kstore_opts.flex); in the prefill phase (kstore_phase) those layers
+     * stream and those slots are empty, and the region is the caller's.  The
+     * ring is cut for pin_prefill: ring_pieces_prefill pieces per step, of
+     * which the decoding phase reads the last ring_pieces. */
+    int pin_prefill;
+    int expert_slots_prefill;
+    uint32_t ring_pieces_prefill;
 } kstore_layout;
 
 typedef struct kstore_opts {
@@ -64,6 +75,9 @@ typedef struct kstore_opts {
     int trace;                /* record every read for kstore_trace_write */
     const kstore_layout *layout; /* NULL: everything in place */
     const k3_model *model;    /* which extent is what */
+    uint8_t *flex;            /* kstore_lent_bytes of memory, page-aligned, for what the decoding
+                                 phase lends (layout->pin_prefill < pin, or fewer prefill slots) */
+    uint64_t flex_bytes;
 } kstore_opts;
 
 /* The store's counters: the one record the public API reports too (run/util/stats.h). */
@@ -82,7 +96,27 @@ uint64_t kstore_window_bytes(const k3_model *m);
  * buffers (kiop_worker_bytes). */
 int kstore_io_threads(const kpk_file *f, int io_threads, int *per_member);
 
+/* Bytes of the flex region the decoding phase keeps its lent layers and expert
+ * slots in (0 without a prefill layout): the store carves exactly this. */
+uint64_t kstore_lent_bytes(const kpk_file *f, const k3_model *m, const kstore_layout *l, uint64_t stage_bytes);
+
 int kstore_open(kpk_file *f, const kstore_opts *opt, kstore **out, krun_err *err);
+/* Between forward blocks: the prefill phase (1) gives the flex region back to
+ * the caller -- the lent layers stream from now on, the lent expert slots are
+ * emptied (a read landing in one is waited for) -- or the decoding phase (0)
+ * takes it again: the lent layers are held again, read on first use and
+ * checked again (they come from the disk again), the slots back in the cache,
+ * empty.  Either way the ring's read-ahead of the other phase's sequence is
+ * taken back (unstarted reads cancelled, started ones waited for and counted
+ * as bytes_discarded) and the ring starts the new sequence.  No-op without a
+ * prefill layout or in that phase already. */
+int kstore_phase(kstore *s, int prefill, krun_err *err);
+int kstore_phase_now(const kstore *s);
+/* The block after the one about to run is expected in this phase: the ring's
+ * read-ahead past the step's end follows that phase's sequence, so a switch
+ * as expected drops nothing it read.  (A wrong guess costs the read-ahead:
+ * bytes_discarded.) */
+void kstore_phase_next(kstore *s, int prefill);
 void kstore_close(kstore *s);
 /* Something the user should know once (O_DIRECT refused by a file system):
  * NULL if nothing. */
@@ -132,6 +166,9 @@ int kstore_trace_write(kstore *s, const char *path);
 /* ---- the ring: pieces of streamed extents (used by weights.c) ---- */
 /* The step's pieces; NULL when nothing streams. */
 const kring *kstore_ring(const kstore *s);
+/* 1 if slot s (a layer, or the globals for lm_head) streams through the ring
+ * in the phase the store is in. */
+int kstore_streams(const kstore *s, int slot);
 /* A forward block starts: the ring must be at the step's first piece (after
  * a block that failed half way, what it had read is dropped). */
 int kstore_ring_step(kstore *s, krun_err *err);

@@ -26,6 +26,7 @@ struct slot {
     int refs;
     int loading, fresh, mapped;
     int predicted;         /* read ahead on a prediction and not requested yet */
+    int lent;              /* its buffer is in the flex region (not freed by the store) */
     uint64_t last_use;
     kiop_batch batch;
 };
@@ -52,6 +53,7 @@ struct kstore {
     char notice[1024];
     uint8_t *role;             /* per extent */
     uint8_t *verified;         /* per extent */
+    uint8_t *reread;           /* per extent: a lent layer held again, to be checked again when read */
     uint8_t *touched;          /* per mapped extent: counted once as read */
     uint8_t **decoded;         /* in place: extents read whole into memory (striped, compressed) */
     /* held extents: decoded byte x at held_buf[i] + (x - held_base[i]), for x >= held_r0[i] */
@@ -72,6 +74,10 @@ struct kstore {
     struct rslot *rs;
     int K;
     uint32_t next_load, next_consume;
+    uint32_t q_first;          /* the step's first piece in this phase (the decoding phase skips
+                                  the lent layers' pieces, which come first) */
+    uint32_t q_first_decode;
+    uint32_t q_wrap;           /* where the read-ahead goes after the step's last piece (kstore_phase_next) */
     int32_t *slot_of_piece;    /* [ring.n]: ring slot, -1 */
     int cur_slot, bind;
     uint32_t slot_consumed;    /* pieces of cur_slot handed out */
@@ -79,7 +85,10 @@ struct kstore {
     XXH3_state_t *ring_xxh;
     /* experts */
     struct slot *eslots;
-    int n_eslots;
+    int n_eslots;              /* every slot of the decoding layout */
+    int n_live;                /* the slots in use in this phase: [0, n_live) */
+    int phase;                 /* 1: prefill (the flex region is the caller's) */
+    int pin_now;               /* layers [0, pin_now) held in this phase */
     int32_t *slot_of;          /* per extent: expert slot, -1 */
     uint32_t *uses;            /* per extent: times requested (LFU history) */
     uint64_t tick;
@@ -128,5 +137,8 @@ void kstore_drop_mapped(kstore *s, uint16_t m, uint64_t off, uint64_t len);
 /* store_ring.c */
 int kstore_ring_open(kstore *s, krun_err *err);
 void kstore_ring_close(kstore *s);
+/* Take the read-ahead back (unstarted reads cancelled, the rest waited for)
+ * and start the step's sequence at piece q_first. */
+int kstore_ring_restart(kstore *s, uint32_t q_first, krun_err *err);
 
 #endif

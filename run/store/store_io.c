@@ -4,6 +4,7 @@
 #include "store_internal.h"
 
 #include "format/kio.h"
+#include "format/kos.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -52,7 +53,7 @@ static void member_label(const kstore *s, uint16_t m, char *buf, size_t n)
 /* O_DIRECT on member m: opened and one aligned block read, or -1 with errno. */
 static int open_direct(kstore *s, uint16_t m)
 {
-    int fd = open(kpk_member_path(s->f, m), O_RDONLY | O_DIRECT | O_CLOEXEC);
+    int fd = kos_open_uncached(kpk_member_path(s->f, m));
     if (fd < 0) return -1;
     if (kio_pread_full(fd, s->window, KPIECE_ALIGN, 0)) {
         int e = errno;
@@ -145,10 +146,8 @@ int kstore_mappable(const kstore *s, uint32_t i)
 
 void kstore_drop_mapped(kstore *s, uint16_t m, uint64_t off, uint64_t len)
 {
-    uint64_t a = (off + 4095) / 4096 * 4096, b = (off + len) / 4096 * 4096;
-    if (b > s->map_len[m]) b = s->map_len[m] / 4096 * 4096;
-    if (b > a) madvise((void *)(s->map[m] + a), b - a, MADV_DONTNEED);
-    posix_fadvise(kpk_member_fd(s->f, m), (off_t)off, (off_t)len, POSIX_FADV_DONTNEED);
+    if (off < s->map_len[m]) kos_map_dontneed(s->map[m] + off, (size_t)(off + len > s->map_len[m] ? s->map_len[m] - off : len));
+    kos_cache_drop(kpk_member_fd(s->f, m), off, len);
 }
 
 /* ---- building requests -------------------------------------------------------------------- */
@@ -347,7 +346,7 @@ int kstore_read_stored(kstore *s, uint32_t i, uint64_t pos, uint64_t len, uint8_
                 kstore_err_extent(s, i, err, KRUN_EINPUT, what);
                 return -1;
             }
-            if (m->drop_cache) posix_fadvise(m->fd, (off_t)seg[k].off, (off_t)seg[k].len, POSIX_FADV_DONTNEED);
+            if (m->drop_cache) kos_cache_drop(m->fd, seg[k].off, seg[k].len);
             s->sync_bytes[seg[k].member] += seg[k].len;
             buf += seg[k].len;
         }

@@ -8,6 +8,7 @@
  * piece has been used. */
 #include "store_internal.h"
 
+#include "format/kos.h"
 #include "run/model/use_order.h"
 
 #include <stdlib.h>
@@ -15,6 +16,10 @@
 #include <sys/mman.h>
 
 static const kpiece *piece(const kstore *s, uint32_t q) { return &s->ring.piece[q]; }
+
+/* The piece after q in the step's sequence of this phase; the last wraps round to the first
+ * of the next step's (q_wrap: this phase's, or the next one's when kstore_phase_next said). */
+static uint32_t after(const kstore *s, uint32_t q) { return q + 1 < s->ring.n ? q + 1 : s->q_wrap; }
 
 static krange range_of(const kpiece *p)
 {
@@ -66,7 +71,7 @@ static int slot_load(kstore *s, struct rslot *r, uint32_t q, krun_err *err)
     r->mapped = piece_mapped(s, p);
     if (r->mapped) {
         const kpk_extent *x = kpk_extent_at(s->f, p->extent);
-        madvise((void *)(s->map[x->member] + x->offset + p->a0), p->a1 - p->a0, MADV_WILLNEED);
+        kos_map_willneed(s->map[x->member] + x->offset + p->a0, p->a1 - p->a0);
         r->data = s->map[x->member] + x->offset + p->r0;
         r->loading = 0;
         return 0;
@@ -87,14 +92,16 @@ static int slot_load(kstore *s, struct rslot *r, uint32_t q, krun_err *err)
 /* Read ahead: the next pieces of the step (and of the next) into free slots. */
 static int fill(kstore *s, krun_err *err)
 {
+    if (s->q_first >= s->ring.n) return 0; /* nothing streams in this phase */
     for (;;) {
+        if (s->next_load >= s->ring.n) return 0;        /* the next step streams nothing (wrapped to a phase without pieces) */
         struct rslot *r = NULL;
         if (s->slot_of_piece[s->next_load] >= 0) return 0; /* the whole ring is ahead: this piece is still held */
         for (int k = 0; k < s->K && !r; k++)
             if (s->rs[k].piece < 0) r = &s->rs[k];
         if (!r) return 0;
         if (slot_load(s, r, s->next_load, err)) return -1;
-        s->next_load = (s->next_load + 1) % s->ring.n;
+        s->next_load = after(s, s->next_load);
     }
 }
 
@@ -105,17 +112,35 @@ static void release(kstore *s, struct rslot *r)
     fill(s, &e); /* a failure to queue shows when the piece is needed */
 }
 
-/* Drop everything read ahead and start again at the step's first piece. */
-static void reset(kstore *s)
+/* Drop everything read ahead (reads no disk has started are cancelled, the
+ * rest waited for and counted as discarded) and start again at piece q_first. */
+static void reset(kstore *s, uint32_t q_first)
 {
     for (int k = 0; k < s->K; k++) {
         struct rslot *r = &s->rs[k];
-        if (r->loading) kiop_wait(s->io, &r->batch);
+        if (r->loading) {
+            kiop_cancel(s->io, &r->batch);
+            kiop_wait(s->io, &r->batch);
+            s->st.bytes_discarded += r->batch.bytes;
+        }
         r->loading = 0;
         slot_free(s, r);
     }
-    s->next_load = s->next_consume = 0;
+    s->q_first = s->q_wrap = q_first;
+    s->next_load = s->next_consume = q_first;
     s->cur_slot = -1;
+}
+
+int kstore_ring_restart(kstore *s, uint32_t q_first, krun_err *err)
+{
+    if (!s->have_ring) return 0;
+    /* the read-ahead already follows the new sequence (kstore_phase_next said so): kept */
+    if (s->cur_slot < 0 && s->next_consume == q_first) {
+        s->q_first = s->q_wrap = q_first;
+        return fill(s, err);
+    }
+    reset(s, q_first);
+    return fill(s, err);
 }
 
 int kstore_ring_open(kstore *s, krun_err *err)
@@ -123,12 +148,19 @@ int kstore_ring_open(kstore *s, krun_err *err)
     const kstore_layout *p = s->opt.layout;
     int need_buf = 0;
     if (!p->ring_slots) return 0;
-    if (kring_build(&s->ring, s->opt.model, p->piece_bytes, p->pin, p->head_streamed, s->stage_bytes, err)) return -1;
+    /* cut for the prefill phase's pin: the superset of the layers either phase streams */
+    if (kring_build(&s->ring, s->opt.model, p->piece_bytes, p->pin_prefill, p->head_streamed, s->stage_bytes, err)) return -1;
     s->have_ring = 1;
+    /* the decoding phase's sequence starts after the lent layers' pieces */
+    for (int t = p->pin_prefill; t < p->pin && t < s->ring.n_slots - 1; t++) s->q_first_decode += s->ring.slot_npieces[t];
+    s->q_first = s->q_wrap = s->q_first_decode;
+    s->next_load = s->next_consume = s->q_first;
     /* the plan was made from the same cut: anything else is a bug */
-    if (s->ring.slot_bytes != p->ring_slot_bytes || s->ring.min_slots > p->ring_slots || s->ring.n != p->ring_pieces) {
-        krun_err_set(err, KRUN_EDATA, "internal: the ring (%u pieces, slots of %llu bytes, at least %d) differs from the plan "
-                     "(%u, %llu, %d)", s->ring.n, (unsigned long long)s->ring.slot_bytes, s->ring.min_slots, p->ring_pieces,
+    if (s->ring.slot_bytes != p->ring_slot_bytes || s->ring.min_slots > p->ring_slots || s->ring.n != p->ring_pieces_prefill ||
+        s->ring.n - s->q_first_decode != p->ring_pieces) {
+        krun_err_set(err, KRUN_EDATA, "internal: the ring (%u pieces, %u while decoding, slots of %llu bytes, at least %d) differs "
+                     "from the plan (%u, %u, %llu, %d)", s->ring.n, s->ring.n - s->q_first_decode,
+                     (unsigned long long)s->ring.slot_bytes, s->ring.min_slots, p->ring_pieces_prefill, p->ring_pieces,
                      (unsigned long long)p->ring_slot_bytes, p->ring_slots);
         return -1;
     }
@@ -148,7 +180,7 @@ int kstore_ring_open(kstore *s, krun_err *err)
         s->rs[k].buf = b;
     }
     s->cur_slot = -1;
-    return fill(s, err);
+    return 0;   /* the first block's kstore_ring_step starts the reads, in the phase it runs in */
 oom:
     krun_err_set(err, KRUN_ENOMEM, "out of memory: %d ring slots of %llu bytes", s->K, (unsigned long long)p->ring_slot_bytes);
     return -1;
@@ -169,16 +201,28 @@ void kstore_ring_close(kstore *s)
 
 const kring *kstore_ring(const kstore *s) { return s && s->have_ring ? &s->ring : NULL; }
 
+void kstore_phase_next(kstore *s, int prefill)
+{
+    const kstore_layout *p = s->opt.layout;
+    if (!s->have_ring || !p || p->pin_prefill >= p->pin) return;
+    s->q_wrap = prefill ? 0 : s->q_first_decode;
+}
+
+int kstore_streams(const kstore *s, int slot)
+{
+    return s && s->have_ring && s->ring.slot_npieces[slot] && (slot == s->ring.n_slots - 1 || slot >= s->pin_now);
+}
+
 int kstore_ring_step(kstore *s, krun_err *err)
 {
     if (!s->have_ring) return 0;
-    if (s->next_consume != 0 || s->cur_slot >= 0) reset(s); /* the last block stopped half way */
+    if (s->next_consume != s->q_first || s->cur_slot >= 0) reset(s, s->q_first); /* the last block stopped half way */
     return fill(s, err);
 }
 
 int kstore_ring_begin(kstore *s, int slot, int bind, krun_err *err)
 {
-    if (!s->have_ring || !s->ring.slot_npieces[slot]) return 0;
+    if (!kstore_streams(s, slot)) return 0;
     if (s->next_consume != s->ring.slot_piece0[slot]) {
         krun_err_set(err, KRUN_EDATA, "internal: the ring is at piece %u, layer slot %d starts at piece %u", s->next_consume, slot,
                      s->ring.slot_piece0[slot]);
@@ -239,7 +283,7 @@ static int consume(kstore *s, krun_err *err)
         r->pending += use == K3U_ONCE || use == K3U_MULTI || (use == K3U_VEC && s->bind);
     }
     r->consumed = 1;
-    s->next_consume = (q + 1) % s->ring.n;
+    s->next_consume = after(s, q);
     s->slot_consumed++;
     if (!r->pending) release(s, r);
     return 0;
@@ -276,8 +320,8 @@ void kstore_piece_done(kstore *s, uint32_t q)
 
 int kstore_ring_end(kstore *s, int slot, krun_err *err)
 {
+    if (!kstore_streams(s, slot)) return 0;
     const uint32_t a = s->ring.slot_piece0[slot], n = s->ring.slot_npieces[slot];
-    if (!s->have_ring || !n) return 0;
     /* the rest of the layer's pieces: read, hashed, the checksum compared */
     while (s->slot_consumed < n)
         if (consume(s, err)) return -1;

@@ -47,6 +47,8 @@ typedef struct {
     double min_p;             /* 0: off */
     int ignore_eos;           /* generate past the model's end-of-message ids */
     int return_token_ids;     /* the response carries prompt_token_ids and choices[].token_ids */
+    long speculative;         /* krun's: drafts per verification at most (0: none; true: the server's
+                                 --spec; false: 0); -1: absent (the server's) */
 } oai_sampling;
 
 typedef struct {

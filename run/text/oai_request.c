@@ -273,6 +273,17 @@ static int parse_sampling(json_t *o, oai_sampling *s, long default_max, arena *a
     if (get_number(o, "min_p", 0, 1, &s->min_p, NULL, e)) return -1;
     if (get_bool(o, "ignore_eos", &s->ignore_eos, e)) return -1;
     if (get_bool(o, "return_token_ids", &s->return_token_ids, e)) return -1;
+    s->speculative = -1;
+    if ((v = field(o, "speculative"))) {
+        if (json_is_boolean(v)) s->speculative = json_is_true(v) ? -1 : 0;
+        else if (!json_is_integer(v)) return wrong_type(e, "speculative", "a boolean or an integer", v);
+        else if (json_integer_value(v) < 0 || json_integer_value(v) > 64) {
+            oai_error_set(e, 400, "speculative", "invalid_value", "speculative must be 0 (off) to 64 drafts, got %lld",
+                          (long long)json_integer_value(v));
+            return -1;
+        }
+        else s->speculative = (long)json_integer_value(v);
+    }
     return unsupported(o, e);
 }
 

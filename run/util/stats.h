@@ -25,6 +25,9 @@ typedef struct krun_stats {
     uint64_t experts_predicted_used; /* ... of them, requested by the router afterwards */
     uint64_t bytes_router;    /* routers read early for the prediction (not in bytes_read) */
     uint64_t extents_verified;
+    uint64_t phase_switches;  /* into the prefill layout (and, each, back: docs/RUNTIME.md §4) */
+    uint64_t bytes_lent_reread; /* part of bytes_resident: lent layers read again after a prefill */
+    uint64_t bytes_discarded; /* read ahead for one phase's sequence and dropped at a switch (not in bytes_read) */
     double io_wait_seconds;   /* compute blocked on reads */
     uint16_t n_members;
     uint64_t member_bytes[KRUN_MAX_MEMBERS]; /* read through the I/O queues, per member file */

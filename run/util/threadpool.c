@@ -11,6 +11,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #define CHUNKS_PER_THREAD 4
@@ -20,6 +21,8 @@ static inline void cpu_relax(void)
 {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ volatile("yield");
 #endif
 }
 
@@ -110,8 +113,12 @@ static void *worker(void *arg)
 
 kpool *kpool_create(int nthreads)
 {
-    kpool *p = calloc(1, sizeof *p);
+    /* aligned_alloc, not calloc: the struct has cache-line (_Alignas(64))
+     * members, and calloc's 16-byte alignment would be undefined behaviour
+     * (UBSan: misaligned member access) and share their lines after all */
+    kpool *p = aligned_alloc(_Alignof(kpool), sizeof *p);
     if (!p) return NULL;
+    memset(p, 0, sizeof *p);
     p->nthreads = nthreads < 1 ? 1 : nthreads;
     atomic_init(&p->claim, 0);
     atomic_init(&p->done, 0);

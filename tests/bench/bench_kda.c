@@ -81,7 +81,7 @@ int main(int argc, char **argv)
     const size_t D = argc > 1 ? (size_t)atol(argv[1]) : 128, n = POS * HEADS * D;
     float *S_ref, *o_ref;
     double t[RUNS];
-    static const ksimd levels[] = {KSIMD_SCALAR, KSIMD_AVX2, KSIMD_AVX512};
+    static const ksimd levels[] = {KSIMD_SCALAR, KSIMD_AVX2, KSIMD_AVX512, KSIMD_NEON};
     if (D < 1 || D > 1024) return 2;
     x.D = D;
     x.S0 = malloc(HEADS * D * D * 4), x.S = malloc(HEADS * D * D * 4);
@@ -100,8 +100,8 @@ int main(int argc, char **argv)
     memcpy(S_ref, x.S, HEADS * D * D * 4);
     memcpy(o_ref, x.o, n * 4);
     printf("  %-28s %10.0f\n", "four passes (before)", t[RUNS / 2]);
-    for (size_t l = 0; l < 3; l++) {
-        if ((int)levels[l] > (int)kern_simd_detect()) continue;
+    for (size_t l = 0; l < sizeof levels / sizeof *levels; l++) {
+        if (!kern_simd_supported(levels[l])) continue;
         kern_simd_set(levels[l]);
         for (int r = 0; r < RUNS; r++) t[r] = run(two_passes, &x);
         qsort(t, RUNS, sizeof *t, cmpd);

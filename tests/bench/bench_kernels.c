@@ -204,7 +204,8 @@ int main(int argc, char **argv)
         float *Y = xmalloc(sizeof(float) * rows * TBIG);
         for (size_t i = 0; i < cols * TBIG; i++) X[i] = (float)((double)(rnd() >> 11) / 9007199254740992.0 - 0.5);
 
-        for (int lv = 0; lv <= (int)best; lv++) {
+        for (int lv = 0; lv < KSIMD_COUNT; lv++) {
+            if (!kern_simd_supported((ksimd)lv)) continue;
             kern_simd_set((ksimd)lv);
             for (int th = 0; th < 2; th++) {
                 if (th && !pool) continue;

@@ -33,7 +33,7 @@ if [ ! -f "$W/slice.kpk" ]; then
     rm -rf "$W/slice"
 fi
 ls -l "$W/slice.kpk" | awk -v g="${BENCH_SERVE_SYNTH:---geometry slice --layers 4 --experts 64 --topk 4 --vocab 32768}" '{printf "slice.kpk: %.2f GB (k3synth %s)\n", $5/1e9, g}'
-"$BIN/krun" "$W/slice.kpk" --plan --mem 64G --ctx 64 --max-seqs 8 --json "$W/plan.json" >/dev/null || exit 2
+"$BIN/krun" "$W/slice.kpk" --plan --mem 64G --ctx 64 --max-seqs 8 --spec 8 --json "$W/plan.json" >/dev/null || exit 2
 MIN=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["minimum_bytes"])' "$W/plan.json")
 echo "minimum budget with 8 sequences of 64 positions: $MIN bytes"
 
@@ -106,7 +106,7 @@ PY
 }
 batching "the minimum budget: 4 expert slots, a sweep's experts are read 4 at a time" --mem "$MIN"
 # the trunk still streamed (--pin 0), with room for one layer's 64 experts
-"$BIN/krun" "$W/slice.kpk" --plan --mem 64G --pin 0 --expert-slots 64 --ctx 64 --max-seqs 8 --json "$W/plan64.json" >/dev/null || exit 2
+"$BIN/krun" "$W/slice.kpk" --plan --mem 64G --pin 0 --expert-slots 64 --ctx 64 --max-seqs 8 --spec 8 --json "$W/plan64.json" >/dev/null || exit 2
 MEM64=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["total_bytes"])' "$W/plan64.json")
 batching "the trunk streamed, 64 expert slots" --mem "$MEM64" --pin 0 --expert-slots 64
 

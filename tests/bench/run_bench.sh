@@ -18,6 +18,9 @@
 #            and seconds per generated token with and without --spec
 #   serve    tests/bench/bench_serve.sh: krun serve's batching (1, 2, 4, 8 concurrent
 #            requests) and krun chat's turn two, on a full-width slice
+#   prompt   tests/bench/bench_prompt.sh: prompt blocks (--chunk 64 vs auto) on a
+#            release-geometry expert pool (BENCH_PROMPT_KPK, or 448 experts top-8
+#            made here): bytes, seconds, the union model's prediction
 #   prefix   tests/bench/bench_prefix.sh: a conversation through krun serve and the openai
 #            client with and without the prefix cache, and across a restart on --cache-dir;
 #            needs a release-geometry pool in BENCH_PREFIX_KPK (k3synth --geometry slice
@@ -26,7 +29,7 @@
 # Everything is generated under a temporary directory in build/ (the repo's
 # disk) and deleted at the end.
 #
-# Env: BENCH_ONLY       a subset of "kpack codec export kernels krun seq spec serve prefix" (default: all)
+# Env: BENCH_ONLY       a subset of "kpack codec export kernels krun seq spec serve prompt prefix" (default: all)
 #      KPK_VIRTUAL_OUT  keep the converted virtual .kpk at this path (the
 #                       runtime's scale test uses it); otherwise it is deleted
 #      BENCH_RUNS, BENCH_SLICE, BENCH_SETTLE, BENCH_SKIP: see bench_kpack.sh
@@ -37,7 +40,7 @@ mkdir -p "$TOP/build"
 TMP=$(mktemp -d "$TOP/build/bench.XXXXXX")
 trap 'rm -rf "$TMP"' EXIT
 trap 'exit 130' INT TERM
-ONLY=" ${BENCH_ONLY:-kpack codec export kernels krun seq spec serve prefix} "
+ONLY=" ${BENCH_ONLY:-kpack codec export kernels krun seq spec serve prompt prefix} "
 VIRT=${KPK_VIRTUAL_OUT:-$TMP/k3-virtual.kpk}
 rc=0
 start=$(date +%s)
@@ -93,6 +96,11 @@ done
 if [[ "$ONLY" == *" serve "* ]]; then
     echo "################ krun serve and krun chat (tests/bench/bench_serve.sh)"
     BENCH_DIR="$TMP/serve" bash tests/bench/bench_serve.sh || { echo "FAILED: bench_serve.sh"; rc=1; }
+    echo
+fi
+if [[ "$ONLY" == *" prompt "* ]]; then
+    echo "################ prompt blocks on a release-geometry pool (tests/bench/bench_prompt.sh)"
+    BENCH_DIR="$TMP/prompt" bash tests/bench/bench_prompt.sh || { echo "FAILED: bench_prompt.sh"; rc=1; }
     echo
 fi
 if [[ "$ONLY" == *" prefix "* ]]; then

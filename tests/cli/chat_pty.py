@@ -6,7 +6,8 @@ SCRIPT is a list of steps: {"send": "text"} writes to the terminal (\\r is Enter
 \\x04 Ctrl-D, \\x1b[200~ ... \\x1b[201~ a bracketed paste); {"wait": "text", "timeout": s} reads until
 the text has appeared (counting from the previous wait's match); {"wait_count": "text", "n": k}
 until it has appeared k times in all.  Everything the program wrote is saved to OUT.bin; the exit
-status is the program's (124 if a wait timed out)."""
+status is the program's (124 if a wait timed out).  KPK_SLOW=N multiplies every timeout by N
+(make test-arm64-full: the program runs under an emulator)."""
 import json
 import os
 import pty
@@ -14,6 +15,7 @@ import select
 import sys
 import time
 
+SLOW = float(os.environ.get("KPK_SLOW", "1"))
 
 def main():
     out_path, script_path = sys.argv[1], sys.argv[2]
@@ -43,7 +45,7 @@ def main():
         if "send" in step:
             os.write(fd, step["send"].encode())
             continue
-        deadline = time.time() + step.get("timeout", 60)
+        deadline = time.time() + step.get("timeout", 60) * SLOW
         if "wait" in step:
             want = step["wait"].encode()
             while buf.find(want, seen) < 0 and time.time() < deadline:
@@ -64,7 +66,7 @@ def main():
                 break
     if status == 124:
         os.kill(pid, 9)
-    deadline = time.time() + 60
+    deadline = time.time() + 60 * SLOW
     while time.time() < deadline:
         if not read_some(deadline):
             break

@@ -7,6 +7,11 @@ case "$BIN" in /*) ;; *) BIN="$TOP/$BIN";; esac
 K3_SHARED=${K3_SHARED:-$TOP/../shared}
 T=$(mktemp -d "${KPK_TEST_TMP:-/tmp}/cli.XXXXXX")
 FAILS=0
+# Why the memory of a process under test is not krun's alone, when it is not:
+# the RSS and address-space checks skip then.
+NOT_KRUNS_MEMORY=""
+[ -n "${KPK_SANITIZED:-}" ] && NOT_KRUNS_MEMORY="sanitizer builds carry shadow memory"
+[ -n "${KPK_EMULATED:-}" ] && NOT_KRUNS_MEMORY="the build runs under an emulator, whose own memory counts"
 ok()     { echo "ok - $*"; }
 notok()  { echo "not ok - $*"; FAILS=$((FAILS + 1)); }
 skip()   { echo "skip - $*"; }
@@ -60,5 +65,48 @@ for i in range(ext_n):
     if kind == 4:
         d[off + stored // 3] ^= 0x40
 open(sys.argv[2], "wb").write(d)
+PY
+}
+
+# cg_run LIMIT CMD...: run CMD in a fresh memory cgroup (v1 or v2) limited to LIMIT bytes, swap
+# off; its exit status, or 99 when no writable memory cgroup is here.
+cg_run() {
+    local limit=$1; shift
+    local v1=/sys/fs/cgroup/memory v2=/sys/fs/cgroup d rc
+    if [ -d "$v1" ] && [ -w "$v1" ]; then
+        d="$v1/kpk-test-$$-$RANDOM"; mkdir "$d" || return 99
+        echo "$limit" > "$d/memory.limit_in_bytes" || { rmdir "$d"; return 99; }
+        [ -e "$d/memory.memsw.limit_in_bytes" ] && echo "$limit" > "$d/memory.memsw.limit_in_bytes" 2>/dev/null
+        echo 0 > "$d/memory.swappiness" 2>/dev/null
+        (echo $BASHPID > "$d/cgroup.procs" && exec "$@"); rc=$?
+        rmdir "$d" 2>/dev/null
+        return $rc
+    elif [ -e "$v2/cgroup.controllers" ] && grep -qw memory "$v2/cgroup.controllers" && [ -w "$v2" ]; then
+        d="$v2/kpk-test-$$-$RANDOM"; mkdir "$d" || return 99
+        echo "$limit" > "$d/memory.max" || { rmdir "$d"; return 99; }
+        echo 0 > "$d/memory.swap.max" 2>/dev/null
+        (echo $BASHPID > "$d/cgroup.procs" && exec "$@"); rc=$?
+        rmdir "$d" 2>/dev/null
+        return $rc
+    fi
+    return 99
+}
+
+# same_as_one_go KPK JSONL TURN [ARGS]: in a krun chat --json JSONL, the reply of TURN (1-based)
+# == krun on the whole history before it at once
+same_as_one_go() {
+    python3 - "$BIN/krun" "$@" <<'PY'
+import json, subprocess, sys
+krun, kpk, jl, turn = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+extra = sys.argv[5:]
+t = [json.loads(l) for l in open(jl)]
+hist = []
+for x in t[:turn - 1]:
+    hist += x["fed_ids"] + x["reply_ids"][:-1]      # the last reply token is run with the next turn (fed_ids[0])
+hist += t[turn - 1]["fed_ids"]
+want = t[turn - 1]["reply_ids"]
+out = subprocess.run([krun, kpk, "--ids", ",".join(map(str, hist)), "--gen", str(len(want)), "--print-ids", "--quiet", "--ignore-eos"] + extra,
+                     capture_output=True, text=True, check=True).stdout.split()
+assert [int(x) for x in out] == want, (out, want)
 PY
 }

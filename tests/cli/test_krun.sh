@@ -10,7 +10,7 @@ IDS=5,80,81,82,200,13,7,7,7,31,99
 # Determinism: logits bits identical across thread counts, SIMD paths, prefill
 # blocking and full recompute; generated ids identical too.
 "$BIN/krun" "$T/m.kpk" --ids $IDS --gen 8 --dump-all-logits "$T/ref.bin" --json "$T/ref.json" --quiet --print-ids >/dev/null
-simds="scalar avx2 avx512"
+simds="scalar avx2 avx512 neon"
 for v in "--threads 1" "--threads 2" "--threads 3" "--chunk 1" "--chunk 4 --threads 1" "--recompute"; do
     "$BIN/krun" "$T/m.kpk" --ids $IDS --gen 8 --dump-all-logits "$T/x.bin" --json "$T/x.json" --quiet --print-ids $v >/dev/null
     cmp -s "$T/ref.bin" "$T/x.bin" && python3 -c 'import json,sys; assert json.load(open(sys.argv[1]))["generated_ids"]==json.load(open(sys.argv[2]))["generated_ids"]' "$T/ref.json" "$T/x.json" \

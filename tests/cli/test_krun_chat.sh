@@ -11,24 +11,6 @@ PTY="$TOP/tests/cli/chat_pty.py"
 "$BIN/k3synth" "$T/m" --geometry tiny --seed 21 --quiet >/dev/null 2>"$T/err" || { notok "k3synth: $(cat "$T/err")"; finish; exit 1; }
 "$BIN/kpack" convert "$T/m" "$T/m.kpk" --quiet || { notok "convert"; finish; exit 1; }
 
-# same_as_one_go KPK JSONL TURN [ARGS]: the reply of TURN (1-based) == krun on the history before it
-same_as_one_go() {
-    python3 - "$BIN/krun" "$@" <<'PY'
-import json, subprocess, sys
-krun, kpk, jl, turn = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-extra = sys.argv[5:]
-t = [json.loads(l) for l in open(jl)]
-hist = []
-for x in t[:turn - 1]:
-    hist += x["fed_ids"] + x["reply_ids"][:-1]      # the last reply token is run with the next turn (fed_ids[0])
-hist += t[turn - 1]["fed_ids"]
-want = t[turn - 1]["reply_ids"]
-out = subprocess.run([krun, kpk, "--ids", ",".join(map(str, hist)), "--gen", str(len(want)), "--print-ids", "--quiet", "--ignore-eos"] + extra,
-                     capture_output=True, text=True, check=True).stdout.split()
-assert [int(x) for x in out] == want, (out, want)
-PY
-}
-
 # ---- plain continuation (a tokenizer without chat markers), stdin scripted ------------------------
 printf 'Hello there\nHow are you?\nAnd now?\n' | "$BIN/krun" chat "$T/m.kpk" --gen 20 --json "$T/a.jsonl" >"$T/a.out" 2>"$T/a.err"
 rc=$?

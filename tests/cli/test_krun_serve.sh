@@ -9,8 +9,8 @@
 . "$(dirname "$0")/lib.sh"
 SC="$TOP/tests/cli/serve_client.py"
 export PYTHONPATH="$TOP/tests/cli${PYTHONPATH:+:$PYTHONPATH}"
-# sanitizer builds run several times slower: wait longer, never assert on speed
-SLOW=1; [ -n "${KPK_SANITIZED:-}" ] && SLOW=5
+# sanitizer and emulated builds run several times slower: wait longer, never assert on speed
+SLOW=1; [ -n "${KPK_SANITIZED:-}" ] && SLOW=5; [ -n "${KPK_SLOW:-}" ] && SLOW=$KPK_SLOW
 
 "$BIN/k3synth" "$T/m" --geometry tiny --seed 21 --quiet >/dev/null 2>"$T/err" || { notok "k3synth: $(cat "$T/err")"; finish; exit 1; }
 "$BIN/kpack" convert "$T/m" "$T/m.kpk" --quiet || { notok "convert"; finish; exit 1; }
@@ -249,7 +249,9 @@ stop INT
 
 # ---- SIGTERM with requests in flight -----------------------------------------------------------------------
 for mode in finish cancel; do
-    if [ $mode = finish ]; then start term "$T/m.kpk" --max-seqs 2; else start term "$T/m.kpk" --max-seqs 2 --shutdown-timeout 0; fi || continue
+    # a slow build (KPK_SLOW: emulated) takes longer than the default 30 s for 600 tokens
+    if [ $mode = finish ]; then start term "$T/m.kpk" --max-seqs 2 ${KPK_SLOW:+--shutdown-timeout $((30 * SLOW))}
+    else start term "$T/m.kpk" --max-seqs 2 --shutdown-timeout 0; fi || continue
     python3 - "$PORT" "$T/term.res" <<'PY' &
 import sys, json, serve_client as c
 port = int(sys.argv[1])

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The prefix cache (docs/RUNTIME.md §8) never changes an answer, and reuses what it should:
+# The prefix cache (docs/RUNTIME.md §9) never changes an answer, and reuses what it should:
 #  - a multi-turn conversation through the official openai npm client (every request sends the
 #    whole conversation again), cache on vs --no-cache: every request bit-identical; each request's
 #    cached_tokens is exactly the longest kept state that prefixes it (the end of an earlier prompt,
@@ -133,7 +133,7 @@ from kpk import xxh3
 d, how = sys.argv[1:3]
 ids = json.load(open(f"{d}/ref.json"))["prompt_token_ids"]
 name = "%016x-%d-l.krs" % (xxh3(struct.pack("<%di" % len(ids), *ids)), len(ids))
-path = glob.glob(f"{d}/ddir/k3-*/{name}")[0]       # the entry's name is the XXH3 of its ids (docs/RUNTIME.md §8)
+path = glob.glob(f"{d}/ddir/k3-*/{name}")[0]       # the entry's name is the XXH3 of its ids (docs/RUNTIME.md §9)
 b = bytearray(open(path, "rb").read())
 if how == "flip":
     b[len(b) // 2] ^= 0x10                       # a bit of the layers: the payload checksum fails

@@ -49,6 +49,9 @@ static const char USAGE[] =
     "  --mxfp4 uniform|quantized  MXFP4 experts: codes uniform over the 16 nibbles (default),\n"
     "                         or heavy-tailed weights quantised as a real MXFP4 checkpoint is\n"
     "                         (its code and scale statistics; for compression measurements)\n"
+    "  --logit-gain G         lm_head's weights G times larger (1..64; default 1: logits of std ~3):\n"
+    "                         a peaked next-token distribution, as a trained model's, so sampled\n"
+    "                         text repeats (speculative decoding at a temperature)\n"
     "  --routing skewed|flat  router correction bias uniform in +-0.3 (default: a large pool's\n"
     "                         choices concentrate on a few hundred experts), or none: every\n"
     "                         expert chosen about equally often, as the release's balanced\n"
@@ -70,6 +73,7 @@ typedef struct opts {
     int flat, single, fixture, virt, vision, force, quiet, threads;
     int mxfp4;              /* SYNTH_MXFP4_* */
     int routing;            /* SYNTH_ROUTING_* */
+    int logit_gain;         /* --logit-gain */
 } opts;
 
 static void die_usage(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
@@ -180,6 +184,8 @@ static void parse_args(int argc, char **argv, opts *o)
             if (strcmp(m, "uniform") == 0) o->mxfp4 = SYNTH_MXFP4_UNIFORM;
             else if (strcmp(m, "quantized") == 0) o->mxfp4 = SYNTH_MXFP4_QUANTIZED;
             else die_usage("--mxfp4 must be uniform or quantized (got '%s')", m);
+        } else if (strcmp(name, "--logit-gain") == 0) {
+            o->logit_gain = (int)parse_ll(name, VALUE(), 1, 64);
         } else if (strcmp(name, "--routing") == 0) {
             const char *m = VALUE();
             if (strcmp(m, "skewed") == 0) o->routing = SYNTH_ROUTING_SKEWED;
@@ -452,6 +458,7 @@ int main(int argc, char **argv)
     w.virt = o.virt;
     w.draw.mxfp4 = o.mxfp4;
     w.draw.routing = o.routing;
+    w.draw.logit_gain = o.logit_gain;
     w.progress = !o.quiet && isatty(2);
     w.threads = o.threads;
     if (!w.threads) {

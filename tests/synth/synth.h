@@ -104,6 +104,7 @@ enum { SYNTH_ROUTING_SKEWED = 0, SYNTH_ROUTING_FLAT = 1 };
 typedef struct synth_draw {
     int mxfp4;            /* SYNTH_MXFP4_* */
     int routing;          /* SYNTH_ROUTING_* */
+    int logit_gain;       /* --logit-gain: lm_head's std times this (0 or 1: logits of std ~3) */
 } synth_draw;
 /* Fill rows [row0, row0 + nrows) of t into out (nrows * row_bytes bytes). */
 void synth_fill_rows(const k3_config *cfg, uint64_t seed, const synth_draw *draw, const synth_tensor *t, uint64_t row0,

@@ -67,7 +67,7 @@ static struct dist role_dist(const k3_config *c, int role, const synth_draw *dra
 #define GAIN() (d.kind = D_GAIN, d.lo = 0.8, d.hi = 1.2)
     switch (role) {
     case K3T_EMBED: NORMAL(1.0); break;
-    case K3T_LM_HEAD: NORMAL(3.0 / sqrt(E)); break;
+    case K3T_LM_HEAD: NORMAL(3.0 * (draw->logit_gain > 1 ? draw->logit_gain : 1) / sqrt(E)); break;
     case K3T_FINAL_NORM: case K3T_OUT_RES_NORM: case K3T_INPUT_LN: case K3T_POST_ATTN_LN:
     case K3T_ATTN_RES_NORM: case K3T_MLP_RES_NORM: case K3T_KDA_ONORM: case K3T_MLA_QA_NORM:
     case K3T_MLA_KVA_NORM: case K3T_MOE_NORM:

@@ -9,7 +9,9 @@
  *                                              the fewest with which an explicit replay of the
  *                                              forward pass's use order never waits for a slot
  *   probe_plan store  FILE.kpk --mem SIZE [--head hold|stream] [--pin N] [--piece SIZE] [--predict on]
- *                                              the store's buffers as allocated == as planned
+ *                     [--chunk auto|N] [--ctx N]
+ *                                              the store's buffers as allocated == as planned (with a
+ *                                              prefill layout: the store's own and the flex region)
  *   probe_plan budget FILE.kpk                 the minimum budget plans; one byte less is refused
  *                                              (exit code, and the message names the minimum)
  *   probe_plan prefer FILE.kpk                 at budgets from the minimum up, the plan is the
@@ -232,6 +234,8 @@ static void check_store(const char *path, int argc, char **argv)
         else if (kargs_flag(argc, argv, &i, "--piece", &v) > 0) o.piece = (uint64_t)kargs_size(v);
         else if (kargs_flag(argc, argv, &i, "--head", &v) > 0) o.head = !strcmp(v, "stream");
         else if (kargs_flag(argc, argv, &i, "--predict", &v) > 0) o.predict = !strcmp(v, "on");
+        else if (kargs_flag(argc, argv, &i, "--chunk", &v) > 0) o.chunk = !strcmp(v, "auto") ? 0 : (size_t)atol(v);
+        else if (kargs_flag(argc, argv, &i, "--ctx", &v) > 0) o.ctx = (size_t)atol(v);
     }
     if (SANITIZED) { printf("skip - %s: the store's buffers seen by the allocator (sanitizer build)\n", path); return; }
     if (open_file(path, &f)) return;
@@ -253,14 +257,37 @@ static void check_store(const char *path, int argc, char **argv)
     p = krun_model_plan(m);
     /* page-aligned: the held extents, the ring's slots, the expert slots, the store's window,
      * each I/O worker's staging (compressed files; its plane buffer and zstd context come
-     * later, from the codec) and the prediction's buffers */
-    want = p->globals_resident + p->pinned_bytes + (uint64_t)p->ring_slots * p->ring_slot_bytes +
-           (uint64_t)p->expert_slots * p->expert_slot_bytes + window + p->predict_bytes + (uint64_t)p->io_threads * stage;
-    OK(atomic_load(&aligned_bytes) == want,
-       "%s --mem %llu (pin %d, lm_head %s, %d ring slots of %llu, %d expert slots, predict %d): the store allocated %llu bytes "
-       "in %lu page-aligned buffers; the plan says %llu", path, (unsigned long long)o.budget, p->pin, p->head_streamed ? "streams" : "held",
-       p->ring_slots, (unsigned long long)p->ring_slot_bytes, p->expert_slots, p->predict, (unsigned long long)atomic_load(&aligned_bytes),
-       atomic_load(&aligned_count), (unsigned long long)want);
+     * later, from the codec) and the prediction's buffers; with a prefill layout the lent
+     * layers and slots are the flex region's (one buffer, the session's) */
+    want = p->globals_resident + p->pinned_prefill_bytes + (uint64_t)p->ring_slots * p->ring_slot_bytes +
+           (uint64_t)p->expert_slots_prefill * p->expert_slot_bytes + p->flex_bytes + window + p->predict_bytes +
+           (uint64_t)p->io_threads * stage;
+    OK(atomic_load(&aligned_bytes) == want && (p->block_prefill || (p->pinned_prefill_bytes == p->pinned_bytes &&
+                                                                     p->expert_slots_prefill == p->expert_slots && !p->flex_bytes)),
+       "%s --mem %llu (pin %d (%d while a prefill block runs), lm_head %s, %d ring slots of %llu, %d expert slots (%d), flex %llu, "
+       "predict %d): the store allocated %llu bytes in %lu page-aligned buffers; the plan says %llu", path, (unsigned long long)o.budget,
+       p->pin, p->pin_prefill, p->head_streamed ? "streams" : "held", p->ring_slots, (unsigned long long)p->ring_slot_bytes,
+       p->expert_slots, p->expert_slots_prefill, (unsigned long long)p->flex_bytes, p->predict,
+       (unsigned long long)atomic_load(&aligned_bytes), atomic_load(&aligned_count), (unsigned long long)want);
+    if (o.chunk == 0 && p->block_prefill) {
+        kstore_layout l;
+        opened g;
+        kmemplan_layout(p, &l);
+        if (!open_file(path, &g)) {
+            OK(p->lent_bytes == kstore_lent_bytes(g.f, &g.m, &l, stage) && p->lent_bytes ==
+               p->pinned_bytes - p->pinned_prefill_bytes + (uint64_t)(p->expert_slots - p->expert_slots_prefill) * p->expert_slot_bytes &&
+               p->flex_bytes == (p->lent_bytes > p->scratch_prefill_bytes ? p->lent_bytes : p->scratch_prefill_bytes) &&
+               p->total == p->base + p->globals_resident + p->pinned_prefill_bytes + (uint64_t)p->ring_slots * p->ring_slot_bytes +
+               (uint64_t)p->expert_slots_prefill * p->expert_slot_bytes + p->io_bytes + p->predict_bytes + p->state_bytes +
+               p->vectors_bytes + p->scratch_bytes + p->flex_bytes && p->total <= p->budget,
+               "%s --mem %llu --chunk auto: the flex region (%llu) is the larger of what decoding lends (layers %d..%d and %d "
+               "slots: %llu) and a %zu-position block (%llu), and the total adds up to %llu <= the budget", path,
+               (unsigned long long)o.budget, (unsigned long long)p->flex_bytes, p->pin_prefill, p->pin - 1,
+               p->expert_slots - p->expert_slots_prefill, (unsigned long long)p->lent_bytes, p->block_prefill,
+               (unsigned long long)p->scratch_prefill_bytes, (unsigned long long)p->total);
+            close_file(&g);
+        }
+    }
     krun_model_close(m);
 }
 
@@ -351,7 +378,7 @@ int main(int argc, char **argv)
 {
     if (argc < 3) {
         fprintf(stderr, "usage: probe_plan ring|store|budget|prefer FILE.kpk [--mem SIZE] [--pin N] [--head hold|stream] "
-                "[--piece SIZE] [--predict on]\n");
+                "[--piece SIZE] [--predict on] [--chunk auto|N] [--ctx N]\n");
         return 2;
     }
     if (!strcmp(argv[1], "ring")) check_ring(argv[2]);

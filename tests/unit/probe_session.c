@@ -5,17 +5,25 @@
  *   probe_session batch   FILE.kpk [--mem SIZE]   sessions stepped together == each alone, bit for bit
  *   probe_session copy    FILE.kpk [--mem SIZE]   a session copied (krun_session_copy) or snapshotted and
  *                                                 restored (krun_snapshot_*) continues bit for bit as the
- *                                                 original: ids, logits, the sampler's PRNG, pending tokens
+ *                                                 original: ids, logits, the sampler's options and reply start, pending tokens
  *   probe_session mark    FILE.kpk [--mem SIZE]   a snapshot taken inside a block (krun_session_mark, into an
  *                                                 idle slot or a file; alone and in a batch) == the state of
  *                                                 a run that stopped there, bit for bit
  *   probe_session pcache  FILE.kpk [--mem SIZE]   requests through the prefix cache (krun_pcache, in RAM
  *                                                 and on disk, reopened) == each run alone, bit for bit:
  *                                                 every logit and id; each starts where it should
+ *   probe_session sampler FILE.kpk [--mem SIZE]   the sampler through the session: the mask hook, the reply start
  *   probe_session spec    FILE.kpk [--mem SIZE]   speculative verification == plain decoding, bit for bit
  *                                                 (ids, logits, the saved state), a rollback at every
  *                                                 place of a block (--quick: in the middle of it, and
  *                                                 none); nothing allocated per round
+ *   probe_session phases  FILE.kpk --mem SIZE [--ctx N]   --chunk auto with a prefill layout: planned ==
+ *                                                 allocated for both layouts (the flex region holds
+ *                                                 either), prompts crossing the phases (decoding ->
+ *                                                 prefill -> decoding, twice, and a long prompt fed
+ *                                                 while another session decodes, batched) == in
+ *                                                 place in blocks of 64, every logit bit; nothing
+ *                                                 allocated by a phase switch
  * Each takes --spec N: the model is prepared for verification blocks of N
  * drafts (the journal is planned and allocated; batching must not care).
  *
@@ -41,6 +49,10 @@
 
 static int fails;
 static size_t g_spec;              /* --spec N: drafts the model is prepared for */
+static ksampler_opts g_so;         /* spec: the sampler (--temp, --top-k, --top-p, --min-p, --seed, --penalties) */
+static int g_mask;                 /* spec --mask: a mask that depends on the token before */
+static char g_label[160];          /* what the sampler is, for the messages */
+static size_t g_ctx = 1024;        /* --ctx N (phases) */
 static int g_quick;                /* --quick: fewer variants (full-width models) */
 #define OK(cond, ...) do { int c_ = (cond); printf("%s - ", c_ ? "ok" : "not ok"); printf(__VA_ARGS__); printf("\n"); if (!c_) fails++; } while (0)
 
@@ -186,7 +198,9 @@ static void check_allocs(const char *path, const char *mem)
     krun_model *m;
     krun_session *s;
     krun_err e;
-    ksampler_opts so = {0.8f, 40, 0.95f, 0.0f, 7};
+    ksampler_opts so;
+    ksampler_opts_init(&so);
+    so.temp = 0.8f; so.top_k = 40; so.top_p = 0.95f; so.seed = 7;
     unsigned long n;
     int ok = 1;
     if (SANITIZED) { printf("skip - allocations per decoding step (%s): sanitizer build\n", mem ? mem : "in place"); return; }
@@ -335,7 +349,10 @@ static int cp_continue(krun_model *m, krun_session **ss, size_t n, size_t g, int
 static void check_copy(const char *path, const char *mem)
 {
     static const int32_t prompt[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13};
-    const ksampler_opts so = {0.8f, 0, 1.0f, 0.0f, 5};       /* at a temperature: the PRNG state matters */
+    /* at a temperature, with penalties counted from the reply start: the sampler's options and
+     * reply start must come with the copy */
+    const ksampler_opts so = {.temp = 0.8f, .top_p = 1.0f, .seed = 5, .presence_penalty = 0.4f, .frequency_penalty = 0.3f,
+                              .repetition_penalty = 1.2f};
     krun_model *m;
     krun_session *a, *b, *c;
     krun_snapshot *snap = NULL, *small = NULL;
@@ -353,10 +370,12 @@ static void check_copy(const char *path, const char *mem)
     }
     /* the reference: one session, the whole way */
     krun_session_set_sampler(a, &so);
+    krun_session_set_reply_start(a, 13);
     if (krun_session_feed(a, prompt, 13, NULL, &e) || cp_continue(m, &a, 1, 0, ref_ids, ref, &e)) goto bad;
     /* again to CP_AT tokens, the last appended (sampled, not run); copy and snapshot there */
     krun_session_reset(a);
     krun_session_set_sampler(a, &so);
+    krun_session_set_reply_start(a, 13);
     if (krun_session_feed(a, prompt, 13, NULL, &e)) goto bad;
     for (size_t g = 0; g < CP_AT; g++) {
         ids[0][g] = krun_session_sample(a);
@@ -380,7 +399,7 @@ static void check_copy(const char *path, const char *mem)
             ok &= memcmp(ids[k], ref_ids[0], sizeof ref_ids[0]) == 0;
             ok &= memcmp(got + (k * CP_GEN + CP_AT) * V, ref + CP_AT * V, (CP_GEN - CP_AT) * V * sizeof *got) == 0;
         }
-        OK(ok, "%s: a session and its copy (taken with a pending token, sampling at temperature 0.8) stepped together: "
+        OK(ok, "%s: a session and its copy (taken with a pending token, sampling at temperature 0.8 with penalties) stepped together: "
                "ids and every logit bit of the %d tokens after == the original run alone", mem ? mem : "in place", CP_GEN - CP_AT);
     }
     /* the snapshot restored, twice: into a fresh session and into a that has moved on */
@@ -511,7 +530,7 @@ static void check_mark(const char *path, const char *mem)
         OK(krun_session_mark_status(s, NULL) == KRUN_MARK_TAKEN, "mark: the snapshot after %zu positions is taken", at);
         OK(krun_session_claim(d, &e) == 0 && krun_session_pos(d) == at && (krun_session_logits(d) != NULL) == logits,
            "mark: its slot claimed holds %zu positions run, %s", at, logits ? "with the logits (the position ended its block)" : "no logits");
-        krun_session_set_sampler(d, &(ksampler_opts){0, 0, 1.0f, 0, 0});
+        krun_session_set_sampler(d, &(ksampler_opts){.top_p = 1.0f});
         if (krun_session_save(d, got, &e)) goto bad;
         OK(same_state(ref, got, logits), "%s: a snapshot after %zu of %zu positions (blocks of 4), into an idle slot == a run of %zu positions: "
            "history, every KDA / ShortConv / MLA float%s", label, at, n, at, logits ? ", the logits" : "");
@@ -539,7 +558,7 @@ static void check_mark(const char *path, const char *mem)
         ids[0] = krun_session_sample(x);
         ids[1] = prompt[4];
         if (krun_step_batch(m, ss, ids, 2, &e) || krun_session_claim(d, &e)) goto bad;
-        krun_session_set_sampler(d, &(ksampler_opts){0, 0, 1.0f, 0, 0});
+        krun_session_set_sampler(d, &(ksampler_opts){.top_p = 1.0f});
         if (krun_session_save(d, got, &e)) goto bad;
         OK(krun_session_mark_status(s, NULL) == KRUN_MARK_TAKEN && same_state(ref, got, 0),
            "%s: a snapshot in a batched block (rows 1..3, after another sequence's; taken after row 2) == a run of %zu positions", label, at);
@@ -611,7 +630,7 @@ static void check_pcache(const char *path, const char *mem)
     float *lg = NULL, *lr = NULL;
     int32_t ids[PC_GEN], rid[PC_GEN], p[PC_MAX], q[PC_MAX];
     size_t n1, n2, used, ru;
-    ksampler_opts greedy = {0, 0, 1.0f, 0, 0}, warm = {0.8f, 0, 1.0f, 0, 5};
+    ksampler_opts greedy = {.top_p = 1.0f}, warm = {.temp = 0.8f, .top_p = 1.0f, .seed = 5};
     if (!mkdtemp(dir)) { printf("not ok - pcache: mkdtemp\n"); fails++; return; }
     g_cache = 1;
     if (open_model(path, mem, 64, 4, 3, &m)) { g_cache = 0; goto rm; }
@@ -681,6 +700,29 @@ rm:
 #define SPEC_GEN_MAX 14
 static size_t SPEC_GEN = SPEC_GEN_MAX;     /* tokens generated (--quick: 8) */
 
+/* A mask that depends on the history (the token before): ids i with (i + prev) % 3 != 0.
+ * In a verification the token before is a draft, so a verification that asked the mask
+ * with the wrong history would pick otherwise than plain decoding. */
+static size_t g_vocab;
+static int mask_prev(void *ctx, const int32_t *tokens, size_t pos, uint64_t *allowed)
+{
+    const size_t prev = pos ? (size_t)tokens[pos - 1] : 0;
+    (void)ctx;
+    memset(allowed, 0, (g_vocab + 63) / 64 * sizeof *allowed);
+    for (size_t i = 0; i < g_vocab; i++)
+        if ((i + prev) % 3 != 0) allowed[i / 64] |= 1ULL << (i % 64);
+    return 0;
+}
+
+/* The spec check's sampler (and mask) on a new session after its prompt of n. */
+static void spec_sampling(krun_model *m, krun_session *s, size_t n)
+{
+    g_vocab = (size_t)krun_model_config(m)->vocab;
+    krun_session_set_sampler(s, &g_so);
+    krun_session_set_reply_start(s, n);
+    if (g_mask) krun_session_set_mask(s, mask_prev, NULL);
+}
+
 /* Plain greedy decoding of `prompt`: the ids, the logits each was chosen
  * from, and the state saved at the end (the last id pending, as krun does). */
 static int spec_reference(krun_model *m, const int32_t *prompt, size_t n, int32_t *ids, float *logits, const char *state)
@@ -689,6 +731,7 @@ static int spec_reference(krun_model *m, const int32_t *prompt, size_t n, int32_
     krun_session *s;
     krun_err e;
     if (krun_session_new(m, &s, &e) || krun_session_feed(s, prompt, n, NULL, &e)) goto bad;
+    spec_sampling(m, s, n);
     for (size_t g = 0; g < SPEC_GEN; g++) {
         memcpy(logits + g * V, krun_session_logits(s), V * sizeof *logits);
         ids[g] = krun_session_sample(s);
@@ -738,6 +781,7 @@ static void spec_run(krun_model *m, const int32_t *prompt, size_t n, const int32
         free(logits);
         return;
     }
+    spec_sampling(m, s, n);
     for (;;) {
         size_t na = 0, kk;
         memcpy(logits + g * V, krun_session_logits(s), V * sizeof *logits);
@@ -759,10 +803,96 @@ static void spec_run(krun_model *m, const int32_t *prompt, size_t n, const int32
     same_logits = memcmp(logits, ref_logits, (size_t)SPEC_GEN * V * sizeof *logits) == 0;
     if (krun_session_save(s, state, &e)) { printf("not ok - save: %s\n", e.msg); fails++; }
     OK(same_ids && same_logits && same_file(state, ref_state) && expect_ok,
-       "%s: %zu drafts per block, draft %zu wrong: %zu blocks (%zu rolled back) == plain decoding: ids, every logit bit, the "
-       "saved state", mem ? mem : "in place", k, wrong, rounds, rolled);
+       "%s%s: %zu drafts per block, draft %zu wrong: %zu blocks (%zu rolled back) == plain decoding: ids, every logit bit, the "
+       "saved state", mem ? mem : "in place", g_label, k, wrong, rounds, rolled);
     krun_session_free(s);
     free(logits);
+}
+
+/* Verifications inside a batched step (krun_step_batch_verify, krun serve's sweeps): two
+ * sessions verify drafts wrong at places wa and wb in one block, sharing the journal's k + 1
+ * rows, beside a third that reads its prompt and then steps plainly; each must decode exactly
+ * as the reference (ids, and the saved state: every token, the state, the last logits).  Then a step asking for more rows
+ * than the journal has is refused with nothing run. */
+static void spec_batch(const char *path, const char *mem, const int32_t *prompt, size_t n, const int32_t *ref_ids,
+                       const char *ref_state, const char *state, size_t k, size_t wa, size_t wb)
+{
+    krun_model *m;
+    krun_session *ss[NS], *step[NS];
+    krun_err e;
+    size_t V, g[NS] = {0}, nd[NS], na[NS], wrong[NS] = {wa, wb, 64}, share[NS] = {(k - 1) / 2, k - 1 - (k - 1) / 2, 0};
+    size_t blocks = 0, shared = 0, acc = 0, rows, seqs;
+    int32_t ids[NS][SPEC_GEN_MAX], draft[NS][64], next[NS];
+    const int32_t *dp[NS];
+    int ok = 1;
+    if (open_model(path, mem, 64, 32, NS, &m)) return;   /* a block holds the prompt beside the verifications */
+    V = (size_t)krun_model_config(m)->vocab;
+    krun_model_journal(m, &rows, &seqs);
+    for (size_t i = 0; i < NS; i++) ss[i] = NULL;
+    for (size_t i = 0; i < NS; i++) {
+        if (krun_session_new(m, &ss[i], &e) || (i < 2 && krun_session_feed(ss[i], prompt, n, NULL, &e)) ||
+            (i == 2 && krun_session_append(ss[i], prompt, n - 1, &e))) { ok = 0; break; }
+        spec_sampling(m, ss[i], n);
+        next[i] = i < 2 ? krun_session_sample(ss[i]) : prompt[n - 1];
+        if (i < 2) ids[i][g[i]++] = next[i];
+    }
+    while (ok) {
+        size_t ns = 0, verifying = 0;
+        for (size_t i = 0; i < NS; i++) {
+            size_t left = g[i] < SPEC_GEN ? SPEC_GEN - g[i] - (i == 2 && !g[i] ? 0 : 1) : 0;
+            if (g[i] >= SPEC_GEN) continue;
+            nd[ns] = i < 2 && krun_session_pending(ss[i]) == 0 ? (share[i] < left ? share[i] : left) : 0;
+            for (size_t d = 0; d < nd[ns]; d++) draft[ns][d] = d == wrong[i] ? (ref_ids[g[i] + d] + 1) % (int32_t)V : ref_ids[g[i] + d];
+            dp[ns] = draft[ns];
+            verifying += nd[ns] > 0;
+            step[ns] = ss[i];
+            na[ns] = i;           /* which session, until the step overwrites it */
+            ns++;
+        }
+        if (!ns) break;
+        {
+            size_t who[NS];
+            int32_t sid[NS];
+            for (size_t j = 0; j < ns; j++) { who[j] = na[j]; sid[j] = next[who[j]]; }
+            if (krun_step_batch_verify(m, step, sid, dp, nd, ns, na, &e)) { ok = 0; break; }
+            blocks++;
+            shared += verifying > 1;
+            for (size_t j = 0; j < ns; j++) {
+                size_t i = who[j], nt;
+                const int32_t *h = krun_session_tokens(ss[i], &nt);
+                if (nd[j]) ok &= na[j] == (wrong[i] < nd[j] ? wrong[i] : nd[j]);
+                acc += na[j];
+                for (size_t a = 0; a < na[j]; a++) ids[i][g[i]++] = h[nt - na[j] + a];
+                if (g[i] >= SPEC_GEN) continue;
+                next[i] = krun_session_sample(ss[i]);
+                ids[i][g[i]++] = next[i];
+                if (g[i] == SPEC_GEN) ok &= !krun_session_append(ss[i], &next[i], 1, &e);
+            }
+        }
+    }
+    if (!ok && e.msg[0]) printf("# %s\n", e.msg);
+    for (size_t i = 0; i < NS && ok; i++) {
+        ok &= memcmp(ids[i], ref_ids, SPEC_GEN * sizeof *ref_ids) == 0;
+        ok &= !krun_session_save(ss[i], state, &e) && same_file(state, ref_state);
+    }
+    OK(ok && shared > 0, "%s%s: two sessions verifying in one block (drafts wrong at %zu and %zu, %zu + %zu of the journal's %zu rows) "
+       "beside one reading its prompt and stepping: %zu blocks (%zu with both verifying), %zu drafts accepted; each == plain decoding "
+       "(ids, the saved state)", mem ? mem : "in place", g_label, wa, wb, share[0] + 1, share[1] + 1, rows, blocks, shared, acc);
+    /* more verified positions than the journal holds: refused, nothing run */
+    if (ss[0] && ss[1] && !krun_session_feed(ss[0], NULL, 0, NULL, &e) && !krun_session_feed(ss[1], NULL, 0, NULL, &e)) {
+        size_t pos0 = krun_session_pos(ss[0]), nt0, nt1;
+        size_t big[2] = {k, 1};
+        int32_t zero[64] = {0};
+        const int32_t *zz[2] = {zero, zero};
+        int32_t two[2] = {1, 1};
+        krun_session_tokens(ss[0], &nt0);
+        krun_session_tokens(ss[1], &nt1);
+        OK(krun_step_batch_verify(m, ss, two, zz, big, 2, na, &e) == -1 && e.code == KRUN_EINPUT && krun_session_pos(ss[0]) == pos0 &&
+           krun_session_pending(ss[0]) == nt0 - pos0, "%zu + 2 verified positions (the journal holds %zu) are refused, nothing run: %s",
+           k + 1, rows, e.msg);
+    }
+    for (size_t i = 0; i < NS; i++) krun_session_free(ss[i]);
+    krun_model_close(m);
 }
 
 static void check_spec(const char *path, const char *mem)
@@ -792,9 +922,17 @@ static void check_spec(const char *path, const char *mem)
         spec_run(m, prompt, n, ref_ids, ref_logits, ref_state, state, 1, 0, mem);
         spec_run(m, prompt, n, ref_ids, ref_logits, ref_state, state, 2, 1, mem);
     }
+    /* in place only (three sessions at a budget made for one would not fit), and not at full
+     * width (--quick: its time; test_krun_serve_spec covers streaming budgets) */
+    if (k >= 3 && !mem && !(g_quick && krun_model_config(m)->hidden > 1024)) {
+        spec_batch(path, mem, prompt, n, ref_ids, ref_state, state, k, 0, 1);
+        if (!g_quick) spec_batch(path, mem, prompt, n, ref_ids, ref_state, state, k, 64, 1);
+    }
     /* what is refused, and leaves the session as it was */
     if (!krun_session_new(m, &s, &e) && !krun_session_feed(s, prompt, n, NULL, &e)) {
-        ksampler_opts hot = {0.7f, 0, 1.0f, 0.0f, 3};
+        ksampler_opts hot;
+        ksampler_opts_init(&hot);
+        hot.temp = 0.7f; hot.seed = 3;
         int32_t d[64] = {0}, acc[64];
         size_t na, pos = krun_session_pos(s), nt;
         d[1] = (int32_t)V;
@@ -804,12 +942,11 @@ static void check_spec(const char *path, const char *mem)
         OK(krun_session_verify(s, 1, d, k + 1, acc, NULL, &na, &e) == -1 && e.code == KRUN_EINPUT && krun_session_pos(s) == pos,
            "more drafts than the model was prepared for are refused: %s", e.msg);
         krun_session_set_sampler(s, &hot);
-        OK(krun_session_verify(s, 1, d, 1, acc, NULL, &na, &e) == -1 && e.code == KRUN_EINPUT && krun_session_pos(s) == pos,
-           "verification with a sampling temperature is refused: %s", e.msg);
-        OK(krun_session_feed_spec(s, 1, 4, acc, NULL, &na, &e) == -1 && e.code == KRUN_EINPUT && krun_session_pos(s) == pos,
-           "speculative feeding with a sampling temperature is refused: %s", e.msg);
+        OK(krun_session_verify(s, 1, d, 1, acc, NULL, &na, &e) == 0 && krun_session_pos(s) == pos + 1 + na,
+           "verification at a sampling temperature runs (%zu of 1 accepted)", na);
         krun_session_tokens(s, &nt);
-        OK(nt == n, "and the history is unchanged (%zu tokens)", nt);
+        nt -= 1 + na;
+        OK(nt == n, "the refusals left the history as it was (%zu tokens)", nt);
         krun_session_free(s);
     } else {
         printf("not ok - session: %s\n", e.msg);
@@ -820,6 +957,7 @@ static void check_spec(const char *path, const char *mem)
     else if (!krun_session_new(m, &s, &e) && !krun_session_feed(s, prompt, n, NULL, &e)) {
         int32_t acc[64];
         size_t na, g = 0;
+        spec_sampling(m, s, n);
         unsigned long count;
         int ok = 1;
         for (int r = 0; r < 6 && ok; r++) {
@@ -839,17 +977,234 @@ static void check_spec(const char *path, const char *mem)
     krun_model_close(m);
 }
 
+/* ---- phases: the prefill layout and back, bit for bit -------------------------------- */
+
+#define PH_GEN 4
+
+/* Feed p1, generate PH_GEN, feed p2, generate PH_GEN in session s; the logits of every
+ * position run (both prompts, all positions) and of each generated token into L, ids. */
+static int phase_run(krun_model *m, krun_session *s, const int32_t *p1, size_t n1, const int32_t *p2, size_t n2, float *L, int32_t *ids,
+                     krun_err *e)
+{
+    const size_t V = (size_t)krun_model_config(m)->vocab;
+    float *at = L;
+    size_t g = 0;
+    for (int turn = 0; turn < 2; turn++) {
+        const int32_t *p = turn ? p2 : p1;
+        size_t n = turn ? n2 : n1;
+        if (krun_session_feed(s, p, n, at, e)) return -1;
+        at += n * V;
+        for (int k = 0; k < PH_GEN; k++) {
+            memcpy(at, krun_session_logits(s), V * sizeof *at);
+            at += V;
+            ids[g] = krun_session_sample(s);
+            if (krun_session_feed(s, &ids[g++], 1, NULL, e)) return -1;
+        }
+        /* the generated token's logits, then the next prompt follows it */
+    }
+    return 0;
+}
+
+static void check_phases(const char *path, const char *mem)
+{
+    krun_model *ref = NULL, *m = NULL;
+    krun_session *s = NULL, *a = NULL, *b = NULL;
+    krun_err e;
+    const kmemplan *p;
+    size_t V, n1, n2, B, Bd, total;
+    int32_t *p1 = NULL, *p2 = NULL, ids_ref[2 * PH_GEN], ids[2 * PH_GEN];
+    float *Lref = NULL, *L = NULL;
+    krun_stats st;
+    uint64_t planned, allocated;
+    if (!mem) { printf("not ok - phases needs --mem\n"); fails++; return; }
+    if (open_model(path, mem, g_ctx, 0, 2, &m)) return;
+    p = krun_model_plan(m);
+    if (!p || !p->block_prefill) {
+        printf("not ok - --mem %s --ctx %zu: the plan has no prefill layout (block %zu)\n", mem, g_ctx, p ? p->block : 0);
+        fails++;
+        krun_model_close(m);
+        return;
+    }
+    B = p->block_prefill;
+    Bd = p->block;
+    V = (size_t)krun_model_config(m)->vocab;
+    /* the plan: both layouts in one budget */
+    krun_model_memory(m, &planned, &allocated);
+    OK(planned == allocated && p->flex_bytes > 0, "--mem %s: planned %llu bytes == allocated %llu, a flex region of %llu included",
+       mem, (unsigned long long)planned, (unsigned long long)allocated, (unsigned long long)p->flex_bytes);
+    OK(p->scratch_prefill_bytes == k3_run_scratch_bytes(krun_model_config(m), B, 2, g_ctx) && p->scratch_prefill_bytes <= p->flex_bytes &&
+       p->lent_bytes <= p->flex_bytes && (p->flex_bytes == p->lent_bytes || p->flex_bytes == p->scratch_prefill_bytes) && p->total <= p->budget,
+       "--mem %s: the flex region (%llu) holds the decoding layout's lent layers %d..%d and %d expert slots (%llu) or a %zu-position "
+       "block's activations (%llu); total %llu <= budget", mem, (unsigned long long)p->flex_bytes, p->pin_prefill, p->pin - 1,
+       p->expert_slots - p->expert_slots_prefill, (unsigned long long)p->lent_bytes, B, (unsigned long long)p->scratch_prefill_bytes,
+       (unsigned long long)p->total);
+    if (SANITIZED) printf("skip - the flex region seen by the allocator (sanitizer build)\n");
+    else OK(seen_size(p->flex_bytes), "the allocator was asked for exactly the flex region (%llu)", (unsigned long long)p->flex_bytes);
+    /* prompts of several prefill blocks and a tail that fits the decoding block */
+    n1 = 2 * B + 5;
+    n2 = B + 3;
+    if (n1 + n2 + 2 * PH_GEN > g_ctx) { printf("not ok - --ctx %zu is too small for prompts of %zu and %zu\n", g_ctx, n1, n2); fails++; goto out; }
+    total = n1 + n2 + 2 * PH_GEN;
+    p1 = malloc(n1 * sizeof *p1);
+    p2 = malloc(n2 * sizeof *p2);
+    Lref = malloc(total * V * sizeof *Lref);
+    L = malloc(total * V * sizeof *L);
+    if (!p1 || !p2 || !Lref || !L) { printf("not ok - out of memory\n"); fails++; goto out; }
+    for (size_t i = 0; i < n1; i++) p1[i] = (int32_t)((i * 7919 + 13) % V);
+    for (size_t i = 0; i < n2; i++) p2[i] = (int32_t)((i * 104729 + 5) % V);
+    if (open_model(path, NULL, g_ctx, 64, 1, &ref)) goto out;
+    if (krun_session_new(ref, &s, &e) || phase_run(ref, s, p1, n1, p2, n2, Lref, ids_ref, &e)) {
+        printf("not ok - in place: %s\n", e.msg); fails++; goto out;
+    }
+    krun_session_new(m, &a, &e);
+    count_start();
+    if (!a || phase_run(m, a, p1, n1, p2, n2, L, ids, &e)) { count_stop(); printf("not ok - phases: %s\n", e.msg); fails++; goto out; }
+    {
+        unsigned long n_alloc = count_stop();
+        krun_model_stats(m, &st);
+        OK(memcmp(L, Lref, total * V * sizeof *L) == 0 && memcmp(ids, ids_ref, sizeof ids) == 0,
+           "--mem %s: prompts of %zu and %zu positions (blocks of %zu and %zu) and %d tokens after each == in place in blocks of "
+           "64: every logit bit of every position, the ids", mem, n1, n2, B, Bd, PH_GEN);
+        OK(st.phase_switches == 2 && !krun_model_in_prefill(m) && (p->pin_prefill == p->pin || st.bytes_lent_reread > 0),
+           "two switches into the prefill layout and back (%llu), the lent layers read again (%llu bytes)",
+           (unsigned long long)st.phase_switches, (unsigned long long)st.bytes_lent_reread);
+        if (SANITIZED) printf("skip - allocations across phase switches (sanitizer build)\n");
+        else OK(n_alloc == 0, "%lu allocations while feeding and decoding across 4 phase switches", n_alloc);
+    }
+    krun_session_free(a);
+    a = NULL;
+    /* a long prompt fed in the server's way (pending tokens + one step) while another session decodes */
+    if (krun_session_new(m, &a, &e) || krun_session_new(m, &b, &e) || krun_session_feed(a, p2, 5, NULL, &e)) {
+        printf("not ok - sessions: %s\n", e.msg); fails++; goto out;
+    }
+    {
+        size_t fed = 0, g = 0, ga = 0;
+        int32_t ida[64], ref_a[64];
+        int same = 1;
+        krun_session *r;
+        /* a alone in place: the reference for its tokens */
+        krun_session_free(s);
+        if (krun_session_new(ref, &r, &e) || krun_session_feed(r, p2, 5, NULL, &e)) { printf("not ok - %s\n", e.msg); fails++; goto out; }
+        for (size_t k = 0; k < 64; k++) {
+            ref_a[k] = krun_session_sample(r);
+            if (krun_session_feed(r, &ref_a[k], 1, NULL, &e)) { printf("not ok - %s\n", e.msg); fails++; goto out; }
+        }
+        while (fed < n1 && ga < 64) {
+            size_t take = krun_model_prompt_block(m, n1 - fed + 1) - 1;
+            krun_session *ss[2] = {a, b};
+            int32_t in[2];
+            if (take > n1 - fed) take = n1 - fed;
+            if (take > 1 && krun_session_append(b, p1 + fed, take - 1, &e)) { printf("not ok - %s\n", e.msg); fails++; goto out; }
+            in[1] = p1[fed + take - 1];
+            ida[ga] = in[0] = krun_session_sample(a);
+            if (krun_step_batch(m, ss, in, 2, &e)) { printf("not ok - batch: %s\n", e.msg); fails++; goto out; }
+            ga++;
+            fed += take;
+            g++;
+        }
+        for (size_t k = 0; k < ga; k++) same &= ida[k] == ref_a[k];
+        same &= memcmp(krun_session_logits(b), Lref + (n1 - 1) * V, V * sizeof(float)) == 0;
+        krun_model_stats(m, &st);
+        OK(same && g >= 2 && st.phase_switches >= 3,
+           "a %zu-token prompt fed in %zu batched steps of up to %zu positions while another session decodes: its last logits "
+           "and the other's %zu tokens == each alone", n1, g, B, ga);
+    }
+out:
+    free(p1); free(p2); free(Lref); free(L);
+    if (m) krun_model_close(m);
+    if (ref) krun_model_close(ref);
+}
+
+/* ---- sampler: the session's mask hook and reply start ---------------------------------- */
+
+struct mask_probe {
+    const krun_session *s;
+    size_t calls, bad;          /* calls whose pos or history was not the session's */
+    int32_t modulus;            /* allowed: id % modulus == 0 */
+    size_t V;
+};
+
+static int mask_every(void *ctx, const int32_t *tokens, size_t pos, uint64_t *allowed)
+{
+    struct mask_probe *mp = ctx;
+    size_t n;
+    const int32_t *h = krun_session_tokens(mp->s, &n);
+    const size_t V = mp->V;
+    mp->calls++;
+    mp->bad += tokens != h || pos != krun_session_pos(mp->s) || pos > n;
+    memset(allowed, 0, (V + 63) / 64 * sizeof *allowed);
+    for (size_t i = 0; i < V; i += (size_t)mp->modulus) allowed[i / 64] |= 1ULL << (i % 64);
+    return 0;
+}
+
+static void check_sampler(const char *path, const char *mem)
+{
+    static const int32_t prompt[] = {3, 7, 11, 5, 9, 100, 200, 30};
+    krun_model *m;
+    krun_session *s;
+    krun_err e;
+    ksampler_opts so;
+    struct mask_probe mp = {NULL, 0, 0, 7, 0};
+    int in_mask = 1, same = 1;
+    if (open_model(path, mem, 64, 8, 1, &m)) return;
+    if (krun_session_new(m, &s, &e) || krun_session_feed(s, prompt, 8, NULL, &e)) {
+        printf("not ok - sampler: %s\n", e.msg);
+        fails++;
+        krun_model_close(m);
+        return;
+    }
+    mp.s = s;
+    mp.V = (size_t)krun_model_config(m)->vocab;
+    ksampler_opts_init(&so);
+    so.temp = 1.5f; so.seed = 11; so.presence_penalty = 1.0f;
+    krun_session_set_sampler(s, &so);
+    krun_session_set_reply_start(s, 8);
+    krun_session_set_mask(s, mask_every, &mp);
+    for (int g = 0; g < 12; g++) {
+        int32_t id = krun_session_sample(s), again = krun_session_sample(s);
+        in_mask &= id >= 0 && id % 7 == 0;
+        same &= id == again;
+        if (krun_session_feed(s, &id, 1, NULL, &e)) { printf("not ok - sampler feed: %s\n", e.msg); fails++; break; }
+    }
+    OK(in_mask && mp.calls == 24 && mp.bad == 0 && same && krun_session_reply_start(s) == 8,
+       "the mask hook: called per pick with the session's history and position (%zu calls, %zu wrong), every token sampled at "
+       "temp 1.5 allowed by it; sampling a position twice gives the same token", mp.calls, mp.bad);
+    krun_session_set_mask(s, NULL, NULL);
+    krun_session_reset(s);
+    OK(krun_session_reply_start(s) == 0 && krun_session_sampler(s)->seed == 11, "reset: the reply start back to 0, the sampler kept");
+    krun_session_free(s);
+    krun_model_close(m);
+}
+
 int main(int argc, char **argv)
 {
     const char *mem = NULL;
-    if (argc < 3) { fprintf(stderr, "usage: probe_session memory|allocs|batch|copy|mark|pcache|spec FILE.kpk [--mem SIZE] [--spec N] [--quick]\n"); return 2; }
+    if (argc < 3) { fprintf(stderr, "usage: probe_session memory|allocs|batch|copy|mark|pcache|spec|phases|sampler FILE.kpk [--mem SIZE] [--spec N] [--ctx N] [--quick] "
+                        "[--temp T --top-k K --top-p P --min-p P --seed S --penalties --mask]\n"); return 2; }
+    ksampler_opts_init(&g_so);
     for (int i = 3; i < argc; i += 2) {
         if (!strcmp(argv[i], "--quick")) { g_quick = 1; i--; continue; }
+        if (!strcmp(argv[i], "--mask")) { g_mask = 1; i--; continue; }
+        if (!strcmp(argv[i], "--penalties")) {
+            g_so.repetition_penalty = 1.2f; g_so.presence_penalty = 0.4f; g_so.frequency_penalty = 0.3f;
+            i--;
+            continue;
+        }
         if (i + 1 >= argc) { fprintf(stderr, "probe_session: %s needs a value\n", argv[i]); return 2; }
         if (!strcmp(argv[i], "--mem")) mem = argv[i + 1];
         else if (!strcmp(argv[i], "--spec")) g_spec = (size_t)atol(argv[i + 1]);
+        else if (!strcmp(argv[i], "--temp")) g_so.temp = (float)atof(argv[i + 1]);
+        else if (!strcmp(argv[i], "--top-k")) g_so.top_k = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--top-p")) g_so.top_p = (float)atof(argv[i + 1]);
+        else if (!strcmp(argv[i], "--min-p")) g_so.min_p = (float)atof(argv[i + 1]);
+        else if (!strcmp(argv[i], "--seed")) g_so.seed = (uint64_t)atoll(argv[i + 1]);
+        else if (!strcmp(argv[i], "--ctx")) g_ctx = (size_t)atol(argv[i + 1]);
         else { fprintf(stderr, "probe_session: unknown option %s\n", argv[i]); return 2; }
     }
+    if (g_so.temp > 0 || g_mask || ksampler_uses_history(&g_so))
+        snprintf(g_label, sizeof g_label, ", temp %g top-k %d top-p %g min-p %g seed %llu%s%s", (double)g_so.temp, g_so.top_k,
+                 (double)g_so.top_p, (double)g_so.min_p, (unsigned long long)g_so.seed,
+                 ksampler_uses_history(&g_so) ? ", penalties" : "", g_mask ? ", a mask" : "");
     if (!strcmp(argv[1], "memory")) check_memory(argv[2], mem);
     else if (!strcmp(argv[1], "allocs")) check_allocs(argv[2], mem);
     else if (!strcmp(argv[1], "batch")) check_batch(argv[2], mem);
@@ -857,6 +1212,8 @@ int main(int argc, char **argv)
     else if (!strcmp(argv[1], "copy")) check_copy(argv[2], mem);
     else if (!strcmp(argv[1], "mark")) check_mark(argv[2], mem);
     else if (!strcmp(argv[1], "pcache")) check_pcache(argv[2], mem);
+    else if (!strcmp(argv[1], "phases")) check_phases(argv[2], mem);
+    else if (!strcmp(argv[1], "sampler")) check_sampler(argv[2], mem);
     else { fprintf(stderr, "probe_session: unknown check %s\n", argv[1]); return 2; }
     return fails ? 1 : 0;
 }

@@ -88,13 +88,16 @@ static float t_contract(const float *w, const float *x, size_t n)
 }
 
 static int nlevels;
-static ksimd levels[3];
+static ksimd levels[KSIMD_COUNT];
 static ksimd top; /* the level in force at start (KRUN_SIMD can lower it, e.g. for valgrind) */
+/* scalar first, then every level the CPU runs up to the one in force (x86:
+ * avx2, avx512; aarch64: neon) */
 static void init_levels(void)
 {
-    ksimd best = top = kern_simd_get();
+    top = kern_simd_get();
     nlevels = 0;
-    for (int l = 0; l <= (int)best; l++) levels[nlevels++] = (ksimd)l;
+    for (int l = 0; l < KSIMD_COUNT; l++)
+        if (kern_simd_supported((ksimd)l) && l <= (int)top) levels[nlevels++] = (ksimd)l;
 }
 
 /* ---- a weight row of each type, with its decoded floats ---- */
@@ -217,10 +220,18 @@ static void test_basics(void)
           kern_simd_name(kern_simd_detect()));
     kern_simd_set(KSIMD_AVX512);
     CHECK(kern_simd_get() == kern_simd_detect(), "kern_simd_set clamps to the CPU (%s)", kern_simd_name(kern_simd_get()));
+    ok = 1;
+    for (int lv = 0; lv < KSIMD_COUNT; lv++) {
+        kern_simd_set((ksimd)lv);
+        ok &= kern_simd_get() == (kern_simd_supported((ksimd)lv) ? (ksimd)lv : kern_simd_detect());
+    }
+    CHECK(ok, "kern_simd_set: every level runs as asked where supported, else as the best (%s)",
+          kern_simd_name(kern_simd_detect()));
     kern_simd_set(KSIMD_SCALAR);
     CHECK(kern_simd_get() == KSIMD_SCALAR, "kern_simd_set(scalar)");
     ksimd l;
-    CHECK(kern_simd_parse("avx2", &l) == 0 && l == KSIMD_AVX2 && kern_simd_parse("sse", &l) != 0,
+    CHECK(kern_simd_parse("avx2", &l) == 0 && l == KSIMD_AVX2 && kern_simd_parse("neon", &l) == 0 && l == KSIMD_NEON &&
+              kern_simd_parse("sse", &l) != 0,
           "kern_simd_parse");
     kern_simd_set(top);
 }
@@ -295,8 +306,8 @@ static void test_levels_agree(void)
         return;
     }
     for (int type = 0; type < 4; type++) {
-        int ok[3] = {1, 1, 1};
-        char why[3][160] = {"", "", ""};
+        int ok[KSIMD_COUNT] = {1, 1, 1, 1};
+        char why[KSIMD_COUNT][160] = {"", "", "", ""};
         for (int rep = 0; rep < 200; rep++) {
             size_t n = type == TMX ? 32 * (1 + rnd() % 40) : 1 + rnd() % 700;
             row_t r;
@@ -306,7 +317,7 @@ static void test_levels_agree(void)
                 for (size_t j = 0; j < n / 2; j++) r.q[j] = (uint8_t)((j % 16) | ((15 - j % 16) << 4));
             float *x = xmalloc(n * sizeof(float));
             for (size_t i = 0; i < n; i++) x[i] = special();
-            float res[3];
+            float res[KSIMD_COUNT];
             for (int li = 0; li < nlevels; li++) {
                 kern_simd_set(levels[li]);
                 res[li] = row_kdot(&r, x);

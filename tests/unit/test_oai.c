@@ -218,6 +218,10 @@ static void test_chat_errors(void)
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"ignore_eos\":1}", 400, "ignore_eos", "invalid_type", "a boolean"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"return_token_ids\":\"y\"}", 400, "return_token_ids",
          "invalid_type", "a boolean"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"speculative\":65}", 400, "speculative", "invalid_value", "0 (off) to 64"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"speculative\":-1}", 400, "speculative", "invalid_value", "0 (off) to 64"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"speculative\":\"on\"}", 400, "speculative", "invalid_type",
+         "a boolean or an integer"},
     };
     int n_ok = 0;
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
@@ -283,6 +287,20 @@ static void test_completion_requests(void)
     CHECK(rc == 0 && r.s.top_k == 0 && r.s.min_p == 0 && !r.s.ignore_eos && !r.s.return_token_ids,
           "top_k -1 is off; the extensions default to off");
     if (!rc) oai_completion_request_free(&r);
+    {
+        /* krun's "speculative": absent or true -> -1 (the server's), false -> 0, an integer as given */
+        static const struct { const char *body; long want; } sp[] = {
+            {"{\"prompt\":[1]}", -1}, {"{\"prompt\":[1],\"speculative\":true}", -1}, {"{\"prompt\":[1],\"speculative\":false}", 0},
+            {"{\"prompt\":[1],\"speculative\":0}", 0}, {"{\"prompt\":[1],\"speculative\":5}", 5}, {"{\"prompt\":[1],\"speculative\":64}", 64}};
+        int good = 0;
+        for (size_t i = 0; i < sizeof sp / sizeof *sp; i++) {
+            rc = oai_parse_completion_request(sp[i].body, strlen(sp[i].body), 1000, &r, &e);
+            good += rc == 0 && r.s.speculative == sp[i].want;
+            if (!rc) oai_completion_request_free(&r);
+        }
+        CHECK(good == (int)(sizeof sp / sizeof *sp), "speculative: absent and true the server's, false and 0 off, 5 and 64 as given "
+              "(%d of %zu)", good, sizeof sp / sizeof *sp);
+    }
     static const struct { const char *body; const char *param, *msg; } bad[] = {
         {"{}", "prompt", "required"},
         {"{\"prompt\":5}", "prompt", "a string"},

@@ -4,7 +4,9 @@
  * the rules one by one: no draft without a match of `need` tokens, the
  * longest match wins and then the most recent, a match that overlaps the
  * suffix runs on into the draft, stop ids end a draft, the limits, and the
- * adaptation of the match length and the draft length. */
+ * adaptation of the match length and the draft length.  Drafting from
+ * another sequence (kspec_draft_from) the same way: random pairs against a
+ * brute-force search, and its own rules (no run-on past the other's end). */
 #include "check.h"
 #include "testrand.h"
 #include "run/session/spec.h"
@@ -70,6 +72,57 @@ static void check_random(void)
           "brute-force search (%zu agree; %zu drafted, %zu longer than their history)", trials, agree, drafts, runs);
 }
 
+/* The reference for another sequence o: the longest m (need..MAX) for which h's last m tokens
+ * occur in o ending before o's last token, the most recent such, then what follows it in o. */
+static size_t ref_from(const int32_t *h, size_t n, const int32_t *o, size_t mo, size_t need, size_t k, const int32_t *stop,
+                       size_t n_stop, int32_t *out)
+{
+    for (size_t m = KSPEC_MAX_MATCH; m >= need; m--) {
+        if (m > n) continue;
+        for (size_t e = mo - 1; e >= m && e < mo; e--) {      /* o[e-m, e) == h[n-m, n), e < mo */
+            int same = 1;
+            size_t len = 0;
+            for (size_t i = 0; i < m && same; i++) same = o[e - m + i] == h[n - m + i];
+            if (!same) continue;
+            while (len < k && e + len < mo) {
+                int stopped = 0;
+                for (size_t s = 0; s < n_stop; s++) stopped |= o[e + len] == stop[s];
+                if (stopped) break;
+                out[len] = o[e + len];
+                len++;
+            }
+            return len;
+        }
+    }
+    return 0;
+}
+
+static void check_random_from(void)
+{
+    const int32_t stop[1] = {3};
+    size_t agree = 0, drafts = 0, trials = 20000;
+    for (size_t t = 0; t < trials; t++) {
+        int32_t h[40], o[60], a[64], b[64];
+        size_t n = 1 + rnd() % 30, mo = 1 + rnd() % 50, alpha = 2 + rnd() % 3, limit = rnd() % 12;
+        kspec d;
+        kspec_init(&d, 64);
+        d.len = 1 + rnd() % 16;
+        d.need = KSPEC_MIN_MATCH + rnd() % (KSPEC_MAX_MATCH - KSPEC_MIN_MATCH + 1);
+        for (size_t i = 0; i < n; i++) h[i] = (int32_t)(rnd() % alpha);
+        for (size_t i = 0; i < mo; i++) o[i] = (int32_t)(rnd() % alpha);
+        {
+            const int use_stop = t % 3 == 0;
+            size_t k = limit < d.len ? limit : d.len;
+            size_t x = kspec_draft_from(&d, h, n, o, mo, limit, stop, use_stop, a);
+            size_t y = k && mo >= d.need + 1 ? ref_from(h, n, o, mo, d.need, k, stop, use_stop, b) : 0;
+            agree += x == y && memcmp(a, b, x * sizeof *a) == 0;
+            drafts += x > 0;
+        }
+    }
+    CHECK(agree == trials, "%zu random pairs of sequences: drafts from the other one as a brute-force search (%zu agree, %zu drafted)",
+          trials, agree, drafts);
+}
+
 int main(void)
 {
     kspec d;
@@ -129,6 +182,23 @@ int main(void)
     kspec_result(&d, 0, 0);
     CHECK(d.need == KSPEC_MIN_MATCH && d.len == 2, "no draft, no change");
 
+    /* from another sequence */
+    {
+        const int32_t mine[] = {50, 51, 1, 2, 3};
+        const int32_t other[] = {9, 1, 2, 3, 4, 5, 6, 1, 2, 3, 7};
+        kspec_init(&d, 8);
+        d.len = 8;
+        k = kspec_draft_from(&d, mine, 5, other, 11, 8, NULL, 0, out);
+        CHECK(k == 1 && out[0] == 7, "from another sequence: the most recent occurrence, no running on past its end (%zu)", k);
+        k = kspec_draft_from(&d, mine, 5, other, 10, 8, NULL, 0, out);
+        CHECK(k == 6 && out[0] == 4 && out[5] == 3, "an occurrence ending at the other's last token predicts nothing: the "
+              "earlier one (%zu)", k);
+        CHECK(kspec_draft_from(&d, mine, 5, other, 11, 8, stop, 1, out) == 1, "the other's stop ids end a draft too");
+        CHECK(kspec_draft_from(&d, mine, 5, none, 12, 8, NULL, 0, out) == 0, "no shared 3-gram: no draft");
+        CHECK(kspec_draft_from(&d, mine, 2, other, 11, 8, NULL, 0, out) == 0, "a history shorter than the match needed: no draft");
+    }
+
     check_random();
+    check_random_from();
     return check_exit();
 }

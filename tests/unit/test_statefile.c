@@ -110,7 +110,7 @@ int main(void)
     h.pos = 7;
     h.n_tokens = 9;
     h.flags = KRUN_STATE_LOGITS;
-    h.rng[0] = 1; h.rng[1] = 2; h.rng[2] = 3; h.rng[3] = 4;
+    h.seed = 0x0123456789abcdefULL; h.stream = 2; h.reply_from = 5;
     OK(krun_state_write(path, &h, &c, tokens, &st, logits, &e) == 0, "a state is written (%s)", e.msg);
     buf = read_all(path, &len);
     unlink(path);
@@ -118,7 +118,8 @@ int main(void)
     OK(len == KRUN_STATE_HEADER + h.payload_len + KRUN_STATE_TRAILER, "its length is header + payload + trailer (%zu bytes)", len);
     OK(krun_state_parse(buf, len, &p, &e) == 0, "it parses (%s)", e.msg);
     OK(p.set_id == h.set_id && p.config_xxh3 == h.config_xxh3 && p.pos == 7 && p.n_tokens == 9 && p.n_mla == 1 && p.n_kda == 2 &&
-       p.vocab == 16 && p.flags == KRUN_STATE_LOGITS && p.rng[3] == 4, "the header reads back");
+       p.vocab == 16 && p.flags == KRUN_STATE_LOGITS && p.seed == h.seed && p.stream == 2 && p.reply_from == 5 &&
+       p.sampler == KRUN_STATE_SAMPLER_PHILOX && p.minor == 1, "the header reads back (1.1: seed, stream, reply start, sampler)");
     krun_state_restore(buf, &p, &c, tokens2, &back, logits2);
     {
         int same = back.pos == 7 && !memcmp(tokens, tokens2, 9 * sizeof *tokens) && !memcmp(logits, logits2, sizeof logits);
@@ -158,16 +159,29 @@ int main(void)
     }
     /* re-sealed violations: the checksums are right, the content is not */
     memcpy(mut, buf, len); mut[8] = 2; reseal(mut, len);
-    refused(mut, len, "version 2.0", "major version 2");
+    refused(mut, len, "version 2.1", "major version 2");
     memcpy(mut, buf, len); mut[93] = 1; reseal(mut, len);
     refused(mut, len, "reserved", "a non-zero reserved field");
     memcpy(mut, buf, len); mut[93] = 1; mut[10] = (uint8_t)(KRUN_STATE_MINOR + 1); mut[11] = 0; reseal(mut, len);
     OK(krun_state_parse(mut, len, &p, &e) == 0 && p.minor == KRUN_STATE_MINOR + 1,
-       "the same reserved byte in a file of a later minor is read, as 1.0 (docs/STATE.md: additions only in reserved space)");
+       "the same reserved byte in a file of a later minor is read, as 1.1 (docs/STATE.md: additions only in reserved space)");
     memcpy(mut, buf, len); put32(mut + 88, 3); mut[10] = (uint8_t)(KRUN_STATE_MINOR + 1); mut[11] = 0; reseal(mut, len);
     refused(mut, len, "flags", "an unknown flag, even in a later minor");
     memcpy(mut, buf, len); put32(mut + 88, 3); reseal(mut, len);
     refused(mut, len, "flags", "an unknown flag");
+    /* 1.1's sampler fields */
+    memcpy(mut, buf, len); mut[124] = 1; reseal(mut, len);
+    refused(mut, len, "reserved", "a non-zero reserved byte after the sampler field");
+    memcpy(mut, buf, len); put32(mut + 120, 2); reseal(mut, len);
+    refused(mut, len, "sampler", "a sampler this reader does not know (in 1.1)");
+    memcpy(mut, buf, len); put64(mut + 112, 10); reseal(mut, len);
+    refused(mut, len, "reply", "a reply that starts after the end of the history");
+    memcpy(mut, buf, len); put64(mut + 112, 9); reseal(mut, len);
+    OK(krun_state_parse(mut, len, &p, &e) == 0 && p.reply_from == 9, "a reply starting at the end of the history parses");
+    /* a 1.0 file: its four PRNG words are read as the seed (the first); its reply is the end of its history */
+    memcpy(mut, buf, len); mut[10] = 0; put64(mut + 104, 77); put64(mut + 112, 99); put64(mut + 120, 55); reseal(mut, len);
+    OK(krun_state_parse(mut, len, &p, &e) == 0 && p.minor == 0 && p.seed == h.seed && p.stream == 0 && p.reply_from == 9 &&
+       p.sampler == 0, "a 1.0 file parses: seed = its first PRNG word, stream 0, the reply at the end of its history");
     memcpy(mut, buf, len); put64(mut + 72, 10); reseal(mut, len);
     refused(mut, len, NULL, "a position beyond the history");
     memcpy(mut, buf, len); put32(mut + 68, 2); put32(mut + 64, 1); reseal(mut, len);

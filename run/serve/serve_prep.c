@@ -1,0 +1,158 @@
+/* One API request body made ready for the engine (serve.h, srv_prepare):
+ * parsed, its model checked, rendered (chat) or tokenized (completion), fitted
+ * to the context, its sampling and its output (sgen) set.  krun serve's HTTP
+ * side and krun batch both make their requests here, so that the same body
+ * gives the same prompt ids, sampling and output bytes on either. */
+#include "serve.h"
+
+#include "run/text/chat.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* A request that was never submitted (it has no engine yet). */
+void sreq_discard(sreq *r)
+{
+    if (!r) return;
+    sgen_free(r->gen);
+    free(r->prompt);
+    kbuf_free(&r->out);
+    pthread_cond_destroy(&r->cv);
+    free(r);
+}
+
+static void sampling_of(const oai_sampling *s, sreq *r)
+{
+    ksampler_opts_init(&r->sampling);
+    r->sampling.temp = s->has_temperature ? (float)s->temperature : 1.0f;
+    r->sampling.top_k = (int)s->top_k;
+    r->sampling.top_p = (float)s->top_p;
+    r->sampling.min_p = (float)s->min_p;
+    r->sampling.seed = (uint64_t)s->seed;
+    r->has_seed = s->has_seed;
+    r->spec = s->speculative < 0 ? SIZE_MAX : (size_t)s->speculative;
+}
+
+/* Does the prompt fit the context, with max_tokens?  Sets r->max_tokens. */
+static int fit_context(krun_model *m, sreq *r, long max_tokens, oai_error *err)
+{
+    size_t ctx = krun_model_ctx(m);
+    if (r->n_prompt > ctx) {
+        oai_error_set(err, 400, "messages", "context_length_exceeded",
+                      "the prompt is %zu tokens, more than the context of %zu positions (krun serve --ctx)", r->n_prompt, ctx);
+        return -1;
+    }
+    /* the last token generated is never run: a request uses n_prompt + max_tokens - 1 positions */
+    if (max_tokens < 0) max_tokens = (long)(ctx - r->n_prompt + 1);
+    if ((size_t)max_tokens - 1 > ctx - r->n_prompt) {
+        oai_error_set(err, 400, "max_tokens", "context_length_exceeded",
+                      "the prompt (%zu tokens) and max_tokens %ld need %zu positions; the context is %zu (krun serve --ctx)",
+                      r->n_prompt, max_tokens, r->n_prompt + (size_t)max_tokens - 1, ctx);
+        return -1;
+    }
+    r->max_tokens = max_tokens;
+    return 0;
+}
+
+/* The output of r: go's stop strings, end ids and limits (copied by sgen_new). */
+static int make_output(krun_model *m, sreq *r, sgen_opts *go, oai_error *err)
+{
+    int32_t end_ids[3];
+    go->end_ids = end_ids;
+    go->n_end_ids = go->n_end_ids ? krun_model_stop_ids(m, end_ids) : 0;
+    go->max_tokens = r->max_tokens;
+    go->prompt_ids = r->prompt;
+    go->n_prompt = r->n_prompt;
+    r->stream = go->stream;
+    r->gen = sgen_new(krun_model_tokenizer(m), go);
+    if (!r->gen) {
+        oai_error_set(err, 500, NULL, NULL, "out of memory");
+        return -1;
+    }
+    snprintf(r->id, sizeof r->id, "%s", go->meta.id);
+    return 0;
+}
+
+static sreq *prepare_chat(krun_model *m, const char *name, const char *body, size_t len, const oai_meta *meta, oai_error *err)
+{
+    const ktok *tk = krun_model_tokenizer(m);
+    oai_chat_request q;
+    kchat_rendering rend;
+    krun_err rerr;
+    sreq *r = NULL;
+    if (oai_parse_chat_request(body, len, &q, err)) return NULL;
+    if (oai_check_model(q.s.model, name, err)) goto fail;
+    if (q.s.ignore_eos) {
+        oai_error_set(err, 400, "ignore_eos", "unsupported_value", "ignore_eos is for /v1/completions: a chat reply ends at <|end_of_msg|>");
+        goto fail;
+    }
+    if (ktok_find_special(tk, KCHAT_OPEN) < 0 || ktok_find_special(tk, KCHAT_END_OF_MSG) < 0) {
+        oai_error_set(err, 400, NULL, "chat_unsupported", "this model's tokenizer has no chat markers (%s, %s): use /v1/completions",
+                      KCHAT_OPEN, KCHAT_END_OF_MSG);
+        goto fail;
+    }
+    if (kchat_render(tk, q.messages, q.n_messages, &q.chat, &rend, &rerr)) {
+        oai_error_set(err, 400, NULL, "invalid_value", "%s", rerr.msg);
+        goto fail;
+    }
+    free(rend.text);
+    r = sreq_new();
+    if (!r) { free(rend.ids); oai_error_set(err, 500, NULL, NULL, "out of memory"); goto fail; }
+    r->prompt = rend.ids;
+    r->n_prompt = rend.n_ids;
+    r->n_preamble = rend.n_preamble;     /* the prefix cache keeps the state at its end */
+    sampling_of(&q.s, r);
+    if (fit_context(m, r, q.s.max_tokens, err)) goto fail;
+    {
+        sgen_opts go = {1, q.chat.thinking, q.s.stream, q.s.include_usage, q.s.return_token_ids, q.s.stop, q.s.n_stop, NULL, 1, 0,
+                        *meta, NULL, 0};
+        if (make_output(m, r, &go, err)) goto fail;
+    }
+    oai_chat_request_free(&q);
+    return r;
+fail:
+    sreq_discard(r);
+    oai_chat_request_free(&q);
+    return NULL;
+}
+
+static sreq *prepare_completion(krun_model *m, const char *name, const char *body, size_t len, const oai_meta *meta, oai_error *err)
+{
+    const ktok *tk = krun_model_tokenizer(m);
+    oai_completion_request q;
+    sreq *r = NULL;
+    if (oai_parse_completion_request(body, len, (size_t)krun_model_config(m)->vocab, &q, err)) return NULL;
+    if (oai_check_model(q.s.model, name, err)) goto fail;
+    r = sreq_new();
+    if (!r) { oai_error_set(err, 500, NULL, NULL, "out of memory"); goto fail; }
+    if (q.prompt_ids) {
+        r->prompt = malloc(q.n_prompt_ids * sizeof *r->prompt);
+        if (r->prompt) memcpy(r->prompt, q.prompt_ids, q.n_prompt_ids * sizeof *r->prompt);
+        r->n_prompt = q.n_prompt_ids;
+    } else if (ktok_encode(tk, q.prompt, q.prompt_len, 1, &r->prompt, &r->n_prompt)) {
+        r->prompt = NULL;
+    }
+    if (!r->prompt) { oai_error_set(err, 500, NULL, NULL, "out of memory"); goto fail; }
+    sampling_of(&q.s, r);
+    if (fit_context(m, r, q.s.max_tokens, err)) {
+        snprintf(err->param, sizeof err->param, "%s", r->n_prompt > krun_model_ctx(m) ? "prompt" : "max_tokens");
+        goto fail;
+    }
+    {
+        sgen_opts go = {0, 0, q.s.stream, q.s.include_usage, q.s.return_token_ids, q.s.stop, q.s.n_stop, NULL, !q.s.ignore_eos, 0,
+                        *meta, NULL, 0};
+        if (make_output(m, r, &go, err)) goto fail;
+    }
+    oai_completion_request_free(&q);
+    return r;
+fail:
+    sreq_discard(r);
+    oai_completion_request_free(&q);
+    return NULL;
+}
+
+sreq *srv_prepare(krun_model *m, const char *model_name, int chat, const char *body, size_t len, const oai_meta *meta, oai_error *err)
+{
+    return chat ? prepare_chat(m, model_name, body, len, meta, err) : prepare_completion(m, model_name, body, len, meta, err);
+}

@@ -1,0 +1,189 @@
+#!/usr/bin/env bash
+# krun batch (docs/BATCH.md): a mixed batch (chat and completions, greedy and sampled, with and
+# without seeds, lengths 1..40, stop strings, a request the API refuses, lines that are not
+# requests) gives one line per request in input order in vLLM run-batch's shape; every request's
+# body equals krun serve's for the same body run alone; the output is the same bytes at any
+# --max-seqs and thread count; kill -9 at random moments and the same command continues to the
+# same bytes (BATCH_KILLS times; `make soak` runs 30), never leaving a half-written OUT and never
+# running a recorded request again; a torn journal tail; a finished OUT (--force); a second
+# process (lock); another job's journal; duplicate custom_ids; a damaged model (exit 1, resumable).
+. "$(dirname "$0")/lib.sh"
+BT="$TOP/tests/cli/batch_tool.py"
+export PYTHONPATH="$TOP/tests/cli${PYTHONPATH:+:$PYTHONPATH}"
+SLOW=1; [ -n "${KPK_SANITIZED:-}" ] && SLOW=5
+KILLS=${BATCH_KILLS:-3}
+
+TOK="$K3_SHARED/fixtures/tokenizer/tiktoken.model"
+if [ -f "$TOK" ]; then
+    "$BIN/k3synth" "$T/m" --geometry tiny --seed 2 --layers 3 --experts 4 --topk 2 --tokenizer "$TOK" --quiet >/dev/null 2>"$T/err" \
+        || { notok "k3synth: $(cat "$T/err")"; finish; exit 1; }
+    CHAT=chat
+else
+    skip "chat requests: the real tokenizer $TOK is absent (a byte tokenizer has no chat markers)"
+    "$BIN/k3synth" "$T/m" --geometry tiny --seed 21 --quiet >/dev/null 2>"$T/err" || { notok "k3synth: $(cat "$T/err")"; finish; exit 1; }
+    CHAT=plain
+fi
+"$BIN/kpack" convert "$T/m" "$T/m.kpk" --quiet && rm -rf "$T/m" || { notok "convert"; finish; exit 1; }
+M="$T/m.kpk"
+python3 "$BT" make "$T/in.jsonl" $CHAT
+B=("$BIN/krun" batch "$M" "$T/in.jsonl")
+COMMON=(--ctx 512 --seed 9 --created 1000)
+
+# ---- one uninterrupted run: shape, order, errors -------------------------------------------------
+expect_exit 0 "krun batch on a mixed batch" "${B[@]}" "$T/a.jsonl" "${COMMON[@]}" --max-seqs 4 --json
+cp "$T/last.out" "$T/a.summary"
+fields=$(python3 "$BT" check "$T/in.jsonl" "$T/a.jsonl" 2>"$T/err") \
+    && ok "one line per request, in input order, vLLM run-batch's shape; a bad line's error names its line" \
+    || notok "output shape: $(tail -3 "$T/err")"
+[ "$fields" = '{"bad-body": "body", "bad-url": "url", "line 6": "", "line 7": "custom_id"}' ] \
+    && ok "bad lines name their field (custom_id, url, body; the line that is not JSON has none)" || notok "fields: $fields"
+python3 - "$T" <<'PY' && ok "the refused request (max_tokens past --ctx) and stream:true get 400 and an error body; the rest ran" || notok "refusals"
+import json, sys
+o = {x["custom_id"]: x for x in map(json.loads, open(sys.argv[1] + "/a.jsonl"))}
+assert o["too-long"]["response"]["status_code"] == 400 and o["too-long"]["response"]["body"]["error"]["code"] == "context_length_exceeded"
+assert o["stream"]["response"]["status_code"] == 400 and o["stream"]["response"]["body"]["error"]["param"] == "stream"
+assert o["cmpl-one"]["response"]["body"]["usage"]["completion_tokens"] == 1
+assert o["cmpl-ids-seed"]["response"]["body"]["choices"][0]["token_ids"], o["cmpl-ids-seed"]
+assert all(x["response"]["body"]["created"] == 1000 for x in o.values() if x["response"] and x["response"]["status_code"] == 200)
+PY
+python3 - "$T/a.summary" <<'PY' && ok "--json: requests, done, failed, prompt and generated tokens, sweeps, bytes read, seconds, bytes per token" \
+    || notok "--json summary: $(cat "$T/a.summary")"
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert j["ok"] and j["requests"] == j["done"] > 0 and j["resumed"] == 0 and j["failed"] >= 6, j
+assert j["generated_tokens"] > 0 and j["prompt_tokens"] > 0 and 0 < j["sweeps"] < j["generated_tokens"], j
+assert j["bytes_read"] >= 0 and j["seconds"] > 0 and "bytes_per_generated_token" in j, j
+PY
+[ ! -e "$T/a.jsonl.krun-journal" ] && ok "the journal is removed once OUT is written" || notok "journal left behind"
+grep -q $'\r' "$T/last.err" && notok "progress drawn into a pipe" || ok "no progress line in a pipe"
+grep -q "krun batch: .*a.jsonl: [0-9]* of [0-9]* requests written" "$T/last.err" && ok "a summary line on stderr" || notok "summary line: $(cat "$T/last.err")"
+
+# ---- each request as run alone by krun serve ---------------------------------------------------------
+. "$(dirname "$0")/serve_lib.sh"
+if start solo "$M" --max-seqs 1 --ctx 512 --quiet; then
+    n=$(python3 -c 'import sys, batch_tool as b; print(b.alone_vs_batch(int(sys.argv[1]), sys.argv[2], sys.argv[3], 9))' \
+        "$PORT" "$T/in.jsonl" "$T/a.jsonl" 2>"$T/err") \
+        && ok "every request ($n) has the body krun serve gives it alone (seeded, seedless with the job's seed, greedy, refused)" \
+        || notok "batch differs from serve alone: $(tail -5 "$T/err")"
+    stop
+fi
+ids=$(python3 -c 'import json,sys; print(",".join(map(str, [l for l in map(json.loads, open(sys.argv[1])) if l["custom_id"]=="cmpl-ids-seed"][0]["response"]["body"]["choices"][0]["token_ids"])))' "$T/a.jsonl")
+[ "$ids" = "$("$BIN/krun" "$M" --ids 5,80,81,82,200,13,7 --gen 24 --temp 0.8 --seed 7 --print-ids --quiet --ignore-eos | head -c ${#ids} | tr ' \n' ',,' | sed 's/,$//')" ] \
+    && ok "a sampled completion's ids equal krun's for the same prompt, temperature and seed" || notok "ids differ from krun: $ids"
+
+# ---- the same bytes at any batching and thread count ----------------------------------------------------
+for v in "--max-seqs 1" "--max-seqs 3 --threads 1" "--max-seqs 8 --chunk 5"; do
+    rm -f "$T/b.jsonl"
+    "${B[@]}" "$T/b.jsonl" "${COMMON[@]}" $v --quiet 2>"$T/err" && cmp -s "$T/a.jsonl" "$T/b.jsonl" \
+        && ok "byte-identical OUT with $v" || notok "OUT differs with $v: $(head -c 300 "$T/err")"
+done
+
+# ---- --max-seqs auto (the default): the fewest bytes per generated token within the budget ----------------------
+rm -f "$T/b.jsonl"
+"${B[@]}" "$T/b.jsonl" "${COMMON[@]}" --mem 64M 2>"$T/err" >/dev/null && cmp -s "$T/a.jsonl" "$T/b.jsonl" \
+    && grep -qE "krun batch: [0-9]+ sequences per sweep \(--max-seqs auto, .*a decoding sweep reads ~.* per generated token \(one at a time: " "$T/err" \
+    && ok "--max-seqs auto with a budget: says how many sequences and the bytes per sweep and per token; the same bytes" \
+    || notok "--max-seqs auto: $(head -c 600 "$T/err")"
+n=$(sed -n 's/^krun batch: \([0-9]*\) sequences per sweep.*/\1/p' "$T/err")
+[ "${n:-0}" -gt 1 ] && ok "  it batches ($n sequences: a sweep's cost is shared)" || notok "auto chose ${n:-nothing}"
+
+# ---- a finished OUT, --force, a second process, another job's journal, duplicates ---------------------------
+expect_exit 2 "a finished OUT is not overwritten without --force" "${B[@]}" "$T/a.jsonl" "${COMMON[@]}"
+expect_err "exists .*--force" "  and the message says --force"
+cp "$T/a.jsonl" "$T/c.jsonl"
+expect_exit 0 "--force replaces it" "${B[@]}" "$T/c.jsonl" "${COMMON[@]}" --force --quiet
+cmp -s "$T/a.jsonl" "$T/c.jsonl" && ok "  with the same bytes" || notok "--force output differs"
+: >"$T/d.jsonl.krun-journal"
+flock "$T/d.jsonl.krun-journal" sleep 60 & LOCKER=$!
+for _ in $(seq $((200 * SLOW))); do flock -n "$T/d.jsonl.krun-journal" true || break; sleep 0.05; done   # until it holds the lock
+expect_exit 2 "a second krun batch on the same OUT is refused (its journal is locked)" "${B[@]}" "$T/d.jsonl" "${COMMON[@]}"
+expect_err "being written by another krun batch" "  and the message says so"
+kill $LOCKER 2>/dev/null; wait $LOCKER 2>/dev/null
+rm -f "$T/d.jsonl.krun-journal"
+printf 'krun-batch-journal 1 key=0123456789abcdef seed=1 created=1\n' >"$T/e.jsonl.krun-journal"
+expect_exit 2 "a journal of another job is refused" "${B[@]}" "$T/e.jsonl" "${COMMON[@]}"
+expect_err "belongs to another job.*--force" "  and the message says what to do"
+expect_exit 0 "  --force starts this job over" "${B[@]}" "$T/e.jsonl" "${COMMON[@]}" --force --quiet
+cmp -s "$T/a.jsonl" "$T/e.jsonl" && ok "  to the same bytes" || notok "restarted output differs"
+head -3 "$T/in.jsonl" >"$T/dup.jsonl"; sed -n 2p "$T/in.jsonl" >>"$T/dup.jsonl"; sed -n 8p "$T/in.jsonl" | sed "s/bad-url/cmpl-greedy/" >>"$T/dup.jsonl"
+expect_exit 2 "duplicate custom_ids are refused before anything runs" "$BIN/krun" batch "$M" "$T/dup.jsonl" "$T/dup.out"
+expect_err 'custom_id "cmpl-greedy" is on lines 1, 5; .*\(2 lines repeat an earlier one\)' "  naming the id and its lines, a bad line's custom_id included"
+[ ! -e "$T/dup.out" ] && [ ! -e "$T/dup.out.krun-journal" ] && ok "  and nothing is written" || notok "duplicates wrote something"
+expect_exit 2 "krun batch without its arguments" "$BIN/krun" batch "$M"
+expect_exit 2 "a sampling option is refused (sampling is each request's)" "${B[@]}" "$T/f.jsonl" --temp 0.5
+expect_exit 0 "krun batch --help" "$BIN/krun" batch --help
+grep -q "^usage: krun batch MODEL.kpk IN.jsonl OUT.jsonl" "$T/last.out" && grep -q "^Exit: 0" "$T/last.out" \
+    && ok "--help: usage and exit codes" || notok "--help"
+
+# ---- kill -9 at random moments: the same command continues to the same bytes --------------------------------
+python3 "$BT" make "$T/big.jsonl" $CHAT 2
+rm -f "$T/g.jsonl"
+"$BIN/krun" batch "$M" "$T/big.jsonl" "$T/g.jsonl" "${COMMON[@]}" --max-seqs 2 --quiet --json >"$T/g.summary" 2>"$T/err" \
+    || notok "uninterrupted big batch: $(cat "$T/err")"
+t_full=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["seconds"])' "$T/g.summary")
+bad=0; kills=0; runs=0; recomputed=0; torn=0
+for i in $(seq "$KILLS"); do
+    rm -f "$T/k.jsonl" "$T/k.jsonl.krun-journal"
+    while :; do
+        runs=$((runs + 1))
+        before=$( [ -f "$T/k.jsonl.krun-journal" ] && grep -c '' "$T/k.jsonl.krun-journal" | awk '{print $1 - 1}' || echo 0)
+        # a torn tail, as a power cut mid-append leaves it: cut off when the journal is opened
+        if [ $((runs % 5)) -eq 0 ] && [ -s "$T/k.jsonl.krun-journal" ]; then printf '7 0123456789abcdef {"id":"half' >>"$T/k.jsonl.krun-journal"; torn=$((torn + 1)); fi
+        "$BIN/krun" batch "$M" "$T/big.jsonl" "$T/k.jsonl" "${COMMON[@]}" --max-seqs 2 --quiet --json >"$T/k.summary" 2>"$T/k.err" &
+        pid=$!
+        sleep "$(python3 -c "import random; print(round(random.uniform(0.02, $t_full * 1.1 + 0.1), 3))")"
+        if kill -9 $pid 2>/dev/null; then
+            wait $pid 2>/dev/null
+            kills=$((kills + 1))
+            # OUT never exists half-written: absent, or complete
+            if [ -e "$T/k.jsonl" ] && ! cmp -s "$T/g.jsonl" "$T/k.jsonl"; then bad=$((bad + 1)); fi
+            [ -e "$T/k.jsonl" ] && [ ! -e "$T/k.jsonl.krun-journal" ] && break   # killed after the end
+            continue
+        fi
+        wait $pid; rc=$?
+        [ $rc -eq 0 ] || { bad=$((bad + 1)); echo "# run failed (exit $rc): $(head -c 300 "$T/k.err")"; break; }
+        resumed=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["resumed"])' "$T/k.summary")
+        [ "$resumed" -ge "$before" ] || recomputed=$((recomputed + 1))
+        break
+    done
+    cmp -s "$T/g.jsonl" "$T/k.jsonl" || bad=$((bad + 1))
+    ls "$T" | grep -q '^k.jsonl.tmp-' && bad=$((bad + 1))
+done
+[ $bad -eq 0 ] && [ $recomputed -eq 0 ] \
+    && ok "$KILLS jobs killed -9 at random moments ($kills kills, $runs runs, $torn torn journal tails): the same command continues; OUT byte-identical to the uninterrupted run, never half-written, no recorded request run again" \
+    || notok "kill -9 and resume: $bad bad outcomes, $recomputed runs read back fewer records than the journal held ($kills kills)"
+
+# ---- on a terminal: the progress line; SIGINT: stops, exit 130, the same command continues -------------------
+printf '[{"wait": "requests, ", "timeout": %d}]' $((60 * SLOW)) >"$T/pty.json"
+rm -f "$T/p.jsonl"
+python3 "$TOP/tests/cli/chat_pty.py" "$T/pty.bin" "$T/pty.json" -- "$BIN/krun" batch "$M" "$T/big.jsonl" "$T/p.jsonl" "${COMMON[@]}" --max-seqs 2 \
+    && python3 - "$T/pty.bin" <<'PY' && ok "on a terminal: a progress line (done/total requests, tokens/s, bytes/token, ETA), cleared at the end" \
+    || notok "progress on a terminal: $(tr -d '\033' <"$T/pty.bin" | head -c 400)"
+import re, sys
+t = open(sys.argv[1], "rb").read().decode("utf-8", "replace")
+assert re.search(r"\r\x1b\[Kkrun batch: \d+/\d+ requests, \d+ tokens, [0-9.]+ tokens/s, ([0-9.]+ [kMG]?B|-)/token, ETA ", t), t[-600:]
+PY
+cmp -s "$T/g.jsonl" "$T/p.jsonl" && ok "  and the same OUT" || notok "OUT on a terminal differs"
+rm -f "$T/s.jsonl"
+"$BIN/krun" batch "$M" "$T/big.jsonl" "$T/s.jsonl" "${COMMON[@]}" --max-seqs 2 >/dev/null 2>"$T/s.err" &
+pid=$!
+for _ in $(seq $((100 * SLOW))); do [ "$(grep -c '' "$T/s.jsonl.krun-journal" 2>/dev/null || echo 0)" -ge 4 ] && break; sleep 0.05; done
+kill -INT $pid; wait $pid; rc=$?
+[ $rc -eq 130 ] && grep -q "SIGINT: interrupted" "$T/s.err" && grep -q "the same command continues" "$T/s.err" && [ ! -e "$T/s.jsonl" ] \
+    && ok "SIGINT stops the job: exit 130, says the same command continues, no OUT" || notok "SIGINT: exit $rc: $(cat "$T/s.err")"
+"$BIN/krun" batch "$M" "$T/big.jsonl" "$T/s.jsonl" "${COMMON[@]}" --max-seqs 2 --quiet --json >"$T/s.summary" 2>"$T/s.err" && cmp -s "$T/g.jsonl" "$T/s.jsonl" \
+    && python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); assert j["resumed"] >= 3, j' "$T/s.summary" \
+    && ok "  the same command continues from the journal to the same bytes" || notok "resume after SIGINT: $(cat "$T/s.err")"
+
+# ---- a damaged model: exit 1, nothing written, the journal kept; the same command finishes with a good file ----
+corrupt_experts "$M" "$T/bad.kpk"
+cp "$M" "$T/good.kpk"
+cp "$T/bad.kpk" "$T/x.kpk"
+expect_exit 1 "a damaged model stops the job (exit 1)" "$BIN/krun" batch "$T/x.kpk" "$T/in.jsonl" "$T/h.jsonl" "${COMMON[@]}" --model-name m
+expect_err "damaged" "  naming the damage"
+[ ! -e "$T/h.jsonl" ] && [ -e "$T/h.jsonl.krun-journal" ] && ok "  OUT not written, the journal kept" || notok "damaged: OUT or journal"
+cp "$T/good.kpk" "$T/x.kpk"
+expect_exit 0 "  the same command with a good file finishes" "$BIN/krun" batch "$T/x.kpk" "$T/in.jsonl" "$T/h.jsonl" "${COMMON[@]}" --model-name m
+cmp -s "$T/a.jsonl" "$T/h.jsonl" && ok "  to the bytes of a run that was never damaged" || notok "output after damage differs"
+
+finish
