@@ -603,18 +603,24 @@ int krun_pcache_begin(krun_pcache *c, const int32_t *ids, size_t n, size_t pream
         if (x->slot) {
             /* a preamble is shared: copied while a slot is free; else the entry moves into the request */
             pc_slot *y = (x->slot->kind == PC_PREAMBLE || x->slot->writing) ? victim_locked(c, x->slot) : NULL;
+            int disk;                  /* the entry has a file, whose mtime says it was used now */
             if (y) {
                 krun_err e;
                 if (!(s = claim_locked(c, y))) continue;
                 if (krun_session_copy(s, x->slot->s, &e)) { krun_session_free(s); s = NULL; continue; }
                 mine = y;
                 x->slot->used = c->clock;
+                disk = x->slot->on_disk;
             } else {
                 while (x->slot->writing) wait_writer_locked(c);
+                /* read before the claim, which clears it: an entry moved into its request is still
+                 * used (without this a hit that moved the slot left the file's mtime as it was, and
+                 * eviction took a file every request used: when the writer held the other slot) */
+                disk = x->slot->on_disk;
                 if (krun_session_live(x->slot->s) || !(s = claim_locked(c, x->slot))) continue;
                 mine = x->slot;
             }
-            if (x->slot->on_disk) {
+            if (disk) {
                 char name[64];
                 file_name(name, sizeof name, hash_ids(ids, x->pos), x->pos, krun_session_logits(s) != NULL);
                 touch(c, name);

@@ -231,16 +231,18 @@ assert got["sizes"] and max(got["sizes"]) <= size and min(got["sizes"]) > 0, (go
 h = json.load(open(f"{d}/evict.health"))
 assert h["evicted"] >= 3 and h["bytes_disk"] <= size and h["write_failed"] == 0 and h["damaged"] == 0, h
 PY
-# which files stayed: the first request's prompt entry went, the last request's stayed.  (Whether a
-# hit keeps an entry -- the preamble's, written first and used by every request -- is not asserted:
-# with the writer thread and 2 slots it was evicted once in a loaded full run; under investigation.)
-/usr/bin/python3 - "$T" <<'PY' && ok "eviction: the first prompt's entry went, the last prompt's stayed" || notok "eviction order"
+# which files stayed: least recently USED out, not least recently written -- the preamble's entry,
+# written by the first request, is used by every later one and stays; the first request's prompt
+# entry goes; the last request's stays
+/usr/bin/python3 - "$T" "$PRE" <<'PY' && ok "eviction is by last use: the preamble's entry (written first, used by every request) stays, the first prompt's goes, the last prompt's stays" \
+    || notok "eviction order"
 import glob, json, os, struct, sys
 from kpk import xxh3
-d = sys.argv[1]
+d, pre = sys.argv[1], int(sys.argv[2])
 name = lambda ids, l: "%016x-%d%s.krs" % (xxh3(struct.pack("<%di" % len(ids), *ids)), len(ids), "-l" if l else "")
 have = {os.path.basename(f) for f in glob.glob(f"{d}/edir/k3-*/*.krs")}
 ids = [r["prompt_token_ids"] for r in json.load(open(f"{d}/evict.out"))["replies"]]
+assert name(ids[0][:pre], 0) in have, ("the preamble's entry was evicted", have)
 assert name(ids[0], 1) not in have and name(ids[-1], 1) in have, have
 PY
 
