@@ -229,9 +229,10 @@ static void admit_locked(srv_engine *e)
         e->active[e->n_active++] = r;
         /* the whole prompt was there, with its logits: the first token now */
         if (r->fed == r->n_prompt) {
+            int done = next_token(e, r);
             e->st.generated++;
-            conclude_locked(e, r, next_token(e, r));
             r->generated = sgen_n_tokens(r->gen);
+            conclude_locked(e, r, done);      /* (done: r may be freed) */
         }
     }
 }
