@@ -14,6 +14,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -26,6 +27,7 @@ typedef struct pc_slot {
     int writing;               /* the writer has it (queued or writing): it stays as it is */
     int on_disk;               /* its entry is in a file too */
     krun_session *marker;      /* a snapshot of that session's is due in it (krun_session_mark) */
+    struct timespec t_used;    /* when its entry was made or last used: its file's mtime once written */
 } pc_slot;
 
 typedef struct pc_file {
@@ -223,10 +225,22 @@ static pc_file *find_file(krun_pcache *c, uint64_t hash, size_t pos, int logits)
     return NULL;
 }
 
-static void touch(krun_pcache *c, const char *name)
+/* A file's mtime is its entry's last use: now (the clock itself, not the file system's
+ * coarser one, so that it orders with the times set_used gives), or when it was used in RAM. */
+static void set_used(krun_pcache *c, const char *name, struct timespec t)
 {
-    utimensat(c->dirfd, name, NULL, AT_SYMLINK_NOFOLLOW);
+    const struct timespec ts[2] = {t, t};
+    utimensat(c->dirfd, name, ts, AT_SYMLINK_NOFOLLOW);
 }
+
+static struct timespec now_real(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    return t;
+}
+
+static void touch(krun_pcache *c, const char *name) { set_used(c, name, now_real()); }
 
 /* Write session s's state as an entry file (not under the lock). */
 static int write_entry(krun_pcache *c, krun_session *s, char *name, size_t len)
@@ -249,9 +263,13 @@ static int write_entry(krun_pcache *c, krun_session *s, char *name, size_t len)
 
 /* ---- the writer ------------------------------------------------------------------ */
 
-/* A write of slot p's entry is over (rc: write_entry's). */
-static void written_locked(krun_pcache *c, pc_slot *p, int rc)
+/* A write of slot p's entry (into name) is over (rc: write_entry's).  A file written
+ * now holds an entry made (or used) earlier, when the writer lags: its mtime is set to
+ * that use, so that eviction by last use does not count the write as one (a hit on
+ * another entry between the two would otherwise look older than this file). */
+static void written_locked(krun_pcache *c, pc_slot *p, int rc, const char *name)
 {
+    if (rc > 0) set_used(c, name, p->t_used);
     p->writing = 0;
     p->on_disk = rc >= 0;
     c->st.written += rc > 0;
@@ -267,6 +285,7 @@ static void persist_locked(krun_pcache *c, pc_slot *p)
     uint64_t bytes = entry_bytes(c->m, krun_session_pos(p->s), krun_session_logits(p->s) != NULL);
     char name[64];
     int rc;
+    p->t_used = now_real();             /* the entry is made (or used) now */
     if (!c->dir || p->on_disk || bytes > c->o.max_bytes) return;
     if (c->have_thread) {
         p->writing = 1;
@@ -276,7 +295,7 @@ static void persist_locked(krun_pcache *c, pc_slot *p)
     }
     evict_locked(c, bytes);
     rc = write_entry(c, p->s, name, sizeof name);
-    written_locked(c, p, rc);
+    written_locked(c, p, rc, name);
 }
 
 static void *writer_main(void *arg)
@@ -298,7 +317,7 @@ static void *writer_main(void *arg)
         pthread_mutex_unlock(&c->mu);
         rc = write_entry(c, p->s, name, sizeof name);      /* the slot stays as it is while `writing` */
         pthread_mutex_lock(&c->mu);
-        written_locked(c, p, rc);
+        written_locked(c, p, rc, name);
     }
     pthread_mutex_unlock(&c->mu);
     return NULL;
@@ -610,6 +629,7 @@ int krun_pcache_begin(krun_pcache *c, const int32_t *ids, size_t n, size_t pream
                 if (krun_session_copy(s, x->slot->s, &e)) { krun_session_free(s); s = NULL; continue; }
                 mine = y;
                 x->slot->used = c->clock;
+                x->slot->t_used = now_real();
                 disk = x->slot->on_disk;
             } else {
                 while (x->slot->writing) wait_writer_locked(c);
@@ -702,6 +722,7 @@ void krun_pcache_keep(krun_pcache *c, krun_session *s)
             c->st.made += rc >= 0;
             c->st.written += rc > 0;
             c->st.write_failed += rc < 0;
+            if (rc >= 0) evict_locked(c, 0);   /* the directory looked at again: another process may have written meanwhile */
         }
     }
 out:

@@ -196,7 +196,14 @@ for r in reqs:
     s, _, j = c.post(port, r["path"], r["body"])
     res.append(j)
     if watch:
-        sizes.append(sum(os.path.getsize(f) for f in glob.glob(watch + "/k3-*/*.krs")))
+        # (the server's writer thread may evict a file between the listing and its size: it counts 0)
+        size = 0
+        for f in glob.glob(watch + "/k3-*/*.krs"):
+            try:
+                size += os.path.getsize(f)
+            except FileNotFoundError:
+                pass
+        sizes.append(size)
 json.dump({"replies": res, "sizes": sizes}, open(out, "w"))
 PY
 }
