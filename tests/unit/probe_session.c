@@ -387,6 +387,9 @@ static void check_copy(const char *path, const char *mem)
         const int32_t *h = krun_snapshot_tokens(snap, &n, &pos);
         OK(h && n == 13 + CP_AT && pos == 13 + CP_AT - 1 && krun_session_pending(b) == 1 && krun_session_pos(b) == pos,
            "copy: the copy and the snapshot hold the history with its pending token (%zu tokens, %zu run)", n, pos);
+        OK(krun_session_reply_start(b) == 13 && krun_session_sampler(b)->seed == so.seed &&
+               krun_session_sampler(b)->presence_penalty == so.presence_penalty,
+           "copy: the copy has the original's reply start (%zu) and sampler options", krun_session_reply_start(b));
     }
     if (krun_snapshot_new(m, 8, &small, &e)) goto bad;
     OK(krun_snapshot_take(small, a, &e) == -1 && e.code == KRUN_EINPUT, "copy: a snapshot too small for the history is refused: %s", e.msg);
@@ -404,7 +407,10 @@ static void check_copy(const char *path, const char *mem)
     }
     /* the snapshot restored, twice: into a fresh session and into a that has moved on */
     ok = 1;
+    krun_session_set_reply_start(c, 0);
     if (krun_snapshot_restore(c, snap, &e) || krun_snapshot_restore(a, snap, &e)) goto bad;
+    OK(krun_session_reply_start(c) == 13 && krun_session_sampler(c)->seed == so.seed,
+       "copy: the snapshot restored brings the reply start (%zu) and the sampler options", krun_session_reply_start(c));
     {
         krun_session *ca[2] = {c, a};
         if (cp_continue(m, ca, 2, CP_AT, ids, got, &e)) goto bad;
