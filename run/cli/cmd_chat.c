@@ -64,6 +64,11 @@ static const char usage[] =
     "  --hide-thinking       hide it on a terminal too\n"
     "  --gen N               tokens per reply at most (default: until the reply ends)\n"
     "  --json FILE           one JSON line per turn: ids fed and generated, seconds, bytes read\n"
+    "Prefix cache (off unless --cache-dir; shared with krun and krun serve):\n"
+    KRUN_CLI_USAGE_CACHE("")
+    "                        the first turn starts from the longest kept state it begins with (a\n"
+    "                        system prompt read by an earlier run is not read again); the end of\n"
+    "                        the system part, of every turn's prompt and of the conversation are kept\n"
     "Sampling (greedy by default):\n"
     KRUN_CLI_USAGE_SAMPLING
     "Execution:\n"
@@ -91,6 +96,8 @@ typedef struct {
     struct chat_opts o;
     krun_model *m;
     krun_session *s;
+    krun_pcache *cache;          /* --cache-dir: the first turn starts from a kept state (the system prompt's) */
+    ksampler_opts so;
     const ktok *tk;
     kconv conv;                  /* the messages, the chat options, the mode */
     int tty_in, tty_out, show, dim;
@@ -297,6 +304,7 @@ static void show_bytes(chat *ch, const uint8_t *b, size_t len, int flush)
 typedef struct {
     int32_t *fed;                /* what this turn ran before its reply */
     size_t n_fed;
+    size_t cached;               /* of them, the positions a kept state held (--cache-dir) */
     kbuf reply;                  /* the ids generated, as int32_t */
     size_t n_reply;
     const char *finish;
@@ -320,6 +328,7 @@ static void log_turn(chat *ch, const turn_log *t)
     j = json_object();
     json_object_set_new(j, "turn", json_integer(ch->turn));
     json_object_set_new(j, "fed_ids", ids_json(t->fed, t->n_fed));
+    json_object_set_new(j, "cached_positions", json_integer((json_int_t)t->cached));
     json_object_set_new(j, "reply_ids", ids_json((const int32_t *)(const void *)t->reply.p, t->n_reply));
     json_object_set_new(j, "finish", json_string(t->finish));
     json_object_set_new(j, "history_tokens", json_integer((json_int_t)hist));
@@ -346,8 +355,9 @@ static uint64_t bytes_read(chat *ch)
 }
 
 /* The ids this turn feeds: the whole conversation after a reset, else what
- * follows the state (the user's new message and the generation prompt). */
-static int turn_ids(chat *ch, const char *text, size_t len, int32_t **ids, size_t *n)
+ * follows the state (the user's new message and the generation prompt).
+ * *preamble: where the rendering's system part ends (0 in a continuation). */
+static int turn_ids(chat *ch, const char *text, size_t len, int32_t **ids, size_t *n, size_t *preamble)
 {
     krun_err err;
     size_t hist;
@@ -367,6 +377,21 @@ static int turn_ids(chat *ch, const char *text, size_t len, int32_t **ids, size_
     free(r.text);
     *ids = r.ids;
     *n = r.n_ids;
+    *preamble = r.n_preamble;
+    return 0;
+}
+
+/* The first turn with --cache-dir: the session starts over from the cache,
+ * holding the longest kept state the conversation begins with (a system
+ * prompt read by an earlier run), with the conversation's sampler: its draw
+ * depends on the seed, the stream and the position only (sampler.h), so there
+ * is no random state to carry over; the reply start is set by reply(). */
+static int from_cache(chat *ch, turn_log *t, size_t preamble, krun_err *err)
+{
+    krun_pcache_end(ch->cache, ch->s);
+    ch->s = NULL;
+    if (krun_pcache_begin(ch->cache, t->fed, t->n_fed, preamble, &ch->s, &t->cached, err)) return -1;
+    krun_session_set_sampler(ch->s, &ch->so);
     return 0;
 }
 
@@ -451,19 +476,20 @@ static int reply(chat *ch, turn_log *t, krun_err *err)
 static int run_turn(chat *ch, const char *text, size_t len, krun_err *err)
 {
     turn_log t;
-    size_t hist, ctx = krun_model_ctx(ch->m), before = ch->conv.n;
+    size_t hist, ctx = krun_model_ctx(ch->m), before = ch->conv.n, preamble = 0;
     int rc;
     memset(&t, 0, sizeof t);
     if (kconv_add(&ch->conv, KCHAT_USER, text, len, NULL, 0)) { krun_err_set(err, KRUN_ENOMEM, "out of memory"); return -1; }
-    if (turn_ids(ch, text, len, &t.fed, &t.n_fed)) goto refuse;
+    if (turn_ids(ch, text, len, &t.fed, &t.n_fed, &preamble)) goto refuse;
     krun_session_tokens(ch->s, &hist);
     if (hist + t.n_fed + 1 + CHAT_CLOSE_RESERVE > ctx) {
         fprintf(stderr, "krun chat: the conversation holds %zu positions and this message needs %zu more, with room for a reply; "
                 "the context is %zu: /save it and restart with a larger --ctx, or /reset\n", hist, t.n_fed, ctx);
         goto refuse;
     }
+    if (hist == 0 && ch->cache && from_cache(ch, &t, preamble, err)) { free(t.fed); return -1; }
     {
-        /* the pending tokens (the last reply's end) run first, then this turn */
+        /* the pending tokens (the last reply's end) run first, then this turn (less what a kept state held) */
         size_t pending = krun_session_pending(ch->s);
         int32_t *all = malloc((pending + t.n_fed) * sizeof *all);
         const int32_t *h = krun_session_tokens(ch->s, &hist);
@@ -475,13 +501,17 @@ static int run_turn(chat *ch, const char *text, size_t len, krun_err *err)
         free(t.fed);
         t.fed = all;
         t.n_fed += pending;
-        if (!ch->o.quiet) krun_announce_prompt(ch->m, t.n_fed);
-        krun_prefill_progress_start(&pp, ch->m, ch->s, t.n_fed, ch->o.quiet);
-        rc = krun_session_feed(ch->s, t.fed + pending, t.n_fed - pending, NULL, err);
+        if (!ch->o.quiet) krun_announce_prompt(ch->m, t.n_fed - t.cached);
+        if (!ch->o.quiet && t.cached)
+            fprintf(stderr, "krun chat: %zu of the %zu positions of this turn were kept from an earlier run (--cache-dir)\n", t.cached,
+                    t.n_fed);
+        krun_prefill_progress_start(&pp, ch->m, ch->s, t.n_fed - t.cached, ch->o.quiet);
+        rc = krun_session_feed(ch->s, t.fed + pending + t.cached, t.n_fed - pending - t.cached, NULL, err);
         krun_prefill_progress_end(&pp, ch->s);
         t.t_prefill = know() - pp.t0;
         t.bytes_prefill = bytes_read(ch) - b0;
         if (rc) { free(t.fed); return -1; }
+        if (ch->cache && t.cached < t.n_fed) krun_pcache_keep(ch->cache, ch->s);   /* the end of the prompt: kept */
     }
     ch->conv.fed = ch->conv.n;
     ch->turn++;
@@ -565,8 +595,14 @@ int krun_chat_main(int argc, char **argv)
     mo.max_seqs = 1;
     if (krun_model_prepare(ch.m, &mo, &e)) { fprintf(stderr, "krun chat: %s\n", e.msg); rc = e.code; goto out; }
     if (!ch.o.quiet && krun_model_plan(ch.m)) kmemplan_print(krun_model_plan(ch.m), stderr);
-    if (krun_session_new(ch.m, &ch.s, &e)) { fprintf(stderr, "krun chat: %s\n", e.msg); rc = e.code; goto out; }
+    if (krun_cli_pcache(&ch.o.c, ch.m, "krun chat", 0, 0, &ch.cache, &e)) { fprintf(stderr, "krun chat: %s\n", e.msg); rc = e.code; goto out; }
+    if (ch.cache ? krun_pcache_begin(ch.cache, NULL, 0, 0, &ch.s, &(size_t){0}, &e) : krun_session_new(ch.m, &ch.s, &e)) {
+        fprintf(stderr, "krun chat: %s\n", e.msg);
+        rc = e.code;
+        goto out;
+    }
     krun_cli_sampler(&ch.o.c, &so);
+    ch.so = so;
     krun_session_set_sampler(ch.s, &so);
     kchat_options_default(&ch.conv.opts);
     ch.conv.opts.thinking = ch.o.thinking;
@@ -610,7 +646,9 @@ out:
     kutf8_hold_free(&ch.text_pend);
     kconv_free(&ch.conv);
     if (ch.json) fclose(ch.json);
-    krun_session_free(ch.s);
+    if (ch.cache && ch.s) krun_pcache_end(ch.cache, ch.s);   /* where the conversation stopped: kept */
+    else krun_session_free(ch.s);
+    krun_pcache_close(ch.cache);
     krun_model_close(ch.m);
     return rc;
 }

@@ -51,6 +51,9 @@ static const char usage[] =
     "  --spec N              speculative decoding: draft up to N tokens (1..64) from the text so far\n"
     "                        (where it repeats) and verify them in one forward block; the output is\n"
     "                        bit-identical to --spec 0 at every sampling setting and seed\n"
+    "Prefix cache (off unless --cache-dir; shared with krun chat and krun serve; kept: the\n"
+    "state at the end of the prompt and at the end of the run):\n"
+    KRUN_CLI_USAGE_CACHE("")
     "Conversations:\n"
     "  --save-state FILE     after the run, save the conversation (KDA/ShortConv/MLA state,\n"
     "                        tokens, last logits; docs/STATE.md) to FILE\n"
@@ -155,6 +158,9 @@ static void parse_args(int argc, char **argv, struct opts *o)
     if (!o->plan_only && !o->load_state && !!o->prompt + !!o->prompt_file + !!o->ids != 1)
         krun_cli_die("%s", "give exactly one of --prompt, --prompt-file, --ids (or --load-state to continue a conversation)");
     if (o->spec && o->recompute) krun_cli_die("%s", "--spec and --recompute exclude each other (--recompute reruns every position)");
+    if (o->c.cache_dir && (o->load_state || o->dump_all || o->recompute))
+        krun_cli_die("%s", "--cache-dir starts the prompt from a kept state: it cannot be combined with --load-state (which "
+                     "gives one), --dump-all-logits (the kept positions are not run) or --recompute");
 }
 
 static int parse_ids(const char *s, int32_t **out, size_t *n)
@@ -272,6 +278,8 @@ typedef struct gen {
     struct opts o;
     krun_model *m;
     krun_session *s;
+    krun_pcache *cache;        /* --cache-dir, or NULL */
+    size_t cached;             /* prompt positions a kept state held */
     ktok *tk;                  /* NULL: the file has none (ids in, ids out) */
     size_t V;
     int32_t *prompt;           /* [n_prompt] */
@@ -354,7 +362,12 @@ static int prepare(gen *g, uint64_t budget)
     if (!o->quiet && krun_model_notice(g->m)) fprintf(stderr, "krun: %s\n", krun_model_notice(g->m));
     g->n_stop = o->ignore_eos ? 0 : krun_model_stop_ids(g->m, g->stop_ids);
 
-    if (krun_session_new(g->m, &g->s, &e)) { fprintf(stderr, "krun: %s\n", e.msg); return e.code; }
+    if (krun_cli_pcache(&o->c, g->m, "krun", 0, 0, &g->cache, &e)) { fprintf(stderr, "krun: %s\n", e.msg); return e.code; }
+    /* with --cache-dir the session starts from the longest kept state the prompt begins with */
+    if (g->cache ? krun_pcache_begin(g->cache, g->prompt, g->n_prompt, 0, &g->s, &g->cached, &e) : krun_session_new(g->m, &g->s, &e)) {
+        fprintf(stderr, "krun: %s\n", e.msg);
+        return e.code;
+    }
     krun_cli_sampler(&o->c, &so);
     /* a loaded state brings its PRNG: set the sampler first unless --seed says otherwise */
     if (!o->c.seed_given) krun_session_set_sampler(g->s, &so);
@@ -385,17 +398,18 @@ static int prepare(gen *g, uint64_t budget)
 static int prefill(gen *g)
 {
     const struct opts *o = &g->o;
-    const size_t n = g->pending + g->n_prompt;
+    const size_t n = g->pending + g->n_prompt - g->cached;
     krun_err e;
     if (n > 0) {
         krun_prefill_progress pp;
         int rc;
         if (!o->quiet) krun_announce_prompt(g->m, n);
         krun_prefill_progress_start(&pp, g->m, g->s, n, o->quiet);
-        rc = krun_session_feed(g->s, g->prompt, g->n_prompt, g->all, &e);
+        rc = krun_session_feed(g->s, g->prompt + g->cached, g->n_prompt - g->cached, g->all, &e);
         krun_prefill_progress_end(&pp, g->s);
         if (rc) { fprintf(stderr, "\nkrun: %s\n", e.msg); return e.code; }
         g->t_prefill = know() - pp.t0;
+        if (g->cache && g->cached < g->n_prompt) krun_pcache_keep(g->cache, g->s);   /* the end of the prompt: kept */
     } else if (!krun_session_logits(g->s) && o->gen > 0) {
         fprintf(stderr, "krun: %s holds no logits to generate from; give a prompt\n", o->load_state);
         return KRUN_EINPUT;
@@ -521,7 +535,8 @@ static int decode(gen *g)
 static int finish(gen *g)
 {
     const struct opts *o = &g->o;
-    const gen_record r = {g->prompt, g->n_prompt, g->gen_ids, g->n_gen, g->steps, g->n_steps, g->t_prefill, o->spec};
+    const gen_record r = {g->prompt, g->n_prompt, g->gen_ids, g->n_gen, g->steps, g->n_steps, g->t_prefill, o->spec, g->cache != NULL,
+                          g->cached};
     krun_err e;
     if (print_bytes(g, NULL, 0, 1)) return KRUN_ENOMEM;
     if (o->print_ids || !g->tk || o->gen) printf("\n");
@@ -537,6 +552,10 @@ static int finish(gen *g)
     }
     if (!o->quiet) gen_report_summary(g->m, g->s, &r);
     if (o->json && gen_report_json(o->json, g->m, g->s, &r)) return KRUN_EINPUT;
+    if (g->cache) {
+        krun_pcache_end(g->cache, g->s);       /* the end of the run: kept (written now) */
+        g->s = NULL;
+    }
     return KRUN_OK;
 }
 
@@ -564,6 +583,7 @@ int krun_generate_main(int argc, char **argv)
         if (rc == KRUN_OK) rc = finish(&g);
     }
     krun_session_free(g.s);
+    krun_pcache_close(g.cache);
     krun_model_close(g.m);
     free(g.prompt); free(g.gen_ids); free(g.hist); free(g.all); free(g.steps); free(g.step_members); free(g.gen_logits);
     free(g.accepted);

@@ -80,6 +80,10 @@ static const char usage[] =
     "                        share N + 1 positions (default 8; 0: off; a request's \"speculative\"\n"
     "                        lowers it).  The output is bit-identical with and without\n"
     "  sampling comes from each request (temperature, top_p, seed, and top_k, min_p)\n"
+    "Prefix cache (on by default: a request starts from the longest kept state whose history\n"
+    "is a prefix of its prompt -- the end of an earlier prompt, reply or system/tools part --\n"
+    "kept in idle sequences; usage.prompt_tokens_details.cached_tokens says how many):\n"
+    KRUN_CLI_USAGE_CACHE(" (every request runs its whole prompt)")
     "Execution:\n"
     KRUN_CLI_USAGE_EXECUTION
     KRUN_CLI_USAGE_MEMORY
@@ -225,6 +229,7 @@ int krun_serve_main(int argc, char **argv)
     krun_model_opts mo;
     krun_err e = {0, {0}};
     srv_engine *eng = NULL;
+    krun_pcache *cache = NULL;
     srv_http *http = NULL;
     srv_engine_opts eo;
     srv_http_opts ho;
@@ -262,7 +267,8 @@ int krun_serve_main(int argc, char **argv)
     krun_cli_model_opts(&o.c, o.model, budget, &mo);
     mo.spec = (size_t)o.spec;
     if (krun_model_prepare(m, &mo, &e)) { fprintf(stderr, "krun serve: %s\n", e.msg); rc = e.code; goto out; }
-    eo = (srv_engine_opts){(size_t)o.max_queue, name, o.quiet, o.progress_every};
+    if (krun_cli_pcache(&o.c, m, "krun serve", 1, 1, &cache, &e)) { fprintf(stderr, "krun serve: %s\n", e.msg); rc = e.code; goto out; }
+    eo = (srv_engine_opts){(size_t)o.max_queue, name, o.quiet, o.progress_every, cache};
     if (srv_engine_start(m, &eo, &eng, &e)) { fprintf(stderr, "krun serve: %s\n", e.msg); rc = e.code; goto out; }
     ho = (srv_http_opts){o.api_key, (size_t)max_body, fd, (unsigned)o.max_connections, (unsigned)o.max_per_ip, (unsigned)o.idle_timeout,
                          o.request_timeout};
@@ -307,6 +313,7 @@ int krun_serve_main(int argc, char **argv)
 out:
     srv_http_stop(http);
     srv_engine_stop(eng);
+    krun_pcache_close(cache);                  /* its writes finished */
     if (fd >= 0) close(fd);
     krun_model_close(m);
     return rc;

@@ -28,6 +28,8 @@ typedef struct gen_record {
     size_t n_steps;
     double t_prefill;          /* seconds of the prompt's forward blocks */
     long spec;                 /* --spec N, 0: none */
+    int cache;                 /* --cache-dir: a prefix cache was looked in */
+    size_t cached;             /* the prompt positions an entry of it held (not run) */
 } gen_record;
 
 /* A step's counters: the model's statistics after it less those before it. */

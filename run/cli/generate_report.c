@@ -66,6 +66,9 @@ void gen_report_summary(krun_model *m, const krun_session *s, const gen_record *
     double total = 0;
     krun_model_stats(m, &st);
     for (size_t k = 0; k < r->n_steps; k++) total += r->steps[k].seconds;
+    if (r->cache)
+        fprintf(stderr, "krun: prefix cache: %zu of the prompt's %zu positions were kept from an earlier run, %zu run\n", r->cached,
+                r->n_prompt, r->n_prompt - r->cached);
     fprintf(stderr, "krun: prompt %zu tokens in %.3f s; %zu generated, %.1f ms per decoding step; read %.3g GB; "
             "%llu extents verified; peak RSS %.1f MB; simd %s, %d threads\n",
             r->n_prompt, r->t_prefill, r->n_gen, r->n_steps ? total / (double)r->n_steps * 1e3 : 0.0, (double)st.bytes_read / 1e9,
@@ -244,6 +247,14 @@ int gen_report_json(const char *path, krun_model *m, const krun_session *s, cons
     json_object_set_new(j, "prefill_seconds", json_real(r->t_prefill));
     json_object_set_new(j, "decode", decode_json(&d));
     json_object_set_new(j, "spec", spec_json(r, s));
+    if (r->cache) {
+        json_t *c = json_object();
+        json_object_set_new(c, "cached_positions", json_integer((json_int_t)r->cached));
+        json_object_set_new(c, "prefilled_positions", json_integer((json_int_t)(r->n_prompt - r->cached)));
+        json_object_set_new(j, "prefix_cache", c);
+    } else {
+        json_object_set_new(j, "prefix_cache", json_null());
+    }
     totals_json(j, m, &st);
     /* what the cost model said the prompt would read, in the block it chose (beside bytes_read) */
     if (krun_model_plan(m) && r->n_prompt) json_object_set_new(j, "prompt_plan", kmemplan_prompt_json(krun_model_plan(m), r->n_prompt, 0));

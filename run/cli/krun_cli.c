@@ -99,6 +99,9 @@ int krun_cli_option(krun_cli *c, int argc, char **argv, int *i)
     }
     else if (OPT("--io-threads")) c->io_threads = krun_cli_long(v, 1, 256, "--io-threads");
     else if (OPT("--trace")) c->trace = v;
+    else if (OPT("--cache-dir")) c->cache_dir = v;
+    else if (OPT("--cache-size")) c->cache_size = v;
+    else if (!strcmp(argv[*i], "--no-cache")) c->no_cache = 1;
     else if (OPT("--cache")) {
         if (!strcmp(v, "lru")) c->policy = KRUN_CACHE_LRU;
         else if (!strcmp(v, "lfu")) c->policy = KRUN_CACHE_LFU;
@@ -127,6 +130,9 @@ void krun_cli_check(krun_cli *c, const char *needs_budget)
         krun_cli_die("%s", msg);
     }
     if (c->piece && kargs_size(c->piece) <= 0) krun_cli_die("--piece: expected a size like 64M, got %s", c->piece);
+    if (c->no_cache && (c->cache_dir || c->cache_size)) krun_cli_die("%s", "--no-cache with --cache-dir or --cache-size: which one?");
+    if (c->cache_size && !c->cache_dir) krun_cli_die("%s", "--cache-size bounds the states kept in --cache-dir DIR: give it too");
+    if (c->cache_size && kargs_size(c->cache_size) <= 0) krun_cli_die("--cache-size: expected a size like 32G, got %s", c->cache_size);
     if (c->simd && strcmp(c->simd, "auto") != 0 && (c->simd_level = krun_simd_parse(c->simd)) < 0)
         krun_cli_die("--simd: expected auto, scalar, avx2, avx512 or neon, got %s", c->simd);
 }
@@ -166,6 +172,7 @@ void krun_cli_model_opts(const krun_cli *c, const char *path, uint64_t budget, k
     mo->chunk = (size_t)c->chunk;
     mo->max_seqs = (size_t)c->max_seqs;
     mo->threads = (int)c->threads;
+    mo->cache = c->cache_dir != NULL && !c->no_cache;   /* snapshots to a file go through one KDA layer's buffer */
     mo->simd = c->simd && strcmp(c->simd, "auto") != 0 ? c->simd_level : -1;
 }
 
@@ -180,6 +187,14 @@ void krun_cli_sampler(const krun_cli *c, ksampler_opts *so)
     so->repetition_penalty = (float)c->repetition_penalty;
     so->presence_penalty = (float)c->presence_penalty;
     so->frequency_penalty = (float)c->frequency_penalty;
+}
+
+int krun_cli_pcache(const krun_cli *c, krun_model *m, const char *prog, int ram, int background, krun_pcache **out, krun_err *err)
+{
+    krun_pcache_opts o = {c->cache_dir, c->cache_size ? (uint64_t)kargs_size(c->cache_size) : 0, background, stderr, prog};
+    *out = NULL;
+    if (c->no_cache || (!c->cache_dir && !ram)) return 0;
+    return krun_pcache_open(m, &o, out, err);
 }
 
 /* ---- prefill progress --------------------------------------------------------------- */

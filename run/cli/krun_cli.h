@@ -6,6 +6,7 @@
 #ifndef KRUN_CLI_H
 #define KRUN_CLI_H
 
+#include "run/session/pcache.h"
 #include "run/session/sampler.h"
 #include "run/session/session.h"
 
@@ -20,6 +21,9 @@ typedef struct krun_cli {
     long predict;             /* --predict: 1 on, 0 off, -1 auto (the default: on for a split layout) */
     int io, policy, io_given, verify;
     int simd_level;           /* krun_simd_parse of --simd */
+    /* the prefix cache (run/session/pcache.h) */
+    const char *cache_dir, *cache_size;
+    int no_cache;
     /* sampling */
     double temp, top_p, min_p;
     double repetition_penalty, presence_penalty, frequency_penalty;
@@ -43,6 +47,11 @@ void krun_cli_check(krun_cli *c, const char *needs_budget);
 int krun_cli_budget(const krun_cli *c, uint64_t *budget);
 void krun_cli_model_opts(const krun_cli *c, const char *path, uint64_t budget, krun_model_opts *mo);
 void krun_cli_sampler(const krun_cli *c, ksampler_opts *so);
+/* The prefix cache the options ask for (*out NULL when none): with
+ * --cache-dir, entries on disk too; without it, in RAM only when ram (the
+ * server's default), unless --no-cache.  background: a thread writes the
+ * entries (the server).  -1 with err when the directory cannot be used. */
+int krun_cli_pcache(const krun_cli *c, krun_model *m, const char *prog, int ram, int background, krun_pcache **out, krun_err *err);
 
 /* The model's name in the API (krun serve, krun batch): the file's name without its directory and
  * .kpk. */
@@ -90,6 +99,14 @@ void krun_announce_prompt(krun_model *m, size_t n);
     "                        is divided by R when positive, multiplied when negative (default 1: off)\n" \
     "  --presence-penalty P  --frequency-penalty F   OpenAI's, over the reply: a token's logit\n" \
     "                        minus P once it occurs, minus F per occurrence (-2..2; default 0)\n"
+
+#define KRUN_CLI_USAGE_CACHE(ram) \
+    "  --cache-dir DIR       keep prompt states on disk in DIR, shared by krun, krun chat and krun\n" \
+    "                        serve runs of the same model file: a prompt that begins with a kept\n" \
+    "                        state runs only the rest; the output is the same bits (docs/RUNTIME.md §9)\n" \
+    "  --cache-size SIZE     the kept states of this model in DIR, at most (default 32G; least\n" \
+    "                        recently used out)\n" \
+    "  --no-cache            keep nothing" ram "\n"
 
 #define KRUN_CLI_USAGE_EXECUTION \
     "  --threads N           worker threads (default: all cores); results are identical for any N\n" \

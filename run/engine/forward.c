@@ -194,6 +194,11 @@ static int make_block(k3_run *r, const k3_seg *segs, size_t nseg, k3_block *b, k
         }
         for (size_t h = 0; h < g; h++)
             if (segs[h].st == sg->st) { krun_err_set(err, KRUN_EINPUT, "one sequence twice in a block"); return -1; }
+        if (sg->snap && (sg->journal || sg->snap->at < 1 || sg->snap->at > sg->n)) {
+            krun_err_set(err, KRUN_EINPUT, "a snapshot after position %zu of a %s segment of %zu", sg->snap->at,
+                         sg->journal ? "journaled" : "", sg->n);
+            return -1;
+        }
         if (sg->journal) {
             /* the block's verifications share the journal's rows, in block order */
             if (jn + 1 > r->j.max_segs || sg->n > r->j.cap - jrows) {
@@ -331,6 +336,8 @@ int k3_forward(k3_run *r, const k3_seg *segs, size_t nseg, krun_err *err)
         for (size_t i = 0; i < b.T * E; i++) s->P[i] = s->P[i] + s->y[i];
         /* fails when anything read for the layer was bad: its results must not be used */
         if (k3_weights_end(&r->w, L, err)) return -1;
+        for (size_t k = 0; k < nseg; k++)
+            if (segs[k].snap && segs[k].snap->layer_done) segs[k].snap->layer_done(segs[k].snap->ctx, L);
         if (r->on_layer) r->on_layer(r->on_layer_ctx, L + 1, c->n_layers);
     }
 

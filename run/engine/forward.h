@@ -36,6 +36,25 @@ typedef struct k3_run {
     uint64_t predict_router_bytes, predict_buf_bytes, predict_stage_bytes;
 } k3_run;
 
+/* A copy of a segment's state taken inside its block, without a pass of its
+ * own (the prefix cache's snapshot at the end of a chat preamble, which
+ * rarely ends a block): the state after the segment's first `at` positions.
+ * As each KDA layer runs, the recurrence copies every head's state after
+ * position at - 1 to S[L] and the ShortConv history there to conv[L] (the
+ * pre-conv inputs of the Kc - 1 positions up to it); once layer L is done,
+ * layer_done(ctx, L) is called for every layer, KDA or MLA (an MLA layer's
+ * rows up to the position are in the segment's own cache by then, and the
+ * positions after it do not touch them).  The bits are those of the state
+ * a block ending at that position leaves: the same operations on the same
+ * floats (docs/NUMERICS.md §4). */
+typedef struct k3_snap {
+    size_t at;                          /* 1..n of the segment */
+    float *const *S;                    /* [layer]: where KDA layer L's head states go ([Hk][D][D]) */
+    float *const *conv;                 /* [layer]: where its ShortConv history goes ([3][Kc-1][P], oldest first) */
+    void (*layer_done)(void *ctx, int L);   /* NULL: none */
+    void *ctx;
+} k3_snap;
+
 /* One segment of a block: n new positions of the sequence whose state is st.
  * logits receives the logits of its last position [V], or with all_positions
  * of each of its n positions [n][V].  A journaled segment (speculative
@@ -52,6 +71,7 @@ typedef struct k3_seg {
     float *logits;
     int all_positions;
     int journal;
+    const k3_snap *snap;       /* a snapshot inside the block, or NULL (never in a journaled segment) */
 } k3_seg;
 
 /* Positions of a forward block: a prefill chunk, one step of max_seqs

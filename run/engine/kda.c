@@ -16,8 +16,11 @@
  * sequence: c(t) = SiLU(sum_j w[j] * x(t - (Kc-1) + j)), taps oldest first, so
  * w[Kc-1] multiplies the current input; positions before t=0 come from hist,
  * the last Kc-1 pre-conv inputs (oldest first), which is then advanced
- * (unless the block is a verification: kda_commit advances it). */
-static void short_conv(float *xv, size_t T, size_t P, const float *wconv, int Kc, float *hist, int advance, float *tmp)
+ * (unless the block is a verification: kda_commit advances it).  snap, when
+ * not NULL, receives the history as it is after the first snap_at positions
+ * (a snapshot inside the block, forward.h). */
+static void short_conv(float *xv, size_t T, size_t P, const float *wconv, int Kc, float *hist, int advance, float *tmp,
+                       float *snap, size_t snap_at)
 {
     const size_t H = (size_t)(Kc - 1);
     for (size_t ch = 0; ch < P; ch++) {
@@ -33,6 +36,8 @@ static void short_conv(float *xv, size_t T, size_t P, const float *wconv, int Kc
         }
         if (advance)
             for (size_t i = 0; i < H; i++) hist[i * P + ch] = tmp[T + i];
+        if (snap)
+            for (size_t i = 0; i < H; i++) snap[i * P + ch] = tmp[snap_at + i];
     }
 }
 
@@ -71,12 +76,15 @@ static void recurrence(void *arg, size_t j0, size_t j1)
         const k3_seg *sg = &j->b->seg[g];
         const float *Sin = sg->st->kda_S[j->L] + h * D * D;     /* the state before the block */
         float *S = sg->journal ? j->copies + (j->b->jidx[g] * j->Hk + h) * D * D : (float *)Sin;
+        /* the row after which a snapshot copies the state (forward.h), or none */
+        const size_t snap_row = sg->snap ? j->b->row0[g] + sg->snap->at - 1 : (size_t)-1;
         for (size_t t = j->b->row0[g]; t < j->b->row0[g] + sg->n; t++) {
             const size_t at = t * P + h * D;
             const float beta = j->s->beta[t * j->Hk + h];
             (ABLATED(KDA_READ_BEFORE_DECAY) || ABLATED(KDA_OUTPUT_PRE_WRITE) ? abl_kda_step : kda_step)(
                 S, Sin, j->s->q + at, j->s->k + at, j->s->v + at, j->s->z + at, beta, j->s->o + at, D, u, d);
             Sin = S;
+            if (t == snap_row) memcpy(sg->snap->S[j->L] + h * D * D, S, D * D * sizeof *S);
         }
     }
 }
@@ -116,10 +124,13 @@ void kda_forward(k3_run *r, int L, const k3_block *b, const float *x, float *y)
     for (size_t g = 0; g < b->nseg; g++) {
         const size_t o = b->row0[g] * P, n = b->seg[g].n;
         const int advance = !b->seg[g].journal;
-        float *hist = b->seg[g].st->kda_conv[L];
-        short_conv(s->q + o, n, P, w->qconv, Kc, hist + 0 * (size_t)(Kc - 1) * P, advance, s->tmp);
-        short_conv(s->k + o, n, P, w->kconv, Kc, hist + 1 * (size_t)(Kc - 1) * P, advance, s->tmp);
-        short_conv(s->v + o, n, P, w->vconv, Kc, hist + 2 * (size_t)(Kc - 1) * P, advance, s->tmp);
+        const k3_snap *sn = b->seg[g].snap;
+        const size_t HP = (size_t)(Kc - 1) * P;
+        float *hist = b->seg[g].st->kda_conv[L], *shist = sn ? sn->conv[L] : NULL;
+        const size_t sat = sn ? sn->at : 0;
+        short_conv(s->q + o, n, P, w->qconv, Kc, hist + 0 * HP, advance, s->tmp, shist ? shist + 0 * HP : NULL, sat);
+        short_conv(s->k + o, n, P, w->kconv, Kc, hist + 1 * HP, advance, s->tmp, shist ? shist + 1 * HP : NULL, sat);
+        short_conv(s->v + o, n, P, w->vconv, Kc, hist + 2 * HP, advance, s->tmp, shist ? shist + 2 * HP : NULL, sat);
     }
 
     for (size_t t = 0; t < T; t++)
@@ -207,9 +218,9 @@ void kda_commit(k3_run *r, int L, k3_state *st, size_t row, size_t keep)
         memcpy(s->k + t * P, rec + t * rf + P, P * sizeof *s->k);
         memcpy(s->v + t * P, rec + t * rf + 2 * P, P * sizeof *s->v);
     }
-    short_conv(s->q, keep, P, w->qconv, Kc, hist + 0 * H * P, 1, s->tmp);
-    short_conv(s->k, keep, P, w->kconv, Kc, hist + 1 * H * P, 1, s->tmp);
-    short_conv(s->v, keep, P, w->vconv, Kc, hist + 2 * H * P, 1, s->tmp);
+    short_conv(s->q, keep, P, w->qconv, Kc, hist + 0 * H * P, 1, s->tmp, NULL, 0);
+    short_conv(s->k, keep, P, w->kconv, Kc, hist + 1 * H * P, 1, s->tmp, NULL, 0);
+    short_conv(s->v, keep, P, w->vconv, Kc, hist + 2 * H * P, 1, s->tmp, NULL, 0);
     for (size_t t = 0; t < keep; t++)
         for (size_t h = 0; h < Hk; h++) op_l2norm(s->k + t * P + h * D, D);
     kpool_for(r->pool, Hk, replay, &job);

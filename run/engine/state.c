@@ -32,3 +32,17 @@ void k3_state_reset(k3_state *s)
         if (s->kda_conv[L]) memset(s->kda_conv[L], 0, k3_kda_conv_floats(c) * sizeof(float));
     }
 }
+
+void k3_state_copy(k3_state *dst, const k3_state *src)
+{
+    const k3_config *c = src->cfg;
+    for (int L = 0; L < c->n_layers; L++) {
+        if (c->layer_is_mla[L]) {
+            memcpy(dst->mla_cache[L], src->mla_cache[L], src->pos * k3_mla_row(c) * sizeof(float));
+        } else {
+            memcpy(dst->kda_S[L], src->kda_S[L], k3_kda_S_floats(c) * sizeof(float));
+            memcpy(dst->kda_conv[L], src->kda_conv[L], k3_kda_conv_floats(c) * sizeof(float));
+        }
+    }
+    dst->pos = src->pos;
+}

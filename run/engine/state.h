@@ -32,5 +32,9 @@ static inline size_t k3_kda_conv_floats(const k3_config *c)
 void k3_state_carve(k3_state *s, const k3_config *c, size_t ctx, karena *a);
 /* Back to position 0 (KDA state and ShortConv history zeroed). */
 void k3_state_reset(k3_state *s);
+/* dst (same config, room for src->pos positions) becomes src: every KDA
+ * layer's state and ShortConv history, the MLA rows of the positions run,
+ * and the position.  Bit for bit: dst then continues exactly as src would. */
+void k3_state_copy(k3_state *dst, const k3_state *src);
 
 #endif

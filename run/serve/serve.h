@@ -16,6 +16,7 @@
 #define KRUN_SERVE_H
 
 #include "serve_gen.h"
+#include "run/session/pcache.h"
 #include "run/session/sampler.h"
 #include "run/session/session.h"
 #include "run/text/jsontext.h"
@@ -35,6 +36,7 @@ typedef struct sreq {
     /* set before srv_submit, then the engine's */
     int32_t *prompt;           /* malloc'd */
     size_t n_prompt;
+    size_t n_preamble;         /* a chat's system/tools part: prompt[0, n_preamble) (0: none) */
     long max_tokens;
     ksampler_opts sampling;
     sgen *gen;                 /* the output; the engine's while the request runs */
@@ -53,7 +55,8 @@ typedef struct sreq {
     char id[64];               /* the response's id, for the log */
     /* the engine thread's */
     krun_session *s;
-    size_t fed;                /* prompt tokens run */
+    size_t fed;                /* prompt tokens run (or held by the prefix cache's entry) */
+    size_t cached;             /* of them, those the prefix cache held */
     int32_t next;              /* the token sampled last, run in the next sweep */
     struct kmask *mask;        /* the grammar's state over reply tokens [0, mask_at) */
     size_t mask_at;
@@ -86,6 +89,7 @@ typedef struct srv_engine_opts {
     int quiet;                 /* no line per request on stderr */
     double progress_every;     /* a streamed request silent this long gets an SSE comment (": prefill 1234/5000");
                                   its stream opens (200) when it comes before the first token; 0: never */
+    krun_pcache *cache;        /* the prefix cache every session comes from, or NULL (--no-cache) */
 } srv_engine_opts;
 
 /* The engine over an opened, prepared model (max_seqs sequences); starts its thread. */

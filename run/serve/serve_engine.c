@@ -44,6 +44,7 @@
 
 struct srv_engine {
     krun_model *m;
+    krun_pcache *cache;        /* NULL: sessions straight from the model */
     char model_name[256];
     size_t max_seqs, max_queue, block, ctx, vocab;
     size_t spec, jrows, jseqs;  /* drafts per verification at most; the journal's rows and sequences per sweep */
@@ -67,7 +68,7 @@ struct srv_engine {
     int sweep_prefill;         /* ... in the prefill layout */
     char damage[900];
     struct {
-        uint64_t requests, completed, failed, cancelled, prompt_tokens, generated, sweeps, positions, bytes_read, phase_switches;
+        uint64_t requests, completed, failed, cancelled, prompt_tokens, cached_tokens, generated, sweeps, positions, bytes_read, phase_switches;
         uint64_t verifications, drafted, accepted;   /* speculation: blocks with drafts, drafts, drafts kept */
         double sweep_seconds, request_seconds;
         double prefill_seconds;    /* of sweep_seconds: sweeps that ran prompt positions */
@@ -135,7 +136,11 @@ static void publish_locked(sreq *r)
 /* The request is over: its output is complete, its sequence is free. */
 static void finish_locked(srv_engine *e, sreq *r)
 {
-    if (r->s) { krun_session_free(r->s); r->s = NULL; }
+    if (r->s) {
+        if (e->cache) krun_pcache_end(e->cache, r->s);   /* its state stays as an entry */
+        else krun_session_free(r->s);
+        r->s = NULL;
+    }
     if (r->gen) publish_locked(r);
     r->started = 1;
     r->state = SREQ_DONE;
@@ -151,8 +156,8 @@ static void log_end(const srv_engine *e, const sreq *r, const char *how, const c
     if (r->drafted)
         snprintf(spec, sizeof spec, ", speculation %llu of %llu drafts accepted in %llu verifications",
                  (unsigned long long)r->accepted, (unsigned long long)r->drafted, (unsigned long long)r->verifications);
-    fprintf(stderr, "krun serve: %s: %zu prompt + %zu generated tokens%s, %s%s%s, %.2f s\n", r->id, r->n_prompt,
-            r->gen ? sgen_n_tokens(r->gen) : 0, spec, how, detail ? ": " : "", detail ? detail : "", know() - r->t_submit);
+    fprintf(stderr, "krun serve: %s: %zu prompt (%zu cached) + %zu generated tokens%s, %s%s%s, %.2f s\n", r->id, r->n_prompt,
+            r->cached, r->gen ? sgen_n_tokens(r->gen) : 0, spec, how, detail ? ": " : "", detail ? detail : "", know() - r->t_submit);
 }
 
 static void fail_locked(srv_engine *e, sreq *r, const oai_error *err)
@@ -217,16 +222,32 @@ static int reply_mask(void *ctx, const int32_t *tokens, size_t pos, uint64_t *al
     return kmask_allowed(r->mask, allowed) > 0 ? 0 : -1;
 }
 
-/* Queued requests take free sequences. */
+static int next_token(srv_engine *e, sreq *r);
+static void conclude_locked(srv_engine *e, sreq *r, int done);
+
+/* Queued requests take free sequences.  With the prefix cache, a sequence
+ * starts from the longest kept state whose history is a prefix of the
+ * prompt (pcache.h), which may be read from a file: the lock is let go
+ * meanwhile (a request cancelled then is dropped at the next sweep). */
 static void admit_locked(srv_engine *e)
 {
     while (e->qhead && e->n_active < e->max_seqs) {
         sreq *r = e->qhead;
         krun_err err;
+        size_t reused = 0;
+        int rc;
         e->qhead = r->next_in_queue;
         if (!e->qhead) e->qtail = NULL;
         e->n_queued--;
-        if (krun_session_new(e->m, &r->s, &err)) {   /* cannot happen: n_active < max_seqs */
+        r->state = SREQ_ACTIVE;
+        if (e->cache) {
+            pthread_mutex_unlock(&e->mu);
+            rc = krun_pcache_begin(e->cache, r->prompt, r->n_prompt, r->n_preamble, &r->s, &reused, &err);
+            pthread_mutex_lock(&e->mu);
+        } else {
+            rc = krun_session_new(e->m, &r->s, &err);
+        }
+        if (rc) {                                    /* cannot happen: n_active < max_seqs */
             oai_error oe;
             oai_error_set(&oe, 500, NULL, NULL, "%s", err.msg);
             fail_locked(e, r, &oe);
@@ -245,7 +266,17 @@ static void admit_locked(srv_engine *e)
             krun_session_set_mask(r->s, reply_mask, r);
         }
         r->state = SREQ_ACTIVE;
+        r->fed = r->cached = r->prefilled = reused;
+        sgen_set_cached(r->gen, reused);
+        e->st.cached_tokens += reused;
         e->active[e->n_active++] = r;
+        /* the whole prompt was there, with its logits: the first token now */
+        if (r->fed == r->n_prompt) {
+            int done = next_token(e, r);
+            e->st.generated++;
+            r->generated = sgen_n_tokens(r->gen);
+            conclude_locked(e, r, done);      /* (done: r may be freed) */
+        }
     }
 }
 
@@ -329,11 +360,11 @@ static int run_sweep(srv_engine *e, sreq **sw, const size_t *take, const size_t 
     if (krun_step_batch_verify(e->m, ss, ids, drafts, nd, n, acc, err)) return -1;
     for (size_t k = 0; k < n; k++) {
         sreq *r = sw[k];
-        int32_t id;
         int rc = 0;
         r->fed += take[k];
         r->emitted = 0;
         if (r->fed < r->n_prompt) continue;             /* more prompt to read */
+        if (take[k] && e->cache) krun_pcache_keep(e->cache, r->s);   /* the end of the prompt: kept */
         if (nd[k]) {
             /* the drafts kept are the next tokens, already run: out they go, up to an end */
             size_t nt;
@@ -345,26 +376,54 @@ static int run_sweep(srv_engine *e, sreq **sw, const size_t *take, const size_t 
             for (size_t i = nt - acc[k]; i < nt && rc == 0; i++, r->emitted++) rc = sgen_token(r->gen, h[i]);
             if (rc) { done[k] = rc < 0 ? -1 : rc; continue; }
         }
-        id = krun_session_sample(r->s);
-        if (id < 0) { done[k] = -2; continue; }          /* the constraint allows no token (cannot happen: its grammar ends the reply) */
-        if (r->logprobs) {
-            int32_t top_ids[OAI_MAX_TOP_LOGPROBS];
-            double top_lp[OAI_MAX_TOP_LOGPROBS];
-            size_t nt = (size_t)r->top_logprobs;
-            double lp = ksampler_logprobs(krun_session_logits(r->s), e->vocab, id, nt, top_ids, top_lp);
-            if (sgen_logprob(r->gen, id, lp, top_ids, top_lp, nt)) { done[k] = -1; continue; }
-        }
-        rc = sgen_token(r->gen, id);
-        r->emitted++;
-        if (rc < 0) { done[k] = -1; continue; }          /* out of memory for the output */
-        if (rc == 0 && krun_session_pos(r->s) + 1 > e->ctx) {
-            sgen_end(r->gen, "length");                  /* no room to run the token */
-            rc = 1;
-        }
-        done[k] = rc;
-        r->next = id;
+        done[k] = next_token(e, r);
     }
     return 0;
+}
+
+/* The prompt has run: sample the next token and hand it to the request's
+ * output.  1: the request is complete, 0: go on, -1: out of memory. */
+static int next_token(srv_engine *e, sreq *r)
+{
+    int32_t id = krun_session_sample(r->s);
+    int rc;
+    if (id < 0) return -2;                            /* the constraint allows no token (cannot happen: its grammar ends the reply) */
+    if (r->logprobs) {
+        int32_t top_ids[OAI_MAX_TOP_LOGPROBS];
+        double top_lp[OAI_MAX_TOP_LOGPROBS];
+        size_t nt = (size_t)r->top_logprobs;
+        double lp = ksampler_logprobs(krun_session_logits(r->s), e->vocab, id, nt, top_ids, top_lp);
+        if (sgen_logprob(r->gen, id, lp, top_ids, top_lp, nt)) return -1;
+    }
+    rc = sgen_token(r->gen, id);
+    r->emitted++;
+    if (rc < 0) return -1;                            /* out of memory for the output */
+    if (rc == 0 && krun_session_pos(r->s) + 1 > e->ctx) {
+        sgen_end(r->gen, "length");                   /* no room to run the token */
+        rc = 1;
+    }
+    r->next = id;
+    return rc;
+}
+
+/* What a request's token did (next_token): its output published, or the
+ * request over (complete, or out of memory) and its sequence freed. */
+static void conclude_locked(srv_engine *e, sreq *r, int done)
+{
+    if (!done) { publish_locked(r); return; }
+    for (size_t j = 0; j < e->n_active; j++)
+        if (e->active[j] == r) { remove_active(e, j); break; }
+    if (done < 0) {
+        oai_error oe;
+        oai_error_set(&oe, 500, NULL, NULL, "%s", done == -2 ? "the reply's constraint allows no token here"
+                                                              : "out of memory while building the response");
+        fail_locked(e, r, &oe);
+    } else {
+        e->st.completed++;
+        e->st.request_seconds += know() - r->t_submit;
+        log_end(e, r, sgen_finish_reason(r->gen), NULL);
+        finish_locked(e, r);
+    }
 }
 
 /* The model is damaged (a checksum mismatch, non-finite logits): nothing
@@ -490,20 +549,7 @@ static void *engine_main(void *arg)
                 e->st.drafted += nd[k];
                 e->st.accepted += r->acc_last;
             }
-            if (!done[k]) { publish_locked(r); continue; }
-            for (size_t j = 0; j < e->n_active; j++)
-                if (e->active[j] == r) { remove_active(e, j); break; }
-            if (done[k] < 0) {
-                oai_error oe;
-                oai_error_set(&oe, 500, NULL, NULL, "%s", done[k] == -2 ? "the reply's constraint allows no token here"
-                                                                          : "out of memory while building the response");
-                fail_locked(e, r, &oe);
-            } else {
-                e->st.completed++;
-                e->st.request_seconds += know() - r->t_submit;
-                log_end(e, r, sgen_finish_reason(r->gen), NULL);
-                finish_locked(e, r);
-            }
+            conclude_locked(e, r, done[k]);
         }
     }
     pthread_mutex_unlock(&e->mu);
@@ -789,6 +835,7 @@ int srv_engine_start(krun_model *m, const srv_engine_opts *o, srv_engine **out, 
     *out = NULL;
     if (!e) return krun_err_set(err, KRUN_ENOMEM, "out of memory");
     e->m = m;
+    e->cache = o->cache;
     snprintf(e->model_name, sizeof e->model_name, "%s", o->model_name);
     e->max_queue = o->max_queue;
     e->quiet = o->quiet;
@@ -962,6 +1009,32 @@ char *srv_engine_metrics(srv_engine *e)
 const char *srv_engine_model_name(const srv_engine *e) { return e->model_name; }
 krun_model *srv_engine_model(srv_engine *e) { return e->m; }
 
+/* The prefix cache's counters for /health. */
+static json_t *pcache_json(krun_pcache *c)
+{
+    json_t *j = json_object();
+    krun_pcache_stats st;
+    const char *dir = krun_pcache_dir(c);
+    krun_pcache_get_stats(c, &st);
+#define PUT(name, v) json_object_set_new(j, name, json_integer((json_int_t)(v)))
+    json_object_set_new(j, "dir", dir ? json_string(dir) : json_null());
+    PUT("lookups", st.lookups);
+    PUT("hits", st.hits);
+    PUT("hits_disk", st.hits_disk);
+    PUT("positions_reused", st.positions_reused);
+    PUT("entries_made", st.made);
+    PUT("entries_ram", st.entries_ram);
+    PUT("bytes_ram", st.bytes_ram);
+    PUT("entries_disk", st.entries_disk);
+    PUT("bytes_disk", st.bytes_disk);
+    PUT("written", st.written);
+    PUT("write_failed", st.write_failed);
+    PUT("evicted", st.evicted);
+    PUT("damaged", st.damaged);
+#undef PUT
+    return j;
+}
+
 /* Each request running or queued: its prompt, how much of it is read, what it generated. */
 static json_t *requests_json_locked(srv_engine *e)
 {
@@ -973,6 +1046,7 @@ static json_t *requests_json_locked(srv_engine *e)
         json_object_set_new(o, "state", json_string(r->prefilled < r->n_prompt ? "prefill" : "generating"));
         json_object_set_new(o, "prompt_tokens", json_integer((json_int_t)r->n_prompt));
         json_object_set_new(o, "prefilled", json_integer((json_int_t)r->prefilled));
+        json_object_set_new(o, "cached_tokens", json_integer((json_int_t)r->cached));
         json_object_set_new(o, "in_sweep", json_integer((json_int_t)r->in_sweep));
         json_object_set_new(o, "generated", json_integer((json_int_t)r->generated));
         json_object_set_new(o, "seconds", json_real(know() - r->t_submit));
@@ -1025,6 +1099,7 @@ json_t *srv_engine_health(srv_engine *e, int *status)
     json_object_set_new(st, "failed", json_integer((json_int_t)e->st.failed));
     json_object_set_new(st, "cancelled", json_integer((json_int_t)e->st.cancelled));
     json_object_set_new(st, "prompt_tokens", json_integer((json_int_t)e->st.prompt_tokens));
+    json_object_set_new(st, "cached_tokens", json_integer((json_int_t)e->st.cached_tokens));
     json_object_set_new(st, "generated_tokens", json_integer((json_int_t)e->st.generated));
     json_object_set_new(st, "sweeps", json_integer((json_int_t)e->st.sweeps));
     json_object_set_new(st, "positions", json_integer((json_int_t)e->st.positions));
@@ -1052,5 +1127,6 @@ json_t *srv_engine_health(srv_engine *e, int *status)
     pthread_mutex_unlock(&e->mu);
     json_object_set_new(j, "stats", st);
     json_object_set_new(j, "plan", p ? kmemplan_json(p) : json_null());
+    json_object_set_new(j, "prefix_cache", e->cache ? pcache_json(e->cache) : json_null());
     return j;
 }

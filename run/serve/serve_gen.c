@@ -14,6 +14,7 @@
 struct sgen {
     const ktok *tk;
     sgen_opts o;
+    size_t cached;             /* prompt tokens a prefix cache held (usage) */
     /* sgen_opts points into the request (its parsed body, the caller's stack), which is gone while
      * a streamed or abandoned request still runs: everything kept is copied (issue 25.1) */
     char *id, *model;          /* copies of meta's strings */
@@ -47,6 +48,8 @@ typedef struct {
 } sgen_lp;
 
 static char *dupstr(const char *s) { return s ? strdup(s) : NULL; }
+
+void sgen_set_cached(sgen *g, size_t n) { g->cached = n; }
 
 sgen *sgen_new(const ktok *tk, const sgen_opts *o)
 {
@@ -347,7 +350,7 @@ static char *with_logprobs(const sgen *g, char *body)
 
 static void finish_output(sgen *g, const char *reason)
 {
-    long pt = (long)g->o.n_prompt, ct = (long)sgen_n_tokens(g);
+    long pt = (long)g->o.n_prompt, ct = (long)sgen_n_tokens(g), cached = (long)g->cached;
     g->finish = reason;
     if (g->o.anthropic) {
         const char *sr = anth_stop_reason(reason, g->stopped), *sq = g->stopped && g->stops ? g->stops[g->stop.which] : NULL;
@@ -369,16 +372,16 @@ static void finish_output(sgen *g, const char *reason)
         if (!g->stream_started && g->o.chat) put(g, oai_sse_chat_role(&g->o.meta));
         g->stream_started = 1;
         put(g, g->o.chat ? oai_sse_chat_finish(&g->o.meta, reason) : oai_sse_completion(&g->o.meta, "", 0, reason));
-        if (g->o.include_usage) put(g, oai_sse_usage(&g->o.meta, g->o.chat, pt, ct));
+        if (g->o.include_usage) put(g, oai_sse_usage(&g->o.meta, g->o.chat, pt, ct, cached));
         kbuf_puts(&g->out, OAI_SSE_DONE);
     } else {
         char *body;
         if (g->o.chat) {
             oai_chat_result r = {g->text.p, g->text.n, g->o.thinking ? (g->reasoning.p ? g->reasoning.p : "") : NULL,
-                                 g->reasoning.n, g->calls, g->n_calls, (const char *const *)g->call_ids, reason, pt, ct};
+                                 g->reasoning.n, g->calls, g->n_calls, (const char *const *)g->call_ids, reason, pt, ct, cached};
             body = oai_chat_response(&g->o.meta, &r);
         } else {
-            body = oai_completion_response(&g->o.meta, g->text.p, g->text.n, reason, pt, ct);
+            body = oai_completion_response(&g->o.meta, g->text.p, g->text.n, reason, pt, ct, cached);
         }
         if (body && g->o.return_token_ids) body = with_token_ids(g, body);
         if (body && g->o.logprobs) body = with_logprobs(g, body);

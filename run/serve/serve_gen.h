@@ -42,6 +42,9 @@ typedef struct sgen sgen;
 sgen *sgen_new(const ktok *tk, const sgen_opts *o);
 void sgen_free(sgen *g);
 
+/* The prompt tokens a prefix cache held (usage.prompt_tokens_details.cached_tokens; 0 by default). */
+void sgen_set_cached(sgen *g, size_t n);
+
 /* One generated id.  Returns 1 when the request is complete (an end id, a
  * stop string, max_tokens), 0 to go on, -1 on allocation failure. */
 int sgen_token(sgen *g, int32_t id);

@@ -119,6 +119,7 @@ sreq *srv_prepare_chat(srv_engine *e, const kchat_message *msgs, size_t n_msgs, 
     if (!(r = sreq_new())) { free(rend.ids); oai_error_set(err, 500, NULL, NULL, "out of memory"); return NULL; }
     r->prompt = rend.ids;
     r->n_prompt = rend.n_ids;
+    r->n_preamble = rend.n_preamble;     /* the prefix cache keeps the state at its end */
     sampling_of(s, r);
     if (fit_context(m, r, s->max_tokens, err) || constrain(e, chat, r, err)) { sreq_discard(r); return NULL; }
     return r;
@@ -141,6 +142,7 @@ static int add_choices(srv_engine *e, sreq *r0, int n, const kchat_options *chat
         if (!r || !r->prompt) { oai_error_set(err, 500, NULL, NULL, "out of memory"); return -1; }
         memcpy(r->prompt, r0->prompt, r0->n_prompt * sizeof *r->prompt);
         r->n_prompt = r0->n_prompt;
+        r->n_preamble = r0->n_preamble;
         r->max_tokens = r0->max_tokens;
         r->sampling = r0->sampling;
         r->sampling.seed = r0->sampling.seed + (uint64_t)i;

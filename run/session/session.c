@@ -47,6 +47,13 @@ struct krun_session {
     void *progress_ctx;
     kspec drafter;             /* speculative decoding: what and how much to draft (spec.h) */
     krun_spec_stats spec;
+    /* a snapshot to take inside a later block (krun_session_mark): 0 none */
+    size_t mark_at;
+    krun_session *mark_dst;    /* into this idle slot, or (NULL) into mark_path */
+    char *mark_path;
+    int mark_status;           /* KRUN_MARK_* */
+    char mark_msg[160];        /* why it was dropped */
+    k3_snap snap;              /* armed for the block that runs position mark_at - 1 (at 0: not armed) */
 };
 
 struct krun_model {
@@ -71,6 +78,13 @@ struct krun_model {
     uint64_t flex_bytes;
     uint8_t *slots;            /* max_seqs x session_bytes: each a krun_session then its buffers */
     size_t session_bytes, live;
+    char identity[40];         /* set_id-config hash (krun_model_identity) */
+    /* snapshots written to a file as their block runs (krun_model_opts.cache): one at a time */
+    float *mark_buf;           /* one KDA layer's head states, then its ShortConv history */
+    float **mark_S, **mark_conv;   /* [n_layers]: every entry the buffer's two parts */
+    krun_session *mark_owner;  /* the session whose file mark uses them, or NULL */
+    ksave mark_save;
+    krun_state_writer mark_w;
 };
 
 void krun_model_opts_init(krun_model_opts *o)
@@ -127,6 +141,35 @@ int krun_model_load(const char *path, krun_model **out, krun_err *err)
 }
 
 static size_t session_carve(krun_session *s, const k3_config *c, size_t ctx, karena *a);
+static void mark_arm(krun_session *s, k3_seg *seg);
+static void mark_end(krun_session *s, const k3_seg *seg, const krun_err *failed);
+static void mark_drop(krun_session *s, const char *why);
+
+
+/* The buffer snapshots written to a file go through (krun_session_mark_save):
+ * one KDA layer's head states and ShortConv history, and the two per-layer
+ * tables that point every layer at them. */
+static size_t mark_buf_carve(krun_model *m, const k3_config *c, karena *a)
+{
+    float *S, *conv, **tS, **tc;
+    KTAKE(a, S, k3_kda_S_floats(c));
+    KTAKE(a, conv, k3_kda_conv_floats(c));
+    KTAKE(a, tS, (size_t)c->n_layers);
+    KTAKE(a, tc, (size_t)c->n_layers);
+    if (a->base) {
+        for (int L = 0; L < c->n_layers; L++) { tS[L] = S; tc[L] = conv; }
+        m->mark_buf = S;
+        m->mark_S = tS;
+        m->mark_conv = tc;
+    }
+    return karena_round(a->used);
+}
+
+static size_t mark_buf_bytes(const k3_config *c)
+{
+    karena a = {NULL, 0};
+    return mark_buf_carve(NULL, c, &a);
+}
 
 size_t krun_session_bytes(const k3_config *c, size_t ctx)
 {
@@ -137,7 +180,7 @@ size_t krun_session_bytes(const k3_config *c, size_t ctx)
 int krun_model_make_plan(const krun_model *m, const krun_model_opts *o, kmemplan *plan, krun_err *err)
 {
     kmemplan_req q = {o->budget, o->pin, o->expert_slots, o->head, o->piece, o->ctx, o->chunk, o->max_seqs, o->spec,
-                      o->io_threads, kmem_base_bytes(&m->m) + o->extra_bytes, o->predict,
+                      o->io_threads, kmem_base_bytes(&m->m) + o->extra_bytes + (o->cache ? mark_buf_bytes(&m->m.cfg) : 0), o->predict,
                       krun_session_bytes(&m->m.cfg, o->ctx), o->prompt_tokens};
     if (o->spec > KSPEC_MAX_DRAFT) {
         krun_err_set(err, KRUN_EINPUT, "spec %zu: at most %d drafts per verification", o->spec, KSPEC_MAX_DRAFT);
@@ -215,6 +258,11 @@ int krun_model_prepare(krun_model *m, const krun_model_opts *o, krun_err *err)
         s->m = m;
         s->live = 0;
     }
+    if (opt.cache) {
+        karena a = {aligned_alloc(KARENA_ALIGN, mark_buf_bytes(c)), 0};
+        if (!a.base) return krun_err_set(err, KRUN_ENOMEM, "out of memory: %zu bytes for the prefix cache's layer buffer", mark_buf_bytes(c));
+        mark_buf_carve(m, c, &a);
+    }
     return 0;
 }
 
@@ -234,6 +282,7 @@ void krun_model_close(krun_model *m)
     if (!m) return;
     if (m->have_run) k3_run_free(&m->run);
     free(m->slots);
+    free(m->mark_buf);
     kpool_destroy(m->pool);
     kstore_close(m->store);
     free(m->flex);                 /* after the store, whose lent buffers it holds */
@@ -244,6 +293,16 @@ void krun_model_close(krun_model *m)
 }
 
 const k3_config *krun_model_config(const krun_model *m) { return &m->m.cfg; }
+
+static uint64_t config_hash(const krun_model *m);
+const char *krun_model_identity(const krun_model *m)
+{
+    krun_model *w = (krun_model *)m;      /* filled on first use */
+    if (!w->identity[0])
+        snprintf(w->identity, sizeof w->identity, "%016llx-%016llx", (unsigned long long)kpk_super(m->f)->set_id,
+                 (unsigned long long)config_hash(m));
+    return m->identity;
+}
 const char *krun_model_path(const krun_model *m) { return kpk_path(m->f); }
 ktok *krun_model_tokenizer(const krun_model *m) { return m->tok; }
 const kmemplan *krun_model_plan(const krun_model *m) { return m->planned ? &m->plan : NULL; }
@@ -369,12 +428,14 @@ int krun_session_new(krun_model *m, krun_session **out, krun_err *err)
 void krun_session_free(krun_session *s)
 {
     if (!s || !s->live) return;
+    if (s->mark_at) mark_drop(s, "the session was freed");
     s->live = 0;
     s->m->live--;
 }
 
 void krun_session_reset(krun_session *s)
 {
+    if (s->mark_at) mark_drop(s, "the session was reset");
     k3_state_reset(&s->st);
     s->n_tokens = 0;
     s->have_logits = 0;
@@ -386,6 +447,7 @@ void krun_session_reset(krun_session *s)
 
 const float *krun_session_logits(const krun_session *s) { return s->have_logits ? s->logits : NULL; }
 size_t krun_session_pos(const krun_session *s) { return s->st.pos; }
+size_t krun_session_ctx_of(const krun_session *s) { return s->st.ctx; }
 size_t krun_session_pending(const krun_session *s) { return s->n_tokens - s->st.pos; }
 
 const int32_t *krun_session_tokens(const krun_session *s, size_t *n)
@@ -425,6 +487,7 @@ static int32_t pick_at(krun_session *s, const float *logits, size_t pos)
     }
     return ksampler_pick(&s->sampler, logits, V, &q);
 }
+
 
 int32_t krun_session_sample(krun_session *s)
 {
@@ -474,7 +537,7 @@ int krun_session_feed(krun_session *s, const int32_t *ids, size_t n, float *all_
     while (s->st.pos < s->n_tokens) {
         const size_t left = s->n_tokens - s->st.pos, want = m->block_prefill ? krun_model_prompt_block(m, left) : m->chunk;
         size_t done = s->st.pos - start, nb = left < want ? left : want;
-        k3_seg seg = {&s->st, s->tokens + s->st.pos, nb, all_logits ? all_logits + done * V : s->logits, all_logits != NULL, 0};
+        k3_seg seg = {&s->st, s->tokens + s->st.pos, nb, all_logits ? all_logits + done * V : s->logits, all_logits != NULL, 0, NULL};
         if (set_phase(m, nb, err)) {
             s->broken = 1;
             s->have_logits = 0;
@@ -485,11 +548,14 @@ int krun_session_feed(krun_session *s, const int32_t *ids, size_t n, float *all_
             const size_t rest = left - nb, nxt = rest ? krun_model_prompt_block(m, rest) : 1;
             kstore_phase_next(m->store, (rest < nxt ? rest : nxt) > m->block);
         }
+        mark_arm(s, &seg);
         if (k3_forward(&m->run, &seg, 1, err)) {
+            mark_end(s, &seg, err);
             s->broken = 1;
             s->have_logits = 0;
             return -1;
         }
+        mark_end(s, &seg, NULL);
         if (all_logits) memcpy(s->logits, all_logits + (done + nb - 1) * V, V * sizeof *s->logits);
         s->have_logits = 1;
         if (s->progress) s->progress(s->progress_ctx, done + nb, total);
@@ -540,7 +606,8 @@ static int settle(krun_session *s, size_t k, int32_t *accepted, float *accepted_
  * journaled block of their own. */
 static int verify(krun_session *s, size_t k, int32_t *accepted, float *accepted_logits, size_t *n_accepted, krun_err *err)
 {
-    k3_seg seg = {&s->st, s->tokens + s->st.pos, k + 1, NULL, 1, 1};
+    k3_seg seg = {&s->st, s->tokens + s->st.pos, k + 1, NULL, 1, 1, NULL};
+    mark_arm(s, &seg);                 /* a journaled block takes no snapshot: one it passes is dropped */
     s->spec.sweeps++;
     if (set_phase(s->m, k + 1, err) || k3_forward(&s->m->run, &seg, 1, err)) {
         s->broken = 1;
@@ -609,6 +676,12 @@ int krun_session_verify(krun_session *s, int32_t id, const int32_t *draft, size_
 }
 
 void krun_session_spec_stats(const krun_session *s, krun_spec_stats *st) { *st = s->spec; }
+
+void krun_session_spec_restart(krun_session *s)
+{
+    kspec_init(&s->drafter, s->m->spec);
+    memset(&s->spec, 0, sizeof s->spec);
+}
 
 void krun_model_journal(const krun_model *m, size_t *rows, size_t *seqs)
 {
@@ -686,13 +759,15 @@ int krun_step_batch_verify(krun_model *m, krun_session *const *ss, const int32_t
         krun_session *s = ss[k];
         /* the drafts go right after the history, where they belong if accepted */
         if (nd[k]) memcpy(s->tokens + s->n_tokens, drafts[k], nd[k] * sizeof *drafts[k]);
-        segs[k] = (k3_seg){&s->st, s->tokens + s->st.pos, s->n_tokens - s->st.pos + nd[k], s->logits, nd[k] != 0, nd[k] != 0};
+        segs[k] = (k3_seg){&s->st, s->tokens + s->st.pos, s->n_tokens - s->st.pos + nd[k], s->logits, nd[k] != 0, nd[k] != 0, NULL};
+        mark_arm(s, &segs[k]);              /* a verification block takes no snapshot: one it passes is dropped */
         if (nd[k]) s->spec.sweeps++;
     }
     if (k3_forward(&m->run, segs, n, err)) {
-        for (size_t k = 0; k < n; k++) { ss[k]->broken = 1; ss[k]->have_logits = 0; }
+        for (size_t k = 0; k < n; k++) { mark_end(ss[k], &segs[k], err); ss[k]->broken = 1; ss[k]->have_logits = 0; }
         return -1;
     }
+    for (size_t k = 0; k < n; k++) mark_end(ss[k], &segs[k], NULL);
     /* every journaled segment is settled (committed), even after another failed */
     for (size_t k = 0; k < n; k++) {
         krun_err e2;
@@ -709,6 +784,146 @@ int krun_step_batch(krun_model *m, krun_session *const *ss, const int32_t *ids, 
     const int32_t *const nodraft[K3_MAX_SEQS] = {NULL};
     size_t acc[K3_MAX_SEQS];
     return krun_step_batch_verify(m, ss, ids, nodraft, none, n, acc, err);
+}
+
+/* ---- copies and snapshots ------------------------------------------------------ */
+
+struct krun_snapshot {
+    krun_model *m;
+    size_t cap;                /* history tokens it has room for (its state's MLA rows too) */
+    int taken;
+    k3_state st;
+    int32_t *tokens;           /* [cap] */
+    size_t n_tokens;
+    float *logits;             /* [vocab] */
+    int have_logits;
+    ksampler_opts so;          /* the sampler: options (its seed and stream key the draw) */
+    size_t reply_from;         /* where the reply begins (the penalties) */
+    kspec drafter;
+};
+
+/* What a session is, in one place: its state, history, logits, sampler and
+ * drafter.  Each copy below is one of these assignments. */
+typedef struct sess_view {
+    k3_state *st;
+    int32_t *tokens;
+    size_t *n_tokens;
+    float *logits;
+    int *have_logits;
+    ksampler_opts *so;         /* NULL for a session: its sampler is re-initialised */
+    size_t *reply_from;
+    kspec *drafter;
+} sess_view;
+
+static sess_view view_of_session(krun_session *s)
+{
+    return (sess_view){&s->st, s->tokens, &s->n_tokens, s->logits, &s->have_logits, NULL, &s->reply_from, &s->drafter};
+}
+
+static sess_view view_of_snapshot(krun_snapshot *x)
+{
+    return (sess_view){&x->st, x->tokens, &x->n_tokens, x->logits, &x->have_logits, &x->so, &x->reply_from, &x->drafter};
+}
+
+/* dst := src, everything a continuation depends on (the caller checked room). */
+static void view_copy(const sess_view *dst, const sess_view *src, size_t V)
+{
+    k3_state_copy(dst->st, src->st);
+    memcpy(dst->tokens, src->tokens, *src->n_tokens * sizeof *dst->tokens);
+    *dst->n_tokens = *src->n_tokens;
+    if (*src->have_logits) memcpy(dst->logits, src->logits, V * sizeof *dst->logits);
+    *dst->have_logits = *src->have_logits;
+    if (dst->so && src->so) *dst->so = *src->so;
+    *dst->reply_from = *src->reply_from;
+    *dst->drafter = *src->drafter;
+}
+
+/* A session becomes src: its sampler takes src's options (so) first. */
+static void copy_into_session(krun_session *dst, const sess_view *src, const ksampler_opts *so)
+{
+    sess_view d = view_of_session(dst);
+    krun_session_reset(dst);
+    ksampler_init(&dst->sampler, so, &dst->pick, (size_t)dst->m->m.cfg.vocab);
+    view_copy(&d, src, (size_t)dst->m->m.cfg.vocab);
+}
+
+static int copy_check(const krun_session *src, const krun_model *m, size_t room, const char *what, krun_err *err)
+{
+    if (src->m != m) return krun_err_set(err, KRUN_EINPUT, "copying a session: not a session of this model");
+    if (src->broken) return krun_err_set(err, KRUN_EINPUT, "copying a session: its last feed failed, nothing consistent to copy");
+    if (src->n_tokens > room)
+        return krun_err_set(err, KRUN_EINPUT, "copying a session of %zu tokens: %s holds %zu", src->n_tokens, what, room);
+    return 0;
+}
+
+int krun_session_copy(krun_session *dst, const krun_session *src, krun_err *err)
+{
+    sess_view v = view_of_session((krun_session *)src);   /* read only */
+    if (dst == src || !dst->live) return krun_err_set(err, KRUN_EINPUT, "copying a session: the target must be another live session");
+    if (copy_check(src, dst->m, dst->st.ctx, "the target session's context", err)) return -1;
+    copy_into_session(dst, &v, &src->sampler.o);
+    return 0;
+}
+
+static size_t snapshot_carve(krun_snapshot *x, const k3_config *c, size_t cap, karena *a)
+{
+    krun_snapshot tmp, *s = x ? x : &tmp;
+    karena_take(a, 1, sizeof *s);
+    memset(s, 0, sizeof *s);
+    k3_state_carve(&s->st, c, cap, a);
+    KTAKE(a, s->tokens, cap);
+    KTAKE(a, s->logits, (size_t)c->vocab);
+    return karena_round(a->used);
+}
+
+size_t krun_snapshot_bytes(const krun_model *m, size_t cap)
+{
+    karena a = {NULL, 0};
+    return snapshot_carve(NULL, &m->m.cfg, cap, &a);
+}
+
+int krun_snapshot_new(krun_model *m, size_t cap, krun_snapshot **out, krun_err *err)
+{
+    size_t n = krun_snapshot_bytes(m, cap);
+    karena a = {aligned_alloc(KARENA_ALIGN, n), 0};
+    *out = NULL;
+    if (!a.base) return krun_err_set(err, KRUN_ENOMEM, "out of memory: %zu bytes for a snapshot of %zu positions", n, cap);
+    snapshot_carve((krun_snapshot *)(void *)a.base, &m->m.cfg, cap, &a);
+    *out = (krun_snapshot *)(void *)a.base;
+    (*out)->m = m;
+    (*out)->cap = cap;
+    return 0;
+}
+
+void krun_snapshot_free(krun_snapshot *snap) { free(snap); }
+
+int krun_snapshot_take(krun_snapshot *snap, const krun_session *s, krun_err *err)
+{
+    sess_view d = view_of_snapshot(snap), v = view_of_session((krun_session *)s);   /* s: read only */
+    if (copy_check(s, snap->m, snap->cap, "the snapshot", err)) return -1;
+    snap->so = s->sampler.o;
+    view_copy(&d, &v, (size_t)snap->m->m.cfg.vocab);
+    snap->taken = 1;
+    return 0;
+}
+
+int krun_snapshot_restore(krun_session *s, const krun_snapshot *snap, krun_err *err)
+{
+    sess_view v = view_of_snapshot((krun_snapshot *)snap);   /* read only */
+    if (s->m != snap->m || !s->live) return krun_err_set(err, KRUN_EINPUT, "restoring a snapshot: not a live session of its model");
+    if (!snap->taken) return krun_err_set(err, KRUN_EINPUT, "restoring a snapshot: nothing was taken into it");
+    if (snap->n_tokens > s->st.ctx)
+        return krun_err_set(err, KRUN_EINPUT, "restoring a snapshot of %zu tokens into a session whose context holds %zu", snap->n_tokens,
+                            s->st.ctx);
+    copy_into_session(s, &v, &snap->so);
+    return 0;
+}
+
+const int32_t *krun_snapshot_tokens(const krun_snapshot *snap, size_t *n, size_t *pos)
+{
+    *n = snap->taken ? snap->n_tokens : 0;
+    *pos = snap->taken ? snap->st.pos : 0;
+    return snap->taken ? snap->tokens : NULL;
 }
 
 /* ---- saved conversations -------------------------------------------------------- */
@@ -744,21 +959,25 @@ int krun_session_save_to(const krun_session *s, ksave *out, krun_err *err)
     return krun_state_write_to(out, &h, &s->m->m.cfg, s->tokens, &s->st, s->logits, err);
 }
 
-int krun_session_load(krun_session *s, const char *path, krun_err *err)
+/* The largest state file this model can have at the session's context. */
+static uint64_t state_most(const krun_session *s)
 {
     const krun_model *m = s->m;
-    const k3_config *c = &m->m.cfg;
-    krun_state_hdr want, h;
-    struct stat sb;
-    uint64_t most;
-    char *buf = NULL;
-    size_t len = 0;
-    krun_state_hdr_for(&want, c, kpk_super(m->f)->set_id, config_hash(m));
-    /* the largest state this model can have at this context: refuse anything
-     * larger before reading it */
+    krun_state_hdr want;
+    krun_state_hdr_for(&want, &m->m.cfg, kpk_super(m->f)->set_id, config_hash(m));
     want.pos = want.n_tokens = s->st.ctx;
     want.flags = KRUN_STATE_LOGITS;
-    most = KRUN_STATE_HEADER + krun_state_payload_len(&want, NULL) + KRUN_STATE_TRAILER;
+    return KRUN_STATE_HEADER + krun_state_payload_len(&want, NULL) + KRUN_STATE_TRAILER;
+}
+
+int krun_session_load(krun_session *s, const char *path, krun_err *err)
+{
+    struct stat sb;
+    uint64_t most = state_most(s);
+    char *buf = NULL;
+    size_t len = 0;
+    int rc;
+    /* refuse anything larger than the largest state before reading it */
     if (stat(path, &sb)) { krun_err_set(err, KRUN_EINPUT, "cannot read %s: %s", path, strerror(errno)); return -1; }
     if ((uint64_t)sb.st_size > most) {
         krun_err_set(err, KRUN_EINPUT, "%s: %lld bytes, more than any state of this model at --ctx %zu (%llu): another model, "
@@ -770,37 +989,34 @@ int krun_session_load(krun_session *s, const char *path, krun_err *err)
         krun_err_set(err, errno == ENOMEM ? KRUN_ENOMEM : KRUN_EINPUT, "cannot read %s: %s", path, strerror(errno));
         return -1;
     }
-    if (krun_state_parse(buf, len, &h, err)) {
-        free(buf);
-        return krun_err_prefix(err, "%s: ", path);
-    }
-    if (h.set_id != want.set_id || h.config_xxh3 != want.config_xxh3) {
-        krun_err_set(err, KRUN_EINPUT, "%s was saved with another model file (set_id %016llx, config %016llx; %s has %016llx, %016llx)",
-                     path, (unsigned long long)h.set_id, (unsigned long long)h.config_xxh3, kpk_path(m->f),
-                     (unsigned long long)want.set_id, (unsigned long long)want.config_xxh3);
-        free(buf);
-        return -1;
-    }
+    rc = krun_session_load_mem(s, buf, len, path, err);
+    free(buf);
+    return rc;
+}
+
+int krun_session_load_mem(krun_session *s, const void *buf, size_t len, const char *name, krun_err *err)
+{
+    const krun_model *m = s->m;
+    const k3_config *c = &m->m.cfg;
+    const uint8_t *b = buf;
+    krun_state_hdr want, h;
+    krun_state_hdr_for(&want, c, kpk_super(m->f)->set_id, config_hash(m));
+    if (krun_state_parse(buf, len, &h, err)) return krun_err_prefix(err, "%s: ", name);
+    if (h.set_id != want.set_id || h.config_xxh3 != want.config_xxh3)
+        return krun_err_set(err, KRUN_EINPUT, "%s was saved with another model file (set_id %016llx, config %016llx; %s has %016llx, %016llx)",
+                            name, (unsigned long long)h.set_id, (unsigned long long)h.config_xxh3, kpk_path(m->f),
+                            (unsigned long long)want.set_id, (unsigned long long)want.config_xxh3);
     if (h.n_layers != want.n_layers || h.hidden != want.hidden || h.vocab != want.vocab || h.kda_heads != want.kda_heads ||
         h.kda_head_dim != want.kda_head_dim || h.conv_width != want.conv_width || h.kv_lora != want.kv_lora ||
-        h.qk_rope != want.qk_rope || h.n_mla != want.n_mla) {
-        krun_err_set(err, KRUN_EINPUT, "%s: its geometry differs from this model's", path);
-        free(buf);
-        return -1;
-    }
+        h.qk_rope != want.qk_rope || h.n_mla != want.n_mla)
+        return krun_err_set(err, KRUN_EINPUT, "%s: its geometry differs from this model's", name);
     for (int L = 0; L < c->n_layers; L++)
-        if ((uint8_t)buf[h.layer_types_at + (size_t)L] != (c->layer_is_mla[L] ? 1 : 0)) {
-            krun_err_set(err, KRUN_EINPUT, "%s: its layer map differs from this model's (layer %d)", path, L);
-            free(buf);
-            return -1;
-        }
-    if (h.n_tokens > s->st.ctx) {
-        krun_err_set(err, KRUN_EINPUT, "%s holds %llu tokens (%llu run, %llu pending): more than --ctx %zu; give --ctx %llu or more",
-                     path, (unsigned long long)h.n_tokens, (unsigned long long)h.pos, (unsigned long long)(h.n_tokens - h.pos),
-                     s->st.ctx, (unsigned long long)h.n_tokens);
-        free(buf);
-        return -1;
-    }
+        if (b[h.layer_types_at + (size_t)L] != (c->layer_is_mla[L] ? 1 : 0))
+            return krun_err_set(err, KRUN_EINPUT, "%s: its layer map differs from this model's (layer %d)", name, L);
+    if (h.n_tokens > s->st.ctx)
+        return krun_err_set(err, KRUN_EINPUT, "%s holds %llu tokens (%llu run, %llu pending): more than --ctx %zu; give --ctx %llu or more",
+                            name, (unsigned long long)h.n_tokens, (unsigned long long)h.pos,
+                            (unsigned long long)(h.n_tokens - h.pos), s->st.ctx, (unsigned long long)h.n_tokens);
     krun_session_reset(s);
     krun_state_restore(buf, &h, c, s->tokens, &s->st, s->logits);
     s->n_tokens = (size_t)h.n_tokens;
@@ -808,6 +1024,178 @@ int krun_session_load(krun_session *s, const char *path, krun_err *err)
     s->sampler.o.seed = h.seed;
     s->sampler.o.stream = h.stream;
     s->reply_from = (size_t)h.reply_from;
-    free(buf);
     return 0;
+}
+
+/* ---- snapshots inside a block (the prefix cache) -------------------------------- */
+
+size_t krun_model_slots(const krun_model *m) { return m->max_seqs; }
+
+krun_session *krun_model_slot(krun_model *m, size_t k)
+{
+    return k < m->max_seqs ? (krun_session *)(void *)(m->slots + k * m->session_bytes) : NULL;
+}
+
+int krun_session_live(const krun_session *s) { return s->live; }
+
+int krun_session_claim(krun_session *s, krun_err *err)
+{
+    krun_model *m = s->m;
+    if (s->live) return krun_err_set(err, KRUN_EINPUT, "claiming a session slot: it is live");
+    if (m->live >= m->max_seqs)
+        return krun_err_set(err, KRUN_EINPUT, "%zu sessions are live: the model was prepared for at most %zu (max_seqs)", m->live,
+                            m->max_seqs);
+    for (size_t k = 0; k < m->max_seqs; k++) {
+        const krun_session *o = krun_model_slot(m, k);
+        if (o->live && o->mark_dst == s) return krun_err_set(err, KRUN_EINPUT, "claiming a session slot: a snapshot is due in it");
+    }
+    s->live = 1;
+    m->live++;
+    s->progress = NULL;
+    krun_session_set_mask(s, NULL, NULL);
+    s->mark_at = 0;
+    memset(&s->spec, 0, sizeof s->spec);
+    return 0;
+}
+
+void krun_session_drop_pending(krun_session *s) { s->n_tokens = s->st.pos; }
+
+static int mark_check(krun_session *s, size_t at, krun_err *err)
+{
+    if (!s->live) return krun_err_set(err, KRUN_EINPUT, "a snapshot of a session that is not live");
+    if (s->mark_at) return krun_err_set(err, KRUN_EINPUT, "the session has a snapshot due already");
+    if (at <= s->st.pos || at > s->st.ctx)
+        return krun_err_set(err, KRUN_EINPUT, "a snapshot after %zu positions: the session has run %zu, its context holds %zu", at,
+                            s->st.pos, s->st.ctx);
+    return 0;
+}
+
+int krun_session_mark(krun_session *s, size_t at, krun_session *dst, krun_err *err)
+{
+    if (mark_check(s, at, err)) return -1;
+    if (!dst || dst == s || dst->m != s->m || dst->live)
+        return krun_err_set(err, KRUN_EINPUT, "a snapshot goes into another, idle session slot of the model");
+    if (at > dst->st.ctx) return krun_err_set(err, KRUN_EINPUT, "a snapshot of %zu positions: its slot holds %zu", at, dst->st.ctx);
+    s->mark_at = at;
+    s->mark_dst = dst;
+    s->mark_status = KRUN_MARK_PENDING;
+    s->mark_msg[0] = 0;
+    return 0;
+}
+
+int krun_session_mark_save(krun_session *s, size_t at, const char *path, krun_err *err)
+{
+    krun_model *m = s->m;
+    if (mark_check(s, at, err)) return -1;
+    if (!m->mark_buf) return krun_err_set(err, KRUN_EINPUT, "snapshots to a file need a model prepared for them (krun_model_opts.cache)");
+    if (m->mark_owner) return krun_err_set(err, KRUN_EINPUT, "another session's snapshot to a file is due (one at a time)");
+    if (!(s->mark_path = strdup(path))) return krun_err_set(err, KRUN_ENOMEM, "out of memory");
+    m->mark_owner = s;
+    s->mark_at = at;
+    s->mark_dst = NULL;
+    s->mark_status = KRUN_MARK_PENDING;
+    s->mark_msg[0] = 0;
+    return 0;
+}
+
+int krun_session_mark_status(const krun_session *s, const char **why)
+{
+    if (why) *why = s->mark_msg;
+    return s->mark_status;
+}
+
+static void mark_clear(krun_session *s)
+{
+    if (!s->mark_dst && s->m->mark_owner == s) s->m->mark_owner = NULL;
+    free(s->mark_path);
+    s->mark_path = NULL;
+    s->mark_at = 0;
+    s->mark_dst = NULL;
+    s->snap.at = 0;
+}
+
+static void mark_drop(krun_session *s, const char *why)
+{
+    krun_model *m = s->m;
+    if (s->snap.at && !s->mark_dst && m->mark_owner == s) {     /* a file was begun */
+        krun_state_write_drop(&m->mark_w);
+        ksave_abort(&m->mark_save);
+    }
+    s->mark_status = KRUN_MARK_DROPPED;
+    snprintf(s->mark_msg, sizeof s->mark_msg, "%s", why);
+    mark_clear(s);
+}
+
+void krun_session_unmark(krun_session *s)
+{
+    if (s->mark_at) mark_drop(s, "taken back");
+}
+
+/* A file snapshot: each layer written as soon as the forward pass is done with it. */
+static void mark_layer_to_file(void *ctx, int L)
+{
+    krun_session *s = ctx;
+    krun_model *m = s->m;
+    krun_state_write_layer(&m->mark_w, &m->m.cfg, L, m->mark_S[L], m->mark_conv[L], s->st.mla_cache[L]);
+}
+
+/* Before a block: arm its segment when the mark's position falls in it. */
+static void mark_arm(krun_session *s, k3_seg *seg)
+{
+    krun_model *m = s->m;
+    size_t at;
+    krun_err e;
+    if (!s->mark_at) return;
+    if (s->mark_at <= s->st.pos) { mark_drop(s, "a block passed the position"); return; }
+    if (s->mark_at > s->st.pos + seg->n) return;                 /* a later block */
+    if (seg->journal) { mark_drop(s, "a verification block passed the position"); return; }
+    at = s->mark_at - s->st.pos;
+    if (s->mark_dst) {
+        s->snap = (k3_snap){at, s->mark_dst->st.kda_S, s->mark_dst->st.kda_conv, NULL, s};
+    } else {
+        /* the file is begun now (header, layer map, history), its layers follow as the block runs */
+        krun_state_hdr h;
+        krun_state_hdr_for(&h, &m->m.cfg, kpk_super(m->f)->set_id, config_hash(m));
+        h.pos = h.n_tokens = s->mark_at;
+        h.flags = 0;                   /* the file is named before the blocks are known: never logits */
+        if (ksave_begin(&m->mark_save, s->mark_path, &e)) { mark_drop(s, e.msg); return; }
+        if (krun_state_write_begin(&m->mark_w, &m->mark_save, &h, &m->m.cfg, s->tokens, &e)) {
+            ksave_abort(&m->mark_save);
+            mark_drop(s, e.msg);
+            return;
+        }
+        s->snap = (k3_snap){at, m->mark_S, m->mark_conv, mark_layer_to_file, s};
+    }
+    seg->snap = &s->snap;
+}
+
+/* After the block: the snapshot completed (the MLA rows, history and logits
+ * added, or the file finished and renamed into place), or dropped. */
+static void mark_end(krun_session *s, const k3_seg *seg, const krun_err *failed)
+{
+    krun_model *m = s->m;
+    const k3_config *c = &m->m.cfg;
+    const size_t V = (size_t)c->vocab, at = s->snap.at;
+    const float *logits;
+    krun_err e;
+    if (!seg->snap) return;
+    if (failed) { mark_drop(s, failed->msg); return; }
+    logits = seg->all_positions ? seg->logits + (at - 1) * V : at == seg->n ? seg->logits : NULL;
+    if (s->mark_dst) {
+        krun_session *d = s->mark_dst;
+        for (int L = 0; L < c->n_layers; L++)
+            if (c->layer_is_mla[L]) memcpy(d->st.mla_cache[L], s->st.mla_cache[L], s->mark_at * k3_mla_row(c) * sizeof(float));
+        memcpy(d->tokens, s->tokens, s->mark_at * sizeof *d->tokens);
+        d->n_tokens = d->st.pos = s->mark_at;
+        d->have_logits = logits != NULL;
+        if (logits) memcpy(d->logits, logits, V * sizeof *d->logits);
+        d->broken = 0;
+        d->reply_from = 0;             /* as in a file's header: the one who claims it says where its reply begins */
+        kspec_init(&d->drafter, m->spec);
+    } else {
+        krun_state_write_end(&m->mark_w, logits);
+        if (ksave_commit(&m->mark_save, &e)) { s->snap.at = 0; mark_drop(s, e.msg); return; }
+    }
+    s->mark_status = KRUN_MARK_TAKEN;
+    mark_clear(s);
 }

@@ -75,6 +75,8 @@ typedef struct krun_model_opts {
     int predict;               /* 1: read a layer's likely experts during its attention (run/engine/predict.h);
                                   0: off; -1 (the default): on for a split layout (the trunk in a member
                                   of its own) when the budget holds it */
+    int cache;                 /* 1: the model serves a prefix cache (pcache.h): the plan counts the buffer
+                                  of one KDA layer that snapshots written to a file go through */
     int threads;               /* compute threads; 0: every core */
     int simd;                  /* -1: the best the CPU has; else a level of krun_simd_parse (process-wide) */
 } krun_model_opts;
@@ -93,6 +95,9 @@ void krun_model_close(krun_model *m);
 int krun_model_make_plan(const krun_model *m, const krun_model_opts *o, kmemplan *plan, krun_err *err);
 
 const k3_config *krun_model_config(const krun_model *m);
+/* What a saved state must have been computed with: the file's set_id and the
+ * XXH3-64 of its config.json, as "%016x-%016x" (docs/STATE.md). */
+const char *krun_model_identity(const krun_model *m);
 const char *krun_model_path(const krun_model *m);
 ktok *krun_model_tokenizer(const krun_model *m);            /* NULL: the file has none (ids only) */
 /* Ids that end a generated message: eos_token_id, <|end_of_msg|>, [EOS]
@@ -165,6 +170,7 @@ int krun_session_append(krun_session *s, const int32_t *ids, size_t n, krun_err 
 /* Logits [vocab] of the last position run; NULL before any. */
 const float *krun_session_logits(const krun_session *s);
 size_t krun_session_pos(const krun_session *s);              /* positions run */
+size_t krun_session_ctx_of(const krun_session *s);           /* positions its context holds */
 size_t krun_session_pending(const krun_session *s);          /* tokens appended, not yet run */
 const int32_t *krun_session_tokens(const krun_session *s, size_t *n);  /* the history: run, then pending */
 
@@ -243,6 +249,90 @@ typedef struct krun_spec_stats {
 } krun_spec_stats;
 /* Counted since the session was created or reset. */
 void krun_session_spec_stats(const krun_session *s, krun_spec_stats *st);
+/* The drafter back to its start and the statistics to 0, the state kept: a
+ * request that starts from a kept state (the prefix cache) drafts as one in
+ * a new session would. */
+void krun_session_spec_restart(krun_session *s);
+
+/* ---- copies and snapshots ------------------------------------------------------
+ *
+ * A session's whole state -- the sequential state of the positions it ran (KDA
+ * recurrent states and ShortConv histories, the MLA latent rows), its history
+ * with its pending tokens, its last logits, its sampler (options -- the seed
+ * and stream that key the draw -- and the reply start) and its drafter --
+ * copied into another session, or into a snapshot kept outside the session
+ * slots, and back.  The copy continues exactly as the original would: every
+ * feed, sample and step gives the same bits (probe_session copy; the draw
+ * depends on the position, so there is no generator state to carry).  What
+ * is not copied: the progress callback and the mask (the caller's: the
+ * target keeps its own) and the spec statistics (counted per session).
+ *
+ * One prefill, several continuations (n > 1 choices): feed the prompt once,
+ * krun_session_copy it into n - 1 other sessions, give each its own sampler.
+ * A copy costs the state of the positions run: at full scale 464.6 MB of KDA
+ * state plus 55 KB per position (docs/STATE.md §1), a memcpy, no model read. */
+
+/* dst (a live session of the same model, not src) becomes src.  Fails with
+ * KRUN_EINPUT, dst unchanged, when src's last feed failed or its history does
+ * not fit dst's context. */
+int krun_session_copy(krun_session *dst, const krun_session *src, krun_err *err);
+
+typedef struct krun_snapshot krun_snapshot;
+/* Bytes of a snapshot with room for a history of cap tokens (the KDA state,
+ * cap MLA rows, cap tokens, the logits): for a caller's budget. */
+size_t krun_snapshot_bytes(const krun_model *m, size_t cap);
+/* A snapshot buffer for histories of up to cap tokens (KRUN_ENOMEM). */
+int krun_snapshot_new(krun_model *m, size_t cap, krun_snapshot **out, krun_err *err);
+void krun_snapshot_free(krun_snapshot *snap);
+/* snap becomes a copy of s (KRUN_EINPUT when s's last feed failed or its
+ * history is longer than the snapshot's cap; snap unchanged). */
+int krun_snapshot_take(krun_snapshot *snap, const krun_session *s, krun_err *err);
+/* s (live, of the snapshot's model) becomes the snapshot's session, exactly
+ * as it was taken (KRUN_EINPUT when the history does not fit s's context or
+ * the snapshot is empty; s unchanged).  A snapshot may be restored any
+ * number of times. */
+int krun_snapshot_restore(krun_session *s, const krun_snapshot *snap, krun_err *err);
+/* The snapshot's history (NULL and 0 before the first take) and positions run. */
+const int32_t *krun_snapshot_tokens(const krun_snapshot *snap, size_t *n, size_t *pos);
+
+/* ---- snapshots inside a block, and session slots (the prefix cache) -----------
+ *
+ * krun_session_mark arranges for a copy of the state after the first `at`
+ * tokens of s's history to be taken while a later krun_session_feed or
+ * krun_step_batch runs position at - 1: in the same forward block, without a
+ * pass of its own (each KDA layer copies its head states and ShortConv history
+ * as the recurrence passes that position; the MLA rows up to it are kept by
+ * the block).  The prefix cache takes one at the end of a chat's system/tools
+ * preamble, which seldom ends a block (docs/RUNTIME.md §9).  The copy has the
+ * history's first `at` tokens, all run, and the logits of position at - 1 when
+ * the block computed them (the position ended its segment).  A block that
+ * runs past the position without taking it (a verification block), a failed
+ * block, and a reset or free of s drop the mark. */
+enum { KRUN_MARK_NONE = 0, KRUN_MARK_PENDING = 1, KRUN_MARK_TAKEN = 2, KRUN_MARK_DROPPED = 3 };
+/* Into dst: another session slot of the model, idle (not live), which cannot
+ * be claimed until the mark is taken or dropped; its state is replaced. */
+int krun_session_mark(krun_session *s, size_t at, krun_session *dst, krun_err *err);
+/* Into a state file at path (docs/STATE.md, written through the safe writer:
+ * each layer as the block is done with it, then renamed into place), without
+ * the logits.  Needs a model prepared with o.cache; one such mark at a time
+ * per model. */
+int krun_session_mark_save(krun_session *s, size_t at, const char *path, krun_err *err);
+/* KRUN_MARK_*: pending, taken, dropped (*why: the reason), or none. */
+int krun_session_mark_status(const krun_session *s, const char **why);
+void krun_session_unmark(krun_session *s);
+
+/* The session slots: max_seqs of them.  A freed session keeps its state in
+ * its slot until the slot is taken again: krun_session_claim makes an idle
+ * slot live again exactly as it was (its history, state and logits; its
+ * sampler and reply start must be set, its mask is cleared), where
+ * krun_session_new resets the slot it takes. */
+size_t krun_model_slots(const krun_model *m);
+krun_session *krun_model_slot(krun_model *m, size_t k);
+int krun_session_live(const krun_session *s);
+int krun_session_claim(krun_session *s, krun_err *err);
+/* Forget the pending tokens (appended, not run): the history ends at the
+ * positions run. */
+void krun_session_drop_pending(krun_session *s);
 
 /* Speculation inside a batched step (krun serve's sweeps).  krun_session_draft
  * proposes up to max drafts for the tokens after id (the token the caller
@@ -277,5 +367,7 @@ int krun_session_save_to(const krun_session *s, ksave *out, krun_err *err);
  * file or geometry, damaged, truncated, or holding more positions than the
  * context is refused (KRUN_EINPUT) and the session is left as it was. */
 int krun_session_load(krun_session *s, const char *path, krun_err *err);
+/* The same from a state file's image in memory (name: for messages). */
+int krun_session_load_mem(krun_session *s, const void *buf, size_t len, const char *name, krun_err *err);
 
 #endif

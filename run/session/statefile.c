@@ -252,24 +252,18 @@ out:
 
 /* ---- writing -------------------------------------------------------------------- */
 
-struct out {
-    ksave *s;
-    XXH3_state_t *x;
-};
-
-static void emit(struct out *o, const void *p, size_t n)
+static void emit(krun_state_writer *w, const void *p, size_t n)
 {
     if (!n) return;
-    ksave_write(o->s, p, n);
-    XXH3_64bits_update(o->x, p, n);
+    ksave_write(w->s, p, n);
+    XXH3_64bits_update(w->x, p, n);
 }
 
-int krun_state_write_to(ksave *s, krun_state_hdr *h, const k3_config *c, const int32_t *tokens, const k3_state *st,
-                        const float *logits, krun_err *err)
+int krun_state_write_begin(krun_state_writer *w, ksave *s, krun_state_hdr *h, const k3_config *c, const int32_t *tokens,
+                           krun_err *err)
 {
-    uint8_t hd[KRUN_STATE_HEADER], types[K3_MAX_LAYERS + 8], tail[8];
-    struct out o = {s, NULL};
-    const size_t row = k3_mla_row(c);
+    uint8_t hd[KRUN_STATE_HEADER], types[K3_MAX_LAYERS + 8];
+    memset(w, 0, sizeof *w);
     memset(hd, 0, sizeof hd);
     memset(types, 0, sizeof types);
     for (int L = 0; L < c->n_layers; L++) types[L] = c->layer_is_mla[L] ? 1 : 0;
@@ -301,23 +295,48 @@ int krun_state_write_to(ksave *s, krun_state_hdr *h, const k3_config *c, const i
     put64(hd + H_PAYLOAD, h->payload_len);
     put64(hd + H_XXH3, XXH3_64bits(hd, H_XXH3));
 
-    if (!(o.x = XXH3_createState())) { krun_err_set(err, KRUN_ENOMEM, "saving %s: out of memory", s->path); return -1; }
+    if (!(w->x = XXH3_createState())) { krun_err_set(err, KRUN_ENOMEM, "saving %s: out of memory", s->path); return -1; }
+    w->s = s;
+    w->h = *h;
     ksave_write(s, hd, sizeof hd);
-    XXH3_64bits_reset(o.x);
-    emit(&o, types, (size_t)types_bytes(h));
-    emit(&o, tokens, (size_t)h->n_tokens * 4);
-    for (int L = 0; L < c->n_layers; L++) {
-        if (c->layer_is_mla[L]) {
-            emit(&o, st->mla_cache[L], (size_t)h->pos * row * 4);
-        } else {
-            emit(&o, st->kda_S[L], k3_kda_S_floats(c) * 4);
-            emit(&o, st->kda_conv[L], k3_kda_conv_floats(c) * 4);
-        }
+    XXH3_64bits_reset(w->x);
+    emit(w, types, (size_t)types_bytes(h));
+    emit(w, tokens, (size_t)h->n_tokens * 4);
+    return 0;
+}
+
+void krun_state_write_layer(krun_state_writer *w, const k3_config *c, int L, const float *S, const float *conv, const float *mla)
+{
+    if (c->layer_is_mla[L]) {
+        emit(w, mla, (size_t)w->h.pos * k3_mla_row(c) * 4);
+    } else {
+        emit(w, S, k3_kda_S_floats(c) * 4);
+        emit(w, conv, k3_kda_conv_floats(c) * 4);
     }
-    if (h->flags & KRUN_STATE_LOGITS) emit(&o, logits, (size_t)h->vocab * 4);
-    put64(tail, XXH3_64bits_digest(o.x));
-    XXH3_freeState(o.x);
-    ksave_write(s, tail, sizeof tail);
+}
+
+void krun_state_write_end(krun_state_writer *w, const float *logits)
+{
+    uint8_t tail[8];
+    if (w->h.flags & KRUN_STATE_LOGITS) emit(w, logits, (size_t)w->h.vocab * 4);
+    put64(tail, XXH3_64bits_digest(w->x));
+    ksave_write(w->s, tail, sizeof tail);
+    krun_state_write_drop(w);
+}
+
+void krun_state_write_drop(krun_state_writer *w)
+{
+    if (w->x) XXH3_freeState(w->x);
+    w->x = NULL;
+}
+
+int krun_state_write_to(ksave *s, krun_state_hdr *h, const k3_config *c, const int32_t *tokens, const k3_state *st,
+                        const float *logits, krun_err *err)
+{
+    krun_state_writer w;
+    if (krun_state_write_begin(&w, s, h, c, tokens, err)) return -1;
+    for (int L = 0; L < c->n_layers; L++) krun_state_write_layer(&w, c, L, st->kda_S[L], st->kda_conv[L], st->mla_cache[L]);
+    krun_state_write_end(&w, logits);
     return 0;
 }
 

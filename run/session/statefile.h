@@ -75,6 +75,24 @@ int krun_state_is_file(int fd);
  * FILE.json records of the state it belongs to. */
 int krun_state_tokens_xxh3(const char *path, uint64_t *n_tokens, uint64_t *hash, krun_err *err);
 
+/* The same, a layer at a time (a snapshot written while a forward block runs:
+ * session.c): begin writes the header, the layer map and the history; then
+ * every layer in order, L = 0 .. n_layers - 1 (a KDA layer's state S and
+ * ShortConv history conv, an MLA layer's first h->pos rows of its cache);
+ * then end writes the logits when flagged and the payload checksum.  A write
+ * that fails is reported by ksave_finish / ksave_commit; drop releases a
+ * writer that will not be ended. */
+typedef struct krun_state_writer {
+    ksave *s;
+    struct XXH3_state_s *x;
+    krun_state_hdr h;
+} krun_state_writer;
+int krun_state_write_begin(krun_state_writer *w, ksave *s, krun_state_hdr *h, const k3_config *c, const int32_t *tokens,
+                           krun_err *err);
+void krun_state_write_layer(krun_state_writer *w, const k3_config *c, int L, const float *S, const float *conv, const float *mla);
+void krun_state_write_end(krun_state_writer *w, const float *logits);
+void krun_state_write_drop(krun_state_writer *w);
+
 /* Copy a parsed image's sections into st / tokens / logits (the caller has
  * checked that they fit). */
 void krun_state_restore(const void *buf, const krun_state_hdr *h, const k3_config *c, int32_t *tokens, k3_state *st,

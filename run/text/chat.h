@@ -84,6 +84,9 @@ void kchat_options_default(kchat_options *o);
 typedef struct {
     int32_t *ids;     /* malloc'd; NULL when rendered without a tokenizer */
     size_t n_ids;
+    size_t n_preamble;/* ids of the system/tools part: the tool declaration, the effort message and the
+                         leading system messages (0 in a continuation).  Many conversations share it (an
+                         agent's tools and instructions): a prefix cache keeps the state there. */
     char *text;       /* malloc'd, NUL-terminated: the same rendering with the markers spelled out */
     size_t text_len;
 } kchat_rendering;

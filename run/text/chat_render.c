@@ -339,9 +339,15 @@ static int render(const ktok *tk, const kchat_message *msgs, size_t n, size_t fr
         system_message(&r, "thinking-effort", body, (size_t)l);
     }
     tool_state s = {0};
+    /* the preamble: the header and the system messages that open the conversation */
+    size_t preamble = from == 0 ? r.n : 0;
+    int leading = from == 0;
     for (size_t i = 0; i < from; i++) track(&s, &msgs[i]);
-    for (size_t i = from; i < n; i++)
+    for (size_t i = from; i < n; i++) {
         if (render_message(&r, &msgs[i], &s, o, i, err)) goto out;
+        leading &= msgs[i].role == KCHAT_SYSTEM;
+        if (leading) preamble = r.n;
+    }
     if (declared && o->tool_choice != KCHAT_TOOL_CHOICE_AUTO && render_directives(&r, o, err)) goto out;
     if (o->format != KCHAT_FORMAT_TEXT && render_format(&r, o, err)) goto out;
     if (o->add_generation_prompt) {
@@ -356,6 +362,7 @@ out:
     if (rc == 0) {
         out->ids = r.ids;
         out->n_ids = r.n;
+        out->n_preamble = preamble;
         out->text = r.text.p;
         out->text_len = r.text.n;
     } else {

@@ -111,13 +111,14 @@ typedef struct {
     const char *const *call_ids;   /* one id per call ("call_..."), chosen by the server */
     const char *finish_reason;     /* "stop" | "length" | "tool_calls" */
     long prompt_tokens, completion_tokens;
+    long cached_tokens;            /* of the prompt's, those a prefix cache held (usage.prompt_tokens_details) */
 } oai_chat_result;
 
 /* The non-streaming chat.completion object. */
 char *oai_chat_response(const oai_meta *m, const oai_chat_result *r);
 /* The text_completion object. */
 char *oai_completion_response(const oai_meta *m, const char *text, size_t len, const char *finish_reason,
-                              long prompt_tokens, long completion_tokens);
+                              long prompt_tokens, long completion_tokens, long cached_tokens);
 
 /* Server-sent events, each "data: {chat.completion.chunk}\n\n":
  *  - the first, with the assistant role and empty content;
@@ -126,11 +127,13 @@ char *oai_completion_response(const oai_meta *m, const char *text, size_t len, c
  *    (and *none = 1) for an event that needs no chunk;
  *  - the last, with an empty delta and finish_reason;
  *  - with stream_options.include_usage, a usage chunk (empty choices);
+ *  (usage everywhere: prompt_tokens, completion_tokens, total_tokens and
+ *  prompt_tokens_details.cached_tokens, the prompt positions a prefix cache held, as OpenAI's)
  *  - then OAI_SSE_DONE. */
 char *oai_sse_chat_role(const oai_meta *m);
 char *oai_sse_chat_event(const oai_meta *m, const kchat_event *ev, const char *call_id, int *none);
 char *oai_sse_chat_finish(const oai_meta *m, const char *finish_reason);
-char *oai_sse_usage(const oai_meta *m, int chat, long prompt_tokens, long completion_tokens);
+char *oai_sse_usage(const oai_meta *m, int chat, long prompt_tokens, long completion_tokens, long cached_tokens);
 /* A text_completion chunk: text (may be empty) and finish_reason (NULL while going on). */
 char *oai_sse_completion(const oai_meta *m, const char *text, size_t len, const char *finish_reason);
 #define OAI_SSE_DONE "data: [DONE]\n\n"

@@ -59,13 +59,15 @@ char *oai_error_json(const oai_error *e)
     return dump(o, bad);
 }
 
-static json_t *usage_json(long prompt, long completion)
+static json_t *usage_json(long prompt, long completion, long cached)
 {
-    json_t *u = json_object();
+    json_t *u = json_object(), *d = json_object();
     int bad = 0;
     set(u, "prompt_tokens", json_integer(prompt), &bad);
     set(u, "completion_tokens", json_integer(completion), &bad);
     set(u, "total_tokens", json_integer(prompt + completion), &bad);
+    set(d, "cached_tokens", json_integer(cached), &bad);
+    set(u, "prompt_tokens_details", d, &bad);
     if (bad) { json_decref(u); return NULL; }
     return u;
 }
@@ -117,12 +119,12 @@ char *oai_chat_response(const oai_meta *m, const oai_chat_result *r)
     set(ch, "finish_reason", json_string(r->finish_reason ? r->finish_reason : "stop"), &bad);
     if (!arr || json_array_append_new(arr, ch)) bad = 1;
     set(o, "choices", arr, &bad);
-    set(o, "usage", usage_json(r->prompt_tokens, r->completion_tokens), &bad);
+    set(o, "usage", usage_json(r->prompt_tokens, r->completion_tokens, r->cached_tokens), &bad);
     return dump(o, bad);
 }
 
 char *oai_completion_response(const oai_meta *m, const char *text, size_t len, const char *finish_reason,
-                              long prompt_tokens, long completion_tokens)
+                              long prompt_tokens, long completion_tokens, long cached_tokens)
 {
     int bad = 0;
     json_t *o = head(m, "text_completion", &bad), *ch = json_object(), *arr = json_array();
@@ -132,7 +134,7 @@ char *oai_completion_response(const oai_meta *m, const char *text, size_t len, c
     set(ch, "finish_reason", json_string(finish_reason ? finish_reason : "stop"), &bad);
     if (!arr || json_array_append_new(arr, ch)) bad = 1;
     set(o, "choices", arr, &bad);
-    set(o, "usage", usage_json(prompt_tokens, completion_tokens), &bad);
+    set(o, "usage", usage_json(prompt_tokens, completion_tokens, cached_tokens), &bad);
     return dump(o, bad);
 }
 
@@ -196,12 +198,12 @@ char *oai_sse_chat_finish(const oai_meta *m, const char *finish_reason)
     return chat_chunk(m, d, finish_reason ? finish_reason : "stop");
 }
 
-char *oai_sse_usage(const oai_meta *m, int chat, long prompt_tokens, long completion_tokens)
+char *oai_sse_usage(const oai_meta *m, int chat, long prompt_tokens, long completion_tokens, long cached_tokens)
 {
     int bad = 0;
     json_t *o = head(m, chat ? "chat.completion.chunk" : "text_completion", &bad);
     set(o, "choices", json_array(), &bad);
-    set(o, "usage", usage_json(prompt_tokens, completion_tokens), &bad);
+    set(o, "usage", usage_json(prompt_tokens, completion_tokens, cached_tokens), &bad);
     return sse(dump(o, bad));
 }
 

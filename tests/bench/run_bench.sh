@@ -21,11 +21,15 @@
 #   prompt   tests/bench/bench_prompt.sh: prompt blocks (--chunk 64 vs auto) on a
 #            release-geometry expert pool (BENCH_PROMPT_KPK, or 448 experts top-8
 #            made here): bytes, seconds, the union model's prediction
+#   prefix   tests/bench/bench_prefix.sh: a conversation through krun serve and the openai
+#            client with and without the prefix cache, and across a restart on --cache-dir;
+#            needs a release-geometry pool in BENCH_PREFIX_KPK (k3synth --geometry slice
+#            --layers 2 --experts 896 --topk 16 --routing flat: 19.8 GB), skipped without
 #
 # Everything is generated under a temporary directory in build/ (the repo's
 # disk) and deleted at the end.
 #
-# Env: BENCH_ONLY       a subset of "kpack codec export kernels krun seq spec serve prompt" (default: all)
+# Env: BENCH_ONLY       a subset of "kpack codec export kernels krun seq spec serve prompt prefix" (default: all)
 #      KPK_VIRTUAL_OUT  keep the converted virtual .kpk at this path (the
 #                       runtime's scale test uses it); otherwise it is deleted
 #      BENCH_RUNS, BENCH_SLICE, BENCH_SETTLE, BENCH_SKIP: see bench_kpack.sh
@@ -36,7 +40,7 @@ mkdir -p "$TOP/build"
 TMP=$(mktemp -d "$TOP/build/bench.XXXXXX")
 trap 'rm -rf "$TMP"' EXIT
 trap 'exit 130' INT TERM
-ONLY=" ${BENCH_ONLY:-kpack codec export kernels krun seq spec serve prompt} "
+ONLY=" ${BENCH_ONLY:-kpack codec export kernels krun seq spec serve prompt prefix} "
 VIRT=${KPK_VIRTUAL_OUT:-$TMP/k3-virtual.kpk}
 rc=0
 start=$(date +%s)
@@ -97,6 +101,16 @@ fi
 if [[ "$ONLY" == *" prompt "* ]]; then
     echo "################ prompt blocks on a release-geometry pool (tests/bench/bench_prompt.sh)"
     BENCH_DIR="$TMP/prompt" bash tests/bench/bench_prompt.sh || { echo "FAILED: bench_prompt.sh"; rc=1; }
+    echo
+fi
+if [[ "$ONLY" == *" prefix "* ]]; then
+    echo "################ the prefix cache (tests/bench/bench_prefix.sh)"
+    if [ -n "${BENCH_PREFIX_KPK:-}" ]; then
+        bash tests/bench/bench_prefix.sh "$BENCH_PREFIX_KPK" || { echo "FAILED: bench_prefix.sh"; rc=1; }
+    else
+        echo "skipped: set BENCH_PREFIX_KPK to a release-geometry pool"
+    fi
+    echo
 fi
 
 echo "make bench: $(( $(date +%s) - start )) s in all"

@@ -155,7 +155,7 @@ assert s == 200, j            # exactly the context: 2 + 4095 - 1 positions
 PY
 stop
 [ "$RC" -eq 0 ] && ok "SIGTERM on an idle server: exit 0" || notok "idle SIGTERM: exit $RC: $(tail -3 "$T/basic.err")"
-grep -q "cmpl-.*: 7 prompt + 24 generated tokens, length" "$T/basic.err" && ok "one line per request on stderr (tokens, finish reason, time)" \
+grep -qE "cmpl-.*: 7 prompt \([0-9]+ cached\) \+ 24 generated tokens, length" "$T/basic.err" && ok "one line per request on stderr (tokens, those the prefix cache held, finish reason, time)" \
     || notok "request log: $(tail -5 "$T/basic.err")"
 
 # ---- body size, auth, queue ----------------------------------------------------------------------

@@ -140,7 +140,8 @@ for field in (None, False, 0, 3):
     live.close()
     assert s == 200 and j["choices"][0]["token_ids"] == G, (field, j)
 # the log line of each request of Q (alone, then the four above)
-lines = [l for l in open(logf) if "8 prompt + 40 generated tokens" in l]
+# ("8 prompt (N cached) + ...": the prefix cache serves the repeats of Q)
+lines = [l for l in open(logf) if re.search(r"8 prompt \(\d+ cached\) \+ 40 generated tokens", l)]
 assert len(lines) == 5, lines
 def stats(l):
     m = re.search(r"speculation (\d+) of (\d+) drafts accepted in (\d+) verifications", l)

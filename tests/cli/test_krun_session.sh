@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # krun's session API and what the CLI builds on it: planned bytes == allocated
 # bytes, nothing allocated per decoding step, several sessions in one block ==
-# each alone, saved conversations (--save-state / --load-state) that continue
+# each alone, requests continued from the prefix cache == each alone, saved conversations (--save-state / --load-state) that continue
 # bit-identically and refuse foreign or damaged files, non-finite logits
 # stopped, prompts bounded by the context, long prompts announced, and out of
 # memory named with its own exit code.
@@ -14,13 +14,14 @@ case ${BUILD:-build} in /*) PROBE="$BUILD/tests/probe_session" ;; *) PROBE="$TOP
 # ---- the session API, through the probe -------------------------------------------
 if [ -x "$PROBE" ]; then
     for mem in "" "--mem 1G"; do
-        for c in memory allocs batch sampler; do "$PROBE" $c "$T/m.kpk" $mem; done
+        for c in memory allocs batch sampler copy mark pcache; do "$PROBE" $c "$T/m.kpk" $mem; done
     done
     # a streaming budget that holds almost nothing: every step reads trunk and experts
     min=$("$BIN/krun" "$T/m.kpk" --plan --mem 1G --ctx 64 --chunk 4 --max-seqs 3 --json "$T/p.json" >/dev/null && \
           python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["minimum_bytes"])' "$T/p.json")
     "$PROBE" allocs "$T/m.kpk" --mem "$min"
     "$PROBE" batch "$T/m.kpk" --mem "$min"
+    "$PROBE" copy "$T/m.kpk" --mem "$min"
 else
     notok "the session probe $PROBE is missing (make unit)"
 fi

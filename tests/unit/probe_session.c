@@ -3,6 +3,15 @@
  *   probe_session memory  FILE.kpk [--mem SIZE]   planned bytes == allocated bytes
  *   probe_session allocs  FILE.kpk [--mem SIZE]   no allocation per decoding step
  *   probe_session batch   FILE.kpk [--mem SIZE]   sessions stepped together == each alone, bit for bit
+ *   probe_session copy    FILE.kpk [--mem SIZE]   a session copied (krun_session_copy) or snapshotted and
+ *                                                 restored (krun_snapshot_*) continues bit for bit as the
+ *                                                 original: ids, logits, the sampler's options and reply start, pending tokens
+ *   probe_session mark    FILE.kpk [--mem SIZE]   a snapshot taken inside a block (krun_session_mark, into an
+ *                                                 idle slot or a file; alone and in a batch) == the state of
+ *                                                 a run that stopped there, bit for bit
+ *   probe_session pcache  FILE.kpk [--mem SIZE]   requests through the prefix cache (krun_pcache, in RAM
+ *                                                 and on disk, reopened) == each run alone, bit for bit:
+ *                                                 every logit and id; each starts where it should
  *   probe_session sampler FILE.kpk [--mem SIZE]   the sampler through the session: the mask hook, the reply start
  *   probe_session spec    FILE.kpk [--mem SIZE]   speculative verification == plain decoding, bit for bit
  *                                                 (ids, logits, the saved state), a rollback at every
@@ -26,7 +35,9 @@
 #include "sanitized.h"
 #include "format/kargs.h"
 #include "run/engine/forward.h"
+#include "run/session/pcache.h"
 #include "run/session/session.h"
+#include "run/session/statefile.h"
 #include "run/util/procmem.h"
 
 #include <stdatomic.h>
@@ -102,11 +113,14 @@ int posix_memalign(void **out, size_t al, size_t n)
 
 /* ---- helpers ------------------------------------------------------------------ */
 
+static int g_cache;                /* the model is prepared for a prefix cache (o.cache) */
+
 static int open_model(const char *path, const char *mem, size_t ctx, size_t chunk, size_t max_seqs, krun_model **m)
 {
     krun_model_opts o;
     krun_err e;
     krun_model_opts_init(&o);
+    o.cache = g_cache;
     o.path = path;
     o.ctx = ctx;
     o.chunk = chunk;
@@ -305,6 +319,386 @@ out:
     free(ref);
     free(got);
     krun_model_close(m);
+}
+
+/* ---- copy: a copied session continues as the original -------------------------- */
+
+#define CP_GEN 10          /* tokens generated after the prompt */
+#define CP_AT 4            /* copied after this many: CP_AT - 1 run, the last pending */
+
+/* Sample and feed from where s is (g tokens generated so far; with a pending
+ * token when pend) to CP_GEN, recording ids and the logits each came from;
+ * the sessions in ss[0..n) advance together, one block per token. */
+static int cp_continue(krun_model *m, krun_session **ss, size_t n, size_t g, int32_t ids[][CP_GEN], float *logits, krun_err *e)
+{
+    const size_t V = (size_t)krun_model_config(m)->vocab;
+    for (; g < CP_GEN; g++) {
+        int32_t in[NS];
+        for (size_t k = 0; k < n; k++) {
+            if (krun_session_pending(ss[k])) {            /* the pending token first (a copy taken there) */
+                if (krun_session_feed(ss[k], NULL, 0, NULL, e)) return -1;
+            }
+            memcpy(logits + (k * CP_GEN + g) * V, krun_session_logits(ss[k]), V * sizeof *logits);
+            in[k] = ids[k][g] = krun_session_sample(ss[k]);
+        }
+        if (g + 1 < CP_GEN && krun_step_batch(m, ss, in, n, e)) return -1;
+    }
+    return 0;
+}
+
+static void check_copy(const char *path, const char *mem)
+{
+    static const int32_t prompt[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13};
+    /* at a temperature, with penalties counted from the reply start: the sampler's options and
+     * reply start must come with the copy */
+    const ksampler_opts so = {.temp = 0.8f, .top_p = 1.0f, .seed = 5, .presence_penalty = 0.4f, .frequency_penalty = 0.3f,
+                              .repetition_penalty = 1.2f};
+    krun_model *m;
+    krun_session *a, *b, *c;
+    krun_snapshot *snap = NULL, *small = NULL;
+    krun_err e;
+    float *ref, *got;
+    int32_t ref_ids[1][CP_GEN], ids[NS][CP_GEN];
+    size_t V, n, pos;
+    int ok = 1;
+    if (open_model(path, mem, 64, 4, NS, &m)) return;
+    V = (size_t)krun_model_config(m)->vocab;
+    ref = malloc((size_t)CP_GEN * V * sizeof *ref);
+    got = malloc((size_t)NS * CP_GEN * V * sizeof *got);
+    if (!ref || !got || krun_session_new(m, &a, &e) || krun_session_new(m, &b, &e) || krun_session_new(m, &c, &e)) {
+        printf("not ok - copy: setup\n"); fails++; goto out;
+    }
+    /* the reference: one session, the whole way */
+    krun_session_set_sampler(a, &so);
+    krun_session_set_reply_start(a, 13);
+    if (krun_session_feed(a, prompt, 13, NULL, &e) || cp_continue(m, &a, 1, 0, ref_ids, ref, &e)) goto bad;
+    /* again to CP_AT tokens, the last appended (sampled, not run); copy and snapshot there */
+    krun_session_reset(a);
+    krun_session_set_sampler(a, &so);
+    krun_session_set_reply_start(a, 13);
+    if (krun_session_feed(a, prompt, 13, NULL, &e)) goto bad;
+    for (size_t g = 0; g < CP_AT; g++) {
+        ids[0][g] = krun_session_sample(a);
+        if (g + 1 < CP_AT ? krun_session_feed(a, &ids[0][g], 1, NULL, &e) : krun_session_append(a, &ids[0][g], 1, &e)) goto bad;
+    }
+    OK(krun_session_copy(a, a, &e) == -1 && e.code == KRUN_EINPUT, "copy: a session onto itself is refused: %s", e.msg);
+    if (krun_session_copy(b, a, &e) || krun_snapshot_new(m, 64, &snap, &e) || krun_snapshot_take(snap, a, &e)) goto bad;
+    {
+        const int32_t *h = krun_snapshot_tokens(snap, &n, &pos);
+        OK(h && n == 13 + CP_AT && pos == 13 + CP_AT - 1 && krun_session_pending(b) == 1 && krun_session_pos(b) == pos,
+           "copy: the copy and the snapshot hold the history with its pending token (%zu tokens, %zu run)", n, pos);
+        OK(krun_session_reply_start(b) == 13 && krun_session_sampler(b)->seed == so.seed &&
+               krun_session_sampler(b)->presence_penalty == so.presence_penalty,
+           "copy: the copy has the original's reply start (%zu) and sampler options", krun_session_reply_start(b));
+    }
+    if (krun_snapshot_new(m, 8, &small, &e)) goto bad;
+    OK(krun_snapshot_take(small, a, &e) == -1 && e.code == KRUN_EINPUT, "copy: a snapshot too small for the history is refused: %s", e.msg);
+    /* a and its copy b step together: both must continue as the reference did */
+    {
+        krun_session *ab[2] = {a, b};
+        for (size_t g = 0; g < CP_AT; g++) ids[1][g] = ids[0][g];
+        if (cp_continue(m, ab, 2, CP_AT, ids, got, &e)) goto bad;
+        for (size_t k = 0; k < 2; k++) {
+            ok &= memcmp(ids[k], ref_ids[0], sizeof ref_ids[0]) == 0;
+            ok &= memcmp(got + (k * CP_GEN + CP_AT) * V, ref + CP_AT * V, (CP_GEN - CP_AT) * V * sizeof *got) == 0;
+        }
+        OK(ok, "%s: a session and its copy (taken with a pending token, sampling at temperature 0.8 with penalties) stepped together: "
+               "ids and every logit bit of the %d tokens after == the original run alone", mem ? mem : "in place", CP_GEN - CP_AT);
+    }
+    /* the snapshot restored, twice: into a fresh session and into a that has moved on */
+    ok = 1;
+    krun_session_set_reply_start(c, 0);
+    if (krun_snapshot_restore(c, snap, &e) || krun_snapshot_restore(a, snap, &e)) goto bad;
+    OK(krun_session_reply_start(c) == 13 && krun_session_sampler(c)->seed == so.seed,
+       "copy: the snapshot restored brings the reply start (%zu) and the sampler options", krun_session_reply_start(c));
+    {
+        krun_session *ca[2] = {c, a};
+        if (cp_continue(m, ca, 2, CP_AT, ids, got, &e)) goto bad;
+        for (size_t k = 0; k < 2; k++)
+            ok &= memcmp(ids[k] + CP_AT, ref_ids[0] + CP_AT, (CP_GEN - CP_AT) * sizeof **ids) == 0 &&
+                  memcmp(got + (k * CP_GEN + CP_AT) * V, ref + CP_AT * V, (CP_GEN - CP_AT) * V * sizeof *got) == 0;
+        OK(ok, "%s: a snapshot restored twice (a fresh session; the original after it ran on) continues bit for bit as the original",
+           mem ? mem : "in place");
+    }
+    {
+        krun_model *m2;
+        krun_session *d;
+        if (open_model(path, mem, 8, 4, 1, &m2) == 0) {
+            if (krun_session_new(m2, &d, &e) == 0) {
+                OK(krun_session_copy(d, a, &e) == -1 && e.code == KRUN_EINPUT, "copy: into a session of another model is refused: %s", e.msg);
+                OK(krun_snapshot_restore(d, snap, &e) == -1 && e.code == KRUN_EINPUT, "copy: a snapshot restored into another model is refused: %s",
+                   e.msg);
+            }
+            krun_model_close(m2);
+        }
+    }
+    goto out;
+bad:
+    printf("not ok - copy: %s\n", e.msg);
+    fails++;
+out:
+    krun_snapshot_free(snap);
+    krun_snapshot_free(small);
+    free(ref);
+    free(got);
+    krun_model_close(m);
+}
+
+/* ---- mark: a snapshot inside a block == a run that stopped there ---------------- */
+
+/* The state file at path, read whole (NULL on failure; *len its size). */
+static char *slurp(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    char *b = NULL;
+    long n;
+    if (!f) return NULL;
+    if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) > 0 && fseek(f, 0, SEEK_SET) == 0 && (b = malloc((size_t)n)) &&
+        fread(b, 1, (size_t)n, f) != (size_t)n) {
+        free(b);
+        b = NULL;
+    }
+    if (b) *len = (size_t)n;
+    fclose(f);
+    return b;
+}
+
+/* Do two state files hold the same history and layers (and, with logits,
+ * the same logits), whatever their headers' flags? */
+static int same_state(const char *a, const char *b, int logits)
+{
+    size_t na = 0, nb = 0;
+    char *x = slurp(a, &na), *y = slurp(b, &nb);
+    krun_state_hdr ha, hb;
+    krun_err e;
+    int same = x && y && !krun_state_parse(x, na, &ha, &e) && !krun_state_parse(y, nb, &hb, &e) && ha.pos == hb.pos &&
+               ha.n_tokens == hb.n_tokens && ha.layers_at == hb.layers_at;
+    if (same) {
+        size_t end_a = KRUN_STATE_HEADER + ha.payload_len - ((ha.flags & KRUN_STATE_LOGITS) ? 4u * ha.vocab : 0);
+        size_t end_b = KRUN_STATE_HEADER + hb.payload_len - ((hb.flags & KRUN_STATE_LOGITS) ? 4u * hb.vocab : 0);
+        same = end_a == end_b && memcmp(x + ha.tokens_at, y + hb.tokens_at, end_a - ha.tokens_at) == 0;
+        if (same && logits)
+            same = (ha.flags & hb.flags & KRUN_STATE_LOGITS) && memcmp(x + ha.logits_at, y + hb.logits_at, 4u * ha.vocab) == 0;
+    }
+    free(x);
+    free(y);
+    return same;
+}
+
+/* The reference: a session that ran prompt[0..at) and stopped, saved. */
+static int mark_reference(krun_model *m, const int32_t *prompt, size_t at, const char *path)
+{
+    krun_session *r;
+    krun_err e;
+    if (krun_session_new(m, &r, &e) || krun_session_feed(r, prompt, at, NULL, &e) || krun_session_save(r, path, &e)) {
+        printf("not ok - mark reference: %s\n", e.msg);
+        fails++;
+        return -1;
+    }
+    krun_session_free(r);
+    return 0;
+}
+
+/* An idle slot other than s (the model has max_seqs >= 2). */
+static krun_session *idle_slot(krun_model *m)
+{
+    for (size_t k = 0; k < krun_model_slots(m); k++)
+        if (!krun_session_live(krun_model_slot(m, k))) return krun_model_slot(m, k);
+    return NULL;
+}
+
+static void check_mark(const char *path, const char *mem)
+{
+    static const int32_t prompt[] = {3, 7, 11, 5, 9, 100, 200, 30, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+    const size_t n = sizeof prompt / sizeof *prompt;
+    /* chunk 4: 7 is inside a block, 8 ends one, 1 is before the ShortConv history fills */
+    static const size_t ats[] = {7, 8, 1, 19};
+    char dir[] = "/tmp/probe_mark.XXXXXX", ref[64], got[64], file[64];
+    const char *label = mem ? mem : "in place";
+    krun_model *m;
+    krun_session *s, *d, *x;
+    krun_err e;
+    if (!mkdtemp(dir)) { printf("not ok - mark: mkdtemp\n"); fails++; return; }
+    snprintf(ref, sizeof ref, "%s/ref", dir);
+    snprintf(got, sizeof got, "%s/got", dir);
+    snprintf(file, sizeof file, "%s/file", dir);
+    g_cache = 1;
+    if (open_model(path, mem, 64, 4, 3, &m)) goto rm;
+    g_cache = 0;
+    for (size_t i = 0; i < sizeof ats / sizeof *ats; i++) {
+        const size_t at = ats[i];
+        const int logits = at % 4 == 0;        /* the position ends its block */
+        if (mark_reference(m, prompt, at, ref)) break;
+        /* into an idle slot, the session fed the whole prompt in blocks of 4 */
+        if (krun_session_new(m, &s, &e) || !(d = idle_slot(m)) || krun_session_mark(s, at, d, &e) ||
+            krun_session_feed(s, prompt, n, NULL, &e))
+            goto bad;
+        OK(krun_session_mark_status(s, NULL) == KRUN_MARK_TAKEN, "mark: the snapshot after %zu positions is taken", at);
+        OK(krun_session_claim(d, &e) == 0 && krun_session_pos(d) == at && (krun_session_logits(d) != NULL) == logits,
+           "mark: its slot claimed holds %zu positions run, %s", at, logits ? "with the logits (the position ended its block)" : "no logits");
+        krun_session_set_sampler(d, &(ksampler_opts){.top_p = 1.0f});
+        if (krun_session_save(d, got, &e)) goto bad;
+        OK(same_state(ref, got, logits), "%s: a snapshot after %zu of %zu positions (blocks of 4), into an idle slot == a run of %zu positions: "
+           "history, every KDA / ShortConv / MLA float%s", label, at, n, at, logits ? ", the logits" : "");
+        krun_session_free(d);
+        /* the same into a file, the layers written as the block runs */
+        krun_session_reset(s);
+        if (krun_session_mark_save(s, at, file, &e) || krun_session_feed(s, prompt, n, NULL, &e)) goto bad;
+        OK(krun_session_mark_status(s, NULL) == KRUN_MARK_TAKEN && same_state(ref, file, 0) && !same_state(ref, file, 1),
+           "%s: the snapshot after %zu positions written to a file while its block ran == a run of %zu positions (no logits in a file)",
+           label, at, at);
+        unlink(file);
+        krun_session_free(s);
+    }
+    /* in a batch: the marked sequence's rows start after another sequence's */
+    {
+        const size_t at = 4;
+        int32_t ids[2];
+        krun_session *ss[2];
+        if (mark_reference(m, prompt, at, ref)) goto out;
+        if (krun_session_new(m, &x, &e) || krun_session_new(m, &s, &e) || !(d = idle_slot(m))) goto bad;
+        if (krun_session_feed(x, prompt + 4, 3, NULL, &e) || krun_session_feed(s, prompt, 2, NULL, &e) ||
+            krun_session_mark(s, at, d, &e) || krun_session_append(s, prompt + 2, 2, &e))
+            goto bad;
+        ss[0] = x; ss[1] = s;
+        ids[0] = krun_session_sample(x);
+        ids[1] = prompt[4];
+        if (krun_step_batch(m, ss, ids, 2, &e) || krun_session_claim(d, &e)) goto bad;
+        krun_session_set_sampler(d, &(ksampler_opts){.top_p = 1.0f});
+        if (krun_session_save(d, got, &e)) goto bad;
+        OK(krun_session_mark_status(s, NULL) == KRUN_MARK_TAKEN && same_state(ref, got, 0),
+           "%s: a snapshot in a batched block (rows 1..3, after another sequence's; taken after row 2) == a run of %zu positions", label, at);
+        krun_session_free(d);
+        /* a mark is dropped by a reset, and its slot is free again */
+        if (krun_session_mark(s, 9, idle_slot(m), &e)) goto bad;
+        OK(krun_session_claim(idle_slot(m), &e) == -1, "mark: the slot of a pending snapshot cannot be claimed: %s", e.msg);
+        krun_session_reset(s);
+        OK(krun_session_mark_status(s, NULL) == KRUN_MARK_DROPPED && krun_session_claim(idle_slot(m), &e) == 0,
+           "mark: a reset drops the snapshot and frees its slot");
+    }
+    goto out;
+bad:
+    printf("not ok - mark: %s\n", e.msg);
+    fails++;
+out:
+    krun_model_close(m);
+rm:
+    unlink(ref);
+    unlink(got);
+    unlink(file);
+    rmdir(dir);
+}
+
+/* ---- pcache: a request continued from the prefix cache == the same request alone ---- */
+
+#define PC_GEN 4
+#define PC_MAX 40
+
+/* One request: prompt p[0..n) (its preamble ending at pre), then PC_GEN
+ * tokens sampled (the last not run), through cache c, or alone on model r.
+ * lg: the logits each token was sampled from; *reused: where it started. */
+static int pc_request(krun_pcache *c, krun_model *r, const int32_t *p, size_t n, size_t pre, const ksampler_opts *so,
+                      int32_t *ids, float *lg, size_t *reused)
+{
+    krun_session *s;
+    krun_err e;
+    const size_t V = (size_t)krun_model_config(r)->vocab;
+    *reused = 0;
+    if (c ? krun_pcache_begin(c, p, n, pre, &s, reused, &e) : krun_session_new(r, &s, &e)) goto bad;
+    krun_session_set_sampler(s, so);
+    if (*reused < n && krun_session_feed(s, p + *reused, n - *reused, NULL, &e)) goto bad;
+    if (c) krun_pcache_keep(c, s);
+    for (int g = 0; g < PC_GEN; g++) {
+        memcpy(lg + (size_t)g * V, krun_session_logits(s), V * sizeof *lg);
+        ids[g] = krun_session_sample(s);
+        if (g + 1 < PC_GEN && krun_session_feed(s, &ids[g], 1, NULL, &e)) goto bad;
+    }
+    if (c) krun_pcache_end(c, s);
+    else krun_session_free(s);
+    return 0;
+bad:
+    printf("not ok - pcache request: %s\n", e.msg);
+    fails++;
+    return -1;
+}
+
+static void check_pcache(const char *path, const char *mem)
+{
+    /* chunk 4; the preamble (7 positions) ends inside a block */
+    static const int32_t sys[] = {3, 7, 11, 5, 9, 100, 200};
+    const size_t pre = sizeof sys / sizeof *sys;
+    char dir[] = "/tmp/probe_pcache.XXXXXX";
+    const char *label = mem ? mem : "in place";
+    krun_model *m = NULL, *r = NULL;
+    krun_pcache *c = NULL;
+    krun_pcache_stats st;
+    krun_err e;
+    float *lg = NULL, *lr = NULL;
+    int32_t ids[PC_GEN], rid[PC_GEN], p[PC_MAX], q[PC_MAX];
+    size_t n1, n2, used, ru;
+    ksampler_opts greedy = {.top_p = 1.0f}, warm = {.temp = 0.8f, .top_p = 1.0f, .seed = 5};
+    if (!mkdtemp(dir)) { printf("not ok - pcache: mkdtemp\n"); fails++; return; }
+    g_cache = 1;
+    if (open_model(path, mem, 64, 4, 3, &m)) { g_cache = 0; goto rm; }
+    g_cache = 0;
+    if (open_model(path, mem, 64, 4, 1, &r)) goto out;
+    {
+        const size_t V = (size_t)krun_model_config(r)->vocab;
+        krun_pcache_opts o = {dir, 0, 1, stderr, "probe_session"};
+        lg = malloc(PC_GEN * V * sizeof *lg);
+        lr = malloc(PC_GEN * V * sizeof *lr);
+        if (!lg || !lr || krun_pcache_open(m, &o, &c, &e)) { printf("not ok - pcache open: %s\n", lg && lr ? e.msg : "memory"); fails++; goto out; }
+#define SAME(what, ...) OK(!memcmp(ids, rid, sizeof ids) && !memcmp(lg, lr, PC_GEN * V * sizeof *lg), "%s: " what \
+                           ": every logit and id == the request alone", label, __VA_ARGS__)
+        /* 1: the preamble, a question: nothing kept yet */
+        memcpy(p, sys, sizeof sys);
+        for (size_t i = 0; i < 6; i++) p[pre + i] = (int32_t)(40 + 3 * i);
+        n1 = pre + 6;
+        if (pc_request(c, r, p, n1, pre, &greedy, ids, lg, &used) || pc_request(NULL, r, p, n1, 0, &greedy, rid, lr, &ru)) goto out;
+        SAME("request 1 (%zu positions, nothing kept: started at %zu)", n1, used);
+        OK(used == 0, "pcache: the first request starts at 0 (%zu)", used);
+        /* 2: request 1 continued as a client sends it back: its prompt, its reply but the sampled
+         * last token... (entry b: the reply's end), at temperature 0.8 */
+        memcpy(q, p, n1 * sizeof *p);
+        memcpy(q + n1, ids, PC_GEN * sizeof *ids);
+        n2 = n1 + PC_GEN;
+        q[n2++] = 17; q[n2++] = 18; q[n2++] = 19;
+        if (pc_request(c, r, q, n2, pre, &warm, ids, lg, &used) || pc_request(NULL, r, q, n2, 0, &warm, rid, lr, &ru)) goto out;
+        SAME("request 2 continues request 1's reply, temperature 0.8 (started at %zu of %zu)", used, n2);
+        OK(used == n1 + PC_GEN - 1, "pcache: request 2 starts at the end of request 1's reply (%zu == %zu)", used, n1 + PC_GEN - 1);
+        /* 3: the same preamble, another question: entry c, a snapshot inside a block */
+        p[pre] = 77;
+        if (pc_request(c, r, p, n1, pre, &greedy, ids, lg, &used) || pc_request(NULL, r, p, n1, 0, &greedy, rid, lr, &ru)) goto out;
+        SAME("request 3 shares request 1's preamble (started at %zu)", used);
+        OK(used == pre, "pcache: request 3 starts at the end of the preamble (%zu == %zu, inside a block of 4)", used, pre);
+        /* 4: request 3's prompt again: entry a, with its logits: nothing run */
+        if (pc_request(c, r, p, n1, pre, &greedy, ids, lg, &used) || pc_request(NULL, r, p, n1, 0, &greedy, rid, lr, &ru)) goto out;
+        SAME("request 4 == request 3's prompt (started at %zu of %zu)", used, n1);
+        OK(used == n1, "pcache: request 4 runs none of its prompt (the kept logits)");
+        /* 5: a new cache over the same directory (RAM forgotten): request 2 again, from its file */
+        krun_pcache_close(c);
+        c = NULL;
+        if (krun_pcache_open(m, &o, &c, &e)) { printf("not ok - pcache reopen: %s\n", e.msg); fails++; goto out; }
+        for (size_t k = 0; k < krun_model_slots(m); k++) krun_session_reset(krun_model_slot(m, k));
+        if (pc_request(c, r, q, n2, pre, &warm, ids, lg, &used) || pc_request(NULL, r, q, n2, 0, &warm, rid, lr, &ru)) goto out;
+        krun_pcache_get_stats(c, &st);
+        SAME("request 2 again after a reopen, from the disk (started at %zu)", used);
+        OK(used == n2 && st.hits_disk == 1 && st.damaged == 0, "pcache: after a reopen request 2's prompt comes from its file (%zu of %zu, %llu from disk)",
+           used, n2, (unsigned long long)st.hits_disk);
+#undef SAME
+    }
+out:
+    krun_pcache_close(c);
+    if (r) krun_model_close(r);
+    if (m) krun_model_close(m);
+    free(lg);
+    free(lr);
+rm:
+    {
+        char cmd[128];
+        snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+        if (system(cmd) != 0) printf("# could not remove %s\n", dir);
+    }
 }
 
 /* ---- spec: verification blocks == plain decoding ---------------------------------- */
@@ -791,7 +1185,7 @@ static void check_sampler(const char *path, const char *mem)
 int main(int argc, char **argv)
 {
     const char *mem = NULL;
-    if (argc < 3) { fprintf(stderr, "usage: probe_session memory|allocs|batch|spec|phases|sampler FILE.kpk [--mem SIZE] [--spec N] [--ctx N] [--quick] "
+    if (argc < 3) { fprintf(stderr, "usage: probe_session memory|allocs|batch|copy|mark|pcache|spec|phases|sampler FILE.kpk [--mem SIZE] [--spec N] [--ctx N] [--quick] "
                         "[--temp T --top-k K --top-p P --min-p P --seed S --penalties --mask]\n"); return 2; }
     ksampler_opts_init(&g_so);
     for (int i = 3; i < argc; i += 2) {
@@ -821,6 +1215,9 @@ int main(int argc, char **argv)
     else if (!strcmp(argv[1], "allocs")) check_allocs(argv[2], mem);
     else if (!strcmp(argv[1], "batch")) check_batch(argv[2], mem);
     else if (!strcmp(argv[1], "spec")) check_spec(argv[2], mem);
+    else if (!strcmp(argv[1], "copy")) check_copy(argv[2], mem);
+    else if (!strcmp(argv[1], "mark")) check_mark(argv[2], mem);
+    else if (!strcmp(argv[1], "pcache")) check_pcache(argv[2], mem);
     else if (!strcmp(argv[1], "phases")) check_phases(argv[2], mem);
     else if (!strcmp(argv[1], "sampler")) check_sampler(argv[2], mem);
     else { fprintf(stderr, "probe_session: unknown check %s\n", argv[1]); return 2; }

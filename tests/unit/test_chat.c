@@ -422,6 +422,44 @@ static void test_prefix(const ktok *tk, const char *label)
     if (tk) CHECK(closing_ok, "kchat_parser_closing completes a cut reply to the rendering of what was kept (%s)", label);
 }
 
+/* The preamble: the header (tools, effort) and the system messages that open the conversation,
+ * a prefix of every rendering that shares them (the prefix cache keeps the state there). */
+static void test_preamble(const ktok *tk)
+{
+    static const kchat_message two_sys[] = {
+        {.role = KCHAT_SYSTEM, .content = "Be brief.", .content_len = 9},
+        {.role = KCHAT_SYSTEM, .content = "Use metric units.", .content_len = 17},
+        {.role = KCHAT_USER, .content = "Hi", .content_len = 2},
+        {.role = KCHAT_SYSTEM, .content = "Late.", .content_len = 5},
+    };
+    static const kchat_message user_first[] = {
+        {.role = KCHAT_USER, .content = "Hi", .content_len = 2},
+        {.role = KCHAT_SYSTEM, .content = "Late.", .content_len = 5},
+    };
+    krun_err err;
+    int ok = 1;
+    for (int v = 0; v < 4; v++) {
+        kchat_options o = opts(v & 1, KCHAT_EFFORT_LOW), bare = o;
+        kchat_rendering full, uf, head, sys, cont;
+        if (v & 2) o.tools_json = bare.tools_json = "[{\"type\":\"function\",\"function\":{\"name\":\"lookup\"}}]";
+        bare.add_generation_prompt = 0;
+        if (kchat_render(tk, two_sys, 4, &o, &full, &err) || kchat_render(tk, user_first, 2, &o, &uf, &err) ||
+            kchat_render(tk, two_sys, 2, &bare, &sys, &err) || kchat_render(tk, two_sys, 0, &bare, &head, &err) ||
+            kchat_render_continue(tk, two_sys, 4, 2, &o, &cont, &err))
+            die(err.msg);
+        ok &= full.n_preamble == sys.n_ids && !memcmp(full.ids, sys.ids, sys.n_ids * sizeof *sys.ids) && sys.n_ids < full.n_ids;
+        ok &= uf.n_preamble == head.n_ids && !memcmp(uf.ids, head.ids, head.n_ids * sizeof *head.ids);
+        ok &= cont.n_preamble == 0 && (v ? head.n_ids > 0 : head.n_ids == 0);
+        kchat_rendering_free(&full);
+        kchat_rendering_free(&uf);
+        kchat_rendering_free(&sys);
+        kchat_rendering_free(&head);
+        kchat_rendering_free(&cont);
+    }
+    CHECK(ok, "n_preamble: the tool declaration, the effort message and the leading system messages (not a later one), a prefix "
+              "of the rendering; the header alone when a user message comes first; 0 in a continuation (thinking on and off, tools or not)");
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* the golden vectors and id-level checks                                                     */
 
@@ -555,6 +593,7 @@ int main(void)
     test_vectors(tk, path);
     test_ids(tk);
     test_prefix(tk, "ids");
+    test_preamble(tk);
     ktok_free(tk);
     return check_exit();
 }

@@ -407,7 +407,7 @@ static void test_responses(void)
     const char *ids[] = {"call_a", "call_b"};
     oai_chat_result r = {.content = "Hi \xFF there", .content_len = 10, .reasoning = "hmm", .reasoning_len = 3,
                          .calls = calls, .n_calls = 2, .call_ids = ids, .finish_reason = "tool_calls",
-                         .prompt_tokens = 12, .completion_tokens = 30};
+                         .prompt_tokens = 12, .completion_tokens = 30, .cached_tokens = 5};
     char *s = oai_chat_response(&m, &r);
     json_t *o = s ? json_loads(s, 0, NULL) : NULL, *c0 = json_array_get(json_object_get(o, "choices"), 0),
            *msg = json_object_get(c0, "message"), *tc = json_object_get(msg, "tool_calls"), *u = json_object_get(o, "usage");
@@ -425,9 +425,10 @@ static void test_responses(void)
           !strcmp(json_string_value(json_object_get(json_object_get(json_array_get(tc, 0), "function"), "name")), "get_weather") &&
           !strcmp(json_string_value(json_object_get(json_object_get(json_array_get(tc, 0), "function"), "arguments")), "{\"city\":\"Paris\"}") &&
           json_integer_value(json_object_get(u, "prompt_tokens")) == 12 && json_integer_value(json_object_get(u, "completion_tokens")) == 30 &&
-          json_integer_value(json_object_get(u, "total_tokens")) == 42,
+          json_integer_value(json_object_get(u, "total_tokens")) == 42 &&
+          json_integer_value(json_object_get(json_object_get(u, "prompt_tokens_details"), "cached_tokens")) == 5,
           "chat.completion: id, object, created, model, message (content with U+FFFD for a bad byte, reasoning_content, "
-          "tool_calls), finish_reason, usage");
+          "tool_calls), finish_reason, usage (with prompt_tokens_details.cached_tokens)");
     json_decref(o);
     free(s);
     oai_chat_result r2 = {.content = "", .content_len = 0, .calls = calls, .n_calls = 1, .call_ids = ids, .finish_reason = "tool_calls"};
@@ -439,14 +440,15 @@ static void test_responses(void)
     json_decref(o);
     free(s);
 
-    s = oai_completion_response(&m, "text", 4, "length", 3, 4);
+    s = oai_completion_response(&m, "text", 4, "length", 3, 4, 2);
     o = s ? json_loads(s, 0, NULL) : NULL;
     c0 = json_array_get(json_object_get(o, "choices"), 0);
     CHECK(o && !strcmp(json_string_value(json_object_get(o, "object")), "text_completion") &&
           !strcmp(json_string_value(json_object_get(c0, "text")), "text") &&
           !strcmp(json_string_value(json_object_get(c0, "finish_reason")), "length") &&
-          json_integer_value(json_object_get(json_object_get(o, "usage"), "total_tokens")) == 7,
-          "text_completion: text, finish_reason, usage");
+          json_integer_value(json_object_get(json_object_get(o, "usage"), "total_tokens")) == 7 &&
+          json_integer_value(json_object_get(json_object_get(json_object_get(o, "usage"), "prompt_tokens_details"), "cached_tokens")) == 2,
+          "text_completion: text, finish_reason, usage (cached_tokens)");
     json_decref(o);
     free(s);
 
@@ -519,7 +521,7 @@ static void test_stream(void)
     kchat_parser_finish(p, client_event, &c);
     const char *fr = kchat_finish_reason(kchat_parser_where(p), kchat_parser_n_calls(p));
     client_chunk(&c, oai_sse_chat_finish(&m, fr));
-    char *u = oai_sse_usage(&m, 1, 10, 20);
+    char *u = oai_sse_usage(&m, 1, 10, 20, 0);
     json_t *uo = sse_json(u);
     kchat_parser_free(p);
     kchat_reply whole;
