@@ -296,8 +296,11 @@ static size_t draft_locked(srv_engine *e, sreq *r, size_t k, size_t rows, size_t
     if (max > rows - 1) max = rows - 1;
     if (max > budget) max = budget;
     if (max > left) max = left;
-    for (size_t j = 0; j < e->n_active; j++) others[j] = e->active[j]->s;
-    return krun_session_draft(r->s, r->next, max, others, e->n_active, e->drafts + k * e->spec);
+    size_t n_others = 0;
+    for (size_t j = 0; j < e->n_active; j++) others[n_others++] = e->active[j]->s;
+    /* and the conversations the prefix cache keeps in RAM (idle slots: active + idle <= max_seqs) */
+    if (e->cache) n_others += krun_pcache_ram_entries(e->cache, others + n_others, KRUN_MAX_SEQS - n_others);
+    return krun_session_draft(r->s, r->next, max, others, n_others, e->drafts + k * e->spec);
 }
 
 /* The sweep: every decoding sequence's next token, then its drafts (while the journal has

@@ -416,6 +416,18 @@ void krun_pcache_get_stats(krun_pcache *c, krun_pcache_stats *st)
     pthread_mutex_unlock(&c->mu);
 }
 
+size_t krun_pcache_ram_entries(krun_pcache *c, krun_session **out, size_t max)
+{
+    size_t n = 0;
+    pthread_mutex_lock(&c->mu);
+    for (size_t k = 0; k < c->n_slots && n < max; k++) {
+        const pc_slot *p = &c->slots[k];
+        if (p->kind && !krun_session_live(p->s)) out[n++] = p->s;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return n;
+}
+
 /* ---- finding an entry ------------------------------------------------------------- */
 
 /* May an entry of pos positions (logits or not) serve a history of n? */

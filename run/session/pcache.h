@@ -90,6 +90,11 @@ void krun_pcache_keep(krun_pcache *c, krun_session *s);
 void krun_pcache_end(krun_pcache *c, krun_session *s);
 
 void krun_pcache_get_stats(krun_pcache *c, krun_pcache_stats *st);
+/* The entries held in RAM (idle slots) as sessions whose histories a drafter
+ * may read (krun_session_draft's others[]): up to max of them into out.  Not
+ * live: only their tokens are to be read, in the engine's thread, until its
+ * next begin, keep or end. */
+size_t krun_pcache_ram_entries(krun_pcache *c, krun_session **out, size_t max);
 /* The entries' directory (DIR/k3-...), or NULL. */
 const char *krun_pcache_dir(const krun_pcache *c);
 

@@ -699,11 +699,12 @@ size_t krun_session_draft(krun_session *s, int32_t id, size_t max, krun_session 
     s->tokens[n] = id;             /* the history as it will be once id runs (the slot is id's) */
     k = kspec_draft(&s->drafter, s->tokens, n + 1, max, m->stop, m->n_stop, out);
     if (k) return k;
-    /* nothing in its own history: what another live conversation says follows */
+    /* nothing in its own history: what another conversation (live, or an entry of the prefix
+     * cache: an idle slot whose history stays) says follows */
     for (size_t i = 0; i < n_others; i++) {
         int32_t tmp[KSPEC_MAX_DRAFT];
         const krun_session *o = others[i];
-        if (o == s || o->m != m || !o->live) continue;
+        if (o == s || o->m != m || !o->n_tokens) continue;
         k = kspec_draft_from(&s->drafter, s->tokens, n + 1, o->tokens, o->n_tokens, max, m->stop, m->n_stop, tmp);
         if (k > best) { best = k; memcpy(out, tmp, k * sizeof *out); }
     }

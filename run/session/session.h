@@ -338,8 +338,9 @@ void krun_session_drop_pending(krun_session *s);
  * proposes up to max drafts for the tokens after id (the token the caller
  * sampled and will step): from the session's own history (its prompt
  * included) with its adaptive drafter (spec.h), else from the histories of
- * others[] (other live sessions: the longest continuation any of them
- * offers, by the same evidence rule); 0 when nothing is evidence.
+ * others[] (other live sessions, or the prefix cache's entries
+ * (krun_pcache_ram_entries): the longest continuation any of them offers, by
+ * the same evidence rule); 0 when nothing is evidence.
  * krun_step_batch_verify is krun_step_batch where session k's id is followed
  * by its drafts[k][0..nd[k]) (nd[k] = 0: a plain step; a session with drafts
  * must have no pending tokens): one forward block in which the verification

@@ -6,7 +6,8 @@
 # on text that repeats (drafts
 # accepted and rejected) and on text that does not (nothing drafted); a request's
 # "speculative" field turns it off or lowers it; drafts come from another live conversation
-# (a request continuing text another request holds in its prompt); /health and the request log
+# (a request continuing text another request holds in its prompt) and from the conversations the
+# prefix cache keeps (nothing live); /health and the request log
 # line carry the acceptance statistics.
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/serve_lib.sh"
@@ -96,7 +97,8 @@ P = [3, 7, 11, 5, 9, 100, 200, 30]
 json.dump([{"path": "/v1/completions", "body": {"prompt": P[i:] + P[:i], "max_tokens": 40, "temperature": t, "seed": 4, "ignore_eos": True}}
            for i, t in enumerate((0, 0.7, 1))], open(sys.argv[1], "w"))
 PY
-same_as_plain flat "$T/m.kpk" "$T/flat.json" --quiet
+# (without the prefix cache: its entries of the "alone" run would be evidence for the "at once" one)
+same_as_plain flat "$T/m.kpk" "$T/flat.json" --quiet --no-cache
 python3 - "$T/flat.spec.json" <<'PY' && ok "no repetition: nothing drafted" || notok "no repetition: drafts were made"
 import json, sys
 b = json.load(open(sys.argv[1]))
@@ -152,8 +154,21 @@ a, d, v = out[1]
 assert a >= 20 and a == d, out                 # greedy continuation of the other's prompt: every draft stands
 a3, d3, v3 = out[4]
 assert d3 > 0 and d3 <= 3 * v3, out
+# nothing live now: the conversations the prefix cache keeps in RAM are the evidence (Q + G among them)
+import time
+for _ in range(200):
+    if c.health(port)["live_sequences"] == 0: break
+    time.sleep(0.05)
+assert c.health(port)["live_sequences"] == 0
+h0 = spec()
+s, _, j = c.post(port, "/v1/completions", b())
+h1 = spec()
+assert s == 200 and j["choices"][0]["token_ids"] == G, j
+dc, ac = h1["drafted"] - h0["drafted"], h1["accepted"] - h0["accepted"]
+assert dc >= 20 and ac == dc, (dc, ac)
 print(f'drafts from another live conversation: {a} of {d} accepted in {v} verifications (alone: none drafted); '
-      f'"speculative": false and 0 draft nothing, 3 at most 3 a verification ({d3} in {v3}); bad values 400; ids == krun')
+      f'"speculative": false and 0 draft nothing, 3 at most 3 a verification ({d3} in {v3}); bad values 400; ids == krun; '
+      f'from the prefix cache\'s conversations, nothing live: {ac} of {dc} accepted')
 PY
     stop
 }
