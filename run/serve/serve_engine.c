@@ -990,7 +990,18 @@ char *srv_engine_metrics(srv_engine *e)
     metric(&b, "queue_depth", "gauge", "Requests waiting for a sequence.", (double)e->n_queued);
     metric(&b, "live_sequences", "gauge", "Sequences running.", (double)e->n_active);
     metric(&b, "damaged", "gauge", "1 when the model file was found damaged.", e->damaged);
+    metric(&b, "cached_prompt_tokens_total", "counter", "Prompt tokens served by the prefix cache (not run).", (double)e->st.cached_tokens);
+    metric(&b, "speculation_verifications_total", "counter", "Sequences that verified drafts in a sweep.", (double)e->st.verifications);
+    metric(&b, "speculation_drafted_total", "counter", "Draft tokens verified.", (double)e->st.drafted);
+    metric(&b, "speculation_accepted_total", "counter", "Draft tokens kept (part of generated_tokens_total).", (double)e->st.accepted);
     pthread_mutex_unlock(&e->mu);
+    if (e->cache) {
+        krun_pcache_stats cs;
+        krun_pcache_get_stats(e->cache, &cs);
+        metric(&b, "prefix_cache_lookups_total", "counter", "Requests that looked for a kept state.", (double)cs.lookups);
+        metric(&b, "prefix_cache_hits_total", "counter", "Requests started from a kept state.", (double)cs.hits);
+        metric(&b, "prefix_cache_disk_hits_total", "counter", "Requests started from a kept state read from disk.", (double)cs.hits_disk);
+    }
     kbuf_puts(&b, "# HELP krun_bytes_read_total Bytes read from the model file, by kind.\n# TYPE krun_bytes_read_total counter\n");
     {
         static const char *const kind[] = {"trunk", "head", "experts", "globals", "resident"};

@@ -166,9 +166,19 @@ h1 = spec()
 assert s == 200 and j["choices"][0]["token_ids"] == G, j
 dc, ac = h1["drafted"] - h0["drafted"], h1["accepted"] - h0["accepted"]
 assert dc >= 20 and ac == dc, (dc, ac)
+# /metrics says what /health says
+h = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+h.request("GET", "/metrics")
+mt = h.getresponse().read().decode()
+mv = {l.split()[0]: float(l.split()[1]) for l in mt.splitlines() if l.startswith("krun_")}
+sp, hs = spec(), c.health(port)
+assert mv["krun_speculation_drafted_total"] == sp["drafted"] and mv["krun_speculation_accepted_total"] == sp["accepted"] \
+    and mv["krun_speculation_verifications_total"] == sp["verifications"], (mv, sp)
+assert mv["krun_cached_prompt_tokens_total"] == hs["stats"]["cached_tokens"] > 0, (mv, hs["stats"])
+assert mv["krun_prefix_cache_hits_total"] == hs["prefix_cache"]["hits"] > 0, (mv, hs.get("prefix_cache"))
 print(f'drafts from another live conversation: {a} of {d} accepted in {v} verifications (alone: none drafted); '
       f'"speculative": false and 0 draft nothing, 3 at most 3 a verification ({d3} in {v3}); bad values 400; ids == krun; '
-      f'from the prefix cache\'s conversations, nothing live: {ac} of {dc} accepted')
+      f'from the prefix cache\'s conversations, nothing live: {ac} of {dc} accepted; /metrics == /health')
 PY
     stop
 }
