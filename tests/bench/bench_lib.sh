@@ -64,3 +64,20 @@ machine() {
     echo "runs per figure: $RUNS (medians); page cache dropped before every run: $([ "$CAN_DROP" = 1 ] && echo yes || echo NO), then ${SETTLE} s settle"
     echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg) (other work on the machine makes the figures noisier)"
 }
+
+# bench_serve_start ERRFILE CMD...: CMD (a krun serve with --port 0) in the
+# background, its stderr in ERRFILE; sets pid, and port once it listens
+# (empty, returning 1, when it exits or does not listen within 60 s).
+bench_serve_start() {
+    local err=$1; shift
+    "$@" >/dev/null 2>"$err" &
+    pid=$!
+    port=
+    for _ in $(seq 600); do
+        port=$(sed -n 's/.*listening on http:\/\/.*:\([0-9]*\)$/\1/p; s/.*listening on port \([0-9]*\)$/\1/p' "$err" 2>/dev/null)
+        [ -n "$port" ] && return 0
+        kill -0 $pid 2>/dev/null || break
+        sleep 0.1
+    done
+    return 1
+}

@@ -48,15 +48,7 @@ batching() {
         if [ $((round % 2)) -eq 1 ]; then order="1 2 4 8"; else order="8 4 2 1"; fi
         for B in $order; do
             drop
-            "$BIN/krun" serve "$W/slice.kpk" "$@" --max-seqs 8 --ctx 64 --io direct --port 0 --quiet >/dev/null 2>"$W/serve.err" &
-            pid=$!
-            port=
-            for _ in $(seq 600); do
-                port=$(sed -n 's/.*listening on port \([0-9]*\)$/\1/p' "$W/serve.err" 2>/dev/null)
-                [ -n "$port" ] && break
-                kill -0 $pid 2>/dev/null || break
-                sleep 0.1
-            done
+            bench_serve_start "$W/serve.err" "$BIN/krun" serve "$W/slice.kpk" "$@" --max-seqs 8 --ctx 64 --io direct --port 0 --quiet
             if [ -z "$port" ]; then echo "server did not start: $(head -c 300 "$W/serve.err")"; kill $pid 2>/dev/null; wait $pid; continue; fi
             python3 - "$port" "$B" "$GEN" "$round" >>"$W/serve.jsonl" <<'PY' || echo "run B=$B failed"
 import json, sys, threading, time, serve_client as c

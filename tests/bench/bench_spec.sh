@@ -159,15 +159,7 @@ for r in $(seq 1 "$RUNS"); do
     if [ $((r % 2)) -eq 1 ]; then order="0 8"; else order="8 0"; fi
     for sp in $order; do
         drop
-        "$BIN/krun" serve "$W/spec.kpk" $SPLIT --max-seqs 4 --ctx $((8 + LEAD + GEN + 8)) --spec "$sp" --port 0 >/dev/null 2>"$W/serve.err" &
-        pid=$!
-        port=
-        for _ in $(seq 600); do
-            port=$(sed -n 's/.*listening on http:\/\/.*:\([0-9]*\)$/\1/p' "$W/serve.err" 2>/dev/null)
-            [ -n "$port" ] && break
-            kill -0 $pid 2>/dev/null || break
-            sleep 0.1
-        done
+        bench_serve_start "$W/serve.err" "$BIN/krun" serve "$W/spec.kpk" $SPLIT --max-seqs 4 --ctx $((8 + LEAD + GEN + 8)) --spec "$sp" --port 0
         if [ -z "$port" ]; then echo "FAILED: the server did not start: $(head -c 300 "$W/serve.err")"; rc=1; kill $pid 2>/dev/null; wait $pid; continue; fi
         python3 - "$port" "$sp" "$r" "$GEN" "$REPEAT" "$NOREP" >>"$W/serve.jsonl" <<'PY' || { echo "FAILED: serve --spec $sp"; rc=1; }
 import json, sys, threading, time, serve_client as c
