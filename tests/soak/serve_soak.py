@@ -104,8 +104,8 @@ def completion_prompt(rng, vocab_hint=160000):
 
 
 # Every field the server accepts: (name, endpoints, probability it is given, value drawer).  The
-# drawer gets (rng, body so far) and returns the value (or the sentinel OMIT).  n, logprobs and
-# response schemas are not served yet: when they are, they are one line each here.
+# drawer gets (rng, body so far) and returns the value (or the sentinel OMIT): logprobs,
+# penalties, response schemas (constrained decoding) and speculation included; n stays 1.
 OMIT = object()
 
 
@@ -155,12 +155,17 @@ FIELDS = [
     ("reasoning_effort", "chat", 0.4, lambda rng, b: rng.choice(["none", "minimal", "low", "medium", "high", "xhigh", "max"])),
     ("chat_template_kwargs", "chat", 0.1, lambda rng, b: {"thinking": rng.random() < 0.5,
                                                          "thinking_effort": rng.choice(["low", "high", "max", None])}),
-    ("n", "both", 0.05, lambda rng, b: 1),
-    ("logprobs", "both", 0.05, lambda rng, b: False),
-    ("frequency_penalty", "both", 0.05, lambda rng, b: 0),
-    ("presence_penalty", "both", 0.05, lambda rng, b: 0),
+    ("n", "both", 0.05, lambda rng, b: 1),   # n > 1 sums usage over its choices: the checks here are per choice
+    ("logprobs", "both", 0.1, lambda rng, b: False if b.get("stream") else (rng.random() < 0.7 if "messages" in b else rng.randint(0, 5))),
+    ("top_logprobs", "chat", 0.5, lambda rng, b: rng.randint(0, 20) if b.get("logprobs") is True else OMIT),
+    ("frequency_penalty", "both", 0.1, lambda rng, b: rng.choice([0, -1.5, 0.5, 2])),
+    ("presence_penalty", "both", 0.1, lambda rng, b: rng.choice([0, -0.5, 1, 2])),
+    ("repetition_penalty", "both", 0.05, lambda rng, b: rng.choice([1, 0.8, 1.3])),
+    ("speculative", "both", 0.1, lambda rng, b: rng.choice([True, False, 0, 1, 8, 64])),
     ("logit_bias", "both", 0.03, lambda rng, b: {}),
-    ("response_format", "chat", 0.05, lambda rng, b: {"type": "text"}),
+    ("response_format", "chat", 0.1, lambda rng, b: rng.choice([{"type": "text"}, {"type": "json_object"},
+        {"type": "json_schema", "json_schema": {"name": "r", "strict": True, "schema": {"type": "object", "properties": {
+            "a": {"type": "string", "maxLength": 8}, "b": {"enum": [1, 2, 3]}}, "required": ["a", "b"], "additionalProperties": False}}}])),
     ("echo", "completions", 0.05, lambda rng, b: False),
     ("best_of", "completions", 0.05, lambda rng, b: 1),
     ("user", "both", 0.05, lambda rng, b: "soak"),            # unknown to krun: ignored
