@@ -428,6 +428,9 @@ class Soak:
                 body = dict(body)
                 body["stream"] = rng.random() < 0.5
                 body.pop("stream_options", None)
+                if body["stream"]:                       # logprobs are not streamed (a 400); they change no token
+                    body.pop("logprobs", None)
+                    body.pop("top_logprobs", None)
                 if body["stream"] and rng.random() < 0.7:
                     body["stream_options"] = {"include_usage": True}
                 return path, body, True
