@@ -231,6 +231,7 @@ int krun_batch_main(int argc, char **argv)
         goto out;
     }
     krun_cli_model_opts(&o.c, o.model, budget, &mo);
+    mo.extra_bytes += srv_echo_bytes(krun_model_config(m));   /* echo's prompt logits (serve.h) */
     if (o.auto_seqs) {
         size_t runnable = 0;
         for (size_t k = 0; k < in.n; k++) runnable += !in.items[k].bad;

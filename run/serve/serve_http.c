@@ -124,6 +124,79 @@ static void stream_free(void *cls)
     free(s);
 }
 
+/* n > 1 streamed: the choices' events interleaved as they come (each chunk names its choice's
+ * index), then the usage (prompt once, completion tokens summed) and [DONE], once. */
+typedef struct {
+    srv_http *h;
+    sreq *rs[OAI_MAX_N];
+    size_t n;
+    int cur, nl;               /* srv_read_choices' */
+    int tail;                  /* the usage and [DONE] were sent */
+    kbuf left;                 /* ... what of them did not fit */
+} choices_ctx;
+
+static ssize_t choices_read(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    choices_ctx *s = cls;
+    long n;
+    (void)pos;
+    if (!s->tail) {
+        n = srv_read_choices(s->h->e, s->rs, s->n, &s->cur, &s->nl, buf, max);
+        if (n > 0) return n;
+        if (n < 0) return MHD_CONTENT_READER_END_WITH_ERROR;
+        {
+            long pt, ct, cached;
+            const sgen_opts *o;
+            srv_choices_usage(s->h->e, s->rs, s->n, &pt, &ct, &cached, &o);
+            if (o->include_usage) {
+                char *u = oai_sse_usage(&o->meta, o->chat, pt, ct, cached);
+                if (!u) return MHD_CONTENT_READER_END_WITH_ERROR;
+                kbuf_puts(&s->left, u);
+                free(u);
+            }
+            kbuf_puts(&s->left, OAI_SSE_DONE);
+            if (s->left.oom) return MHD_CONTENT_READER_END_WITH_ERROR;
+            s->tail = 1;
+        }
+    }
+    if (!s->left.n) return MHD_CONTENT_READER_END_OF_STREAM;
+    n = (long)(s->left.n < max ? s->left.n : max);
+    memcpy(buf, s->left.p, (size_t)n);
+    memmove(s->left.p, s->left.p + n, s->left.n - (size_t)n);
+    s->left.n -= (size_t)n;
+    return n;
+}
+
+static void choices_free(void *cls)
+{
+    choices_ctx *s = cls;
+    for (size_t i = 0; i < s->n; i++) srv_release(s->h->e, s->rs[i]);
+    kbuf_free(&s->left);
+    free(s);
+}
+
+static enum MHD_Result reply_stream_choices(srv_http *h, struct MHD_Connection *c, sreq *r, sreq *const *more, size_t n_more)
+{
+    choices_ctx *s = calloc(1, sizeof *s);
+    struct MHD_Response *resp;
+    enum MHD_Result rc;
+    if (!s) return MHD_NO;
+    s->h = h;
+    s->cur = -1;
+    s->rs[0] = r;
+    for (size_t i = 0; i < n_more; i++) s->rs[1 + i] = more[i];
+    s->n = 1 + n_more;
+    resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, choices_read, s, choices_free);
+    if (!resp) { free(s); return MHD_NO; }
+    for (size_t i = 0; i < s->n; i++) srv_retain(h->e, s->rs[i]);   /* the response's references (choices_free) */
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    MHD_add_response_header(resp, "X-Accel-Buffering", "no");
+    rc = queue(c, MHD_HTTP_OK, resp);
+    MHD_destroy_response(resp);
+    return rc;
+}
+
 static enum MHD_Result reply_stream(srv_http *h, struct MHD_Connection *c, sreq *r)
 {
     stream_ctx *s = malloc(sizeof *s);
@@ -158,7 +231,7 @@ static void request_id(srv_http *h, const char *prefix, char *out, size_t len)
 static char *merge_choices(char **bodies, size_t n)
 {
     json_t *o = json_loads(bodies[0], JSON_ALLOW_NUL, NULL), *all = json_array();
-    json_int_t ct = 0, pt = 0;
+    json_int_t ct = 0, pt = 0, cached = 0;
     char *s = NULL;
     int bad = !o || !all;
     for (size_t i = 0; !bad && i < n; i++) {
@@ -166,11 +239,15 @@ static char *merge_choices(char **bodies, size_t n)
         json_t *ch = json_array_get(json_object_get(b, "choices"), 0), *u = json_object_get(b, "usage");
         bad = !ch || json_object_set_new(ch, "index", json_integer((json_int_t)i)) || json_array_append(all, ch);
         ct += json_integer_value(json_object_get(u, "completion_tokens"));
-        pt = json_integer_value(json_object_get(u, "prompt_tokens"));
+        if (!i) {          /* the prompt once, as OpenAI counts it: choice 0's (the others copied its state) */
+            pt = json_integer_value(json_object_get(u, "prompt_tokens"));
+            cached = json_integer_value(json_object_get(json_object_get(u, "prompt_tokens_details"), "cached_tokens"));
+        }
         json_decref(b);
     }
     if (!bad) bad = json_object_set(o, "choices", all) ||
-                    json_object_set_new(o, "usage", json_pack("{sIsIsI}", "prompt_tokens", pt, "completion_tokens", ct, "total_tokens", pt + ct));
+                    json_object_set_new(o, "usage", json_pack("{sIsIsIs{sI}}", "prompt_tokens", pt, "completion_tokens", ct, "total_tokens", pt + ct,
+                                                          "prompt_tokens_details", "cached_tokens", cached));
     if (!bad) s = json_dumps(o, JSON_COMPACT);
     json_decref(all);
     json_decref(o);
@@ -186,6 +263,29 @@ static enum MHD_Result run_request(srv_http *h, struct MHD_Connection *c, conn *
     r->client_probe = !k->http_1_0;
     k->req = r;
     if (srv_submit(h->e, r, &err)) return reply_error(c, &err, !strcmp(err.code ? err.code : "", "server_busy") ? srv_retry_after(h->e) : 0);
+    if (k->n_more && r->stream) {
+        /* n choices streamed: the stream starts (200) with choice 0's first event */
+        int status;
+        for (size_t i = 0; i < k->n_more; i++) {
+            k->more[i]->client_fd = r->client_fd;
+            k->more[i]->client_probe = r->client_probe;
+            if (srv_submit(h->e, k->more[i], &err)) {
+                srv_cancel(h->e, r);
+                for (size_t j = 0; j < i; j++) srv_cancel(h->e, k->more[j]);
+                return reply_error(c, &err, !strcmp(err.code ? err.code : "", "server_busy") ? srv_retry_after(h->e) : 0);
+            }
+        }
+        status = srv_wait_started(h->e, r);
+        if (status == 200) return reply_stream_choices(h, c, r, k->more, k->n_more);
+        for (size_t i = 0; i < k->n_more; i++) srv_cancel(h->e, k->more[i]);
+        if (status < 0) return MHD_NO;                     /* the client hung up */
+        {
+            char *body;
+            status = srv_take_body(h->e, r, &body);
+            if (status < 0) return MHD_NO;
+            return reply(c, (unsigned)status, body, 0);
+        }
+    }
     if (k->n_more) {
         /* n choices (not streamed): each its own sequence, answered together */
         char *bodies[OAI_MAX_N] = {0}, *merged = NULL;
@@ -282,7 +382,7 @@ static enum MHD_Result messages(srv_http *h, struct MHD_Connection *c, conn *k, 
     }
     {
         sgen_opts go = {1, q.chat.thinking, q.s.stream, 0, 0, q.s.stop, q.s.n_stop, NULL, 1, 0,
-                        {id, srv_engine_model_name(h->e), (long long)time(NULL)}, NULL, 0, 0, 1};
+                        {id, srv_engine_model_name(h->e), (long long)time(NULL)}, NULL, 0, 0, 1, 0, 0, 0};
         if (srv_prepare_output(srv_engine_model(h->e), r, &go, &err)) {
             sreq_discard(r);
             anth_request_free(&q);
