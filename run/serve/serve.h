@@ -128,6 +128,9 @@ sreq *srv_prepare(srv_engine *e, const char *model_name, int chat, const char *b
  * The caller checks the model name.  NULL with err. */
 sreq *srv_prepare_chat(srv_engine *e, const kchat_message *msgs, size_t n_msgs, const kchat_options *chat, const oai_sampling *s,
                        oai_error *err);
+/* The chat's prompt length in tokens, as srv_prepare_chat renders it, whatever the context
+ * (/v1/messages/count_tokens).  -1 with err (no chat markers, a chat the renderer refuses). */
+long srv_count_chat(srv_engine *e, const kchat_message *msgs, size_t n_msgs, const kchat_options *chat, oai_error *err);
 /* r's output from go (end ids: go->n_end_ids nonzero asks for the model's; max_tokens, prompt and
  * stream from r).  Returns 0, or -1 with err (out of memory). */
 int srv_prepare_output(krun_model *m, sreq *r, sgen_opts *go, oai_error *err);

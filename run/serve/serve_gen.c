@@ -186,10 +186,23 @@ static void flush_held(sgen *g)
     kbuf_free(&pass);
 }
 
+/* The server's id for tool call `index` of the reply: OpenAI's "call_ID_K" (choice i > 0 of n:
+ * "call_ID.i_K"), Anthropic's "toolu_" and the request id's letters and digits, then K. */
 static char *call_id(const sgen *g, int index)
 {
-    char buf[160];
-    snprintf(buf, sizeof buf, "call_%s_%d", g->id ? g->id : "", index);
+    char buf[200];
+    const char *id = g->id ? g->id : "";
+    if (g->o.anthropic) {
+        size_t n = 0;
+        n += (size_t)snprintf(buf, sizeof buf, "toolu_");
+        for (const char *p = strchr(id, '-') ? strchr(id, '-') + 1 : id; *p && n < 150; p++)
+            if ((*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z')) buf[n++] = *p;
+        snprintf(buf + n, sizeof buf - n, "%02d", index);
+    } else if (g->o.index) {
+        snprintf(buf, sizeof buf, "call_%s.%d_%d", id, g->o.index, index);
+    } else {
+        snprintf(buf, sizeof buf, "call_%s_%d", id, index);
+    }
     return strdup(buf);
 }
 

@@ -254,15 +254,29 @@ static char *merge_choices(char **bodies, size_t n)
     return s;
 }
 
-/* Submit r (made by srv_prepare, with k->more its other choices) and answer when its output is known. */
-static enum MHD_Result run_request(srv_http *h, struct MHD_Connection *c, conn *k, sreq *r)
+static enum MHD_Result reply_anth_error(struct MHD_Connection *c, const oai_error *e, int retry_after)
+{
+    return reply(c, (unsigned)e->status, anth_error_json(e), retry_after);
+}
+
+/* srv_submit refused the request: 503 (busy, draining, damaged), with Retry-After when busy; in
+ * Anthropic's error shape for /v1/messages (503: overloaded_error). */
+static enum MHD_Result reply_refused(srv_http *h, struct MHD_Connection *c, const oai_error *err, int anth)
+{
+    int retry = !strcmp(err->code ? err->code : "", "server_busy") ? srv_retry_after(h->e) : 0;
+    return anth ? reply_anth_error(c, err, retry) : reply_error(c, err, retry);
+}
+
+/* Submit r (made by srv_prepare, with k->more its other choices) and answer when its output is
+ * known.  anth: an Anthropic request (its errors in Anthropic's shape). */
+static enum MHD_Result run_request(srv_http *h, struct MHD_Connection *c, conn *k, sreq *r, int anth)
 {
     oai_error err;
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     r->client_fd = ci ? ci->connect_fd : -1;
     r->client_probe = !k->http_1_0;
     k->req = r;
-    if (srv_submit(h->e, r, &err)) return reply_error(c, &err, !strcmp(err.code ? err.code : "", "server_busy") ? srv_retry_after(h->e) : 0);
+    if (srv_submit(h->e, r, &err)) return reply_refused(h, c, &err, anth);
     if (k->n_more && r->stream) {
         /* n choices streamed: the stream starts (200) with choice 0's first event */
         int status;
@@ -272,7 +286,7 @@ static enum MHD_Result run_request(srv_http *h, struct MHD_Connection *c, conn *
             if (srv_submit(h->e, k->more[i], &err)) {
                 srv_cancel(h->e, r);
                 for (size_t j = 0; j < i; j++) srv_cancel(h->e, k->more[j]);
-                return reply_error(c, &err, !strcmp(err.code ? err.code : "", "server_busy") ? srv_retry_after(h->e) : 0);
+                return reply_refused(h, c, &err, anth);
             }
         }
         status = srv_wait_started(h->e, r);
@@ -299,7 +313,7 @@ static enum MHD_Result run_request(srv_http *h, struct MHD_Connection *c, conn *
             if (status == -2) {
                 srv_cancel(h->e, r);
                 for (size_t j = 0; j < i; j++) srv_cancel(h->e, k->more[j]);
-                return reply_error(c, &err, !strcmp(err.code ? err.code : "", "server_busy") ? srv_retry_after(h->e) : 0);
+                return reply_refused(h, c, &err, anth);
             }
         }
         for (size_t i = 0; i < n; i++) {
@@ -348,14 +362,9 @@ static enum MHD_Result api_request(srv_http *h, struct MHD_Connection *c, conn *
     request_id(h, chat ? "chatcmpl" : "cmpl", id, sizeof id);
     r = srv_prepare(h->e, srv_engine_model_name(h->e), chat, k->body.p, k->body.n, &meta, k->more, &k->n_more, &err);
     if (!r) return reply_error(c, &err, 0);
-    rc = run_request(h, c, k, r);
+    rc = run_request(h, c, k, r, 0);
     if (!k->req) srv_release(h->e, r);
     return rc;
-}
-
-static enum MHD_Result reply_anth_error(struct MHD_Connection *c, const oai_error *e)
-{
-    return reply(c, (unsigned)e->status, anth_error_json(e), 0);
 }
 
 /* POST /v1/messages (count: /v1/messages/count_tokens): the Anthropic Messages API on the same
@@ -368,17 +377,18 @@ static enum MHD_Result messages(srv_http *h, struct MHD_Connection *c, conn *k, 
     sreq *r;
     enum MHD_Result rc;
     request_id(h, "msg", id, sizeof id);
-    if (anth_parse_request(k->body.p, k->body.n, count, &q, &err)) return reply_anth_error(c, &err);
+    if (anth_parse_request(k->body.p, k->body.n, count, &q, &err)) return reply_anth_error(c, &err, 0);
+    if (count) {
+        /* counted whatever the context: a prompt too long for --ctx is what a client counts to find out */
+        long n = oai_check_model(q.s.model, srv_engine_model_name(h->e), &err) ? -1
+                 : srv_count_chat(h->e, q.messages, q.n_messages, &q.chat, &err);
+        anth_request_free(&q);
+        return n < 0 ? reply_anth_error(c, &err, 0) : reply(c, 200, anth_count_tokens_response(n), 0);
+    }
     if (oai_check_model(q.s.model, srv_engine_model_name(h->e), &err) ||
         !(r = srv_prepare_chat(h->e, q.messages, q.n_messages, &q.chat, &q.s, &err))) {
         anth_request_free(&q);
-        return reply_anth_error(c, &err);
-    }
-    if (count) {
-        long n = (long)r->n_prompt;
-        sreq_discard(r);
-        anth_request_free(&q);
-        return reply(c, 200, anth_count_tokens_response(n), 0);
+        return reply_anth_error(c, &err, 0);
     }
     {
         sgen_opts go = {1, q.chat.thinking, q.s.stream, 0, 0, q.s.stop, q.s.n_stop, NULL, 1, 0,
@@ -386,10 +396,10 @@ static enum MHD_Result messages(srv_http *h, struct MHD_Connection *c, conn *k, 
         if (srv_prepare_output(srv_engine_model(h->e), r, &go, &err)) {
             sreq_discard(r);
             anth_request_free(&q);
-            return reply_anth_error(c, &err);
+            return reply_anth_error(c, &err, 0);
         }
     }
-    rc = run_request(h, c, k, r);
+    rc = run_request(h, c, k, r, 1);
     if (!k->req) srv_release(h->e, r);
     anth_request_free(&q);
     return rc;
@@ -534,7 +544,7 @@ static enum MHD_Result route(srv_http *h, struct MHD_Connection *c, const char *
     if (k->too_big) {
         oai_error_set(&err, 413, NULL, "request_too_large", "the request body is larger than %zu bytes (krun serve --max-body)",
                       h->o.max_body);
-        return reply_error(c, &err, 0);
+        return known == 4 || known == 5 ? reply_anth_error(c, &err, 0) : reply_error(c, &err, 0);
     }
     switch (known) {
     case 0: {
@@ -615,6 +625,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             k->answered = 1;
             oai_error_set(&err, 413, NULL, "request_too_large", "the request body is %s bytes, more than %zu (krun serve --max-body)", cl,
                           h->o.max_body);
+            if (!strncmp(url, "/v1/messages", 12)) return reply_anth_error(c, &err, 0);
             return reply_error(c, &err, 0);
         }
         return MHD_YES;

@@ -98,24 +98,41 @@ int srv_prepare_output(krun_model *m, sreq *r, sgen_opts *go, oai_error *err)
     return 0;
 }
 
+/* The chat rendered to ids (the tokenizer's chat markers checked).  0, or -1 with err. */
+static int render(srv_engine *e, const kchat_message *msgs, size_t n_msgs, const kchat_options *chat, kchat_rendering *rend,
+                  oai_error *err)
+{
+    const ktok *tk = krun_model_tokenizer(srv_engine_model(e));
+    krun_err rerr;
+    if (ktok_find_special(tk, KCHAT_OPEN) < 0 || ktok_find_special(tk, KCHAT_END_OF_MSG) < 0) {
+        oai_error_set(err, 400, NULL, "chat_unsupported", "this model's tokenizer has no chat markers (%s, %s): use /v1/completions",
+                      KCHAT_OPEN, KCHAT_END_OF_MSG);
+        return -1;
+    }
+    if (kchat_render(tk, msgs, n_msgs, chat, rend, &rerr)) {
+        oai_error_set(err, 400, NULL, "invalid_value", "%s", rerr.msg);
+        return -1;
+    }
+    free(rend->text);
+    rend->text = NULL;
+    return 0;
+}
+
+long srv_count_chat(srv_engine *e, const kchat_message *msgs, size_t n_msgs, const kchat_options *chat, oai_error *err)
+{
+    kchat_rendering rend;
+    if (render(e, msgs, n_msgs, chat, &rend, err)) return -1;
+    free(rend.ids);
+    return (long)rend.n_ids;
+}
+
 sreq *srv_prepare_chat(srv_engine *e, const kchat_message *msgs, size_t n_msgs, const kchat_options *chat, const oai_sampling *s,
                        oai_error *err)
 {
     krun_model *m = srv_engine_model(e);
-    const ktok *tk = krun_model_tokenizer(m);
     kchat_rendering rend;
-    krun_err rerr;
     sreq *r;
-    if (ktok_find_special(tk, KCHAT_OPEN) < 0 || ktok_find_special(tk, KCHAT_END_OF_MSG) < 0) {
-        oai_error_set(err, 400, NULL, "chat_unsupported", "this model's tokenizer has no chat markers (%s, %s): use /v1/completions",
-                      KCHAT_OPEN, KCHAT_END_OF_MSG);
-        return NULL;
-    }
-    if (kchat_render(tk, msgs, n_msgs, chat, &rend, &rerr)) {
-        oai_error_set(err, 400, NULL, "invalid_value", "%s", rerr.msg);
-        return NULL;
-    }
-    free(rend.text);
+    if (render(e, msgs, n_msgs, chat, &rend, err)) return NULL;
     if (!(r = sreq_new())) { free(rend.ids); oai_error_set(err, 500, NULL, NULL, "out of memory"); return NULL; }
     r->prompt = rend.ids;
     r->n_prompt = rend.n_ids;
