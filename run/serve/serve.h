@@ -139,6 +139,8 @@ int  srv_done(srv_engine *e, sreq *r);
 /* Hand a request to the engine (it takes a reference).  Fails with e filled: 503 when the
  * queue is full (with Retry-After) or the server is draining, 503 when the model is damaged. */
 int  srv_submit(srv_engine *e, sreq *r, oai_error *err);
+/* n requests at once (all or none): n > 1 choices, rs[0] first. */
+int  srv_submit_n(srv_engine *e, sreq *const *rs, size_t n, oai_error *err);
 /* A seed for a request without one (what srv_submit would pick). */
 uint64_t srv_engine_fresh_seed(srv_engine *e);
 /* Seconds to put in Retry-After when the server is busy. */

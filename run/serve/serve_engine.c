@@ -938,7 +938,7 @@ uint64_t srv_engine_fresh_seed(srv_engine *e)
     return z;
 }
 
-int srv_submit(srv_engine *e, sreq *r, oai_error *err)
+int srv_submit_n(srv_engine *e, sreq *const *rs, size_t n, oai_error *err)
 {
     int rc = -1;
     pthread_mutex_lock(&e->mu);
@@ -947,29 +947,35 @@ int srv_submit(srv_engine *e, sreq *r, oai_error *err)
                       "it (restart it with a good file: kpack verify names every bad extent)", e->damage);
     } else if (e->draining) {
         oai_error_set(err, 503, NULL, "server_shutting_down", "the server is shutting down and takes no new requests");
-    } else if (e->n_queued >= e->max_seqs - e->n_active + e->max_queue) {
+    } else if (e->n_queued + n > e->max_seqs - e->n_active + e->max_queue) {
         oai_error_set(err, 503, NULL, "server_busy", "all %zu sequences are busy and %zu requests are waiting (--max-queue); retry later",
                       e->max_seqs, e->n_queued);
     } else {
-        if (!r->has_seed) r->sampling.seed = fresh_seed(e);
-        r->t_submit = know();
-        r->state = SREQ_QUEUED;
-        r->refs++;
-        if (r->leader && r->leader->state != SREQ_NEW) { r->leader->refs++; r->leader_ref = 1; }   /* it reads its leader */
-        r->next_in_queue = NULL;
-        if (e->qtail) e->qtail->next_in_queue = r;
-        else e->qhead = r;
-        e->qtail = r;
-        e->n_queued++;
-        e->n_open++;
-        e->st.requests++;
-        if (!r->leader) e->st.prompt_tokens += r->n_prompt;      /* n > 1: one prompt (as usage counts it) */
+        /* all at once: choice i > 0 of n finds choice 0 queued before it, and waits for its prompt */
+        for (size_t i = 0; i < n; i++) {
+            sreq *r = rs[i];
+            if (!r->has_seed) r->sampling.seed = fresh_seed(e);
+            r->t_submit = know();
+            r->state = SREQ_QUEUED;
+            r->refs++;
+            if (r->leader && r->leader->state != SREQ_NEW) { r->leader->refs++; r->leader_ref = 1; }   /* it reads its leader */
+            r->next_in_queue = NULL;
+            if (e->qtail) e->qtail->next_in_queue = r;
+            else e->qhead = r;
+            e->qtail = r;
+            e->n_queued++;
+            e->n_open++;
+            e->st.requests++;
+            if (!r->leader) e->st.prompt_tokens += r->n_prompt;      /* n > 1: one prompt (as usage counts it) */
+        }
         pthread_cond_signal(&e->wake);
         rc = 0;
     }
     pthread_mutex_unlock(&e->mu);
     return rc;
 }
+
+int srv_submit(srv_engine *e, sreq *r, oai_error *err) { return srv_submit_n(e, &r, 1, err); }
 
 /* Seconds a client should wait before retrying a busy server: a sequence
  * frees up about every (a request's mean time / sequences). */

@@ -273,23 +273,21 @@ static enum MHD_Result run_request(srv_http *h, struct MHD_Connection *c, conn *
 {
     oai_error err;
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    sreq *all[OAI_MAX_N];
+    size_t n = 1 + k->n_more;
     r->client_fd = ci ? ci->connect_fd : -1;
     r->client_probe = !k->http_1_0;
     k->req = r;
-    if (srv_submit(h->e, r, &err)) return reply_refused(h, c, &err, anth);
+    all[0] = r;
+    for (size_t i = 0; i < k->n_more; i++) {
+        all[1 + i] = k->more[i];
+        k->more[i]->client_fd = r->client_fd;
+        k->more[i]->client_probe = r->client_probe;
+    }
+    if (srv_submit_n(h->e, all, n, &err)) return reply_refused(h, c, &err, anth);
     if (k->n_more && r->stream) {
         /* n choices streamed: the stream starts (200) with choice 0's first event */
-        int status;
-        for (size_t i = 0; i < k->n_more; i++) {
-            k->more[i]->client_fd = r->client_fd;
-            k->more[i]->client_probe = r->client_probe;
-            if (srv_submit(h->e, k->more[i], &err)) {
-                srv_cancel(h->e, r);
-                for (size_t j = 0; j < i; j++) srv_cancel(h->e, k->more[j]);
-                return reply_refused(h, c, &err, anth);
-            }
-        }
-        status = srv_wait_started(h->e, r);
+        int status = srv_wait_started(h->e, r);
         if (status == 200) return reply_stream_choices(h, c, r, k->more, k->n_more);
         for (size_t i = 0; i < k->n_more; i++) srv_cancel(h->e, k->more[i]);
         if (status < 0) return MHD_NO;                     /* the client hung up */
@@ -304,23 +302,10 @@ static enum MHD_Result run_request(srv_http *h, struct MHD_Connection *c, conn *
         /* n choices (not streamed): each its own sequence, answered together */
         char *bodies[OAI_MAX_N] = {0}, *merged = NULL;
         int status = 200, gone = 0;
-        size_t n = 1 + k->n_more;
-        for (size_t i = 0; i < k->n_more; i++) {
-            sreq *x = k->more[i];
-            x->client_fd = r->client_fd;
-            x->client_probe = r->client_probe;
-            if (srv_submit(h->e, x, &err)) status = -2;
-            if (status == -2) {
-                srv_cancel(h->e, r);
-                for (size_t j = 0; j < i; j++) srv_cancel(h->e, k->more[j]);
-                return reply_refused(h, c, &err, anth);
-            }
-        }
         for (size_t i = 0; i < n; i++) {
-            sreq *x = i ? k->more[i - 1] : r;
             int st;
-            srv_wait_done(h->e, x);
-            st = srv_take_body(h->e, x, &bodies[i]);
+            srv_wait_done(h->e, all[i]);
+            st = srv_take_body(h->e, all[i], &bodies[i]);
             if (st < 0) gone = 1;
             else if (st != 200 && status == 200) status = st;
         }
