@@ -1148,7 +1148,7 @@ char *srv_engine_metrics(srv_engine *e)
     metric(&b, "requests_completed_total", "counter", "Generation requests completed.", (double)e->st.completed);
     metric(&b, "requests_failed_total", "counter", "Generation requests failed.", (double)e->st.failed);
     metric(&b, "requests_cancelled_total", "counter", "Generation requests whose client went away.", (double)e->st.cancelled);
-    metric(&b, "prompt_tokens_total", "counter", "Prompt tokens submitted.", (double)e->st.prompt_tokens);
+    metric(&b, "prompt_tokens_total", "counter", "Prompt tokens submitted (an n > 1 request's once).", (double)e->st.prompt_tokens);
     metric(&b, "generated_tokens_total", "counter", "Tokens generated.", (double)e->st.generated);
     metric(&b, "sweeps_total", "counter", "Forward sweeps run.", (double)e->st.sweeps);
     metric(&b, "positions_total", "counter", "Positions run by the sweeps.", (double)e->st.positions);
@@ -1158,6 +1158,8 @@ char *srv_engine_metrics(srv_engine *e)
     metric(&b, "live_sequences", "gauge", "Sequences running.", (double)e->n_active);
     metric(&b, "damaged", "gauge", "1 when the model file was found damaged.", e->damaged);
     metric(&b, "cached_prompt_tokens_total", "counter", "Prompt tokens served by the prefix cache (not run).", (double)e->st.cached_tokens);
+    metric(&b, "copied_prompt_tokens_total", "counter", "Prompt tokens of n > 1 choices copied from choice 0's state (not run).",
+           (double)e->st.copied_tokens);
     metric(&b, "speculation_verifications_total", "counter", "Sequences that verified drafts in a sweep.", (double)e->st.verifications);
     metric(&b, "speculation_drafted_total", "counter", "Draft tokens verified.", (double)e->st.drafted);
     metric(&b, "speculation_accepted_total", "counter", "Draft tokens kept (part of generated_tokens_total).", (double)e->st.accepted);
