@@ -13,9 +13,12 @@ What it does, per epoch (a server started, worked, stopped by a signal):
     or a reset); two requests on one keep-alive connection.
   * Every whole answer is checked: its status (200; 503 server_busy with Retry-After when the
     queue is full; 503 server_shutting_down while draining; nothing else), its JSON or SSE shape,
-    usage against max_tokens, token ids, finish_reason, no stop string in the text.  A request
-    with a seed drawn again (a third of the requests repeat an earlier one, streamed or not) must
-    give the same text, reasoning, tool calls, finish and token count.
+    usage against max_tokens, token ids, finish_reason, no stop string in the text -- per choice
+    for n > 1 (each choice's index and finish, its tokens within max_tokens, usage the choices'
+    sum, one usage chunk and one [DONE] in a stream), with logprobs one entry per token (streamed
+    too).  A request with a seed drawn again (a third of the requests repeat an earlier one,
+    streamed or not) must give the same text, reasoning, tool calls, finish, logprobs and token
+    count for every choice.
   * A request not answered within --deadline seconds is hung.  The server dying, a sanitizer
     report on its stderr, or an exit status other than 0 is a crash.
   * Before the epoch's signal, /health must show nothing running or queued, every request
@@ -283,6 +286,11 @@ def check(cond, what):
         raise Bad(what)
 
 
+# well-formed answers checked, by kind (the summary prints them): n > 1, streamed with logprobs
+CHECKED = {"n > 1": 0, "n > 1 streamed": 0, "streamed logprobs": 0}
+CHECKED_LOCK = threading.Lock()
+
+
 def wants_logprobs(body):
     v = body.get("logprobs")
     return v is True or (isinstance(v, int) and not isinstance(v, bool))
@@ -421,6 +429,10 @@ def check_answer(path, body, status, hdrs, raw, phase):
             check(sum(counts) == usage["completion_tokens"], "usage.completion_tokens %d is the choices' sum %r" % (usage["completion_tokens"], counts))
     else:
         check(stream and not (body.get("stream_options") or {}).get("include_usage"), "usage when asked for")
+    with CHECKED_LOCK:
+        CHECKED["n > 1"] += n > 1
+        CHECKED["n > 1 streamed"] += n > 1 and bool(stream)
+        CHECKED["streamed logprobs"] += bool(stream) and wants_logprobs(body)
     # what a repeat must say again, streamed or not: each choice's text, calls, finish, logprobs and (where known) tokens
     return {"choices": [{"content": c["content"], "reasoning": c["reasoning"], "calls": c["calls"], "finish": c["finish"],
                          "lps": c["lps"]} for c in chs],
@@ -818,6 +830,7 @@ def main():
     print("serve soak: %d requests in %.0f s (seed %d): by status {%s}" % (soak.n, secs, a.seed, by_status))
     print("  behaviours {%s}: %d disconnects, %d half-closed answered whole; after a signal: %d refused (listening closed), %d cut"
           % (by_action, soak.disconnects, soak.half_closes, soak.refused_after_signal, soak.lost_after_signal))
+    print("  answers checked: %s" % ", ".join("%s: %d" % kv for kv in CHECKED.items()))
     print("  %d answers compared with an earlier identical request, %d differed" % (
         soak.repeat_checked, sum("repeated request" in f for f in soak.failures)))
     print("  RSS: %s" % rss)
