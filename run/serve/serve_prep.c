@@ -173,6 +173,9 @@ static int add_choices(srv_engine *e, sreq *r0, int n, const kchat_options *chat
         o.index = i;                   /* the response's id, choice i (its chunks are the stream's) */
         if (srv_prepare_output(srv_engine_model(e), r, &o, err)) return -1;
         snprintf(r->id, sizeof r->id, "%s.%d", go->meta.id, i);     /* the log's name for it */
+        /* streamed, the response's status is choice 0's: a failure of this choice, even before its
+         * first token, is an error event in the stream */
+        if (go->stream) sgen_stream_opened(r->gen);
     }
     return 0;
 }

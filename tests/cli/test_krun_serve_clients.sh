@@ -146,7 +146,7 @@ PY
 python3 -c 'print(" ".join(["The quick brown fox jumps over the lazy dog, and then it runs far away."] * 4))' >"$T/echo.txt"
 "$BIN/krun" tokenize "$T/rt.kpk" --no-special --file "$T/echo.txt" >"$T/echo.ids"
 "$BIN/krun" "$T/rt.kpk" --ids "$(cat "$T/echo.ids")" --gen 0 --dump-all-logits "$T/echo.logits" --quiet >/dev/null
-python3 - "$PORT" "$T" <<'PY' && ok "echo + logprobs 5 (max_tokens 0, 1; ids and text; streamed; twice: no prefix cache): the prompt echoed, its first token null, every other token's logprob and top 5 == log-softmax of krun --dump-all-logits (1e-9), over several blocks" || notok "echo with prompt logprobs"
+python3 - "$PORT" "$T" <<'PY' && ok "echo + logprobs 5 (max_tokens 0, 1; ids and text; streamed; twice: no prefix cache): the prompt echoed, its first token null, every other token's logprob and top 5 == log-softmax of krun --dump-all-logits (1e-9), over two blocks; n 3 copies the prompt and its entries" || notok "echo with prompt logprobs"
 import heapq, json, math, struct, sys, serve_client as c
 port, d = int(sys.argv[1]), sys.argv[2]
 auth = {"Authorization": "Bearer k-9"}
@@ -191,6 +191,12 @@ for e in ev[:-1]:
     for k in acc:
         acc[k] += (ch["logprobs"] or {}).get(k, [])
 assert acc == first["logprobs"] and txt == first["text"], "streamed echo differs"
+# n 3 with echo and logprobs: choices 1 and 2 copy choice 0's state and its prompt entries; each == seed + i alone
+alone = [c.post(port, "/v1/completions", {"prompt": ids, "echo": True, "max_tokens": 3, "logprobs": 2, "seed": 50 + i}, auth)[2]["choices"][0] for i in range(3)]
+h0 = c.health(port, auth)["stats"]["copied_tokens"]
+s, _, j = c.post(port, "/v1/completions", {"prompt": ids, "echo": True, "max_tokens": 3, "logprobs": 2, "seed": 50, "n": 3}, auth)
+assert s == 200 and all(j["choices"][i]["text"] == alone[i]["text"] and j["choices"][i]["logprobs"] == alone[i]["logprobs"] for i in range(3)), j
+assert c.health(port, auth)["stats"]["copied_tokens"] - h0 == 2 * len(ids)
 # echo without logprobs, and echo refused where it cannot be: max_tokens 0 without echo
 s, _, j = c.post(port, "/v1/completions", {"prompt": "Hello there", "echo": True, "max_tokens": 2, "seed": 1}, auth)
 assert s == 200 and j["choices"][0]["text"].startswith("Hello there") and j["choices"][0]["logprobs"] is None, j
