@@ -124,6 +124,18 @@ static void stream_free(void *cls)
     free(s);
 }
 
+/* A server-sent-event response (its headers) queued with status 200, the reference to it dropped. */
+static enum MHD_Result queue_sse(struct MHD_Connection *c, struct MHD_Response *resp)
+{
+    enum MHD_Result rc;
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    MHD_add_response_header(resp, "X-Accel-Buffering", "no");
+    rc = queue(c, MHD_HTTP_OK, resp);
+    MHD_destroy_response(resp);
+    return rc;
+}
+
 /* n > 1 streamed: the choices' events interleaved as they come (each chunk names its choice's
  * index), then the usage (prompt once, completion tokens summed) and [DONE], once. */
 typedef struct {
@@ -179,7 +191,6 @@ static enum MHD_Result reply_stream_choices(srv_http *h, struct MHD_Connection *
 {
     choices_ctx *s = calloc(1, sizeof *s);
     struct MHD_Response *resp;
-    enum MHD_Result rc;
     if (!s) return MHD_NO;
     s->h = h;
     s->cur = -1;
@@ -189,30 +200,19 @@ static enum MHD_Result reply_stream_choices(srv_http *h, struct MHD_Connection *
     resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, choices_read, s, choices_free);
     if (!resp) { free(s); return MHD_NO; }
     for (size_t i = 0; i < s->n; i++) srv_retain(h->e, s->rs[i]);   /* the response's references (choices_free) */
-    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
-    MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
-    MHD_add_response_header(resp, "X-Accel-Buffering", "no");
-    rc = queue(c, MHD_HTTP_OK, resp);
-    MHD_destroy_response(resp);
-    return rc;
+    return queue_sse(c, resp);
 }
 
 static enum MHD_Result reply_stream(srv_http *h, struct MHD_Connection *c, sreq *r)
 {
     stream_ctx *s = malloc(sizeof *s);
     struct MHD_Response *resp;
-    enum MHD_Result rc;
     if (!s) return MHD_NO;
     *s = (stream_ctx){h, r};
     resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, stream_read, s, stream_free);
     if (!resp) { free(s); return MHD_NO; }
     srv_retain(h->e, r);         /* the response's reference, released by stream_free */
-    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
-    MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
-    MHD_add_response_header(resp, "X-Accel-Buffering", "no");
-    rc = queue(c, MHD_HTTP_OK, resp);
-    MHD_destroy_response(resp);
-    return rc;
+    return queue_sse(c, resp);
 }
 
 /* ---- requests -------------------------------------------------------------------------------- */
