@@ -7,6 +7,7 @@
 #include "run/serve/batch.h"
 #include "run/session/memplan.h"
 #include "run/session/sweep_model.h"
+#include "run/util/procmem.h"
 
 #include <errno.h>
 #include <signal.h>
@@ -207,13 +208,14 @@ static void summary_json(const struct batch_opts *o, const kbatch_stats *st, con
     uint64_t sr, sw;
     json_t *j;
     krun_model_state_io(m, &sr, &sw);
-    j = json_pack("{s:s, s:s, s:b, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:f, s:I, s:I}", "in", o->in, "out", o->out, "ok", ok,
+    j = json_pack("{s:s, s:s, s:b, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:f, s:I, s:I, s:I}", "in", o->in, "out", o->out, "ok", ok,
                           "requests", (json_int_t)st->total, "done", (json_int_t)st->done, "resumed", (json_int_t)st->resumed,
                           "failed", (json_int_t)st->failed, "prompt_tokens", (json_int_t)st->prompt_tokens, "generated_tokens",
                           (json_int_t)st->generated, "sweeps", (json_int_t)st->sweeps, "bytes_read", (json_int_t)st->bytes_read,
                           "seconds", st->seconds, "tokens_per_second", st->seconds > 0 ? (double)st->generated / st->seconds : 0.0,
                           "bytes_per_generated_token", st->generated ? (double)st->bytes_read / (double)st->generated : 0.0,
-                          "state_bytes_read", (json_int_t)sr, "state_bytes_written", (json_int_t)sw);
+                          "state_bytes_read", (json_int_t)sr, "state_bytes_written", (json_int_t)sw,
+                          "peak_rss_bytes", (json_int_t)kmem_peak_rss());
     char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
     if (s) printf("%s\n", s);
     free(s);
@@ -272,7 +274,7 @@ int krun_batch_main(int argc, char **argv)
     if (krun_model_prepare(m, &mo, &e)) { fprintf(stderr, "krun batch: %s\n", e.msg); rc = e.code; goto out; }
     if (!o.quiet && krun_model_plan(m)) kmemplan_print(krun_model_plan(m), stderr);
     if (!o.quiet && krun_model_state_file(m))
-        fprintf(stderr, "krun batch: the states of %zu sequences are paged to %s (RAM holds 3 layers of them; removed at the end)\n",
+        fprintf(stderr, "krun batch: the states of %zu sequences are paged to %s (RAM holds the layers in flight; the file is removed at the end)\n",
                 krun_model_max_seqs(m), krun_model_state_file(m));
 
     memset(&bo, 0, sizeof bo);

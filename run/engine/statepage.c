@@ -18,11 +18,13 @@ enum { JOB_READ, JOB_WRITE };
 
 struct k3_pager {
     const k3_config *c;
-    size_t ctx, nslots, R;          /* R: one window region (k3_page_region_bytes) */
+    size_t ctx, nslots;
+    size_t win[2], R[2];            /* per kind (0 KDA, 1 MLA): the window's layers, and one slot's region */
     int NL;
     uint8_t *window;                /* [K3_PAGE_WINDOW][nslots][R] */
     uint64_t *layer_off;            /* [NL]: where layer L's section of the file starts */
     uint64_t *layer_region;         /* [NL]: one slot's region of layer L in the file */
+    size_t *ord;                    /* [NL]: layer L is the ord[L]-th layer of its kind */
     uint8_t *on_disk;               /* [nslots][NL]: 0: the layer is zeros (reset), 1: its bytes are in the file */
     uint64_t *sum;                  /* [nslots][NL]: XXH3-64 of the bytes on disk (MLA: rows 0..rows) */
     size_t *rows;                   /* [nslots][NL]: MLA rows on disk */
@@ -47,27 +49,29 @@ static size_t down(size_t n) { return n / K3_PAGE_ALIGN * K3_PAGE_ALIGN; }
 static size_t kda_bytes(const k3_config *c) { return (k3_kda_S_floats(c) + k3_kda_conv_floats(c)) * sizeof(float); }
 static size_t row_bytes(const k3_config *c) { return k3_mla_row(c) * sizeof(float); }
 
-size_t k3_page_region_bytes(const k3_config *c, size_t ctx)
+/* The window holds each kind of layer apart: a KDA layer's region is its state and history, an MLA
+ * layer's its ctx rows, and K3 has 3 KDA layers to an MLA one.  Of a kind, the window needs as many
+ * layers as any K3_PAGE_WINDOW consecutive layers hold of it: the j-th layer of the kind goes to
+ * window layer j mod that, so the layers in flight (L-1, L, L+1) never share one. */
+static size_t kind_window(const k3_config *c, int mla)
 {
-    size_t kda = 0, mla = 0;
+    size_t most = 0;
     for (int L = 0; L < c->n_layers; L++) {
-        if (c->layer_is_mla[L]) mla = up(ctx * row_bytes(c));
-        else kda = up(kda_bytes(c));
+        size_t n = 0;
+        for (int i = L; i < L + K3_PAGE_WINDOW && i < c->n_layers; i++) n += (c->layer_is_mla[i] != 0) == mla;
+        if (n > most) most = n;
     }
-    return kda > mla ? kda : mla;
+    return most;
 }
 
-static int window_layers(const k3_config *c) { return c->n_layers < K3_PAGE_WINDOW ? c->n_layers : K3_PAGE_WINDOW; }
+static size_t kind_region(const k3_config *c, size_t ctx, int mla) { return mla ? up(ctx * row_bytes(c)) : up(kda_bytes(c)); }
 
 uint64_t k3_page_window_bytes(const k3_config *c, size_t ctx, size_t nslots)
 {
-    return (uint64_t)window_layers(c) * nslots * k3_page_region_bytes(c, ctx);
+    return ((uint64_t)kind_window(c, 0) * kind_region(c, ctx, 0) + (uint64_t)kind_window(c, 1) * kind_region(c, ctx, 1)) * nslots;
 }
 
-static uint64_t layer_region(const k3_config *c, size_t ctx, int L)
-{
-    return c->layer_is_mla[L] ? up(ctx * row_bytes(c)) : up(kda_bytes(c));
-}
+static uint64_t layer_region(const k3_config *c, size_t ctx, int L) { return kind_region(c, ctx, c->layer_is_mla[L] != 0); }
 
 uint64_t k3_page_file_bytes(const k3_config *c, size_t ctx, size_t nslots)
 {
@@ -142,9 +146,13 @@ static int damage(k3_pager *p, uint64_t off, krun_err *err)
     return 0;
 }
 
+/* Where layer L of a slot is in RAM: its kind's part of the window (KDA first), window layer
+ * (its ordinal among the layers of its kind) mod the kind's window (kind_window). */
 static uint8_t *region(const k3_pager *p, int L, size_t slot)
 {
-    return p->window + ((size_t)(L % K3_PAGE_WINDOW) * p->nslots + slot) * p->R;
+    const int mla = p->c->layer_is_mla[L] != 0;
+    uint8_t *base = p->window + (mla ? p->win[0] * p->nslots * p->R[0] : 0);
+    return base + ((p->ord[L] % p->win[mla]) * p->nslots + slot) * p->R[mla];
 }
 
 static int mismatch(const k3_pager *p, size_t k, int L, krun_err *err)
@@ -283,7 +291,8 @@ int k3_pager_layer_begin(k3_pager *p, int L, krun_err *err)
      * before layer L-1's write): wait for it, not for the write that may follow it */
     uint64_t upto = p->queued - (L > 0 ? 1 : 0);
     if (wait_for(p, upto, err)) return -1;
-    /* L+1's region last held L-2, whose write was queued before: the thread runs jobs in order */
+    /* L+1's region last held a layer before L-1 (kind_window), whose write was queued before:
+     * the thread runs jobs in order */
     if (L + 1 < p->NL) submit(p, JOB_READ, L + 1);
     return 0;
 }
@@ -350,12 +359,16 @@ int k3_pager_open(k3_pager **out, const k3_config *c, size_t ctx, size_t nslots,
     p->ctx = ctx;
     p->nslots = nslots;
     p->NL = c->n_layers;
-    p->R = k3_page_region_bytes(c, ctx);
+    for (int mla = 0; mla < 2; mla++) {
+        p->win[mla] = kind_window(c, mla);
+        p->R[mla] = kind_region(c, ctx, mla);
+    }
     p->flip_at = flip ? atol(flip) : 0;
     p->dir = strdup(dir);
     p->path = malloc(strlen(dir) + sizeof K3_PAGE_FILE + 1);
     p->layer_off = calloc(NL, sizeof *p->layer_off);
     p->layer_region = calloc(NL, sizeof *p->layer_region);
+    p->ord = calloc(NL, sizeof *p->ord);
     p->on_disk = calloc(nslots * NL, 1);
     p->sum = calloc(nslots * NL, sizeof *p->sum);
     p->rows = calloc(nslots * NL, sizeof *p->rows);
@@ -363,10 +376,10 @@ int k3_pager_open(k3_pager **out, const k3_config *c, size_t ctx, size_t nslots,
     p->pos = calloc(nslots, sizeof *p->pos);
     p->n = calloc(nslots, sizeof *p->n);
     p->window = aligned_alloc(K3_PAGE_ALIGN, (size_t)k3_page_window_bytes(c, ctx, nslots));
-    if (!p->dir || !p->path || !p->layer_off || !p->layer_region || !p->on_disk || !p->sum || !p->rows || !p->slot || !p->pos || !p->n ||
+    if (!p->dir || !p->path || !p->layer_off || !p->layer_region || !p->ord || !p->on_disk || !p->sum || !p->rows || !p->slot || !p->pos || !p->n ||
         !p->window) {
-        krun_err_set(err, KRUN_ENOMEM, "out of memory: %llu bytes for the states' window (%d layers of %zu sequences)",
-                     (unsigned long long)k3_page_window_bytes(c, ctx, nslots), window_layers(c), nslots);
+        krun_err_set(err, KRUN_ENOMEM, "out of memory: %llu bytes for the states' window (%zu KDA and %zu MLA layers of %zu sequences)",
+                     (unsigned long long)k3_page_window_bytes(c, ctx, nslots), p->win[0], p->win[1], nslots);
         k3_pager_close(p);
         return -1;
     }
@@ -374,6 +387,7 @@ int k3_pager_open(k3_pager **out, const k3_config *c, size_t ctx, size_t nslots,
     memset(p->window, 0, (size_t)k3_page_window_bytes(c, ctx, nslots));
     sprintf(p->path, "%s/%s", dir, K3_PAGE_FILE);
     for (int L = 0; L < p->NL; L++) {
+        for (int i = 0; i < L; i++) p->ord[L] += (c->layer_is_mla[i] != 0) == (c->layer_is_mla[L] != 0);
         p->layer_off[L] = off;
         p->layer_region[L] = layer_region(c, ctx, L);
         off += nslots * p->layer_region[L];
@@ -420,6 +434,7 @@ void k3_pager_close(k3_pager *p)
     free(p->window);
     free(p->layer_off);
     free(p->layer_region);
+    free(p->ord);
     free(p->on_disk);
     free(p->sum);
     free(p->rows);

@@ -7,10 +7,13 @@
  * file, and RAM holds a WINDOW of K3_PAGE_WINDOW layers for every slot:
  * while layer L computes, layer L+1 of the block's sequences is read ahead
  * and layer L-1 is written back, by one I/O thread of the pager's own.
- * Layer L of slot k lives at window[L % 3] + k x region in RAM (every
- * state's per-layer pointers are set there once, k3_pager_attach), so the
- * forward pass computes exactly as on a resident state: the same floats at
- * the same addresses' offsets, the same bits.
+ * The window keeps the kinds apart (a KDA layer's region is its state and
+ * ShortConv history, an MLA layer's its ctx latent rows): of each kind it
+ * holds as many layers as 3 consecutive layers may have of it (K3, 3 KDA
+ * to 1 MLA: 3 KDA and 1 MLA region per sequence), and the j-th layer of a
+ * kind uses window layer j mod that.  Every state's per-layer pointers are
+ * set there once (k3_pager_attach), so the forward pass computes exactly as
+ * on a resident state: the same floats, the same operations, the same bits.
  *
  * The file is layer-sectioned: layer L's regions of every slot follow each
  * other, each region a multiple of 4096 bytes at a 4096-aligned offset, so
@@ -45,11 +48,9 @@
 
 typedef struct k3_pager k3_pager;
 
-/* One slot's one layer in the window: the largest layer kind's bytes (KDA
- * state + ShortConv history, or ctx MLA rows), rounded to K3_PAGE_ALIGN. */
-size_t k3_page_region_bytes(const k3_config *c, size_t ctx);
-/* What k3_pager_open allocates for nslots slots: K3_PAGE_WINDOW x nslots
- * regions.  The planner counts this (one source of truth). */
+/* What k3_pager_open allocates for nslots slots: the window's KDA and MLA
+ * regions, each rounded to K3_PAGE_ALIGN.  The planner counts this (one
+ * source of truth). */
 uint64_t k3_page_window_bytes(const k3_config *c, size_t ctx, size_t nslots);
 /* The file's size for nslots slots: every layer of every slot. */
 uint64_t k3_page_file_bytes(const k3_config *c, size_t ctx, size_t nslots);

@@ -522,8 +522,8 @@ void kmemplan_print(const kmemplan *p, FILE *out)
     kfmt_bytes(p->session_bytes, c2, sizeof c2);
     if (p->paged) {
         kfmt_bytes(p->page_window_bytes, c3, sizeof c3);
-        ROW("state", p->state_bytes, "%zu session%s x %s (tokens, logits, sampler) + a window of %s: 3 layers of every session's "
-            "state in RAM, the rest on disk (--state-dir); %llu would fit", p->max_seqs, p->max_seqs == 1 ? "" : "s", c2, c3,
+        ROW("state", p->state_bytes, "%zu session%s x %s (tokens, logits, sampler) + a window of %s: the layers in flight of every "
+            "session's state (3 at most of each kind), the rest on disk (--state-dir); %llu would fit", p->max_seqs, p->max_seqs == 1 ? "" : "s", c2, c3,
             (unsigned long long)p->sessions_fit);
     } else {
         ROW("state", p->state_bytes, "%zu session%s x %s (KDA + ShortConv state, MLA latent cache for --ctx %zu); %llu would fit",
