@@ -319,6 +319,10 @@ void k3_pager_attach(k3_pager *p, k3_state *st, size_t slot)
 
 void k3_pager_reset(k3_pager *p, size_t slot)
 {
+    krun_err ignored;
+    /* a failed block may have left a write of this slot in flight: it must not mark the slot
+     * on disk after the reset (its failure was reported by the block) */
+    wait_for(p, p->queued, &ignored);
     memset(p->on_disk + slot * (size_t)p->NL, 0, (size_t)p->NL);
 }
 
