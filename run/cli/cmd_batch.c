@@ -72,8 +72,8 @@ static const char usage[] =
     "ETA.\n"
     "\n"
     "Exit: 0 OUT.jsonl written (error lines included: see \"failed\" in --json); 1 the model file is\n"
-    "damaged (OUT.jsonl not written; the journal keeps what was done: repair the file, run the same\n"
-    "command); 2 cannot run: usage, IN unreadable, duplicate custom_ids, OUT.jsonl exists (--force),\n"
+    "damaged, or the states' file (OUT.jsonl not written; the journal keeps what was done: repair the\n"
+    "file or the disk, run the same command); 2 cannot run: usage, IN unreadable, duplicate custom_ids, OUT.jsonl exists (--force),\n"
     "another krun batch is writing OUT.jsonl, a journal of another job, I/O error; 3 out of memory;\n"
     "130 stopped by SIGINT or SIGTERM (the journal keeps what was done: the same command continues).\n";
 

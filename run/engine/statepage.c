@@ -158,7 +158,7 @@ static uint8_t *region(const k3_pager *p, int L, size_t slot)
 static int mismatch(const k3_pager *p, size_t k, int L, krun_err *err)
 {
     return krun_err_set(err, KRUN_EDATA, "%s: the state of session slot %zu, layer %d, does not match its checksum (the file was "
-                        "changed or the disk returned bad data); nothing is computed from it: run the same command again", p->path,
+                        "changed or the disk returned bad data); nothing is computed from it", p->path,
                         k, L);
 }
 

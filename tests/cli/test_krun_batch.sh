@@ -112,7 +112,7 @@ rm -rf "$T/sd" "$T/b2.jsonl.krun-journal"
 rm -f "$T/i.jsonl" "$T/i.jsonl.krun-journal"
 KRUN_TEST_STATE_FLIP=60 "${B[@]}" "$T/i.jsonl" "${COMMON[@]}" --max-seqs 4 --state-dir "$T/sd" >"$T/last.out" 2>"$T/last.err"; rc=$?
 [ $rc -eq 1 ] && ok "a damaged state file stops the job (exit $rc)" || notok "damaged state file: exit $rc: $(head -c 300 "$T/last.err")"
-expect_err "sd/krun-states: the state of session slot [0-9]+, layer [0-9]+, does not match its checksum" "  naming the file, the slot and the layer"
+expect_err "the sequences' state file is damaged: .*sd/krun-states: the state of session slot [0-9]+, layer [0-9]+, does not match its checksum" "  naming the state file (not the model), the slot and the layer"
 [ ! -e "$T/i.jsonl" ] && [ -e "$T/i.jsonl.krun-journal" ] && ! grep -q "model_damaged\|checksum" "$T/i.jsonl.krun-journal" \
     && ok "  OUT not written; the journal keeps only requests computed before it, none from the damaged state" || notok "damaged state: OUT or journal"
 "${B[@]}" "$T/i.jsonl" "${COMMON[@]}" --max-seqs 4 --state-dir "$T/sd" --quiet 2>"$T/err" && cmp -s "$T/a.jsonl" "$T/i.jsonl" \
