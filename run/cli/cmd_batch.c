@@ -206,15 +206,17 @@ static void choose_seqs(krun_model *m, krun_model_opts *mo, const struct batch_o
 static void summary_json(const struct batch_opts *o, const kbatch_stats *st, const krun_model *m, int ok)
 {
     uint64_t sr, sw;
+    double swait;
     json_t *j;
-    krun_model_state_io(m, &sr, &sw);
-    j = json_pack("{s:s, s:s, s:b, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:f, s:I, s:I, s:I}", "in", o->in, "out", o->out, "ok", ok,
+    krun_model_state_io(m, &sr, &sw, &swait);
+    j = json_pack("{s:s, s:s, s:b, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:f, s:I, s:I, s:f, s:I}", "in", o->in, "out", o->out, "ok", ok,
                           "requests", (json_int_t)st->total, "done", (json_int_t)st->done, "resumed", (json_int_t)st->resumed,
                           "failed", (json_int_t)st->failed, "prompt_tokens", (json_int_t)st->prompt_tokens, "generated_tokens",
                           (json_int_t)st->generated, "sweeps", (json_int_t)st->sweeps, "bytes_read", (json_int_t)st->bytes_read,
                           "seconds", st->seconds, "tokens_per_second", st->seconds > 0 ? (double)st->generated / st->seconds : 0.0,
                           "bytes_per_generated_token", st->generated ? (double)st->bytes_read / (double)st->generated : 0.0,
                           "state_bytes_read", (json_int_t)sr, "state_bytes_written", (json_int_t)sw,
+                          "state_wait_seconds", swait,
                           "peak_rss_bytes", (json_int_t)kmem_peak_rss());
     char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
     if (s) printf("%s\n", s);

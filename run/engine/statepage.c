@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -42,6 +43,7 @@ struct k3_pager {
     int running, quit, failed;
     krun_err error;                 /* the first failure, reported by the next wait */
     uint64_t bytes_read, bytes_written;
+    double wait_seconds;            /* the forward pass's time waiting for the state file (the caller's thread) */
 };
 
 static size_t up(size_t n) { return (n + K3_PAGE_ALIGN - 1) / K3_PAGE_ALIGN * K3_PAGE_ALIGN; }
@@ -257,7 +259,13 @@ static int wait_for(k3_pager *p, uint64_t upto, krun_err *err)
 {
     int rc = 0;
     pthread_mutex_lock(&p->mu);
-    while (p->finished < upto) pthread_cond_wait(&p->done, &p->mu);
+    if (p->finished < upto) {
+        struct timespec a, b;
+        clock_gettime(CLOCK_MONOTONIC, &a);
+        while (p->finished < upto) pthread_cond_wait(&p->done, &p->mu);
+        clock_gettime(CLOCK_MONOTONIC, &b);
+        p->wait_seconds += (double)(b.tv_sec - a.tv_sec) + (double)(b.tv_nsec - a.tv_nsec) * 1e-9;
+    }
     if (p->failed) { *err = p->error; rc = -1; }
     pthread_mutex_unlock(&p->mu);
     return rc;
@@ -450,10 +458,11 @@ void k3_pager_close(k3_pager *p)
     free(p);
 }
 
-void k3_pager_counters(const k3_pager *p, uint64_t *read, uint64_t *written)
+void k3_pager_counters(const k3_pager *p, uint64_t *read, uint64_t *written, double *wait_seconds)
 {
     *read = p->bytes_read;
     *written = p->bytes_written;
+    *wait_seconds = p->wait_seconds;
 }
 
 const char *k3_pager_path(const k3_pager *p) { return p->path; }

@@ -83,8 +83,9 @@ int k3_pager_layer_begin(k3_pager *p, int L, krun_err *err);
 void k3_pager_layer_end(k3_pager *p, int L);
 int k3_pager_block_end(k3_pager *p, krun_err *err);
 
-/* Bytes read from and written to the state file so far. */
-void k3_pager_counters(const k3_pager *p, uint64_t *read, uint64_t *written);
+/* Bytes read from and written to the state file so far, and the seconds the
+ * forward pass waited for it (what paging cost in time beyond the overlap). */
+void k3_pager_counters(const k3_pager *p, uint64_t *read, uint64_t *written, double *wait_seconds);
 const char *k3_pager_path(const k3_pager *p);
 /* 1 when the file is read and written with O_DIRECT. */
 int k3_pager_direct(const k3_pager *p);

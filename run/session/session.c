@@ -325,10 +325,11 @@ const char *krun_model_path(const krun_model *m) { return kpk_path(m->f); }
 ktok *krun_model_tokenizer(const krun_model *m) { return m->tok; }
 const kmemplan *krun_model_plan(const krun_model *m) { return m->planned ? &m->plan : NULL; }
 const char *krun_model_state_file(const krun_model *m) { return m->pager ? k3_pager_path(m->pager) : NULL; }
-void krun_model_state_io(const krun_model *m, uint64_t *read, uint64_t *written)
+void krun_model_state_io(const krun_model *m, uint64_t *read, uint64_t *written, double *wait_seconds)
 {
     *read = *written = 0;
-    if (m->pager) k3_pager_counters(m->pager, read, written);
+    *wait_seconds = 0;
+    if (m->pager) k3_pager_counters(m->pager, read, written, wait_seconds);
 }
 uint64_t krun_model_auto_budget(const krun_model *m) { return m->auto_budget; }
 int krun_model_threads(const krun_model *m) { return kpool_threads(m->pool); }

@@ -110,8 +110,9 @@ size_t krun_model_stop_ids(const krun_model *m, int32_t out[3]);
 const kmemplan *krun_model_plan(const krun_model *m);       /* NULL: in place, no plan */
 /* The file the states are paged to (krun_model_opts.state_dir), or NULL: resident. */
 const char *krun_model_state_file(const krun_model *m);
-/* Bytes read from and written to it so far (0 when resident). */
-void krun_model_state_io(const krun_model *m, uint64_t *read, uint64_t *written);
+/* Bytes read from and written to it so far, and the seconds the forward
+ * passes waited for it (0 when resident). */
+void krun_model_state_io(const krun_model *m, uint64_t *read, uint64_t *written, double *wait_seconds);
 uint64_t krun_model_auto_budget(const krun_model *m);       /* the budget chosen for a too-large file, or 0 */
 
 /* Times each routed expert of MoE layer L was chosen so far, [n_experts]

@@ -130,7 +130,8 @@ int main(void)
           "%d blocks of random slots and lengths, %d resets: at every layer the window holds the resident copy's state", blocks, resets);
     {
         uint64_t r, w;
-        k3_pager_counters(p, &r, &w);
+        double ws;
+        k3_pager_counters(p, &r, &w, &ws);
         CHECK(r > 0 && w > 0 && r % 4096 == 0 && w % 4096 == 0, "bytes read (%llu) and written (%llu) in whole pages",
               (unsigned long long)r, (unsigned long long)w);
     }
