@@ -336,7 +336,9 @@ void k3_pager_reset(k3_pager *p, size_t slot)
 
 static int open_file(k3_pager *p, krun_err *err)
 {
+    const uint64_t size = k3_page_file_bytes(p->c, p->ctx, p->nslots);
     struct stat sb;
+    int rc;
     if (stat(p->dir, &sb)) {
         if (errno != ENOENT || mkdir(p->dir, 0700))
             return krun_err_set(err, KRUN_EINPUT, "%s: cannot make the state directory: %s", p->dir, strerror(errno));
@@ -352,9 +354,17 @@ static int open_file(k3_pager *p, krun_err *err)
     if (flock(p->fd, LOCK_EX | LOCK_NB))
         return krun_err_set(err, KRUN_EINPUT, "%s: another krun is using this state file (give each job its own --state-dir)", p->path);
     /* whatever a killed run left is scratch: nothing of it is trusted (the checksums were in its RAM) */
-    if (ftruncate(p->fd, 0) || ftruncate(p->fd, (off_t)k3_page_file_bytes(p->c, p->ctx, p->nslots)))
-        return krun_err_set(err, KRUN_EINPUT, "%s: cannot size the state file to %llu bytes: %s", p->path,
-                            (unsigned long long)k3_page_file_bytes(p->c, p->ctx, p->nslots), strerror(errno));
+    if (ftruncate(p->fd, 0))
+        return krun_err_set(err, KRUN_EINPUT, "%s: cannot truncate the state file: %s", p->path, strerror(errno));
+    /* allocated up front: a full disk is said now, not mid-job, and direct writes do not allocate
+     * blocks as they go; a file system without fallocate gets a sparse file */
+    rc = posix_fallocate(p->fd, 0, (off_t)size);
+    if (rc == ENOSPC)
+        return krun_err_set(err, KRUN_EINPUT, "%s: no room for the state file (%llu bytes): free space there or give another "
+                            "--state-dir", p->path, (unsigned long long)size);
+    if (rc && ftruncate(p->fd, (off_t)size))
+        return krun_err_set(err, KRUN_EINPUT, "%s: cannot size the state file to %llu bytes: %s", p->path, (unsigned long long)size,
+                            strerror(errno));
     return 0;
 }
 
