@@ -173,10 +173,16 @@ static int read_layer(k3_pager *p, int L, krun_err *err)
         const uint64_t off = p->layer_off[L] + k * p->layer_region[L];
         uint8_t *mem = region(p, L, k);
         if (!p->c->layer_is_mla[L]) {
-            const size_t len = kda_bytes(p->c);
+            const size_t len = kda_bytes(p->c), NL = (size_t)p->NL;
+            size_t run = 1;
             if (!p->on_disk[at]) { memset(mem, 0, len); continue; }
-            if (pread_all(p, mem, up(len), off, err)) return -1;
-            if (XXH3_64bits(mem, len) != p->sum[at]) return mismatch(p, k, L, err);
+            /* the block's next slots that follow this one, on disk too: one read (their regions
+             * follow each other in the window and in the file) */
+            while (g + run < p->nseg && p->slot[g + run] == k + run && p->on_disk[at + run * NL]) run++;
+            if (pread_all(p, mem, run * up(len), off, err)) return -1;
+            for (size_t i = 0; i < run; i++)
+                if (XXH3_64bits(mem + i * up(len), len) != p->sum[at + i * NL]) return mismatch(p, k + i, L, err);
+            g += run - 1;
         } else {
             /* rows 0..pos; the rows after them are the block's to write (mla.c) */
             const size_t have = p->on_disk[at] ? p->rows[at] : 0;
@@ -196,15 +202,25 @@ static int write_layer(k3_pager *p, int L, krun_err *err)
 {
     const size_t rb = row_bytes(p->c);
     for (size_t g = 0; g < p->nseg; g++) {
-        const size_t k = p->slot[g], at = k * (size_t)p->NL + (size_t)L;
+        const size_t k = p->slot[g];
+        size_t at = k * (size_t)p->NL + (size_t)L;
         const uint64_t off = p->layer_off[L] + k * p->layer_region[L];
         const uint8_t *mem = region(p, L, k);
         uint64_t mid;
         if (!p->c->layer_is_mla[L]) {
-            const size_t len = kda_bytes(p->c);
-            p->sum[at] = XXH3_64bits(mem, len);
-            if (pwrite_all(p, mem, up(len), off, err)) return -1;
-            mid = off + len / 2;
+            /* a run of the block's slots that follow each other: one write (as read_layer) */
+            const size_t len = kda_bytes(p->c), NL = (size_t)p->NL;
+            size_t run = 1;
+            while (g + run < p->nseg && p->slot[g + run] == k + run) run++;
+            for (size_t i = 0; i < run; i++) p->sum[at + i * NL] = XXH3_64bits(mem + i * up(len), len);
+            if (pwrite_all(p, mem, run * up(len), off, err)) return -1;
+            for (size_t i = 0; i + 1 < run; i++) {
+                p->on_disk[at + i * NL] = 1;
+                if (++p->writes == p->flip_at && damage(p, off + i * up(len) + len / 2, err)) return -1;
+            }
+            at += (run - 1) * NL;
+            mid = off + (run - 1) * up(len) + len / 2;
+            g += run - 1;
         } else {
             /* only the pages that hold the new rows: the ones before are on disk already */
             const size_t end = p->pos[g] + p->n[g], from = down(p->pos[g] * rb);
