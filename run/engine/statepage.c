@@ -363,9 +363,12 @@ static int open_file(k3_pager *p, krun_err *err)
         return krun_err_set(err, KRUN_EINPUT, "%s: not a directory (--state-dir names a directory for the states' file)", p->dir);
     }
     /* O_DIRECT keeps the states out of the page cache; a file system without it (tmpfs) gets buffered I/O */
-    p->fd = open(p->path, O_RDWR | O_CREAT | O_CLOEXEC | O_DIRECT, 0600);
-    p->direct = p->fd >= 0;
-    if (p->fd < 0 && errno == EINVAL) p->fd = open(p->path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (p->direct && (p->fd = open(p->path, O_RDWR | O_CREAT | O_CLOEXEC | O_DIRECT, 0600)) < 0 && errno != EINVAL)
+        return krun_err_set(err, KRUN_EINPUT, "%s: %s", p->path, strerror(errno));
+    if (p->fd < 0) {
+        p->direct = 0;
+        p->fd = open(p->path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    }
     if (p->fd < 0) return krun_err_set(err, KRUN_EINPUT, "%s: %s", p->path, strerror(errno));
     if (flock(p->fd, LOCK_EX | LOCK_NB))
         return krun_err_set(err, KRUN_EINPUT, "%s: another krun is using this state file (give each job its own --state-dir)", p->path);
@@ -384,7 +387,7 @@ static int open_file(k3_pager *p, krun_err *err)
     return 0;
 }
 
-int k3_pager_open(k3_pager **out, const k3_config *c, size_t ctx, size_t nslots, const char *dir, krun_err *err)
+int k3_pager_open(k3_pager **out, const k3_config *c, size_t ctx, size_t nslots, const char *dir, int direct, krun_err *err)
 {
     k3_pager *p = calloc(1, sizeof *p);
     const size_t NL = (size_t)c->n_layers;
@@ -393,6 +396,7 @@ int k3_pager_open(k3_pager **out, const k3_config *c, size_t ctx, size_t nslots,
     *out = NULL;
     if (!p) return krun_err_set(err, KRUN_ENOMEM, "out of memory");
     p->fd = -1;
+    p->direct = direct;
     p->c = c;
     p->ctx = ctx;
     p->nslots = nslots;

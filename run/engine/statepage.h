@@ -61,8 +61,10 @@ void k3_page_sweep_bytes(const k3_config *c, size_t B, size_t pos, uint64_t *rea
 
 /* Create (or truncate: it is scratch) DIR/K3_PAGE_FILE for nslots slots of
  * ctx positions, lock it, allocate the window, start the I/O thread.
- * dir is created if missing (and removed at close if so). */
-int k3_pager_open(k3_pager **out, const k3_config *c, size_t ctx, size_t nslots, const char *dir, krun_err *err);
+ * dir is created if missing (and removed at close if so).  direct: O_DIRECT
+ * where the file system allows (the weights' --io direct); 0: buffered (the
+ * page cache absorbs the writes: --io pread or mmap). */
+int k3_pager_open(k3_pager **out, const k3_config *c, size_t ctx, size_t nslots, const char *dir, int direct, krun_err *err);
 /* Stop the thread, remove the file (and the directory if it made it). */
 void k3_pager_close(k3_pager *p);
 /* Point st's per-layer pointers into the window as slot `slot`, and mark

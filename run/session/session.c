@@ -259,7 +259,7 @@ int krun_model_prepare(krun_model *m, const krun_model_opts *o, krun_err *err)
     if (m->planned && m->plan.predict && k3_predict_init(&m->run, m->plan.predict_buf_bytes, m->plan.predict_stage_bytes, err))
         return -1;
     m->session_bytes = opt.state_dir ? session_bytes_paged(c, m->ctx) : krun_session_bytes(c, m->ctx);
-    if (opt.state_dir && k3_pager_open(&m->pager, c, m->ctx, m->max_seqs, opt.state_dir, err)) return -1;
+    if (opt.state_dir && k3_pager_open(&m->pager, c, m->ctx, m->max_seqs, opt.state_dir, opt.io == KRUN_IO_DIRECT, err)) return -1;
     m->run.pager = m->pager;
     m->slots = aligned_alloc(KARENA_ALIGN, m->max_seqs * m->session_bytes);
     if (!m->slots) {

@@ -85,7 +85,7 @@ for v in "--max-seqs 1" "--max-seqs 3 --threads 1" "--max-seqs 8 --chunk 5"; do
 done
 
 # ---- states paged to disk (--state-dir; docs/BATCH.md, "States on disk") -------------------------------------
-for v in "--max-seqs 4" "--max-seqs 3 --threads 1 --chunk 5"; do
+for v in "--max-seqs 4" "--max-seqs 3 --threads 1 --chunk 5" "--max-seqs 4 --mem 1G --io pread"; do
     rm -rf "$T/b.jsonl" "$T/sd"
     "${B[@]}" "$T/b.jsonl" "${COMMON[@]}" $v --state-dir "$T/sd" --json >"$T/b.summary" 2>"$T/err" && cmp -s "$T/a.jsonl" "$T/b.jsonl" \
         && grep -q "paged to $T/sd/krun-states" "$T/err" \

@@ -90,7 +90,7 @@ int main(void)
               SLOTS * (3 * ((k3_kda_S_floats(&cfg) + k3_kda_conv_floats(&cfg)) * 4 + 4095) / 4096 * 4096 +
                        2 * ((CTX * k3_mla_row(&cfg) * 4 + 4095) / 4096 * 4096)),
           "the window: 3 KDA and 2 MLA regions per slot (the most of each kind in 3 consecutive layers), page-rounded");
-    if (k3_pager_open(&p, &cfg, CTX, SLOTS, sub, &e)) { CHECK(0, "k3_pager_open: %s", e.msg); return check_exit(); }
+    if (k3_pager_open(&p, &cfg, CTX, SLOTS, sub, 1, &e)) { CHECK(0, "k3_pager_open: %s", e.msg); return check_exit(); }
     for (size_t k = 0; k < SLOTS; k++) {
         karena a = {NULL, 0};
         k3_state_carve_tables(&st[k], &cfg, CTX, &a);
