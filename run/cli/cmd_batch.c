@@ -7,6 +7,7 @@
 #include "run/serve/batch.h"
 #include "run/session/memplan.h"
 #include "run/session/sweep_model.h"
+#include "run/util/procmem.h"
 
 #include <errno.h>
 #include <signal.h>
@@ -58,6 +59,9 @@ static const char usage[] =
     "                        per generated token within the budget, by the union model; at most the\n"
     "                        requests; 16 at most when the file is used in place, without a budget)\n"
     "  --ctx N               positions per sequence: prompt + max_tokens (default 4096)\n"
+    "  --state-dir DIR       keep the sequences' states in a file in DIR, RAM holding 3 layers of them\n"
+    "                        (default: only when the states of --max-seqs sequences do not fit the\n"
+    "                        budget, in OUT.jsonl.krun-states/; docs/BATCH.md, \"States on disk\")\n"
     "  --json                a summary on stdout at the end (requests, tokens, sweeps, bytes, seconds)\n"
     "  --quiet               no progress line and no summary on stderr\n"
     "Execution:\n"
@@ -68,13 +72,15 @@ static const char usage[] =
     "ETA.\n"
     "\n"
     "Exit: 0 OUT.jsonl written (error lines included: see \"failed\" in --json); 1 the model file is\n"
-    "damaged (OUT.jsonl not written; the journal keeps what was done: repair the file, run the same\n"
-    "command); 2 cannot run: usage, IN unreadable, duplicate custom_ids, OUT.jsonl exists (--force),\n"
+    "damaged, or the states' file (OUT.jsonl not written; the journal keeps what was done: repair the\n"
+    "file or the disk, run the same command); 2 cannot run: usage, IN unreadable, duplicate custom_ids, OUT.jsonl exists (--force),\n"
     "another krun batch is writing OUT.jsonl, a journal of another job, I/O error; 3 out of memory;\n"
     "130 stopped by SIGINT or SIGTERM (the journal keeps what was done: the same command continues).\n";
 
 struct batch_opts {
     const char *model, *in, *out, *model_name;
+    const char *state_dir;     /* --state-dir: states paged there always; NULL: paged beside OUT when they do not fit */
+    char state_default[4096];
     int force, json, quiet, seed_given, created_given, auto_seqs;
     unsigned long long seed;
     long long created;
@@ -93,6 +99,7 @@ static void parse_args(int argc, char **argv, struct batch_opts *o)
         else if (OPT("--seed")) { o->seed = (unsigned long long)krun_cli_double(v, 0, 9.2e18, "--seed"); o->seed_given = 1; }
         else if (OPT("--created")) { o->created = (long long)krun_cli_double(v, 0, 1e12, "--created"); o->created_given = 1; }
         else if (OPT("--model-name")) o->model_name = v;
+        else if (OPT("--state-dir")) o->state_dir = v;
         else if (OPT("--max-seqs")) {
             o->auto_seqs = !strcmp(v, "auto");
             if (!o->auto_seqs) o->c.max_seqs = krun_cli_long(v, 1, KRUN_MAX_SEQS, "--max-seqs");
@@ -115,6 +122,8 @@ static void parse_args(int argc, char **argv, struct batch_opts *o)
         krun_cli_die("%s", "krun batch takes sampling from each request's body (temperature, top_p, top_k, min_p, seed)");
     if (!o->c.ctx) o->c.ctx = BATCH_CTX_DEFAULT;
     if (!strcmp(o->in, o->out)) krun_cli_die("%s: IN and OUT are the same file", o->in);
+    if ((size_t)snprintf(o->state_default, sizeof o->state_default, "%s.krun-states", o->out) >= sizeof o->state_default)
+        krun_cli_die("%s: the path is too long", o->out);
 }
 
 typedef struct { int draw; } view;
@@ -141,15 +150,29 @@ static void on_progress(void *ctx, const kbatch_stats *st)
     fflush(stderr);
 }
 
+/* The plan for mo->max_seqs sequences: their states resident when they fit (or paged when forced:
+ * --state-dir), else paged to disk.  Sets mo->state_dir.  0, or -1: no plan holds them. */
+static int plan_seqs(krun_model *m, krun_model_opts *mo, const struct batch_opts *o, kmemplan *p, krun_err *e)
+{
+    mo->state_dir = o->state_dir;                 /* forced, or resident first */
+    if (krun_model_make_plan(m, mo, p, e) == 0) return 0;
+    if (o->state_dir) return -1;
+    mo->state_dir = o->state_default;             /* they do not fit: paged */
+    return krun_model_make_plan(m, mo, p, e);
+}
+
 /* --max-seqs auto: the number of sequences whose sweep reads the fewest bytes per generated token
- * (sweep_model.h) among the plans the budget holds, at most `runnable`.  Says what it chose. */
-static void choose_seqs(krun_model *m, krun_model_opts *mo, size_t runnable, int quiet)
+ * (sweep_model.h; paged states' reads and writes counted) among the plans the budget holds, at
+ * most `runnable`.  Says what it chose. */
+static void choose_seqs(krun_model *m, krun_model_opts *mo, const struct batch_opts *o, size_t runnable, int quiet)
 {
     const k3_config *c = krun_model_config(m);
     size_t best = 1, top = runnable < KRUN_MAX_SEQS ? runnable : KRUN_MAX_SEQS;
     double best_cost = 0, one = 0, best_sweep = 0;
+    const char *best_dir = NULL;
     if (!top) top = 1;
     if (!mo->budget) {
+        mo->state_dir = o->state_dir;
         mo->max_seqs = top < BATCH_SEQS_IN_PLACE ? top : BATCH_SEQS_IN_PLACE;
         if (!quiet)
             fprintf(stderr, "krun batch: %zu sequences per sweep (--max-seqs auto; no budget: the file is used in place if it fits)\n",
@@ -161,21 +184,22 @@ static void choose_seqs(krun_model *m, krun_model_opts *mo, size_t runnable, int
         krun_err e;
         double sweep, cost;
         mo->max_seqs = B;
-        if (krun_model_make_plan(m, mo, &p, &e)) break;           /* B sequences' state no longer fits */
-        sweep = ksweep_bytes(&p, c, B);
+        if (plan_seqs(m, mo, o, &p, &e)) break;                  /* B sequences' state no longer fits, even paged */
+        sweep = ksweep_bytes(&p, c, B) + (double)(p.page_read_bytes + p.page_write_bytes);
         cost = sweep / (double)B;
         if (B == 1) one = cost;
-        if (B == 1 || cost <= best_cost) { best = B; best_cost = cost; best_sweep = sweep; }
+        if (B == 1 || cost <= best_cost) { best = B; best_cost = cost; best_sweep = sweep; best_dir = mo->state_dir; }
     }
     mo->max_seqs = best;
+    mo->state_dir = best_dir;
     if (!quiet) {
         char a[32], b[32], d[32];
         kfmt_bytes((uint64_t)best_sweep, a, sizeof a);
         kfmt_bytes((uint64_t)best_cost, b, sizeof b);
         kfmt_bytes((uint64_t)one, d, sizeof d);
         fprintf(stderr, "krun batch: %zu sequences per sweep (--max-seqs auto, the fewest bytes per generated token within the "
-                "budget): a decoding sweep reads ~%s, %s per generated token (one at a time: %s; union model, docs/BATCH.md)\n",
-                best, a, b, d);
+                "budget): a decoding sweep reads ~%s, %s per generated token (one at a time: %s; union model%s, docs/BATCH.md)\n",
+                best, a, b, d, best_dir ? ", with the states' paging at full context" : "");
     }
 }
 
@@ -198,14 +222,21 @@ static int wants_echo_logits(const kbatch_input *in)
     return 0;
 }
 
-static void summary_json(const struct batch_opts *o, const kbatch_stats *st, int ok)
+static void summary_json(const struct batch_opts *o, const kbatch_stats *st, const krun_model *m, int ok)
 {
-    json_t *j = json_pack("{s:s, s:s, s:b, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:f}", "in", o->in, "out", o->out, "ok", ok,
+    uint64_t sr, sw;
+    double swait;
+    json_t *j;
+    krun_model_state_io(m, &sr, &sw, &swait);
+    j = json_pack("{s:s, s:s, s:b, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:f, s:I, s:I, s:f, s:I}", "in", o->in, "out", o->out, "ok", ok,
                           "requests", (json_int_t)st->total, "done", (json_int_t)st->done, "resumed", (json_int_t)st->resumed,
                           "failed", (json_int_t)st->failed, "prompt_tokens", (json_int_t)st->prompt_tokens, "generated_tokens",
                           (json_int_t)st->generated, "sweeps", (json_int_t)st->sweeps, "bytes_read", (json_int_t)st->bytes_read,
                           "seconds", st->seconds, "tokens_per_second", st->seconds > 0 ? (double)st->generated / st->seconds : 0.0,
-                          "bytes_per_generated_token", st->generated ? (double)st->bytes_read / (double)st->generated : 0.0);
+                          "bytes_per_generated_token", st->generated ? (double)st->bytes_read / (double)st->generated : 0.0,
+                          "state_bytes_read", (json_int_t)sr, "state_bytes_written", (json_int_t)sw,
+                          "state_wait_seconds", swait,
+                          "peak_rss_bytes", (json_int_t)kmem_peak_rss());
     char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
     if (s) printf("%s\n", s);
     free(s);
@@ -254,10 +285,19 @@ int krun_batch_main(int argc, char **argv)
     if (o.auto_seqs) {
         size_t runnable = 0;
         for (size_t k = 0; k < in.n; k++) runnable += !in.items[k].bad;
-        choose_seqs(m, &mo, runnable, o.quiet);
+        choose_seqs(m, &mo, &o, runnable, o.quiet);
+    } else if (mo.budget) {
+        kmemplan p;
+        if (plan_seqs(m, &mo, &o, &p, &e)) { fprintf(stderr, "krun batch: %s\n", e.msg); rc = e.code; goto out; }
+    } else {
+        mo.state_dir = o.state_dir;
     }
+
     if (krun_model_prepare(m, &mo, &e)) { fprintf(stderr, "krun batch: %s\n", e.msg); rc = e.code; goto out; }
     if (!o.quiet && krun_model_plan(m)) kmemplan_print(krun_model_plan(m), stderr);
+    if (!o.quiet && krun_model_state_file(m))
+        fprintf(stderr, "krun batch: the states of %zu sequences are paged to %s (RAM holds the layers in flight; the file is removed at the end)\n",
+                krun_model_max_seqs(m), krun_model_state_file(m));
 
     memset(&bo, 0, sizeof bo);
     bo.out = o.out;
@@ -292,7 +332,7 @@ int krun_batch_main(int argc, char **argv)
                 st.resumed, st.failed, (unsigned long long)st.prompt_tokens, (unsigned long long)st.generated,
                 (unsigned long long)st.sweeps, st.seconds, b, rc ? "; the same command continues" : "");
     }
-    if (o.json) summary_json(&o, &st, rc == 0);
+    if (o.json) summary_json(&o, &st, m, rc == 0);
 out:
     krun_model_close(m);
     kbatch_input_free(&in);

@@ -71,6 +71,8 @@ static const char usage[] =
     "                        decoding); the plan is made for the largest (--ctx defaults to it + --gen)\n"
     "  --disk-mbps X         with --prompt-tokens: the time those bytes take at X MB/s\n"
     "  --max-seqs N          sessions whose state the plan budgets (default 1; for --plan)\n"
+    "  --state-dir DIR       with --plan: their states paged to disk, as krun batch --state-dir\n"
+    "                        does (the window in RAM, the state bytes a sweep reads and writes)\n"
     "  --recompute           recompute the whole sequence every step (testing; same result)\n"
     "Output:\n"
     "  --json FILE           prompt_ids, generated_ids, seconds_per_token, bytes_read, peak_rss_bytes, ...\n"
@@ -96,6 +98,7 @@ struct opts {
     size_t n_prompt_tokens;
     double disk_mbps;
     int plan_only;
+    const char *state_dir;    /* --plan --state-dir */
     int recompute, print_ids, quiet, ignore_eos;
     krun_cli c;               /* memory, execution and sampling: shared with krun chat and krun serve */
 };
@@ -123,6 +126,7 @@ static void parse_args(int argc, char **argv, struct opts *o)
         else if (OPT("--gen")) o->gen = krun_cli_long(v, 0, 1L << 30, "--gen");
         else if (!strcmp(a, "--recompute")) o->recompute = 1;
         else if (!strcmp(a, "--plan")) o->plan_only = 1;
+        else if (OPT("--state-dir")) o->state_dir = v;
         else if (OPT("--prompt-tokens")) {
             char buf[256], *save = NULL;
             snprintf(buf, sizeof buf, "%s", v);
@@ -152,6 +156,7 @@ static void parse_args(int argc, char **argv, struct opts *o)
     if (!o->model) { fputs(usage, stderr); exit(KRUN_EINPUT); }
     krun_cli_check(&o->c, o->plan_only ? "--plan" : NULL);
     if ((o->n_prompt_tokens || o->disk_mbps > 0) && !o->plan_only) krun_cli_die("%s", "--prompt-tokens and --disk-mbps go with --plan");
+    if (o->state_dir && !o->plan_only) krun_cli_die("%s", "--state-dir goes with --plan here (states on disk are krun batch's)");
     if (o->disk_mbps > 0 && !o->n_prompt_tokens) krun_cli_die("%s", "--disk-mbps needs --prompt-tokens P (the prompt whose reads it times)");
     if (!o->plan_only && !!o->prompt + !!o->prompt_file + !!o->ids > 1)
         krun_cli_die("%s", "give only one of --prompt, --prompt-file, --ids");
@@ -251,6 +256,7 @@ static int plan_only(const struct opts *o, krun_model *m, uint64_t budget)
     /* the plan alone: no prompt needed; for --prompt-tokens, what krun would reserve for the largest */
     mo.ctx = o->c.ctx ? (size_t)o->c.ctx : most ? most + (size_t)o->gen : 4096;
     mo.prompt_tokens = most;
+    mo.state_dir = o->state_dir;       /* planned only: nothing is made there */
     if (most > mo.ctx) {
         fprintf(stderr, "krun: --prompt-tokens %zu does not fit --ctx %zu\n", most, mo.ctx);
         return KRUN_EINPUT;

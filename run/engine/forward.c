@@ -199,6 +199,9 @@ static int make_block(k3_run *r, const k3_seg *segs, size_t nseg, k3_block *b, k
                          sg->journal ? "journaled" : "", sg->n);
             return -1;
         }
+        if (r->pager && (sg->journal || sg->snap))
+            return krun_err_set(err, KRUN_EINPUT, "a %s in a block whose states are paged to disk (not supported: statepage.h)",
+                                sg->journal ? "speculative verification" : "prefix-cache snapshot");
         if (sg->journal) {
             /* the block's verifications share the journal's rows, in block order */
             if (jn + 1 > r->j.max_segs || sg->n > r->j.cap - jrows) {
@@ -285,6 +288,13 @@ int k3_forward(k3_run *r, const k3_seg *segs, size_t nseg, krun_err *err)
     int prefix_empty = 0;
 
     if (make_block(r, segs, nseg, &b, err) || k3_weights_step_begin(&r->w, err)) return -1;
+    if (r->pager) {
+        /* paged states: layer 0 of the block's sequences is read while the embedding rows are */
+        k3_state *sts[K3_MAX_SEQS];
+        size_t news[K3_MAX_SEQS];
+        for (size_t k = 0; k < nseg; k++) { sts[k] = segs[k].st; news[k] = segs[k].n; }
+        if (k3_pager_block_begin(r->pager, sts, news, nseg, err)) return -1;
+    }
 
     /* §4.3: the embedding is the first hidden state; no scaling, no positions */
     for (size_t t = 0; t < b.T; t++)
@@ -295,6 +305,11 @@ int k3_forward(k3_run *r, const k3_seg *segs, size_t nseg, krun_err *err)
         const float *f_attn, *f_mlp;
         /* layer L's weights: held whole, or streamed in pieces under the seam (weights.h) */
         if (k3_weights_begin(&r->w, L, err)) return -1;
+        /* and, paged, the block's states of layer L (layer L+1's are read while it runs) */
+        if (r->pager && k3_pager_layer_begin(r->pager, L, err)) {
+            k3_weights_end(&r->w, L, &(krun_err){0, {0}});
+            return -1;
+        }
         w = k3_weights_vecs(&r->w, L);
         f_attn = ABLATED(ATTNRES_FOLDS_SWAPPED) ? w->f_mlp : w->f_attn;
         f_mlp = ABLATED(ATTNRES_FOLDS_SWAPPED) ? w->f_attn : w->f_mlp;
@@ -336,12 +351,15 @@ int k3_forward(k3_run *r, const k3_seg *segs, size_t nseg, krun_err *err)
         for (size_t i = 0; i < b.T * E; i++) s->P[i] = s->P[i] + s->y[i];
         /* fails when anything read for the layer was bad: its results must not be used */
         if (k3_weights_end(&r->w, L, err)) return -1;
+        if (r->pager) k3_pager_layer_end(r->pager, L);          /* written back while layer L+1 runs */
         for (size_t k = 0; k < nseg; k++)
             if (segs[k].snap && segs[k].snap->layer_done) segs[k].snap->layer_done(segs[k].snap->ctx, L);
         if (r->on_layer) r->on_layer(r->on_layer_ctx, L + 1, c->n_layers);
     }
 
     if (output(r, &b, nsnap, err)) return -1;
+    /* the last layers' states are written while lm_head runs; the block is done when they are */
+    if (r->pager && k3_pager_block_end(r->pager, err)) return -1;
     r->j.n_segs = 0;
     for (size_t k = 0; k < nseg; k++) {
         if (!segs[k].journal) { segs[k].st->pos += segs[k].n; continue; }

@@ -7,6 +7,7 @@
 #include "journal.h"
 #include "scratch.h"
 #include "state.h"
+#include "statepage.h"
 #include "weights.h"
 #include "run/model/model.h"
 #include "run/store/store.h"
@@ -31,6 +32,9 @@ typedef struct k3_run {
     /* called after each layer of a block (layers done, of n_layers): progress within a long block */
     void (*on_layer)(void *ctx, int done, int total);
     void *on_layer_ctx;
+    /* the sequences' states paged to disk (statepage.h): NULL, resident.  With a pager every
+     * state of a block is one of its slots, and no segment is journaled or snapshots */
+    k3_pager *pager;
     /* the prediction (predict.h); NULL when it is off */
     uint8_t *predict_mem;
     uint64_t predict_router_bytes, predict_buf_bytes, predict_stage_bytes;

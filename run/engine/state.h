@@ -19,6 +19,10 @@ typedef struct k3_state {
     float **kda_S;         /* [layer] -> [Hk][D][D], NULL for MLA layers */
     float **kda_conv;      /* [layer] -> [3 (q,k,v)][Kc-1][P], oldest first */
     float **mla_cache;     /* [layer] -> [ctx][kv_lora + qk_rope], NULL for KDA layers */
+    /* paged to disk (statepage.h): the layers above point into the pager's window, valid only
+     * for the layer a forward block is running; NULL: resident, the layers are the slot's own */
+    struct k3_pager *pager;
+    size_t page_slot;
 } k3_state;
 
 static inline size_t k3_mla_row(const k3_config *c) { return (size_t)(c->kv_lora + c->qk_rope); }
@@ -30,11 +34,17 @@ static inline size_t k3_kda_conv_floats(const k3_config *c)
 
 /* Lay the state for ctx positions out in a (see arena.h); reset before use. */
 void k3_state_carve(k3_state *s, const k3_config *c, size_t ctx, karena *a);
-/* Back to position 0 (KDA state and ShortConv history zeroed). */
+/* The per-layer tables only, for a state whose layers a pager holds
+ * (k3_pager_attach points them into its window). */
+void k3_state_carve_tables(k3_state *s, const k3_config *c, size_t ctx, karena *a);
+/* Back to position 0 (KDA state and ShortConv history zeroed; paged: marked
+ * zero, no I/O). */
 void k3_state_reset(k3_state *s);
 /* dst (same config, room for src->pos positions) becomes src: every KDA
  * layer's state and ShortConv history, the MLA rows of the positions run,
- * and the position.  Bit for bit: dst then continues exactly as src would. */
+ * and the position.  Bit for bit: dst then continues exactly as src would.
+ * Resident states only (a paged state's layers are not in RAM between
+ * blocks: the session layer refuses what would copy one). */
 void k3_state_copy(k3_state *dst, const k3_state *src);
 
 #endif

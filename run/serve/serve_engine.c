@@ -522,11 +522,17 @@ static void conclude_locked(srv_engine *e, sreq *r, int done)
 static void damaged_locked(srv_engine *e, const krun_err *err)
 {
     oai_error oe;
+    const char *states = krun_model_state_file(e->m);       /* paged states (krun batch): their file, not the model's */
     e->damaged = 1;
     snprintf(e->damage, sizeof e->damage, "%s", err->msg);
-    oai_error_set(&oe, 500, NULL, "model_damaged",
-                  "the model file is damaged: %s; this server serves nothing more computed from it (restart it with a good "
-                  "file: kpack verify names every bad extent)", err->msg);
+    if (states && strstr(err->msg, states))
+        oai_error_set(&oe, 500, NULL, "model_damaged",
+                      "the sequences' state file is damaged: %s; nothing more is computed (it is scratch: the same command runs "
+                      "the requests not yet recorded again)", err->msg);
+    else
+        oai_error_set(&oe, 500, NULL, "model_damaged",
+                      "the model file is damaged: %s; this server serves nothing more computed from it (restart it with a good "
+                      "file: kpack verify names every bad extent)", err->msg);
     while (e->n_active) {
         sreq *r = e->active[e->n_active - 1];
         e->n_active--;

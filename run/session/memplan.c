@@ -1,8 +1,10 @@
 #include "memplan.h"
 
+#include "sweep_model.h"
 #include "format/kprogress.h"
 #include "run/engine/forward.h"
 #include "run/engine/predict.h"
+#include "run/engine/statepage.h"
 #include "run/store/iopool.h"
 #include "run/store/store.h"
 #include "run/store/store_pieces.h"
@@ -215,7 +217,14 @@ static void fixed_parts(kmemplan *p, const kmemplan_req *q, const struct sizes *
     p->max_slots = s->max_slots;
     p->n_layers = c->n_layers;
     p->session_bytes = q->session_bytes;
-    p->state_bytes = (uint64_t)q->max_seqs * p->session_bytes;
+    p->paged = q->paged;
+    if (q->paged) {
+        /* the same functions the pager allocates and reads by */
+        p->page_window_bytes = k3_page_window_bytes(c, q->ctx, q->max_seqs);
+        p->page_file_bytes = k3_page_file_bytes(c, q->ctx, q->max_seqs);
+        k3_page_sweep_bytes(c, q->max_seqs, q->ctx - 1, &p->page_read_bytes, &p->page_write_bytes);
+    }
+    p->state_bytes = (uint64_t)q->max_seqs * p->session_bytes + p->page_window_bytes;
     p->vectors_bytes = k3_run_vectors_bytes(c);
     p->scratch_bytes = k3_run_bytes(c, p->block, q->max_seqs, q->ctx, q->spec) - p->vectors_bytes;
     p->spec_bytes = k3_journal_bytes(c, q->spec);
@@ -291,8 +300,10 @@ static void fill(kmemplan *p, const struct sizes *s, const struct choice *ch, co
     p->expert_reads_max = (uint64_t)s->moe_layers * (uint64_t)c->topk * s->expert_slot * (p->predict ? 2 : 1);
     {
         /* sessions that fit: the rest of the plan with the fewest expert slots */
+        /* paged: each session also brings its share of the window (it is linear in the sessions) */
         uint64_t rest = total_for(s, p, ch, s->min_slots) - p->state_bytes;
-        p->sessions_fit = q->budget > rest && p->session_bytes ? (q->budget - rest) / p->session_bytes : 0;
+        uint64_t per = p->session_bytes + (p->paged ? k3_page_window_bytes(c, p->ctx, 1) : 0);
+        p->sessions_fit = q->budget > rest && per ? (q->budget - rest) / per : 0;
     }
 }
 
@@ -454,6 +465,7 @@ int kmemplan_make(const k3_model *m, const kmemplan_req *q, kmemplan *p, krun_er
     p->prompt_ref = q->prompt_hint ? q->prompt_hint : q->ctx;
     if (p->chunk_auto) choose_prefill(p, &s, &ch, q, m);
     sizes_free(&s);
+    p->sweep_bytes = (uint64_t)ksweep_bytes(p, &m->cfg, p->max_seqs);
     if (p->total > q->budget) {
         kfmt_bytes(q->budget, b1, sizeof b1);
         kfmt_bytes(p->minimum, b2, sizeof b2);
@@ -508,8 +520,15 @@ void kmemplan_print(const kmemplan *p, FILE *out)
     }
     if (p->predict) ROW("prediction", p->predict_bytes, "a router read early, to read a layer's likely experts during its attention");
     kfmt_bytes(p->session_bytes, c2, sizeof c2);
-    ROW("state", p->state_bytes, "%zu session%s x %s (KDA + ShortConv state, MLA latent cache for --ctx %zu); %llu would fit",
-        p->max_seqs, p->max_seqs == 1 ? "" : "s", c2, p->ctx, (unsigned long long)p->sessions_fit);
+    if (p->paged) {
+        kfmt_bytes(p->page_window_bytes, c3, sizeof c3);
+        ROW("state", p->state_bytes, "%zu session%s x %s (tokens, logits, sampler) + a window of %s: the layers in flight of every "
+            "session's state (3 at most of each kind), the rest on disk (--state-dir); %llu would fit", p->max_seqs, p->max_seqs == 1 ? "" : "s", c2, c3,
+            (unsigned long long)p->sessions_fit);
+    } else {
+        ROW("state", p->state_bytes, "%zu session%s x %s (KDA + ShortConv state, MLA latent cache for --ctx %zu); %llu would fit",
+            p->max_seqs, p->max_seqs == 1 ? "" : "s", c2, p->ctx, (unsigned long long)p->sessions_fit);
+    }
     ROW("bound vectors", p->vectors_bytes, "norms, AttnRes folds, conv taps, biases of every layer, widened once");
     if (p->spec) {
         kfmt_bytes(p->spec_bytes, c2, sizeof c2);
@@ -529,6 +548,17 @@ void kmemplan_print(const kmemplan *p, FILE *out)
     kfmt_bytes(p->head_stream_bytes, c3, sizeof c3);
     fprintf(out, "reads per decoding step: trunk %s (every unpinned layer)%s%s%s, experts up to %s (top-k of every MoE layer, less cache hits)\n",
             b, p->head_streamed ? ", lm_head " : "", p->head_streamed ? c3 : "", p->head_streamed ? " (streamed)" : "", c2);
+    if (p->paged) {
+        char r[32], w[32], f[32];
+        const double st = (double)(p->page_read_bytes + p->page_write_bytes);
+        kfmt_bytes(p->page_read_bytes, r, sizeof r);
+        kfmt_bytes(p->page_write_bytes, w, sizeof w);
+        kfmt_bytes(p->page_file_bytes, f, sizeof f);
+        kfmt_bytes(p->sweep_bytes, b, sizeof b);
+        fprintf(out, "states on disk: a decoding sweep of %zu sequence%s at position %zu reads %s and writes %s of state, next to %s "
+                "of weights (union model): %.1f%% of the sweep's bytes; state file %s\n", p->max_seqs, p->max_seqs == 1 ? "" : "s",
+                p->ctx - 1, r, w, b, 100.0 * st / (st + (double)p->sweep_bytes), f);
+    }
     if (two) {
         kfmt_bytes(p->trunk_stream_prefill_bytes, b, sizeof b);
         kfmt_bytes(p->switch_bytes, c2, sizeof c2);
@@ -608,6 +638,12 @@ json_t *kmemplan_json(const kmemplan *p)
     json_object_set_new(j, "session_bytes", json_integer((json_int_t)p->session_bytes));
     json_object_set_new(j, "max_seqs", json_integer((json_int_t)p->max_seqs));
     json_object_set_new(j, "sessions_fit", json_integer((json_int_t)p->sessions_fit));
+    json_object_set_new(j, "states_paged", json_boolean(p->paged));
+    json_object_set_new(j, "state_window_bytes", json_integer((json_int_t)p->page_window_bytes));
+    json_object_set_new(j, "state_file_bytes", json_integer((json_int_t)p->page_file_bytes));
+    json_object_set_new(j, "state_read_bytes_per_sweep", json_integer((json_int_t)p->page_read_bytes));
+    json_object_set_new(j, "state_write_bytes_per_sweep", json_integer((json_int_t)p->page_write_bytes));
+    json_object_set_new(j, "sweep_weight_bytes", json_integer((json_int_t)p->sweep_bytes));
     json_object_set_new(j, "vectors_bytes", json_integer((json_int_t)p->vectors_bytes));
     json_object_set_new(j, "scratch_bytes", json_integer((json_int_t)p->scratch_bytes));
     json_object_set_new(j, "block_positions", json_integer((json_int_t)p->block));

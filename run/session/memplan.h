@@ -16,7 +16,10 @@
  *   prediction         the largest router, read early to predict a layer's
  *                      experts (--predict; run/engine/predict.c)
  *   state              per session (--max-seqs of them): KDA + ShortConv state,
- *                      the MLA latent cache (--ctx), tokens, logits, sampler
+ *                      the MLA latent cache (--ctx), tokens, logits, sampler;
+ *                      with the states paged to disk (--state-dir), the
+ *                      tokens, logits and sampler per session, and a window
+ *                      of 3 layers of every session's state (statepage.h)
  *   run state          the widened small vectors of every layer (bound once),
  *                      the activations of one forward block (--chunk) and,
  *                      with --spec, the journal of a verification block
@@ -84,8 +87,15 @@ typedef struct kmemplan {
     uint64_t io_bytes;             /* io_threads x io_worker_bytes */
     int expert_slots;
     uint64_t expert_slot_bytes;
-    uint64_t state_bytes;          /* max_seqs x session_bytes */
-    uint64_t session_bytes;        /* one session's slot for ctx positions */
+    uint64_t state_bytes;          /* max_seqs x session_bytes (+ the window, paged) */
+    uint64_t session_bytes;        /* one session's slot for ctx positions (paged: without its state) */
+    /* the states paged to disk (--state-dir; run/engine/statepage.h) */
+    int paged;
+    uint64_t page_window_bytes;    /* the window of layers in RAM (k3_page_window_bytes): part of state_bytes */
+    uint64_t page_file_bytes;      /* the state file's size */
+    uint64_t page_read_bytes;      /* a decoding sweep of max_seqs sequences at position ctx - 1: state read, */
+    uint64_t page_write_bytes;     /* and written (k3_page_sweep_bytes) */
+    uint64_t sweep_bytes;          /* the weights such a sweep reads, by the union model (sweep_model.h) */
     uint64_t vectors_bytes;        /* the bound vectors of every layer */
     uint64_t scratch_bytes;        /* activations of one block, and the --spec journal */
     size_t spec;                   /* drafts per verification block (--spec), 0: none */
@@ -164,6 +174,8 @@ typedef struct kmemplan_req {
     uint64_t session_bytes;        /* one session's slot for ctx positions, as the session lays it out
                                       (krun_session_bytes): the state is max_seqs of them */
     size_t prompt_hint;            /* chunk auto: the prompt expected (krun knows it); 0: ctx */
+    int paged;                     /* the states paged to disk: session_bytes is a slot without its state,
+                                      and the plan counts the window */
 } kmemplan_req;
 
 /* 1 when the trunk is stored in another member file than the experts (kpack

@@ -81,6 +81,7 @@ struct krun_model {
     uint64_t flex_bytes;
     uint8_t *slots;            /* max_seqs x session_bytes: each a krun_session then its buffers */
     size_t session_bytes, live;
+    k3_pager *pager;           /* the sessions' states paged to disk (krun_model_opts.state_dir), or NULL */
     char identity[40];         /* set_id-config hash (krun_model_identity) */
     /* snapshots written to a file as their block runs (krun_model_opts.cache): one at a time */
     float *mark_buf;           /* one KDA layer's head states, then its ShortConv history */
@@ -143,7 +144,7 @@ int krun_model_load(const char *path, krun_model **out, krun_err *err)
     return 0;
 }
 
-static size_t session_carve(krun_session *s, const k3_config *c, size_t ctx, karena *a);
+static size_t session_carve(krun_session *s, const k3_config *c, size_t ctx, int paged, karena *a);
 static void mark_arm(krun_session *s, k3_seg *seg);
 static void mark_end(krun_session *s, const k3_seg *seg, const krun_err *failed);
 static void mark_drop(krun_session *s, const char *why);
@@ -177,14 +178,22 @@ static size_t mark_buf_bytes(const k3_config *c)
 size_t krun_session_bytes(const k3_config *c, size_t ctx)
 {
     karena a = {NULL, 0};
-    return session_carve(NULL, c, ctx, &a);
+    return session_carve(NULL, c, ctx, 0, &a);
+}
+
+/* A slot whose state a pager holds: the tables, the history, logits and sampler only. */
+static size_t session_bytes_paged(const k3_config *c, size_t ctx)
+{
+    karena a = {NULL, 0};
+    return session_carve(NULL, c, ctx, 1, &a);
 }
 
 int krun_model_make_plan(const krun_model *m, const krun_model_opts *o, kmemplan *plan, krun_err *err)
 {
     kmemplan_req q = {o->budget, o->pin, o->expert_slots, o->head, o->piece, o->ctx, o->chunk, o->max_seqs, o->spec,
                       o->io_threads, kmem_base_bytes(&m->m) + o->extra_bytes + (o->cache ? mark_buf_bytes(&m->m.cfg) : 0), o->predict,
-                      krun_session_bytes(&m->m.cfg, o->ctx), o->prompt_tokens};
+                      o->state_dir ? session_bytes_paged(&m->m.cfg, o->ctx) : krun_session_bytes(&m->m.cfg, o->ctx),
+                      o->prompt_tokens, o->state_dir != NULL};
     if (o->spec > KSPEC_MAX_DRAFT) {
         krun_err_set(err, KRUN_EINPUT, "spec %zu: at most %d drafts per verification", o->spec, KSPEC_MAX_DRAFT);
         return -1;
@@ -203,6 +212,11 @@ int krun_model_prepare(krun_model *m, const krun_model_opts *o, krun_err *err)
         krun_err_set(err, KRUN_EINPUT, "max_seqs must be 1..%d, ctx at least 1, spec at most %d", K3_MAX_SEQS, KSPEC_MAX_DRAFT);
         return -1;
     }
+    /* states on disk are read and written only around a forward block's layers (statepage.h):
+     * what reads or copies a state between blocks is not supported with them yet */
+    if (opt.state_dir && (opt.spec || opt.cache))
+        return krun_err_set(err, KRUN_EINPUT, "states paged to disk (--state-dir) do not go with %s in this version",
+                            opt.spec ? "speculative decoding (--spec)" : "a prefix cache");
     /* A file that does not fit comfortably gets 80% of the available memory
      * as its budget rather than a mapping that pushes everything else out. */
     if (!opt.budget && kmem_available() && kpk_total_size(m->f) > kmem_available() / 10 * 8) {
@@ -247,7 +261,9 @@ int krun_model_prepare(krun_model *m, const krun_model_opts *o, krun_err *err)
     m->have_run = 1;
     if (m->planned && m->plan.predict && k3_predict_init(&m->run, m->plan.predict_buf_bytes, m->plan.predict_stage_bytes, err))
         return -1;
-    m->session_bytes = krun_session_bytes(c, m->ctx);
+    m->session_bytes = opt.state_dir ? session_bytes_paged(c, m->ctx) : krun_session_bytes(c, m->ctx);
+    if (opt.state_dir && k3_pager_open(&m->pager, c, m->ctx, m->max_seqs, opt.state_dir, opt.io == KRUN_IO_DIRECT, err)) return -1;
+    m->run.pager = m->pager;
     m->slots = aligned_alloc(KARENA_ALIGN, m->max_seqs * m->session_bytes);
     if (!m->slots) {
         krun_err_set(err, KRUN_ENOMEM, "out of memory: %zu bytes for the state of %zu session(s) at --ctx %zu",
@@ -257,9 +273,10 @@ int krun_model_prepare(krun_model *m, const krun_model_opts *o, krun_err *err)
     for (size_t k = 0; k < m->max_seqs; k++) {
         karena a = {m->slots + k * m->session_bytes, 0};
         krun_session *s = (krun_session *)(void *)a.base;
-        session_carve(s, c, m->ctx, &a);
+        session_carve(s, c, m->ctx, m->pager != NULL, &a);
         s->m = m;
         s->live = 0;
+        if (m->pager) k3_pager_attach(m->pager, &s->st, k);
     }
     if (opt.cache) {
         karena a = {aligned_alloc(KARENA_ALIGN, mark_buf_bytes(c)), 0};
@@ -284,6 +301,7 @@ void krun_model_close(krun_model *m)
 {
     if (!m) return;
     if (m->have_run) k3_run_free(&m->run);
+    k3_pager_close(m->pager);      /* removes the state file */
     free(m->slots);
     free(m->mark_buf);
     kpool_destroy(m->pool);
@@ -309,6 +327,13 @@ const char *krun_model_identity(const krun_model *m)
 const char *krun_model_path(const krun_model *m) { return kpk_path(m->f); }
 ktok *krun_model_tokenizer(const krun_model *m) { return m->tok; }
 const kmemplan *krun_model_plan(const krun_model *m) { return m->planned ? &m->plan : NULL; }
+const char *krun_model_state_file(const krun_model *m) { return m->pager ? k3_pager_path(m->pager) : NULL; }
+void krun_model_state_io(const krun_model *m, uint64_t *read, uint64_t *written, double *wait_seconds)
+{
+    *read = *written = 0;
+    *wait_seconds = 0;
+    if (m->pager) k3_pager_counters(m->pager, read, written, wait_seconds);
+}
 uint64_t krun_model_auto_budget(const krun_model *m) { return m->auto_budget; }
 int krun_model_threads(const krun_model *m) { return kpool_threads(m->pool); }
 size_t krun_model_ctx(const krun_model *m) { return m->ctx; }
@@ -381,8 +406,10 @@ void krun_model_memory(const krun_model *m, uint64_t *planned, uint64_t *allocat
     if (m->planned)
         *planned = m->plan.state_bytes + m->plan.vectors_bytes + m->plan.scratch_bytes + m->plan.flex_bytes;
     else
-        *planned = (uint64_t)m->max_seqs * krun_session_bytes(c, m->ctx) + k3_run_bytes(c, m->block, m->max_seqs, m->ctx, m->spec);
-    *allocated = (uint64_t)m->run.arena_bytes + (m->slots ? (uint64_t)m->max_seqs * m->session_bytes : 0) + (m->flex ? m->flex_bytes : 0);
+        *planned = (uint64_t)m->max_seqs * (m->pager ? session_bytes_paged(c, m->ctx) : krun_session_bytes(c, m->ctx)) +
+                   (m->pager ? k3_page_window_bytes(c, m->ctx, m->max_seqs) : 0) + k3_run_bytes(c, m->block, m->max_seqs, m->ctx, m->spec);
+    *allocated = (uint64_t)m->run.arena_bytes + (m->slots ? (uint64_t)m->max_seqs * m->session_bytes : 0) + (m->flex ? m->flex_bytes : 0) +
+                 (m->pager ? k3_page_window_bytes(c, m->ctx, m->max_seqs) : 0);
 }
 
 /* ---- sessions ------------------------------------------------------------------- */
@@ -390,13 +417,14 @@ void krun_model_memory(const krun_model *m, uint64_t *planned, uint64_t *allocat
 /* One session's slot: the struct, its sequential state, its history, its
  * logits and its sampler's scratch.  Returns the slot's size (a multiple of
  * the arena alignment, so slots follow each other). */
-static size_t session_carve(krun_session *s, const k3_config *c, size_t ctx, karena *a)
+static size_t session_carve(krun_session *s, const k3_config *c, size_t ctx, int paged, karena *a)
 {
     const size_t V = (size_t)c->vocab;
     krun_session tmp, *x = s ? s : &tmp;
     karena_take(a, 1, sizeof *x);          /* the struct itself (s points at it) */
     memset(x, 0, sizeof *x);
-    k3_state_carve(&x->st, c, ctx, a);
+    if (paged) k3_state_carve_tables(&x->st, c, ctx, a);   /* the layers live in the pager's window */
+    else k3_state_carve(&x->st, c, ctx, a);
     KTAKE(a, x->tokens, ctx);
     KTAKE(a, x->logits, V);
     KTAKE(a, x->pick.order, V);
@@ -880,8 +908,17 @@ static void copy_into_session(krun_session *dst, const sess_view *src, const ksa
     view_copy(&d, src, (size_t)dst->m->m.cfg.vocab);
 }
 
+/* A paged state is on disk between blocks: copies, snapshots and saved states of it are refused. */
+static int paged_refused(const krun_session *s, const char *what, krun_err *err)
+{
+    if (!s->st.pager) return 0;
+    return krun_err_set(err, KRUN_EINPUT, "%s: the session's state is paged to disk (--state-dir), which does not support it in this "
+                        "version", what);
+}
+
 static int copy_check(const krun_session *src, const krun_model *m, size_t room, const char *what, krun_err *err)
 {
+    if (paged_refused(src, "copying a session", err)) return -1;
     if (src->m != m) return krun_err_set(err, KRUN_EINPUT, "copying a session: not a session of this model");
     if (src->broken) return krun_err_set(err, KRUN_EINPUT, "copying a session: its last feed failed, nothing consistent to copy");
     if (src->n_tokens > room)
@@ -893,6 +930,7 @@ int krun_session_copy(krun_session *dst, const krun_session *src, krun_err *err)
 {
     sess_view v = view_of_session((krun_session *)src);   /* read only */
     if (dst == src || !dst->live) return krun_err_set(err, KRUN_EINPUT, "copying a session: the target must be another live session");
+    if (paged_refused(dst, "copying a session", err)) return -1;
     if (copy_check(src, dst->m, dst->st.ctx, "the target session's context", err)) return -1;
     copy_into_session(dst, &v, &src->sampler.o);
     return 0;
@@ -945,6 +983,7 @@ int krun_snapshot_restore(krun_session *s, const krun_snapshot *snap, krun_err *
     sess_view v = view_of_snapshot((krun_snapshot *)snap);   /* read only */
     if (s->m != snap->m || !s->live) return krun_err_set(err, KRUN_EINPUT, "restoring a snapshot: not a live session of its model");
     if (!snap->taken) return krun_err_set(err, KRUN_EINPUT, "restoring a snapshot: nothing was taken into it");
+    if (paged_refused(s, "restoring a snapshot", err)) return -1;
     if (snap->n_tokens > s->st.ctx)
         return krun_err_set(err, KRUN_EINPUT, "restoring a snapshot of %zu tokens into a session whose context holds %zu", snap->n_tokens,
                             s->st.ctx);
@@ -967,6 +1006,7 @@ static uint64_t config_hash(const krun_model *m) { return XXH3_64bits(m->m.confi
 static int session_hdr(const krun_session *s, const char *path, krun_state_hdr *h, krun_err *err)
 {
     const krun_model *m = s->m;
+    if (paged_refused(s, path, err)) return -1;
     if (s->broken) { krun_err_set(err, KRUN_EINPUT, "%s: the session's last feed failed; nothing consistent to save", path); return -1; }
     krun_state_hdr_for(h, &m->m.cfg, kpk_super(m->f)->set_id, config_hash(m));
     h->pos = s->st.pos;
@@ -1033,6 +1073,7 @@ int krun_session_load_mem(krun_session *s, const void *buf, size_t len, const ch
     const k3_config *c = &m->m.cfg;
     const uint8_t *b = buf;
     krun_state_hdr want, h;
+    if (paged_refused(s, name, err)) return -1;
     krun_state_hdr_for(&want, c, kpk_super(m->f)->set_id, config_hash(m));
     if (krun_state_parse(buf, len, &h, err)) return krun_err_prefix(err, "%s: ", name);
     if (h.set_id != want.set_id || h.config_xxh3 != want.config_xxh3)
@@ -1095,6 +1136,7 @@ void krun_session_drop_pending(krun_session *s) { s->n_tokens = s->st.pos; }
 
 static int mark_check(krun_session *s, size_t at, krun_err *err)
 {
+    if (paged_refused(s, "a snapshot", err)) return -1;
     if (!s->live) return krun_err_set(err, KRUN_EINPUT, "a snapshot of a session that is not live");
     if (s->mark_at) return krun_err_set(err, KRUN_EINPUT, "the session has a snapshot due already");
     if (at <= s->st.pos || at > s->st.ctx)

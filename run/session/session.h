@@ -75,6 +75,10 @@ typedef struct krun_model_opts {
     int predict;               /* 1: read a layer's likely experts during its attention (run/engine/predict.h);
                                   0: off; -1 (the default): on for a split layout (the trunk in a member
                                   of its own) when the budget holds it */
+    const char *state_dir;     /* the sessions' states paged to disk in this directory (docs/BATCH.md, "States
+                                  on disk"): RAM holds 3 layers of them, the plan counts that window; NULL
+                                  (the default): resident.  Not with spec or cache; a paged session cannot be
+                                  copied, snapshot, saved or loaded (KRUN_EINPUT) */
     int cache;                 /* 1: the model serves a prefix cache (pcache.h): the plan counts the buffer
                                   of one KDA layer that snapshots written to a file go through */
     int threads;               /* compute threads; 0: every core */
@@ -104,6 +108,11 @@ ktok *krun_model_tokenizer(const krun_model *m);            /* NULL: the file ha
  * (those that exist); returns how many were written to out[3]. */
 size_t krun_model_stop_ids(const krun_model *m, int32_t out[3]);
 const kmemplan *krun_model_plan(const krun_model *m);       /* NULL: in place, no plan */
+/* The file the states are paged to (krun_model_opts.state_dir), or NULL: resident. */
+const char *krun_model_state_file(const krun_model *m);
+/* Bytes read from and written to it so far, and the seconds the forward
+ * passes waited for it (0 when resident). */
+void krun_model_state_io(const krun_model *m, uint64_t *read, uint64_t *written, double *wait_seconds);
 uint64_t krun_model_auto_budget(const krun_model *m);       /* the budget chosen for a too-large file, or 0 */
 
 /* Times each routed expert of MoE layer L was chosen so far, [n_experts]

@@ -6,7 +6,9 @@
 # --max-seqs and thread count; kill -9 at random moments and the same command continues to the
 # same bytes (BATCH_KILLS times; `make soak` runs 30), never leaving a half-written OUT and never
 # running a recorded request again; a torn journal tail; a finished OUT (--force); a second
-# process (lock); another job's journal; duplicate custom_ids; a damaged model (exit 1, resumable).
+# process (lock); another job's journal; duplicate custom_ids; a damaged model (exit 1, resumable);
+# states paged to disk (--state-dir): the same bytes, a damaged state file (exit 1, resumable), paged
+# unasked when the budget holds the states only so, RSS under a cgroup limit.
 . "$(dirname "$0")/lib.sh"
 BT="$TOP/tests/cli/batch_tool.py"
 export PYTHONPATH="$TOP/tests/cli${PYTHONPATH:+:$PYTHONPATH}"
@@ -81,6 +83,70 @@ for v in "--max-seqs 1" "--max-seqs 3 --threads 1" "--max-seqs 8 --chunk 5"; do
     "${B[@]}" "$T/b.jsonl" "${COMMON[@]}" $v --quiet 2>"$T/err" && cmp -s "$T/a.jsonl" "$T/b.jsonl" \
         && ok "byte-identical OUT with $v" || notok "OUT differs with $v: $(head -c 300 "$T/err")"
 done
+
+# ---- states paged to disk (--state-dir; docs/BATCH.md, "States on disk") -------------------------------------
+for v in "--max-seqs 4" "--max-seqs 3 --threads 1 --chunk 5" "--max-seqs 4 --mem 1G --io pread"; do
+    rm -rf "$T/b.jsonl" "$T/sd"
+    "${B[@]}" "$T/b.jsonl" "${COMMON[@]}" $v --state-dir "$T/sd" --json >"$T/b.summary" 2>"$T/err" && cmp -s "$T/a.jsonl" "$T/b.jsonl" \
+        && grep -q "paged to $T/sd/krun-states" "$T/err" \
+        && python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); assert j["state_bytes_read"] > 0 and j["state_bytes_written"] > 0, j' "$T/b.summary" \
+        && ok "--state-dir ($v): the states read and written each sweep, OUT byte-identical to resident states" \
+        || notok "--state-dir $v: $(head -c 400 "$T/err")"
+done
+[ ! -e "$T/sd" ] && ok "  the state file and the directory it made are removed at the end" || notok "state dir left: $(ls -la "$T/sd")"
+# a killed run's stale file is scratch: truncated and reused
+mkdir -p "$T/sd"; head -c 300000 /dev/urandom >"$T/sd/krun-states"
+rm -f "$T/b.jsonl"
+"${B[@]}" "$T/b.jsonl" "${COMMON[@]}" --max-seqs 4 --state-dir "$T/sd" --quiet 2>"$T/err" && cmp -s "$T/a.jsonl" "$T/b.jsonl" && [ -d "$T/sd" ] && [ ! -e "$T/sd/krun-states" ] \
+    && ok "  a stale state file (a killed run's) is overwritten safely: the same bytes; the file removed, the user's directory kept" \
+    || notok "stale state file: $(head -c 300 "$T/err")"
+: >"$T/sd/krun-states"
+flock "$T/sd/krun-states" sleep 60 & LOCKER=$!
+for _ in $(seq $((200 * SLOW))); do flock -n "$T/sd/krun-states" true || break; sleep 0.05; done
+expect_exit 2 "  a second krun on the same state file is refused" "${B[@]}" "$T/b2.jsonl" "${COMMON[@]}" --max-seqs 4 --state-dir "$T/sd"
+expect_err "another krun is using this state file" "  and the message says so"
+kill $LOCKER 2>/dev/null; wait $LOCKER 2>/dev/null
+rm -rf "$T/sd" "$T/b2.jsonl.krun-journal"
+# a byte of the state file flipped mid-run (the test hook): an error naming the file, slot and layer;
+# nothing computed from it is recorded; the same command then finishes with the bytes of a clean run
+rm -f "$T/i.jsonl" "$T/i.jsonl.krun-journal"
+KRUN_TEST_STATE_FLIP=60 "${B[@]}" "$T/i.jsonl" "${COMMON[@]}" --max-seqs 4 --state-dir "$T/sd" >"$T/last.out" 2>"$T/last.err"; rc=$?
+[ $rc -eq 1 ] && ok "a damaged state file stops the job (exit $rc)" || notok "damaged state file: exit $rc: $(head -c 300 "$T/last.err")"
+expect_err "the sequences' state file is damaged: .*sd/krun-states: the state of session slot [0-9]+, layer [0-9]+, does not match its checksum" "  naming the state file (not the model), the slot and the layer"
+[ ! -e "$T/i.jsonl" ] && [ -e "$T/i.jsonl.krun-journal" ] && ! grep -q "model_damaged\|checksum" "$T/i.jsonl.krun-journal" \
+    && ok "  OUT not written; the journal keeps only requests computed before it, none from the damaged state" || notok "damaged state: OUT or journal"
+"${B[@]}" "$T/i.jsonl" "${COMMON[@]}" --max-seqs 4 --state-dir "$T/sd" --quiet 2>"$T/err" && cmp -s "$T/a.jsonl" "$T/i.jsonl" \
+    && ok "  the same command finishes, to the bytes of a run that was never damaged" || notok "after state damage: $(head -c 300 "$T/err")"
+# paging only when needed: 8 layers (a window of 3 KDA + 1 MLA of 8), --ctx 65536 (MLA rows weigh), a budget between
+"$BIN/k3synth" "$T/m8" --geometry tiny --seed 2 --layers 8 --experts 4 --topk 2 ${TOK:+--tokenizer "$TOK"} --quiet >/dev/null 2>&1 \
+    && "$BIN/kpack" convert "$T/m8" "$T/m8.kpk" --quiet && rm -rf "$T/m8" || notok "k3synth 8 layers"
+P8=(--ctx 65536 --seed 9 --created 1000 --max-seqs 4)
+"$BIN/krun" "$T/m8.kpk" --plan --mem 4G --ctx 65536 --max-seqs 4 --json "$T/p.json" >/dev/null
+res=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["minimum_bytes"])' "$T/p.json")
+"$BIN/krun" "$T/m8.kpk" --plan --mem 4G --ctx 65536 --max-seqs 4 --state-dir "$T/nothing" --json "$T/p.json" >/dev/null
+pag=$(python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); assert j["states_paged"] and j["state_window_bytes"] > 0 and j["state_read_bytes_per_sweep"] > 0; print(j["minimum_bytes"])' "$T/p.json")
+mid=$(( (res + pag) / 2 ))
+[ "${pag:-0}" -gt 0 ] && [ "$pag" -lt "${res:-0}" ] && [ ! -e "$T/nothing" ] && ok "--plan --state-dir: paged states need less memory ($pag < $res bytes); --json gives the window and the bytes per sweep" \
+    || notok "plan with paging: $pag vs $res"
+"$BIN/krun" batch "$T/m8.kpk" "$T/in.jsonl" "$T/r8.jsonl" "${P8[@]}" --mem 4G --quiet 2>"$T/err" || notok "8 layers resident: $(head -c 300 "$T/err")"
+"$BIN/krun" batch "$T/m8.kpk" "$T/in.jsonl" "$T/p8.jsonl" "${P8[@]}" --mem $mid --json >"$T/p8.summary" 2>"$T/err" \
+    && grep -q "paged to $T/p8.jsonl.krun-states/krun-states" "$T/err" && cmp -s "$T/r8.jsonl" "$T/p8.jsonl" && [ ! -e "$T/p8.jsonl.krun-states" ] \
+    && ok "a budget that holds 4 states only paged ($mid bytes): paged beside OUT unasked, the same bytes as resident, removed at the end" \
+    || notok "paging when needed: $(grep -v '^  ' "$T/err" | head -c 500)"
+if [ -z "$NOT_KRUNS_MEMORY" ]; then
+    rm -f "$T/p8.jsonl"
+    cg_run $mid "$BIN/krun" batch "$T/m8.kpk" "$T/in.jsonl" "$T/p8.jsonl" "${P8[@]}" --mem $mid --quiet --json >"$T/p8.summary" 2>"$T/err"; rc=$?
+    if [ $rc -eq 99 ]; then skip "cgroup memory limit: no writable cgroup v1/v2 memory controller here"
+    else
+        peak=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["peak_rss_bytes"])' "$T/p8.summary" 2>/dev/null || echo 0)
+        [ $rc -eq 0 ] && [ "$peak" -gt 0 ] && [ "$peak" -le $mid ] && cmp -s "$T/r8.jsonl" "$T/p8.jsonl" \
+            && ok "  under a cgroup memory limit of the budget: completes, peak RSS $peak <= $mid, the same bytes" \
+            || notok "paged under a cgroup limit: exit $rc, peak $peak: $(head -c 300 "$T/err")"
+    fi
+else
+    skip "paged under a cgroup limit: $NOT_KRUNS_MEMORY"
+fi
+rm -f "$T/m8.kpk"
 
 # ---- --max-seqs auto (the default): the fewest bytes per generated token within the budget ----------------------
 rm -f "$T/b.jsonl"
