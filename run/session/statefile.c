@@ -278,6 +278,52 @@ bad_float:
     return krun_err_prefix(err, "%s: ", r->name);
 }
 
+int krun_state_read_check(krun_state_reader *r, uint64_t *tokens_hash, krun_err *err)
+{
+    enum { CHUNK = 64 << 10 };         /* a multiple of 4: the ids and floats never straddle two reads */
+    const krun_state_hdr *h = &r->h;
+    const uint64_t end = KRUN_STATE_HEADER + h->payload_len;
+    uint8_t *b = malloc(CHUNK), tail[KRUN_STATE_TRAILER];
+    XXH3_state_t *th = XXH3_createState();
+    int rc = -1;
+    if (!b || !th) { krun_err_set(err, KRUN_ENOMEM, "reading %s: out of memory", r->name); goto out; }
+    XXH3_64bits_reset(th);
+    for (uint64_t at = h->tokens_at; at < end;) {
+        const size_t n = end - at < CHUNK ? (size_t)(end - at) : CHUNK;
+        const uint64_t tok_end = h->layers_at;
+        if (kio_pread_full(r->fd, b, n, at)) {
+            krun_err_set(err, KRUN_EINPUT, "cannot read %s: %s", r->name, errno == ENODATA ? "truncated" : strerror(errno));
+            goto out;
+        }
+        XXH3_64bits_update(r->x, b, n);
+        if (at < tok_end) {
+            const size_t t = tok_end - at < n ? (size_t)(tok_end - at) : n;
+            XXH3_64bits_update(th, b, t);
+            if (!tokens_in_vocab(b, t / 4, h->vocab)) { bad(err, "a token id is outside the vocabulary"); goto named; }
+            if (!all_finite(b + t, (n - t) / 4)) goto not_finite;
+        } else if (!all_finite(b, n / 4)) {
+            goto not_finite;
+        }
+        at += n;
+    }
+    if (kio_pread_full(r->fd, tail, sizeof tail, end)) {
+        krun_err_set(err, KRUN_EINPUT, "cannot read %s: %s", r->name, errno == ENODATA ? "truncated" : strerror(errno));
+        goto out;
+    }
+    if (XXH3_64bits_digest(r->x) != get64(tail)) { bad(err, "payload checksum mismatch (damaged)"); goto named; }
+    if (tokens_hash) *tokens_hash = XXH3_64bits_digest(th);
+    rc = 0;
+    goto out;
+not_finite:
+    bad(err, "it holds values that are not finite");
+named:
+    krun_err_prefix(err, "%s: ", r->name);
+out:
+    free(b);
+    if (th) XXH3_freeState(th);
+    return rc;
+}
+
 void krun_state_read_end(krun_state_reader *r)
 {
     if (r->x) XXH3_freeState(r->x);

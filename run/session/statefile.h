@@ -112,6 +112,11 @@ typedef struct krun_state_reader {
 } krun_state_reader;
 int krun_state_read_begin(krun_state_reader *r, int fd, const char *name, krun_err *err);
 int krun_state_read_payload(krun_state_reader *r, const k3_config *c, int32_t *tokens, k3_state *st, float *logits, krun_err *err);
+/* Instead of read_payload: the whole payload checked as read_payload checks
+ * it, through a small buffer, into no destination; *tokens_hash (if not NULL)
+ * the XXH3-64 of the history's bytes.  To check a file before replacing a
+ * state that must survive a refusal (krun chat's /load). */
+int krun_state_read_check(krun_state_reader *r, uint64_t *tokens_hash, krun_err *err);
 void krun_state_read_end(krun_state_reader *r);
 
 /* Copy a parsed image's sections into st / tokens / logits (the caller has
