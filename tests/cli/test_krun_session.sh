@@ -198,6 +198,29 @@ PY
     }
     big_run "--load-state" --load-state "$T/big.krs"
     big_run "a prefix-cache entry on disk" --ids $BIG --cache-dir "$T/bigc"
+    # a server started on that directory: its first request (the 30,000 ids as a completions prompt)
+    # starts from the file; the server's peak RSS (VmHWM) stays within --mem
+    SLOW=1; . "$(dirname "$0")/serve_lib.sh"
+    "$BIN/krun" serve "$T/m.kpk" --mem 4096 --ctx 30016 --max-seqs 1 --cache-dir "$T/bigc" --port 0 >/dev/null 2>"$T/bigsm.err"
+    lim=$(sed -n 's/.*the minimum .* (\([0-9]*\) bytes)$/\1/p' "$T/bigsm.err")
+    if start bigserve "$T/m.kpk" --mem $lim --ctx 30016 --max-seqs 1 --cache-dir "$T/bigc"; then
+        py "$T/big.ids" "$T/big.ref" <<'PY' >"$T/bigs.out" 2>&1
+import json, sys, urllib.request
+port, ids = sys.argv[1], [int(t) for t in open(sys.argv[2]).read().split(",")]
+want = [int(t) for t in open(sys.argv[3]).read().split()]
+body = {"model": "m", "prompt": ids, "max_tokens": 2, "temperature": 0, "return_token_ids": True, "ignore_eos": True}
+r = json.load(urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", json.dumps(body).encode(),
+                                                          {"Content-Type": "application/json"}), timeout=300))
+u = r["usage"]
+assert u["prompt_tokens_details"]["cached_tokens"] == 30000 and u["prompt_tokens"] == 30000, u
+PY
+        rc=$?
+        hwm=$(sed -n 's/^VmHWM:[[:space:]]*\([0-9]*\) kB$/\1/p' /proc/$PID/status 2>/dev/null); hwm=$((${hwm:-0} * 1024))
+        stop
+        [ $rc -eq 0 ] && [ "$hwm" -gt 0 ] && [ "$hwm" -le "$lim" ] \
+            && ok "krun serve on that directory: the first request starts from the 19 MB entry (30,000 positions cached); peak RSS $hwm <= --mem $lim" \
+            || notok "krun serve loading the entry: rc $rc, VmHWM $hwm, --mem $lim: $(head -c 300 "$T/bigs.out") $(tail -c 300 "$T/bigserve.err")"
+    fi
 fi
 
 # ---- out of memory: its own message and exit code -----------------------------------
