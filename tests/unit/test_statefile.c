@@ -89,6 +89,20 @@ static int reader(const uint8_t *b, size_t len)
     return rc[0] != rc[1] ? 1 : rc[0];
 }
 
+/* 1 if b holds a's layers: KDA state and history, the first pos MLA rows. */
+static int same_layers(const k3_config *c, const k3_state *a, const k3_state *b, size_t pos)
+{
+    int same = 1;
+    for (int L = 0; L < c->n_layers; L++) {
+        if (!c->layer_is_mla[L])
+            same &= !memcmp(a->kda_S[L], b->kda_S[L], k3_kda_S_floats(c) * 4) &&
+                    !memcmp(a->kda_conv[L], b->kda_conv[L], k3_kda_conv_floats(c) * 4);
+        else
+            same &= !memcmp(a->mla_cache[L], b->mla_cache[L], pos * k3_mla_row(c) * 4);
+    }
+    return same;
+}
+
 static int refused(const uint8_t *b, size_t len, const char *expect, const char *what)
 {
     krun_state_hdr h;
@@ -156,26 +170,14 @@ int main(void)
        p.sampler == KRUN_STATE_SAMPLER_PHILOX && p.minor == 1, "the header reads back (1.1: seed, stream, reply start, sampler)");
     krun_state_restore(buf, &p, &c, tokens2, &back, logits2);
     {
-        int same = back.pos == 7 && !memcmp(tokens, tokens2, 9 * sizeof *tokens) && !memcmp(logits, logits2, sizeof logits);
-        for (int L = 0; L < c.n_layers; L++) {
-            if (!c.layer_is_mla[L])
-                same &= !memcmp(st.kda_S[L], back.kda_S[L], k3_kda_S_floats(&c) * 4) &&
-                        !memcmp(st.kda_conv[L], back.kda_conv[L], k3_kda_conv_floats(&c) * 4);
-            else
-                same &= !memcmp(st.mla_cache[L], back.mla_cache[L], 7 * k3_mla_row(&c) * 4);
-        }
+        int same = back.pos == 7 && !memcmp(tokens, tokens2, 9 * sizeof *tokens) && !memcmp(logits, logits2, sizeof logits) &&
+                   same_layers(&c, &st, &back, 7);
         OK(same, "restoring gives back every byte of the state, tokens and logits");
         memset(tokens2, 0, sizeof tokens2);
         k3_state_reset(&back);
         OK(reader(buf, len) == 0, "the reader accepts it");
-        same = back.pos == 7 && !memcmp(tokens, rd_tokens, 9 * sizeof *tokens) && !memcmp(logits, rd_logits, sizeof logits);
-        for (int L = 0; L < c.n_layers; L++) {
-            if (!c.layer_is_mla[L])
-                same &= !memcmp(st.kda_S[L], back.kda_S[L], k3_kda_S_floats(&c) * 4) &&
-                        !memcmp(st.kda_conv[L], back.kda_conv[L], k3_kda_conv_floats(&c) * 4);
-            else
-                same &= !memcmp(st.mla_cache[L], back.mla_cache[L], 7 * k3_mla_row(&c) * 4);
-        }
+        same = back.pos == 7 && !memcmp(tokens, rd_tokens, 9 * sizeof *tokens) && !memcmp(logits, rd_logits, sizeof logits) &&
+               same_layers(&c, &st, &back, 7);
         OK(same, "the reader puts every byte of the state, tokens and logits in place");
     }
 
