@@ -5,6 +5,7 @@
 #include "spec.h"
 #include "statefile.h"
 #include "format/kio.h"
+#include "format/kos.h"
 #include "run/engine/forward.h"
 #include "run/engine/predict.h"
 #include "run/kernels/kernels.h"
@@ -1023,6 +1024,7 @@ int krun_session_load_fd(krun_session *s, int fd, const char *name, krun_err *er
     krun_state_reader r;
     const uint64_t most = state_most(s);
     const int64_t size = kio_file_size(fd);
+    int rc;
     /* refuse anything larger than the largest state before reading it */
     if (size < 0) return krun_err_set(err, KRUN_EINPUT, "cannot read %s: %s", name, strerror(errno));
     if ((uint64_t)size > most)
@@ -1036,13 +1038,15 @@ int krun_session_load_fd(krun_session *s, int fd, const char *name, krun_err *er
         return -1;
     }
     krun_session_reset(s);
-    if (krun_state_read_payload(&r, &s->m->m.cfg, s->tokens, &s->st, s->logits, err)) {
-        /* what was read is not a checked state: never used */
-        krun_state_read_end(&r);
-        krun_session_reset(s);
+    rc = krun_state_read_payload(&r, &s->m->m.cfg, s->tokens, &s->st, s->logits, err);
+    krun_state_read_end(&r);
+    /* the state now lives in the session: a second copy in the page cache is memory
+     * the plan does not count (as krun's other reads, RUNTIME.md §4) */
+    kos_cache_drop(fd, 0, (uint64_t)size);
+    if (rc) {
+        krun_session_reset(s);         /* what was read is not a checked state: never used */
         return -1;
     }
-    krun_state_read_end(&r);
     state_adopt(s, &r.h);
     return 0;
 }
