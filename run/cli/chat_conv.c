@@ -7,6 +7,7 @@
 #include "run/util/savefile.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -278,16 +279,15 @@ static json_t *read_conversation(const char *jp, uint64_t *hash, size_t *n_token
     return j;
 }
 
-int kconv_load(kconv *c, krun_session *s, const krun_model *m, const char *path)
+int kconv_load(kconv *c, krun_session *s, const char *path)
 {
     int pending;
-    char *jp = settle(path, -1, &pending), *buf = NULL;
-    uint64_t hash, pos, nt, most;
-    size_t n_tokens, len = 0;
+    char *jp = settle(path, -1, &pending);
+    uint64_t hash, pos, nt;
+    size_t n_tokens;
     int template;
     json_t *j;
     krun_err e;
-    krun_state_hdr h;
     kconv fresh = {0};
     int rc = -1;
     if (!jp) { fprintf(stderr, "krun chat: out of memory\n"); return -1; }
@@ -300,18 +300,23 @@ int kconv_load(kconv *c, krun_session *s, const krun_model *m, const char *path)
         goto out;
     }
     /* the state must be the conversation's: check its tokens before replacing anything */
-    /* a state of this model at this context is smaller than a session's slot (its state, tokens, logits and more) */
-    most = krun_session_bytes(krun_model_config(m), krun_model_ctx(m)) + (1u << 20);
-    if (kio_read_file(path, (size_t)most, &buf, &len) || krun_state_parse(buf, len, &h, &e)) {
-        fprintf(stderr, "krun chat: %s: %s\n", path, buf ? e.msg : strerror(errno));
-        goto out;
+    /* the whole file checked through a small buffer first (the conversation in memory stays if it
+     * is refused); loading then reads it again, straight into the session: no copy of it is held */
+    {
+        krun_state_reader r;
+        uint64_t th = 0;
+        int fd = open(path, O_RDONLY | O_CLOEXEC), bad;
+        if (fd < 0) { fprintf(stderr, "krun chat: cannot read %s: %s\n", path, strerror(errno)); goto out; }
+        bad = krun_state_read_begin(&r, fd, path, &e) || krun_state_read_check(&r, &th, &e);
+        nt = r.h.n_tokens;
+        krun_state_read_end(&r);
+        close(fd);
+        if (bad) { fprintf(stderr, "krun chat: %s\n", e.msg); goto out; }
+        if (nt != n_tokens || th != hash) {
+            fprintf(stderr, "krun chat: %s does not hold the conversation of %s (another save?): nothing loaded\n", path, jp);
+            goto out;
+        }
     }
-    if (h.n_tokens != n_tokens || XXH3_64bits(buf + h.tokens_at, (size_t)h.n_tokens * 4) != hash) {
-        fprintf(stderr, "krun chat: %s does not hold the conversation of %s (another save?): nothing loaded\n", path, jp);
-        goto out;
-    }
-    free(buf);                   /* (loading reads the file again: one copy at a time) */
-    buf = NULL;
     /* the messages first (nothing is replaced if memory runs out), then the state */
     fresh.template = c->template;
     fresh.opts = c->opts;
@@ -341,7 +346,6 @@ int kconv_load(kconv *c, krun_session *s, const krun_model *m, const char *path)
     rc = 0;
 out:
     kconv_free(&fresh);
-    free(buf);
     json_decref(j);
     free(jp);
     return rc;

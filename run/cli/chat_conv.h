@@ -35,6 +35,6 @@ int kconv_save(const kconv *c, const krun_session *s, const krun_model *m, const
 /* /load FILE: checks that FILE.json describes FILE's history and that both fit this model before
  * anything is replaced; then the session holds FILE's state and c its conversation (in its own
  * thinking mode).  Reports on stderr; returns 0, or -1 with the session and c unchanged. */
-int kconv_load(kconv *c, krun_session *s, const krun_model *m, const char *path);
+int kconv_load(kconv *c, krun_session *s, const char *path);
 
 #endif

@@ -560,7 +560,7 @@ static int command(chat *ch, const char *line)
         return 1;
     }
     if (!strncmp(line, "/save ", 6) && arg && *arg) { kconv_save(&ch->conv, ch->s, ch->m, arg); return 1; }
-    if (!strncmp(line, "/load ", 6) && arg && *arg) { kconv_load(&ch->conv, ch->s, ch->m, arg); return 1; }
+    if (!strncmp(line, "/load ", 6) && arg && *arg) { kconv_load(&ch->conv, ch->s, arg); return 1; }
     fprintf(stderr, "krun chat: unknown command %s (/help lists them; start a message with // to send a /)\n", line);
     return 1;
 }

@@ -361,11 +361,16 @@ static size_t largest_block(const k3_config *c, const kmemplan *p, size_t lo, si
 
 /* With --chunk auto: a prefill layout of the same budget, when the cost model
  * says a prompt of prompt_ref positions reads fewer bytes in it.  For every
- * choice of the layers it lends (none, or the pinned ones from the last
- * down), the fixed part is the decoding plan with pin_prefill layers and
- * top-k expert slots; the flex region is the rest of the budget: the
- * decoding layout fills it with the lent layers and expert slots, a prefill
- * block with its activations, as many positions as fit. */
+ * piece size and every choice of the layers it lends (none, or the pinned
+ * ones from the last down), the fixed part is the decoding plan with
+ * pin_prefill layers and top-k expert slots; the flex region is the rest of
+ * the budget: the decoding layout fills it with the lent layers and expert
+ * slots, a prefill block with its activations, as many positions as fit.
+ * The piece size is tried too because both layouts share one ring, built for
+ * the prefill pin: the decoding plan's piece may be a whole extent (when it
+ * pins every layer, nothing streams and the largest piece costs nothing), and
+ * a ring of whole extents makes lending a layer cost twice that layer
+ * (measured: 896 experts, 2 layers, --mem 4G chose 2 x 536 over 1 x 1024). */
 static void choose_prefill(kmemplan *p, const struct sizes *s, const struct choice *ch, const kmemplan_req *q, const k3_model *m)
 {
     const k3_config *c = &m->cfg;
@@ -376,61 +381,74 @@ static void choose_prefill(kmemplan *p, const struct sizes *s, const struct choi
     kmemplan t = *p, best = *p;
     kprompt k;
     uint64_t best_bytes;
+    int best_cand = ch->cand;
     kstore_layout lay;
     if (!q->budget || cap <= p->block || p->expert_slots < Smin || p->total > q->budget) return;
     kmemplan_prompt_in(p, P, 0, 0, &k);
     best_bytes = k.total_bytes;
-    for (int pin = p->pin; pin >= 0; pin--) {
-        const struct choice c2 = {ch->head, pin, ch->cand};
-        const uint64_t fixed0 = total_for(s, p, &c2, Smin);
-        uint64_t F, lent_pins = 0, lent_read = 0, keep;
-        int slots, Sp;
-        size_t B;
-        if (fixed0 >= q->budget) continue;
-        F = q->budget - fixed0;        /* the rest: the decoding layout's lent layers and slots, or a block */
-        for (int L = pin; L < p->pin; L++) {
-            krange r;
-            lent_pins += s->trunk[L];
-            kring_range(m->file, m->trunk_extent[L], 0, kpk_extent_at(m->file, m->trunk_extent[L])->raw_len, kiop_stage_bytes(m->file), &r);
-            lent_read += r.read_bytes;
-        }
-        if (lent_pins > F) continue;
-        slots = q->slots >= 0 ? p->expert_slots : Smin + (int)(slot ? (F - lent_pins) / slot : 0);
-        if (slots > s->max_slots) slots = s->max_slots;
-        if (lent_pins + (uint64_t)(slots - Smin) * slot > F) continue;
-        B = largest_block(c, p, p->block, cap, F);
-        if (B <= p->block) continue;
-        t = *p;
-        t.scratch_prefill_bytes = k3_run_scratch_bytes(c, B, p->max_seqs, p->ctx);
-        /* what the block leaves (a block capped by the context) keeps expert slots in the prefill layout too */
-        keep = slot ? (F - t.scratch_prefill_bytes) / slot : 0;
-        Sp = Smin + (keep < (uint64_t)(slots - Smin) ? (int)keep : slots - Smin);
-        t.block_prefill = B;
-        t.pin_prefill = pin;
-        t.expert_slots_prefill = Sp;
-        t.expert_slots = slots;
-        t.trunk_stream_prefill_bytes = 0;
-        for (int L = pin; L < p->n_layers; L++) t.trunk_stream_prefill_bytes += s->cand[ch->cand].slot_read[L];
-        t.switch_bytes = lent_read;
-        t.lent_bytes = lent_pins + (uint64_t)(slots - Sp) * slot;
-        t.flex_bytes = t.lent_bytes > t.scratch_prefill_bytes ? t.lent_bytes : t.scratch_prefill_bytes;
-        t.total = fixed0 + (uint64_t)(Sp - Smin) * slot + t.flex_bytes;
-        kmemplan_prompt(&t, P, 0, &k);
-        if (k.prefill && k.total_bytes < best_bytes) {  /* ties: the fewest layers lent */
-            best = t;
-            best_bytes = k.total_bytes;
+    /* the decoding plan's piece first: another wins only by reading fewer bytes */
+    for (int ci = -1; ci < s->ncand; ci++) {
+        const int cand = ci < 0 ? ch->cand : ci;
+        const struct cand *cd = &s->cand[cand];
+        if (ci == ch->cand) continue;
+        for (int pin = p->pin; pin >= 0; pin--) {
+            const struct choice c2 = {ch->head, pin, cand}, cdec = {ch->head, p->pin, cand};
+            const uint64_t fixed0 = total_for(s, p, &c2, Smin);
+            uint64_t F, lent_pins = 0, lent_read = 0, keep, ring_b;
+            int slots, Sp, ring_k;
+            size_t B;
+            if (fixed0 >= q->budget) continue;
+            F = q->budget - fixed0;    /* the rest: the decoding layout's lent layers and slots, or a block */
+            for (int L = pin; L < p->pin; L++) {
+                krange r;
+                lent_pins += s->trunk[L];
+                kring_range(m->file, m->trunk_extent[L], 0, kpk_extent_at(m->file, m->trunk_extent[L])->raw_len, kiop_stage_bytes(m->file), &r);
+                lent_read += r.read_bytes;
+            }
+            if (lent_pins > F) continue;
+            slots = q->slots >= 0 ? p->expert_slots : Smin + (int)(slot ? (F - lent_pins) / slot : 0);
+            if (slots > s->max_slots) slots = s->max_slots;
+            if (lent_pins + (uint64_t)(slots - Smin) * slot > F) continue;
+            B = largest_block(c, p, p->block, cap, F);
+            if (B <= p->block) continue;
+            t = *p;
+            /* the decoding layout's reads with this piece (the same ring) */
+            ring_of(s, &cdec, p->n_layers, &ring_k, &ring_b, &t.ring_pieces);
+            t.trunk_stream_bytes = 0;
+            for (int L = p->pin; L < p->n_layers; L++) t.trunk_stream_bytes += cd->slot_read[L];
+            t.head_stream_bytes = ch->head ? cd->slot_read[p->n_layers] : 0;
+            t.scratch_prefill_bytes = k3_run_scratch_bytes(c, B, p->max_seqs, p->ctx);
+            /* what the block leaves (a block capped by the context) keeps expert slots in the prefill layout too */
+            keep = slot ? (F - t.scratch_prefill_bytes) / slot : 0;
+            Sp = Smin + (keep < (uint64_t)(slots - Smin) ? (int)keep : slots - Smin);
+            t.block_prefill = B;
+            t.pin_prefill = pin;
+            t.expert_slots_prefill = Sp;
+            t.expert_slots = slots;
+            t.trunk_stream_prefill_bytes = 0;
+            for (int L = pin; L < p->n_layers; L++) t.trunk_stream_prefill_bytes += cd->slot_read[L];
+            t.switch_bytes = lent_read;
+            t.lent_bytes = lent_pins + (uint64_t)(slots - Sp) * slot;
+            t.flex_bytes = t.lent_bytes > t.scratch_prefill_bytes ? t.lent_bytes : t.scratch_prefill_bytes;
+            t.total = fixed0 + (uint64_t)(Sp - Smin) * slot + t.flex_bytes;
+            kmemplan_prompt(&t, P, 0, &k);
+            if (k.prefill && k.total_bytes < best_bytes) {  /* ties: the decoding plan's piece, the fewest layers lent */
+                best = t;
+                best_bytes = k.total_bytes;
+                best_cand = cand;
+            }
         }
     }
     if (!best.block_prefill) return;
     *p = best;
     {
-        const struct choice c2 = {ch->head, p->pin_prefill, ch->cand};
+        const struct choice c2 = {ch->head, p->pin_prefill, best_cand};
         uint32_t np;
         p->pinned_prefill_bytes = 0;
         for (int L = 0; L < p->pin_prefill; L++) p->pinned_prefill_bytes += s->trunk[L];
         ring_of(s, &c2, p->n_layers, &p->ring_slots, &p->ring_slot_bytes, &np);
         p->ring_pieces_prefill = np;
-        p->piece_bytes = p->ring_slots ? s->cand[ch->cand].piece : 0;
+        p->piece_bytes = p->ring_slots ? s->cand[best_cand].piece : 0;
     }
     /* the flex region's decoding tenants, as the store carves them (the same sizes) */
     kmemplan_layout(p, &lay);

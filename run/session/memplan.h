@@ -54,7 +54,10 @@
  * N (1 - (1 - k/N)^B) being the expected distinct experts a block of B
  * positions chooses of N, top-k each, under uniform routing (the release's
  * routing is balanced); cache hits are counted as none, unless the cache
- * holds every expert (then each is read once per prompt). */
+ * holds every expert (then each is read once per prompt).  Both layouts
+ * share the ring, so the planner tries every piece size for it: a smaller
+ * piece than the decoding plan's wins when the prefill layout then reads
+ * fewer bytes (the bytes a decoding step reads do not depend on the cut). */
 #ifndef KRUN_MEMPLAN_H
 #define KRUN_MEMPLAN_H
 

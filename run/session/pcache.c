@@ -497,13 +497,16 @@ static krun_session *claim_locked(krun_pcache *c, pc_slot *p)
 }
 
 /* The entry file f loaded into session s (not under the lock): 1 used, 0 not
- * this history (its tokens differ: a hash collision) or gone, -1 rejected. */
+ * this history (its tokens differ: a hash collision) or gone, -1 rejected.
+ * Read straight into the slot (krun_session_load_fd), whose memory the plan
+ * counts: a copy of the file would be an entry's size above the budget. */
 static int load_file(krun_pcache *c, krun_session *s, const pc_file *f, const int32_t *ids, char *why, size_t wl)
 {
-    char path[4096], *buf = NULL;
-    size_t len = 0, n;
+    char path[4096];
+    size_t n;
     const int32_t *t;
     krun_err e;
+    int fd, rc;
     const uint64_t want = entry_bytes(c->m, f->pos, f->logits);
     snprintf(path, sizeof path, "%s/%s", c->dir, f->name);
     /* its size is known from its name: a file of another size is not read at all */
@@ -512,14 +515,14 @@ static int load_file(krun_pcache *c, krun_session *s, const pc_file *f, const in
                  (unsigned long long)f->bytes, f->pos, (unsigned long long)want);
         return -1;
     }
-    if (kio_read_file(path, (size_t)want + (size_t)4 * krun_session_ctx_of(s), &buf, &len)) return 0;   /* evicted meanwhile: missed */
-    if (krun_session_load_mem(s, buf, len, path, &e)) {
-        free(buf);
+    if ((fd = openat(c->dirfd, f->name, O_RDONLY | O_CLOEXEC)) < 0) return 0;   /* evicted meanwhile: missed */
+    rc = krun_session_load_fd(s, fd, path, &e);
+    close(fd);
+    if (rc) {
         if (e.code != KRUN_EINPUT) return 0;
         snprintf(why, wl, "%s", e.msg);
         return -1;
     }
-    free(buf);
     krun_session_drop_pending(s);
     t = krun_session_tokens(s, &n);
     if (krun_session_pos(s) != f->pos || (krun_session_logits(s) != NULL) != f->logits || hash_ids(t, n) != f->hash) {

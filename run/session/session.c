@@ -5,6 +5,7 @@
 #include "spec.h"
 #include "statefile.h"
 #include "format/kio.h"
+#include "format/kos.h"
 #include "run/engine/forward.h"
 #include "run/engine/predict.h"
 #include "run/kernels/kernels.h"
@@ -13,9 +14,11 @@
 #include "run/util/procmem.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <xxhash.h>
 
 /* session.h's values are the layers' below (it does not include them). */
@@ -1043,61 +1046,94 @@ static uint64_t state_most(const krun_session *s)
     return KRUN_STATE_HEADER + krun_state_payload_len(&want, NULL) + KRUN_STATE_TRAILER;
 }
 
+/* A parsed header against the open model and the session's context: -1 with
+ * err (naming name) if the state is not one this session can hold. */
+static int state_fits(const krun_session *s, const krun_state_hdr *h, const uint8_t *types, const char *name, krun_err *err)
+{
+    const krun_model *m = s->m;
+    const k3_config *c = &m->m.cfg;
+    krun_state_hdr want;
+    krun_state_hdr_for(&want, c, kpk_super(m->f)->set_id, config_hash(m));
+    if (h->set_id != want.set_id || h->config_xxh3 != want.config_xxh3)
+        return krun_err_set(err, KRUN_EINPUT, "%s was saved with another model file (set_id %016llx, config %016llx; %s has %016llx, %016llx)",
+                            name, (unsigned long long)h->set_id, (unsigned long long)h->config_xxh3, kpk_path(m->f),
+                            (unsigned long long)want.set_id, (unsigned long long)want.config_xxh3);
+    if (h->n_layers != want.n_layers || h->hidden != want.hidden || h->vocab != want.vocab || h->kda_heads != want.kda_heads ||
+        h->kda_head_dim != want.kda_head_dim || h->conv_width != want.conv_width || h->kv_lora != want.kv_lora ||
+        h->qk_rope != want.qk_rope || h->n_mla != want.n_mla)
+        return krun_err_set(err, KRUN_EINPUT, "%s: its geometry differs from this model's", name);
+    for (int L = 0; L < c->n_layers; L++)
+        if (types[L] != (c->layer_is_mla[L] ? 1 : 0))
+            return krun_err_set(err, KRUN_EINPUT, "%s: its layer map differs from this model's (layer %d)", name, L);
+    if (h->n_tokens > s->st.ctx)
+        return krun_err_set(err, KRUN_EINPUT, "%s holds %llu tokens (%llu run, %llu pending): more than --ctx %zu; give --ctx %llu or more",
+                            name, (unsigned long long)h->n_tokens, (unsigned long long)h->pos,
+                            (unsigned long long)(h->n_tokens - h->pos), s->st.ctx, (unsigned long long)h->n_tokens);
+    return 0;
+}
+
+/* The header's sampler and history into the session, once its state is in place. */
+static void state_adopt(krun_session *s, const krun_state_hdr *h)
+{
+    s->n_tokens = (size_t)h->n_tokens;
+    s->have_logits = (h->flags & KRUN_STATE_LOGITS) != 0;
+    s->sampler.o.seed = h->seed;
+    s->sampler.o.stream = h->stream;
+    s->reply_from = (size_t)h->reply_from;
+}
+
 int krun_session_load(krun_session *s, const char *path, krun_err *err)
 {
-    struct stat sb;
-    uint64_t most = state_most(s);
-    char *buf = NULL;
-    size_t len = 0;
-    int rc;
-    /* refuse anything larger than the largest state before reading it */
-    if (stat(path, &sb)) { krun_err_set(err, KRUN_EINPUT, "cannot read %s: %s", path, strerror(errno)); return -1; }
-    if ((uint64_t)sb.st_size > most) {
-        krun_err_set(err, KRUN_EINPUT, "%s: %lld bytes, more than any state of this model at --ctx %zu (%llu): another model, "
-                     "a larger context (give --ctx), or not a state file", path, (long long)sb.st_size, s->st.ctx,
-                     (unsigned long long)most);
-        return -1;
-    }
-    if (kio_read_file(path, (size_t)most, &buf, &len)) {
-        krun_err_set(err, errno == ENOMEM ? KRUN_ENOMEM : KRUN_EINPUT, "cannot read %s: %s", path, strerror(errno));
-        return -1;
-    }
-    rc = krun_session_load_mem(s, buf, len, path, err);
-    free(buf);
+    int fd = open(path, O_RDONLY | O_CLOEXEC), rc;
+    if (fd < 0) return krun_err_set(err, KRUN_EINPUT, "cannot read %s: %s", path, strerror(errno));
+    rc = krun_session_load_fd(s, fd, path, err);
+    close(fd);
     return rc;
+}
+
+int krun_session_load_fd(krun_session *s, int fd, const char *name, krun_err *err)
+{
+    krun_state_reader r;
+    const uint64_t most = state_most(s);
+    const int64_t size = kio_file_size(fd);
+    int rc;
+    if (paged_refused(s, name, err)) return -1;
+    /* refuse anything larger than the largest state before reading it */
+    if (size < 0) return krun_err_set(err, KRUN_EINPUT, "cannot read %s: %s", name, strerror(errno));
+    if ((uint64_t)size > most)
+        return krun_err_set(err, KRUN_EINPUT, "%s: %lld bytes, more than any state of this model at --ctx %zu (%llu): another model, "
+                            "a larger context (give --ctx), or not a state file", name, (long long)size, s->st.ctx,
+                            (unsigned long long)most);
+    /* straight into the session's own buffers, which the plan counts: a copy of the
+     * file would be a state's size (465 MB at full scale) above the budget */
+    if (krun_state_read_begin(&r, fd, name, err) || state_fits(s, &r.h, r.types, name, err)) {
+        krun_state_read_end(&r);
+        return -1;
+    }
+    krun_session_reset(s);
+    rc = krun_state_read_payload(&r, &s->m->m.cfg, s->tokens, &s->st, s->logits, err);
+    krun_state_read_end(&r);
+    /* the state now lives in the session: a second copy in the page cache is memory
+     * the plan does not count (as krun's other reads, RUNTIME.md §4) */
+    kos_cache_drop(fd, 0, (uint64_t)size);
+    if (rc) {
+        krun_session_reset(s);         /* what was read is not a checked state: never used */
+        return -1;
+    }
+    state_adopt(s, &r.h);
+    return 0;
 }
 
 int krun_session_load_mem(krun_session *s, const void *buf, size_t len, const char *name, krun_err *err)
 {
-    const krun_model *m = s->m;
-    const k3_config *c = &m->m.cfg;
     const uint8_t *b = buf;
-    krun_state_hdr want, h;
+    krun_state_hdr h;
     if (paged_refused(s, name, err)) return -1;
-    krun_state_hdr_for(&want, c, kpk_super(m->f)->set_id, config_hash(m));
     if (krun_state_parse(buf, len, &h, err)) return krun_err_prefix(err, "%s: ", name);
-    if (h.set_id != want.set_id || h.config_xxh3 != want.config_xxh3)
-        return krun_err_set(err, KRUN_EINPUT, "%s was saved with another model file (set_id %016llx, config %016llx; %s has %016llx, %016llx)",
-                            name, (unsigned long long)h.set_id, (unsigned long long)h.config_xxh3, kpk_path(m->f),
-                            (unsigned long long)want.set_id, (unsigned long long)want.config_xxh3);
-    if (h.n_layers != want.n_layers || h.hidden != want.hidden || h.vocab != want.vocab || h.kda_heads != want.kda_heads ||
-        h.kda_head_dim != want.kda_head_dim || h.conv_width != want.conv_width || h.kv_lora != want.kv_lora ||
-        h.qk_rope != want.qk_rope || h.n_mla != want.n_mla)
-        return krun_err_set(err, KRUN_EINPUT, "%s: its geometry differs from this model's", name);
-    for (int L = 0; L < c->n_layers; L++)
-        if (b[h.layer_types_at + (size_t)L] != (c->layer_is_mla[L] ? 1 : 0))
-            return krun_err_set(err, KRUN_EINPUT, "%s: its layer map differs from this model's (layer %d)", name, L);
-    if (h.n_tokens > s->st.ctx)
-        return krun_err_set(err, KRUN_EINPUT, "%s holds %llu tokens (%llu run, %llu pending): more than --ctx %zu; give --ctx %llu or more",
-                            name, (unsigned long long)h.n_tokens, (unsigned long long)h.pos,
-                            (unsigned long long)(h.n_tokens - h.pos), s->st.ctx, (unsigned long long)h.n_tokens);
+    if (state_fits(s, &h, b + h.layer_types_at, name, err)) return -1;
     krun_session_reset(s);
-    krun_state_restore(buf, &h, c, s->tokens, &s->st, s->logits);
-    s->n_tokens = (size_t)h.n_tokens;
-    s->have_logits = (h.flags & KRUN_STATE_LOGITS) != 0;
-    s->sampler.o.seed = h.seed;
-    s->sampler.o.stream = h.stream;
-    s->reply_from = (size_t)h.reply_from;
+    krun_state_restore(buf, &h, &s->m->m.cfg, s->tokens, &s->st, s->logits);
+    state_adopt(s, &h);
     return 0;
 }
 

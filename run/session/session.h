@@ -379,10 +379,16 @@ int krun_session_save(const krun_session *s, const char *path, krun_err *err);
 /* The same bytes into a save the caller began and will commit (krun chat's
  * /save writes a pair of files, docs/CHAT.md). */
 int krun_session_save_to(const krun_session *s, ksave *out, krun_err *err);
-/* Replace the session's state by a saved one.  A file from another model
- * file or geometry, damaged, truncated, or holding more positions than the
- * context is refused (KRUN_EINPUT) and the session is left as it was. */
+/* Replace the session's state by a saved one, read straight into the
+ * session's buffers (no copy of the file: loading stays within the plan).
+ * A file from another model file or geometry, truncated, or holding more
+ * positions than the context is refused (KRUN_EINPUT) with the session left
+ * as it was; one whose payload is damaged (its checksum, an id or a float,
+ * found while it is read in) is refused with the session reset: what was
+ * read is never used. */
 int krun_session_load(krun_session *s, const char *path, krun_err *err);
+/* The same from an open file (name: for messages). */
+int krun_session_load_fd(krun_session *s, int fd, const char *name, krun_err *err);
 /* The same from a state file's image in memory (name: for messages). */
 int krun_session_load_mem(krun_session *s, const void *buf, size_t len, const char *name, krun_err *err);
 

@@ -105,9 +105,10 @@ static int all_finite(const uint8_t *p, uint64_t n)
     return 1;
 }
 
-int krun_state_parse(const void *buf, size_t len, krun_state_hdr *h, krun_err *err)
+/* The header b of a file of len bytes, checked (everything but the payload's
+ * checksum and contents): into h. */
+static int parse_header(const uint8_t *b, uint64_t len, krun_state_hdr *h, krun_err *err)
 {
-    const uint8_t *b = buf;
     uint64_t want;
     char msg[200];
     memset(h, 0, sizeof *h);
@@ -161,34 +162,172 @@ int krun_state_parse(const void *buf, size_t len, krun_state_hdr *h, krun_err *e
     if (!geometry_sane(h)) return bad(err, "impossible geometry or position in the header");
     want = krun_state_payload_len(h, NULL);
     if (!want || want != h->payload_len) return bad(err, "the payload length disagrees with the geometry");
-    if ((uint64_t)len - KRUN_STATE_HEADER - KRUN_STATE_TRAILER != h->payload_len) {
-        snprintf(msg, sizeof msg, "%zu bytes, the header says %llu (truncated or extended)", len,
+    if (len - KRUN_STATE_HEADER - KRUN_STATE_TRAILER != h->payload_len) {
+        snprintf(msg, sizeof msg, "%llu bytes, the header says %llu (truncated or extended)", (unsigned long long)len,
                  (unsigned long long)(h->payload_len + KRUN_STATE_HEADER + KRUN_STATE_TRAILER));
         return bad(err, msg);
     }
-    if (XXH3_64bits(b + KRUN_STATE_HEADER, h->payload_len) != get64(b + KRUN_STATE_HEADER + h->payload_len))
-        return bad(err, "payload checksum mismatch (damaged)");
     /* the sections */
     h->layer_types_at = KRUN_STATE_HEADER;
     h->tokens_at = h->layer_types_at + (size_t)types_bytes(h);
     h->layers_at = h->tokens_at + (size_t)h->n_tokens * 4;
-    {
-        uint32_t mla = 0;
-        for (uint32_t L = 0; L < h->n_layers; L++) {
-            uint8_t t = b[h->layer_types_at + L];
-            if (t > 1) return bad(err, "a layer type is neither KDA (0) nor MLA (1)");
-            mla += t;
-        }
-        for (uint64_t L = h->n_layers; L < types_bytes(h); L++)
-            if (b[h->layer_types_at + L]) return bad(err, "layer map padding is not zero");
-        if (mla != h->n_mla) return bad(err, "the layer map disagrees with the MLA layer count");
-    }
-    for (uint64_t i = 0; i < h->n_tokens; i++)
-        if (get32(b + h->tokens_at + 4 * i) >= h->vocab) return bad(err, "a token id is outside the vocabulary");
     h->logits_at = (size_t)(KRUN_STATE_HEADER + h->payload_len - ((h->flags & KRUN_STATE_LOGITS) ? (uint64_t)h->vocab * 4 : 0));
+    return 0;
+}
+
+/* The layer map (types_bytes(h) bytes) against the header. */
+static int check_types(const uint8_t *types, const krun_state_hdr *h, krun_err *err)
+{
+    uint32_t mla = 0;
+    for (uint32_t L = 0; L < h->n_layers; L++) {
+        if (types[L] > 1) return bad(err, "a layer type is neither KDA (0) nor MLA (1)");
+        mla += types[L];
+    }
+    for (uint64_t L = h->n_layers; L < types_bytes(h); L++)
+        if (types[L]) return bad(err, "layer map padding is not zero");
+    if (mla != h->n_mla) return bad(err, "the layer map disagrees with the MLA layer count");
+    return 0;
+}
+
+static int tokens_in_vocab(const uint8_t *p, uint64_t n, uint32_t vocab)
+{
+    for (uint64_t i = 0; i < n; i++)
+        if (get32(p + 4 * i) >= vocab) return 0;
+    return 1;
+}
+
+int krun_state_parse(const void *buf, size_t len, krun_state_hdr *h, krun_err *err)
+{
+    const uint8_t *b = buf;
+    if (parse_header(b, len, h, err)) return -1;
+    if (XXH3_64bits(b + KRUN_STATE_HEADER, h->payload_len) != get64(b + KRUN_STATE_HEADER + h->payload_len))
+        return bad(err, "payload checksum mismatch (damaged)");
+    if (check_types(b + h->layer_types_at, h, err)) return -1;
+    if (!tokens_in_vocab(b + h->tokens_at, h->n_tokens, h->vocab)) return bad(err, "a token id is outside the vocabulary");
     if (!all_finite(b + h->layers_at, (KRUN_STATE_HEADER + h->payload_len - h->layers_at) / 4))
         return bad(err, "it holds values that are not finite");
     return 0;
+}
+
+/* ---- reading a file straight into its destination ---------------------------------- */
+
+int krun_state_read_begin(krun_state_reader *r, int fd, const char *name, krun_err *err)
+{
+    uint8_t b[KRUN_STATE_HEADER];
+    const int64_t len = kio_file_size(fd);
+    memset(r, 0, sizeof *r);
+    r->fd = fd;
+    r->name = name;
+    if (len < 0 || kio_pread_full(fd, b, (size_t)len < sizeof b ? (size_t)len : sizeof b, 0))
+        return krun_err_set(err, KRUN_EINPUT, "cannot read %s: %s", name, strerror(errno));
+    if (parse_header(b, (uint64_t)len, &r->h, err)) return krun_err_prefix(err, "%s: ", name);
+    if (kio_pread_full(fd, r->types, (size_t)types_bytes(&r->h), r->h.layer_types_at))
+        return krun_err_set(err, KRUN_EINPUT, "cannot read %s: %s", name, errno == ENODATA ? "truncated" : strerror(errno));
+    if (check_types(r->types, &r->h, err)) return krun_err_prefix(err, "%s: ", name);
+    if (!(r->x = XXH3_createState())) return krun_err_set(err, KRUN_ENOMEM, "reading %s: out of memory", name);
+    XXH3_64bits_reset(r->x);
+    XXH3_64bits_update(r->x, r->types, (size_t)types_bytes(&r->h));
+    r->at = r->h.tokens_at;
+    return 0;
+}
+
+/* The next n bytes of the payload into dst, hashed; check(dst, n) after. */
+static int read_section(krun_state_reader *r, void *dst, uint64_t n, krun_err *err)
+{
+    if (!n) return 0;
+    if (kio_pread_full(r->fd, dst, (size_t)n, r->at))
+        return krun_err_set(err, KRUN_EINPUT, "cannot read %s: %s", r->name, errno == ENODATA ? "truncated" : strerror(errno));
+    XXH3_64bits_update(r->x, dst, (size_t)n);
+    r->at += n;
+    return 0;
+}
+
+int krun_state_read_payload(krun_state_reader *r, const k3_config *c, int32_t *tokens, k3_state *st, float *logits, krun_err *err)
+{
+    const krun_state_hdr *h = &r->h;
+    const uint64_t row = (uint64_t)k3_mla_row(c) * 4, S = k3_kda_S_floats(c) * 4, conv = k3_kda_conv_floats(c) * 4;
+    uint8_t tail[KRUN_STATE_TRAILER];
+    /* the caller checked the geometry against c; the sizes the header implies must be the ones read here */
+    if ((uint64_t)h->kv_lora + h->qk_rope != k3_mla_row(c) || kda_floats(h) * 4 != S + conv || h->n_layers != (uint32_t)c->n_layers)
+        return krun_err_set(err, KRUN_EINPUT, "%s: its geometry differs from this model's", r->name);
+    if (read_section(r, tokens, h->n_tokens * 4, err)) return -1;
+    if (!tokens_in_vocab((const uint8_t *)tokens, h->n_tokens, h->vocab)) goto bad_tokens;
+    for (int L = 0; L < c->n_layers; L++) {
+        if (c->layer_is_mla[L]) {
+            if (read_section(r, st->mla_cache[L], h->pos * row, err)) return -1;
+            if (!all_finite((const uint8_t *)st->mla_cache[L], h->pos * row / 4)) goto bad_float;
+        } else {
+            if (read_section(r, st->kda_S[L], S, err) || read_section(r, st->kda_conv[L], conv, err)) return -1;
+            if (!all_finite((const uint8_t *)st->kda_S[L], S / 4) || !all_finite((const uint8_t *)st->kda_conv[L], conv / 4)) goto bad_float;
+        }
+    }
+    if (h->flags & KRUN_STATE_LOGITS) {
+        if (read_section(r, logits, (uint64_t)h->vocab * 4, err)) return -1;
+        if (!all_finite((const uint8_t *)logits, h->vocab)) goto bad_float;
+    }
+    if (r->at != KRUN_STATE_HEADER + h->payload_len || kio_pread_full(r->fd, tail, sizeof tail, r->at))
+        return krun_err_set(err, KRUN_EINPUT, "cannot read %s: %s", r->name, errno == ENODATA ? "truncated" : strerror(errno));
+    if (XXH3_64bits_digest(r->x) != get64(tail)) { bad(err, "payload checksum mismatch (damaged)"); return krun_err_prefix(err, "%s: ", r->name); }
+    st->pos = (size_t)h->pos;
+    return 0;
+bad_tokens:
+    bad(err, "a token id is outside the vocabulary");
+    return krun_err_prefix(err, "%s: ", r->name);
+bad_float:
+    bad(err, "it holds values that are not finite");
+    return krun_err_prefix(err, "%s: ", r->name);
+}
+
+int krun_state_read_check(krun_state_reader *r, uint64_t *tokens_hash, krun_err *err)
+{
+    enum { CHUNK = 64 << 10 };         /* a multiple of 4: the ids and floats never straddle two reads */
+    const krun_state_hdr *h = &r->h;
+    const uint64_t end = KRUN_STATE_HEADER + h->payload_len;
+    uint8_t *b = malloc(CHUNK), tail[KRUN_STATE_TRAILER];
+    XXH3_state_t *th = XXH3_createState();
+    int rc = -1;
+    if (!b || !th) { krun_err_set(err, KRUN_ENOMEM, "reading %s: out of memory", r->name); goto out; }
+    XXH3_64bits_reset(th);
+    for (uint64_t at = h->tokens_at; at < end;) {
+        const size_t n = end - at < CHUNK ? (size_t)(end - at) : CHUNK;
+        const uint64_t tok_end = h->layers_at;
+        if (kio_pread_full(r->fd, b, n, at)) {
+            krun_err_set(err, KRUN_EINPUT, "cannot read %s: %s", r->name, errno == ENODATA ? "truncated" : strerror(errno));
+            goto out;
+        }
+        XXH3_64bits_update(r->x, b, n);
+        if (at < tok_end) {
+            const size_t t = tok_end - at < n ? (size_t)(tok_end - at) : n;
+            XXH3_64bits_update(th, b, t);
+            if (!tokens_in_vocab(b, t / 4, h->vocab)) { bad(err, "a token id is outside the vocabulary"); goto named; }
+            if (!all_finite(b + t, (n - t) / 4)) goto not_finite;
+        } else if (!all_finite(b, n / 4)) {
+            goto not_finite;
+        }
+        at += n;
+    }
+    if (kio_pread_full(r->fd, tail, sizeof tail, end)) {
+        krun_err_set(err, KRUN_EINPUT, "cannot read %s: %s", r->name, errno == ENODATA ? "truncated" : strerror(errno));
+        goto out;
+    }
+    if (XXH3_64bits_digest(r->x) != get64(tail)) { bad(err, "payload checksum mismatch (damaged)"); goto named; }
+    if (tokens_hash) *tokens_hash = XXH3_64bits_digest(th);
+    rc = 0;
+    goto out;
+not_finite:
+    bad(err, "it holds values that are not finite");
+named:
+    krun_err_prefix(err, "%s: ", r->name);
+out:
+    free(b);
+    if (th) XXH3_freeState(th);
+    return rc;
+}
+
+void krun_state_read_end(krun_state_reader *r)
+{
+    if (r->x) XXH3_freeState(r->x);
+    r->x = NULL;
 }
 
 int krun_state_peek(const char *path, uint64_t *pos, uint64_t *n_tokens, krun_err *err)

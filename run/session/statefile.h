@@ -93,6 +93,32 @@ void krun_state_write_layer(krun_state_writer *w, const k3_config *c, int L, con
 void krun_state_write_end(krun_state_writer *w, const float *logits);
 void krun_state_write_drop(krun_state_writer *w);
 
+/* A state file read straight into its destination (a session's own
+ * buffers: no copy of the file is held, so loading stays within the plan).
+ * begin reads and checks the header and the layer map (as krun_state_parse
+ * does) into r->h; the caller then checks identity, geometry and context
+ * against its model before anything is written; read_payload reads the
+ * history into tokens [n_tokens], the layers into st, the logits when flagged,
+ * checking every id and float, and the payload checksum last: until it
+ * returns 0 the destination holds bytes that must not be used (the caller
+ * resets it on failure).  end releases the reader (always). */
+typedef struct krun_state_reader {
+    int fd;
+    const char *name;
+    uint64_t at;                       /* the next payload byte */
+    struct XXH3_state_s *x;
+    krun_state_hdr h;
+    uint8_t types[K3_MAX_LAYERS + 8];
+} krun_state_reader;
+int krun_state_read_begin(krun_state_reader *r, int fd, const char *name, krun_err *err);
+int krun_state_read_payload(krun_state_reader *r, const k3_config *c, int32_t *tokens, k3_state *st, float *logits, krun_err *err);
+/* Instead of read_payload: the whole payload checked as read_payload checks
+ * it, through a small buffer, into no destination; *tokens_hash (if not NULL)
+ * the XXH3-64 of the history's bytes.  To check a file before replacing a
+ * state that must survive a refusal (krun chat's /load). */
+int krun_state_read_check(krun_state_reader *r, uint64_t *tokens_hash, krun_err *err);
+void krun_state_read_end(krun_state_reader *r);
+
 /* Copy a parsed image's sections into st / tokens / logits (the caller has
  * checked that they fit). */
 void krun_state_restore(const void *buf, const krun_state_hdr *h, const k3_config *c, int32_t *tokens, k3_state *st,

@@ -266,6 +266,35 @@ expect_exit 2 "--prompt-tokens without --plan is refused" "$BIN/krun" "$T/m.kpk"
 expect_exit 2 "--prompt-tokens beyond --ctx is refused" "$BIN/krun" "$T/m.kpk" --plan --mem 1G --ctx 100 --prompt-tokens 200
 expect_exit 2 "--chunk with a bad value is refused" "$BIN/krun" "$T/m.kpk" --plan --mem 1G --chunk fast
 
+# ---- the prefill layout tries every piece size -----------------------------------------------------
+# A pool like the release's (896 experts, top-16) in 2 layers: at these budgets the decoding plan pins
+# both layers, so it has no ring and keeps the largest piece (a whole extent); lending a layer to a
+# prefill block then needs a ring, and a ring of two whole extents costs more than the layer frees.
+# The plan must read no more bytes for the prompt than any plan with a forced --piece (the decoding
+# layout is then that piece's too), at every budget; and it must lend a layer somewhere (else the
+# check proves nothing).  Before the planner tried every piece, 18 of these 14 x 3 cases read more
+# (e.g. 5 blocks of 223 positions where 4 of 251 fit).
+"$BIN/k3synth" "$T/p2" --geometry tiny --layers 2 --experts 896 --topk 16 --routing flat --seed 7 --quiet >/dev/null 2>"$T/err" \
+    && "$BIN/kpack" convert "$T/p2" "$T/p2.kpk" --quiet 2>"$T/err" && rm -rf "$T/p2" || { notok "the 896-expert tiny model: $(head -c 300 "$T/err")"; finish; exit 1; }
+python3 - "$BIN/krun" "$T/p2.kpk" "$T/pc.json" <<'PY' && ok "896 experts top-16, 2 layers, 14 budgets: the prefill layout reads no more for a 1,000-token prompt than with any --piece (4K, 16K, 64K), and lends a pinned layer through a ring of small pieces" \
+    || notok "the prefill layout's piece size"
+import json, subprocess, sys
+krun, kpk, out = sys.argv[1:4]
+def plan(b, *a):
+    r = subprocess.run([krun, kpk, "--plan", "--mem", str(b), "--ctx", "1024", "--prompt-tokens", "1000", "--json", out, *a], capture_output=True)
+    if r.returncode: return None
+    j = json.load(open(out)); return j["prompts"][0]["total_bytes"], j
+lent = 0; bad = []
+for b in range(17000000, 24000000, 524288):
+    a = plan(b)
+    assert a, b
+    lent += a[1]["pinned_layers_prefill"] < a[1]["pinned_layers"] == 2 and a[1]["piece_bytes"] < 200000
+    for piece in ("4K", "16K", "64K"):
+        f = plan(b, "--piece", piece)
+        if f and f[0] < a[0]: bad.append((b, piece, a[0], f[0]))
+assert not bad and lent >= 5, (bad, lent)
+PY
+
 # ---- the full-size virtual K3 (plans only): the laptop preset's prefill block, the goal ---------------
 "$BIN/k3synth" "$T/virt" --virtual --quiet >/dev/null 2>"$T/err" && "$BIN/kpack" convert "$T/virt" "$T/virt.kpk" --no-archive --quiet 2>"$T/err" \
     || { notok "the virtual K3: $(head -c 300 "$T/err")"; finish; exit 1; }

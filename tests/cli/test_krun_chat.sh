@@ -62,11 +62,15 @@ PY
 cp "$T/s1.json" "$T/s2.json"; printf 'x\n' | "$BIN/krun" chat "$T/m.kpk" --gen 2 --quiet >/dev/null 2>&1 </dev/null
 printf 'Other words\n/save %s\n' "$T/s2" | "$BIN/krun" chat "$T/m.kpk" --gen 20 --quiet >/dev/null 2>&1
 cp "$T/s1.json" "$T/s2.json"        # s2's state with s1's conversation
-printf 'Hello there\n/load %s\n/load %s\n/load %s\nHow are you?\n' "$T/s2" "$T/nope" "$T/m.kpk" | \
+# s3: s1 with one byte of its payload's end (the logits) changed: its conversation, a damaged state
+cp "$T/s1" "$T/s3"; cp "$T/s1.json" "$T/s3.json"
+python3 -c 'import sys; b = bytearray(open(sys.argv[1], "rb").read()); b[-20] ^= 1; open(sys.argv[1], "wb").write(b)' "$T/s3"
+printf 'Hello there\n/load %s\n/load %s\n/load %s\n/load %s\nHow are you?\n' "$T/s2" "$T/nope" "$T/m.kpk" "$T/s3" | \
     "$BIN/krun" chat "$T/m.kpk" --gen 20 --json "$T/f.jsonl" --quiet >/dev/null 2>"$T/f.err"
 rc=$?
 grep -q "does not hold the conversation of $T/s2.json" "$T/f.err" && grep -q "cannot read $T/nope" "$T/f.err" && grep -qi "$T/m.kpk.*\(magic\|not a\)" "$T/f.err" \
-    && ok "/load refuses a state that is not its conversation's, a missing file and a file that is no state, naming each" \
+    && grep -q "$T/s3: not a usable krun state file: payload checksum mismatch" "$T/f.err" \
+    && ok "/load refuses a state that is not its conversation's, a missing file, a file that is no state and a damaged state, naming each" \
     || notok "bad /load messages: $(cat "$T/f.err")"
 python3 - "$T/a.jsonl" "$T/f.jsonl" <<'PY' && [ $rc -eq 0 ] && ok "after a refused /load the conversation goes on unchanged (turn two == turn two of one session)" \
     || notok "refused /load changed the conversation (rc $rc)"

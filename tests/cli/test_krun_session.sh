@@ -158,6 +158,71 @@ else
     skip "prefill progress on a terminal: no script(1)"
 fi
 
+# ---- loading a state stays within the budget -------------------------------------------------------
+# A state of 30,000 positions (19 MB, written by grow_state.py, independently of krun) at the smallest
+# budget for that context, under a memory cgroup of that size: --load-state, and the prefix cache
+# loading it as a disk entry (krun --cache-dir, the code a server runs), read it straight into the
+# session the plan counts.  Loading through a copy of the file peaked 13 MB above the budget here
+# (47.1 MB at a 34.3 MB budget; 28.7 MB read straight in).
+if [ -n "$NOT_KRUNS_MEMORY" ]; then
+    skip "state loads within the budget: $NOT_KRUNS_MEMORY"
+else
+    "$BIN/krun" "$T/m.kpk" --ids 1,2,3 --gen 0 --save-state "$T/small.krs" --quiet >/dev/null &&
+        python3 "$TOP/tests/cli/grow_state.py" "$T/small.krs" "$T/big.krs" 30000 >"$T/big.ids" || notok "grow_state.py"
+    BIG=$(cat "$T/big.ids")
+    # the reference: the continuation from that state, without a limit
+    "$BIN/krun" "$T/m.kpk" --load-state "$T/big.krs" --gen 2 --ctx 30016 --print-ids --quiet >"$T/big.ref" 2>"$T/big.err" || notok "--load-state of 30,000 positions: $(head -c 300 "$T/big.err")"
+    "$BIN/krun" "$T/m.kpk" --ids $BIG,5,6 --gen 2 --ctx 30016 --mem 4096 --cache-dir "$T/bigc" --quiet >/dev/null 2>"$T/bigm.err"
+    lim=$(sed -n 's/.*the minimum .* (\([0-9]*\) bytes)$/\1/p' "$T/bigm.err")
+    # the entry as the prefix cache names it: the XXH3-64 of its ids, its positions, its logits
+    name=$(python3 -c '
+import ctypes, struct, sys
+x = ctypes.CDLL("libxxhash.so.0"); x.XXH3_64bits.restype = ctypes.c_uint64; x.XXH3_64bits.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+ids = [int(t) for t in open(sys.argv[1]).read().split(",")]; b = struct.pack(f"<{len(ids)}I", *ids)
+print("%016x-%d-l.krs" % (x.XXH3_64bits(b, len(b)), len(ids)))' "$T/big.ids")
+    "$BIN/krun" "$T/m.kpk" --ids 1,2,3 --gen 0 --cache-dir "$T/bigc" --quiet >/dev/null && d=$(echo "$T"/bigc/k3-*) && [ -d "$d" ] \
+        && cp "$T/big.krs" "$d/$name" || notok "the cache directory"
+    big_run() {   # NAME ARGS...: krun under a cgroup of $lim bytes at --mem $lim; ok when within it
+        local what=$1 rc peak; shift
+        cg_run $lim "$BIN/krun" "$T/m.kpk" "$@" --gen 2 --ctx 30016 --mem $lim --json "$T/bigr.json" --print-ids --quiet >"$T/bigr.out" 2>"$T/bigr.err"
+        rc=$?
+        [ $rc -eq 99 ] && { skip "$what within the budget: no writable cgroup v1/v2 memory controller here"; return; }
+        peak=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["peak_rss_bytes"])' "$T/bigr.json" 2>/dev/null || echo 0)
+        [ $rc -eq 0 ] && [ "$peak" -gt 0 ] && [ "$peak" -le "$lim" ] && cmp -s "$T/big.ref" "$T/bigr.out" && python3 - "$T/bigr.json" <<'PY' \
+            && ok "$what, a 19 MB state, under a cgroup limit of $lim bytes: peak RSS $peak <= --mem, the ids == the state loaded without a limit" \
+            || notok "$what within the budget: rc $rc, peak $peak, limit $lim: $(head -c 300 "$T/bigr.err")"
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert j["prefix_cache"] is None or j["prefix_cache"]["cached_positions"] == 30000, j["prefix_cache"]
+PY
+    }
+    big_run "--load-state" --load-state "$T/big.krs"
+    big_run "a prefix-cache entry on disk" --ids $BIG --cache-dir "$T/bigc"
+    # a server started on that directory: its first request (the 30,000 ids as a completions prompt)
+    # starts from the file; the server's peak RSS (VmHWM) stays within --mem
+    SLOW=1; . "$(dirname "$0")/serve_lib.sh"
+    "$BIN/krun" serve "$T/m.kpk" --mem 4096 --ctx 30016 --max-seqs 1 --cache-dir "$T/bigc" --port 0 >/dev/null 2>"$T/bigsm.err"
+    lim=$(sed -n 's/.*the minimum .* (\([0-9]*\) bytes)$/\1/p' "$T/bigsm.err")
+    if start bigserve "$T/m.kpk" --mem $lim --ctx 30016 --max-seqs 1 --cache-dir "$T/bigc"; then
+        py "$T/big.ids" "$T/big.ref" <<'PY' >"$T/bigs.out" 2>&1
+import json, sys, urllib.request
+port, ids = sys.argv[1], [int(t) for t in open(sys.argv[2]).read().split(",")]
+want = [int(t) for t in open(sys.argv[3]).read().split()]
+body = {"model": "m", "prompt": ids, "max_tokens": 2, "temperature": 0, "return_token_ids": True, "ignore_eos": True}
+r = json.load(urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", json.dumps(body).encode(),
+                                                          {"Content-Type": "application/json"}), timeout=300))
+u = r["usage"]
+assert u["prompt_tokens_details"]["cached_tokens"] == 30000 and u["prompt_tokens"] == 30000, u
+PY
+        rc=$?
+        hwm=$(sed -n 's/^VmHWM:[[:space:]]*\([0-9]*\) kB$/\1/p' /proc/$PID/status 2>/dev/null); hwm=$((${hwm:-0} * 1024))
+        stop
+        [ $rc -eq 0 ] && [ "$hwm" -gt 0 ] && [ "$hwm" -le "$lim" ] \
+            && ok "krun serve on that directory: the first request starts from the 19 MB entry (30,000 positions cached); peak RSS $hwm <= --mem $lim" \
+            || notok "krun serve loading the entry: rc $rc, VmHWM $hwm, --mem $lim: $(head -c 300 "$T/bigs.out") $(tail -c 300 "$T/bigserve.err")"
+    fi
+fi
+
 # ---- out of memory: its own message and exit code -----------------------------------
 if [ -n "$NOT_KRUNS_MEMORY" ]; then
     skip "out of memory under an address-space limit: $NOT_KRUNS_MEMORY"

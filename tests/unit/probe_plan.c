@@ -357,11 +357,18 @@ static void check_prefer(const char *path)
         if (p.pin < NL && plan_at(m, B, p.pin + 1, p.head_streamed, 0, &q, &e) == 0) {
             if (!bad++) printf("# budget %llu: %d layers pinned, but %d fit\n", (unsigned long long)B, p.pin, p.pin + 1);
         }
-        /* the largest pieces for that prefix: the next larger piece size does not fit */
+        /* the largest pieces for that prefix: the next larger piece size does not fit, or (--chunk
+         * auto: both layouts share the ring) its prefill layout reads more for the prompt planned for */
         next_piece = p.piece_bytes * 2 < whole ? p.piece_bytes * 2 : whole;
         if (p.ring_slots && p.piece_bytes < whole && plan_at(m, B, p.pin, p.head_streamed, next_piece, &q, &e) == 0) {
-            if (!bad++) printf("# budget %llu: pieces of %llu, but pieces of %llu fit\n", (unsigned long long)B,
-                               (unsigned long long)p.piece_bytes, (unsigned long long)next_piece);
+            kprompt kp, kq;
+            kmemplan_prompt(&p, p.prompt_ref, 0, &kp);
+            kmemplan_prompt(&q, q.prompt_ref, 0, &kq);
+            if (!p.block_prefill || kq.total_bytes <= kp.total_bytes) {
+                if (!bad++) printf("# budget %llu: pieces of %llu, but pieces of %llu fit (a prompt of %zu reads %llu, not more than %llu)\n",
+                                   (unsigned long long)B, (unsigned long long)p.piece_bytes, (unsigned long long)next_piece, p.prompt_ref,
+                                   (unsigned long long)kq.total_bytes, (unsigned long long)kp.total_bytes);
+            }
         }
         /* and what is left goes to the expert cache */
         if (p.total > B || (p.expert_slots < top.expert_slots && p.total + p.expert_slot_bytes <= B)) {
@@ -370,7 +377,8 @@ static void check_prefer(const char *path)
         }
     }
     OK(!bad, "%s: at %d budgets from the minimum up, lm_head is held before any layer is pinned, the pinned prefix is the longest "
-       "that fits, the pieces the largest, and the rest goes to the expert cache", path, budgets);
+       "that fits, the pieces the largest (or smaller where the prefill layout then reads fewer bytes), and the rest goes to the "
+       "expert cache", path, budgets);
     krun_model_close(m);
 }
 

@@ -2,10 +2,13 @@
  * model: a written state parses back to the same bytes; every truncation,
  * every single-bit flip, and every re-sealed (checksums recomputed)
  * violation of the format is refused with a message; garbage never crashes
- * the parser. */
+ * the parser.  The reader that loads a file straight into a state
+ * (krun_state_read_begin + _payload, or + _check) gives the parser's verdict
+ * on every one of those inputs, and the same bytes. */
 #include "run/engine/state.h"
 #include "run/session/statefile.h"
 
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -61,6 +64,45 @@ static void reseal(uint8_t *b, size_t len)
     put64(b + KRUN_STATE_HEADER + payload, XXH3_64bits(b + KRUN_STATE_HEADER, payload));
 }
 
+/* The streaming reader on the image b: the file rd_fd holds it; 0 if both ways
+ * (into rd_st / rd_tokens / rd_logits, and checked only) accept it, -1 if both
+ * refuse it with KRUN_EINPUT, 1 if they disagree. */
+static int rd_fd = -1;
+static const k3_config *rd_c;
+static k3_state *rd_st;
+static int32_t rd_tokens[16];
+static float rd_logits[16];
+static int reader(const uint8_t *b, size_t len)
+{
+    krun_state_reader r;
+    krun_err e = {0, {0}};
+    int rc[2];
+    if (ftruncate(rd_fd, 0) || (len && pwrite(rd_fd, b, len, 0) != (ssize_t)len)) return 1;
+    for (int way = 0; way < 2; way++) {
+        rc[way] = krun_state_read_begin(&r, rd_fd, "image", &e);
+        /* the session checks the context first: the history must fit the buffers */
+        if (!rc[way] && r.h.n_tokens > 10) rc[way] = krun_err_set(&e, KRUN_EINPUT, "too long");
+        if (!rc[way]) rc[way] = way ? krun_state_read_check(&r, NULL, &e) : krun_state_read_payload(&r, rd_c, rd_tokens, rd_st, rd_logits, &e);
+        krun_state_read_end(&r);
+        if (rc[way] && e.code != KRUN_EINPUT) return 1;
+    }
+    return rc[0] != rc[1] ? 1 : rc[0];
+}
+
+/* 1 if b holds a's layers: KDA state and history, the first pos MLA rows. */
+static int same_layers(const k3_config *c, const k3_state *a, const k3_state *b, size_t pos)
+{
+    int same = 1;
+    for (int L = 0; L < c->n_layers; L++) {
+        if (!c->layer_is_mla[L])
+            same &= !memcmp(a->kda_S[L], b->kda_S[L], k3_kda_S_floats(c) * 4) &&
+                    !memcmp(a->kda_conv[L], b->kda_conv[L], k3_kda_conv_floats(c) * 4);
+        else
+            same &= !memcmp(a->mla_cache[L], b->mla_cache[L], pos * k3_mla_row(c) * 4);
+    }
+    return same;
+}
+
 static int refused(const uint8_t *b, size_t len, const char *expect, const char *what)
 {
     krun_state_hdr h;
@@ -68,6 +110,7 @@ static int refused(const uint8_t *b, size_t len, const char *expect, const char 
     int rc = krun_state_parse(b, len, &h, &e);
     int ok = rc == -1 && e.code == KRUN_EINPUT && (!expect || strstr(e.msg, expect));
     OK(ok, "%s is refused (%s)", what, e.msg);
+    OK(reader(b, len) == -1, "%s is refused by the reader too", what);
     return ok;
 }
 
@@ -113,8 +156,13 @@ int main(void)
     h.seed = 0x0123456789abcdefULL; h.stream = 2; h.reply_from = 5;
     OK(krun_state_write(path, &h, &c, tokens, &st, logits, &e) == 0, "a state is written (%s)", e.msg);
     buf = read_all(path, &len);
-    unlink(path);
     if (!buf) { printf("not ok - cannot read back %s\n", path); return 1; }
+    /* the reader's file: the same path, rewritten for every image */
+    rd_fd = open(path, O_RDWR | O_CLOEXEC);
+    unlink(path);
+    if (rd_fd < 0) { printf("not ok - cannot open %s\n", path); return 1; }
+    rd_c = &c;
+    rd_st = &back;
     OK(len == KRUN_STATE_HEADER + h.payload_len + KRUN_STATE_TRAILER, "its length is header + payload + trailer (%zu bytes)", len);
     OK(krun_state_parse(buf, len, &p, &e) == 0, "it parses (%s)", e.msg);
     OK(p.set_id == h.set_id && p.config_xxh3 == h.config_xxh3 && p.pos == 7 && p.n_tokens == 9 && p.n_mla == 1 && p.n_kda == 2 &&
@@ -122,15 +170,15 @@ int main(void)
        p.sampler == KRUN_STATE_SAMPLER_PHILOX && p.minor == 1, "the header reads back (1.1: seed, stream, reply start, sampler)");
     krun_state_restore(buf, &p, &c, tokens2, &back, logits2);
     {
-        int same = back.pos == 7 && !memcmp(tokens, tokens2, 9 * sizeof *tokens) && !memcmp(logits, logits2, sizeof logits);
-        for (int L = 0; L < c.n_layers; L++) {
-            if (!c.layer_is_mla[L])
-                same &= !memcmp(st.kda_S[L], back.kda_S[L], k3_kda_S_floats(&c) * 4) &&
-                        !memcmp(st.kda_conv[L], back.kda_conv[L], k3_kda_conv_floats(&c) * 4);
-            else
-                same &= !memcmp(st.mla_cache[L], back.mla_cache[L], 7 * k3_mla_row(&c) * 4);
-        }
+        int same = back.pos == 7 && !memcmp(tokens, tokens2, 9 * sizeof *tokens) && !memcmp(logits, logits2, sizeof logits) &&
+                   same_layers(&c, &st, &back, 7);
         OK(same, "restoring gives back every byte of the state, tokens and logits");
+        memset(tokens2, 0, sizeof tokens2);
+        k3_state_reset(&back);
+        OK(reader(buf, len) == 0, "the reader accepts it");
+        same = back.pos == 7 && !memcmp(tokens, rd_tokens, 9 * sizeof *tokens) && !memcmp(logits, rd_logits, sizeof logits) &&
+               same_layers(&c, &st, &back, 7);
+        OK(same, "the reader puts every byte of the state, tokens and logits in place");
     }
 
     /* every truncation */
@@ -139,9 +187,9 @@ int main(void)
         for (size_t n = 0; n < len; n++) {
             krun_state_hdr x;
             krun_err ee;
-            all &= krun_state_parse(buf, n, &x, &ee) == -1 && ee.code == KRUN_EINPUT;
+            all &= krun_state_parse(buf, n, &x, &ee) == -1 && ee.code == KRUN_EINPUT && reader(buf, n) == -1;
         }
-        OK(all, "each of the %zu truncations is refused", len);
+        OK(all, "each of the %zu truncations is refused, by the parser and the reader", len);
     }
     /* every single-bit flip */
     mut = malloc(len + 64);
@@ -153,9 +201,10 @@ int main(void)
             krun_err ee;
             memcpy(mut, buf, len);
             mut[bit / 8] ^= (uint8_t)(1u << (bit % 8));
-            if (krun_state_parse(mut, len, &x, &ee) != -1) { all = 0; where = bit; accepted++; }
+            if (krun_state_parse(mut, len, &x, &ee) != -1 || reader(mut, len) != -1) { all = 0; where = bit; accepted++; }
         }
-        OK(all, "each of the %zu single-bit flips is refused (%zu accepted, the last at bit %zu)", len * 8, accepted, where);
+        OK(all, "each of the %zu single-bit flips is refused, by the parser and the reader (%zu accepted, the last at bit %zu)", len * 8,
+           accepted, where);
     }
     /* re-sealed violations: the checksums are right, the content is not */
     memcpy(mut, buf, len); mut[8] = 2; reseal(mut, len);
@@ -216,11 +265,12 @@ int main(void)
             for (size_t i = 0; i < n; i++) g[i] = (uint8_t)next();
             if (n >= 8 && trial % 2) memcpy(g, KRUN_STATE_MAGIC, 8);
             if (n >= KRUN_STATE_HEADER && trial % 4 == 1) { g[8] = 1; g[9] = 0; put32(g + 12, 160); put64(g + 152, XXH3_64bits(g, 152)); }
-            all &= krun_state_parse(g, n, &x, &ee) == -1;
+            all &= krun_state_parse(g, n, &x, &ee) == -1 && reader(g, n) == -1;
             free(g);
         }
         OK(all, "2000 random inputs (half with the magic, a quarter with a valid header checksum) are refused");
     }
+    close(rd_fd);
     free(mut);
     free(buf);
     free(mem);
