@@ -186,7 +186,14 @@ static void summary_json(const struct batch_opts *o, const kbatch_stats *st, int
                           "failed", (json_int_t)st->failed, "prompt_tokens", (json_int_t)st->prompt_tokens, "generated_tokens",
                           (json_int_t)st->generated, "sweeps", (json_int_t)st->sweeps, "bytes_read", (json_int_t)st->bytes_read,
                           "seconds", st->seconds, "tokens_per_second", st->seconds > 0 ? (double)st->generated / st->seconds : 0.0,
-                          "bytes_per_generated_token", st->generated ? (double)st->bytes_read / (double)st->generated : 0.0);
+                          "bytes_per_generated_token_all", st->generated ? (double)st->bytes_read / (double)st->generated : 0.0);
+    /* what a generated token costs: the decoding-only sweeps (the prompts' sweeps and the model's first
+     * reads apart); null when none ran */
+    if (j && !json_object_set_new(j, "decode", json_pack("{s:I, s:I, s:I, s:f}", "sweeps", (json_int_t)st->decode_sweeps, "bytes_read",
+                                                         (json_int_t)st->decode_bytes_read, "generated_tokens",
+                                                         (json_int_t)st->decode_generated, "seconds", st->decode_seconds)))
+        json_object_set_new(j, "bytes_per_generated_token", st->decode_generated ? json_real((double)st->decode_bytes_read /
+                                                                                             (double)st->decode_generated) : json_null());
     char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
     if (s) printf("%s\n", s);
     free(s);

@@ -92,6 +92,10 @@ typedef struct {
     uint64_t prompt_tokens, generated;   /* this run's */
     uint64_t sweeps, bytes_read;         /* this run's */
     double seconds;            /* this run's */
+    /* of this run's sweeps, those that only decoded (no prompt positions): what a generated token
+     * costs, without the prompts' sweeps and the model's first reads */
+    uint64_t decode_sweeps, decode_bytes_read, decode_generated;
+    double decode_seconds;
 } kbatch_stats;
 
 typedef struct {

@@ -47,13 +47,21 @@ static int line_status(const char *line)
     return p ? atoi(p + sizeof key - 1) : 0;
 }
 
-/* The engine's counters (GET /health's "stats"). */
-static void engine_counters(srv_engine *e, uint64_t *sweeps, uint64_t *bytes)
+/* The engine's counters (GET /health's "stats"); with st, also the decoding-only sweeps' share. */
+static void engine_counters(srv_engine *e, uint64_t *sweeps, uint64_t *bytes, kbatch_stats *st)
 {
     int status;
     json_t *h = srv_engine_health(e, &status), *s = json_object_get(h, "stats");
-    *sweeps = (uint64_t)json_integer_value(json_object_get(s, "sweeps"));
-    *bytes = (uint64_t)json_integer_value(json_object_get(s, "bytes_read"));
+#define C(name) ((uint64_t)json_integer_value(json_object_get(s, name)))
+    *sweeps = C("sweeps");
+    *bytes = C("bytes_read");
+    if (st) {
+        st->decode_sweeps = C("sweeps") - C("prefill_sweeps");
+        st->decode_bytes_read = C("bytes_read") - C("prefill_bytes_read");
+        st->decode_generated = C("generated_tokens") - C("prefill_generated_tokens");
+        st->decode_seconds = json_real_value(json_object_get(s, "sweep_seconds")) - json_real_value(json_object_get(s, "prefill_seconds"));
+    }
+#undef C
     json_decref(h);
 }
 
@@ -153,15 +161,15 @@ static void progress(job *b, int force)
 {
     static double last;
     double now = know();
-    if (!b->o->progress || (!force && now - last < 0.25)) return;
+    if (!force && (!b->o->progress || now - last < 0.25)) return;     /* the last call counts for the summary */
     last = now;
     b->st->seconds = now - b->t0;
     if (b->e) {
-        engine_counters(b->e, &b->st->sweeps, &b->st->bytes_read);
+        engine_counters(b->e, &b->st->sweeps, &b->st->bytes_read, b->st);
         b->st->sweeps -= b->sweeps0;
         b->st->bytes_read -= b->bytes0;
     }
-    b->o->progress(b->o->progress_ctx, b->st);
+    if (b->o->progress) b->o->progress(b->o->progress_ctx, b->st);
 }
 
 typedef struct { sreq *r; size_t k; } flight;
@@ -176,7 +184,7 @@ static int run_requests(job *b, krun_err *err)
     int rc = 0;
     if (!fl) return krun_err_set(err, KRUN_ENOMEM, "out of memory");
     if (srv_engine_start(b->m, &eo, &b->e, err)) { free(fl); return -1; }
-    engine_counters(b->e, &b->sweeps0, &b->bytes0);
+    engine_counters(b->e, &b->sweeps0, &b->bytes0, NULL);
     for (;;) {
         int any = 0;
         while (!rc && n < window && next < in->n && !(b->o->stop && *b->o->stop)) {

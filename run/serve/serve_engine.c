@@ -72,6 +72,9 @@ struct srv_engine {
         uint64_t verifications, drafted, accepted;   /* speculation: blocks with drafts, drafts, drafts kept */
         double sweep_seconds, request_seconds;
         double prefill_seconds;    /* of sweep_seconds: sweeps that ran prompt positions */
+        /* of sweeps, bytes_read and generated: those of the sweeps that ran prompt positions (the rest
+         * only decoded: what a generated token costs is theirs alone) */
+        uint64_t prefill_sweeps, prefill_bytes_read, prefill_generated;
     } st;
     double t0;
     uint64_t seeds;            /* seeds handed to requests without one */
@@ -490,6 +493,7 @@ static void *engine_main(void *arg)
         int rc;
         double t;
         krun_stats ks;
+        int prefill = 0;
         drop_cancelled_locked(e);
         admit_locked(e);
         if (!e->n_active) {
@@ -523,8 +527,12 @@ static void *engine_main(void *arg)
         pthread_mutex_lock(&e->mu);
         e->st.sweeps++;
         e->st.sweep_seconds += t;
-        for (size_t k = 0; k < n; k++)
-            if (take[k]) { e->st.prefill_seconds += t; break; }
+        for (size_t k = 0; k < n; k++) prefill |= take[k] != 0;
+        if (prefill) {
+            e->st.prefill_sweeps++;
+            e->st.prefill_seconds += t;
+            e->st.prefill_bytes_read += ks.bytes_read - e->st.bytes_read;
+        }
         e->st.bytes_read = ks.bytes_read;
         e->st.phase_switches = ks.phase_switches;
         e->sweep_T = 0;
@@ -547,6 +555,7 @@ static void *engine_main(void *arg)
             sreq *r = sw[k];
             e->st.positions += (take[k] ? take[k] : 1) + nd[k];
             e->st.generated += r->emitted;                      /* tokens sampled or accepted */
+            if (prefill) e->st.prefill_generated += r->emitted;
             if (nd[k]) {
                 e->st.verifications++;
                 e->st.drafted += nd[k];
@@ -1119,6 +1128,11 @@ json_t *srv_engine_health(srv_engine *e, int *status)
     json_object_set_new(st, "positions", json_integer((json_int_t)e->st.positions));
     json_object_set_new(st, "sweep_seconds", json_real(e->st.sweep_seconds));
     json_object_set_new(st, "bytes_read", json_integer((json_int_t)e->st.bytes_read));
+    /* the sweeps that ran prompt positions (the others only decoded) */
+    json_object_set_new(st, "prefill_sweeps", json_integer((json_int_t)e->st.prefill_sweeps));
+    json_object_set_new(st, "prefill_seconds", json_real(e->st.prefill_seconds));
+    json_object_set_new(st, "prefill_bytes_read", json_integer((json_int_t)e->st.prefill_bytes_read));
+    json_object_set_new(st, "prefill_generated_tokens", json_integer((json_int_t)e->st.prefill_generated));
     json_object_set_new(st, "phase_switches", json_integer((json_int_t)e->st.phase_switches));
     {
         /* speculation: of the generated tokens, `accepted` came from drafts verified in sweeps */
