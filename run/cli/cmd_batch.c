@@ -249,7 +249,6 @@ int krun_batch_main(int argc, char **argv)
     memset(&bo, 0, sizeof bo);
     bo.out = o.out;
     bo.model_name = name;
-    bo.model_key = (uint64_t)sb.st_size;
     bo.seed = o.seed_given ? o.seed : kbatch_request_seed((uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32), (size_t)clock());
     bo.seed_given = o.seed_given;
     bo.created = o.created_given ? o.created : (long long)time(NULL);

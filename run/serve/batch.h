@@ -101,7 +101,6 @@ typedef struct {
 typedef struct {
     const char *out;           /* OUT.jsonl */
     const char *model_name;
-    uint64_t model_key;        /* the model's identity for the journal (the caller's: file size, ...) */
     uint64_t seed;             /* sampled requests without a seed get one from it and their line */
     long long created;         /* "created" of every response */
     int seed_given, created_given;

@@ -29,12 +29,14 @@ uint64_t kbatch_request_seed(uint64_t job_seed, size_t line)
     return (z ^ (z >> 31)) & 0x7fffffffffffffffull;    /* as the server's seeds: a JSON integer any client reads */
 }
 
-/* The job's identity: what the output bytes depend on besides the seed and "created". */
+/* The job's identity: what the output bytes depend on besides the seed and "created".  The model
+ * is named by its identity (the file's set_id and its config's hash, as a saved state names it):
+ * another model of the same size is another job. */
 static uint64_t job_key(krun_model *m, const kbatch_input *in, const kbatch_opts *o)
 {
     char buf[600];
-    int n = snprintf(buf, sizeof buf, "%016llx %llu %016llx %zu %s", (unsigned long long)in->hash, (unsigned long long)in->size,
-                     (unsigned long long)o->model_key, krun_model_ctx(m), o->model_name);
+    int n = snprintf(buf, sizeof buf, "%016llx %llu %s %zu %s", (unsigned long long)in->hash, (unsigned long long)in->size,
+                     krun_model_identity(m), krun_model_ctx(m), o->model_name);
     return XXH3_64bits(buf, (size_t)n);
 }
 

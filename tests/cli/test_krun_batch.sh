@@ -6,7 +6,8 @@
 # --max-seqs and thread count; kill -9 at random moments and the same command continues to the
 # same bytes (BATCH_KILLS times; `make soak` runs 30), never leaving a half-written OUT and never
 # running a recorded request again; a torn journal tail; a finished OUT (--force); a second
-# process (lock); another job's journal; duplicate custom_ids; a damaged model (exit 1, resumable).
+# process (lock); another job's journal, and one of another model of the same size; duplicate custom_ids; a
+# damaged model (exit 1, resumable).
 . "$(dirname "$0")/lib.sh"
 BT="$TOP/tests/cli/batch_tool.py"
 export PYTHONPATH="$TOP/tests/cli${PYTHONPATH:+:$PYTHONPATH}"
@@ -15,14 +16,14 @@ KILLS=${BATCH_KILLS:-3}
 
 TOK="$K3_SHARED/fixtures/tokenizer/tiktoken.model"
 if [ -f "$TOK" ]; then
-    "$BIN/k3synth" "$T/m" --geometry tiny --seed 2 --layers 3 --experts 4 --topk 2 --tokenizer "$TOK" --quiet >/dev/null 2>"$T/err" \
-        || { notok "k3synth: $(cat "$T/err")"; finish; exit 1; }
+    SYNTH=(--geometry tiny --layers 3 --experts 4 --topk 2 --tokenizer "$TOK"); SEED=2
     CHAT=chat
 else
     skip "chat requests: the real tokenizer $TOK is absent (a byte tokenizer has no chat markers)"
-    "$BIN/k3synth" "$T/m" --geometry tiny --seed 21 --quiet >/dev/null 2>"$T/err" || { notok "k3synth: $(cat "$T/err")"; finish; exit 1; }
+    SYNTH=(--geometry tiny); SEED=21
     CHAT=plain
 fi
+"$BIN/k3synth" "$T/m" "${SYNTH[@]}" --seed $SEED --quiet >/dev/null 2>"$T/err" || { notok "k3synth: $(cat "$T/err")"; finish; exit 1; }
 "$BIN/kpack" convert "$T/m" "$T/m.kpk" --quiet && rm -rf "$T/m" || { notok "convert"; finish; exit 1; }
 M="$T/m.kpk"
 python3 "$BT" make "$T/in.jsonl" $CHAT
@@ -175,6 +176,18 @@ for _ in $(seq $((100 * SLOW))); do [ "$(grep -c '' "$T/s.jsonl.krun-journal" 2>
 kill -INT $pid; wait $pid; rc=$?
 [ $rc -eq 130 ] && grep -q "SIGINT: interrupted" "$T/s.err" && grep -q "the same command continues" "$T/s.err" && [ ! -e "$T/s.jsonl" ] \
     && ok "SIGINT stops the job: exit 130, says the same command continues, no OUT" || notok "SIGINT: exit $rc: $(cat "$T/s.err")"
+# the journal names the model by its identity (set_id, config hash), not its size: another model of
+# the same geometry (another seed: the same size, the same file name) is another job
+mkdir -p "$T/other"
+"$BIN/k3synth" "$T/other/m" "${SYNTH[@]}" --seed $((SEED + 1)) --quiet >/dev/null 2>"$T/err" &&
+    "$BIN/kpack" convert "$T/other/m" "$T/other/m.kpk" --quiet && rm -rf "$T/other/m" || notok "the second model: $(cat "$T/err")"
+cp "$T/s.jsonl.krun-journal" "$T/s.journal"
+[ "$(stat -c %s "$M")" = "$(stat -c %s "$T/other/m.kpk")" ] && ! cmp -s "$M" "$T/other/m.kpk" \
+    && ok "  (another model of the same size and name: $(stat -c %s "$M") bytes)" || notok "the second model's size differs: the case below proves nothing"
+expect_exit 2 "  the same command on another model of the same size is refused (the journal is another model's)" \
+    "$BIN/krun" batch "$T/other/m.kpk" "$T/big.jsonl" "$T/s.jsonl" "${COMMON[@]}" --max-seqs 2
+expect_err "belongs to another job" "  and says so"
+cmp -s "$T/s.journal" "$T/s.jsonl.krun-journal" && [ ! -e "$T/s.jsonl" ] && ok "  the journal untouched, no OUT" || notok "the refused run changed the journal"
 "$BIN/krun" batch "$M" "$T/big.jsonl" "$T/s.jsonl" "${COMMON[@]}" --max-seqs 2 --quiet --json >"$T/s.summary" 2>"$T/s.err" && cmp -s "$T/g.jsonl" "$T/s.jsonl" \
     && python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); assert j["resumed"] >= 3, j' "$T/s.summary" \
     && ok "  the same command continues from the journal to the same bytes" || notok "resume after SIGINT: $(cat "$T/s.err")"
