@@ -90,6 +90,9 @@ typedef struct srv_engine_opts {
     double progress_every;     /* a streamed request silent this long gets an SSE comment (": prefill 1234/5000");
                                   its stream opens (200) when it comes before the first token; 0: never */
     krun_pcache *cache;        /* the prefix cache every session comes from, or NULL (--no-cache) */
+    double gather_quiet;       /* a burst of requests that finds the engine idle starts in one sweep once none has
+                                  come for this long (at most twice this; 0: 3 ms, at most 50 ms, as a server's
+                                  clients send them); krun batch, which hands its requests over in a loop, waits longer */
 } srv_engine_opts;
 
 /* The engine over an opened, prepared model (max_seqs sequences); starts its thread. */

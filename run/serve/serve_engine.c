@@ -66,6 +66,7 @@ struct srv_engine {
     int draining, cancel_all, quit, damaged, quiet;
     size_t sweep_T;            /* positions of the running sweep (0: none) */
     int sweep_prefill;         /* ... in the prefill layout */
+    double gather_quiet;       /* srv_engine_opts.gather_quiet */
     char damage[900];
     struct {
         uint64_t requests, completed, failed, cancelled, prompt_tokens, cached_tokens, generated, sweeps, positions, bytes_read, phase_switches;
@@ -467,13 +468,14 @@ static void damaged_locked(srv_engine *e, const krun_err *err)
 
 static void gather_locked(srv_engine *e)
 {
-    double end = know() + SERVE_GATHER_MAX;
+    double end = know() + (e->gather_quiet > 0 ? 2 * e->gather_quiet : SERVE_GATHER_MAX);
+    double quiet = e->gather_quiet > 0 ? e->gather_quiet : SERVE_GATHER_QUIET;
     uint64_t seen = e->st.requests;
     while (e->n_queued < e->max_seqs && know() < end) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += (long)(SERVE_GATHER_QUIET * 1e9);
-        if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+        ts.tv_nsec += (long)(quiet * 1e9);
+        while (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
         pthread_cond_timedwait(&e->wake, &e->mu, &ts);
         if (e->st.requests == seen || e->cancel_all) break;
         seen = e->st.requests;
@@ -852,6 +854,7 @@ int srv_engine_start(krun_model *m, const srv_engine_opts *o, srv_engine **out, 
     e->max_queue = o->max_queue;
     e->quiet = o->quiet;
     e->progress_every = o->progress_every;
+    e->gather_quiet = o->gather_quiet;
     e->n_layers = krun_model_config(m)->n_layers;
     atomic_init(&e->sweep_layer, 0);
     e->ctx = krun_model_ctx(m);
