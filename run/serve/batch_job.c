@@ -187,7 +187,8 @@ static int run_requests(job *b, krun_err *err)
     flight *fl = calloc(window, sizeof *fl);
     /* the first sweep takes every request it has room for: a request handed over a moment late would
      * start a sweep behind the others and end one later, in a sweep of fewer sequences */
-    srv_engine_opts eo = {.max_queue = window, .model_name = b->o->model_name, .quiet = 1, .gather_quiet = BATCH_GATHER_QUIET};
+    srv_engine_opts eo = {.max_queue = window, .model_name = b->o->model_name, .quiet = 1, .gather_quiet = BATCH_GATHER_QUIET,
+                          .command = "krun batch"};
     int rc = 0;
     if (!fl) return krun_err_set(err, KRUN_ENOMEM, "out of memory");
     if (srv_engine_start(b->m, &eo, &b->e, err)) { free(fl); return -1; }

@@ -93,6 +93,7 @@ typedef struct srv_engine_opts {
     double gather_quiet;       /* a burst of requests that finds the engine idle starts in one sweep once none has
                                   come for this long (at most twice this; 0: 3 ms, at most 50 ms, as a server's
                                   clients send them); krun batch, which hands its requests over in a loop, waits longer */
+    const char *command;       /* the command whose options an error names ("krun batch"; NULL: "krun serve") */
 } srv_engine_opts;
 
 /* The engine over an opened, prepared model (max_seqs sequences); starts its thread. */
@@ -174,6 +175,7 @@ enum { SRV_EP_CHAT, SRV_EP_COMPLETIONS, SRV_EP_MESSAGES, SRV_EP_COUNT_TOKENS, SR
 /* The model's name in the API. */
 const char *srv_engine_model_name(const srv_engine *e);
 krun_model *srv_engine_model(srv_engine *e);
+const char *srv_engine_command(const srv_engine *e);
 
 /* A request's framing (serve_framing.c): fed its header fields in order, says whether its body's
  * length is certain.  Refused (RFC 9112 6.1, 6.3; what a proxy in front may have read otherwise):

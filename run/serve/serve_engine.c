@@ -67,6 +67,7 @@ struct srv_engine {
     size_t sweep_T;            /* positions of the running sweep (0: none) */
     int sweep_prefill;         /* ... in the prefill layout */
     double gather_quiet;       /* srv_engine_opts.gather_quiet */
+    const char *command;       /* srv_engine_opts.command */
     char damage[900];
     struct {
         uint64_t requests, completed, failed, cancelled, prompt_tokens, cached_tokens, generated, sweeps, positions, bytes_read, phase_switches;
@@ -855,6 +856,7 @@ int srv_engine_start(krun_model *m, const srv_engine_opts *o, srv_engine **out, 
     e->quiet = o->quiet;
     e->progress_every = o->progress_every;
     e->gather_quiet = o->gather_quiet;
+    e->command = o->command ? o->command : "krun serve";
     e->n_layers = krun_model_config(m)->n_layers;
     atomic_init(&e->sweep_layer, 0);
     e->ctx = krun_model_ctx(m);
@@ -1034,6 +1036,7 @@ char *srv_engine_metrics(srv_engine *e)
 
 const char *srv_engine_model_name(const srv_engine *e) { return e->model_name; }
 krun_model *srv_engine_model(srv_engine *e) { return e->m; }
+const char *srv_engine_command(const srv_engine *e) { return e->command; }
 
 /* The prefix cache's counters for /health. */
 static json_t *pcache_json(krun_pcache *c)

@@ -38,10 +38,11 @@ fields=$(python3 "$BT" check "$T/in.jsonl" "$T/a.jsonl" 2>"$T/err") \
     || notok "output shape: $(tail -3 "$T/err")"
 [ "$fields" = '{"bad-body": "body", "bad-url": "url", "line 6": "", "line 7": "custom_id"}' ] \
     && ok "bad lines name their field (custom_id, url, body; the line that is not JSON has none)" || notok "fields: $fields"
-python3 - "$T" <<'PY' && ok "the refused request (max_tokens past --ctx), stream:true and n:2 get 400 and an error body naming it; penalties, logprobs and a json_schema ran" || notok "refusals"
+python3 - "$T" <<'PY' && ok "the refused request (max_tokens past --ctx: the message names krun batch's --ctx), stream:true and n:2 get 400 and an error body naming it; penalties, logprobs and a json_schema ran" || notok "refusals"
 import json, sys
 o = {x["custom_id"]: x for x in map(json.loads, open(sys.argv[1] + "/a.jsonl"))}
 assert o["too-long"]["response"]["status_code"] == 400 and o["too-long"]["response"]["body"]["error"]["code"] == "context_length_exceeded"
+assert o["too-long"]["response"]["body"]["error"]["message"].endswith("(krun batch --ctx)"), o["too-long"]
 assert o["stream"]["response"]["status_code"] == 400 and o["stream"]["response"]["body"]["error"]["param"] == "stream"
 assert o["cmpl-n"]["response"]["status_code"] == 400 and o["cmpl-n"]["response"]["body"]["error"]["param"] == "n"
 assert o["cmpl-penalties"]["response"]["body"]["choices"][0]["logprobs"]["token_logprobs"], o["cmpl-penalties"]
