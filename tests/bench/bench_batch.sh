@@ -33,7 +33,8 @@
 # Env:   BENCH_BATCH_SIZES ("1 4 16 64"), BENCH_BATCH_GEN (tokens per request, 6),
 #        BENCH_BATCH_MEM (budgets, "4G 2G"), BENCH_RUNS (rounds, 3), BENCH_SETTLE (s after a drop, 3),
 #        BENCH_LOCK (a file: every run, its drop included, holds flock on it, for machines
-#        where another bench uses the same disk), BENCH_DIR (kept), BENCH_KEEP.
+#        where another bench uses the same disk), BENCH_DIR (kept; a run whose result is there
+#        already is not run again: the same command continues an interrupted bench), BENCH_KEEP.
 set -eu
 cd "$(dirname "$0")/../.."
 . tests/bench/bench_lib.sh
@@ -90,6 +91,7 @@ rc=0
 order=$SIZES
 for r in $(seq "$RUNS"); do
     for b in $order; do
+        if [ -f "$W/r$b-$MEM-$r.json" ]; then echo "# round $r, B = $b: kept from an earlier run in $W"; continue; fi
         rm -f "$W/out$b.jsonl"
         if ${LOCK:+flock "$LOCK"} bash "$W/one.sh" "$W" "$CAN_DROP" "$SETTLE" \
                 "$BIN/krun" batch "$KPK" "$W/in$b.jsonl" "$W/out$b.jsonl" --max-seqs "$b" --ctx "$CTX" --mem "$MEM" --io direct \
@@ -112,7 +114,7 @@ done
 [ "$rc" = 0 ] || exit 1
 
 python3 - "$W" "$RUNS" "$MEM" $SIZES <<'PY'
-import json, statistics, sys
+import json, os, statistics, sys
 w, runs, mem, sizes = sys.argv[1], int(sys.argv[2]), sys.argv[3], [int(x) for x in sys.argv[4:]]
 med = statistics.median
 def q(a, b): return a / b if b else float("nan")
@@ -124,7 +126,8 @@ def predict(p, B):       # run/session/sweep_model.c, from the plan
             n * p["expert_slot_bytes"] * (1 - (1 - c["topk"] / c["n_experts"]) ** B) * (1 - cached))
 rows = []
 for B in sizes:
-    js = [json.load(open("%s/r%d-%s-%d.json" % (w, B, mem, r))) for r in range(1, runs + 1)]
+    js = [json.load(open(f)) for f in ("%s/r%d-%s-%d.json" % (w, B, mem, r) for r in range(1, runs + 1)) if os.path.exists(f)]
+    if not js: continue
     plan = json.load(open("%s/plan%d-%s.json" % (w, B, mem)))
     d = [j["decode"] for j in js]
     bpt = [x["bytes_read"] / x["generated_tokens"] for x in d]
