@@ -21,9 +21,6 @@
 #include <time.h>
 #include <xxhash.h>
 
-/* seconds without a new request after which the engine starts its first sweep (serve.h) */
-#define BATCH_GATHER_QUIET 0.1
-
 uint64_t kbatch_request_seed(uint64_t job_seed, size_t line)
 {
     uint64_t z = job_seed + (uint64_t)line * 0x9e3779b97f4a7c15ull;
@@ -185,10 +182,11 @@ static int run_requests(job *b, krun_err *err)
     const kbatch_input *in = b->in;
     size_t window = b->o->window ? b->o->window : 1, n = 0, next = 0;
     flight *fl = calloc(window, sizeof *fl);
-    /* the first sweep takes every request it has room for: a request handed over a moment late would
-     * start a sweep behind the others and end one later, in a sweep of fewer sequences */
-    srv_engine_opts eo = {.max_queue = window, .model_name = b->o->model_name, .quiet = 1, .gather_quiet = BATCH_GATHER_QUIET,
-                          .command = "krun batch"};
+    /* held until the first window is handed over: the first sweep takes every request it has room
+     * for (one handed over a moment late would start a sweep behind the others and end one later,
+     * in a sweep of fewer sequences) */
+    srv_engine_opts eo = {.max_queue = window, .model_name = b->o->model_name, .quiet = 1, .held = 1, .command = "krun batch"};
+    int held = 1;
     int rc = 0;
     if (!fl) return krun_err_set(err, KRUN_ENOMEM, "out of memory");
     if (srv_engine_start(b->m, &eo, &b->e, err)) { free(fl); return -1; }
@@ -201,6 +199,10 @@ static int run_requests(job *b, krun_err *err)
             if (in->items[k].bad || b->j.lines[k]) continue;
             if ((rc = submit(b, k, &r, err))) break;
             if (r) fl[n++] = (flight){r, k};
+        }
+        if (held) {
+            srv_engine_release(b->e);
+            held = 0;
         }
         if (rc || !n) break;
         if (b->o->stop && *b->o->stop) { rc = -2; break; }

@@ -66,7 +66,7 @@ struct srv_engine {
     int draining, cancel_all, quit, damaged, quiet;
     size_t sweep_T;            /* positions of the running sweep (0: none) */
     int sweep_prefill;         /* ... in the prefill layout */
-    double gather_quiet;       /* srv_engine_opts.gather_quiet */
+    int held;                  /* srv_engine_opts.held, until srv_engine_release: no sweep starts */
     const char *command;       /* srv_engine_opts.command */
     char damage[900];
     struct {
@@ -469,14 +469,13 @@ static void damaged_locked(srv_engine *e, const krun_err *err)
 
 static void gather_locked(srv_engine *e)
 {
-    double end = know() + (e->gather_quiet > 0 ? 2 * e->gather_quiet : SERVE_GATHER_MAX);
-    double quiet = e->gather_quiet > 0 ? e->gather_quiet : SERVE_GATHER_QUIET;
+    double end = know() + SERVE_GATHER_MAX;
     uint64_t seen = e->st.requests;
     while (e->n_queued < e->max_seqs && know() < end) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += (long)(quiet * 1e9);
-        while (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+        ts.tv_nsec += (long)(SERVE_GATHER_QUIET * 1e9);
+        if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
         pthread_cond_timedwait(&e->wake, &e->mu, &ts);
         if (e->st.requests == seen || e->cancel_all) break;
         seen = e->st.requests;
@@ -498,6 +497,10 @@ static void *engine_main(void *arg)
         krun_stats ks;
         int prefill = 0;
         drop_cancelled_locked(e);
+        if (e->held && !e->cancel_all && !e->quit) {      /* the first requests are being handed over */
+            pthread_cond_wait(&e->wake, &e->mu);
+            continue;
+        }
         admit_locked(e);
         if (!e->n_active) {
             pthread_cond_broadcast(&e->idle);
@@ -855,7 +858,7 @@ int srv_engine_start(krun_model *m, const srv_engine_opts *o, srv_engine **out, 
     e->max_queue = o->max_queue;
     e->quiet = o->quiet;
     e->progress_every = o->progress_every;
-    e->gather_quiet = o->gather_quiet;
+    e->held = o->held;
     e->command = o->command ? o->command : "krun serve";
     e->n_layers = krun_model_config(m)->n_layers;
     atomic_init(&e->sweep_layer, 0);
@@ -923,6 +926,14 @@ void srv_engine_cancel_all(srv_engine *e)
     pthread_mutex_lock(&e->mu);
     e->draining = 1;
     e->cancel_all = 1;
+    pthread_cond_signal(&e->wake);
+    pthread_mutex_unlock(&e->mu);
+}
+
+void srv_engine_release(srv_engine *e)
+{
+    pthread_mutex_lock(&e->mu);
+    e->held = 0;
     pthread_cond_signal(&e->wake);
     pthread_mutex_unlock(&e->mu);
 }

@@ -33,7 +33,8 @@
 # Env:   BENCH_BATCH_SIZES ("1 4 16 64"), BENCH_BATCH_GEN (tokens per request, 6),
 #        BENCH_BATCH_MEM (budgets, "4G 2G"), BENCH_RUNS (rounds, 3), BENCH_SETTLE (s after a drop, 3),
 #        BENCH_LOCK (a file: every run, its drop included, holds flock on it, for machines
-#        where another bench uses the same disk), BENCH_DIR (kept; a run whose result is there
+#        where another bench uses the same disk; with BENCH_LOCK_ROUND=1 one flock a round),
+#        BENCH_DIR (kept; a run whose result is there
 #        already is not run again: the same command continues an interrupted bench), BENCH_KEEP.
 set -eu
 cd "$(dirname "$0")/../.."
@@ -44,6 +45,8 @@ MEMS=${BENCH_BATCH_MEM:-4G 2G}
 GEN=${BENCH_BATCH_GEN:-6}
 SIZES=${BENCH_BATCH_SIZES:-1 4 16 64}
 LOCK=${BENCH_LOCK:-}
+PER_RUN=(env)        # the prefix of every run: a flock of its own unless a round holds one
+[ -n "$LOCK" ] && [ -z "${BENCH_LOCK_ROUND:-}" ] && PER_RUN=(flock "$LOCK")
 KPK=${1:-${BENCH_BATCH_KPK:-}}
 CTX=$((GEN + 8))
 cleanup() { [ -z "${BENCH_DIR:-}" ] && [ -z "${BENCH_KEEP:-}" ] && rm -rf "$W"; return 0; }
@@ -90,10 +93,12 @@ done
 rc=0
 order=$SIZES
 for r in $(seq "$RUNS"); do
+    # BENCH_LOCK_ROUND: one flock for a whole round (its runs, each with its drop), not one per run
+    [ -n "$LOCK" ] && [ -n "${BENCH_LOCK_ROUND:-}" ] && { exec 9>>"$LOCK"; flock 9; }
     for b in $order; do
         if [ -f "$W/r$b-$MEM-$r.json" ]; then echo "# round $r, B = $b: kept from an earlier run in $W"; continue; fi
         rm -f "$W/out$b.jsonl"
-        if ${LOCK:+flock "$LOCK"} bash "$W/one.sh" "$W" "$CAN_DROP" "$SETTLE" \
+        if "${PER_RUN[@]}" bash "$W/one.sh" "$W" "$CAN_DROP" "$SETTLE" \
                 "$BIN/krun" batch "$KPK" "$W/in$b.jsonl" "$W/out$b.jsonl" --max-seqs "$b" --ctx "$CTX" --mem "$MEM" --io direct \
                 --seed 1 --created 1 --quiet --json; then
             python3 - "$W/sum.tmp" "$(cat "$W/io.tmp")" "$W/out$b.jsonl" >"$W/r$b-$MEM-$r.json" <<'PY'
@@ -109,6 +114,7 @@ PY
             rc=1
         fi
     done
+    [ -n "$LOCK" ] && [ -n "${BENCH_LOCK_ROUND:-}" ] && exec 9>&-
     order=$(echo "$order" | tr ' ' '\n' | tac | tr '\n' ' ')
 done
 [ "$rc" = 0 ] || exit 1
