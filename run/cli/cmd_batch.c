@@ -179,6 +179,25 @@ static void choose_seqs(krun_model *m, krun_model_opts *mo, size_t runnable, int
     }
 }
 
+/* Does a request of the input ask for echo with logprobs (a completion scoring its prompt)?  Then
+ * the plan counts the engine's buffer for its prompt's logits (serve.h, srv_echo_bytes); the
+ * other jobs keep that memory for sequences.  A body that does not parse asks for nothing. */
+static int wants_echo_logits(const kbatch_input *in)
+{
+    for (size_t k = 0; k < in->n; k++) {
+        const kbatch_item *it = &in->items[k];
+        json_t *o, *lp;
+        int yes;
+        if (it->bad || it->chat) continue;
+        o = json_loadb(it->body, it->body_len, 0, NULL);
+        lp = json_object_get(o, "logprobs");
+        yes = json_is_true(json_object_get(o, "echo")) && lp && !json_is_false(lp) && !json_is_null(lp);
+        json_decref(o);
+        if (yes) return 1;
+    }
+    return 0;
+}
+
 static void summary_json(const struct batch_opts *o, const kbatch_stats *st, int ok)
 {
     json_t *j = json_pack("{s:s, s:s, s:b, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:f}", "in", o->in, "out", o->out, "ok", ok,
@@ -238,6 +257,7 @@ int krun_batch_main(int argc, char **argv)
         goto out;
     }
     krun_cli_model_opts(&o.c, o.model, budget, &mo);
+    if (wants_echo_logits(&in)) mo.extra_bytes += srv_echo_bytes(krun_model_config(m));   /* echo's prompt logits (serve.h) */
     if (o.auto_seqs) {
         size_t runnable = 0;
         for (size_t k = 0; k < in.n; k++) runnable += !in.items[k].bad;

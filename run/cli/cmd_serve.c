@@ -265,6 +265,7 @@ int krun_serve_main(int argc, char **argv)
     fd = listen_on(o.host, o.port, &port);
     if (fd < 0) goto out;
     krun_cli_model_opts(&o.c, o.model, budget, &mo);
+    mo.extra_bytes += srv_echo_bytes(krun_model_config(m));   /* echo's prompt logits (serve.h) */
     mo.spec = (size_t)o.spec;
     if (krun_model_prepare(m, &mo, &e)) { fprintf(stderr, "krun serve: %s\n", e.msg); rc = e.code; goto out; }
     if (krun_cli_pcache(&o.c, m, "krun serve", 1, 1, &cache, &e)) { fprintf(stderr, "krun serve: %s\n", e.msg); rc = e.code; goto out; }

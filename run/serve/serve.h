@@ -42,6 +42,10 @@ typedef struct sreq {
     sgen *gen;                 /* the output; the engine's while the request runs */
     int has_seed;              /* else the engine picks one */
     int logprobs, top_logprobs;   /* report each generated token's log-probability (and alternatives) */
+    int echo;                  /* completions: the prompt first in the output (with logprobs: the prompt's too, from
+                                  the logits of every prompt position: no prefix cache, a bounded block a sweep) */
+    struct sreq *leader;       /* n > 1, choice i > 0: choice 0's request, whose prompt state it copies (a reference
+                                  is held by the connection; NULL: none) */
     struct kgram *gram;        /* constrained decoding: the reply's grammar (owned; NULL: free) */
     const struct kmask_index *mask_index;   /* the engine's (srv_engine_mask_index) */
     int stream;                /* the output is server-sent events */
@@ -63,6 +67,8 @@ typedef struct sreq {
     uint64_t verifications, drafted, accepted;   /* speculation: sweeps with drafts, drafts, drafts kept */
     size_t acc_last;           /* drafts kept in the last sweep */
     size_t emitted;            /* tokens handed to the output in the last sweep */
+    int leader_ref;            /* a reference on leader is held (taken at srv_submit) */
+    size_t copied;             /* prompt positions copied from the leader's state (0: none) */
     /* the connection's own thread */
     double last_sent;          /* when the connection last sent something (a keep-alive comment is due after
                                 * srv_engine_opts.progress_every seconds of silence) */
@@ -82,6 +88,12 @@ typedef struct sreq {
     pthread_cond_t cv;         /* signalled when out grows or the request ends */
     struct sreq *next_in_queue;
 } sreq;
+
+/* Echo with logprobs (completions): the prompt runs at most SRV_ECHO_ROWS positions a sweep, their
+ * logits into one buffer of the engine's (srv_echo_bytes: the plan counts it, krun_model_opts.extra_bytes),
+ * each row made log-probabilities at once; one such request a sweep. */
+#define SRV_ECHO_ROWS 64
+static inline uint64_t srv_echo_bytes(const k3_config *c) { return (uint64_t)SRV_ECHO_ROWS * (uint64_t)c->vocab * sizeof(float); }
 
 typedef struct srv_engine_opts {
     size_t max_queue;          /* requests waiting for a sequence, at most */
@@ -122,6 +134,9 @@ sreq *srv_prepare(srv_engine *e, const char *model_name, int chat, const char *b
  * The caller checks the model name.  NULL with err. */
 sreq *srv_prepare_chat(srv_engine *e, const kchat_message *msgs, size_t n_msgs, const kchat_options *chat, const oai_sampling *s,
                        oai_error *err);
+/* The chat's prompt length in tokens, as srv_prepare_chat renders it, whatever the context
+ * (/v1/messages/count_tokens).  -1 with err (no chat markers, a chat the renderer refuses). */
+long srv_count_chat(srv_engine *e, const kchat_message *msgs, size_t n_msgs, const kchat_options *chat, oai_error *err);
 /* r's output from go (end ids: go->n_end_ids nonzero asks for the model's; max_tokens, prompt and
  * stream from r).  Returns 0, or -1 with err (out of memory). */
 int srv_prepare_output(krun_model *m, sreq *r, sgen_opts *go, oai_error *err);
@@ -130,6 +145,8 @@ int  srv_done(srv_engine *e, sreq *r);
 /* Hand a request to the engine (it takes a reference).  Fails with e filled: 503 when the
  * queue is full (with Retry-After) or the server is draining, 503 when the model is damaged. */
 int  srv_submit(srv_engine *e, sreq *r, oai_error *err);
+/* n requests at once (all or none): n > 1 choices, rs[0] first. */
+int  srv_submit_n(srv_engine *e, sreq *const *rs, size_t n, oai_error *err);
 /* A seed for a request without one (what srv_submit would pick). */
 uint64_t srv_engine_fresh_seed(srv_engine *e);
 /* Seconds to put in Retry-After when the server is busy. */
@@ -145,6 +162,15 @@ int  srv_wait_started(srv_engine *e, sreq *r);
  * progress_every seconds without output, an SSE comment saying where the request is
  * (": prefill 1234/5000", ": queued", ": generating"): clients and proxies see it alive. */
 long srv_read(srv_engine *e, sreq *r, char *buf, size_t max);
+/* n > 1 streamed: the output of the choices rs[0..n) interleaved, whole events at a time (an
+ * event cut by max is finished first: *cur names its request, -1 none; *nl: the last byte taken
+ * was a newline).  Waits for some; 0 once every choice is over and everything was taken; -1
+ * when the client hung up (every choice is cancelled).  rs[0]'s client is watched. */
+long srv_read_choices(srv_engine *e, sreq *const *rs, size_t n, int *cur, int *nl, char *buf, size_t max);
+/* After srv_read_choices returned 0: the usage of the n choices, as OpenAI counts it (the prompt
+ * once, choice 0's cached tokens; completion tokens summed), and choice 0's output options (its
+ * id, model, created, include_usage). */
+void srv_choices_usage(srv_engine *e, sreq *const *rs, size_t n, long *prompt, long *completion, long *cached, const sgen_opts **o);
 /* Wait until the request is over (r->out then holds the whole body), or the client hangs up. */
 void srv_wait_done(srv_engine *e, sreq *r);
 /* The output so far as one malloc'd string (*body), and the status; -1 if the client hung up. */

@@ -49,6 +49,8 @@ struct srv_engine {
     size_t max_seqs, max_queue, block, ctx, vocab;
     size_t spec, jrows, jseqs;  /* drafts per verification at most; the journal's rows and sequences per sweep */
     int32_t *drafts;            /* [max_seqs][spec]: the sweep's drafts (the engine thread's) */
+    float *echo_logits;         /* [SRV_ECHO_ROWS][vocab]: an echo request's prompt logits, made on first use
+                                   (counted by the plan: srv_echo_bytes) */
     double progress_every;     /* seconds of silence before a progress comment (0: none) */
     int n_layers;
     _Atomic int sweep_layer;   /* layers of the running sweep done (the model's layer hook) */
@@ -72,6 +74,7 @@ struct srv_engine {
     struct {
         uint64_t requests, completed, failed, cancelled, prompt_tokens, cached_tokens, generated, sweeps, positions, bytes_read, phase_switches;
         uint64_t verifications, drafted, accepted;   /* speculation: blocks with drafts, drafts, drafts kept */
+        uint64_t copied_tokens;    /* n > 1: prompt positions copied from choice 0's state instead of run */
         double sweep_seconds, request_seconds;
         double prefill_seconds;    /* of sweep_seconds: sweeps that ran prompt positions */
         /* of sweeps, bytes_read and generated: those of the sweeps that ran prompt positions (the rest
@@ -103,6 +106,7 @@ static void release_locked(srv_engine *e, sreq *r)
 {
     if (--r->refs > 0) return;
     if (r->state != SREQ_NEW) e->n_open--;
+    if (r->leader_ref) release_locked(e, r->leader);
     sgen_free(r->gen);
     kmask_free(r->mask);
     kgram_free(r->gram);
@@ -136,6 +140,7 @@ static void publish_locked(sreq *r)
         r->status = sgen_status(r->gen);
     }
     pthread_cond_broadcast(&r->cv);
+    if (r->leader_ref) pthread_cond_broadcast(&r->leader->cv);   /* n > 1 streamed: the stream waits on choice 0 */
 }
 
 /* The request is over: its output is complete, its sequence is free. */
@@ -150,6 +155,7 @@ static void finish_locked(srv_engine *e, sreq *r)
     r->started = 1;
     r->state = SREQ_DONE;
     pthread_cond_broadcast(&r->cv);
+    if (r->leader_ref) pthread_cond_broadcast(&r->leader->cv);
     release_locked(e, r);         /* the engine's reference */
 }
 
@@ -230,29 +236,69 @@ static int reply_mask(void *ctx, const int32_t *tokens, size_t pos, uint64_t *al
 static int next_token(srv_engine *e, sreq *r);
 static void conclude_locked(srv_engine *e, sreq *r, int done);
 
-/* Queued requests take free sequences.  With the prefix cache, a sequence
- * starts from the longest kept state whose history is a prefix of the
- * prompt (pcache.h), which may be read from a file: the lock is let go
- * meanwhile (a request cancelled then is dropped at the next sweep). */
+/* Is choice 0 (leader) of an n > 1 request still before the end of its prompt?  Its other
+ * choices wait for it in the queue, to start from a copy of its state. */
+static int leader_busy(const sreq *l)
+{
+    return l->state == SREQ_NEW || l->state == SREQ_QUEUED || (l->state == SREQ_ACTIVE && l->fed < l->n_prompt);
+}
+
+/* r (choice i > 0) may start from its leader's state: the leader has run the prompt and nothing
+ * more (its first token is sampled, not run), and, with echo's logprobs, has them all. */
+static int leader_state_ready(const sreq *r)
+{
+    const sreq *l = r->leader;
+    return l && l->state == SREQ_ACTIVE && l->s && l->fed == l->n_prompt && krun_session_pos(l->s) == r->n_prompt &&
+           !krun_session_pending(l->s) && krun_session_logits(l->s) && l->n_prompt == r->n_prompt &&
+           !memcmp(l->prompt, r->prompt, r->n_prompt * sizeof *r->prompt);
+}
+
+/* A session for r: with the prefix cache, the longest kept state its prompt begins with -- but
+ * none for a request that needs the logits of every prompt position (echo with logprobs: the
+ * cached positions have none) or that copies its leader's state (nothing to look for); then
+ * the copy.  The lock is let go meanwhile (a cache entry may be read from a file). */
+static int session_for_locked(srv_engine *e, sreq *r, size_t *reused, krun_err *err)
+{
+    int lookup = !(r->echo && r->logprobs) && !leader_state_ready(r), rc;
+    *reused = 0;
+    if (e->cache) {
+        pthread_mutex_unlock(&e->mu);
+        rc = krun_pcache_begin(e->cache, r->prompt, lookup ? r->n_prompt : 0, lookup ? r->n_preamble : 0, &r->s, reused, err);
+        pthread_mutex_lock(&e->mu);
+    } else {
+        rc = krun_session_new(e->m, &r->s, err);
+    }
+    if (rc || lookup || !leader_state_ready(r)) return rc;
+    /* n > 1: the prompt ran once, in choice 0's sequence; its state copied (a memcpy, no model read) */
+    if (krun_session_copy(r->s, r->leader->s, err) || (r->echo && r->logprobs && sgen_copy_logprobs(r->gen, r->leader->gen, r->n_prompt))) {
+        krun_session_reset(r->s);             /* it runs its prompt itself: the same result, later */
+        return 0;
+    }
+    krun_session_spec_restart(r->s);
+    r->copied = *reused = r->n_prompt;
+    e->st.copied_tokens += r->n_prompt;
+    return 0;
+}
+
+/* Queued requests take free sequences, in order; choice i > 0 of an n > 1 request waits while its
+ * choice 0 has not run its prompt.  With the prefix cache, a sequence starts from the longest kept
+ * state whose history is a prefix of the prompt (pcache.h); choice i > 0 from a copy of choice
+ * 0's state.  The lock may be let go meanwhile (a request cancelled then is dropped at the next
+ * sweep), so the queue is looked at from its head after each admission. */
 static void admit_locked(srv_engine *e)
 {
-    while (e->qhead && e->n_active < e->max_seqs) {
-        sreq *r = e->qhead;
+    for (;;) {
+        sreq **p = &e->qhead, *prev = NULL, *r;
         krun_err err;
         size_t reused = 0;
-        int rc;
-        e->qhead = r->next_in_queue;
-        if (!e->qhead) e->qtail = NULL;
+        if (e->n_active >= e->max_seqs) return;
+        while (*p && (*p)->leader && leader_busy((*p)->leader)) { prev = *p; p = &(*p)->next_in_queue; }
+        if (!(r = *p)) return;
+        *p = r->next_in_queue;
+        if (e->qtail == r) e->qtail = prev;
         e->n_queued--;
         r->state = SREQ_ACTIVE;
-        if (e->cache) {
-            pthread_mutex_unlock(&e->mu);
-            rc = krun_pcache_begin(e->cache, r->prompt, r->n_prompt, r->n_preamble, &r->s, &reused, &err);
-            pthread_mutex_lock(&e->mu);
-        } else {
-            rc = krun_session_new(e->m, &r->s, &err);
-        }
-        if (rc) {                                    /* cannot happen: n_active < max_seqs */
+        if (session_for_locked(e, r, &reused, &err)) {          /* cannot happen: n_active < max_seqs */
             oai_error oe;
             oai_error_set(&oe, 500, NULL, NULL, "%s", err.msg);
             fail_locked(e, r, &oe);
@@ -271,14 +317,17 @@ static void admit_locked(srv_engine *e)
             krun_session_set_mask(r->s, reply_mask, r);
         }
         r->state = SREQ_ACTIVE;
-        r->fed = r->cached = r->prefilled = reused;
-        sgen_set_cached(r->gen, reused);
-        e->st.cached_tokens += reused;
+        r->fed = r->prefilled = reused;
+        r->cached = r->copied ? 0 : reused;
+        sgen_set_cached(r->gen, r->cached);
+        e->st.cached_tokens += r->cached;
         e->active[e->n_active++] = r;
         /* the whole prompt was there, with its logits: the first token now */
         if (r->fed == r->n_prompt) {
-            int done = next_token(e, r);
-            e->st.generated++;
+            int done;
+            r->emitted = 0;
+            done = next_token(e, r);
+            e->st.generated += r->emitted;
             r->generated = sgen_n_tokens(r->gen);
             conclude_locked(e, r, done);      /* (done: r may be freed) */
         }
@@ -316,6 +365,7 @@ static size_t draft_locked(srv_engine *e, sreq *r, size_t k, size_t rows, size_t
 static size_t plan_sweep_locked(srv_engine *e, sreq **sw, size_t *take, size_t *nd)
 {
     size_t n = 0, budget, waiting = 0, rows = e->jrows, seqs = e->jseqs;
+    int echo = 0;
     for (size_t k = 0; k < e->n_active; k++)
         waiting += e->active[k]->fed < e->active[k]->n_prompt ? e->active[k]->n_prompt - e->active[k]->fed : 1;
     budget = krun_model_prompt_block(e->m, waiting);
@@ -338,12 +388,35 @@ static size_t plan_sweep_locked(srv_engine *e, sreq **sw, size_t *take, size_t *
         sreq *r = e->active[k];
         size_t left = r->n_prompt - r->fed;
         if (!left) continue;
+        if (r->echo && r->logprobs) {
+            /* the logits of each of its positions: SRV_ECHO_ROWS at most, one such request a sweep */
+            if (echo) continue;
+            echo = 1;
+            if (left > SRV_ECHO_ROWS) left = SRV_ECHO_ROWS;
+        }
         sw[n] = r;
         nd[n] = 0;
         take[n] = left < budget ? left : budget;
         budget -= take[n++];
     }
     return n;
+}
+
+/* Echo with logprobs: the prompt positions [fed, fed + rows) have just run, their logits in
+ * e->echo_logits: each row is the distribution of the prompt's next token, made its entry at once
+ * (the prompt's first token has none: null).  0, or -1 out of memory. */
+static int echo_logprobs(srv_engine *e, sreq *r, size_t rows)
+{
+    int32_t top_ids[OAI_MAX_TOP_LOGPROBS];
+    double top_lp[OAI_MAX_TOP_LOGPROBS];
+    size_t nt = (size_t)r->top_logprobs;
+    if (!r->fed && sgen_logprob_null(r->gen, r->prompt[0])) return -1;
+    for (size_t i = 0; i < rows && r->fed + i + 1 < r->n_prompt; i++) {
+        int32_t id = r->prompt[r->fed + i + 1];
+        double lp = ksampler_logprobs(e->echo_logits + i * e->vocab, e->vocab, id, nt, top_ids, top_lp);
+        if (sgen_logprob(r->gen, id, lp, top_ids, top_lp, nt)) return -1;
+    }
+    return 0;
 }
 
 /* Run the sweep and read what each sequence generated (without the lock).
@@ -364,11 +437,19 @@ static int run_sweep(srv_engine *e, sreq **sw, const size_t *take, const size_t 
         /* a block of the prompt: all but its last token pending, the last as the step's token */
         if (take[k] > 1 && krun_session_append(r->s, r->prompt + r->fed, take[k] - 1, err)) return -1;
         ids[k] = r->prompt[r->fed + take[k] - 1];
+        if (r->echo && r->logprobs) {
+            if (!e->echo_logits && !(e->echo_logits = malloc((size_t)SRV_ECHO_ROWS * e->vocab * sizeof *e->echo_logits))) {
+                krun_err_set(err, KRUN_ENOMEM, "out of memory for the prompt's logits (echo)");
+                return -1;
+            }
+            krun_session_all_logits(r->s, e->echo_logits, SRV_ECHO_ROWS);
+        }
     }
     if (krun_step_batch_verify(e->m, ss, ids, drafts, nd, n, acc, err)) return -1;
     for (size_t k = 0; k < n; k++) {
         sreq *r = sw[k];
         int rc = 0;
+        if (take[k] && r->echo && r->logprobs && echo_logprobs(e, r, take[k])) { done[k] = -1; continue; }
         r->fed += take[k];
         r->emitted = 0;
         if (r->fed < r->n_prompt) continue;             /* more prompt to read */
@@ -393,8 +474,14 @@ static int run_sweep(srv_engine *e, sreq **sw, const size_t *take, const size_t 
  * output.  1: the request is complete, 0: go on, -1: out of memory. */
 static int next_token(srv_engine *e, sreq *r)
 {
-    int32_t id = krun_session_sample(r->s);
+    int32_t id;
     int rc;
+    if (r->echo && sgen_echo(r->gen, r->prompt, r->n_prompt)) return -1;
+    if (!r->max_tokens) {                             /* echo with max_tokens 0: the prompt scored, nothing generated */
+        sgen_end(r->gen, "length");
+        return 1;
+    }
+    id = krun_session_sample(r->s);
     if (id < 0) return -2;                            /* the constraint allows no token (cannot happen: its grammar ends the reply) */
     if (r->logprobs) {
         int32_t top_ids[OAI_MAX_TOP_LOGPROBS];
@@ -740,6 +827,78 @@ long srv_read(srv_engine *e, sreq *r, char *buf, size_t max)
     return got;
 }
 
+/* Bytes of r's output to take now: whole events up to max (out holds whole events: each ends
+ * with a blank line, and none has one inside), or -- mid-event (*cur), or an event longer than
+ * max -- up to the event's end or max. */
+static size_t event_bytes(const sreq *r, int mid, int nl, size_t max)
+{
+    size_t lim = r->out.n < max ? r->out.n : max, end = 0;
+    if (mid) {
+        if (nl && r->out.p[0] == '\n') return 1;
+        for (size_t i = 0; i + 1 < r->out.n; i++)
+            if (r->out.p[i] == '\n' && r->out.p[i + 1] == '\n') return i + 2 <= lim ? i + 2 : lim;
+        return lim;
+    }
+    for (size_t i = 0; i + 1 < lim; i++)
+        if (r->out.p[i] == '\n' && r->out.p[i + 1] == '\n') end = i + 2;
+    return end ? end : lim;
+}
+
+long srv_read_choices(srv_engine *e, sreq *const *rs, size_t n, int *cur, int *nl, char *buf, size_t max)
+{
+    long got = -1;
+    pthread_mutex_lock(&e->mu);
+    for (;;) {
+        size_t over = 0, c;
+        int pick = -1, st;
+        if (rs[0]->cancelled) break;
+        for (size_t i = 0; i < n; i++) over += rs[i]->state == SREQ_DONE && !rs[i]->out.n;
+        if (*cur >= 0) pick = *cur;
+        else
+            for (size_t i = 0; i < n && pick < 0; i++)
+                if (rs[i]->out.n) pick = (int)i;
+        if (pick >= 0 && rs[pick]->out.n) {
+            sreq *r = rs[pick];
+            int mid = *cur >= 0, ended;
+            size_t k = event_bytes(r, mid, *nl, max);
+            memcpy(buf, r->out.p, k);
+            memmove(r->out.p, r->out.p + k, r->out.n - k);
+            r->out.n -= k;
+            ended = (k >= 2 && buf[k - 1] == '\n' && buf[k - 2] == '\n') || (k == 1 && mid && *nl && buf[0] == '\n');
+            *nl = buf[k - 1] == '\n';
+            *cur = ended ? -1 : pick;
+            for (size_t i = 0; i < n; i++) rs[i]->last_sent = know();
+            got = (long)k;
+            break;
+        }
+        if (over == n) { got = 0; break; }
+        st = client_check(rs[0]);
+        if (st == CLIENT_GONE) break;
+        if (*cur < 0 && e->progress_every > 0 && know() - rs[0]->last_sent >= e->progress_every &&
+            (c = progress_comment_locked(e, rs[0], buf, max))) {
+            for (size_t i = 0; i < n; i++) rs[i]->last_sent = know();
+            got = (long)c;
+            break;
+        }
+        wait_a_little(rs[0], &e->mu, CLIENT_LOOK);     /* every choice's output wakes rs[0] too (publish_locked) */
+    }
+    if (got < 0)
+        for (size_t i = 0; i < n; i++) cancel_locked(e, rs[i]);
+    pthread_mutex_unlock(&e->mu);
+    return got;
+}
+
+void srv_choices_usage(srv_engine *e, sreq *const *rs, size_t n, long *prompt, long *completion, long *cached, const sgen_opts **o)
+{
+    pthread_mutex_lock(&e->mu);
+    *prompt = (long)rs[0]->n_prompt;
+    *cached = (long)sgen_cached(rs[0]->gen);
+    *completion = 0;
+    for (size_t i = 0; i < n; i++) *completion += (long)sgen_n_tokens(rs[i]->gen);
+    *o = sgen_options(rs[0]->gen);
+    pthread_mutex_unlock(&e->mu);
+}
+
 int srv_done(srv_engine *e, sreq *r)
 {
     int done;
@@ -794,7 +953,7 @@ uint64_t srv_engine_fresh_seed(srv_engine *e)
     return z;
 }
 
-int srv_submit(srv_engine *e, sreq *r, oai_error *err)
+int srv_submit_n(srv_engine *e, sreq *const *rs, size_t n, oai_error *err)
 {
     int rc = -1;
     pthread_mutex_lock(&e->mu);
@@ -803,28 +962,35 @@ int srv_submit(srv_engine *e, sreq *r, oai_error *err)
                       "it (restart it with a good file: kpack verify names every bad extent)", e->damage);
     } else if (e->draining) {
         oai_error_set(err, 503, NULL, "server_shutting_down", "the server is shutting down and takes no new requests");
-    } else if (e->n_queued >= e->max_seqs - e->n_active + e->max_queue) {
+    } else if (e->n_queued + n > e->max_seqs - e->n_active + e->max_queue) {
         oai_error_set(err, 503, NULL, "server_busy", "all %zu sequences are busy and %zu requests are waiting (--max-queue); retry later",
                       e->max_seqs, e->n_queued);
     } else {
-        if (!r->has_seed) r->sampling.seed = fresh_seed(e);
-        r->t_submit = know();
-        r->state = SREQ_QUEUED;
-        r->refs++;
-        r->next_in_queue = NULL;
-        if (e->qtail) e->qtail->next_in_queue = r;
-        else e->qhead = r;
-        e->qtail = r;
-        e->n_queued++;
-        e->n_open++;
-        e->st.requests++;
-        e->st.prompt_tokens += r->n_prompt;
+        /* all at once: choice i > 0 of n finds choice 0 queued before it, and waits for its prompt */
+        for (size_t i = 0; i < n; i++) {
+            sreq *r = rs[i];
+            if (!r->has_seed) r->sampling.seed = fresh_seed(e);
+            r->t_submit = know();
+            r->state = SREQ_QUEUED;
+            r->refs++;
+            if (r->leader && r->leader->state != SREQ_NEW) { r->leader->refs++; r->leader_ref = 1; }   /* it reads its leader */
+            r->next_in_queue = NULL;
+            if (e->qtail) e->qtail->next_in_queue = r;
+            else e->qhead = r;
+            e->qtail = r;
+            e->n_queued++;
+            e->n_open++;
+            e->st.requests++;
+            if (!r->leader) e->st.prompt_tokens += r->n_prompt;      /* n > 1: one prompt (as usage counts it) */
+        }
         pthread_cond_signal(&e->wake);
         rc = 0;
     }
     pthread_mutex_unlock(&e->mu);
     return rc;
 }
+
+int srv_submit(srv_engine *e, sreq *r, oai_error *err) { return srv_submit_n(e, &r, 1, err); }
 
 /* Seconds a client should wait before retrying a busy server: a sequence
  * frees up about every (a request's mean time / sequences). */
@@ -953,6 +1119,7 @@ void srv_engine_stop(srv_engine *e)
     pthread_mutex_destroy(&e->mu);
     pthread_mutex_destroy(&e->mask_mu);
     kmask_index_free(e->mask_index);
+    free(e->echo_logits);
     free(e->active);
     free(e->drafts);
     free(e);
@@ -1006,7 +1173,7 @@ char *srv_engine_metrics(srv_engine *e)
     metric(&b, "requests_completed_total", "counter", "Generation requests completed.", (double)e->st.completed);
     metric(&b, "requests_failed_total", "counter", "Generation requests failed.", (double)e->st.failed);
     metric(&b, "requests_cancelled_total", "counter", "Generation requests whose client went away.", (double)e->st.cancelled);
-    metric(&b, "prompt_tokens_total", "counter", "Prompt tokens submitted.", (double)e->st.prompt_tokens);
+    metric(&b, "prompt_tokens_total", "counter", "Prompt tokens submitted (an n > 1 request's once).", (double)e->st.prompt_tokens);
     metric(&b, "generated_tokens_total", "counter", "Tokens generated.", (double)e->st.generated);
     metric(&b, "sweeps_total", "counter", "Forward sweeps run.", (double)e->st.sweeps);
     metric(&b, "positions_total", "counter", "Positions run by the sweeps.", (double)e->st.positions);
@@ -1016,6 +1183,8 @@ char *srv_engine_metrics(srv_engine *e)
     metric(&b, "live_sequences", "gauge", "Sequences running.", (double)e->n_active);
     metric(&b, "damaged", "gauge", "1 when the model file was found damaged.", e->damaged);
     metric(&b, "cached_prompt_tokens_total", "counter", "Prompt tokens served by the prefix cache (not run).", (double)e->st.cached_tokens);
+    metric(&b, "copied_prompt_tokens_total", "counter", "Prompt tokens of n > 1 choices copied from choice 0's state (not run).",
+           (double)e->st.copied_tokens);
     metric(&b, "speculation_verifications_total", "counter", "Sequences that verified drafts in a sweep.", (double)e->st.verifications);
     metric(&b, "speculation_drafted_total", "counter", "Draft tokens verified.", (double)e->st.drafted);
     metric(&b, "speculation_accepted_total", "counter", "Draft tokens kept (part of generated_tokens_total).", (double)e->st.accepted);
@@ -1140,6 +1309,7 @@ json_t *srv_engine_health(srv_engine *e, int *status)
     json_object_set_new(st, "cancelled", json_integer((json_int_t)e->st.cancelled));
     json_object_set_new(st, "prompt_tokens", json_integer((json_int_t)e->st.prompt_tokens));
     json_object_set_new(st, "cached_tokens", json_integer((json_int_t)e->st.cached_tokens));
+    json_object_set_new(st, "copied_tokens", json_integer((json_int_t)e->st.copied_tokens));
     json_object_set_new(st, "generated_tokens", json_integer((json_int_t)e->st.generated));
     json_object_set_new(st, "sweeps", json_integer((json_int_t)e->st.sweeps));
     json_object_set_new(st, "positions", json_integer((json_int_t)e->st.positions));

@@ -7,6 +7,7 @@
 #include "run/text/utf8_hold.h"
 
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,13 +37,16 @@ struct sgen {
     int ablocks;               /* Anthropic stream: content blocks started */
     const char *akind;         /* ... the open one's type ("thinking", "text"), NULL: none open */
     int http_stream;           /* the stream was opened before any output (sgen_stream_opened) */
+    size_t lp_sent;            /* streamed logprobs: entries of lps already in a chunk */
+    size_t lp_off;             /* ... completions: the text_offset of the next entry */
+    int echoed;                /* completions, echo: the prompt is in the output */
     const char *finish;
 };
 
 typedef struct {
     int32_t id;
-    int32_t n;
-    double lp;
+    int32_t n;                 /* alternatives; -1: none known (echo: the prompt's first token) */
+    double lp;                 /* NaN with n -1: null */
     int32_t top_ids[OAI_MAX_TOP_LOGPROBS];
     double top_lp[OAI_MAX_TOP_LOGPROBS];
 } sgen_lp;
@@ -120,6 +124,9 @@ static void put(sgen *g, char *s)
     free(s);
 }
 
+static void put_chunk_lp(sgen *g, char *sse, int with_lp);
+#define put_chunk(g, sse) put_chunk_lp(g, sse, 1)
+
 /* ---- what the reply says -------------------------------------------------------------- */
 
 /* An Anthropic stream: close the open content block (if any); open one of kind (NULL: none). */
@@ -143,9 +150,9 @@ static void emit_text(sgen *g, const char *text, size_t len)
         kchat_event ev = {KCHAT_EV_CONTENT, text, len, 0, NULL};
         int none;
         char *s = oai_sse_chat_event(&g->o.meta, &ev, NULL, &none);
-        if (!none) put(g, s);
+        if (!none) put_chunk(g, s);
     } else {
-        put(g, oai_sse_completion(&g->o.meta, text, len, NULL));
+        put_chunk(g, oai_sse_completion(&g->o.meta, text, len, NULL));
     }
 }
 
@@ -179,10 +186,23 @@ static void flush_held(sgen *g)
     kbuf_free(&pass);
 }
 
+/* The server's id for tool call `index` of the reply: OpenAI's "call_ID_K" (choice i > 0 of n:
+ * "call_ID.i_K"), Anthropic's "toolu_" and the request id's letters and digits, then K. */
 static char *call_id(const sgen *g, int index)
 {
-    char buf[160];
-    snprintf(buf, sizeof buf, "call_%s_%d", g->id ? g->id : "", index);
+    char buf[200];
+    const char *id = g->id ? g->id : "";
+    if (g->o.anthropic) {
+        size_t n = 0;
+        n += (size_t)snprintf(buf, sizeof buf, "toolu_");
+        for (const char *p = strchr(id, '-') ? strchr(id, '-') + 1 : id; *p && n < 150; p++)
+            if ((*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z')) buf[n++] = *p;
+        snprintf(buf + n, sizeof buf - n, "%02d", index);
+    } else if (g->o.index) {
+        snprintf(buf, sizeof buf, "call_%s.%d_%d", id, g->o.index, index);
+    } else {
+        snprintf(buf, sizeof buf, "call_%s_%d", id, index);
+    }
     return strdup(buf);
 }
 
@@ -230,7 +250,7 @@ static int on_event(void *ctx, const kchat_event *ev)
         int none;
         char *s = oai_sse_chat_event(&g->o.meta, ev, cid, &none);
         free(cid);
-        if (!none) put(g, s);
+        if (!none) put_chunk(g, s);
     }
     return 0;
 }
@@ -277,6 +297,41 @@ int sgen_logprob(sgen *g, int32_t id, double lp, const int32_t *top_ids, const d
     return g->lps.oom ? -1 : 0;
 }
 
+int sgen_logprob_null(sgen *g, int32_t id)
+{
+    sgen_lp x;
+    memset(&x, 0, sizeof x);
+    x.id = id;
+    x.n = -1;
+    x.lp = NAN;
+    kbuf_add(&g->lps, &x, sizeof x);
+    return g->lps.oom ? -1 : 0;
+}
+
+int sgen_copy_logprobs(sgen *dst, const sgen *src, size_t n)
+{
+    if (dst->lps.n || src->lps.n < n * sizeof(sgen_lp)) return -1;
+    kbuf_add(&dst->lps, src->lps.p, n * sizeof(sgen_lp));
+    return dst->lps.oom ? -1 : 0;
+}
+
+int sgen_echo(sgen *g, const int32_t *ids, size_t n)
+{
+    uint8_t *text = NULL;
+    size_t len = 0;
+    if (g->echoed || g->complete || g->failed) return 0;
+    g->echoed = 1;
+    if (ktok_decode(g->tk, ids, n, &text, &len) < 0) return -1;
+    if (!g->o.stream) {
+        kbuf_add(&g->text, text, len);
+    } else {
+        put_chunk(g, oai_sse_completion(&g->o.meta, (const char *)text, len, NULL));
+        g->stream_started = 1;
+    }
+    free(text);
+    return g->text.oom || g->oom ? -1 : 0;
+}
+
 /* A token as text (its bytes; ill-formed UTF-8 as U+FFFD) and as its bytes. */
 static json_t *token_text(const sgen *g, int32_t id, json_t **bytes)
 {
@@ -294,58 +349,110 @@ static json_t *token_text(const sgen *g, int32_t id, json_t **bytes)
     return t;
 }
 
-/* choices[0].logprobs: chat {"content": [{token, logprob, bytes, top_logprobs: [...]}]}, completions
- * {tokens, token_logprobs, top_logprobs: [{token: lp}], text_offset}.  Every generated token is
- * listed (reasoning and markers too: docs/SERVE.md). */
-static char *with_logprobs(const sgen *g, char *body)
+/* A logprobs object for entries [from, to) of lps: chat {"content": [{token, logprob, bytes,
+ * top_logprobs: [...]}]}, completions {tokens, token_logprobs, top_logprobs: [{token: lp}],
+ * text_offset} with *off the text_offset of entry `from` (advanced past `to`).  An entry whose
+ * log-probability is unknown (echo: the prompt's first token) has null for it and its
+ * alternatives, as OpenAI and vLLM show it.  Every generated token is listed (reasoning and
+ * markers too: docs/SERVE.md).  NULL on allocation failure. */
+static json_t *lp_json(const sgen *g, size_t from, size_t to, size_t *off)
 {
-    json_t *o = body ? json_loads(body, JSON_ALLOW_NUL, NULL) : NULL, *ch = json_array_get(json_object_get(o, "choices"), 0);
     const sgen_lp *x = (const sgen_lp *)(const void *)g->lps.p;
-    size_t n = g->lps.n / sizeof *x;
     json_t *lp = json_object();
-    char *s = NULL;
-    int bad = !o || !ch || !lp;
+    int bad = !lp;
     if (!bad && g->o.chat) {
         json_t *content = json_array();
-        for (size_t i = 0; content && i < n; i++) {
+        for (size_t i = from; content && i < to; i++) {
             json_t *bytes, *tok = token_text(g, x[i].id, &bytes), *top = json_array();
             for (int32_t k = 0; top && k < x[i].n; k++) {
                 json_t *tb, *tt = token_text(g, x[i].top_ids[k], &tb);
-                json_array_append_new(top, json_pack("{soso*so*}", "token", tt, "logprob", json_real(x[i].top_lp[k]), "bytes", tb));
+                if (json_array_append_new(top, json_pack("{soso*so*}", "token", tt, "logprob", json_real(x[i].top_lp[k]), "bytes", tb)))
+                    bad = 1;
             }
-            json_array_append_new(content, json_pack("{soso*so*so*}", "token", tok, "logprob", json_real(x[i].lp), "bytes", bytes,
-                                                     "top_logprobs", top));
+            if (json_array_append_new(content, json_pack("{soso*so*so*}", "token", tok, "logprob", json_real(x[i].lp), "bytes", bytes,
+                                                         "top_logprobs", top)))
+                bad = 1;
         }
-        bad = !content || json_object_set_new(lp, "content", content);
+        bad |= !content || json_object_set_new(lp, "content", content);
     } else if (!bad) {
-        json_t *toks = json_array(), *tlp = json_array(), *top = json_array(), *off = json_array();
-        size_t at = 0;
-        for (size_t i = 0; toks && tlp && top && off && i < n; i++) {
+        json_t *toks = json_array(), *tlp = json_array(), *top = json_array(), *offs = json_array();
+        for (size_t i = from; toks && tlp && top && offs && i < to; i++) {
             size_t len = 0;
-            json_t *alt = json_object();
+            json_t *alt = x[i].n < 0 ? json_null() : json_object();
             ktok_id_bytes(g->tk, x[i].id, &len);
-            json_array_append_new(toks, token_text(g, x[i].id, NULL));
-            json_array_append_new(tlp, json_real(x[i].lp));
+            bad |= json_array_append_new(toks, token_text(g, x[i].id, NULL));
+            bad |= json_array_append_new(tlp, x[i].n < 0 ? json_null() : json_real(x[i].lp));
             for (int32_t k = 0; alt && k < x[i].n; k++) {
                 json_t *tt = token_text(g, x[i].top_ids[k], NULL);
-                if (tt) json_object_set_new(alt, json_string_value(tt), json_real(x[i].top_lp[k]));
+                if (!tt || json_object_set_new(alt, json_string_value(tt), json_real(x[i].top_lp[k]))) bad = 1;
                 json_decref(tt);
             }
-            json_array_append_new(top, alt);
-            json_array_append_new(off, json_integer((json_int_t)at));
-            at += len;
+            bad |= json_array_append_new(top, alt);
+            bad |= json_array_append_new(offs, json_integer((json_int_t)*off));
+            *off += len;
         }
-        bad = !toks || !tlp || !top || !off;
+        bad |= !toks || !tlp || !top || !offs;
         if (!bad) bad = json_object_set(lp, "tokens", toks) | json_object_set(lp, "token_logprobs", tlp) |
-                        json_object_set(lp, "top_logprobs", top) | json_object_set(lp, "text_offset", off);
-        json_decref(toks); json_decref(tlp); json_decref(top); json_decref(off);
+                        json_object_set(lp, "top_logprobs", top) | json_object_set(lp, "text_offset", offs);
+        json_decref(toks); json_decref(tlp); json_decref(top); json_decref(offs);
     }
+    if (bad) { json_decref(lp); return NULL; }
+    return lp;
+}
+
+static size_t n_lps(const sgen *g) { return g->lps.n / sizeof(sgen_lp); }
+
+/* The non-streamed body with choices[0].logprobs (every entry). */
+static char *with_logprobs(const sgen *g, char *body)
+{
+    json_t *o = body ? json_loads(body, JSON_ALLOW_NUL, NULL) : NULL, *ch = json_array_get(json_object_get(o, "choices"), 0);
+    size_t off = 0;
+    json_t *lp = lp_json(g, 0, n_lps(g), &off);
+    char *s = NULL;
+    int bad = !o || !ch || !lp;
     if (!bad) bad = json_object_set(ch, "logprobs", lp);
     if (!bad) s = json_dumps(o, JSON_COMPACT);
     json_decref(lp);
     json_decref(o);
     free(body);
     return s;
+}
+
+/* A streamed OpenAI chunk ("data: {...}\n\n", malloc'd) onto the output: as it is, or -- with
+ * streamed logprobs (with_lp; not the role chunk), or as choice o.index of n -- with
+ * choices[0].logprobs holding the entries not yet sent (the tokens that made this chunk's text,
+ * and any before them that made none) and choices[0].index.  Chunks without a choice (usage) are put as they are. */
+static void put_chunk_lp(sgen *g, char *sse, int with_lp)
+{
+    json_t *o, *ch, *lp = NULL;
+    char *s;
+    size_t len;
+    int bad;
+    if (!sse) { g->oom = 1; return; }
+    with_lp = with_lp && g->o.logprobs && g->lp_sent < n_lps(g);
+    if (!g->o.index && !with_lp) { put(g, sse); return; }
+    len = strlen(sse);
+    o = len > 8 ? json_loadb(sse + 6, len - 8, JSON_ALLOW_NUL, NULL) : NULL;
+    free(sse);
+    ch = json_array_get(json_object_get(o, "choices"), 0);
+    if (!ch) {                      /* the usage chunk: no choice */
+        s = o ? json_dumps(o, JSON_COMPACT) : NULL;
+        bad = !s;
+    } else {
+        bad = json_object_set_new(ch, "index", json_integer(g->o.index));
+        if (!bad && with_lp) {
+            lp = lp_json(g, g->lp_sent, n_lps(g), &g->lp_off);
+            bad = !lp || json_object_set_new(ch, "logprobs", lp);
+            g->lp_sent = n_lps(g);
+        }
+        s = bad ? NULL : json_dumps(o, JSON_COMPACT);
+    }
+    json_decref(o);
+    if (!s) { g->oom = 1; return; }
+    kbuf_puts(&g->out, "data: ");
+    kbuf_puts(&g->out, s);
+    kbuf_puts(&g->out, "\n\n");
+    free(s);
 }
 
 static void finish_output(sgen *g, const char *reason)
@@ -369,11 +476,14 @@ static void finish_output(sgen *g, const char *reason)
         return;
     }
     if (g->o.stream) {
-        if (!g->stream_started && g->o.chat) put(g, oai_sse_chat_role(&g->o.meta));
+        if (!g->stream_started && g->o.chat) put_chunk_lp(g, oai_sse_chat_role(&g->o.meta), 0);
         g->stream_started = 1;
-        put(g, g->o.chat ? oai_sse_chat_finish(&g->o.meta, reason) : oai_sse_completion(&g->o.meta, "", 0, reason));
-        if (g->o.include_usage) put(g, oai_sse_usage(&g->o.meta, g->o.chat, pt, ct, cached));
-        kbuf_puts(&g->out, OAI_SSE_DONE);
+        put_chunk(g, g->o.chat ? oai_sse_chat_finish(&g->o.meta, reason) : oai_sse_completion(&g->o.meta, "", 0, reason));
+        /* one of n choices: the usage (summed) and [DONE] are the stream's, once (serve_http.c) */
+        if (!g->o.choice_of_n) {
+            if (g->o.include_usage) put(g, oai_sse_usage(&g->o.meta, g->o.chat, pt, ct, cached));
+            kbuf_puts(&g->out, OAI_SSE_DONE);
+        }
     } else {
         char *body;
         if (g->o.chat) {
@@ -407,7 +517,7 @@ int sgen_token(sgen *g, int32_t id)
     if (g->complete || g->failed) return 1;
     if (g->o.stream && !g->stream_started) {
         if (g->o.anthropic) put(g, anth_sse_message_start(&g->o.meta, (long)g->o.n_prompt));
-        else if (g->o.chat) put(g, oai_sse_chat_role(&g->o.meta));
+        else if (g->o.chat) put_chunk_lp(g, oai_sse_chat_role(&g->o.meta), 0);
         g->stream_started = 1;
     }
     kbuf_add(&g->ids, &id, sizeof id);
@@ -460,7 +570,7 @@ void sgen_fail(sgen *g, const oai_error *e)
     if (g->stream_started || (g->o.stream && g->http_stream)) {
         kbuf_puts(&g->out, "data: ");
         kbuf_puts(&g->out, body ? body : "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\"}}");
-        kbuf_puts(&g->out, "\n\n" OAI_SSE_DONE);
+        kbuf_puts(&g->out, g->o.choice_of_n ? "\n\n" : "\n\n" OAI_SSE_DONE);     /* n > 1: [DONE] is the stream's */
     } else {
         g->out.n = 0;
         g->status = e->status;
@@ -473,6 +583,8 @@ void sgen_stream_opened(sgen *g) { g->http_stream = 1; }
 int sgen_done(const sgen *g) { return g->complete || g->failed; }
 int sgen_started(const sgen *g) { return g->stream_started; }
 int sgen_status(const sgen *g) { return g->status; }
+const sgen_opts *sgen_options(const sgen *g) { return &g->o; }
+size_t sgen_cached(const sgen *g) { return g->cached; }
 const char *sgen_finish_reason(const sgen *g) { return g->complete ? g->finish : NULL; }
 size_t sgen_n_tokens(const sgen *g) { return g->ids.n / sizeof(int32_t); }
 const int32_t *sgen_tokens(const sgen *g) { return (const int32_t *)(const void *)g->ids.p; }

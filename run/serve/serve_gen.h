@@ -31,6 +31,9 @@ typedef struct sgen_opts {
     size_t n_prompt;
     int logprobs;              /* choices[0].logprobs in the body (sgen_logprob gives them) */
     int anthropic;             /* chat: the body is an Anthropic message (anth.h), not a chat.completion */
+    int index;                 /* the choice's index (n > 1: choice i is its own sgen) */
+    int choice_of_n;           /* streamed, one of n > 1 choices: no usage chunk and no [DONE] (the stream's, once) */
+    int echo;                  /* completions: the prompt's text first (sgen_echo) */
 } sgen_opts;
 
 typedef struct sgen sgen;
@@ -52,6 +55,17 @@ int sgen_token(sgen *g, int32_t id);
  * OAI_MAX_TOP_LOGPROBS) most likely alternatives, the most likely first.  The non-streamed
  * response carries them (choices[0].logprobs, OpenAI's shapes).  Returns 0, -1 on allocation failure. */
 int sgen_logprob(sgen *g, int32_t id, double lp, const int32_t *top_ids, const double *top_lp, size_t n);
+/* Streamed, each chunk carries the entries of the tokens given since the last chunk that did
+ * (choices[0].logprobs in OpenAI's streamed shapes): together they are the non-streamed list.
+ * Echo with logprobs: the prompt's entries come first, the first token's without a
+ * log-probability (null, as OpenAI and vLLM show it): sgen_logprob_null. */
+int sgen_logprob_null(sgen *g, int32_t id);
+/* The first n logprob entries of src (the prompt's, echo) as dst's first (dst has none yet):
+ * choice i > 0 of n copies choice 0's prompt.  0, or -1 (src has fewer, or out of memory). */
+int sgen_copy_logprobs(sgen *dst, const sgen *src, size_t n);
+/* Echo (completions): the prompt ids' text (and the prompt's logprob entries given so far)
+ * before the completion's, once the prompt has run.  Returns 0, -1 on allocation failure. */
+int sgen_echo(sgen *g, const int32_t *ids, size_t n);
 /* The generation stopped for another reason (the context is full: "length").
  * Builds the end of the output.  No-op once complete. */
 void sgen_end(sgen *g, const char *finish_reason);
@@ -67,6 +81,8 @@ int sgen_started(const sgen *g);           /* a streamed reply has output: its s
 /* Append the bytes ready to send to out and forget them. */
 void sgen_take(sgen *g, kbuf *out);
 int sgen_status(const sgen *g);            /* the HTTP status of the response */
+const sgen_opts *sgen_options(const sgen *g);   /* as given (its strings the sgen's copies) */
+size_t sgen_cached(const sgen *g);         /* sgen_set_cached's */
 const char *sgen_finish_reason(const sgen *g);   /* NULL until complete */
 size_t sgen_n_tokens(const sgen *g);       /* ids generated */
 const int32_t *sgen_tokens(const sgen *g);

@@ -124,22 +124,95 @@ static void stream_free(void *cls)
     free(s);
 }
 
-static enum MHD_Result reply_stream(srv_http *h, struct MHD_Connection *c, sreq *r)
+/* A server-sent-event response (its headers) queued with status 200, the reference to it dropped. */
+static enum MHD_Result queue_sse(struct MHD_Connection *c, struct MHD_Response *resp)
 {
-    stream_ctx *s = malloc(sizeof *s);
-    struct MHD_Response *resp;
     enum MHD_Result rc;
-    if (!s) return MHD_NO;
-    *s = (stream_ctx){h, r};
-    resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, stream_read, s, stream_free);
-    if (!resp) { free(s); return MHD_NO; }
-    srv_retain(h->e, r);         /* the response's reference, released by stream_free */
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
     MHD_add_response_header(resp, "X-Accel-Buffering", "no");
     rc = queue(c, MHD_HTTP_OK, resp);
     MHD_destroy_response(resp);
     return rc;
+}
+
+/* n > 1 streamed: the choices' events interleaved as they come (each chunk names its choice's
+ * index), then the usage (prompt once, completion tokens summed) and [DONE], once. */
+typedef struct {
+    srv_http *h;
+    sreq *rs[OAI_MAX_N];
+    size_t n;
+    int cur, nl;               /* srv_read_choices' */
+    int tail;                  /* the usage and [DONE] were sent */
+    kbuf left;                 /* ... what of them did not fit */
+} choices_ctx;
+
+static ssize_t choices_read(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    choices_ctx *s = cls;
+    long n;
+    (void)pos;
+    if (!s->tail) {
+        n = srv_read_choices(s->h->e, s->rs, s->n, &s->cur, &s->nl, buf, max);
+        if (n > 0) return n;
+        if (n < 0) return MHD_CONTENT_READER_END_WITH_ERROR;
+        {
+            long pt, ct, cached;
+            const sgen_opts *o;
+            srv_choices_usage(s->h->e, s->rs, s->n, &pt, &ct, &cached, &o);
+            if (o->include_usage) {
+                char *u = oai_sse_usage(&o->meta, o->chat, pt, ct, cached);
+                if (!u) return MHD_CONTENT_READER_END_WITH_ERROR;
+                kbuf_puts(&s->left, u);
+                free(u);
+            }
+            kbuf_puts(&s->left, OAI_SSE_DONE);
+            if (s->left.oom) return MHD_CONTENT_READER_END_WITH_ERROR;
+            s->tail = 1;
+        }
+    }
+    if (!s->left.n) return MHD_CONTENT_READER_END_OF_STREAM;
+    n = (long)(s->left.n < max ? s->left.n : max);
+    memcpy(buf, s->left.p, (size_t)n);
+    memmove(s->left.p, s->left.p + n, s->left.n - (size_t)n);
+    s->left.n -= (size_t)n;
+    return n;
+}
+
+static void choices_free(void *cls)
+{
+    choices_ctx *s = cls;
+    for (size_t i = 0; i < s->n; i++) srv_release(s->h->e, s->rs[i]);
+    kbuf_free(&s->left);
+    free(s);
+}
+
+static enum MHD_Result reply_stream_choices(srv_http *h, struct MHD_Connection *c, sreq *r, sreq *const *more, size_t n_more)
+{
+    choices_ctx *s = calloc(1, sizeof *s);
+    struct MHD_Response *resp;
+    if (!s) return MHD_NO;
+    s->h = h;
+    s->cur = -1;
+    s->rs[0] = r;
+    for (size_t i = 0; i < n_more; i++) s->rs[1 + i] = more[i];
+    s->n = 1 + n_more;
+    resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, choices_read, s, choices_free);
+    if (!resp) { free(s); return MHD_NO; }
+    for (size_t i = 0; i < s->n; i++) srv_retain(h->e, s->rs[i]);   /* the response's references (choices_free) */
+    return queue_sse(c, resp);
+}
+
+static enum MHD_Result reply_stream(srv_http *h, struct MHD_Connection *c, sreq *r)
+{
+    stream_ctx *s = malloc(sizeof *s);
+    struct MHD_Response *resp;
+    if (!s) return MHD_NO;
+    *s = (stream_ctx){h, r};
+    resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, stream_read, s, stream_free);
+    if (!resp) { free(s); return MHD_NO; }
+    srv_retain(h->e, r);         /* the response's reference, released by stream_free */
+    return queue_sse(c, resp);
 }
 
 /* ---- requests -------------------------------------------------------------------------------- */
@@ -158,7 +231,7 @@ static void request_id(srv_http *h, const char *prefix, char *out, size_t len)
 static char *merge_choices(char **bodies, size_t n)
 {
     json_t *o = json_loads(bodies[0], JSON_ALLOW_NUL, NULL), *all = json_array();
-    json_int_t ct = 0, pt = 0;
+    json_int_t ct = 0, pt = 0, cached = 0;
     char *s = NULL;
     int bad = !o || !all;
     for (size_t i = 0; !bad && i < n; i++) {
@@ -166,47 +239,73 @@ static char *merge_choices(char **bodies, size_t n)
         json_t *ch = json_array_get(json_object_get(b, "choices"), 0), *u = json_object_get(b, "usage");
         bad = !ch || json_object_set_new(ch, "index", json_integer((json_int_t)i)) || json_array_append(all, ch);
         ct += json_integer_value(json_object_get(u, "completion_tokens"));
-        pt = json_integer_value(json_object_get(u, "prompt_tokens"));
+        if (!i) {          /* the prompt once, as OpenAI counts it: choice 0's (the others copied its state) */
+            pt = json_integer_value(json_object_get(u, "prompt_tokens"));
+            cached = json_integer_value(json_object_get(json_object_get(u, "prompt_tokens_details"), "cached_tokens"));
+        }
         json_decref(b);
     }
     if (!bad) bad = json_object_set(o, "choices", all) ||
-                    json_object_set_new(o, "usage", json_pack("{sIsIsI}", "prompt_tokens", pt, "completion_tokens", ct, "total_tokens", pt + ct));
+                    json_object_set_new(o, "usage", json_pack("{sIsIsIs{sI}}", "prompt_tokens", pt, "completion_tokens", ct, "total_tokens", pt + ct,
+                                                          "prompt_tokens_details", "cached_tokens", cached));
     if (!bad) s = json_dumps(o, JSON_COMPACT);
     json_decref(all);
     json_decref(o);
     return s;
 }
 
-/* Submit r (made by srv_prepare, with k->more its other choices) and answer when its output is known. */
-static enum MHD_Result run_request(srv_http *h, struct MHD_Connection *c, conn *k, sreq *r)
+static enum MHD_Result reply_anth_error(struct MHD_Connection *c, const oai_error *e, int retry_after)
+{
+    return reply(c, (unsigned)e->status, anth_error_json(e), retry_after);
+}
+
+/* srv_submit refused the request: 503 (busy, draining, damaged), with Retry-After when busy; in
+ * Anthropic's error shape for /v1/messages (503: overloaded_error). */
+static enum MHD_Result reply_refused(srv_http *h, struct MHD_Connection *c, const oai_error *err, int anth)
+{
+    int retry = !strcmp(err->code ? err->code : "", "server_busy") ? srv_retry_after(h->e) : 0;
+    return anth ? reply_anth_error(c, err, retry) : reply_error(c, err, retry);
+}
+
+/* Submit r (made by srv_prepare, with k->more its other choices) and answer when its output is
+ * known.  anth: an Anthropic request (its errors in Anthropic's shape). */
+static enum MHD_Result run_request(srv_http *h, struct MHD_Connection *c, conn *k, sreq *r, int anth)
 {
     oai_error err;
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    sreq *all[OAI_MAX_N];
+    size_t n = 1 + k->n_more;
     r->client_fd = ci ? ci->connect_fd : -1;
     r->client_probe = !k->http_1_0;
     k->req = r;
-    if (srv_submit(h->e, r, &err)) return reply_error(c, &err, !strcmp(err.code ? err.code : "", "server_busy") ? srv_retry_after(h->e) : 0);
+    all[0] = r;
+    for (size_t i = 0; i < k->n_more; i++) {
+        all[1 + i] = k->more[i];
+        k->more[i]->client_fd = r->client_fd;
+        k->more[i]->client_probe = r->client_probe;
+    }
+    if (srv_submit_n(h->e, all, n, &err)) return reply_refused(h, c, &err, anth);
+    if (k->n_more && r->stream) {
+        /* n choices streamed: the stream starts (200) with choice 0's first event */
+        int status = srv_wait_started(h->e, r);
+        if (status == 200) return reply_stream_choices(h, c, r, k->more, k->n_more);
+        for (size_t i = 0; i < k->n_more; i++) srv_cancel(h->e, k->more[i]);
+        if (status < 0) return MHD_NO;                     /* the client hung up */
+        {
+            char *body;
+            status = srv_take_body(h->e, r, &body);
+            if (status < 0) return MHD_NO;
+            return reply(c, (unsigned)status, body, 0);
+        }
+    }
     if (k->n_more) {
         /* n choices (not streamed): each its own sequence, answered together */
         char *bodies[OAI_MAX_N] = {0}, *merged = NULL;
         int status = 200, gone = 0;
-        size_t n = 1 + k->n_more;
-        for (size_t i = 0; i < k->n_more; i++) {
-            sreq *x = k->more[i];
-            x->client_fd = r->client_fd;
-            x->client_probe = r->client_probe;
-            if (srv_submit(h->e, x, &err)) status = -2;
-            if (status == -2) {
-                srv_cancel(h->e, r);
-                for (size_t j = 0; j < i; j++) srv_cancel(h->e, k->more[j]);
-                return reply_error(c, &err, !strcmp(err.code ? err.code : "", "server_busy") ? srv_retry_after(h->e) : 0);
-            }
-        }
         for (size_t i = 0; i < n; i++) {
-            sreq *x = i ? k->more[i - 1] : r;
             int st;
-            srv_wait_done(h->e, x);
-            st = srv_take_body(h->e, x, &bodies[i]);
+            srv_wait_done(h->e, all[i]);
+            st = srv_take_body(h->e, all[i], &bodies[i]);
             if (st < 0) gone = 1;
             else if (st != 200 && status == 200) status = st;
         }
@@ -248,14 +347,9 @@ static enum MHD_Result api_request(srv_http *h, struct MHD_Connection *c, conn *
     request_id(h, chat ? "chatcmpl" : "cmpl", id, sizeof id);
     r = srv_prepare(h->e, srv_engine_model_name(h->e), chat, k->body.p, k->body.n, &meta, k->more, &k->n_more, &err);
     if (!r) return reply_error(c, &err, 0);
-    rc = run_request(h, c, k, r);
+    rc = run_request(h, c, k, r, 0);
     if (!k->req) srv_release(h->e, r);
     return rc;
-}
-
-static enum MHD_Result reply_anth_error(struct MHD_Connection *c, const oai_error *e)
-{
-    return reply(c, (unsigned)e->status, anth_error_json(e), 0);
 }
 
 /* POST /v1/messages (count: /v1/messages/count_tokens): the Anthropic Messages API on the same
@@ -268,28 +362,29 @@ static enum MHD_Result messages(srv_http *h, struct MHD_Connection *c, conn *k, 
     sreq *r;
     enum MHD_Result rc;
     request_id(h, "msg", id, sizeof id);
-    if (anth_parse_request(k->body.p, k->body.n, count, &q, &err)) return reply_anth_error(c, &err);
+    if (anth_parse_request(k->body.p, k->body.n, count, &q, &err)) return reply_anth_error(c, &err, 0);
+    if (count) {
+        /* counted whatever the context: a prompt too long for --ctx is what a client counts to find out */
+        long n = oai_check_model(q.s.model, srv_engine_model_name(h->e), &err) ? -1
+                 : srv_count_chat(h->e, q.messages, q.n_messages, &q.chat, &err);
+        anth_request_free(&q);
+        return n < 0 ? reply_anth_error(c, &err, 0) : reply(c, 200, anth_count_tokens_response(n), 0);
+    }
     if (oai_check_model(q.s.model, srv_engine_model_name(h->e), &err) ||
         !(r = srv_prepare_chat(h->e, q.messages, q.n_messages, &q.chat, &q.s, &err))) {
         anth_request_free(&q);
-        return reply_anth_error(c, &err);
-    }
-    if (count) {
-        long n = (long)r->n_prompt;
-        sreq_discard(r);
-        anth_request_free(&q);
-        return reply(c, 200, anth_count_tokens_response(n), 0);
+        return reply_anth_error(c, &err, 0);
     }
     {
         sgen_opts go = {1, q.chat.thinking, q.s.stream, 0, 0, q.s.stop, q.s.n_stop, NULL, 1, 0,
-                        {id, srv_engine_model_name(h->e), (long long)time(NULL)}, NULL, 0, 0, 1};
+                        {id, srv_engine_model_name(h->e), (long long)time(NULL)}, NULL, 0, 0, 1, 0, 0, 0};
         if (srv_prepare_output(srv_engine_model(h->e), r, &go, &err)) {
             sreq_discard(r);
             anth_request_free(&q);
-            return reply_anth_error(c, &err);
+            return reply_anth_error(c, &err, 0);
         }
     }
-    rc = run_request(h, c, k, r);
+    rc = run_request(h, c, k, r, 1);
     if (!k->req) srv_release(h->e, r);
     anth_request_free(&q);
     return rc;
@@ -434,7 +529,7 @@ static enum MHD_Result route(srv_http *h, struct MHD_Connection *c, const char *
     if (k->too_big) {
         oai_error_set(&err, 413, NULL, "request_too_large", "the request body is larger than %zu bytes (krun serve --max-body)",
                       h->o.max_body);
-        return reply_error(c, &err, 0);
+        return known == 4 || known == 5 ? reply_anth_error(c, &err, 0) : reply_error(c, &err, 0);
     }
     switch (known) {
     case 0: {
@@ -515,6 +610,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             k->answered = 1;
             oai_error_set(&err, 413, NULL, "request_too_large", "the request body is %s bytes, more than %zu (krun serve --max-body)", cl,
                           h->o.max_body);
+            if (!strncmp(url, "/v1/messages", 12)) return reply_anth_error(c, &err, 0);
             return reply_error(c, &err, 0);
         }
         return MHD_YES;

@@ -70,7 +70,7 @@ static int fit_context(srv_engine *e, sreq *r, long max_tokens, oai_error *err)
     }
     /* the last token generated is never run: a request uses n_prompt + max_tokens - 1 positions */
     if (max_tokens < 0) max_tokens = (long)(ctx - r->n_prompt + 1);
-    if ((size_t)max_tokens - 1 > ctx - r->n_prompt) {
+    if (max_tokens > 0 && (size_t)max_tokens - 1 > ctx - r->n_prompt) {
         oai_error_set(err, 400, "max_tokens", "context_length_exceeded",
                       "the prompt (%zu tokens) and max_tokens %ld need %zu positions; the context is %zu (%s --ctx)",
                       r->n_prompt, max_tokens, r->n_prompt + (size_t)max_tokens - 1, ctx, cmd);
@@ -99,24 +99,40 @@ int srv_prepare_output(krun_model *m, sreq *r, sgen_opts *go, oai_error *err)
     return 0;
 }
 
-sreq *srv_prepare_chat(srv_engine *e, const kchat_message *msgs, size_t n_msgs, const kchat_options *chat, const oai_sampling *s,
-                       oai_error *err)
+/* The chat rendered to ids (the tokenizer's chat markers checked).  0, or -1 with err. */
+static int render(srv_engine *e, const kchat_message *msgs, size_t n_msgs, const kchat_options *chat, kchat_rendering *rend,
+                  oai_error *err)
 {
-    krun_model *m = srv_engine_model(e);
-    const ktok *tk = krun_model_tokenizer(m);
-    kchat_rendering rend;
+    const ktok *tk = krun_model_tokenizer(srv_engine_model(e));
     krun_err rerr;
-    sreq *r;
     if (ktok_find_special(tk, KCHAT_OPEN) < 0 || ktok_find_special(tk, KCHAT_END_OF_MSG) < 0) {
         oai_error_set(err, 400, NULL, "chat_unsupported", "this model's tokenizer has no chat markers (%s, %s): use /v1/completions",
                       KCHAT_OPEN, KCHAT_END_OF_MSG);
-        return NULL;
+        return -1;
     }
-    if (kchat_render(tk, msgs, n_msgs, chat, &rend, &rerr)) {
+    if (kchat_render(tk, msgs, n_msgs, chat, rend, &rerr)) {
         oai_error_set(err, 400, NULL, "invalid_value", "%s", rerr.msg);
-        return NULL;
+        return -1;
     }
-    free(rend.text);
+    free(rend->text);
+    rend->text = NULL;
+    return 0;
+}
+
+long srv_count_chat(srv_engine *e, const kchat_message *msgs, size_t n_msgs, const kchat_options *chat, oai_error *err)
+{
+    kchat_rendering rend;
+    if (render(e, msgs, n_msgs, chat, &rend, err)) return -1;
+    free(rend.ids);
+    return (long)rend.n_ids;
+}
+
+sreq *srv_prepare_chat(srv_engine *e, const kchat_message *msgs, size_t n_msgs, const kchat_options *chat, const oai_sampling *s,
+                       oai_error *err)
+{
+    kchat_rendering rend;
+    sreq *r;
+    if (render(e, msgs, n_msgs, chat, &rend, err)) return NULL;
     if (!(r = sreq_new())) { free(rend.ids); oai_error_set(err, 500, NULL, NULL, "out of memory"); return NULL; }
     r->prompt = rend.ids;
     r->n_prompt = rend.n_ids;
@@ -131,8 +147,8 @@ sreq *srv_prepare_chat(srv_engine *e, const kchat_message *msgs, size_t n_msgs, 
 static int add_choices(srv_engine *e, sreq *r0, int n, const kchat_options *chat, sgen_opts *go, sreq **more, size_t *n_more,
                        oai_error *err)
 {
-    char id[sizeof r0->id + 8];
     if (!r0->has_seed) { r0->sampling.seed = srv_engine_fresh_seed(e); r0->has_seed = 1; }
+    go->choice_of_n = go->stream;
     for (int i = 1; i < n; i++) {
         sreq *r = sreq_new();
         sgen_opts o = *go;
@@ -150,11 +166,16 @@ static int add_choices(srv_engine *e, sreq *r0, int n, const kchat_options *chat
         r->has_seed = 1;
         r->logprobs = r0->logprobs;
         r->top_logprobs = r0->top_logprobs;
+        r->echo = r0->echo;
         r->spec = r0->spec;
+        r->leader = r0;                /* its prompt is prefilled once, by r0, and copied (serve_engine.c) */
         if (chat && constrain(e, chat, r, err)) return -1;
-        snprintf(id, sizeof id, "%s.%d", go->meta.id, i);
-        o.meta.id = id;
+        o.index = i;                   /* the response's id, choice i (its chunks are the stream's) */
         if (srv_prepare_output(srv_engine_model(e), r, &o, err)) return -1;
+        snprintf(r->id, sizeof r->id, "%s.%d", go->meta.id, i);     /* the log's name for it */
+        /* streamed, the response's status is choice 0's: a failure of this choice, even before its
+         * first token, is an error event in the stream */
+        if (go->stream) sgen_stream_opened(r->gen);
     }
     return 0;
 }
@@ -192,7 +213,7 @@ static sreq *prepare_chat(srv_engine *e, const char *name, const char *body, siz
     if (!(r = srv_prepare_chat(e, q.messages, q.n_messages, &q.chat, &q.s, err))) goto fail;
     {
         sgen_opts go = {1, q.chat.thinking, q.s.stream, q.s.include_usage, q.s.return_token_ids, q.s.stop, q.s.n_stop, NULL, 1, 0,
-                        *meta, NULL, 0, q.s.logprobs, 0};
+                        *meta, NULL, 0, q.s.logprobs, 0, 0, 0, 0};
         if (choices(e, r, q.s.n, &q.chat, &go, more, n_more, err)) goto fail;
         if (srv_prepare_output(m, r, &go, err)) goto fail;
     }
@@ -224,13 +245,14 @@ static sreq *prepare_completion(srv_engine *e, const char *name, const char *bod
     }
     if (!r->prompt) { oai_error_set(err, 500, NULL, NULL, "out of memory"); goto fail; }
     sampling_of(&q.s, r);
+    r->echo = q.echo;
     if (fit_context(e, r, q.s.max_tokens, err)) {
         snprintf(err->param, sizeof err->param, "%s", r->n_prompt > krun_model_ctx(m) ? "prompt" : "max_tokens");
         goto fail;
     }
     {
         sgen_opts go = {0, 0, q.s.stream, q.s.include_usage, q.s.return_token_ids, q.s.stop, q.s.n_stop, NULL, !q.s.ignore_eos, 0,
-                        *meta, NULL, 0, q.s.logprobs, 0};
+                        *meta, NULL, 0, q.s.logprobs, 0, 0, 0, q.echo};
         if (choices(e, r, q.s.n, NULL, &go, more, n_more, err)) goto fail;
         if (srv_prepare_output(m, r, &go, err)) goto fail;
     }

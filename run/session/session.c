@@ -54,6 +54,9 @@ struct krun_session {
     int mark_status;           /* KRUN_MARK_* */
     char mark_msg[160];        /* why it was dropped */
     k3_snap snap;              /* armed for the block that runs position mark_at - 1 (at 0: not armed) */
+    float *all_logits;         /* the next batched step's logits of every position it runs, or NULL
+                                  (krun_session_all_logits) */
+    size_t all_rows;           /* ... rows that buffer holds */
 };
 
 struct krun_model {
@@ -441,6 +444,8 @@ void krun_session_reset(krun_session *s)
     s->have_logits = 0;
     s->broken = 0;
     s->reply_from = 0;
+    s->all_logits = NULL;
+    s->all_rows = 0;
     kspec_init(&s->drafter, s->m->spec);
     memset(&s->spec, 0, sizeof s->spec);
 }
@@ -465,6 +470,13 @@ const ksampler_opts *krun_session_sampler(const krun_session *s) { return &s->sa
 
 void krun_session_set_reply_start(krun_session *s, size_t at) { s->reply_from = at; }
 size_t krun_session_reply_start(const krun_session *s) { return s->reply_from; }
+
+int krun_session_all_logits(krun_session *s, float *buf, size_t rows)
+{
+    s->all_logits = buf;
+    s->all_rows = buf ? rows : 0;
+    return 0;
+}
 
 void krun_session_set_mask(krun_session *s, krun_mask_fn fn, void *ctx)
 {
@@ -726,6 +738,11 @@ int krun_step_batch_verify(krun_model *m, krun_session *const *ss, const int32_t
             if (ss[j] == s) { krun_err_set(err, KRUN_EINPUT, "session %zu appears twice in one step", k); return -1; }
         T += s->n_tokens - s->st.pos + 1 + nd[k];
         n_accepted[k] = 0;
+        if (s->all_logits && (nd[k] || s->n_tokens - s->st.pos + 1 > s->all_rows)) {
+            krun_err_set(err, KRUN_EINPUT, "session %zu: every position's logits asked for %zu positions%s (the buffer holds %zu)", k,
+                         s->n_tokens - s->st.pos + 1, nd[k] ? " with drafts" : "", s->all_rows);
+            return -1;
+        }
         if (!nd[k]) continue;
         if (s->n_tokens != s->st.pos) {
             krun_err_set(err, KRUN_EINPUT, "session %zu: drafts after pending tokens (feed them first)", k);
@@ -760,15 +777,30 @@ int krun_step_batch_verify(krun_model *m, krun_session *const *ss, const int32_t
         krun_session *s = ss[k];
         /* the drafts go right after the history, where they belong if accepted */
         if (nd[k]) memcpy(s->tokens + s->n_tokens, drafts[k], nd[k] * sizeof *drafts[k]);
-        segs[k] = (k3_seg){&s->st, s->tokens + s->st.pos, s->n_tokens - s->st.pos + nd[k], s->logits, nd[k] != 0, nd[k] != 0, NULL};
+        segs[k] = (k3_seg){&s->st, s->tokens + s->st.pos, s->n_tokens - s->st.pos + nd[k], s->all_logits ? s->all_logits : s->logits,
+                           nd[k] != 0 || s->all_logits, nd[k] != 0, NULL};
         mark_arm(s, &segs[k]);              /* a verification block takes no snapshot: one it passes is dropped */
         if (nd[k]) s->spec.sweeps++;
     }
     if (k3_forward(&m->run, segs, n, err)) {
-        for (size_t k = 0; k < n; k++) { mark_end(ss[k], &segs[k], err); ss[k]->broken = 1; ss[k]->have_logits = 0; }
+        for (size_t k = 0; k < n; k++) {
+            mark_end(ss[k], &segs[k], err);
+            ss[k]->broken = 1;
+            ss[k]->have_logits = 0;
+            ss[k]->all_logits = NULL;
+        }
         return -1;
     }
-    for (size_t k = 0; k < n; k++) mark_end(ss[k], &segs[k], NULL);
+    for (size_t k = 0; k < n; k++) {
+        krun_session *s = ss[k];
+        mark_end(s, &segs[k], NULL);
+        if (!s->all_logits) continue;
+        /* every row went to the caller's buffer: the last is the session's logits; the buffer is
+         * the caller's again */
+        memcpy(s->logits, s->all_logits + (segs[k].n - 1) * V, V * sizeof *s->logits);
+        s->all_logits = NULL;
+        s->all_rows = 0;
+    }
     /* every journaled segment is settled (committed), even after another failed */
     for (size_t k = 0; k < n; k++) {
         krun_err e2;

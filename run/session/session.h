@@ -210,6 +210,12 @@ void krun_session_set_progress(krun_session *s, krun_progress_fn fn, void *ctx);
  * pending tokens) in one forward block.  Each session's logits are
  * bit-identical to feeding it alone. */
 int krun_step_batch(krun_model *m, krun_session *const *ss, const int32_t *ids, size_t n, krun_err *err);
+/* The next krun_step_batch(_verify) that runs s writes the logits of every position s runs in it
+ * (its pending tokens, then its id: at most rows of them, and no drafts, else KRUN_EINPUT,
+ * nothing run) to buf[positions][vocab], as krun_session_feed's all_logits does; the last row is
+ * also the session's logits.  One step only: the buffer is the caller's again after it (NULL:
+ * none).  Each row is bit-identical to what a plain step computes for that position. */
+int krun_session_all_logits(krun_session *s, float *buf, size_t rows);
 
 /* Speculative decoding (docs/RUNTIME.md §7), exact at any sampling setting:
  * runs id (a token sampled from the session's logits, as krun_session_feed

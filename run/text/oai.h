@@ -6,8 +6,8 @@
  * missing fields and out-of-range values give an OpenAI error object
  *   {"error": {"message", "type": "invalid_request_error", "param", "code"}}
  * and the HTTP status to answer with.  Unknown fields are ignored, as most OpenAI-compatible
- * servers do; fields krun cannot honour (streamed n > 1, streamed logprobs, echo, logit_bias, non-text content
- * parts) are errors rather than silently ignored. */
+ * servers do; fields krun cannot honour (logit_bias, suffix, best_of > 1, non-text content parts) are
+ * errors rather than silently ignored. */
 #ifndef KRUN_OAI_H
 #define KRUN_OAI_H
 #include "chat.h"
@@ -80,7 +80,8 @@ typedef struct {
     size_t prompt_len;
     int32_t *prompt_ids;      /* token-id prompt, or NULL */
     size_t n_prompt_ids;
-    oai_sampling s;           /* max_tokens defaults to 16 here, as in OpenAI's API */
+    oai_sampling s;           /* max_tokens defaults to 16 here, as in OpenAI's API (0 allowed with echo) */
+    int echo;                 /* the prompt's text (and with logprobs its tokens' log-probabilities) first */
     void *own;
 } oai_completion_request;
 

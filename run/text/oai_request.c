@@ -76,7 +76,8 @@ static int parse_logprobs(json_t *o, int chat, oai_sampling *s, oai_error *e)
     return 0;
 }
 
-static int parse_sampling(json_t *o, oai_sampling *s, long default_max, kreq_arena *a, oai_error *e)
+/* min_max: the least max_tokens taken (1; 0 for a completion with echo, which may only score its prompt). */
+static int parse_sampling(json_t *o, oai_sampling *s, long default_max, long min_max, kreq_arena *a, oai_error *e)
 {
     memset(s, 0, sizeof *s);
     s->temperature = 1;
@@ -94,9 +95,9 @@ static int parse_sampling(json_t *o, oai_sampling *s, long default_max, kreq_are
         if ((v = kreq_field(o, maxkeys[i]))) {
             if (!json_is_integer(v)) return kreq_wrong_type(e, maxkeys[i], "an integer", v);
             json_int_t x = json_integer_value(v);
-            if (x < 1 || x > 0x7fffffff) {
-                oai_error_set(e, 400, maxkeys[i], "invalid_value", "%s must be at least 1 (and at most 2147483647), got %lld",
-                              maxkeys[i], (long long)x);
+            if (x < min_max || x > 0x7fffffff) {
+                oai_error_set(e, 400, maxkeys[i], "invalid_value", "%s must be at least %ld (and at most 2147483647), got %lld%s",
+                              maxkeys[i], min_max, (long long)x, min_max ? " (0 only with echo: true)" : "");
                 return -1;
             }
             s->max_tokens = (long)x;
@@ -169,14 +170,6 @@ static int parse_sampling(json_t *o, oai_sampling *s, long default_max, kreq_are
             return -1;
         }
         s->n = (int)json_integer_value(v);
-        if (s->n > 1 && s->stream) {
-            oai_error_set(e, 400, "n", "unsupported_value", "n > 1 is not streamed yet: give stream: false");
-            return -1;
-        }
-    }
-    if (s->logprobs && s->stream) {
-        oai_error_set(e, 400, "logprobs", "unsupported_value", "logprobs are not streamed yet: give stream: false");
-        return -1;
     }
     s->speculative = -1;
     if ((v = kreq_field(o, "speculative"))) {
@@ -531,7 +524,7 @@ int oai_parse_chat_request(const char *body, size_t len, oai_chat_request *req, 
     req->n_messages = n;
     if (get_tools(o, &req->chat, a, e) || get_thinking(o, &req->chat, e)) goto bad;
     if (get_response_format(o, &req->chat, a, e)) goto bad;
-    if (parse_sampling(o, &req->s, -1, a, e)) goto bad;
+    if (parse_sampling(o, &req->s, -1, 1, a, e)) goto bad;
     return kreq_end(a, &req->own, req, sizeof *req, 1);
 bad:
     return kreq_end(a, &req->own, req, sizeof *req, 0);
@@ -599,10 +592,7 @@ int oai_parse_completion_request(const char *body, size_t len, size_t vocab, oai
         goto bad;
     }
     json_t *v;
-    if ((v = kreq_field(o, "echo")) && !json_is_false(v)) {
-        oai_error_set(e, 400, "echo", "unsupported_value", "echo is not supported");
-        goto bad;
-    }
+    if (kreq_bool(o, "echo", &req->echo, e)) goto bad;
     if ((v = kreq_field(o, "suffix"))) {
         oai_error_set(e, 400, "suffix", "unsupported_value", "suffix is not supported");
         goto bad;
@@ -611,7 +601,7 @@ int oai_parse_completion_request(const char *body, size_t len, size_t vocab, oai
         oai_error_set(e, 400, "best_of", "unsupported_value", "best_of must be 1");
         goto bad;
     }
-    if (parse_sampling(o, &req->s, 16, a, e)) goto bad;
+    if (parse_sampling(o, &req->s, 16, req->echo ? 0 : 1, a, e)) goto bad;
     return kreq_end(a, &req->own, req, sizeof *req, 1);
 bad:
     return kreq_end(a, &req->own, req, sizeof *req, 0);

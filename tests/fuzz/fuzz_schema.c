@@ -31,19 +31,19 @@ typedef struct {
     size_t n, i;
 } choices;
 
-static unsigned pick(choices *ch, unsigned n)
+FUZZ_HARNESS_LOOP static unsigned pick(choices *ch, unsigned n)
 {
     unsigned v = ch->i < ch->n ? ch->c[ch->i] : 0;
     ch->i++;
     return n ? v % n : 0;
 }
 
-static int has(const uint8_t set[32], unsigned b) { return set[b >> 3] >> (b & 7) & 1; }
+FUZZ_HARNESS_LOOP static int has(const uint8_t set[32], unsigned b) { return set[b >> 3] >> (b & 7) & 1; }
 
 /* Walk g; the text (markers spelled out) into out.  Returns 1 if it ended complete.  *spelled:
  * bytes of the text spell "<|" (a marker's start: read back as text, they could be taken for one,
  * which a model's tokens never are). */
-static int walk(const kgram *g, choices *ch, kbuf *out, int *spelled, int markers)
+FUZZ_HARNESS_LOOP static int walk(const kgram *g, choices *ch, kbuf *out, int *spelled, int markers)
 {
     unsigned last = 0;
     static uint32_t wa[KG_SET_WORDS], wb[KG_SET_WORDS], wc[KG_SET_WORDS];

@@ -115,6 +115,48 @@ async function main() {
     const l = c.choices[0].logprobs;
     ok(l && l.tokens.length === 4 && l.token_logprobs.length === 4 && l.top_logprobs.every((o) => Object.keys(o).length <= 3) &&
        l.text_offset[0] === 0, "openai: completions logprobs 3: tokens, token_logprobs, top_logprobs, text_offset", l);
+    // streamed: the client's chunks carry the logprobs of their tokens; together, the non-streamed list
+    {
+      const req = { model, messages: user("Tell me about the moon."), max_tokens: 24, seed: 5, temperature: 0.9, logprobs: true,
+        top_logprobs: 4, ...noThink };
+      const whole = await openai.chat.completions.create(req);
+      const got = [];
+      let text = "";
+      for await (const ch of await openai.chat.completions.create({ ...req, stream: true })) {
+        text += ch.choices[0]?.delta?.content || "";
+        got.push(...(ch.choices[0]?.logprobs?.content || []));
+      }
+      ok(JSON.stringify(got) === JSON.stringify(whole.choices[0].logprobs.content) && text === whole.choices[0].message.content &&
+         got.length === whole.usage.completion_tokens, "openai: chat streamed with logprobs + top_logprobs 4 == the non-streamed request's (same tokens, same logprobs)",
+         { streamed: got.length, whole: whole.choices[0].logprobs.content.length });
+      const run = openai.chat.completions.stream(req);      // the client's own accumulator
+      const fin = await run.finalChatCompletion();
+      ok(JSON.stringify(fin.choices[0].logprobs?.content) === JSON.stringify(whole.choices[0].logprobs.content),
+         "openai: chat.completions.stream().finalChatCompletion() accumulates the same logprobs", fin.choices[0].logprobs);
+      const creq = { model, prompt: "The moon is", max_tokens: 20, seed: 6, temperature: 0.9, logprobs: 3 };
+      const cw = (await openai.completions.create(creq)).choices[0];
+      const acc = { tokens: [], token_logprobs: [], top_logprobs: [], text_offset: [] };
+      let ctext = "";
+      for await (const ch of await openai.completions.create({ ...creq, stream: true })) {
+        ctext += ch.choices[0]?.text || "";
+        for (const k of Object.keys(acc)) acc[k].push(...(ch.choices[0]?.logprobs?.[k] || []));
+      }
+      ok(JSON.stringify(acc) === JSON.stringify(cw.logprobs) && ctext === cw.text,
+         "openai: completions streamed with logprobs 3 == the non-streamed request's (tokens, token_logprobs, top_logprobs, text_offset)", acc.tokens);
+    }
+    // echo: lm-evaluation-harness's loglikelihood request (echo, max_tokens 0 and 1, logprobs 1, temperature 0)
+    {
+      const ctx = "The capital of France is", cont = " Paris";
+      const r0 = (await openai.completions.create({ model, prompt: ctx + cont, echo: true, max_tokens: 0, logprobs: 1, temperature: 0 })).choices[0];
+      const r1 = (await openai.completions.create({ model, prompt: ctx + cont, echo: true, max_tokens: 1, logprobs: 1, temperature: 0 })).choices[0];
+      const nctx = (await (await fetch(root + "/tokenize", { method: "POST", headers: { Authorization: "Bearer " + apiKey },
+        body: JSON.stringify({ content: ctx }) })).json()).tokens.length;
+      const l0 = r0.logprobs, l1 = r1.logprobs;
+      const ll0 = l0.token_logprobs.slice(nctx).reduce((a, b) => a + b, 0), ll1 = l1.token_logprobs.slice(nctx, -1).reduce((a, b) => a + b, 0);
+      ok(r0.text === ctx + cont && l0.token_logprobs[0] === null && l0.top_logprobs[0] === null && l0.tokens.join("") === ctx + cont &&
+         l0.token_logprobs.slice(1).every((x) => x < 0) && r1.text.startsWith(ctx + cont) && l1.tokens.length === l0.tokens.length + 1 &&
+         ll0 === ll1 && ll0 < 0, "openai: echo + logprobs (lm-eval's loglikelihood shape, max_tokens 0 and 1): the prompt echoed and scored, first token null, the same scores", { ll0, ll1 });
+    }
     try {
       await openai.chat.completions.create({ model, messages: user("x"), max_tokens: 2, logprobs: true, top_logprobs: 21 });
       ok(false, "openai: top_logprobs 21 is refused");
@@ -168,6 +210,21 @@ async function main() {
     ok(r.choices.length === 3 && r.choices.every((c, i) => c.index === i && c.message.content === one[i]),
        "openai: n 3 with seed 40: choice i is the same request with seed 40 + i", { n: r.choices.map((c) => c.message.content), one });
     ok(r.usage.completion_tokens === 36 && r.usage.prompt_tokens > 0, "openai: n 3: usage counts every choice's tokens", r.usage);
+    const texts = ["", "", ""], fins = [null, null, null];
+    let usage = null;
+    for await (const ch of await openai.chat.completions.create({ ...req, n: 3, stream: true, stream_options: { include_usage: true } })) {
+      if (ch.usage) usage = ch.usage;
+      for (const c of ch.choices) { texts[c.index] += c.delta?.content || ""; if (c.finish_reason) fins[c.index] = c.finish_reason; }
+    }
+    ok(texts.every((t, i) => t === one[i]) && fins.every((f, i) => f === r.choices[i].finish_reason) &&
+       ["prompt_tokens", "completion_tokens", "total_tokens"].every((k) => usage?.[k] === r.usage[k]), "openai: n 3 streamed: choices by index, each == seed 40 + i alone, its own finish_reason, usage once at the end",
+       { texts, one, usage, whole: r.usage });
+    const cr = { model, prompt: "Once", max_tokens: 10, temperature: 1, seed: 90 };
+    const cn = await openai.completions.create({ ...cr, n: 2 });
+    const c1 = (await openai.completions.create({ ...cr, seed: 91 })).choices[0].text;
+    const ctexts = ["", ""];
+    for await (const ch of await openai.completions.create({ ...cr, n: 2, stream: true })) for (const c of ch.choices) ctexts[c.index] += c.text;
+    ok(cn.choices[1].text === c1 && ctexts[1] === c1 && ctexts[0] === cn.choices[0].text, "openai: completions n 2 (streamed and not): choice 1 == seed + 1 alone", { cn: cn.choices.map((c) => c.text), c1, ctexts });
   }
 
   // ---- LangChain ----
@@ -223,6 +280,12 @@ async function main() {
     const tu = tm.content.find((b) => b.type === "tool_use");
     ok(tm.stop_reason === "tool_use" && tu && tu.name === "weather" && ajv.validate(person, tu.input),
        "Anthropic SDK: tool_choice {type: tool}: a tool_use block with schema-valid input", tm);
+    ok(/^toolu_[A-Za-z0-9]+$/.test(tu?.id || ""), "Anthropic SDK: the tool_use id looks like Anthropic's (toolu_...)", tu?.id);
+    const ts = anthropic.messages.stream({ model, max_tokens: 600, messages: user("Weather in Paris?"),
+      tools: [{ name: "weather", description: "the weather", input_schema: person }], tool_choice: { type: "tool", name: "weather" } });
+    const tsf = await ts.finalMessage();
+    const tsu = tsf.content.find((b) => b.type === "tool_use");
+    ok(/^toolu_[A-Za-z0-9]+$/.test(tsu?.id || "") && ajv.validate(person, tsu.input), "Anthropic SDK: streamed tool_use: toolu_ id, schema-valid input", tsu);
     const follow = await anthropic.messages.create({ model, max_tokens: 8, messages: [
       { role: "user", content: "Weather in Paris?" }, { role: "assistant", content: tm.content },
       { role: "user", content: [{ type: "tool_result", tool_use_id: tu?.id ?? "x", content: "sunny" }] }],

@@ -13,9 +13,12 @@ What it does, per epoch (a server started, worked, stopped by a signal):
     or a reset); two requests on one keep-alive connection.
   * Every whole answer is checked: its status (200; 503 server_busy with Retry-After when the
     queue is full; 503 server_shutting_down while draining; nothing else), its JSON or SSE shape,
-    usage against max_tokens, token ids, finish_reason, no stop string in the text.  A request
-    with a seed drawn again (a third of the requests repeat an earlier one, streamed or not) must
-    give the same text, reasoning, tool calls, finish and token count.
+    usage against max_tokens, token ids, finish_reason, no stop string in the text -- per choice
+    for n > 1 (each choice's index and finish, its tokens within max_tokens, usage the choices'
+    sum, one usage chunk and one [DONE] in a stream), with logprobs one entry per token (streamed
+    too).  A request with a seed drawn again (a third of the requests repeat an earlier one,
+    streamed or not) must give the same text, reasoning, tool calls, finish, logprobs and token
+    count for every choice.
   * A request not answered within --deadline seconds is hung.  The server dying, a sanitizer
     report on its stderr, or an exit status other than 0 is a crash.
   * Before the epoch's signal, /health must show nothing running or queued, every request
@@ -105,7 +108,7 @@ def completion_prompt(rng, vocab_hint=160000):
 
 # Every field the server accepts: (name, endpoints, probability it is given, value drawer).  The
 # drawer gets (rng, body so far) and returns the value (or the sentinel OMIT): logprobs,
-# penalties, response schemas (constrained decoding) and speculation included; n stays 1.
+# penalties, response schemas (constrained decoding), speculation, n (1..3) and streamed logprobs included.
 OMIT = object()
 
 
@@ -155,8 +158,8 @@ FIELDS = [
     ("reasoning_effort", "chat", 0.4, lambda rng, b: rng.choice(["none", "minimal", "low", "medium", "high", "xhigh", "max"])),
     ("chat_template_kwargs", "chat", 0.1, lambda rng, b: {"thinking": rng.random() < 0.5,
                                                          "thinking_effort": rng.choice(["low", "high", "max", None])}),
-    ("n", "both", 0.05, lambda rng, b: 1),   # n > 1 sums usage over its choices: the checks here are per choice
-    ("logprobs", "both", 0.1, lambda rng, b: False if b.get("stream") else (rng.random() < 0.7 if "messages" in b else rng.randint(0, 5))),
+    ("n", "both", 0.15, lambda rng, b: rng.randint(1, 3)),   # usage sums the choices: check_answer checks each choice and the sum
+    ("logprobs", "both", 0.15, lambda rng, b: rng.random() < 0.7 if "messages" in b else rng.randint(0, 5)),
     ("top_logprobs", "chat", 0.5, lambda rng, b: rng.randint(0, 20) if b.get("logprobs") is True else OMIT),
     ("frequency_penalty", "both", 0.1, lambda rng, b: rng.choice([0, -1.5, 0.5, 2])),
     ("presence_penalty", "both", 0.1, lambda rng, b: rng.choice([0, -0.5, 1, 2])),
@@ -283,12 +286,29 @@ def check(cond, what):
         raise Bad(what)
 
 
+# well-formed answers checked, by kind (the summary prints them): n > 1, streamed with logprobs
+CHECKED = {"n > 1": 0, "n > 1 streamed": 0, "streamed logprobs": 0}
+CHECKED_LOCK = threading.Lock()
+
+
+def wants_logprobs(body):
+    v = body.get("logprobs")
+    return v is True or (isinstance(v, int) and not isinstance(v, bool))
+
+
+def choice_state():
+    return {"content": "", "reasoning": "", "calls": {}, "finish": None, "ids": None, "lps": None}
+
+
 def summarize_stream(path, body, raw):
-    """The SSE body as what it says: (content, reasoning, tool calls, finish, usage, ids or None)."""
+    """The SSE body as what it says: ([per choice {content, reasoning, calls, finish, ids, lps}], usage, error)."""
     chat = path.endswith("chat/completions")
+    n = body.get("n", 1)
     events = [e for e in raw.split(b"\n\n") if e]
     check(events and events[-1] == b"data: [DONE]", "a stream ends with [DONE]: %r" % raw[-200:])
-    content, reasoning, calls, finish, usage, ids, error = "", "", {}, None, None, None, None
+    check(events.count(b"data: [DONE]") == 1, "one [DONE]")
+    chs = [choice_state() for _ in range(n)]
+    usage, error, ids = None, None, set()
     for e in events[:-1]:
         if e.startswith(b":"):
             continue                       # a comment (sent to a client whose input ended)
@@ -298,42 +318,72 @@ def summarize_stream(path, body, raw):
             error = o["error"]
             continue
         check(o["object"] == ("chat.completion.chunk" if chat else "text_completion"), "chunk object %r" % o.get("object"))
+        ids.add(o["id"])
         if o.get("usage"):
+            check(usage is None and o["choices"] == [], "one usage chunk, without choices")
             usage = o["usage"]
+            continue
+        check(usage is None, "usage is the last chunk")
         for ch in o.get("choices", []):
+            check(0 <= ch["index"] < n, "choice index %r of n %d" % (ch["index"], n))
+            c = chs[ch["index"]]
+            check(c["finish"] is None, "nothing after a choice's finish_reason")
             if chat:
                 d = ch["delta"]
-                content += d.get("content") or ""
-                reasoning += d.get("reasoning_content") or ""
+                c["content"] += d.get("content") or ""
+                c["reasoning"] += d.get("reasoning_content") or ""
                 for tc in d.get("tool_calls") or []:
-                    c = calls.setdefault(tc["index"], {"name": "", "arguments": ""})
+                    x = c["calls"].setdefault(tc["index"], {"name": "", "arguments": ""})
                     f = tc.get("function", {})
-                    c["name"] += f.get("name") or ""
-                    c["arguments"] += f.get("arguments") or ""
+                    x["name"] += f.get("name") or ""
+                    x["arguments"] += f.get("arguments") or ""
             else:
-                content += ch["text"]
+                c["content"] += ch["text"]
+            lp = ch.get("logprobs")
+            if lp is not None:
+                check(wants_logprobs(body), "logprobs only when asked for")
+                c["lps"] = (c["lps"] or []) + ([t["logprob"] for t in lp["content"]] if chat else lp["token_logprobs"])
+                if not chat:
+                    check(len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == len(lp["text_offset"]),
+                          "a completions chunk's logprobs lists are one per token")
             if ch.get("finish_reason"):
-                check(finish is None, "one finish_reason")
-                finish = ch["finish_reason"]
-    return content, reasoning, [calls[k] for k in sorted(calls)], finish, usage, ids, error
+                c["finish"] = ch["finish_reason"]
+    check(len(ids) <= 1, "one id for the stream's chunks: %r" % ids)
+    if error is None:
+        for i, c in enumerate(chs):
+            check(c["finish"] is not None, "choice %d of %d has its finish_reason" % (i, n))
+            c["calls"] = [c["calls"][k] for k in sorted(c["calls"])]
+            if wants_logprobs(body) and c["lps"] is None:
+                c["lps"] = []
+    return chs, usage, error
 
 
 def summarize_body(path, body, raw):
     chat = path.endswith("chat/completions")
     o = json.loads(raw)
     check(o["object"] == ("chat.completion" if chat else "text_completion"), "object %r" % o.get("object"))
-    ch = o["choices"][0]
-    if chat:
-        m = ch["message"]
-        check(m["role"] == "assistant", "role assistant")
-        calls = [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]} for c in m.get("tool_calls") or []]
-        content, reasoning = m.get("content") or "", m.get("reasoning_content") or ""
-    else:
-        content, reasoning, calls = ch["text"], "", []
-    ids = ch.get("token_ids")
-    if body.get("return_token_ids"):
-        check(isinstance(ids, list) and isinstance(o.get("prompt_token_ids"), list), "return_token_ids: the ids")
-    return content, reasoning, calls, ch["finish_reason"], o["usage"], ids, None
+    n = body.get("n", 1)
+    check([ch["index"] for ch in o["choices"]] == list(range(n)), "choices 0..n-1 in order")
+    chs = []
+    for ch in o["choices"]:
+        c = choice_state()
+        if chat:
+            m = ch["message"]
+            check(m["role"] == "assistant", "role assistant")
+            c["calls"] = [{"name": x["function"]["name"], "arguments": x["function"]["arguments"]} for x in m.get("tool_calls") or []]
+            c["content"], c["reasoning"] = m.get("content") or "", m.get("reasoning_content") or ""
+        else:
+            c["content"], c["calls"] = ch["text"], []
+        c["ids"] = ch.get("token_ids")
+        if body.get("return_token_ids"):
+            check(isinstance(c["ids"], list) and isinstance(o.get("prompt_token_ids"), list), "return_token_ids: the ids")
+        lp = ch.get("logprobs")
+        check((lp is not None) == wants_logprobs(body), "logprobs when asked for, only then")
+        if lp is not None:
+            c["lps"] = [t["logprob"] for t in lp["content"]] if chat else lp["token_logprobs"]
+        c["finish"] = ch["finish_reason"]
+        chs.append(c)
+    return chs, o["usage"], None
 
 
 def check_answer(path, body, status, hdrs, raw, phase):
@@ -349,26 +399,43 @@ def check_answer(path, body, status, hdrs, raw, phase):
     stream = body.get("stream")
     check(hdrs.get("content-type") == ("text/event-stream" if stream else "application/json"), "content-type %r" % hdrs.get("content-type"))
     summ = summarize_stream if stream else summarize_body
-    content, reasoning, calls, finish, usage, ids, error = summ(path, body, raw)
+    chs, usage, error = summ(path, body, raw)
     if error is not None:
         check(error.get("code") == "server_shutting_down" and phase == "cancelling", "an error event while %s: %r" % (phase, error))
         return None
-    check(finish in ("stop", "length", "tool_calls"), "finish_reason %r" % finish)
+    n = len(chs)
     mt = body.get("max_completion_tokens", body.get("max_tokens", 16))   # 16: the completions default
+    counts = []                          # each choice's tokens, where the answer says (token ids, logprobs; n 1: usage)
+    for c in chs:
+        check(c["finish"] in ("stop", "length", "tool_calls"), "finish_reason %r" % c["finish"])
+        k = len(c["ids"]) if c["ids"] is not None else len(c["lps"]) if c["lps"] is not None else None
+        if c["ids"] is not None and c["lps"] is not None:
+            check(len(c["ids"]) == len(c["lps"]), "one logprob per token id")
+        if k is None and n == 1 and usage is not None:
+            k = usage["completion_tokens"]
+        counts.append(k)
+        if k is not None:
+            check(1 <= k <= mt, "a choice's %d tokens within max_tokens %d" % (k, mt))
+            check(c["finish"] != "length" or k == mt, "finish length at max_tokens")
+        stops = body.get("stop")
+        for s in ([stops] if isinstance(stops, str) else stops or []):
+            check(s not in c["content"], "stop string %r not in the text" % s)
+        if c["finish"] == "tool_calls":
+            check(c["calls"], "finish tool_calls with calls")
     if usage is not None:
         check(usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"], "usage adds up")
-        check(1 <= usage["completion_tokens"] <= mt, "completion_tokens %d within max_tokens %d" % (usage["completion_tokens"], mt))
-        check(finish != "length" or usage["completion_tokens"] == mt, "finish length at max_tokens")
+        check(n <= usage["completion_tokens"] <= n * mt, "completion_tokens %d within n %d x max_tokens %d" % (usage["completion_tokens"], n, mt))
+        if None not in counts:
+            check(sum(counts) == usage["completion_tokens"], "usage.completion_tokens %d is the choices' sum %r" % (usage["completion_tokens"], counts))
     else:
         check(stream and not (body.get("stream_options") or {}).get("include_usage"), "usage when asked for")
-    if ids is not None:
-        check(len(ids) == usage["completion_tokens"], "token_ids match completion_tokens")
-    stops = body.get("stop")
-    for s in ([stops] if isinstance(stops, str) else stops or []):
-        check(s not in content, "stop string %r not in the text" % s)
-    if finish == "tool_calls":
-        check(calls, "finish tool_calls with calls")
-    return {"content": content, "reasoning": reasoning, "calls": calls, "finish": finish,
+    with CHECKED_LOCK:
+        CHECKED["n > 1"] += n > 1
+        CHECKED["n > 1 streamed"] += n > 1 and bool(stream)
+        CHECKED["streamed logprobs"] += bool(stream) and wants_logprobs(body)
+    # what a repeat must say again, streamed or not: each choice's text, calls, finish, logprobs and (where known) tokens
+    return {"choices": [{"content": c["content"], "reasoning": c["reasoning"], "calls": c["calls"], "finish": c["finish"],
+                         "lps": c["lps"]} for c in chs],
             "tokens": usage and usage["completion_tokens"]}
 
 
@@ -428,9 +495,6 @@ class Soak:
                 body = dict(body)
                 body["stream"] = rng.random() < 0.5
                 body.pop("stream_options", None)
-                if body["stream"]:                       # logprobs are not streamed (a 400); they change no token
-                    body.pop("logprobs", None)
-                    body.pop("top_logprobs", None)
                 if body["stream"] and rng.random() < 0.7:
                     body["stream_options"] = {"include_usage": True}
                 return path, body, True
@@ -766,6 +830,7 @@ def main():
     print("serve soak: %d requests in %.0f s (seed %d): by status {%s}" % (soak.n, secs, a.seed, by_status))
     print("  behaviours {%s}: %d disconnects, %d half-closed answered whole; after a signal: %d refused (listening closed), %d cut"
           % (by_action, soak.disconnects, soak.half_closes, soak.refused_after_signal, soak.lost_after_signal))
+    print("  answers checked: %s" % ", ".join("%s: %d" % kv for kv in CHECKED.items()))
     print("  %d answers compared with an earlier identical request, %d differed" % (
         soak.repeat_checked, sum("repeated request" in f for f in soak.failures)))
     print("  RSS: %s" % rss)

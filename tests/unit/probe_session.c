@@ -315,6 +315,54 @@ static void check_batch(const char *path, const char *mem)
         int32_t in[2] = {1, 1};
         OK(krun_step_batch(m, dup, in, 2, &e) == -1 && e.code == KRUN_EINPUT, "a session twice in one step is refused: %s", e.msg);
     }
+    {
+        /* krun_session_all_logits (krun serve's echo): every position's logits of a prompt block run
+         * in a batched step, beside another session's, == krun_session_feed's all_logits alone */
+        float *want = malloc(13 * V * sizeof *want), *rows = malloc(13 * V * sizeof *rows);
+        krun_session *a, *b, *c;
+        int32_t in[2];
+        krun_session *ss[2];
+        for (int k = 0; k < NS; k++) krun_session_free(s[k]);
+        if (!want || !rows || krun_session_new(m, &a, &e) || krun_session_new(m, &b, &e) || krun_session_new(m, &c, &e)) {
+            printf("not ok - all_logits: setup: %s\n", want && rows ? e.msg : "out of memory");
+            fails++;
+            free(want);
+            free(rows);
+            goto out;
+        }
+        if (krun_session_feed(a, p2, 13, want, &e) || krun_session_feed(c, p0, 8, NULL, &e) || krun_session_append(b, p2, 2, &e)) {
+            printf("not ok - all_logits: %s\n", e.msg);
+            fails++;
+        } else {
+            /* the block holds 4 positions (chunk 4, 3 sessions): b's prompt in blocks of 3 (2 pending + its
+             * id) beside c's decoding step, then one of 1 */
+            int same = 1, refused;
+            krun_session_all_logits(b, rows, 2);
+            ss[0] = c; ss[1] = b; in[0] = 5; in[1] = p2[2];
+            refused = krun_step_batch(m, ss, in, 2, &e) == -1 && e.code == KRUN_EINPUT;
+            OK(refused, "all_logits: a buffer of 2 rows for 3 positions is refused: %s", e.msg);
+            for (size_t at = 0; at < 13 && same; ) {
+                size_t nb = 13 - at >= 3 ? 3 : 1;
+                if (at && nb > 1 && krun_session_append(b, p2 + at, nb - 1, &e)) { same = 0; break; }
+                krun_session_all_logits(b, rows + at * V, nb);
+                in[0] = 5; in[1] = p2[at + nb - 1];
+                if (krun_step_batch(m, ss, in, 2, &e)) { printf("# all_logits step at %zu: %s\n", at, e.msg); same = 0; break; }
+                same &= !memcmp(krun_session_logits(b), want + (at + nb - 1) * V, V * sizeof *rows);
+                at += nb;
+            }
+            OK(same && !memcmp(rows, want, 13 * V * sizeof *rows),
+               "all_logits: a 13-position prompt in blocks of 3 and 1 stepped beside another session: every row's bits == krun_session_feed's all_logits; each block's last is the session's logits");
+            ss[0] = b; in[0] = 9;
+            memset(rows, 0, V * sizeof *rows);
+            OK(!krun_step_batch(m, ss, in, 1, &e) && rows[0] == 0 && rows[V - 1] == 0, "all_logits: one step only (the next writes the session's own logits)");
+        }
+        krun_session_free(a);
+        krun_session_free(b);
+        krun_session_free(c);
+        for (int k = 0; k < NS; k++) s[k] = NULL;
+        free(want);
+        free(rows);
+    }
 out:
     free(ref);
     free(got);

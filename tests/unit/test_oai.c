@@ -200,7 +200,6 @@ static void test_chat_errors(void)
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"presence_penalty\":2.5}", 400, "presence_penalty", "invalid_value", "between -2 and 2"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"frequency_penalty\":\"x\"}", 400, "frequency_penalty", "invalid_type", "a number"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"repetition_penalty\":0}", 400, "repetition_penalty", "invalid_value", "more than 0"},
-        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true,\"stream\":true}", 400, "logprobs", "unsupported_value", "not streamed"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":1}", 400, "logprobs", "invalid_type", "a boolean"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_logprobs\":3}", 400, "top_logprobs", "invalid_value", "needs logprobs: true"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true,\"top_logprobs\":21}", 400, "top_logprobs", "invalid_value", "0 to 20"},
@@ -326,6 +325,11 @@ static void test_completion_requests(void)
     CHECK(rc == 0 && r.s.presence_penalty == -1.5 && r.s.frequency_penalty == 0.25 && r.s.repetition_penalty == 1.3 &&
           r.s.logprobs && r.s.top_logprobs == 5, "penalties and completions' logprobs: N");
     if (!rc) oai_completion_request_free(&r);
+    const char *b6 = "{\"prompt\":[1,2],\"echo\":true,\"max_tokens\":0,\"logprobs\":1,\"stream\":true,\"n\":2}";
+    rc = oai_parse_completion_request(b6, strlen(b6), 1000, &r, &e);
+    CHECK(rc == 0 && r.echo && r.s.max_tokens == 0 && r.s.logprobs && r.s.top_logprobs == 1 && r.s.stream && r.s.n == 2,
+          "echo with max_tokens 0 and logprobs (lm-eval's loglikelihood), streamed, n 2");
+    if (!rc) oai_completion_request_free(&r);
     const char *b5 = "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true,\"top_logprobs\":20}";
     oai_chat_request cq;
     rc = oai_parse_chat_request(b5, strlen(b5), &cq, &e);
@@ -360,12 +364,12 @@ static void test_completion_requests(void)
         {"{\"prompt\":[1,\"a\"]}", "prompt", "prompt[1] must be a token id"},
         {"{\"prompt\":[1,1000]}", "prompt", "token id 1000 at prompt[1] is outside the vocabulary (0..999)"},
         {"{\"prompt\":[-1]}", "prompt", "outside the vocabulary"},
-        {"{\"prompt\":\"x\",\"echo\":true}", "echo", "not supported"},
+        {"{\"prompt\":\"x\",\"echo\":1}", "echo", "a boolean"},
         {"{\"prompt\":\"x\",\"suffix\":\"y\"}", "suffix", "not supported"},
         {"{\"prompt\":\"x\",\"best_of\":3}", "best_of", "best_of"},
-        {"{\"prompt\":\"x\",\"max_tokens\":0}", "max_tokens", "at least 1"},
+        {"{\"prompt\":\"x\",\"max_tokens\":0}", "max_tokens", "0 only with echo"},
+        {"{\"prompt\":\"x\",\"echo\":true,\"max_tokens\":-1}", "max_tokens", "at least 0"},
         {"{\"prompt\":\"x\",\"n\":0}", "n", "n must be 1 to 16"},
-        {"{\"prompt\":\"x\",\"n\":2,\"stream\":true}", "n", "not streamed"},
         {"{\"prompt\":\"x\",\"logprobs\":21}", "logprobs", "0 to 20"},
         {"{\"prompt\":\"x\",\"logprobs\":true}", "logprobs", "an integer"},
         {"{\"prompt\":\"x\",\"top_logprobs\":2}", "top_logprobs", "logprobs: N"},

@@ -175,7 +175,7 @@ static kbuf run(const ktok *tk, const int32_t *ids, size_t n, const run_opts *ro
     int32_t end_ids[2] = {ktok_find_special(tk, KCHAT_END_OF_MSG), ktok_find_special(tk, "[EOS]")};
     sgen_opts o = {ro->chat, ro->thinking, ro->stream, ro->include_usage, ro->return_token_ids, ro->stop, ro->n_stop,
                    end_ids, ro->no_end_ids ? 0 : 2, ro->max_tokens ? ro->max_tokens : 100000,
-                   {"req-7", "kimi-k3", 1700000000}, prompt, 3, 0, 0};
+                   {"req-7", "kimi-k3", 1700000000}, prompt, 3, 0, 0, 0, 0, 0};
     sgen *g = sgen_new(tk, &o);
     kbuf out = {0};
     if (!g) die("sgen_new");
@@ -418,7 +418,7 @@ static void test_lifetime(const ktok *tk)
             if (!stop || !end_ids || !(stop[0] = strdup(" THE END")) || !(stop[1] = strdup("fox. T"))) die("out of memory");
             end_ids[0] = ktok_find_special(tk, KCHAT_END_OF_MSG);
             end_ids[1] = ktok_find_special(tk, "[EOS]");
-            sgen_opts o = {0, 0, stream, 0, 0, with_stop ? stop : NULL, with_stop ? 2 : 0, end_ids, 2, 1000, {meta_id, model, 1}, NULL, 0, 0, 0};
+            sgen_opts o = {0, 0, stream, 0, 0, with_stop ? stop : NULL, with_stop ? 2 : 0, end_ids, 2, 1000, {meta_id, model, 1}, NULL, 0, 0, 0, 0, 0, 0};
             sgen *g = sgen_new(tk, &o);
             kbuf out = {0};
             size_t fed = 0;
@@ -487,7 +487,7 @@ static void test_failures(const ktok *tk)
     oai_error e;
     oai_error_set(&e, 500, NULL, "model_damaged", "layer 12 expert 3: checksum mismatch");
     for (int started = 0; started <= 1; started++) {
-        sgen_opts o = {0, 0, 1, 0, 0, NULL, 0, end_ids, 1, 100, {"r", "m", 1}, NULL, 0, 0, 0};
+        sgen_opts o = {0, 0, 1, 0, 0, NULL, 0, end_ids, 1, 100, {"r", "m", 1}, NULL, 0, 0, 0, 0, 0, 0};
         sgen *g = sgen_new(tk, &o);
         kbuf out = {0};
         said s;
@@ -513,6 +513,96 @@ static void test_failures(const ktok *tk)
     }
 }
 
+/* Logprobs streamed (each chunk the entries of its tokens: together the non-streamed list), as
+ * choice 1 of n (its index, no usage or [DONE]), and echo's prompt entries (the first null). */
+static json_t *collect_lp(const char *text, size_t len, int chat, int *index_ok, int *done, int *usage)
+{
+    json_t *all = chat ? json_array() : json_pack("{s[]s[]s[]s[]}", "tokens", "token_logprobs", "top_logprobs", "text_offset");
+    const char *p = text, *end = text + len;
+    *done = *usage = 0;
+    *index_ok = 1;
+    while (p < end) {
+        const char *e = strstr(p, "\n\n");
+        json_t *o, *ch, *lp;
+        if (!e) break;
+        if (e - p == 12 && !strncmp(p, "data: [DONE]", 12)) { (*done)++; p = e + 2; continue; }
+        o = json_loadb(p + 6, (size_t)(e - p - 6), JSON_ALLOW_NUL, NULL);
+        if (json_object_get(o, "usage")) (*usage)++;
+        ch = json_array_get(json_object_get(o, "choices"), 0);
+        if (ch && json_integer_value(json_object_get(ch, "index")) != 1) *index_ok = 0;
+        lp = json_object_get(ch, "logprobs");
+        if (json_is_object(lp)) {
+            if (chat) json_array_extend(all, json_object_get(lp, "content"));
+            else {
+                const char *k;
+                json_t *v;
+                json_object_foreach(all, k, v) json_array_extend(v, json_object_get(lp, k));
+            }
+        }
+        json_decref(o);
+        p = e + 2;
+    }
+    return all;
+}
+
+static void test_stream_logprobs(const ktok *tk)
+{
+    const char *text = "Once upon a time \xf0\x9f\xa6\x8a there was a fox.";
+    int32_t *ids, prompt[3];
+    size_t n;
+    if (ktok_encode(tk, text, strlen(text), 0, &ids, &n) || n < 6) die("encode");
+    memcpy(prompt, ids, sizeof prompt);
+    for (int chat = 0; chat <= 1; chat++)
+        for (int echo = 0; echo <= !chat; echo++) {
+            json_t *lists[2] = {NULL, NULL};
+            int index_ok = 1, done = 0, usage = 0;
+            for (int stream = 0; stream <= 1; stream++) {
+                sgen_opts o = {chat, 0, stream, 1, 0, NULL, 0, NULL, 0, (long)n, {"req-1", "k3", 1}, prompt, 3, 1, 0, stream, stream, echo};
+                sgen *g = sgen_new(tk, &o);
+                kbuf out = {0};
+                if (!g) die("sgen_new");
+                if (echo) {
+                    int32_t top[2] = {7, 8};
+                    double tlp[2] = {-0.5, -1.5};
+                    if (sgen_logprob_null(g, prompt[0]) || sgen_logprob(g, prompt[1], -2.25, top, tlp, 2) ||
+                        sgen_logprob(g, prompt[2], -3.5, top, tlp, 2) || sgen_echo(g, prompt, 3))
+                        die("echo");
+                }
+                for (size_t i = 0; i < n; i++) {
+                    int32_t top[2] = {ids[i], 5};
+                    double tlp[2] = {-0.25 - (double)i, -9};
+                    if (sgen_logprob(g, ids[i], -0.25 - (double)i, top, tlp, 2)) die("logprob");
+                    if (sgen_token(g, ids[i]) < 0) die("token");
+                    sgen_take(g, &out);
+                }
+                if (!sgen_done(g)) sgen_end(g, "length");
+                sgen_take(g, &out);
+                if (stream) {
+                    lists[1] = collect_lp(out.p, out.n, chat, &index_ok, &done, &usage);
+                } else {
+                    json_t *o = json_loadb(out.p, out.n, JSON_ALLOW_NUL, NULL);
+                    lists[0] = json_deep_copy(json_object_get(json_array_get(json_object_get(o, "choices"), 0), "logprobs"));
+                    if (chat && lists[0]) { json_t *c = json_incref(json_object_get(lists[0], "content")); json_decref(lists[0]); lists[0] = c; }
+                    json_decref(o);
+                }
+                kbuf_free(&out);
+                sgen_free(g);
+            }
+            size_t want = n + (echo ? 3 : 0);
+            json_t *first = chat ? json_array_get(lists[0], 0) : NULL;
+            CHECK(lists[0] && lists[1] && json_equal(lists[0], lists[1]) &&
+                      json_array_size(chat ? lists[0] : json_object_get(lists[0], "tokens")) == want && index_ok && !done && !usage &&
+                      (!echo || (json_is_null(json_array_get(json_object_get(lists[0], "token_logprobs"), 0)) &&
+                                 json_is_null(json_array_get(json_object_get(lists[0], "top_logprobs"), 0)))) &&
+                      (!chat || json_real_value(json_object_get(first, "logprob")) == -0.25),
+                  "%s%s: streamed logprobs (choice 1 of n: its index, no usage, no [DONE]) == the non-streamed list (%zu entries)%s",
+                  chat ? "chat" : "completions", echo ? " with echo" : "", want, echo ? ", the prompt's first null" : "");
+            json_decref(lists[0]);
+            json_decref(lists[1]);
+        }
+    free(ids);
+}
+
 int main(void)
 {
     ktok *tk = load_tokenizer();
@@ -526,6 +616,7 @@ int main(void)
     test_lifetime(tk);
     test_illformed_stop(tk);
     test_failures(tk);
+    test_stream_logprobs(tk);
     ktok_free(tk);
     return check_exit();
 }
