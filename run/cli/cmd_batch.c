@@ -233,10 +233,17 @@ static void summary_json(const struct batch_opts *o, const kbatch_stats *st, con
                           "failed", (json_int_t)st->failed, "prompt_tokens", (json_int_t)st->prompt_tokens, "generated_tokens",
                           (json_int_t)st->generated, "sweeps", (json_int_t)st->sweeps, "bytes_read", (json_int_t)st->bytes_read,
                           "seconds", st->seconds, "tokens_per_second", st->seconds > 0 ? (double)st->generated / st->seconds : 0.0,
-                          "bytes_per_generated_token", st->generated ? (double)st->bytes_read / (double)st->generated : 0.0,
+                          "bytes_per_generated_token_all", st->generated ? (double)st->bytes_read / (double)st->generated : 0.0,
                           "state_bytes_read", (json_int_t)sr, "state_bytes_written", (json_int_t)sw,
                           "state_wait_seconds", swait,
                           "peak_rss_bytes", (json_int_t)kmem_peak_rss());
+    /* what a generated token costs: the decoding-only sweeps (the prompts' sweeps and the model's first
+     * reads apart); null when none ran */
+    if (j && !json_object_set_new(j, "decode", json_pack("{s:I, s:I, s:I, s:f}", "sweeps", (json_int_t)st->decode_sweeps, "bytes_read",
+                                                         (json_int_t)st->decode_bytes_read, "generated_tokens",
+                                                         (json_int_t)st->decode_generated, "seconds", st->decode_seconds)))
+        json_object_set_new(j, "bytes_per_generated_token", st->decode_generated ? json_real((double)st->decode_bytes_read /
+                                                                                             (double)st->decode_generated) : json_null());
     char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
     if (s) printf("%s\n", s);
     free(s);
@@ -302,7 +309,6 @@ int krun_batch_main(int argc, char **argv)
     memset(&bo, 0, sizeof bo);
     bo.out = o.out;
     bo.model_name = name;
-    bo.model_key = (uint64_t)sb.st_size;
     bo.seed = o.seed_given ? o.seed : kbatch_request_seed((uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32), (size_t)clock());
     bo.seed_given = o.seed_given;
     bo.created = o.created_given ? o.created : (long long)time(NULL);

@@ -269,7 +269,7 @@ int krun_serve_main(int argc, char **argv)
     mo.spec = (size_t)o.spec;
     if (krun_model_prepare(m, &mo, &e)) { fprintf(stderr, "krun serve: %s\n", e.msg); rc = e.code; goto out; }
     if (krun_cli_pcache(&o.c, m, "krun serve", 1, 1, &cache, &e)) { fprintf(stderr, "krun serve: %s\n", e.msg); rc = e.code; goto out; }
-    eo = (srv_engine_opts){(size_t)o.max_queue, name, o.quiet, o.progress_every, cache};
+    eo = (srv_engine_opts){(size_t)o.max_queue, name, o.quiet, o.progress_every, cache, 0, NULL};
     if (srv_engine_start(m, &eo, &eng, &e)) { fprintf(stderr, "krun serve: %s\n", e.msg); rc = e.code; goto out; }
     ho = (srv_http_opts){o.api_key, (size_t)max_body, fd, (unsigned)o.max_connections, (unsigned)o.max_per_ip, (unsigned)o.idle_timeout,
                          o.request_timeout};

@@ -92,12 +92,15 @@ typedef struct {
     uint64_t prompt_tokens, generated;   /* this run's */
     uint64_t sweeps, bytes_read;         /* this run's */
     double seconds;            /* this run's */
+    /* of this run's sweeps, those that only decoded (no prompt positions): what a generated token
+     * costs, without the prompts' sweeps and the model's first reads */
+    uint64_t decode_sweeps, decode_bytes_read, decode_generated;
+    double decode_seconds;
 } kbatch_stats;
 
 typedef struct {
     const char *out;           /* OUT.jsonl */
     const char *model_name;
-    uint64_t model_key;        /* the model's identity for the journal (the caller's: file size, ...) */
     uint64_t seed;             /* sampled requests without a seed get one from it and their line */
     long long created;         /* "created" of every response */
     int seed_given, created_given;

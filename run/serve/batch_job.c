@@ -29,12 +29,14 @@ uint64_t kbatch_request_seed(uint64_t job_seed, size_t line)
     return (z ^ (z >> 31)) & 0x7fffffffffffffffull;    /* as the server's seeds: a JSON integer any client reads */
 }
 
-/* The job's identity: what the output bytes depend on besides the seed and "created". */
+/* The job's identity: what the output bytes depend on besides the seed and "created".  The model
+ * is named by its identity (the file's set_id and its config's hash, as a saved state names it):
+ * another model of the same size is another job. */
 static uint64_t job_key(krun_model *m, const kbatch_input *in, const kbatch_opts *o)
 {
     char buf[600];
-    int n = snprintf(buf, sizeof buf, "%016llx %llu %016llx %zu %s", (unsigned long long)in->hash, (unsigned long long)in->size,
-                     (unsigned long long)o->model_key, krun_model_ctx(m), o->model_name);
+    int n = snprintf(buf, sizeof buf, "%016llx %llu %s %zu %s", (unsigned long long)in->hash, (unsigned long long)in->size,
+                     krun_model_identity(m), krun_model_ctx(m), o->model_name);
     return XXH3_64bits(buf, (size_t)n);
 }
 
@@ -47,13 +49,21 @@ static int line_status(const char *line)
     return p ? atoi(p + sizeof key - 1) : 0;
 }
 
-/* The engine's counters (GET /health's "stats"). */
-static void engine_counters(srv_engine *e, uint64_t *sweeps, uint64_t *bytes)
+/* The engine's counters (GET /health's "stats"); with st, also the decoding-only sweeps' share. */
+static void engine_counters(srv_engine *e, uint64_t *sweeps, uint64_t *bytes, kbatch_stats *st)
 {
     int status;
     json_t *h = srv_engine_health(e, &status), *s = json_object_get(h, "stats");
-    *sweeps = (uint64_t)json_integer_value(json_object_get(s, "sweeps"));
-    *bytes = (uint64_t)json_integer_value(json_object_get(s, "bytes_read"));
+#define C(name) ((uint64_t)json_integer_value(json_object_get(s, name)))
+    *sweeps = C("sweeps");
+    *bytes = C("bytes_read");
+    if (st) {
+        st->decode_sweeps = C("sweeps") - C("prefill_sweeps");
+        st->decode_bytes_read = C("bytes_read") - C("prefill_bytes_read");
+        st->decode_generated = C("generated_tokens") - C("prefill_generated_tokens");
+        st->decode_seconds = json_real_value(json_object_get(s, "sweep_seconds")) - json_real_value(json_object_get(s, "prefill_seconds"));
+    }
+#undef C
     json_decref(h);
 }
 
@@ -153,15 +163,15 @@ static void progress(job *b, int force)
 {
     static double last;
     double now = know();
-    if (!b->o->progress || (!force && now - last < 0.25)) return;
+    if (!force && (!b->o->progress || now - last < 0.25)) return;     /* the last call counts for the summary */
     last = now;
     b->st->seconds = now - b->t0;
     if (b->e) {
-        engine_counters(b->e, &b->st->sweeps, &b->st->bytes_read);
+        engine_counters(b->e, &b->st->sweeps, &b->st->bytes_read, b->st);
         b->st->sweeps -= b->sweeps0;
         b->st->bytes_read -= b->bytes0;
     }
-    b->o->progress(b->o->progress_ctx, b->st);
+    if (b->o->progress) b->o->progress(b->o->progress_ctx, b->st);
 }
 
 typedef struct { sreq *r; size_t k; } flight;
@@ -172,11 +182,15 @@ static int run_requests(job *b, krun_err *err)
     const kbatch_input *in = b->in;
     size_t window = b->o->window ? b->o->window : 1, n = 0, next = 0;
     flight *fl = calloc(window, sizeof *fl);
-    srv_engine_opts eo = {.max_queue = window, .model_name = b->o->model_name, .quiet = 1};
+    /* held until the first window is handed over: the first sweep takes every request it has room
+     * for (one handed over a moment late would start a sweep behind the others and end one later,
+     * in a sweep of fewer sequences) */
+    srv_engine_opts eo = {.max_queue = window, .model_name = b->o->model_name, .quiet = 1, .held = 1, .command = "krun batch"};
+    int held = 1;
     int rc = 0;
     if (!fl) return krun_err_set(err, KRUN_ENOMEM, "out of memory");
     if (srv_engine_start(b->m, &eo, &b->e, err)) { free(fl); return -1; }
-    engine_counters(b->e, &b->sweeps0, &b->bytes0);
+    engine_counters(b->e, &b->sweeps0, &b->bytes0, NULL);
     for (;;) {
         int any = 0;
         while (!rc && n < window && next < in->n && !(b->o->stop && *b->o->stop)) {
@@ -185,6 +199,10 @@ static int run_requests(job *b, krun_err *err)
             if (in->items[k].bad || b->j.lines[k]) continue;
             if ((rc = submit(b, k, &r, err))) break;
             if (r) fl[n++] = (flight){r, k};
+        }
+        if (held) {
+            srv_engine_release(b->e);
+            held = 0;
         }
         if (rc || !n) break;
         if (b->o->stop && *b->o->stop) { rc = -2; break; }

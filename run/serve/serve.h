@@ -102,10 +102,16 @@ typedef struct srv_engine_opts {
     double progress_every;     /* a streamed request silent this long gets an SSE comment (": prefill 1234/5000");
                                   its stream opens (200) when it comes before the first token; 0: never */
     krun_pcache *cache;        /* the prefix cache every session comes from, or NULL (--no-cache) */
+    int held;                  /* start no sweep until srv_engine_release: krun batch hands its first requests over
+                                  before the first sweep, which then takes as many as it has room for (a server
+                                  gathers a burst of its clients' requests for a few ms instead) */
+    const char *command;       /* the command whose options an error names ("krun batch"; NULL: "krun serve") */
 } srv_engine_opts;
 
 /* The engine over an opened, prepared model (max_seqs sequences); starts its thread. */
 int  srv_engine_start(krun_model *m, const srv_engine_opts *o, srv_engine **out, krun_err *err);
+/* Lets an engine started held (srv_engine_opts.held) run. */
+void srv_engine_release(srv_engine *e);
 /* Stops the thread (after srv_engine_cancel_all or once idle) and frees the engine. */
 void srv_engine_stop(srv_engine *e);
 
@@ -197,6 +203,7 @@ enum { SRV_EP_CHAT, SRV_EP_COMPLETIONS, SRV_EP_MESSAGES, SRV_EP_COUNT_TOKENS, SR
 /* The model's name in the API. */
 const char *srv_engine_model_name(const srv_engine *e);
 krun_model *srv_engine_model(srv_engine *e);
+const char *srv_engine_command(const srv_engine *e);
 
 /* A request's framing (serve_framing.c): fed its header fields in order, says whether its body's
  * length is certain.  Refused (RFC 9112 6.1, 6.3; what a proxy in front may have read otherwise):

@@ -68,6 +68,8 @@ struct srv_engine {
     int draining, cancel_all, quit, damaged, quiet;
     size_t sweep_T;            /* positions of the running sweep (0: none) */
     int sweep_prefill;         /* ... in the prefill layout */
+    int held;                  /* srv_engine_opts.held, until srv_engine_release: no sweep starts */
+    const char *command;       /* srv_engine_opts.command */
     char damage[900];
     struct {
         uint64_t requests, completed, failed, cancelled, prompt_tokens, cached_tokens, generated, sweeps, positions, bytes_read, phase_switches;
@@ -75,6 +77,9 @@ struct srv_engine {
         uint64_t copied_tokens;    /* n > 1: prompt positions copied from choice 0's state instead of run */
         double sweep_seconds, request_seconds;
         double prefill_seconds;    /* of sweep_seconds: sweeps that ran prompt positions */
+        /* of sweeps, bytes_read and generated: those of the sweeps that ran prompt positions (the rest
+         * only decoded: what a generated token costs is theirs alone) */
+        uint64_t prefill_sweeps, prefill_bytes_read, prefill_generated;
     } st;
     double t0;
     uint64_t seeds;            /* seeds handed to requests without one */
@@ -583,7 +588,12 @@ static void *engine_main(void *arg)
         int rc;
         double t;
         krun_stats ks;
+        int prefill = 0;
         drop_cancelled_locked(e);
+        if (e->held && !e->cancel_all && !e->quit) {      /* the first requests are being handed over */
+            pthread_cond_wait(&e->wake, &e->mu);
+            continue;
+        }
         admit_locked(e);
         if (!e->n_active) {
             pthread_cond_broadcast(&e->idle);
@@ -616,8 +626,12 @@ static void *engine_main(void *arg)
         pthread_mutex_lock(&e->mu);
         e->st.sweeps++;
         e->st.sweep_seconds += t;
-        for (size_t k = 0; k < n; k++)
-            if (take[k]) { e->st.prefill_seconds += t; break; }
+        for (size_t k = 0; k < n; k++) prefill |= take[k] != 0;
+        if (prefill) {
+            e->st.prefill_sweeps++;
+            e->st.prefill_seconds += t;
+            e->st.prefill_bytes_read += ks.bytes_read - e->st.bytes_read;
+        }
         e->st.bytes_read = ks.bytes_read;
         e->st.phase_switches = ks.phase_switches;
         e->sweep_T = 0;
@@ -640,6 +654,7 @@ static void *engine_main(void *arg)
             sreq *r = sw[k];
             e->st.positions += (take[k] ? take[k] : 1) + nd[k];
             e->st.generated += r->emitted;                      /* tokens sampled or accepted */
+            if (prefill) e->st.prefill_generated += r->emitted;
             if (nd[k]) {
                 e->st.verifications++;
                 e->st.drafted += nd[k];
@@ -1015,6 +1030,8 @@ int srv_engine_start(krun_model *m, const srv_engine_opts *o, srv_engine **out, 
     e->max_queue = o->max_queue;
     e->quiet = o->quiet;
     e->progress_every = o->progress_every;
+    e->held = o->held;
+    e->command = o->command ? o->command : "krun serve";
     e->n_layers = krun_model_config(m)->n_layers;
     atomic_init(&e->sweep_layer, 0);
     e->ctx = krun_model_ctx(m);
@@ -1081,6 +1098,14 @@ void srv_engine_cancel_all(srv_engine *e)
     pthread_mutex_lock(&e->mu);
     e->draining = 1;
     e->cancel_all = 1;
+    pthread_cond_signal(&e->wake);
+    pthread_mutex_unlock(&e->mu);
+}
+
+void srv_engine_release(srv_engine *e)
+{
+    pthread_mutex_lock(&e->mu);
+    e->held = 0;
     pthread_cond_signal(&e->wake);
     pthread_mutex_unlock(&e->mu);
 }
@@ -1197,6 +1222,7 @@ char *srv_engine_metrics(srv_engine *e)
 
 const char *srv_engine_model_name(const srv_engine *e) { return e->model_name; }
 krun_model *srv_engine_model(srv_engine *e) { return e->m; }
+const char *srv_engine_command(const srv_engine *e) { return e->command; }
 
 /* The prefix cache's counters for /health. */
 static json_t *pcache_json(krun_pcache *c)
@@ -1295,6 +1321,11 @@ json_t *srv_engine_health(srv_engine *e, int *status)
     json_object_set_new(st, "positions", json_integer((json_int_t)e->st.positions));
     json_object_set_new(st, "sweep_seconds", json_real(e->st.sweep_seconds));
     json_object_set_new(st, "bytes_read", json_integer((json_int_t)e->st.bytes_read));
+    /* the sweeps that ran prompt positions (the others only decoded) */
+    json_object_set_new(st, "prefill_sweeps", json_integer((json_int_t)e->st.prefill_sweeps));
+    json_object_set_new(st, "prefill_seconds", json_real(e->st.prefill_seconds));
+    json_object_set_new(st, "prefill_bytes_read", json_integer((json_int_t)e->st.prefill_bytes_read));
+    json_object_set_new(st, "prefill_generated_tokens", json_integer((json_int_t)e->st.prefill_generated));
     json_object_set_new(st, "phase_switches", json_integer((json_int_t)e->st.phase_switches));
     {
         /* speculation: of the generated tokens, `accepted` came from drafts verified in sweeps */

@@ -59,20 +59,21 @@ static int constrain(srv_engine *e, const kchat_options *o, sreq *r, oai_error *
 }
 
 /* Does the prompt fit the context, with max_tokens?  Sets r->max_tokens. */
-static int fit_context(krun_model *m, sreq *r, long max_tokens, oai_error *err)
+static int fit_context(srv_engine *e, sreq *r, long max_tokens, oai_error *err)
 {
-    size_t ctx = krun_model_ctx(m);
+    size_t ctx = krun_model_ctx(srv_engine_model(e));
+    const char *cmd = srv_engine_command(e);       /* whose --ctx set it: krun serve's, krun batch's */
     if (r->n_prompt > ctx) {
         oai_error_set(err, 400, "messages", "context_length_exceeded",
-                      "the prompt is %zu tokens, more than the context of %zu positions (krun serve --ctx)", r->n_prompt, ctx);
+                      "the prompt is %zu tokens, more than the context of %zu positions (%s --ctx)", r->n_prompt, ctx, cmd);
         return -1;
     }
     /* the last token generated is never run: a request uses n_prompt + max_tokens - 1 positions */
     if (max_tokens < 0) max_tokens = (long)(ctx - r->n_prompt + 1);
     if (max_tokens > 0 && (size_t)max_tokens - 1 > ctx - r->n_prompt) {
         oai_error_set(err, 400, "max_tokens", "context_length_exceeded",
-                      "the prompt (%zu tokens) and max_tokens %ld need %zu positions; the context is %zu (krun serve --ctx)",
-                      r->n_prompt, max_tokens, r->n_prompt + (size_t)max_tokens - 1, ctx);
+                      "the prompt (%zu tokens) and max_tokens %ld need %zu positions; the context is %zu (%s --ctx)",
+                      r->n_prompt, max_tokens, r->n_prompt + (size_t)max_tokens - 1, ctx, cmd);
         return -1;
     }
     r->max_tokens = max_tokens;
@@ -129,7 +130,6 @@ long srv_count_chat(srv_engine *e, const kchat_message *msgs, size_t n_msgs, con
 sreq *srv_prepare_chat(srv_engine *e, const kchat_message *msgs, size_t n_msgs, const kchat_options *chat, const oai_sampling *s,
                        oai_error *err)
 {
-    krun_model *m = srv_engine_model(e);
     kchat_rendering rend;
     sreq *r;
     if (render(e, msgs, n_msgs, chat, &rend, err)) return NULL;
@@ -138,7 +138,7 @@ sreq *srv_prepare_chat(srv_engine *e, const kchat_message *msgs, size_t n_msgs, 
     r->n_prompt = rend.n_ids;
     r->n_preamble = rend.n_preamble;     /* the prefix cache keeps the state at its end */
     sampling_of(s, r);
-    if (fit_context(m, r, s->max_tokens, err) || constrain(e, chat, r, err)) { sreq_discard(r); return NULL; }
+    if (fit_context(e, r, s->max_tokens, err) || constrain(e, chat, r, err)) { sreq_discard(r); return NULL; }
     return r;
 }
 
@@ -246,7 +246,7 @@ static sreq *prepare_completion(srv_engine *e, const char *name, const char *bod
     if (!r->prompt) { oai_error_set(err, 500, NULL, NULL, "out of memory"); goto fail; }
     sampling_of(&q.s, r);
     r->echo = q.echo;
-    if (fit_context(m, r, q.s.max_tokens, err)) {
+    if (fit_context(e, r, q.s.max_tokens, err)) {
         snprintf(err->param, sizeof err->param, "%s", r->n_prompt > krun_model_ctx(m) ? "prompt" : "max_tokens");
         goto fail;
     }

@@ -25,7 +25,8 @@ bench_init() {
 }
 
 CAN_DROP=1
-if ! (sync && echo 3 > /proc/sys/vm/drop_caches) 2>/dev/null; then
+# (under BENCH_LOCK when it is set: another bench on the same disk is not disturbed by this drop)
+if ! ${BENCH_LOCK:+flock "$BENCH_LOCK"} sh -c 'sync && echo 3 > /proc/sys/vm/drop_caches' 2>/dev/null; then
     CAN_DROP=0
     echo "NOTE: cannot drop the page cache (not root?): every figure below is taken with a warm cache"
 fi

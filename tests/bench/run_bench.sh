@@ -25,11 +25,15 @@
 #            client with and without the prefix cache, and across a restart on --cache-dir;
 #            needs a release-geometry pool in BENCH_PREFIX_KPK (k3synth --geometry slice
 #            --layers 2 --experts 896 --topk 16 --routing flat: 19.8 GB), skipped without
+#   batch    tests/bench/bench_batch.sh: krun batch, B = 1, 4, 16, 64 sequences per sweep on a
+#            release-geometry pool in BENCH_BATCH_KPK (the same pool; skipped without): bytes and
+#            seconds per generated token against the union model's prediction (BENCH_LOCK: a
+#            file every measured run holds a flock on, for a disk another bench shares)
 #
 # Everything is generated under a temporary directory in build/ (the repo's
 # disk) and deleted at the end.
 #
-# Env: BENCH_ONLY       a subset of "kpack codec export kernels krun seq spec serve prompt prefix" (default: all)
+# Env: BENCH_ONLY       a subset of "kpack codec export kernels krun seq spec serve prompt prefix batch" (default: all)
 #      KPK_VIRTUAL_OUT  keep the converted virtual .kpk at this path (the
 #                       runtime's scale test uses it); otherwise it is deleted
 #      BENCH_RUNS, BENCH_SLICE, BENCH_SETTLE, BENCH_SKIP: see bench_kpack.sh
@@ -40,7 +44,7 @@ mkdir -p "$TOP/build"
 TMP=$(mktemp -d "$TOP/build/bench.XXXXXX")
 trap 'rm -rf "$TMP"' EXIT
 trap 'exit 130' INT TERM
-ONLY=" ${BENCH_ONLY:-kpack codec export kernels krun seq spec serve prompt prefix} "
+ONLY=" ${BENCH_ONLY:-kpack codec export kernels krun seq spec serve prompt prefix batch} "
 VIRT=${KPK_VIRTUAL_OUT:-$TMP/k3-virtual.kpk}
 rc=0
 start=$(date +%s)
@@ -110,6 +114,12 @@ if [[ "$ONLY" == *" prefix "* ]]; then
     else
         echo "skipped: set BENCH_PREFIX_KPK to a release-geometry pool"
     fi
+    echo
+fi
+
+if [[ "$ONLY" == *" batch "* ]]; then
+    echo "################ krun batch: sequences per sweep (tests/bench/bench_batch.sh)"
+    BENCH_DIR="$TMP/batch" bash tests/bench/bench_batch.sh "${BENCH_BATCH_KPK:-}" || { echo "FAILED: bench_batch.sh"; rc=1; }
     echo
 fi
 

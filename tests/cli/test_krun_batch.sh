@@ -6,9 +6,9 @@
 # --max-seqs and thread count; kill -9 at random moments and the same command continues to the
 # same bytes (BATCH_KILLS times; `make soak` runs 30), never leaving a half-written OUT and never
 # running a recorded request again; a torn journal tail; a finished OUT (--force); a second
-# process (lock); another job's journal; duplicate custom_ids; a damaged model (exit 1, resumable);
-# states paged to disk (--state-dir): the same bytes, a damaged state file (exit 1, resumable), paged
-# unasked when the budget holds the states only so, RSS under a cgroup limit.
+# process (lock); another job's journal, and one of another model of the same size; duplicate custom_ids; a
+# damaged model (exit 1, resumable); states paged to disk (--state-dir): the same bytes, a damaged state
+# file (exit 1, resumable), paged unasked when the budget holds the states only so, RSS under a cgroup limit.
 . "$(dirname "$0")/lib.sh"
 BT="$TOP/tests/cli/batch_tool.py"
 export PYTHONPATH="$TOP/tests/cli${PYTHONPATH:+:$PYTHONPATH}"
@@ -17,14 +17,14 @@ KILLS=${BATCH_KILLS:-3}
 
 TOK="$K3_SHARED/fixtures/tokenizer/tiktoken.model"
 if [ -f "$TOK" ]; then
-    "$BIN/k3synth" "$T/m" --geometry tiny --seed 2 --layers 3 --experts 4 --topk 2 --tokenizer "$TOK" --quiet >/dev/null 2>"$T/err" \
-        || { notok "k3synth: $(cat "$T/err")"; finish; exit 1; }
+    SYNTH=(--geometry tiny --layers 3 --experts 4 --topk 2 --tokenizer "$TOK"); SEED=2
     CHAT=chat
 else
     skip "chat requests: the real tokenizer $TOK is absent (a byte tokenizer has no chat markers)"
-    "$BIN/k3synth" "$T/m" --geometry tiny --seed 21 --quiet >/dev/null 2>"$T/err" || { notok "k3synth: $(cat "$T/err")"; finish; exit 1; }
+    SYNTH=(--geometry tiny); SEED=21
     CHAT=plain
 fi
+"$BIN/k3synth" "$T/m" "${SYNTH[@]}" --seed $SEED --quiet >/dev/null 2>"$T/err" || { notok "k3synth: $(cat "$T/err")"; finish; exit 1; }
 "$BIN/kpack" convert "$T/m" "$T/m.kpk" --quiet && rm -rf "$T/m" || { notok "convert"; finish; exit 1; }
 M="$T/m.kpk"
 python3 "$BT" make "$T/in.jsonl" $CHAT
@@ -39,10 +39,11 @@ fields=$(python3 "$BT" check "$T/in.jsonl" "$T/a.jsonl" 2>"$T/err") \
     || notok "output shape: $(tail -3 "$T/err")"
 [ "$fields" = '{"bad-body": "body", "bad-url": "url", "line 6": "", "line 7": "custom_id"}' ] \
     && ok "bad lines name their field (custom_id, url, body; the line that is not JSON has none)" || notok "fields: $fields"
-python3 - "$T" <<'PY' && ok "the refused request (max_tokens past --ctx), stream:true and n:2 get 400 and an error body naming it; penalties, logprobs and a json_schema ran" || notok "refusals"
+python3 - "$T" <<'PY' && ok "the refused request (max_tokens past --ctx: the message names krun batch's --ctx), stream:true and n:2 get 400 and an error body naming it; penalties, logprobs and a json_schema ran" || notok "refusals"
 import json, sys
 o = {x["custom_id"]: x for x in map(json.loads, open(sys.argv[1] + "/a.jsonl"))}
 assert o["too-long"]["response"]["status_code"] == 400 and o["too-long"]["response"]["body"]["error"]["code"] == "context_length_exceeded"
+assert o["too-long"]["response"]["body"]["error"]["message"].endswith("(krun batch --ctx)"), o["too-long"]
 assert o["stream"]["response"]["status_code"] == 400 and o["stream"]["response"]["body"]["error"]["param"] == "stream"
 assert o["cmpl-n"]["response"]["status_code"] == 400 and o["cmpl-n"]["response"]["body"]["error"]["param"] == "n"
 assert o["cmpl-penalties"]["response"]["body"]["choices"][0]["logprobs"]["token_logprobs"], o["cmpl-penalties"]
@@ -61,6 +62,25 @@ assert j["generated_tokens"] > 0 and j["prompt_tokens"] > 0 and 0 < j["sweeps"] 
 assert j["bytes_read"] >= 0 and j["seconds"] > 0 and "bytes_per_generated_token" in j, j
 PY
 [ ! -e "$T/a.jsonl.krun-journal" ] && ok "the journal is removed once OUT is written" || notok "journal left behind"
+
+# bytes per generated token are the decoding sweeps' (a noticed bug counted the prompts' sweep and the
+# model's first reads): 6 one-token prompts, 5 tokens each, at a budget that streams: every request
+# starts in the first sweep (the engine waits for the batch's burst), then 4 sweeps only decode
+if [ "$CHAT" = chat ]; then
+    python3 -c 'import json
+for i in range(6): print(json.dumps({"custom_id": "r%d" % i, "method": "POST", "url": "/v1/completions",
+                                     "body": {"prompt": [100 + i], "max_tokens": 5, "temperature": 0, "ignore_eos": True}}))' >"$T/one.jsonl"
+    "$BIN/krun" batch "$M" "$T/one.jsonl" "$T/one.out" --max-seqs 6 --ctx 16 --mem 64M --quiet --json >"$T/one.summary" 2>"$T/err" &&
+        python3 - "$T/one.summary" <<'PY' && ok "--json: bytes_per_generated_token is the decoding-only sweeps' (4 sweeps of 6 sequences; the prompts' sweep apart), bytes_per_generated_token_all every byte's" || notok "decode counters: $(cat "$T/one.summary" "$T/err")"
+import json, sys
+j = json.load(open(sys.argv[1])); d = j["decode"]
+assert j["sweeps"] == 5 and j["generated_tokens"] == 30, j
+assert d["sweeps"] == 4 and d["generated_tokens"] == 24 and 0 < d["bytes_read"] < j["bytes_read"] and 0 < d["seconds"] <= j["seconds"], j
+assert j["bytes_per_generated_token"] == d["bytes_read"] / 24 and j["bytes_per_generated_token_all"] == j["bytes_read"] / 30, j
+PY
+else
+    skip "the decode counters: they are checked on the model with the real tokenizer (its budget)"
+fi
 grep -q $'\r' "$T/last.err" && notok "progress drawn into a pipe" || ok "no progress line in a pipe"
 grep -q "krun batch: .*a.jsonl: [0-9]* of [0-9]* requests written" "$T/last.err" && ok "a summary line on stderr" || notok "summary line: $(cat "$T/last.err")"
 
@@ -241,6 +261,18 @@ for _ in $(seq $((100 * SLOW))); do [ "$(grep -c '' "$T/s.jsonl.krun-journal" 2>
 kill -INT $pid; wait $pid; rc=$?
 [ $rc -eq 130 ] && grep -q "SIGINT: interrupted" "$T/s.err" && grep -q "the same command continues" "$T/s.err" && [ ! -e "$T/s.jsonl" ] \
     && ok "SIGINT stops the job: exit 130, says the same command continues, no OUT" || notok "SIGINT: exit $rc: $(cat "$T/s.err")"
+# the journal names the model by its identity (set_id, config hash), not its size: another model of
+# the same geometry (another seed: the same size, the same file name) is another job
+mkdir -p "$T/other"
+"$BIN/k3synth" "$T/other/m" "${SYNTH[@]}" --seed $((SEED + 1)) --quiet >/dev/null 2>"$T/err" &&
+    "$BIN/kpack" convert "$T/other/m" "$T/other/m.kpk" --quiet && rm -rf "$T/other/m" || notok "the second model: $(cat "$T/err")"
+cp "$T/s.jsonl.krun-journal" "$T/s.journal"
+[ "$(stat -c %s "$M")" = "$(stat -c %s "$T/other/m.kpk")" ] && ! cmp -s "$M" "$T/other/m.kpk" \
+    && ok "  (another model of the same size and name: $(stat -c %s "$M") bytes)" || notok "the second model's size differs: the case below proves nothing"
+expect_exit 2 "  the same command on another model of the same size is refused (the journal is another model's)" \
+    "$BIN/krun" batch "$T/other/m.kpk" "$T/big.jsonl" "$T/s.jsonl" "${COMMON[@]}" --max-seqs 2
+expect_err "belongs to another job" "  and says so"
+cmp -s "$T/s.journal" "$T/s.jsonl.krun-journal" && [ ! -e "$T/s.jsonl" ] && ok "  the journal untouched, no OUT" || notok "the refused run changed the journal"
 "$BIN/krun" batch "$M" "$T/big.jsonl" "$T/s.jsonl" "${COMMON[@]}" --max-seqs 2 --quiet --json >"$T/s.summary" 2>"$T/s.err" && cmp -s "$T/g.jsonl" "$T/s.jsonl" \
     && python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); assert j["resumed"] >= 3, j' "$T/s.summary" \
     && ok "  the same command continues from the journal to the same bytes" || notok "resume after SIGINT: $(cat "$T/s.err")"
