@@ -34,6 +34,8 @@
 #        BENCH_BATCH_MEM (budgets, "4G 2G"), BENCH_RUNS (rounds, 3), BENCH_SETTLE (s after a drop, 3),
 #        BENCH_LOCK (a file: every run, its drop included, holds flock on it, for machines
 #        where another bench uses the same disk; with BENCH_LOCK_ROUND=1 one flock a round),
+#        BENCH_BATCH_STATES ("resident", or "resident paged": each budget also with the states paged
+#        to disk, --state-dir: the same texts, the pager's bytes and its share of the run's bytes),
 #        BENCH_DIR (kept; a run whose result is there
 #        already is not run again: the same command continues an interrupted bench), BENCH_KEEP.
 set -eu
@@ -44,6 +46,7 @@ RUNS=${BENCH_RUNS:-3}
 MEMS=${BENCH_BATCH_MEM:-4G 2G}
 GEN=${BENCH_BATCH_GEN:-6}
 SIZES=${BENCH_BATCH_SIZES:-1 4 16 64}
+STATES=${BENCH_BATCH_STATES:-resident}
 LOCK=${BENCH_LOCK:-}
 PER_RUN=(env)        # the prefix of every run: a flock of its own unless a round holds one
 [ -n "$LOCK" ] && [ -z "${BENCH_LOCK_ROUND:-}" ] && PER_RUN=(flock "$LOCK")
@@ -83,11 +86,15 @@ sleep "$settle"
 "$@" >"$w/sum.tmp" 2>"$w/err"
 sed -n 's/^read_bytes: //p' /proc/$$/io >"$w/io.tmp"
 SH
-for MEM in $MEMS; do
+for MEMB in $MEMS; do
+for ST in $STATES; do
+# MEM names the runs of a budget and a state mode (the paged ones: 2G-paged)
+MEM=$MEMB; PAGE=()
+[ "$ST" = paged ] && { MEM=$MEMB-paged; PAGE=(--state-dir "$W/states"); }
 echo
-echo "## --mem $MEM"
+echo "## --mem $MEMB${PAGE[*]:+ ${PAGE[*]}}"
 for b in $SIZES; do
-    "$BIN/krun" "$KPK" --plan --mem "$MEM" --max-seqs "$b" --ctx "$CTX" --json "$W/plan$b-$MEM.json" >/dev/null 2>"$W/err" ||
+    "$BIN/krun" "$KPK" --plan --mem "$MEMB" --max-seqs "$b" --ctx "$CTX" "${PAGE[@]}" --json "$W/plan$b-$MEM.json" >/dev/null 2>"$W/err" ||
         { echo "FAILED: krun --plan --mem $MEM --max-seqs $b: $(head -c 300 "$W/err")"; exit 1; }
 done
 rc=0
@@ -99,8 +106,8 @@ for r in $(seq "$RUNS"); do
         if [ -f "$W/r$b-$MEM-$r.json" ]; then echo "# round $r, B = $b: kept from an earlier run in $W"; continue; fi
         rm -f "$W/out$b.jsonl"
         if "${PER_RUN[@]}" bash "$W/one.sh" "$W" "$CAN_DROP" "$SETTLE" \
-                "$BIN/krun" batch "$KPK" "$W/in$b.jsonl" "$W/out$b.jsonl" --max-seqs "$b" --ctx "$CTX" --mem "$MEM" --io direct \
-                --seed 1 --created 1 --quiet --json; then
+                "$BIN/krun" batch "$KPK" "$W/in$b.jsonl" "$W/out$b.jsonl" --max-seqs "$b" --ctx "$CTX" --mem "$MEMB" --io direct \
+                "${PAGE[@]}" --seed 1 --created 1 --quiet --json; then
             python3 - "$W/sum.tmp" "$(cat "$W/io.tmp")" "$W/out$b.jsonl" >"$W/r$b-$MEM-$r.json" <<'PY'
 import json, sys
 j = json.load(open(sys.argv[1]))
@@ -146,7 +153,9 @@ for B in sizes:
                      spts=spt, pre_b=med(j["bytes_read"] - j["decode"]["bytes_read"] for j in js),
                      pre_s=med(j["seconds"] - j["decode"]["seconds"] for j in js),
                      store=med(j["bytes_read"] for j in js), proc=med(j["proc_read_bytes"] for j in js), same=same,
-                     slots=plan["expert_slots"], pinned=plan["pinned_layers"]))
+                     slots=plan["expert_slots"], pinned=plan["pinned_layers"],
+                     state=(med(j.get("state_bytes_read", 0) for j in js), med(j.get("state_bytes_written", 0) for j in js),
+                            med(j.get("state_wait_seconds", 0) for j in js)) if plan.get("states_paged") else None))
 one = rows[0] if rows[0]["B"] == 1 else None
 print("\n| --mem %s, B | sweeps" % mem + " (prompt + decoding) | tokens per decoding sweep | GB per decoding sweep | predicted (union model) | "
       "MB per generated token | vs B = 1 | s per generated token (median; rounds) | vs B = 1 | prompt sweep: GB, s | "
@@ -163,9 +172,14 @@ if one:
         if x["B"] > 1:
             print("B = %d: bytes per generated token %.3f of B = 1's (predicted %.3f: %.2f / %d over %.2f GB)" % (
                 x["B"], q(x["bpt"], one["bpt"]), q(x["pred"] / x["B"], one["pred"]), x["pred"] / 1e9, x["B"], one["pred"] / 1e9))
+for x in rows:
+    if x["state"]:
+        print("B = %d: states paged, %.3f GB read + %.3f GB written (%.1f%% of the run's bytes), the forward waited %.2f s for them" % (
+            x["B"], x["state"][0] / 1e9, x["state"][1] / 1e9, 100 * (x["state"][0] + x["state"][1]) / (x["store"] + x["state"][0] + x["state"][1]), x["state"][2]))
 print("(plans at this budget: expert cache slots %s, pinned trunk layers %s, for B = %s)" % (
     " / ".join(str(x["slots"]) for x in rows), " / ".join(str(x["pinned"]) for x in rows), " / ".join(str(x["B"]) for x in rows)))
 PY
+done
 done
 
 # every request's text at every B and budget: the same (request i is the same in every input)
