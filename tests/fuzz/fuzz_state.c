@@ -148,6 +148,18 @@ static int check_state(const uint8_t *data, size_t size)
     if (!loaded) {
         FUZZ_CHECK((le.code == KRUN_EINPUT || le.code == KRUN_ENOMEM) && le.msg[0]);
         FUZZ_CHECK(!(parsed && same_model(&h, data) && h.n_tokens <= CTX)); /* a usable state is not refused */
+        {
+            /* session.h: a file refused before its payload (another model, the context, a bad
+             * header) leaves the session as it was; a payload found damaged while it is read
+             * straight into the session (its checksum, an id, a float) resets it: only a file
+             * the parser refuses can do that, and what was read is never kept */
+            size_t n;
+            krun_session_tokens(sess, &n);
+            if (krun_session_pos(sess) == 0 && n == 0) {
+                FUZZ_CHECK(!parsed && krun_session_logits(sess) == NULL && krun_session_pending(sess) == 0);
+                FUZZ_CHECK(krun_session_load(sess, base_path, &le) == 0);
+            }
+        }
         check_baseline();                                                     /* the session is as it was */
         return 0;
     }
