@@ -241,7 +241,10 @@ int krun_model_prepare(krun_model *m, const krun_model_opts *o, krun_err *err)
         if (m->plan.flex_bytes) {
             /* the flex region: the lent layers and slots while decoding, a prefill block's activations */
             m->flex_bytes = m->plan.flex_bytes;
-            m->flex = aligned_alloc(4096, m->flex_bytes);
+            /* posix_memalign, not aligned_alloc: the plan's flex size need not be a multiple of
+             * the page, which C11's aligned_alloc requires (ASan refuses it) */
+            void *flex = NULL;
+            m->flex = posix_memalign(&flex, 4096, m->flex_bytes) ? NULL : flex;
             if (!m->flex) {
                 krun_err_set(err, KRUN_ENOMEM, "out of memory: %llu bytes for the flex region (a prefill block's activations, or "
                              "the layers and expert slots it lends)", (unsigned long long)m->flex_bytes);
