@@ -2,6 +2,9 @@
  * stepping sets of threads. */
 #include "kgram.h"
 
+#include "kdfa.h"
+#include "knum.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -13,6 +16,10 @@ struct kgram {
     uint32_t *rules;             /* start node of each rule (0 until its body is set) */
     size_t n_rules, cap_rules;
     int32_t *need;               /* kgram_finish: frames beyond its own a way from the node to the end needs */
+    kdfa **dfas;                 /* KG_TEXT_DFA bodies' automata (owned) */
+    size_t n_dfas, cap_dfas;
+    knum *nums;                  /* KG_TEXT_NUMBER bodies' bounds */
+    size_t n_nums, cap_nums;
     uint32_t start, ret, accept;
     int oom, finished;
 };
@@ -71,6 +78,9 @@ void kgram_free(kgram *g)
     free(g->sets);
     free(g->rules);
     free(g->need);
+    for (size_t i = 0; i < g->n_dfas; i++) kdfa_free(g->dfas[i]);
+    free(g->dfas);
+    free(g->nums);
     free(g);
 }
 
@@ -132,6 +142,32 @@ uint32_t kg_body(kgram *g, kg_body_kind kind, int32_t lo, int32_t hi, uint32_t n
     if (kind == KG_TEXT_FREE) lo = 0, hi = KG_INF;
     n = kg_node_new(g, KG_BODY, next, 0, lo, hi);
     if (n) g->nodes[n].arg = (uint8_t)kind;
+    return n;
+}
+
+uint32_t kg_dfa_body(kgram *g, kdfa *d, uint32_t next)
+{
+    uint32_t n;
+    if (g->oom || g->n_dfas >= 65535 || grow((void **)&g->dfas, &g->cap_dfas, g->n_dfas + 1, sizeof *g->dfas)) {
+        kdfa_free(d);
+        g->oom = 1;
+        return 0;
+    }
+    g->dfas[g->n_dfas] = d;
+    n = kg_node_new(g, KG_BODY, next, 0, 0, 0);
+    if (n) { g->nodes[n].arg = KG_TEXT_DFA; g->nodes[n].set = (uint16_t)g->n_dfas; }
+    g->n_dfas++;
+    return n;
+}
+
+uint32_t kg_number_body(kgram *g, const knum *num, uint32_t next)
+{
+    uint32_t n;
+    if (g->oom || g->n_nums >= 65535 || grow((void **)&g->nums, &g->cap_nums, g->n_nums + 1, sizeof *g->nums)) { g->oom = 1; return 0; }
+    g->nums[g->n_nums] = *num;
+    n = kg_node_new(g, KG_BODY, next, 0, 0, 0);
+    if (n) { g->nodes[n].arg = KG_TEXT_NUMBER; g->nodes[n].set = (uint16_t)g->n_nums; }
+    g->n_nums++;
     return n;
 }
 
@@ -226,6 +262,7 @@ int kgram_finish(kgram *g, uint32_t start)
 const kg_node *kgram_node(const kgram *g, uint32_t n) { return &g->nodes[n]; }
 size_t kgram_n_nodes(const kgram *g) { return g->n; }
 const uint8_t *kgram_byteset(const kgram *g, uint16_t set) { return g->sets[set]; }
+const kdfa *kgram_dfa(const kgram *g, uint16_t set) { return g->dfas[set]; }
 
 /* ---- the text machine ---------------------------------------------------------------------- */
 
@@ -335,6 +372,52 @@ void kg_text_first(kg_body_kind kind, uint32_t sub, int32_t chars, int32_t lo, i
     }
 }
 
+/* ---- bodies ---------------------------------------------------------------------------------- */
+
+/* A body's byte from a thread's top frame (top[1]: count, top[2]: sub): 1 on, 2 ended (consumed),
+ * 0 not allowed. */
+static int body_byte(const kgram *g, const kg_node *x, uint32_t *top, uint8_t b)
+{
+    if (x->arg == KG_TEXT_DFA) {
+        int32_t chars = (int32_t)top[1];
+        int r = kdfa_byte(g->dfas[x->set], &top[2], &chars, b);
+        top[1] = (uint32_t)chars;
+        return r;
+    }
+    if (x->arg == KG_TEXT_NUMBER) {
+        uint64_t st = (uint64_t)top[1] << 32 | top[2];
+        if (!knum_byte(&g->nums[x->set], &st, b)) return 0;
+        top[1] = (uint32_t)(st >> 32);
+        top[2] = (uint32_t)st;
+        return 1;
+    }
+    {
+        int32_t chars = (int32_t)top[1];
+        int r = kg_text_byte((kg_body_kind)x->arg, &top[2], &chars, x->lo, x->hi, b);
+        top[1] = (uint32_t)chars;
+        return r;
+    }
+}
+
+/* Whether a body that ends where the next node matches may end here (raw and free text, a raw
+ * automaton's text, a number). */
+static int body_may_end(const kgram *g, const kg_node *x, const uint32_t *top)
+{
+    switch (x->arg) {
+    case KG_TEXT_RAW: case KG_TEXT_FREE: return top[2] == 0 && (int32_t)top[1] >= x->lo;
+    case KG_TEXT_DFA: return g->dfas[x->set]->enc == KDFA_RAW && kdfa_may_end(g->dfas[x->set], top[2], (int32_t)top[1]);
+    case KG_TEXT_NUMBER: return knum_complete(&g->nums[x->set], (uint64_t)top[1] << 32 | top[2]);
+    default: return 0;
+    }
+}
+
+static void body_first(const kgram *g, const kg_node *x, const uint32_t *top, uint8_t set[32])
+{
+    if (x->arg == KG_TEXT_DFA) kdfa_first(g->dfas[x->set], top[2], (int32_t)top[1], set);
+    else if (x->arg == KG_TEXT_NUMBER) knum_first(&g->nums[x->set], (uint64_t)top[1] << 32 | top[2], set);
+    else kg_text_first((kg_body_kind)x->arg, top[2], (int32_t)top[1], x->lo, x->hi, set);
+}
+
 /* ---- threads ----------------------------------------------------------------------------- */
 
 /* A thread being moved: its words (depth, then frames), room for KG_MAX_DEPTH frames. */
@@ -375,8 +458,8 @@ static void rest(const kgram *g, thread *t, kg_set *out, int *moves, int nest)
 {
     uint32_t *top = TOP(t);
     const kg_node *x = &g->nodes[top[0]];
-    if (x->kind == KG_BODY && (x->arg == KG_TEXT_RAW || x->arg == KG_TEXT_FREE)) {
-        if (top[2] == 0 && (int32_t)top[1] >= x->lo && nest < SETTLE_NEST) {
+    if (x->kind == KG_BODY) {
+        if (body_may_end(g, x, top) && nest < SETTLE_NEST) {
             thread u;
             copy_thread(&u, t);
             TOP(&u)[0] = x->next;
@@ -473,9 +556,7 @@ void kgram_step(const kgram *g, const kg_set *in, int sym, kg_set *out)
             top[0] = x->next;
             settle(g, &t, out, &moves, 0);
         } else if (x->kind == KG_BODY) {
-            int32_t chars = (int32_t)top[1];
-            int r = kg_text_byte((kg_body_kind)x->arg, &top[2], &chars, x->lo, x->hi, (uint8_t)sym);
-            top[1] = (uint32_t)chars;
+            int r = body_byte(g, x, top, (uint8_t)sym);
             if (r == 1) rest(g, &t, out, &moves, 0);
             else if (r == 2) { top[0] = x->next; settle(g, &t, out, &moves, 0); }
         }
@@ -498,7 +579,7 @@ void kgram_first_bytes(const kgram *g, const kg_set *s, uint8_t set[32])
         if (x->kind == KG_BYTES) {
             for (int k = 0; k < 32; k++) set[k] |= g->sets[x->set][k];
         } else if (x->kind == KG_BODY) {
-            kg_text_first((kg_body_kind)x->arg, top[2], (int32_t)top[1], x->lo, x->hi, set);
+            body_first(g, x, top, set);
         }
     }
 }

@@ -58,7 +58,13 @@ typedef enum {
     KG_TEXT_ATTR,  /* an attribute value of a chat tag: valid UTF-8 without '"', '&', '<' or control
                       bytes; the closing quote ends it (consumed) */
     KG_TEXT_FREE,  /* any bytes, not counted (lo = 0, hi = KG_INF); ends where the next node matches */
-    KG_NTEXT
+    KG_NTEXT,      /* the kinds above are kg_text_byte's; those below step by tables of the grammar's: */
+    KG_TEXT_DFA,   /* a string's text following the automaton kgram_dfa(g, set) (kdfa.h: a pattern or a
+                      format, with its lengths); JSON: the closing quote ends it (consumed); raw: ends
+                      (without consuming) where it may and the next node matches.  sub: the automaton's
+                      state, count: the characters */
+    KG_TEXT_NUMBER /* a number within kgram_num(g, set) (knum.h); ends where it may and the next node
+                      matches; count and sub hold the walk's 64-bit state */
 } kg_body_kind;
 
 typedef struct {
@@ -69,6 +75,8 @@ typedef struct {
 } kg_node;
 
 typedef struct kgram kgram;
+struct kdfa;
+struct knum;
 
 /* ---- building --------------------------------------------------------------------------- */
 /* Grammars are built back to front: each constructor takes the node to go on to and returns the
@@ -86,6 +94,10 @@ uint32_t kg_range(kgram *g, uint8_t lo, uint8_t hi, uint32_t next);
 uint32_t kg_lit(kgram *g, const char *s, size_t n, uint32_t next);       /* these bytes in a row */
 uint32_t kg_sym(kgram *g, int sym, uint32_t next);
 uint32_t kg_body(kgram *g, kg_body_kind kind, int32_t lo, int32_t hi, uint32_t next);
+/* A KG_TEXT_DFA body: the grammar takes d (freed with it, or at once on failure). */
+uint32_t kg_dfa_body(kgram *g, struct kdfa *d, uint32_t next);
+/* A KG_TEXT_NUMBER body (n copied). */
+uint32_t kg_number_body(kgram *g, const struct knum *n, uint32_t next);
 uint32_t kg_split(kgram *g, uint32_t a, uint32_t b);
 uint32_t kg_node_new(kgram *g, kg_kind kind, uint32_t next, uint32_t alt, int32_t lo, int32_t hi);
 void kg_set_next(kgram *g, uint32_t node, uint32_t next, uint32_t alt);  /* for loops: fill in a node made early */
@@ -102,6 +114,7 @@ int kgram_finish(kgram *g, uint32_t start);
 const kg_node *kgram_node(const kgram *g, uint32_t n);
 size_t kgram_n_nodes(const kgram *g);
 const uint8_t *kgram_byteset(const kgram *g, uint16_t set);
+const struct kdfa *kgram_dfa(const kgram *g, uint16_t set);
 
 /* ---- states ---------------------------------------------------------------------------- */
 /* A set of threads, packed: per thread, its depth d then d frames (node, count, sub).  cap words. */

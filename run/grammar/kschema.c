@@ -1,6 +1,11 @@
 /* JSON Schema -> grammar (kschema.h). */
 #include "kschema.h"
 
+#include "kdfa.h"
+#include "knum.h"
+#include "kregex.h"
+
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,14 +27,16 @@ static const struct { const char *name; int bit; } TYPES[] = {
 #define N_TYPES (sizeof TYPES / sizeof *TYPES)
 
 static const char *const ANNOTATIONS[] = {"title", "description", "default", "examples", "$schema", "$id", "$comment",
-                                          "deprecated", "readOnly", "writeOnly", "$defs", "definitions", NULL};
+                                          "deprecated", "readOnly", "writeOnly", "$defs", "definitions", "contentEncoding",
+                                          "contentMediaType", NULL};
 /* keyword -> the types it constrains (0: not type-specific) */
 static const struct { const char *name; int types; } KEYWORDS[] = {
-    {"type", 0}, {"enum", 0}, {"const", 0}, {"anyOf", 0}, {"$ref", 0},
-    {"minLength", T_STRING}, {"maxLength", T_STRING},
-    {"properties", T_OBJECT}, {"required", T_OBJECT}, {"additionalProperties", T_OBJECT},
-    {"items", T_ARRAY}, {"minItems", T_ARRAY}, {"maxItems", T_ARRAY},
-    {"minimum", T_NUMBER | T_INTEGER}, {"maximum", T_NUMBER | T_INTEGER},
+    {"type", 0}, {"enum", 0}, {"const", 0}, {"anyOf", 0}, {"oneOf", 0}, {"allOf", 0}, {"$ref", 0},
+    {"minLength", T_STRING}, {"maxLength", T_STRING}, {"pattern", T_STRING}, {"format", T_STRING},
+    {"properties", T_OBJECT}, {"required", T_OBJECT}, {"additionalProperties", T_OBJECT}, {"propertyNames", T_OBJECT},
+    {"items", T_ARRAY}, {"prefixItems", T_ARRAY}, {"minItems", T_ARRAY}, {"maxItems", T_ARRAY},
+    {"minimum", T_NUMBER | T_INTEGER}, {"maximum", T_NUMBER | T_INTEGER}, {"exclusiveMinimum", T_NUMBER | T_INTEGER},
+    {"exclusiveMaximum", T_NUMBER | T_INTEGER}, {"multipleOf", T_NUMBER | T_INTEGER},
 };
 #define N_KEYWORDS (sizeof KEYWORDS / sizeof *KEYWORDS)
 
@@ -41,6 +48,8 @@ struct kschema_ctx {
     uint32_t ws, number, integer, any;   /* shared rules, made when first needed (+1: 0 = not yet) */
     int nest;
     kschema_err *e;
+    json_t **made;                        /* schemas made here (allOf merged): alive as long as the compiler */
+    size_t n_made, cap_made;
 };
 
 kschema_ctx *kschema_new(kgram *g, json_t *root)
@@ -56,6 +65,8 @@ void kschema_free(kschema_ctx *c)
 {
     if (!c) return;
     free(c->memo);
+    for (size_t i = 0; i < c->n_made; i++) json_decref(c->made[i]);
+    free(c->made);
     free(c);
 }
 
@@ -128,8 +139,9 @@ static int check_keywords(kschema_ctx *c, json_t *s, const char *path, int *pres
         if ((t = keyword_types(k)) < 0) {
             sub(p, sizeof p, path, k);
             return fail(c, p, "unsupported JSON Schema keyword \"%.60s\": constrained decoding supports type, properties, "
-                        "required, additionalProperties, items, minItems, maxItems, minLength, maxLength, minimum, "
-                        "maximum, enum, const, anyOf, $ref (docs/SERVE.md)", k);
+                        "required, additionalProperties, propertyNames, items, prefixItems, minItems, maxItems, minLength, "
+                        "maxLength, pattern, format, minimum, maximum, exclusiveMinimum, exclusiveMaximum, multipleOf, enum, "
+                        "const, anyOf, oneOf, allOf, $ref (docs/SERVE.md)", k);
         }
         *present |= t;
         if (strcmp(k, "type")) ++*others;
@@ -208,6 +220,25 @@ static int resolve(kschema_ctx *c, json_t *s, const char *path, json_t **out)
     return 0;
 }
 
+/* s with its $ref followed (a chain of them); NULL with an error set. */
+static json_t *deref(kschema_ctx *c, json_t *s, const char *path)
+{
+    for (int hops = 0; json_is_object(s) && json_object_get(s, "$ref"); hops++) {
+        json_t *t;
+        if (hops == MAX_REF_HOPS) { fail(c, path, "$ref chains longer than %d", MAX_REF_HOPS); return NULL; }
+        if (resolve(c, s, path, &t)) return NULL;
+        s = t;
+    }
+    return s;
+}
+
+/* "string", or ["string"] */
+static int is_string_type(const json_t *v)
+{
+    if (json_is_array(v)) return json_array_size(v) == 1 && is_string_type(json_array_get(v, 0));
+    return json_is_string(v) && !strcmp(json_string_value(v), "string");
+}
+
 /* ---- shared rules ---------------------------------------------------------------------------- */
 
 /* n digits, min <= n <= max, then next */
@@ -266,69 +297,162 @@ static uint32_t number(kschema_ctx *c, int integer, uint32_t next)
 
 static uint32_t any_rule(kschema_ctx *c);
 
-/* The most integer digits k (0 .. INT_DIGITS) such that every number of at most k digits is at most
- * b in magnitude: 10^k - 1 <= b; when k is 0, *top: the largest single digit within b (0 .. 9);
- * *frac: a fraction may follow (the integer part's largest value + 1 <= b, number only). */
-static int digits_within(double b, int integer, int *top, int *frac)
+/* A made schema (allOf merged) is kept until the compiler is freed; returns it (NULL: out of memory). */
+static json_t *keep(kschema_ctx *c, json_t *s)
 {
-    double p = 1;
-    int k = 0;
-    while (k < INT_DIGITS && p * 10 - 1 <= b) { p *= 10; k++; }
-    *top = k ? 9 : b >= 9 ? 9 : b >= 0 ? (int)b : 0;
-    *frac = !integer && (k ? p <= b : *top + 1 <= b);
-    return k;
-}
-
-/* One side of zero: up to k digits without a leading zero (k 0: one digit 0 .. top), then a
- * fraction if frac (k 0 and a number: digits under top always may have one: they stay under it). */
-static uint32_t magnitude(kgram *g, int k, int top, int frac, int integer, uint32_t next)
-{
-    uint32_t with = kg_split(g, next, kg_byte(g, '.', digits(g, 1, FRAC_DIGITS, next)));
-    uint32_t after = frac ? with : next;
-    if (!k && !integer && top >= 1)
-        return kg_split(g, kg_range(g, '0', (uint8_t)('0' + top - 1), with), kg_byte(g, (uint8_t)('0' + top), after));
-    if (!k) return kg_range(g, '0', (uint8_t)('0' + top), after);
-    return kg_split(g, kg_byte(g, '0', after), kg_range(g, '1', '9', digits(g, 0, k - 1, after)));
-}
-
-/* A number or integer with minimum / maximum.  What is generated is a subset of the range that
- * digits can say: numbers with at most kp integer digits (or one digit up to the bound, when it is
- * under 9; and a fraction when the bound leaves room for one) up from 0, at most kn below it, no exponent; so the range must hold 0.  zod's
- * .int() (minimum -(2^53 - 1), maximum 2^53 - 1) gets 15 digits either side. */
-static int bounded_number(kschema_ctx *c, json_t *s, const char *path, int integer, uint32_t next, uint32_t *start)
-{
-    json_t *mn = json_object_get(s, "minimum"), *mx = json_object_get(s, "maximum");
-    double lo = -1e300, hi = 1e300;
-    int kp, kn, tp, tn, fp, fn;
-    char p[256];
-    if (!mn && !mx) { *start = number(c, integer, next); return 0; }
-    if (mn && !json_is_number(mn)) { sub(p, sizeof p, path, "minimum"); return fail(c, p, "minimum must be a number"); }
-    if (mx && !json_is_number(mx)) { sub(p, sizeof p, path, "maximum"); return fail(c, p, "maximum must be a number"); }
-    if (mn) lo = json_number_value(mn);
-    if (mx) hi = json_number_value(mx);
-    if (lo > 0 || hi < 0) {
-        sub(p, sizeof p, path, lo > 0 ? "minimum" : "maximum");
-        return fail(c, p, "\"%s\" %s 0 is not supported: constrained decoding bounds numbers by their digits either side of 0, "
-                    "so the range must hold 0 (docs/SERVE.md)", lo > 0 ? "minimum" : "maximum", lo > 0 ? "above" : "below");
+    if (!s) return NULL;
+    if (c->n_made == c->cap_made) {
+        size_t cap = c->cap_made ? 2 * c->cap_made : 16;
+        json_t **m = realloc(c->made, cap * sizeof *m);
+        if (!m) { json_decref(s); return NULL; }
+        c->made = m;
+        c->cap_made = cap;
     }
-    kp = digits_within(hi, integer, &tp, &fp);
-    kn = digits_within(-lo, integer, &tn, &fn);
-    *start = magnitude(c->g, kp, tp, fp, integer, next);
-    if (kn || tn) *start = kg_split(c->g, *start, kg_byte(c->g, '-', magnitude(c->g, kn, tn, fn, integer, next)));
+    c->made[c->n_made++] = s;
+    return s;
+}
+
+static int is_made(const kschema_ctx *c, const json_t *s)
+{
+    for (size_t i = 0; i < c->n_made; i++)
+        if (c->made[i] == s) return 1;
     return 0;
 }
 
-/* A free-form object: { "key": value, ... } with values of rule val. */
-static uint32_t map_object(kschema_ctx *c, uint32_t val, uint32_t next)
+/* A number or integer with minimum, maximum, exclusiveMinimum, exclusiveMaximum or multipleOf:
+ * exact bounds (knum.h); without any of them the shared number rule. */
+static int number_value(kschema_ctx *c, json_t *s, const char *path, int integer, uint32_t next, uint32_t *start)
+{
+    static const char *const keys[] = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"};
+    json_t *v[5];
+    int any = 0;
+    uint64_t m = 0;
+    knum n;
+    char p[256];
+    for (int i = 0; i < 5; i++) {
+        v[i] = json_object_get(s, keys[i]);
+        if (!v[i]) continue;
+        any = 1;
+        sub(p, sizeof p, path, keys[i]);
+        /* draft 4's exclusiveMinimum / exclusiveMaximum: a boolean that makes minimum / maximum exclusive */
+        if (i >= 2 && i <= 3 && json_is_boolean(v[i])) {
+            if (json_is_true(v[i]) && !v[i - 2]) return fail(c, p, "%s: true needs %s", keys[i], keys[i - 2]);
+            continue;
+        }
+        if (!json_is_number(v[i]) || !isfinite(json_number_value(v[i]))) return fail(c, p, "%s must be a number", keys[i]);
+    }
+    if (!any) { *start = number(c, integer, next); return 0; }
+    if (v[4]) {
+        double x = json_number_value(v[4]);
+        sub(p, sizeof p, path, "multipleOf");
+        if (x <= 0) return fail(c, p, "multipleOf must be greater than 0");
+        if (x != floor(x) || x > 9007199254740992.0)
+            return fail(c, p, "multipleOf %g is not supported: constrained decoding takes a positive integer multipleOf (the "
+                        "values are then integers)", x);
+        m = (uint64_t)x;
+    }
+    knum_init(&n, integer, m);
+    if (v[0]) knum_bound(&n, 1, json_number_value(v[0]), json_is_true(v[2]));
+    if (v[1]) knum_bound(&n, 0, json_number_value(v[1]), json_is_true(v[3]));
+    if (v[2] && json_is_number(v[2])) knum_bound(&n, 1, json_number_value(v[2]), 1);
+    if (v[3] && json_is_number(v[3])) knum_bound(&n, 0, json_number_value(v[3]), 1);
+    *start = knum_possible(&n) ? kg_number_body(c->g, &n, next) : kg_fail(c->g);
+    return 0;
+}
+
+/* The patterns or formats of a schema: a string (as written), or in a schema made here from allOf,
+ * an array of them. */
+static size_t n_texts(const kschema_ctx *c, const json_t *s, const json_t *v)
+{
+    return !v ? 0 : json_is_array(v) && is_made(c, s) ? json_array_size(v) : 1;
+}
+
+static json_t *text_at(const kschema_ctx *c, const json_t *s, json_t *v, size_t i)
+{
+    return json_is_array(v) && is_made(c, s) ? json_array_get(v, i) : v;
+}
+
+/* d and e (either NULL) as one automaton: the texts both accept.  NULL with an error set, or
+ * *none when nothing is left. */
+static kdfa *both(kschema_ctx *c, kdfa *d, kdfa *e, const char *path, int *none)
+{
+    kdfa *r;
+    int empty, big;
+    if (!d || !e) return d ? d : e;
+    r = kdfa_intersect(d, e, d->lo > e->lo ? d->lo : e->lo, d->hi < e->hi ? d->hi : e->hi, &empty, &big);
+    kdfa_free(d);
+    kdfa_free(e);
+    if (!r && empty) *none = 1;
+    else if (!r && big) fail(c, path, "the pattern and format together are too complex for constrained decoding (more than %d states)",
+                             KDFA_MAX_STATES);
+    else if (!r) oom(c);
+    return r;
+}
+
+/* A string's text (after its opening quote, for JSON; the whole value for a K3 argument's raw text)
+ * that the schema's minLength, maxLength, pattern and format accept, then next. */
+static int string_text(kschema_ctx *c, json_t *s, const char *path, int enc, uint32_t next, uint32_t *start)
+{
+    int32_t lo = 0, hi = KG_INF - 1;
+    json_t *pat = json_is_object(s) ? json_object_get(s, "pattern") : NULL, *fmt = json_is_object(s) ? json_object_get(s, "format") : NULL;
+    kdfa *d = NULL;
+    int none = 0, empty, oomed;
+    char p[256], msg[400];
+    if (json_is_object(s) && (count_kw(c, s, "minLength", path, 0, &lo) || count_kw(c, s, "maxLength", path, KG_INF - 1, &hi))) return -1;
+    if (lo > hi) { *start = kg_fail(c->g); return 0; }
+    if (!pat && !fmt) { *start = kg_body(c->g, enc == KDFA_JSON ? KG_TEXT_JSON : KG_TEXT_RAW, lo, hi, next); return 0; }
+    sub(p, sizeof p, path, "pattern");
+    for (size_t i = 0; i < n_texts(c, s, pat) && !none; i++) {
+        json_t *x = text_at(c, s, pat, i);
+        kdfa *e;
+        if (!json_is_string(x)) { kdfa_free(d); return fail(c, p, "pattern must be a string (an ECMAScript regular expression)"); }
+        e = kregex_compile(json_string_value(x), json_string_length(x), 0, enc, lo, hi, &empty, &oomed, msg, sizeof msg);
+        if (!e && oomed) { kdfa_free(d); return oom(c); }
+        if (!e && !empty) { kdfa_free(d); return fail(c, p, "pattern \"%.80s\": %s", json_string_value(x), msg); }
+        if (!e) { none = 1; break; }
+        if (!(d = both(c, d, e, p, &none)) && !none) return -1;
+    }
+    sub(p, sizeof p, path, "format");
+    for (size_t i = 0; i < n_texts(c, s, fmt) && !none; i++) {
+        json_t *x = text_at(c, s, fmt, i);
+        kdfa *e;
+        int known;
+        if (!json_is_string(x)) { kdfa_free(d); return fail(c, p, "format must be a string"); }
+        e = kregex_format(json_string_value(x), enc, lo, hi, &known, &empty, &oomed, msg, sizeof msg);
+        if (!known) {
+            /* a format krun has no grammar for is an annotation when a pattern says what the string is
+             * (zod writes one with each of its own formats: "cuid", "starts_with", ...) */
+            if (pat) continue;
+            kdfa_free(d);
+            return fail(c, p, "format \"%.60s\" is not supported by constrained decoding (it supports date-time, date, time, "
+                        "duration, email, hostname, ipv4, ipv6, uri and uuid, and any format with a pattern)", json_string_value(x));
+        }
+        if (!e && oomed) { kdfa_free(d); return oom(c); }
+        if (!e && !empty) { kdfa_free(d); return fail(c, p, "format \"%.60s\": %s", json_string_value(x), msg); }
+        if (!e) { none = 1; break; }
+        if (!(d = both(c, d, e, p, &none)) && !none) return -1;
+    }
+    if (none) { kdfa_free(d); *start = kg_fail(c->g); return 0; }
+    if (!d) { *start = kg_body(c->g, enc == KDFA_JSON ? KG_TEXT_JSON : KG_TEXT_RAW, lo, hi, next); return 0; }
+    *start = kg_dfa_body(c->g, d, next);
+    return 0;
+}
+
+/* A free-form object: { "key": value, ... } with keys of key (a KG_TEXT_JSON body, or the text a
+ * propertyNames schema allows, going on to the next node given) and values of rule val. */
+static uint32_t map_object_keys(kschema_ctx *c, uint32_t (*key)(kschema_ctx *, void *, uint32_t), void *kctx, uint32_t val, uint32_t next)
 {
     kgram *g = c->g;
     uint32_t close = kg_byte(g, '}', next);
     uint32_t loop = kg_node_new(g, KG_SPLIT, 0, 0, 0, 0);
     uint32_t lws = ws(c, loop);
-    uint32_t member = kg_byte(g, '"', kg_body(g, KG_TEXT_JSON, 0, KG_INF, ws(c, kg_byte(g, ':', ws(c, kg_call(g, val, lws))))));
+    uint32_t member = kg_byte(g, '"', key(c, kctx, ws(c, kg_byte(g, ':', ws(c, kg_call(g, val, lws))))));
     kg_set_next(g, loop, close, kg_byte(g, ',', ws(c, member)));
     return kg_byte(g, '{', ws(c, kg_split(g, close, member)));
 }
+
+static uint32_t any_key(kschema_ctx *c, void *kctx, uint32_t next) { (void)kctx; return kg_body(c->g, KG_TEXT_JSON, 0, KG_INF, next); }
+static uint32_t map_object(kschema_ctx *c, uint32_t val, uint32_t next) { return map_object_keys(c, any_key, NULL, val, next); }
 
 /* [ item, ... ] with min..max items of rule item.  The frame's counter counts them (the items are
  * calls: nothing else in this frame touches it). */
@@ -584,14 +708,50 @@ static int json_member(kschema_ctx *c, void *ctx, size_t j, uint32_t to, uint32_
     return 0;
 }
 
+/* propertyNames: of a free-form object, a string schema its keys follow (*names; NULL: any key);
+ * with declared properties only {"type": "string"} (what zod writes), which says nothing. */
+static int property_names(kschema_ctx *c, json_t *s, const char *path, int map, json_t **names)
+{
+    json_t *pn = json_object_get(s, "propertyNames");
+    const char *k;
+    json_t *v;
+    char p[256];
+    *names = NULL;
+    if (!pn || json_is_true(pn)) return 0;
+    sub(p, sizeof p, path, "propertyNames");
+    if (!(pn = deref(c, pn, p))) return -1;
+    if (!json_is_object(pn)) return fail(c, p, "propertyNames must be a string schema");
+    json_object_foreach(pn, k, v) {
+        if (is_annotation(k)) continue;
+        if (!strcmp(k, "type") && is_string_type(v)) continue;
+        if (map && (!strcmp(k, "minLength") || !strcmp(k, "maxLength") || !strcmp(k, "pattern") || !strcmp(k, "format"))) continue;
+        sub(p, sizeof p, path, "propertyNames");
+        return fail(c, p, "propertyNames with \"%.40s\" is not supported by constrained decoding (it supports type string, and "
+                    "for an object without declared properties minLength, maxLength, pattern and format)", k);
+    }
+    if (map && json_object_size(pn) > (json_object_get(pn, "type") ? 1u : 0u)) *names = pn;
+    return 0;
+}
+
+typedef struct { json_t *names; char path[256]; int failed; } key_names;
+
+static uint32_t names_key(kschema_ctx *c, void *kctx, uint32_t next)
+{
+    key_names *k = kctx;
+    uint32_t start;
+    if (string_text(c, k->names, k->path, KDFA_JSON, next, &start)) { k->failed = 1; return kg_fail(c->g); }
+    return start;
+}
+
 static int object(kschema_ctx *c, json_t *s, const char *path, uint32_t next, uint32_t *start)
 {
     kgram *g = c->g;
     props pp;
     int map;
-    json_t *ms;
+    json_t *ms, *names;
     uint32_t first;
     if (get_props(c, s, path, &pp, &map, &ms)) return -1;
+    if (property_names(c, s, path, map, &names)) { props_free(&pp); return -1; }
     if (map) {
         uint32_t val;
         char p[256];
@@ -599,8 +759,13 @@ static int object(kschema_ctx *c, json_t *s, const char *path, uint32_t next, ui
         if (ms) { if (rule_of(c, ms, p, &val)) { props_free(&pp); return -1; } }
         else val = any_rule(c);
         props_free(&pp);
-        *start = map_object(c, val, next);
-        return 0;
+        if (!names) { *start = map_object(c, val, next); return 0; }
+        {
+            key_names k = {names, {0}, 0};
+            sub(k.path, sizeof k.path, path, "propertyNames");
+            *start = map_object_keys(c, names_key, &k, val, next);
+            return k.failed ? -1 : 0;
+        }
     }
     {
         json_members m = {&pp, path};
@@ -611,15 +776,62 @@ static int object(kschema_ctx *c, json_t *s, const char *path, uint32_t next, ui
     return 0;
 }
 
+/* prefixItems (P schemas), then items (a schema; false: none; absent: any) up to maxItems, at least
+ * minItems in all.  Built back to front: A[i] is item i and what may follow it; after the last
+ * prefix item the rest are counted in the frame's counter, set to P. */
+static int tuple(kschema_ctx *c, json_t *s, json_t *prefix, const char *path, int32_t min, int32_t max, uint32_t next, uint32_t *start)
+{
+    kgram *g = c->g;
+    json_t *items = json_object_get(s, "items");
+    size_t P = json_array_size(prefix);
+    uint32_t tail, a;
+    char p[256];
+    if (min > max) { *start = kg_fail(g); return 0; }
+    if ((int32_t)P > max) P = (size_t)max;         /* only the first maxItems can be */
+    if (json_is_false(items) || (int32_t)P >= max) {
+        tail = (int32_t)P >= min ? ws(c, kg_byte(g, ']', next)) : kg_fail(g);
+    } else {
+        uint32_t item, end, loop, more;
+        sub(p, sizeof p, path, "items");
+        if (items && !json_is_object(items) && !json_is_boolean(items)) return fail(c, p, "items must be a schema");
+        if (items) { if (rule_of(c, items, p, &item)) return -1; }
+        else item = any_rule(c);
+        end = kg_node_new(g, KG_CGE, kg_byte(g, ']', next), 0, min, 0);
+        loop = kg_node_new(g, KG_SPLIT, 0, 0, 0, 0);
+        more = kg_node_new(g, KG_CLT, kg_byte(g, ',', ws(c, kg_node_new(g, KG_CINC, kg_call(g, item, ws(c, loop)), 0, 0, 0))), 0, 0, max);
+        kg_set_next(g, loop, end, more);
+        tail = ws(c, loop);
+        for (size_t i = 0; i < P; i++) tail = kg_node_new(g, KG_CINC, tail, 0, 0, 0);
+        tail = kg_node_new(g, KG_CZERO, tail, 0, 0, 0);
+    }
+    a = tail;
+    for (size_t i = P; i-- > 0;) {
+        uint32_t item, after = a;
+        char q[256];
+        subi(q, sizeof q, path, "prefixItems", i);
+        if (rule_of(c, json_array_get(prefix, i), q, &item)) return -1;
+        if (i + 1 < P)      /* then the end (if enough) or a comma and item i + 1 */
+            after = ws(c, kg_split(g, (int32_t)(i + 1) >= min ? kg_byte(g, ']', next) : kg_fail(g), kg_byte(g, ',', ws(c, a))));
+        a = kg_call(g, item, after);
+    }
+    *start = kg_byte(g, '[', ws(c, kg_split(g, min <= 0 ? kg_byte(g, ']', next) : kg_fail(g), a)));
+    return 0;
+}
+
 static int array(kschema_ctx *c, json_t *s, const char *path, uint32_t next, uint32_t *start)
 {
-    json_t *items = json_object_get(s, "items");
+    json_t *items = json_object_get(s, "items"), *prefix = json_object_get(s, "prefixItems");
     int32_t min, max;
     uint32_t item;
     char p[256];
     if (count_kw(c, s, "minItems", path, 0, &min) || count_kw(c, s, "maxItems", path, KG_INF - 1, &max)) return -1;
     sub(p, sizeof p, path, "items");
-    if (items && json_is_array(items)) return fail(c, p, "items as an array (a tuple) is not supported: give one schema for every item");
+    if (items && json_is_array(items)) return fail(c, p, "items as an array (a tuple) is not supported: give prefixItems");
+    if (prefix) {
+        sub(p, sizeof p, path, "prefixItems");
+        if (!json_is_array(prefix)) return fail(c, p, "prefixItems must be an array of schemas");
+        if (json_array_size(prefix)) return tuple(c, s, prefix, path, min, max, next, start);
+    }
     if (items && !json_is_object(items) && !json_is_boolean(items)) return fail(c, p, "items must be a schema");
     if (items) { if (rule_of(c, items, p, &item)) return -1; }
     else item = any_rule(c);
@@ -631,19 +843,260 @@ static int array(kschema_ctx *c, json_t *s, const char *path, uint32_t next, uin
 static int typed(kschema_ctx *c, json_t *s, const char *path, int type, uint32_t next, uint32_t *start)
 {
     kgram *g = c->g;
-    int32_t lo, hi;
     switch (type) {
     case T_STRING:
-        if (count_kw(c, s, "minLength", path, 0, &lo) || count_kw(c, s, "maxLength", path, KG_INF - 1, &hi)) return -1;
-        *start = kg_byte(g, '"', kg_body(g, KG_TEXT_JSON, lo, hi, next));
+        if (string_text(c, s, path, KDFA_JSON, next, start)) return -1;
+        *start = *start ? kg_byte(g, '"', *start) : kg_fail(g);
         return 0;
-    case T_NUMBER: return bounded_number(c, s, path, 0, next, start);
-    case T_INTEGER: return bounded_number(c, s, path, 1, next, start);
+    case T_NUMBER: return number_value(c, s, path, 0, next, start);
+    case T_INTEGER: return number_value(c, s, path, 1, next, start);
     case T_BOOLEAN: *start = kg_split(g, kg_lit(g, "true", 4, next), kg_lit(g, "false", 5, next)); return 0;
     case T_NULL: *start = kg_lit(g, "null", 4, next); return 0;
     case T_OBJECT: return object(c, s, path, next, start);
     default: return array(c, s, path, next, start);
     }
+}
+
+/* ---- allOf and oneOf --------------------------------------------------------------------------- */
+
+static int type_mask_of(kschema_ctx *c, json_t *s, const char *path, int *mask)
+{
+    int present, others;
+    if (json_is_true(s)) { *mask = T_ALL; return 0; }
+    if (json_is_false(s)) { *mask = 0; return 0; }
+    if (check_keywords(c, s, path, &present, &others)) return -1;
+    if (types_of(c, s, path, present, mask)) return -1;
+    if (*mask & T_NUMBER) *mask |= T_INTEGER;
+    return 0;
+}
+
+static json_t *type_names(int mask)
+{
+    json_t *a = json_array();
+    for (size_t k = 0; a && k < N_TYPES; k++)
+        if (mask & TYPES[k].bit) json_array_append_new(a, json_string(TYPES[k].name));
+    return a;
+}
+
+/* a and b merged as allOf holds them both: a made schema {"allOf": [a, b]} unless they are equal. */
+static json_t *both_of(kschema_ctx *c, json_t *a, json_t *b)
+{
+    if (json_equal(a, b)) return a;
+    return keep(c, json_pack("{s[OO]}", "allOf", a, b));
+}
+
+/* The values of enum / const as one array (a new reference), or NULL. */
+static json_t *values_of(json_t *s)
+{
+    json_t *co = json_object_get(s, "const"), *en = json_object_get(s, "enum");
+    if (co) return json_pack("[O]", co);
+    return json_is_array(en) ? json_incref(en) : NULL;
+}
+
+/* Branch b of an allOf into the merged schema m (made here: it may be changed).  *restrict: the
+ * property names every branch with additionalProperties false allows so far (NULL: no such branch). */
+static int merge_into(kschema_ctx *c, json_t *m, json_t *b, const char *path, json_t **restrict_names)
+{
+    const char *k;
+    json_t *v;
+    char p[256];
+    json_object_foreach(b, k, v) {
+        json_t *have = json_object_get(m, k);
+        sub(p, sizeof p, path, k);
+        if (is_annotation(k) || !strcmp(k, "type")) continue;
+        if (!strcmp(k, "properties")) {
+            const char *pk;
+            json_t *pv, *mp = json_object_get(m, "properties");
+            if (!json_is_object(v)) return fail(c, p, "properties must be an object");
+            if (!mp) { if (!(mp = json_object()) || json_object_set_new(m, "properties", mp)) return oom(c); }
+            json_object_foreach(v, pk, pv) {
+                json_t *o = json_object_get(mp, pk), *x = o ? both_of(c, o, pv) : pv;
+                if (!x || json_object_set(mp, pk, x)) return oom(c);
+            }
+        } else if (!strcmp(k, "required")) {
+            json_t *r = json_object_get(m, "required");
+            if (!json_is_array(v)) return fail(c, p, "required must be an array of names");
+            if (!r) { if (!(r = json_array()) || json_object_set_new(m, "required", r)) return oom(c); }
+            for (size_t i = 0; i < json_array_size(v); i++) {
+                size_t j = 0;
+                while (j < json_array_size(r) && !json_equal(json_array_get(r, j), json_array_get(v, i))) j++;
+                if (j == json_array_size(r) && json_array_append(r, json_array_get(v, i))) return oom(c);
+            }
+        } else if (!strcmp(k, "additionalProperties")) {
+            if (json_is_object(v) && json_object_size(v)) return fail(c, p, "additionalProperties as a schema inside allOf is not supported");
+            if (json_is_false(v)) {
+                /* only this branch's properties may be: the names allowed shrink to them */
+                json_t *names = json_array(), *bp = json_object_get(b, "properties");
+                const char *pk;
+                json_t *pv;
+                if (!names) return oom(c);
+                json_object_foreach(bp, pk, pv) {
+                    (void)pv;
+                    if (!*restrict_names || json_object_get(*restrict_names, pk)) json_array_append_new(names, json_string(pk));
+                }
+                json_decref(*restrict_names);
+                *restrict_names = json_object();
+                for (size_t i = 0; *restrict_names && i < json_array_size(names); i++)
+                    json_object_set(*restrict_names, json_string_value(json_array_get(names, i)), json_true());
+                json_decref(names);
+                if (!*restrict_names) return oom(c);
+            }
+        } else if (!strcmp(k, "items") || !strcmp(k, "propertyNames")) {
+            json_t *x = have ? both_of(c, have, v) : v;
+            if (!x || json_object_set(m, k, x)) return oom(c);
+        } else if (!strcmp(k, "enum") || !strcmp(k, "const")) {
+            json_t *mine = values_of(m), *theirs = values_of(b), *out = json_array();
+            if (!out) { json_decref(mine); json_decref(theirs); return oom(c); }
+            for (size_t i = 0; theirs && i < json_array_size(theirs); i++) {
+                size_t j = 0;
+                while (mine && j < json_array_size(mine) && !json_equal(json_array_get(mine, j), json_array_get(theirs, i))) j++;
+                if ((!mine || j < json_array_size(mine)) && json_array_append(out, json_array_get(theirs, i))) { json_decref(out); out = NULL; break; }
+            }
+            json_decref(mine);
+            json_decref(theirs);
+            json_object_del(m, "const");
+            if (!out || json_object_set_new(m, "enum", out)) return oom(c);
+        } else if (!strcmp(k, "minLength") || !strcmp(k, "minItems") || !strcmp(k, "minimum") || !strcmp(k, "exclusiveMinimum") ||
+                   !strcmp(k, "maxLength") || !strcmp(k, "maxItems") || !strcmp(k, "maximum") || !strcmp(k, "exclusiveMaximum")) {
+            int up = !strncmp(k, "min", 3) || !strcmp(k, "exclusiveMinimum");
+            if (!json_is_number(v)) return fail(c, p, "%s inside allOf must be a number", k);
+            if (!have || (up ? json_number_value(v) > json_number_value(have) : json_number_value(v) < json_number_value(have)))
+                if (json_object_set(m, k, v)) return oom(c);
+        } else if (!strcmp(k, "pattern") || !strcmp(k, "format")) {
+            json_t *list = have && json_is_array(have) ? have : json_array();
+            if (!list) return oom(c);
+            if (have && !json_is_array(have)) json_array_append(list, have);
+            if (json_array_append(list, v)) return oom(c);
+            if (list != have && json_object_set_new(m, k, list)) return oom(c);
+        } else if (!strcmp(k, "multipleOf")) {
+            if (have && !json_equal(have, v)) return fail(c, p, "two different multipleOf inside allOf are not supported");
+            if (json_object_set(m, k, v)) return oom(c);
+        } else if (!strcmp(k, "anyOf") || !strcmp(k, "oneOf") || !strcmp(k, "prefixItems")) {
+            return fail(c, p, "%s inside allOf is not supported by constrained decoding", k);
+        } else {
+            /* anything else: kept, for the checks that name what is not supported */
+            if (json_object_set(m, k, v)) return oom(c);
+        }
+    }
+    return 0;
+}
+
+/* allOf (with the schema's other keywords) as one schema made here: the types the branches share,
+ * their properties (a property several declare: allOf of its schemas), required names, bounds
+ * (the stricter), patterns and formats (all of them), enum values (those in every branch); with
+ * additionalProperties false in a branch, only that branch's properties may be. */
+static int merge_all(kschema_ctx *c, json_t *s, const char *path, json_t **out)
+{
+    json_t *all = json_object_get(s, "allOf"), *m = keep(c, json_object()), *restrict_names = NULL;
+    int mask = T_ALL;
+    char p[256];
+    sub(p, sizeof p, path, "allOf");
+    if (!m) return oom(c);
+    if (!json_is_array(all) || !json_array_size(all)) return fail(c, p, "allOf must be a non-empty array of schemas");
+    {
+        /* the schema itself is one more branch */
+        json_t *self = json_copy(s);
+        int sm;
+        if (!self || !keep(c, self)) return oom(c);
+        json_object_del(self, "allOf");
+        if (type_mask_of(c, self, path, &sm)) return -1;
+        if (json_object_get(self, "type")) mask &= sm;
+        if (merge_into(c, m, self, path, &restrict_names)) { json_decref(restrict_names); return -1; }
+    }
+    for (size_t i = 0; i < json_array_size(all); i++) {
+        json_t *b;
+        int bm;
+        char q[256];
+        subi(q, sizeof q, path, "allOf", i);
+        if (!(b = deref(c, json_array_get(all, i), q))) { json_decref(restrict_names); return -1; }
+        if (json_is_true(b)) continue;
+        if (json_is_false(b)) { mask = 0; continue; }
+        if (!json_is_object(b)) { json_decref(restrict_names); return fail(c, q, "a schema must be an object or a boolean"); }
+        if (json_object_get(b, "allOf") && merge_all(c, b, q, &b)) { json_decref(restrict_names); return -1; }
+        if (json_is_false(b)) { mask = 0; continue; }
+        if (type_mask_of(c, b, q, &bm)) { json_decref(restrict_names); return -1; }
+        if (json_object_get(b, "type") || bm != T_ALL) mask &= bm;
+        if (merge_into(c, m, b, q, &restrict_names)) { json_decref(restrict_names); return -1; }
+    }
+    if (restrict_names) {
+        json_t *props = json_object_get(m, "properties");
+        const char *k;
+        json_t *v;
+        void *it;
+        json_object_foreach_safe(props, it, k, v)
+            if (v && !json_object_get(restrict_names, k)) json_object_del(props, k);
+        json_decref(restrict_names);
+        if (json_object_set_new(m, "additionalProperties", json_false())) return oom(c);
+    }
+    if (!mask) { *out = json_false(); return 0; }
+    if (mask != T_ALL) {
+        if (mask & T_NUMBER) mask &= ~T_INTEGER;       /* every integer is a number */
+        if (json_object_set_new(m, "type", type_names(mask))) return oom(c);
+    }
+    *out = m;
+    return 0;
+}
+
+/* Can no value match two branches of this oneOf?  Their types do not meet, or they are objects
+ * that require a property with different const / enum values (a discriminated union, as zod
+ * writes one).  Then oneOf is anyOf. */
+static int disjoint(kschema_ctx *c, json_t *a, json_t *b, const char *pa, const char *pb, int *yes)
+{
+    int ma, mb;
+    const char *k;
+    json_t *v;
+    *yes = 0;
+    if (type_mask_of(c, a, pa, &ma) || type_mask_of(c, b, pb, &mb)) return -1;
+    if (!(ma & mb)) { *yes = 1; return 0; }
+    if (!json_is_object(a) || !json_is_object(b)) return 0;
+    {
+        json_t *va = values_of(a), *vb = values_of(b);
+        int apart = va && vb;
+        for (size_t i = 0; apart && i < json_array_size(va); i++)
+            for (size_t j = 0; apart && j < json_array_size(vb); j++) apart = !json_equal(json_array_get(va, i), json_array_get(vb, j));
+        json_decref(va);
+        json_decref(vb);
+        if (apart) { *yes = 1; return 0; }
+    }
+    json_object_foreach(json_object_get(a, "properties"), k, v) {
+        json_t *w = json_object_get(json_object_get(b, "properties"), k), *ra = json_object_get(a, "required"), *rb = json_object_get(b, "required");
+        json_t *da, *db, *va, *vb;
+        int in_a = 0, in_b = 0, apart;
+        for (size_t i = 0; i < json_array_size(ra); i++) in_a |= json_is_string(json_array_get(ra, i)) && !strcmp(json_string_value(json_array_get(ra, i)), k);
+        for (size_t i = 0; i < json_array_size(rb); i++) in_b |= json_is_string(json_array_get(rb, i)) && !strcmp(json_string_value(json_array_get(rb, i)), k);
+        if (!w || !in_a || !in_b) continue;
+        if (!(da = deref(c, v, pa)) || !(db = deref(c, w, pb))) return -1;
+        if (!json_is_object(da) || !json_is_object(db)) continue;
+        va = values_of(da);
+        vb = values_of(db);
+        apart = va && vb;
+        for (size_t i = 0; apart && i < json_array_size(va); i++)
+            for (size_t j = 0; apart && j < json_array_size(vb); j++) apart = !json_equal(json_array_get(va, i), json_array_get(vb, j));
+        json_decref(va);
+        json_decref(vb);
+        if (apart) { *yes = 1; return 0; }
+    }
+    return 0;
+}
+
+static int oneof_disjoint(kschema_ctx *c, json_t *arr, const char *path)
+{
+    for (size_t i = 0; i < json_array_size(arr); i++)
+        for (size_t j = i + 1; j < json_array_size(arr); j++) {
+            char pi[256], pj[256], p[256];
+            json_t *a, *b;
+            int yes;
+            subi(pi, sizeof pi, path, "oneOf", i);
+            subi(pj, sizeof pj, path, "oneOf", j);
+            if (!(a = deref(c, json_array_get(arr, i), pi)) || !(b = deref(c, json_array_get(arr, j), pj))) return -1;
+            if (disjoint(c, a, b, pi, pj, &yes)) return -1;
+            if (!yes) {
+                sub(p, sizeof p, path, "oneOf");
+                return fail(c, p, "oneOf whose branches %zu and %zu can both match is not supported (constrained decoding cannot "
+                            "keep them apart): use anyOf, or tell them apart by type or by a required property's const", i, j);
+            }
+        }
+    return 0;
 }
 
 /* What a schema allows besides type and annotations: $ref, enum/const or anyOf alone. */
@@ -674,23 +1127,31 @@ static int compile(kschema_ctx *c, json_t *s, const char *path, uint32_t next, u
         rc = call_schema(c, t, path, next, start);
         goto out;
     }
+    if (json_object_get(s, "allOf")) {
+        json_t *m;
+        if (merge_all(c, s, path, &m)) goto out;
+        rc = compile(c, m, path, next, start);
+        goto out;
+    }
     if (types_of(c, s, path, present, &mask)) goto out;
     if (json_object_get(s, "enum") || json_object_get(s, "const")) {
         if (combinator(c, path, others, json_object_get(s, "enum") ? "enum" : "const")) goto out;
         rc = literals(c, s, path, mask, 0, NULL, next, start);
         goto out;
     }
-    if (json_object_get(s, "anyOf")) {
-        json_t *any = json_object_get(s, "anyOf");
+    if (json_object_get(s, "anyOf") || json_object_get(s, "oneOf")) {
+        const char *kw = json_object_get(s, "anyOf") ? "anyOf" : "oneOf";
+        json_t *any = json_object_get(s, kw);
         char p[256];
-        sub(p, sizeof p, path, "anyOf");
-        if (combinator(c, path, others + (json_object_get(s, "type") != NULL), "anyOf")) goto out;
-        if (!json_is_array(any) || !json_array_size(any)) { fail(c, p, "anyOf must be a non-empty array of schemas"); goto out; }
+        sub(p, sizeof p, path, kw);
+        if (combinator(c, path, others + (json_object_get(s, "type") != NULL), kw)) goto out;
+        if (!json_is_array(any) || !json_array_size(any)) { fail(c, p, "%s must be a non-empty array of schemas", kw); goto out; }
+        if (kw[0] == 'o' && oneof_disjoint(c, any, path)) goto out;
         alt = kg_fail(c->g);
         for (size_t i = json_array_size(any); i-- > 0;) {
             uint32_t b;
             char q[256];
-            subi(q, sizeof q, path, "anyOf", i);
+            subi(q, sizeof q, path, kw, i);
             if (call_schema(c, json_array_get(any, i), q, next, &b)) goto out;
             alt = kg_split(c->g, b, alt);
         }
@@ -789,9 +1250,7 @@ static int arg_alts(kschema_ctx *c, json_t *s, const char *path, uint32_t next, 
         char head[16];
         if (!(mask & t)) continue;
         if (t == T_STRING) {
-            int32_t lo = 0, hi = KG_INF - 1;
-            if (json_is_object(s) && (count_kw(c, s, "minLength", path, 0, &lo) || count_kw(c, s, "maxLength", path, KG_INF - 1, &hi))) goto out;
-            v = kg_body(g, KG_TEXT_RAW, lo, hi, close);
+            if (string_text(c, s, path, KDFA_RAW, close, &v)) goto out;
         } else if (t == T_OBJECT || t == T_ARRAY) {
             /* JSON, in a rule of its own (an array counts its items in its frame) */
             uint32_t r = kg_rule_new(g), body;

@@ -402,7 +402,7 @@ long kmask_allowed(kmask *m, uint64_t *bits)
         i += len;
         if (x->kind == KG_BODY && x->arg == KG_TEXT_FREE) {
             or_bits(m, ix->text);
-        } else if (x->kind == KG_BODY && top[2] == 0) {
+        } else if (x->kind == KG_BODY && x->arg < KG_NTEXT && top[2] == 0) {
             from_table(m, x->arg == KG_TEXT_JSON ? &ix->json : x->arg == KG_TEXT_RAW ? &ix->raw : &ix->attr, (kg_body_kind)x->arg, t, len);
         } else if (x->kind != KG_SYM && x->kind != KG_ACCEPT) {
             memcpy(gen.w + gen.n, t, len * sizeof *t);

@@ -1,13 +1,101 @@
 /* A JSON Schema validator for the keywords constrained decoding supports (run/grammar/kschema.h),
  * written from the JSON Schema specification (draft 2020-12, its validation vocabulary)
  * independently of the compiler: the fuzz harness and the unit tests check every document the
- * grammar produces against it.  Test code only (the node tests check with ajv, the reference). */
+ * grammar produces against it.  Patterns are matched by PCRE2 (read as ECMAScript reads them:
+ * UTF, $ only at the end, \u escapes); formats are ajv-formats' (full mode) ported: its regular
+ * expressions run by PCRE2 and its date and time checks.  Test code only (the node tests check
+ * with ajv itself, the reference). */
 #ifndef KPK_TEST_SCHEMA_VALID_H
 #define KPK_TEST_SCHEMA_VALID_H
 
+#define PCRE2_CODE_UNIT_WIDTH 8
 #include <jansson.h>
+#include <math.h>
+#include <pcre2.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* Does re (ECMAScript, flags "i" or "") match anywhere in s?  -1 when PCRE2 refuses re. */
+static int sv_search(const char *re, size_t relen, int icase, const char *s, size_t n)
+{
+    int err, rc;
+    PCRE2_SIZE off;
+    pcre2_compile_context *cc = pcre2_compile_context_create(NULL);
+    pcre2_code *c;
+    pcre2_match_data *md;
+    if (!cc) return -1;
+    pcre2_set_newline(cc, PCRE2_NEWLINE_ANYCRLF);
+    pcre2_set_compile_extra_options(cc, PCRE2_EXTRA_ALT_BSUX);
+    c = pcre2_compile((PCRE2_SPTR)re, relen, PCRE2_UTF | PCRE2_DOLLAR_ENDONLY | PCRE2_ALT_BSUX | (icase ? PCRE2_CASELESS : 0), &err, &off, cc);
+    pcre2_compile_context_free(cc);
+    if (!c) return -1;
+    md = pcre2_match_data_create_from_pattern(c, NULL);
+    rc = md ? pcre2_match(c, (PCRE2_SPTR)s, n, 0, 0, md, NULL) : -1;
+    pcre2_match_data_free(md);
+    pcre2_code_free(c);
+    return rc >= 0;
+}
+
+/* ajv-formats' full formats (node_modules/ajv-formats/dist/formats.js), ported. */
+static int sv_leap(int y) { return y % 4 == 0 && (y % 100 != 0 || y % 400 == 0); }
+static int sv_date(const char *s, size_t n)
+{
+    static const int days[] = {0, 31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+    int y, m, d;
+    if (n != 10 || sv_search("^\\d\\d\\d\\d-\\d\\d-\\d\\d$", strlen("^\\d\\d\\d\\d-\\d\\d-\\d\\d$"), 0, s, n) != 1) return 0;
+    y = atoi(s); m = atoi(s + 5); d = atoi(s + 8);
+    return m >= 1 && m <= 12 && d >= 1 && d <= (m == 2 && sv_leap(y) ? 29 : days[m]);
+}
+static int sv_time(const char *s, size_t n)
+{
+    /* ^(\d\d):(\d\d):(\d\d(?:\.\d+)?)(z|([+-])(\d\d)(?::?(\d\d))?)?$ /i, the zone required */
+    char buf[128];
+    int hr, min, tzh = 0, tzm = 0, sign = 1;
+    double sec;
+    const char *z;
+    static const char TIME[] = "^\\d\\d:\\d\\d:\\d\\d(?:\\.\\d+)?(?:z|[+-]\\d\\d(?::?\\d\\d)?)$";
+    if (n >= sizeof buf || sv_search(TIME, strlen(TIME), 1, s, n) != 1) return 0;
+    memcpy(buf, s, n); buf[n] = 0;
+    hr = atoi(buf); min = atoi(buf + 3); sec = strtod(buf + 6, NULL);
+    z = buf + 8;
+    while (*z == '.' || (*z >= '0' && *z <= '9')) z++;
+    if (*z == '+' || *z == '-') {
+        sign = *z == '-' ? -1 : 1;
+        tzh = atoi(z + 1);
+        tzm = z[3] == ':' ? atoi(z + 4) : z[3] ? atoi(z + 3) : 0;
+    }
+    if (tzh > 23 || tzm > 59) return 0;
+    if (hr <= 23 && min <= 59 && sec < 60) return 1;
+    {
+        int um = min - tzm * sign, uh = hr - tzh * sign - (um < 0 ? 1 : 0);
+        return (uh == 23 || uh == -1) && (um == 59 || um == -1) && sec < 61;
+    }
+}
+static int sv_format(const char *f, const char *s, size_t n)
+{
+    static const struct { const char *name, *re; int icase; } R[] = {
+        {"duration", "^P(?!$)((\\d+Y)?(\\d+M)?(\\d+D)?(T(?=\\d)(\\d+H)?(\\d+M)?(\\d+S)?)?|(\\d+W)?)$", 0},
+        {"email", "^[a-z0-9!#$%&'*+/=?^_`{|}~-]+(?:\\.[a-z0-9!#$%&'*+/=?^_`{|}~-]+)*@(?:[a-z0-9](?:[a-z0-9-]*[a-z0-9])?\\.)+[a-z0-9](?:[a-z0-9-]*[a-z0-9])?$", 1},
+        {"hostname", "^(?=.{1,253}\\.?$)[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?(?:\\.[a-z0-9](?:[-0-9a-z]{0,61}[0-9a-z])?)*\\.?$", 1},
+        {"ipv4", "^(?:(?:25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)\\.){3}(?:25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)$", 0},
+        {"ipv6", "^((([0-9a-f]{1,4}:){7}([0-9a-f]{1,4}|:))|(([0-9a-f]{1,4}:){6}(:[0-9a-f]{1,4}|((25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)(\\.(25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)){3})|:))|(([0-9a-f]{1,4}:){5}(((:[0-9a-f]{1,4}){1,2})|:((25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)(\\.(25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)){3})|:))|(([0-9a-f]{1,4}:){4}(((:[0-9a-f]{1,4}){1,3})|((:[0-9a-f]{1,4})?:((25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)(\\.(25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)){3}))|:))|(([0-9a-f]{1,4}:){3}(((:[0-9a-f]{1,4}){1,4})|((:[0-9a-f]{1,4}){0,2}:((25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)(\\.(25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)){3}))|:))|(([0-9a-f]{1,4}:){2}(((:[0-9a-f]{1,4}){1,5})|((:[0-9a-f]{1,4}){0,3}:((25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)(\\.(25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)){3}))|:))|(([0-9a-f]{1,4}:){1}(((:[0-9a-f]{1,4}){1,6})|((:[0-9a-f]{1,4}){0,4}:((25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)(\\.(25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)){3}))|:))|(:(((:[0-9a-f]{1,4}){1,7})|((:[0-9a-f]{1,4}){0,5}:((25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)(\\.(25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)){3}))|:)))$", 1},
+        {"uuid", "^(?:urn:uuid:)?[0-9a-f]{8}-(?:[0-9a-f]{4}-){3}[0-9a-f]{12}$", 1},
+        {"uri", "^(?:[a-z][a-z0-9+\\-.]*:)(?:\\/?\\/(?:(?:[a-z0-9\\-._~!$&'()*+,;=:]|%[0-9a-f]{2})*@)?(?:\\[(?:(?:(?:(?:[0-9a-f]{1,4}:){6}|::(?:[0-9a-f]{1,4}:){5}|(?:[0-9a-f]{1,4})?::(?:[0-9a-f]{1,4}:){4}|(?:(?:[0-9a-f]{1,4}:){0,1}[0-9a-f]{1,4})?::(?:[0-9a-f]{1,4}:){3}|(?:(?:[0-9a-f]{1,4}:){0,2}[0-9a-f]{1,4})?::(?:[0-9a-f]{1,4}:){2}|(?:(?:[0-9a-f]{1,4}:){0,3}[0-9a-f]{1,4})?::[0-9a-f]{1,4}:|(?:(?:[0-9a-f]{1,4}:){0,4}[0-9a-f]{1,4})?::)(?:[0-9a-f]{1,4}:[0-9a-f]{1,4}|(?:(?:25[0-5]|2[0-4]\\d|[01]?\\d\\d?)\\.){3}(?:25[0-5]|2[0-4]\\d|[01]?\\d\\d?))|(?:(?:[0-9a-f]{1,4}:){0,5}[0-9a-f]{1,4})?::[0-9a-f]{1,4}|(?:(?:[0-9a-f]{1,4}:){0,6}[0-9a-f]{1,4})?::)|[Vv][0-9a-f]+\\.[a-z0-9\\-._~!$&'()*+,;=:]+)\\]|(?:(?:25[0-5]|2[0-4]\\d|[01]?\\d\\d?)\\.){3}(?:25[0-5]|2[0-4]\\d|[01]?\\d\\d?)|(?:[a-z0-9\\-._~!$&'()*+,;=]|%[0-9a-f]{2})*)(?::\\d*)?(?:\\/(?:[a-z0-9\\-._~!$&'()*+,;=:@]|%[0-9a-f]{2})*)*|\\/(?:(?:[a-z0-9\\-._~!$&'()*+,;=:@]|%[0-9a-f]{2})+(?:\\/(?:[a-z0-9\\-._~!$&'()*+,;=:@]|%[0-9a-f]{2})*)*)?|(?:[a-z0-9\\-._~!$&'()*+,;=:@]|%[0-9a-f]{2})+(?:\\/(?:[a-z0-9\\-._~!$&'()*+,;=:@]|%[0-9a-f]{2})*)*)(?:\\?(?:[a-z0-9\\-._~!$&'()*+,;=:@/?]|%[0-9a-f]{2})*)?(?:#(?:[a-z0-9\\-._~!$&'()*+,;=:@/?]|%[0-9a-f]{2})*)?$", 1},
+    };
+    if (!strcmp(f, "date")) return sv_date(s, n);
+    if (!strcmp(f, "time")) return sv_time(s, n);
+    if (!strcmp(f, "date-time")) {
+        /* str.split(/t|\s/i): exactly two parts */
+        size_t k = 0, at = 0;
+        for (size_t i = 0; i < n; i++) if (s[i] == 't' || s[i] == 'T' || s[i] == ' ' || (s[i] >= 9 && s[i] <= 13)) { k++; at = i; }
+        return k == 1 && sv_date(s, at) && sv_time(s + at + 1, n - at - 1);
+    }
+    if (!strcmp(f, "uri") && !memchr(s, '/', n) && !memchr(s, ':', n)) return 0;
+    for (size_t i = 0; i < sizeof R / sizeof *R; i++)
+        if (!strcmp(f, R[i].name)) return sv_search(R[i].re, strlen(R[i].re), R[i].icase, s, n) == 1;
+    return 1;                 /* any other format: an annotation */
+}
 
 static json_t *sv_pointer(json_t *root, const char *ref)
 {
@@ -79,21 +167,47 @@ static int sv_valid(json_t *root, json_t *s, json_t *v, int depth)
         for (size_t i = 0; i < json_array_size(k) && !ok; i++) ok = sv_valid(root, json_array_get(k, i), v, depth + 1);
         if (!ok) return 0;
     }
+    if ((k = json_object_get(s, "oneOf"))) {
+        int ok = 0;
+        for (size_t i = 0; i < json_array_size(k); i++) ok += sv_valid(root, json_array_get(k, i), v, depth + 1);
+        if (ok != 1) return 0;
+    }
+    if ((k = json_object_get(s, "allOf")))
+        for (size_t i = 0; i < json_array_size(k); i++)
+            if (!sv_valid(root, json_array_get(k, i), v, depth + 1)) return 0;
     if (json_is_string(v)) {
         size_t n = sv_chars(json_string_value(v), json_string_length(v));
         if ((k = json_object_get(s, "minLength")) && (json_int_t)n < json_integer_value(k)) return 0;
         if ((k = json_object_get(s, "maxLength")) && (json_int_t)n > json_integer_value(k)) return 0;
+        if ((k = json_object_get(s, "pattern")) && json_is_string(k) &&
+            sv_search(json_string_value(k), json_string_length(k), 0, json_string_value(v), json_string_length(v)) != 1) return 0;
+        if ((k = json_object_get(s, "format")) && json_is_string(k) && !sv_format(json_string_value(k), json_string_value(v), json_string_length(v)))
+            return 0;
     }
     if (json_is_number(v)) {
-        if ((k = json_object_get(s, "minimum")) && json_is_number(k) && json_number_value(v) < json_number_value(k)) return 0;
-        if ((k = json_object_get(s, "maximum")) && json_is_number(k) && json_number_value(v) > json_number_value(k)) return 0;
+        double x = json_number_value(v);
+        json_t *ex;
+        if ((k = json_object_get(s, "minimum")) && json_is_number(k)) {
+            ex = json_object_get(s, "exclusiveMinimum");
+            if (json_is_true(ex) ? x <= json_number_value(k) : x < json_number_value(k)) return 0;
+        }
+        if ((k = json_object_get(s, "maximum")) && json_is_number(k)) {
+            ex = json_object_get(s, "exclusiveMaximum");
+            if (json_is_true(ex) ? x >= json_number_value(k) : x > json_number_value(k)) return 0;
+        }
+        if ((k = json_object_get(s, "exclusiveMinimum")) && json_is_number(k) && x <= json_number_value(k)) return 0;
+        if ((k = json_object_get(s, "exclusiveMaximum")) && json_is_number(k) && x >= json_number_value(k)) return 0;
+        if ((k = json_object_get(s, "multipleOf")) && json_is_number(k) && fmod(x, json_number_value(k)) != 0) return 0;
     }
     if (json_is_array(v)) {
-        json_t *items = json_object_get(s, "items");
+        json_t *items = json_object_get(s, "items"), *prefix = json_object_get(s, "prefixItems");
+        size_t np = json_array_size(prefix);
         if ((k = json_object_get(s, "minItems")) && (json_int_t)json_array_size(v) < json_integer_value(k)) return 0;
         if ((k = json_object_get(s, "maxItems")) && (json_int_t)json_array_size(v) > json_integer_value(k)) return 0;
-        for (size_t i = 0; items && i < json_array_size(v); i++)
-            if (!sv_valid(root, items, json_array_get(v, i), depth + 1)) return 0;
+        for (size_t i = 0; i < json_array_size(v); i++) {
+            json_t *is = i < np ? json_array_get(prefix, i) : items;
+            if (is && !sv_valid(root, is, json_array_get(v, i), depth + 1)) return 0;
+        }
     }
     if (json_is_object(v)) {
         json_t *props = json_object_get(s, "properties"), *ap = json_object_get(s, "additionalProperties"), *x;
@@ -102,7 +216,14 @@ static int sv_valid(json_t *root, json_t *s, json_t *v, int depth)
         for (size_t i = 0; i < json_array_size(k); i++)
             if (!json_object_get(v, json_string_value(json_array_get(k, i)) ? json_string_value(json_array_get(k, i)) : "")) return 0;
         json_object_foreach(v, key, x) {
-            json_t *ps = json_object_get(props, key);
+            json_t *ps = json_object_get(props, key), *pn = json_object_get(s, "propertyNames"), *name;
+            if (pn) {
+                int ok;
+                name = json_string(key);
+                ok = name && sv_valid(root, pn, name, depth + 1);
+                json_decref(name);
+                if (!ok) return 0;
+            }
             if (ps) { if (!sv_valid(root, ps, x, depth + 1)) return 0; }
             else if (ap && !sv_valid(root, ap, x, depth + 1)) return 0;
         }

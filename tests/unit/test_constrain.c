@@ -134,7 +134,7 @@ static void test_documents(void)
         {"{\"type\":\"array\",\"items\":{\"type\":\"integer\"},\"minItems\":2,\"maxItems\":3}", "[1,2,3,4]", 0},
         {"{\"type\":\"array\",\"items\":{\"type\":\"integer\"},\"minItems\":2,\"maxItems\":3}", "[ 1, 2, 3 ]", 2},
         {"{\"type\":\"array\",\"maxItems\":0}", "[]", 2},
-        /* minimum / maximum: digits either side of 0 */
+        /* minimum / maximum / exclusive* / multipleOf: exact (knum.h), at most 15 digits, no exponent */
         {"{\"type\":\"integer\",\"minimum\":0,\"maximum\":99}", "99", 2},
         {"{\"type\":\"integer\",\"minimum\":0,\"maximum\":99}", "100", 0},
         {"{\"type\":\"integer\",\"minimum\":0,\"maximum\":99}", "-1", 0},
@@ -145,11 +145,68 @@ static void test_documents(void)
         {"{\"type\":\"number\",\"minimum\":0,\"maximum\":1}", "0.25", 2},
         {"{\"type\":\"number\",\"minimum\":0,\"maximum\":1}", "1", 2},
         {"{\"type\":\"number\",\"minimum\":0,\"maximum\":1}", "1.5", 0},
-        {"{\"type\":\"number\",\"minimum\":-0.5,\"maximum\":1}", "-0.25", 0},
+        {"{\"type\":\"number\",\"minimum\":0,\"maximum\":1}", "1.0000000000001", 0},
+        {"{\"type\":\"number\",\"minimum\":-0.5,\"maximum\":1}", "-0.25", 2},
+        {"{\"type\":\"number\",\"minimum\":-0.5,\"maximum\":1}", "-0.51", 0},
         {"{\"type\":\"number\",\"minimum\":0,\"maximum\":1}", "1e0", 0},
         {"{\"type\":\"number\",\"minimum\":0,\"maximum\":10}", "9.5", 2},
-        {"{\"type\":\"number\",\"minimum\":0,\"maximum\":9.9}", "9.5", 0},
+        {"{\"type\":\"number\",\"minimum\":0,\"maximum\":9.9}", "9.5", 2},
+        {"{\"type\":\"number\",\"minimum\":0,\"maximum\":9.9}", "9.95", 0},
         {"{\"type\":\"number\",\"maximum\":0.5}", "-12.5", 2},
+        {"{\"type\":\"integer\",\"minimum\":100,\"maximum\":200}", "150", 2},
+        {"{\"type\":\"integer\",\"minimum\":100,\"maximum\":200}", "99", 0},
+        {"{\"type\":\"integer\",\"minimum\":100,\"maximum\":200}", "2", 1},           /* 2.. may become 200 */
+        {"{\"type\":\"integer\",\"minimum\":100,\"maximum\":200}", "3", 0},
+        {"{\"type\":\"number\",\"exclusiveMinimum\":0}", "0", 1},                    /* 0.x may follow */
+        {"{\"type\":\"number\",\"exclusiveMinimum\":0}", "0.00000000000001", 2},                 /* 15 digits at most */
+        {"{\"type\":\"number\",\"exclusiveMinimum\":0}", "0.000000000000001", 0},
+        {"{\"type\":\"number\",\"exclusiveMinimum\":0}", "-1", 0},
+        {"{\"type\":\"integer\",\"exclusiveMinimum\":0}", "0", 0},
+        {"{\"type\":\"number\",\"exclusiveMinimum\":2.5,\"exclusiveMaximum\":10}", "2.5", 1},
+        {"{\"type\":\"number\",\"exclusiveMinimum\":2.5,\"exclusiveMaximum\":10}", "2.51", 2},
+        {"{\"type\":\"number\",\"exclusiveMinimum\":2.5,\"exclusiveMaximum\":10}", "10", 0},
+        {"{\"type\":\"number\",\"exclusiveMaximum\":0.1}", "0.1", 0},                /* the double 0.1, as written */
+        {"{\"type\":\"number\",\"exclusiveMaximum\":0.1}", "0.09999", 2},
+        {"{\"type\":\"number\",\"minimum\":5,\"exclusiveMinimum\":true}", "5", 1},  /* draft 4: 5.x may follow */
+        {"{\"type\":\"array\",\"items\":{\"type\":\"integer\",\"minimum\":5,\"exclusiveMinimum\":true}}", "[5]", 0},
+        {"{\"type\":\"array\",\"items\":{\"type\":\"integer\",\"minimum\":5,\"exclusiveMinimum\":true}}", "[6]", 2},
+        {"{\"type\":\"integer\",\"multipleOf\":3}", "27", 2},
+        {"{\"type\":\"integer\",\"multipleOf\":3}", "28", 1},                      /* 28.. may become 285 */
+        {"{\"type\":\"array\",\"items\":{\"type\":\"integer\",\"multipleOf\":3}}", "[28]", 0},
+        {"{\"type\":\"integer\",\"multipleOf\":3}", "-0", 2},
+        {"{\"type\":\"number\",\"multipleOf\":5,\"minimum\":11,\"maximum\":19}", "15", 2},
+        {"{\"type\":\"number\",\"multipleOf\":5,\"minimum\":11,\"maximum\":19}", "15.0", 0},
+        {"{\"type\":\"number\",\"multipleOf\":5,\"minimum\":11,\"maximum\":19}", "10", 0},
+        /* pattern and format: the string's text through the automaton (kregex.h) */
+        {"{\"type\":\"string\",\"pattern\":\"^[a-z]+\\\\d{2,3}$\"}", "\"abc12\"", 2},
+        {"{\"type\":\"string\",\"pattern\":\"^[a-z]+\\\\d{2,3}$\"}", "\"abc1234\"", 0},
+        {"{\"type\":\"string\",\"pattern\":\"mid\"}", "\"a\\\"mid\\n\"", 2},         /* anywhere, escapes read */
+        {"{\"type\":\"string\",\"pattern\":\"mid\"}", "\"mi\"", 0},
+        {"{\"type\":\"string\",\"pattern\":\"^ab\",\"maxLength\":3}", "\"abc\"", 2},
+        {"{\"type\":\"string\",\"pattern\":\"^ab\",\"maxLength\":3}", "\"abcd\"", 0},
+        {"{\"type\":\"string\",\"pattern\":\"^(ab)*$\",\"minLength\":3,\"maxLength\":5}", "\"abab\"", 2},
+        {"{\"type\":\"string\",\"pattern\":\"^(ab)*$\",\"minLength\":3,\"maxLength\":5}", "\"ababa\"", 0},  /* a dead end: refused at once */
+        {"{\"type\":\"string\",\"format\":\"date\"}", "\"2024-02-29\"", 2},
+        {"{\"type\":\"string\",\"format\":\"date\"}", "\"2023-02-29\"", 0},
+        {"{\"type\":\"string\",\"format\":\"email\",\"pattern\":\"^[a-z.]+@\"}", "\"a.b@c.de\"", 2},
+        {"{\"type\":\"string\",\"format\":\"email\",\"pattern\":\"^[a-z.]+@\"}", "\"a1@c.de\"", 0},
+        {"{\"type\":\"string\",\"format\":\"cuid\",\"pattern\":\"^c\"}", "\"cx\"", 2},   /* a format krun lacks, with a pattern */
+        /* allOf, oneOf, prefixItems, propertyNames */
+        {"{\"allOf\":[{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\"}},\"required\":[\"a\"]},"
+         "{\"type\":\"object\",\"properties\":{\"b\":{\"type\":\"integer\"}},\"required\":[\"b\"]}]}", "{\"a\":\"x\",\"b\":1}", 2},
+        {"{\"allOf\":[{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\"}},\"required\":[\"a\"]},"
+         "{\"type\":\"object\",\"properties\":{\"b\":{\"type\":\"integer\"}},\"required\":[\"b\"]}]}", "{\"a\":\"x\"}", 0},
+        {"{\"allOf\":[{\"type\":\"string\",\"minLength\":2},{\"maxLength\":3,\"pattern\":\"b\"}]}", "\"ab\"", 2},
+        {"{\"allOf\":[{\"type\":\"string\",\"minLength\":2},{\"maxLength\":3,\"pattern\":\"b\"}]}", "\"aa\"", 0},
+        {"{\"oneOf\":[{\"type\":\"object\",\"properties\":{\"t\":{\"const\":\"a\"}},\"required\":[\"t\"],\"additionalProperties\":false},"
+         "{\"type\":\"object\",\"properties\":{\"t\":{\"const\":\"b\"},\"n\":{\"type\":\"number\"}},\"required\":[\"t\",\"n\"]}]}", "{\"t\":\"b\",\"n\":2}", 2},
+        {"{\"type\":\"array\",\"prefixItems\":[{\"type\":\"string\"},{\"type\":\"number\"}],\"items\":false,\"minItems\":2,\"maxItems\":2}", "[\"a\",1]", 2},
+        {"{\"type\":\"array\",\"prefixItems\":[{\"type\":\"string\"},{\"type\":\"number\"}],\"items\":false,\"minItems\":2,\"maxItems\":2}", "[\"a\"]", 0},
+        {"{\"type\":\"array\",\"prefixItems\":[{\"type\":\"string\"}],\"items\":{\"type\":\"null\"},\"maxItems\":3}", "[\"a\",null,null]", 2},
+        {"{\"type\":\"array\",\"prefixItems\":[{\"type\":\"string\"}],\"items\":{\"type\":\"null\"},\"maxItems\":3}", "[\"a\",null,null,null]", 0},
+        {"{\"type\":\"array\",\"prefixItems\":[{\"type\":\"string\"}]}", "[]", 2},
+        {"{\"type\":\"object\",\"propertyNames\":{\"type\":\"string\",\"pattern\":\"^k\"},\"additionalProperties\":{\"type\":\"number\"}}", "{\"k1\":1}", 2},
+        {"{\"type\":\"object\",\"propertyNames\":{\"type\":\"string\",\"pattern\":\"^k\"},\"additionalProperties\":{\"type\":\"number\"}}", "{\"x\":1}", 0},
         {"{\"type\":\"array\",\"maxItems\":0}", "[1]", 0},
         {"{\"type\":\"array\"}", "[[[]],{},\"\",0]", 2},
         /* strings */
@@ -217,16 +274,19 @@ static void test_documents(void)
 static void test_refusals(void)
 {
     static const struct { const char *schema, *path, *words; } cases[] = {
-        {"{\"type\":\"string\",\"pattern\":\"^a\"}", "pattern", "\"pattern\""},
-        {"{\"type\":\"string\",\"format\":\"email\"}", "format", "\"format\""},
-        {"{\"type\":\"object\",\"properties\":{\"n\":{\"type\":\"integer\",\"minimum\":1}}}", "properties.n.minimum", "\"minimum\" above 0"},
-        {"{\"type\":\"number\",\"maximum\":-1}", "maximum", "\"maximum\" below 0"},
+        {"{\"type\":\"string\",\"pattern\":\"(?=a)\"}", "pattern", "lookahead"},
+        {"{\"type\":\"string\",\"pattern\":\"(a)\\\\1\"}", "pattern", "backreferences"},
+        {"{\"type\":\"string\",\"pattern\":\"\\\\bx\"}", "pattern", "word boundaries"},
+        {"{\"type\":\"string\",\"pattern\":\"\\\\p{L}\"}", "pattern", "property escapes"},
+        {"{\"type\":\"string\",\"pattern\":\"[a\"}", "pattern", "not closed"},
+        {"{\"type\":\"string\",\"format\":\"jwt\"}", "format", "\"jwt\" is not supported"},
+        {"{\"type\":\"object\",\"properties\":{\"n\":{\"type\":\"number\",\"multipleOf\":0.5}}}", "properties.n.multipleOf", "positive integer"},
         {"{\"type\":\"number\",\"maximum\":\"1\"}", "maximum", "a number"},
-        {"{\"type\":\"number\",\"multipleOf\":2}", "multipleOf", "\"multipleOf\""},
-        {"{\"oneOf\":[{\"type\":\"string\"}]}", "oneOf", "\"oneOf\""},
-        {"{\"allOf\":[{\"type\":\"string\"}]}", "allOf", "\"allOf\""},
+        {"{\"oneOf\":[{\"type\":\"string\"},{\"type\":\"string\",\"maxLength\":2}]}", "oneOf", "can both match"},
+        {"{\"allOf\":[{\"anyOf\":[{\"type\":\"string\"}]}]}", "allOf.0.anyOf", "inside allOf"},
+        {"{\"not\":{\"type\":\"string\"}}", "not", "\"not\""},
         {"{\"type\":\"array\",\"items\":{\"type\":\"array\",\"uniqueItems\":true}}", "items.uniqueItems", "\"uniqueItems\""},
-        {"{\"type\":\"array\",\"prefixItems\":[{}]}", "prefixItems", "\"prefixItems\""},
+        {"{\"type\":\"array\",\"prefixItems\":{}}", "prefixItems", "an array"},
         {"{\"type\":\"array\",\"items\":[{}]}", "items", "tuple"},
         {"{\"$ref\":\"http://example.com/s\"}", "$ref", "inside the schema"},
         {"{\"$ref\":\"#/$defs/none\"}", "$ref", "points to nothing"},
@@ -416,6 +476,12 @@ static void test_masks(env *E)
         "\"required\":[\"name\",\"age\",\"tags\"],\"additionalProperties\":false}",
         "{\"anyOf\":[{\"type\":\"number\"},{\"type\":\"string\",\"minLength\":3},{\"enum\":[true,\"x\\\"y\"]}]}",
         "{\"type\":\"object\"}",
+        /* a pattern, a format, exact bounds (automaton and number bodies: walked, not tabled) */
+        "{\"type\":\"object\",\"properties\":{\"email\":{\"type\":\"string\",\"format\":\"email\",\"maxLength\":20},"
+        "\"n\":{\"type\":\"integer\",\"minimum\":100,\"maximum\":200},\"p\":{\"type\":\"number\",\"exclusiveMinimum\":0,\"maximum\":1},"
+        "\"d\":{\"type\":\"string\",\"format\":\"date\"},\"code\":{\"type\":\"string\",\"pattern\":\"^[A-Z]{2}-\\\\d{3}$\"}},"
+        "\"required\":[\"email\",\"n\",\"p\",\"d\",\"code\"],\"additionalProperties\":false}",
+        "{\"type\":\"string\",\"pattern\":\"ab\"}",
     };
     testrand r;
     testrand_seed(&r, 11);
@@ -429,7 +495,7 @@ static void test_masks(env *E)
             if (draw(E, c.g, &r, ids, 60, 1) < 0) E->bad_masks++;
         compiled_free(&c);
     }
-    CHECK(E->bad_masks == 0, "token masks == a brute-force walk of each token's bytes (%ld tokens checked at every state of 9 random walks; "
+    CHECK(E->bad_masks == 0, "token masks == a brute-force walk of each token's bytes (%ld tokens checked at every state of 15 random walks; "
           "specials never allowed, markers when the grammar takes them)", E->checked);
 }
 
@@ -444,8 +510,10 @@ static void test_replies(env *E)
         "{\"type\":\"function\",\"function\":{\"name\":\"free\",\"parameters\":{\"type\":\"object\"}}}]";
     static const char *const schema =
         "{\"type\":\"object\",\"properties\":{\"answer\":{\"type\":\"string\",\"maxLength\":25},\"score\":{\"type\":\"number\"},"
-        "\"items\":{\"type\":\"array\",\"items\":{\"anyOf\":[{\"type\":\"integer\"},{\"type\":\"null\"}]},\"maxItems\":4}},"
-        "\"required\":[\"answer\",\"score\"],\"additionalProperties\":false}";
+        "\"items\":{\"type\":\"array\",\"items\":{\"anyOf\":[{\"type\":\"integer\"},{\"type\":\"null\"}]},\"maxItems\":4},"
+        "\"mail\":{\"type\":\"string\",\"format\":\"email\",\"maxLength\":20},\"when\":{\"type\":\"string\",\"format\":\"date\"},"
+        "\"n\":{\"type\":\"integer\",\"exclusiveMinimum\":0,\"maximum\":90,\"multipleOf\":3}},"
+        "\"required\":[\"answer\",\"score\",\"mail\",\"when\",\"n\"],\"additionalProperties\":false}";
     static const struct { const char *what; kchat_format f; kchat_tool_choice tc; const char *name; int tools; } cfg[] = {
         {"response_format json_schema", KCHAT_FORMAT_JSON_SCHEMA, KCHAT_TOOL_CHOICE_AUTO, NULL, 0},
         {"response_format json_object", KCHAT_FORMAT_JSON_OBJECT, KCHAT_TOOL_CHOICE_AUTO, NULL, 0},

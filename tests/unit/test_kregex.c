@@ -1,0 +1,388 @@
+/* Patterns and formats as byte automata (run/grammar/kregex.c, kdfa.c, knum.c) against an
+ * independent matcher: PCRE2 (the tokenizer's regex library) run on the same strings.
+ *
+ *  - every pattern of a list (zod's, ajv-formats' style, and syntax corner cases) on thousands of
+ *    random strings drawn from the characters it cares about plus others: the automaton, walked
+ *    over the string as krun writes it in JSON (escapes) and as raw text, accepts exactly when
+ *    PCRE2 finds a match and the length is within the bounds given;
+ *  - no dead ends: random walks choosing any byte the automaton allows always reach an accepted
+ *    end, within maxLength;
+ *  - intersections (format with pattern) accept what both accept;
+ *  - numbers with exact bounds (knum): every decimal of a grid accepted exactly when its value,
+ *    read as a double, is within the bounds (strtod: what a JSON parser does);
+ *  - refusals name what they refuse.
+ * The formats against ajv-formats itself: tests/node/grammar.mjs. */
+#include "check.h"
+#include "testrand.h"
+
+#include "run/grammar/kdfa.h"
+#include "run/grammar/knum.h"
+#include "run/grammar/kregex.h"
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <math.h>
+#include <pcre2.h>
+#include <string.h>
+
+#define NO_MAX 0x7ffffffe
+
+/* The string (UTF-8) as krun writes it inside a JSON string: escapes for the controls, '"' and '\'. */
+static size_t json_text(const char *s, size_t n, char *out)
+{
+    static const char hexd[] = "0123456789abcdef";
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '"' || c == '\\') { out[k++] = '\\'; out[k++] = (char)c; }
+        else if (c == 8) { out[k++] = '\\'; out[k++] = 'b'; }
+        else if (c == 9) { out[k++] = '\\'; out[k++] = 't'; }
+        else if (c == 10) { out[k++] = '\\'; out[k++] = 'n'; }
+        else if (c == 12) { out[k++] = '\\'; out[k++] = 'f'; }
+        else if (c == 13) { out[k++] = '\\'; out[k++] = 'r'; }
+        else if (c < 0x20) { memcpy(out + k, "\\u00", 4); k += 4; out[k++] = hexd[c >> 4]; out[k++] = hexd[c & 15]; }
+        else out[k++] = (char)c;
+    }
+    return k;
+}
+
+/* Walk d over the bytes (JSON: then the closing quote).  1 accepted. */
+static int dfa_accepts(const kdfa *d, const char *text, size_t n)
+{
+    uint32_t st = 0;
+    int32_t chars = 0;
+    for (size_t i = 0; i < n; i++)
+        if (kdfa_byte(d, &st, &chars, (uint8_t)text[i]) != 1) return 0;
+    if (d->enc == KDFA_JSON) return kdfa_byte(d, &st, &chars, '"') == 2;
+    return kdfa_may_end(d, st, chars);
+}
+
+static size_t utf8_chars(const char *s, size_t n)
+{
+    size_t c = 0;
+    for (size_t i = 0; i < n; i++) c += ((unsigned char)s[i] & 0xc0) != 0x80;
+    return c;
+}
+
+static void put_cp(char *b, size_t *n, uint32_t c)
+{
+    if (c < 0x80) b[(*n)++] = (char)c;
+    else if (c < 0x800) { b[(*n)++] = (char)(0xc0 | c >> 6); b[(*n)++] = (char)(0x80 | (c & 0x3f)); }
+    else if (c < 0x10000) { b[(*n)++] = (char)(0xe0 | c >> 12); b[(*n)++] = (char)(0x80 | ((c >> 6) & 0x3f)); b[(*n)++] = (char)(0x80 | (c & 0x3f)); }
+    else { b[(*n)++] = (char)(0xf0 | c >> 18); b[(*n)++] = (char)(0x80 | ((c >> 12) & 0x3f)); b[(*n)++] = (char)(0x80 | ((c >> 6) & 0x3f)); b[(*n)++] = (char)(0x80 | (c & 0x3f)); }
+}
+
+typedef struct {
+    const char *re;
+    const char *alphabet;        /* characters drawn most often (UTF-8) */
+    const char *seeds[4];        /* strings mutated */
+} pcase;
+
+static const pcase CASES[] = {
+    {"^[a-z]+\\d{2,3}$", "abz0129-", {"abc12", "x999", "a1234"}},
+    {"mid", "mido", {"xxmidyy", "mi", "dmid"}},
+    {"^ab.*", "abx\n", {"abc", "ab", "xab"}},
+    {".*yz$", "xyz\n", {"ayz", "yz", "yza"}},
+    {"^(?:[A-Za-z0-9_'+\\-]+\\.)*[A-Za-z0-9_'+\\-]*[A-Za-z0-9_+-]@(?:[A-Za-z0-9][A-Za-z0-9\\-]*\\.)+[A-Za-z]{2,}$",
+     "ab.@-_+'1c", {"a.b@c.de", "a..b@c.de", "x@y.z", "'a@b.cd"}},
+    {"^([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[1-8][0-9a-fA-F]{3}-[89abAB][0-9a-fA-F]{3}-[0-9a-fA-F]{12}|00000000-0000-0000-0000-000000000000|ffffffff-ffff-ffff-ffff-ffffffffffff)$",
+     "0f8a-A", {"123e4567-e89b-12d3-a456-426614174000", "00000000-0000-0000-0000-000000000000", "123e4567-e89b-92d3-a456-426614174000"}},
+    {"^(?:(?:\\d\\d[2468][048]|\\d\\d[13579][26]|\\d\\d0[48]|[02468][048]00|[13579][26]00)-02-29|\\d{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\\d|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\\d|30)|(?:02)-(?:0[1-9]|1\\d|2[0-8])))$",
+     "0123-29", {"2024-02-29", "2023-02-29", "1900-02-29", "2000-02-29"}},
+    {"^(?:[01]\\d|2[0-3]):[0-5]\\d(?::[0-5]\\d(?:\\.\\d+)?)?$", "0129:.5", {"23:59", "24:00", "12:30:15.25"}},
+    {"^(?:(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9][0-9]|[0-9])\\.){3}(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9][0-9]|[0-9])$",
+     "0125.", {"192.168.0.1", "256.1.1.1", "1.2.3"}},
+    {"^(([0-9a-fA-F]{1,4}:){7}[0-9a-fA-F]{1,4}|([0-9a-fA-F]{1,4}:){1,7}:|([0-9a-fA-F]{1,4}:){1,6}:[0-9a-fA-F]{1,4}|([0-9a-fA-F]{1,4}:){1,5}(:[0-9a-fA-F]{1,4}){1,2}|([0-9a-fA-F]{1,4}:){1,4}(:[0-9a-fA-F]{1,4}){1,3}|([0-9a-fA-F]{1,4}:){1,3}(:[0-9a-fA-F]{1,4}){1,4}|([0-9a-fA-F]{1,4}:){1,2}(:[0-9a-fA-F]{1,4}){1,5}|[0-9a-fA-F]{1,4}:((:[0-9a-fA-F]{1,4}){1,6})|:((:[0-9a-fA-F]{1,4}){1,7}|:))$",
+     "0af:", {"::1", "fe80::1:2", "1:2:3:4:5:6:7:8", "1::2::3"}},
+    {"^$|^(?:[0-9a-zA-Z+/]{4})*(?:(?:[0-9a-zA-Z+/]{2}==)|(?:[0-9a-zA-Z+/]{3}=))?$", "aZ9+/=", {"", "YWJj", "YWI=", "YQ=="}},
+    {"^[cC][0-9a-z]{6,}$", "c0az", {"cjld2cjxh0000qzrmn831i7rn", "c12"}},
+    {"^[^A-Z]*$", "aA1 ", {"abc", "aBc"}},
+    {"^\\+[1-9]\\d{6,14}$", "+0195", {"+14155552671", "+0123"}},
+    {"^[0-7][0-9A-HJKMNP-TV-Za-hjkmnp-tv-z]{25}$", "07AHJKz", {"01ARZ3NDEKTSV4RRFFQ69G5FAV"}},
+    {"a|b|", "abc", {"", "c"}},
+    {"^(a|ab)(c|bcd)(d*)$", "abcd", {"abcd", "acd"}},
+    {"^(?:a{2,3}){2}$", "ab", {"aaaa", "aaaaaa", "aaaaaaa"}},
+    {"^x*?y+?z??$", "xyz", {"xxyz", "y"}},
+    {"[\\d\\-x]{3}", "1-xa", {"1-x", "a12"}},
+    {"^[\\u00e9-\\u00ff\\u4e00]+$", "\xc3\xa9\xc3\xbf\xe4\xb8\x80" "a", {"\xc3\xa9\xe4\xb8\x80"}},
+    {"^[^\"\\\\]+\\\\\"$", "a\"\\", {"ab\\\"", "a\"b"}},
+    {"^\\t\\n\\x41\\cJ$", "\t\nA", {"\t\nA\n"}},
+    {"^(?<word>[a-c]+)\\.\\/$", "abc./", {"ab./"}},
+    {"\\W\\S\\D", "a1 !", {"!a a", " 1a"}},
+    {"^[\\w\\s]{2}$", "a \t!", {"a ", "\t\t"}},
+};
+
+/* Does PCRE2 (compiled for ECMAScript's reading: UTF, $ only at the end, \u escapes, . not a line
+ * end) match s? */
+static int pcre_matches(pcre2_code *re, pcre2_match_data *md, const char *s, size_t n)
+{
+    return pcre2_match(re, (PCRE2_SPTR)s, n, 0, 0, md, NULL) >= 0;
+}
+
+static pcre2_code *pcre_of(const char *re)
+{
+    int err;
+    PCRE2_SIZE off;
+    pcre2_compile_context *cc = pcre2_compile_context_create(NULL);
+    pcre2_code *c;
+    pcre2_set_newline(cc, PCRE2_NEWLINE_ANYCRLF);
+    pcre2_set_compile_extra_options(cc, PCRE2_EXTRA_ALT_BSUX);
+    c = pcre2_compile((PCRE2_SPTR)re, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_DOLLAR_ENDONLY | PCRE2_ALT_BSUX, &err, &off, cc);
+    pcre2_compile_context_free(cc);
+    return c;
+}
+
+/* A random string: pieces of the seeds and characters of the alphabet, sometimes others. */
+static size_t random_string(const pcase *pc, char *out)
+{
+    size_t n = 0, alen = strlen(pc->alphabet), nseeds = 0;
+    uint32_t cps[64];
+    size_t ncp = 0;
+    while (nseeds < 4 && pc->seeds[nseeds]) nseeds++;
+    for (size_t i = 0; i < alen;) {        /* the alphabet's code points */
+        unsigned char c = (unsigned char)pc->alphabet[i];
+        uint32_t cp = c;
+        int k = c < 0x80 ? 0 : c >= 0xf0 ? 3 : c >= 0xe0 ? 2 : 1;
+        if (k) cp = c & (0x3f >> k);
+        i++;
+        for (int j = 0; j < k; j++, i++) cp = (cp << 6) | ((unsigned char)pc->alphabet[i] & 0x3f);
+        if (ncp < 64) cps[ncp++] = cp;
+    }
+    if (nseeds && (rnd() & 1)) {
+        const char *s = pc->seeds[rnd() % nseeds];
+        size_t l = strlen(s);
+        memcpy(out, s, l);
+        n = l;
+        /* a few edits: a character replaced, inserted or removed (whole characters) */
+        for (int e = (int)(rnd() % 3); e > 0 && n; e--) {
+            size_t at = rnd() % n;
+            while (at && ((unsigned char)out[at] & 0xc0) == 0x80) at--;
+            if (rnd() % 3 == 0) {
+                size_t end = at + 1;
+                while (end < n && ((unsigned char)out[end] & 0xc0) == 0x80) end++;
+                memmove(out + at, out + end, n - end);
+                n -= end - at;
+            } else {
+                char tmp[8];
+                size_t t = 0;
+                put_cp(tmp, &t, cps[rnd() % ncp]);
+                memmove(out + at + t, out + at, n - at);
+                memcpy(out + at, tmp, t);
+                n += t;
+            }
+        }
+        return n;
+    }
+    for (size_t len = rnd() % 12; len > 0; len--) {
+        uint32_t r = (uint32_t)(rnd() % 20), cp;
+        if (r < 16 && ncp) cp = cps[rnd() % ncp];
+        else if (r < 18) cp = 0x20 + (uint32_t)(rnd() % 95);
+        else if (r == 18) cp = 1 + (uint32_t)(rnd() % 31);
+        else cp = (uint32_t[]){0xe9, 0x4e00, 0x1f600, 0x7f, 0x80, 0xffff}[rnd() % 6];
+        if (cp == '\r' || cp == 0x0b || cp == 0x0c || cp == 0x85) cp = 'q';    /* PCRE2 and ECMAScript read these apart */
+        put_cp(out, &n, cp);
+    }
+    return n;
+}
+
+static void test_patterns(void)
+{
+    int bad_cases = 0;
+    long tried = 0, matched = 0;
+    for (size_t k = 0; k < sizeof CASES / sizeof *CASES; k++) {
+        const pcase *pc = &CASES[k];
+        pcre2_code *re = pcre_of(pc->re);
+        pcre2_match_data *md = re ? pcre2_match_data_create_from_pattern(re, NULL) : NULL;
+        int wrong = 0;
+        if (!re || !md) { printf("# PCRE2 refused %s\n", pc->re); bad_cases++; continue; }
+        for (int enc = 0; enc < 2; enc++)
+            for (int b = 0; b < 3; b++) {
+                /* bounds: none, a maxLength, both */
+                int32_t lo = b == 2 ? 2 : 0, hi = b ? 6 : NO_MAX;
+                char msg[400];
+                int empty, oom;
+                kdfa *d = kregex_compile(pc->re, strlen(pc->re), 0, enc, lo, hi, &empty, &oom, msg, sizeof msg);
+                if (!d) {
+                    if (!empty) { printf("# %s refused: %s\n", pc->re, msg); wrong++; }
+                    continue;
+                }
+                for (int t = 0; t < 1500; t++) {
+                    char s[256], j[1600];
+                    size_t n = random_string(pc, s), chars = utf8_chars(s, n), jn;
+                    int want = pcre_matches(re, md, s, n) && (int32_t)chars >= lo && (int32_t)chars <= hi, got;
+                    if (memchr(s, 0, n)) continue;
+                    jn = enc == KDFA_JSON ? json_text(s, n, j) : (memcpy(j, s, n), n);
+                    got = dfa_accepts(d, j, jn);
+                    tried++;
+                    matched += want;
+                    if (got != want && wrong++ < 3)
+                        printf("# %s (%s, %d..%d chars) on \"%.*s\": automaton %d, PCRE2 %d\n", pc->re, enc ? "raw" : "JSON", lo, hi, (int)n, s, got, want);
+                }
+                kdfa_free(d);
+            }
+        if (wrong) bad_cases++;
+        pcre2_match_data_free(md);
+        pcre2_code_free(re);
+    }
+    CHECK(!bad_cases && matched > tried / 20, "%zu patterns x (JSON, raw) x (no bounds, maxLength, both) on %ld random strings (%ld matching): "
+          "the automaton accepts exactly what PCRE2 matches within the lengths", sizeof CASES / sizeof *CASES, tried, matched);
+}
+
+/* From the start, any allowed byte at random: an accepted end is always reached. */
+static void test_no_dead_ends(void)
+{
+    int bad = 0, walks = 0;
+    for (size_t k = 0; k < sizeof CASES / sizeof *CASES; k++)
+        for (int b = 0; b < 2; b++) {
+            char msg[400];
+            int empty, oom;
+            int32_t lo = b ? 3 : 0, hi = b ? 9 : NO_MAX;
+            kdfa *d = kregex_compile(CASES[k].re, strlen(CASES[k].re), 0, KDFA_JSON, lo, hi, &empty, &oom, msg, sizeof msg);
+            if (!d) continue;
+            for (int w = 0; w < 200; w++, walks++) {
+                uint32_t st = 0;
+                int32_t chars = 0;
+                int done = 0;
+                for (int step = 0; step < 400 && !done; step++) {
+                    uint8_t set[32] = {0}, opts[256];
+                    int no = 0;
+                    kdfa_first(d, st, chars, set);
+                    for (int x = 0; x < 256; x++) {
+                        uint32_t s2 = st;
+                        int32_t c2 = chars;
+                        if ((set[x >> 3] >> (x & 7) & 1) && kdfa_byte(d, &s2, &c2, (uint8_t)x)) opts[no++] = (uint8_t)x;
+                    }
+                    if (!no) { bad++; printf("# %s: a dead end after %d characters\n", CASES[k].re, chars); break; }
+                    {
+                        uint8_t x = (step > 60 && memchr(opts, '"', (size_t)no)) ? '"' : opts[rnd() % (uint64_t)no];
+                        if (kdfa_byte(d, &st, &chars, x) == 2) done = 1;
+                    }
+                }
+                if (chars > hi) bad++;
+            }
+            kdfa_free(d);
+        }
+    CHECK(!bad, "%d random walks through %zu automata (with and without bounds) never meet a dead end", walks, sizeof CASES / sizeof *CASES);
+}
+
+static void test_formats_and_intersection(void)
+{
+    char msg[400];
+    int empty, oom, known, bad = 0;
+    for (int i = 0; kregex_format_names[i]; i++) {
+        kdfa *d = kregex_format(kregex_format_names[i], KDFA_JSON, 0, NO_MAX, &known, &empty, &oom, msg, sizeof msg);
+        if (!d || !known) { bad++; printf("# format %s: %s\n", kregex_format_names[i], msg); }
+        kdfa_free(d);
+    }
+    kregex_format("jwt", KDFA_JSON, 0, NO_MAX, &known, &empty, &oom, msg, sizeof msg);
+    CHECK(!bad && !known, "every format named compiles; an unknown one is said to be unknown");
+    {
+        kdfa *f = kregex_format("email", KDFA_JSON, 0, NO_MAX, &known, &empty, &oom, msg, sizeof msg);
+        kdfa *p = kregex_compile("^[a-z.]+@", 9, 0, KDFA_JSON, 0, NO_MAX, &empty, &oom, msg, sizeof msg);
+        int big;
+        kdfa *both = kdfa_intersect(f, p, 0, 12, &empty, &big);
+        static const struct { const char *s; int want; } t[] = {{"a.b@c.de", 1}, {"a1@c.de", 0}, {"ab@cd", 0}, {"abcdefg@hi.jk", 0}, {"ab@c.de", 1}};
+        int wrong = 0;
+        for (size_t i = 0; both && i < sizeof t / sizeof *t; i++) wrong += dfa_accepts(both, t[i].s, strlen(t[i].s)) != t[i].want;
+        CHECK(both && !wrong, "email format & ^[a-z.]+@ & at most 12 characters: %d of 5 wrong", wrong);
+        kdfa_free(f); kdfa_free(p); kdfa_free(both);
+    }
+    {
+        kdfa *d = kregex_format("hostname", KDFA_JSON, 0, NO_MAX, &known, &empty, &oom, msg, sizeof msg);
+        char host[300];
+        memset(host, 'a', 253);
+        for (int i = 60; i < 253; i += 61) host[i] = '.';
+        CHECK(d && dfa_accepts(d, host, 253) && !dfa_accepts(d, host, 254 - 0 * (host[253] = 'a')), "hostname: 253 characters at most");
+        kdfa_free(d);
+    }
+}
+
+/* Escapes PCRE2 spells otherwise: \\u{...} and a surrogate pair of \\u escapes are one character each. */
+static void test_unicode_escapes(void)
+{
+    char msg[400];
+    int empty, oom;
+    const char *re = "^\\u{1F600}\\uD83D\\uDE01[\\u{10000}-\\u{10FFFF}]$";
+    kdfa *d = kregex_compile(re, strlen(re), 0, KDFA_RAW, 0, NO_MAX, &empty, &oom, msg, sizeof msg);
+    CHECK(d && dfa_accepts(d, "\xf0\x9f\x98\x80\xf0\x9f\x98\x81\xf4\x8f\xbf\xbf", 12) &&
+          !dfa_accepts(d, "\xf0\x9f\x98\x80\xf0\x9f\x98\x81\xef\xbf\xbf", 11), "\\u{1F600}, a surrogate pair of \\u escapes, astral ranges: one character each");
+    kdfa_free(d);
+}
+
+static void test_refusals(void)
+{
+    static const struct { const char *re, *words; } r[] = {
+        {"(?=a)b", "lookahead"}, {"(?!a)b", "lookahead"}, {"(?<=a)b", "lookbehind"}, {"(a)\\1", "backreferences"},
+        {"\\k<x>", "backreferences"}, {"\\bx", "word boundaries"}, {"\\p{L}", "property"}, {"[a", "not closed"},
+        {"(a", "not closed"}, {"a)", "unmatched"}, {"*a", "nothing to repeat"}, {"a{2000}", "quantifiers above"},
+        {"\\q", "unknown escape"}, {"[z-a]", "out of order"},
+        {"(a|b)*a(a|b)(a|b)(a|b)(a|b)(a|b)(a|b)(a|b)(a|b)(a|b)(a|b)(a|b)(a|b)(a|b)", "too complex"},
+    };
+    int bad = 0;
+    for (size_t i = 0; i < sizeof r / sizeof *r; i++) {
+        char msg[400];
+        int empty, oom;
+        kdfa *d = kregex_compile(r[i].re, strlen(r[i].re), 0, KDFA_JSON, 0, NO_MAX, &empty, &oom, msg, sizeof msg);
+        if (d || !strstr(msg, r[i].words)) { bad++; printf("# %s: %s\n", r[i].re, d ? "compiled" : msg); }
+        kdfa_free(d);
+    }
+    CHECK(!bad, "%zu patterns refused, each message naming what (%d wrong)", sizeof r / sizeof *r, bad);
+}
+
+/* knum: decimals on a grid, accepted exactly when strtod's double is within the bounds. */
+static int num_accepts(const knum *n, const char *s)
+{
+    uint64_t st = 0;
+    for (const char *p = s; *p; p++)
+        if (!knum_byte(n, &st, (uint8_t)*p)) return 0;
+    return knum_complete(n, st);
+}
+
+static void test_numbers(void)
+{
+    static const struct { int integer; int hl; double lo; int le; int hh; double hi; int he; uint64_t m; } b[] = {
+        {0, 1, 0, 0, 1, 1, 0, 0}, {0, 1, -0.5, 0, 1, 1, 1, 0}, {0, 1, 2.5, 1, 1, 10, 1, 0}, {0, 0, 0, 0, 1, 0.1, 1, 0},
+        {1, 1, 100, 0, 1, 200, 0, 0}, {1, 1, -7, 1, 1, 7, 0, 3}, {0, 1, 0, 1, 0, 0, 0, 0}, {0, 1, 1e-3, 0, 1, 1.0001, 0, 0},
+        {1, 1, -9007199254740991.0, 0, 1, 9007199254740991.0, 0, 0}, {0, 1, 0.30000000000000004, 0, 1, 0.3000000000000001, 0, 0},
+    };
+    int bad = 0;
+    long tried = 0, yes = 0;
+    for (size_t i = 0; i < sizeof b / sizeof *b; i++) {
+        knum n;
+        knum_init(&n, b[i].integer, b[i].m);
+        if (b[i].hl) knum_bound(&n, 1, b[i].lo, b[i].le);
+        if (b[i].hh) knum_bound(&n, 0, b[i].hi, b[i].he);
+        for (int t = 0; t < 20000; t++) {
+            char s[64];
+            int digits = 1 + (int)(rnd() % 15), f = b[i].integer ? 0 : (int)(rnd() % (uint64_t)digits), k = digits - f;
+            size_t p = 0;
+            double v;
+            int want, got;
+            if (rnd() & 1) s[p++] = '-';
+            if (k == 1 && rnd() % 3 == 0) s[p++] = '0';
+            else for (int j = 0; j < k; j++) s[p++] = (char)('0' + (j ? rnd() % 10 : (k > 3 ? 1 + rnd() % 9 : rnd() % 10)));
+            if (k > 1 && s[p - k] == '0') s[p - k] = '1';
+            if (f) { s[p++] = '.'; for (int j = 0; j < f; j++) s[p++] = (char)('0' + rnd() % 10); }
+            s[p] = 0;
+            v = strtod(s, NULL);
+            want = (!b[i].hl || (b[i].le ? v > b[i].lo : v >= b[i].lo)) && (!b[i].hh || (b[i].he ? v < b[i].hi : v <= b[i].hi)) &&
+                   (!b[i].integer || v == floor(v)) && (!b[i].m || fmod(v, (double)b[i].m) == 0);
+            got = num_accepts(&n, s);
+            tried++;
+            yes += want;
+            if (got != want && bad++ < 5) printf("# bounds %zu on %s: knum %d, doubles %d\n", i, s, got, want);
+        }
+    }
+    CHECK(!bad && yes > tried / 10, "%ld decimals on %zu sets of bounds (%ld within): accepted exactly when their double is within", tried,
+          sizeof b / sizeof *b, yes);
+}
+
+int main(void)
+{
+    test_patterns();
+    test_no_dead_ends();
+    test_formats_and_intersection();
+    test_unicode_escapes();
+    test_refusals();
+    test_numbers();
+    return check_exit();
+}
