@@ -1,6 +1,7 @@
 /* Token masks for constrained decoding (tokmask.h). */
 #include "tokmask.h"
 
+#include "kdfa.h"
 #include "run/text/chat.h"
 #include "run/util/krun_err.h"
 
@@ -41,8 +42,21 @@ struct kmask_index {
     size_t bytes;
 };
 
+/* A pattern's automaton at one state, against the trie (built when first met, kept by the kmask): the
+ * tokens that stay inside the text, and the trie nodes where a token closes the string (its closing
+ * quote: the tokens there and below go on past it).  For automata without length bounds only. */
+typedef struct {
+    uint16_t dfa;
+    uint32_t state;
+    uint64_t *inside;
+    uint32_t *exits;
+    size_t n_exits;
+} dfa_table;
+
 struct kmask {
     const kmask_index *ix;
+    dfa_table *dt;            /* the pattern tables met so far */
+    size_t n_dt, cap_dt;
     const kgram *g;
     kg_set cur, tmp;
     uint32_t *cur_w, *tmp_w;
@@ -275,6 +289,8 @@ void kmask_free(kmask *m)
     free(m->tmp_w);
     free(m->gen_w);
     free(m->arena);
+    for (size_t i = 0; i < m->n_dt; i++) { free(m->dt[i].inside); free(m->dt[i].exits); }
+    free(m->dt);
     free(m);
 }
 
@@ -309,17 +325,17 @@ static int arena_room(kmask *m, size_t at)
  * the bytes that may follow, and the next child to look at. */
 typedef struct { uint32_t node, child; size_t at, n; unsigned threads; uint8_t first[32]; } level;
 
-/* Walk trie t from its root with the state s (copied into the arena): every token whose bytes
- * continue s is allowed, if chars_ok allows its characters. */
-static void walk(kmask *m, const trie *t, const kg_set *s, int32_t room, int32_t need)
+/* Walk trie t from node root with the state s (copied into the arena): every token below root whose
+ * bytes after root's continue s is allowed, if its characters are within room and need. */
+static void walk_from(kmask *m, const trie *t, uint32_t root, const kg_set *s, int32_t room, int32_t need)
 {
     level lv[300];
     int d = 0;
     if (!t->n || !s->threads || arena_room(m, 0)) return;
     memcpy(m->arena, s->w, s->n * sizeof *s->w);
-    lv[0] = (level){0, 1, 0, s->n, s->threads, {0}};
+    lv[0] = (level){root, root + 1, 0, s->n, s->threads, {0}};
     kgram_first_bytes(m->g, s, lv[0].first);
-    for (uint32_t k = t->tok_first[0]; k < t->tok_first[1]; k++)      /* the root's tokens: nothing more to walk */
+    for (uint32_t k = t->tok_first[root]; k < t->tok_first[root + 1]; k++)      /* the root's tokens: nothing more to walk */
         if (t->tok_chars[k] <= room && t->tok_chars[k] >= need) allow(m, t->tok[k]);
     while (d >= 0) {
         level *L = &lv[d];
@@ -349,6 +365,8 @@ static void walk(kmask *m, const trie *t, const kg_set *s, int32_t room, int32_t
         }
     }
 }
+
+static void walk(kmask *m, const trie *t, const kg_set *s, int32_t room, int32_t need) { walk_from(m, t, 0, s, room, need); }
 
 static void or_bits(kmask *m, const uint64_t *src)
 {
@@ -386,6 +404,87 @@ static void from_table(kmask *m, const text_table *tt, kg_body_kind kind, const 
     }
 }
 
+/* The table of automaton di at state st (kdfa_unbounded: the state alone decides), built once. */
+static const dfa_table *dfa_table_of(kmask *m, uint16_t di, uint32_t st)
+{
+    const kmask_index *ix = m->ix;
+    const trie *t = &ix->t;
+    const kdfa *d = kgram_dfa(m->g, di);
+    dfa_table *x;
+    uint32_t *stack_end, *stack_st;
+    size_t sp = 0, cap_exits = 64;
+    for (size_t i = 0; i < m->n_dt; i++)
+        if (m->dt[i].dfa == di && m->dt[i].state == st) return &m->dt[i];
+    if (m->n_dt == m->cap_dt) {
+        size_t cap = m->cap_dt ? 2 * m->cap_dt : 8;
+        dfa_table *v = realloc(m->dt, cap * sizeof *v);
+        if (!v) return NULL;
+        m->dt = v;
+        m->cap_dt = cap;
+    }
+    x = &m->dt[m->n_dt];
+    x->dfa = di;
+    x->state = st;
+    x->n_exits = 0;
+    x->inside = calloc(ix->words, sizeof *x->inside);
+    x->exits = malloc(cap_exits * sizeof *x->exits);
+    stack_end = malloc(301 * sizeof *stack_end);
+    stack_st = malloc(301 * sizeof *stack_st);
+    if (!x->inside || !x->exits || !stack_end || !stack_st) {
+        free(x->inside); free(x->exits); free(stack_end); free(stack_st);
+        return NULL;
+    }
+    /* the trie in its order, each node with the automaton's state after its bytes */
+    stack_end[0] = (uint32_t)t->n;
+    stack_st[0] = st;
+    for (uint32_t i = 1; i < t->n;) {
+        uint32_t ps, ns;
+        uint8_t b = t->byte[i];
+        while (sp && i >= stack_end[sp]) sp--;
+        ps = stack_st[sp];
+        if (d->enc == KDFA_JSON && b == '"' && (d->flags[ps] & KDFA_BOUNDARY)) {
+            if (d->flags[ps] & KDFA_ACCEPT) {
+                if (x->n_exits == cap_exits) {
+                    uint32_t *v = realloc(x->exits, 2 * cap_exits * sizeof *v);
+                    if (!v) { free(x->inside); free(x->exits); free(stack_end); free(stack_st); return NULL; }
+                    x->exits = v;
+                    cap_exits *= 2;
+                }
+                x->exits[x->n_exits++] = i;
+            }
+            i = t->end[i];
+            continue;
+        }
+        ns = d->next[(size_t)ps * d->n_classes + d->cls[b]];
+        if (ns == KDFA_DEAD) { i = t->end[i]; continue; }
+        for (uint32_t k = t->tok_first[i]; k < t->tok_first[i + 1]; k++) bit_set(x->inside, (size_t)t->tok[k]);
+        if (t->end[i] > i + 1 && sp + 1 < 300) { sp++; stack_end[sp] = t->end[i]; stack_st[sp] = ns; i++; }
+        else i = t->end[i];
+    }
+    free(stack_end);
+    free(stack_st);
+    m->n_dt++;
+    return x;
+}
+
+/* A thread resting in a pattern's text without length bounds: its table, and past the closing quote
+ * the trie below each exit walked from the state after the quote. */
+static int from_dfa(kmask *m, const uint32_t *thread, size_t len)
+{
+    const uint32_t *top = thread + len - 3;
+    const kg_node *x = kgram_node(m->g, top[0]);
+    const dfa_table *dt = dfa_table_of(m, x->set, top[2]);
+    uint32_t one[KG_THREAD_WORDS(KG_MAX_DEPTH)];
+    kg_set s1 = {one, len, len, 1}, s2 = {m->tmp.w, 0, KG_SET_WORDS, 0};
+    if (!dt) return -1;
+    or_bits(m, dt->inside);
+    if (!dt->n_exits) return 0;
+    memcpy(one, thread, len * sizeof *one);
+    kgram_step(m->g, &s1, '"', &s2);
+    for (size_t i = 0; i < dt->n_exits; i++) walk_from(m, &m->ix->t, dt->exits[i], &s2, KG_INF, 0);
+    return 0;
+}
+
 long kmask_allowed(kmask *m, uint64_t *bits)
 {
     const kmask_index *ix = m->ix;
@@ -404,6 +503,8 @@ long kmask_allowed(kmask *m, uint64_t *bits)
             or_bits(m, ix->text);
         } else if (x->kind == KG_BODY && x->arg < KG_NTEXT && top[2] == 0) {
             from_table(m, x->arg == KG_TEXT_JSON ? &ix->json : x->arg == KG_TEXT_RAW ? &ix->raw : &ix->attr, (kg_body_kind)x->arg, t, len);
+        } else if (x->kind == KG_BODY && x->arg == KG_TEXT_DFA && kdfa_unbounded(kgram_dfa(m->g, x->set))) {
+            if (from_dfa(m, t, len)) m->oom = 1;
         } else if (x->kind != KG_SYM && x->kind != KG_ACCEPT) {
             memcpy(gen.w + gen.n, t, len * sizeof *t);
             gen.n += len;
