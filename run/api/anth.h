@@ -52,13 +52,15 @@ typedef struct {
     const char *stop_reason;
     const char *stop_sequence;    /* the stop sequence that ended it, or NULL */
     long input_tokens, output_tokens;
+    long cached_tokens;           /* of the input, those the prefix cache held (usage.cache_read_input_tokens) */
 } anth_result;
 char *anth_message_response(const oai_meta *m, const anth_result *r);
 /* {"input_tokens": n} */
 char *anth_count_tokens_response(long input_tokens);
 
 /* Server-sent events: "event: NAME\ndata: JSON\n\n". */
-char *anth_sse_message_start(const oai_meta *m, long input_tokens);   /* message_start, then a ping */
+/* message_start (usage: input_tokens those run, cache_read_input_tokens those cached), then a ping */
+char *anth_sse_message_start(const oai_meta *m, long input_tokens, long cached_tokens);
 /* content_block_start of a thinking / text block (index), or of a tool_use block (id, name). */
 char *anth_sse_block_start(int index, const char *type, const char *id, const char *name);
 /* content_block_delta: thinking_delta, text_delta or input_json_delta (kind: "thinking", "text", "json"). */
@@ -68,6 +70,10 @@ char *anth_sse_block_stop(int index);
 char *anth_sse_message_end(const char *stop_reason, const char *stop_sequence, long output_tokens);
 /* An error event in a started stream. */
 char *anth_sse_error(const oai_error *e);
+
+/* An error from the layers that speak OpenAI's field names (the constraint, the renderer), in
+ * Anthropic's: tools.1.input_schema..., output_config.format.schema..., messages.2. */
+void anth_error_rename(oai_error *e);
 
 /* The OpenAI finish_reason as Anthropic's stop_reason (stop with a stop string: stop_sequence). */
 const char *anth_stop_reason(const char *finish_reason, int stop_string);

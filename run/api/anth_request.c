@@ -261,6 +261,7 @@ static int get_tools(json_t *o, anth_request *r, kreq_arena *a, oai_error *e)
         if (!json_is_object(tc)) return kreq_wrong_type(e, "tool_choice", "an object", tc);
         if (!json_is_string(type)) return type ? kreq_wrong_type(e, "tool_choice.type", "a string", type) : required(e, "tool_choice.type");
         if (dp && !json_is_boolean(dp)) return kreq_wrong_type(e, "tool_choice.disable_parallel_tool_use", "a boolean", dp);
+        r->chat.single_call = json_is_true(dp);
         if (kreq_str_is(type, "auto")) r->chat.tool_choice = KCHAT_TOOL_CHOICE_AUTO;
         else if (kreq_str_is(type, "none")) r->chat.tool_choice = KCHAT_TOOL_CHOICE_NONE;
         else if (kreq_str_is(type, "any")) r->chat.tool_choice = KCHAT_TOOL_CHOICE_REQUIRED;
@@ -289,8 +290,15 @@ static int get_thinking(json_t *o, anth_request *r, oai_error *e)
     if (!json_is_object(t)) return kreq_wrong_type(e, "thinking", "an object", t);
     type = json_object_get(t, "type");
     if (kreq_str_is(type, "disabled")) return 0;
+    if (kreq_str_is(type, "adaptive")) {
+        /* the model decides how much to think: K3 thinking on with no effort message (the chat
+         * templates' "no effort"), unless output_config.effort names one (get_output_config) */
+        r->chat.thinking = 1;
+        return 0;
+    }
     if (!kreq_str_is(type, "enabled"))
-        return type ? refuse(e, "thinking.type", "must be \"enabled\" or \"disabled\", not \"%.40s\"", json_is_string(type) ? json_string_value(type) : "?")
+        return type ? refuse(e, "thinking.type", "must be \"enabled\", \"adaptive\" or \"disabled\", not \"%.40s\"",
+                             json_is_string(type) ? json_string_value(type) : "?")
                     : required(e, "thinking.type");
     b = json_object_get(t, "budget_tokens");
     if (!json_is_integer(b)) return b ? kreq_wrong_type(e, "thinking.budget_tokens", "an integer", b) : required(e, "thinking.budget_tokens");
@@ -364,6 +372,37 @@ static int get_sampling(json_t *o, anth_request *r, int count_tokens, kreq_arena
     return 0;
 }
 
+/* output_config: format {type: json_schema, schema} (the reply is one JSON value the schema accepts,
+ * by the same constraint as OpenAI's response_format) and effort (low, medium, high, max: K3's
+ * thinking effort, when thinking is on). */
+static int get_output_config(json_t *o, anth_request *r, kreq_arena *a, oai_error *e)
+{
+    json_t *oc = kreq_field(o, "output_config"), *f, *ef;
+    if (!oc) return 0;
+    if (!json_is_object(oc)) return kreq_wrong_type(e, "output_config", "an object", oc);
+    if ((f = kreq_field(oc, "format"))) {
+        json_t *type = json_object_get(f, "type"), *schema = json_object_get(f, "schema");
+        if (!json_is_object(f)) return kreq_wrong_type(e, "output_config.format", "an object", f);
+        if (!kreq_str_is(type, "json_schema"))
+            return type ? refuse(e, "output_config.format.type", "%s", "must be \"json_schema\"") : required(e, "output_config.format.type");
+        if (!schema) return required(e, "output_config.format.schema");
+        if (!json_is_object(schema) && !json_is_boolean(schema)) return kreq_wrong_type(e, "output_config.format.schema", "an object (a JSON Schema)", schema);
+        r->chat.format = KCHAT_FORMAT_JSON_SCHEMA;
+        r->chat.format_schema = kreq_keep(a, json_dumps(schema, JSON_COMPACT | JSON_ENCODE_ANY));
+        if (!r->chat.format_schema) return OOM(e);
+    }
+    if ((ef = kreq_field(oc, "effort"))) {
+        static const struct { const char *name; kchat_effort effort; } map[] = {
+            {"low", KCHAT_EFFORT_LOW}, {"medium", KCHAT_EFFORT_HIGH}, {"high", KCHAT_EFFORT_HIGH}, {"max", KCHAT_EFFORT_MAX},
+        };
+        size_t k = 0;
+        while (k < sizeof map / sizeof *map && !kreq_str_is(ef, map[k].name)) k++;
+        if (k == sizeof map / sizeof *map) return refuse(e, "output_config.effort", "%s", "must be \"low\", \"medium\", \"high\" or \"max\"");
+        if (r->chat.thinking) r->chat.effort = map[k].effort;
+    }
+    return 0;
+}
+
 int anth_parse_request(const char *body, size_t len, int count_tokens, anth_request *req, oai_error *e)
 {
     kreq_arena *a = calloc(1, sizeof *a);
@@ -374,7 +413,9 @@ int anth_parse_request(const char *body, size_t len, int count_tokens, anth_requ
     if (!(a->root = kreq_body(body, len, e))) { kreq_arena_free(a); return -1; }
     o = a->root;
     kchat_options_default(&req->chat);
-    if (get_thinking(o, req, e) || get_sampling(o, req, count_tokens, a, e) || get_tools(o, req, a, e)) goto bad;
+    if (get_thinking(o, req, e) || get_sampling(o, req, count_tokens, a, e) || get_tools(o, req, a, e) ||
+        get_output_config(o, req, a, e))
+        goto bad;
     sys = kreq_field(o, "system");
     if (sys) {
         kchat_message *m = push(&l, a);
@@ -399,11 +440,11 @@ int anth_parse_request(const char *body, size_t len, int count_tokens, anth_requ
         else { refuse(e, p, "%s", "must be \"user\" or \"assistant\" (the system prompt is the top-level system field)"); goto bad; }
     }
     if (l.n && l.m[l.n - 1].role == KCHAT_ASSISTANT) {
-        /* a final assistant message would be continued (prefill): not supported */
+        /* a final assistant message is the reply begun (a prefill): continued from its text */
         char p[64];
         snprintf(p, sizeof p, "messages.%zu", json_array_size(ms) - 1);
-        refuse(e, p, "%s", "a final assistant message (prefilling the reply) is not supported: end with a user message");
-        goto bad;
+        if (l.m[l.n - 1].n_tool_calls) { refuse(e, p, "%s", "a final assistant message (a prefill) must not hold tool_use blocks"); goto bad; }
+        req->chat.continue_final = 1;
     }
     req->messages = kreq_keep(a, l.m);
     if (!req->messages) { l.m = NULL; OOM(e); goto bad; }

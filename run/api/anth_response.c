@@ -65,9 +65,12 @@ const char *anth_stop_reason(const char *finish_reason, int stop_string)
     return stop_string ? "stop_sequence" : "end_turn";
 }
 
-static json_t *usage(long in, long out)
+/* Anthropic counts the prompt in parts: input_tokens those run, cache_read_input_tokens those the
+ * prefix cache held (krun writes no cache entry a client pays for: cache_creation_input_tokens 0). */
+static json_t *usage(long in, long cached, long out)
 {
-    return json_pack("{sI sI}", "input_tokens", (json_int_t)in, "output_tokens", (json_int_t)out);
+    return json_pack("{sI sI sI sI}", "input_tokens", (json_int_t)(in - cached), "cache_creation_input_tokens", (json_int_t)0,
+                     "cache_read_input_tokens", (json_int_t)cached, "output_tokens", (json_int_t)out);
 }
 
 static json_t *head(const oai_meta *m)
@@ -96,7 +99,7 @@ char *anth_message_response(const oai_meta *m, const anth_result *r)
         content = NULL;
         bad |= json_object_set_new(o, "stop_reason", json_string(r->stop_reason));
         bad |= json_object_set_new(o, "stop_sequence", r->stop_sequence ? text_json(r->stop_sequence, strlen(r->stop_sequence)) : json_null());
-        bad |= json_object_set_new(o, "usage", usage(r->input_tokens, r->output_tokens));
+        bad |= json_object_set_new(o, "usage", usage(r->input_tokens, r->cached_tokens, r->output_tokens));
     }
     json_decref(content);
     if (bad) { json_decref(o); return NULL; }
@@ -105,12 +108,12 @@ char *anth_message_response(const oai_meta *m, const anth_result *r)
 
 char *anth_count_tokens_response(long input_tokens) { return dump(json_pack("{sI}", "input_tokens", (json_int_t)input_tokens)); }
 
-char *anth_sse_message_start(const oai_meta *m, long input_tokens)
+char *anth_sse_message_start(const oai_meta *m, long input_tokens, long cached_tokens)
 {
     json_t *msg = head(m);
     char *a, *b, *s = NULL;
     if (!msg || json_object_set_new(msg, "content", json_array()) || json_object_set_new(msg, "stop_reason", json_null()) ||
-        json_object_set_new(msg, "stop_sequence", json_null()) || json_object_set_new(msg, "usage", usage(input_tokens, 0))) {
+        json_object_set_new(msg, "stop_sequence", json_null()) || json_object_set_new(msg, "usage", usage(input_tokens, cached_tokens, 0))) {
         json_decref(msg);
         return NULL;
     }
@@ -155,4 +158,40 @@ char *anth_sse_message_end(const char *stop_reason, const char *stop_sequence, l
     free(a);
     free(b);
     return s;
+}
+
+/* An error of the OpenAI-shaped layers below (the constraint, the renderer) as Anthropic names the
+ * fields: tools[1].function.parameters -> tools.1.input_schema, response_format.json_schema.schema
+ * -> output_config.format.schema, [N] -> .N; in the param and in the message. */
+static void rename_fields(char *s, size_t cap)
+{
+    static const struct { const char *from, *to; } R[] = {
+        {".function.parameters", ".input_schema"}, {"response_format.json_schema.schema", "output_config.format.schema"},
+    };
+    char out[1024];
+    size_t n = 0;
+    for (const char *p = s; *p && n + 40 < sizeof out;) {
+        size_t k;
+        for (k = 0; k < sizeof R / sizeof *R; k++)
+            if (!strncmp(p, R[k].from, strlen(R[k].from))) break;
+        if (k < sizeof R / sizeof *R) {
+            n += (size_t)snprintf(out + n, sizeof out - n, "%s", R[k].to);
+            p += strlen(R[k].from);
+        } else if (*p == '[' && p[1] >= '0' && p[1] <= '9') {
+            const char *q = p + 1;
+            while (*q >= '0' && *q <= '9') q++;
+            if (*q == ']') { out[n++] = '.'; memcpy(out + n, p + 1, (size_t)(q - p - 1)); n += (size_t)(q - p - 1); p = q + 1; }
+            else out[n++] = *p++;
+        } else {
+            out[n++] = *p++;
+        }
+    }
+    out[n] = 0;
+    snprintf(s, cap, "%s", out);
+}
+
+void anth_error_rename(oai_error *e)
+{
+    rename_fields(e->param, sizeof e->param);
+    rename_fields(e->message, sizeof e->message);
 }

@@ -113,6 +113,7 @@ typedef struct {
     const char *finish_reason;     /* "stop" | "length" | "tool_calls" */
     long prompt_tokens, completion_tokens;
     long cached_tokens;            /* of the prompt's, those a prefix cache held (usage.prompt_tokens_details) */
+    long reasoning_tokens;         /* of the completion's, the think channel's (usage.completion_tokens_details); < 0: not said */
 } oai_chat_result;
 
 /* The non-streaming chat.completion object. */
@@ -135,12 +136,17 @@ char *oai_sse_chat_role(const oai_meta *m);
 char *oai_sse_chat_event(const oai_meta *m, const kchat_event *ev, const char *call_id, int *none);
 char *oai_sse_chat_finish(const oai_meta *m, const char *finish_reason);
 char *oai_sse_usage(const oai_meta *m, int chat, long prompt_tokens, long completion_tokens, long cached_tokens);
+/* The same with completion_tokens_details.reasoning_tokens (< 0: left out). */
+char *oai_sse_usage_reasoning(const oai_meta *m, int chat, long prompt_tokens, long completion_tokens, long cached_tokens,
+                              long reasoning_tokens);
 /* A text_completion chunk: text (may be empty) and finish_reason (NULL while going on). */
 char *oai_sse_completion(const oai_meta *m, const char *text, size_t len, const char *finish_reason);
 #define OAI_SSE_DONE "data: [DONE]\n\n"
 
 /* GET /v1/models: {"object": "list", "data": [{"id", "object": "model", "created", "owned_by"}]}. */
 char *oai_models_response(const char *model, long long created, const char *owned_by);
+/* GET /v1/models/ID: {"id", "object": "model", "created", "owned_by"}. */
+char *oai_model_response(const char *model, long long created, const char *owned_by);
 
 /* One fuzzing input (libFuzzer's LLVMFuzzerTestOneInput or AFL can call it as is): data goes
  * through both request parsers, what parses is rendered (text only) and its stream options

@@ -436,21 +436,11 @@ static int get_thinking(json_t *o, kchat_options *c, oai_error *e)
     if (v) {
         if (!json_is_string(v)) return kreq_wrong_type(e, "reasoning_effort", "a string", v);
         if (kreq_c_string(v, "reasoning_effort", e)) return -1;
-        const char *s = json_string_value(v);
-        static const struct { const char *name; int thinking; kchat_effort effort; } map[] = {
-            {"none", 0, KCHAT_EFFORT_NONE}, {"minimal", 1, KCHAT_EFFORT_LOW}, {"low", 1, KCHAT_EFFORT_LOW},
-            {"medium", 1, KCHAT_EFFORT_HIGH}, {"high", 1, KCHAT_EFFORT_HIGH}, {"max", 1, KCHAT_EFFORT_MAX},
-            {"xhigh", 1, KCHAT_EFFORT_MAX},
-        };
-        size_t k = 0;
-        while (k < sizeof map / sizeof *map && strcmp(map[k].name, s)) k++;
-        if (k == sizeof map / sizeof *map) {
+        if (kreq_effort(json_string_value(v), c)) {
             oai_error_set(e, 400, "reasoning_effort", "invalid_value",
-                          "reasoning_effort must be none, minimal, low, medium, high, xhigh or max, got \"%.40s\"", s);
+                          "reasoning_effort must be none, minimal, low, medium, high, xhigh or max, got \"%.40s\"", json_string_value(v));
             return -1;
         }
-        c->thinking = map[k].thinking;
-        c->effort = map[k].effort;
     }
     json_t *kw = kreq_field(o, "chat_template_kwargs");
     if (!kw) return 0;
@@ -505,6 +495,22 @@ static int get_response_format(json_t *o, kchat_options *c, kreq_arena *a, oai_e
     return 0;
 }
 
+/* parallel_tool_calls false: one call at most; vLLM's continue_final_message: the last message is the
+ * assistant's reply begun, continued (a prefill; add_generation_prompt must then be false, as vLLM has it). */
+static int get_continuation(json_t *o, kchat_options *c, oai_error *e)
+{
+    int parallel = 1, agp = 1;
+    if (kreq_bool(o, "parallel_tool_calls", &parallel, e) || kreq_bool(o, "continue_final_message", &c->continue_final, e) ||
+        kreq_bool(o, "add_generation_prompt", &agp, e))
+        return -1;
+    c->single_call = !parallel;
+    if (c->continue_final && agp && kreq_field(o, "add_generation_prompt")) {
+        oai_error_set(e, 400, "continue_final_message", "invalid_value", "continue_final_message and add_generation_prompt cannot both be true");
+        return -1;
+    }
+    return 0;
+}
+
 int oai_parse_chat_request(const char *body, size_t len, oai_chat_request *req, oai_error *e)
 {
     memset(req, 0, sizeof *req);
@@ -523,7 +529,7 @@ int oai_parse_chat_request(const char *body, size_t len, oai_chat_request *req, 
         if (get_message(json_array_get(msgs, i), i, &req->messages[i], a, e)) goto bad;
     req->n_messages = n;
     if (get_tools(o, &req->chat, a, e) || get_thinking(o, &req->chat, e)) goto bad;
-    if (get_response_format(o, &req->chat, a, e)) goto bad;
+    if (get_response_format(o, &req->chat, a, e) || get_continuation(o, &req->chat, e)) goto bad;
     if (parse_sampling(o, &req->s, -1, 1, a, e)) goto bad;
     return kreq_end(a, &req->own, req, sizeof *req, 1);
 bad:

@@ -59,7 +59,9 @@ char *oai_error_json(const oai_error *e)
     return dump(o, bad);
 }
 
-static json_t *usage_json(long prompt, long completion, long cached)
+/* reasoning: the completion tokens that were the think channel (completion_tokens_details, as
+ * OpenAI's reasoning models report it); < 0: not said (completions, n > 1). */
+static json_t *usage_json(long prompt, long completion, long cached, long reasoning)
 {
     json_t *u = json_object(), *d = json_object();
     int bad = 0;
@@ -68,6 +70,7 @@ static json_t *usage_json(long prompt, long completion, long cached)
     set(u, "total_tokens", json_integer(prompt + completion), &bad);
     set(d, "cached_tokens", json_integer(cached), &bad);
     set(u, "prompt_tokens_details", d, &bad);
+    if (reasoning >= 0) set(u, "completion_tokens_details", json_pack("{sI}", "reasoning_tokens", (json_int_t)reasoning), &bad);
     if (bad) { json_decref(u); return NULL; }
     return u;
 }
@@ -119,7 +122,7 @@ char *oai_chat_response(const oai_meta *m, const oai_chat_result *r)
     set(ch, "finish_reason", json_string(r->finish_reason ? r->finish_reason : "stop"), &bad);
     if (!arr || json_array_append_new(arr, ch)) bad = 1;
     set(o, "choices", arr, &bad);
-    set(o, "usage", usage_json(r->prompt_tokens, r->completion_tokens, r->cached_tokens), &bad);
+    set(o, "usage", usage_json(r->prompt_tokens, r->completion_tokens, r->cached_tokens, r->reasoning_tokens), &bad);
     return dump(o, bad);
 }
 
@@ -134,7 +137,7 @@ char *oai_completion_response(const oai_meta *m, const char *text, size_t len, c
     set(ch, "finish_reason", json_string(finish_reason ? finish_reason : "stop"), &bad);
     if (!arr || json_array_append_new(arr, ch)) bad = 1;
     set(o, "choices", arr, &bad);
-    set(o, "usage", usage_json(prompt_tokens, completion_tokens, cached_tokens), &bad);
+    set(o, "usage", usage_json(prompt_tokens, completion_tokens, cached_tokens, -1), &bad);
     return dump(o, bad);
 }
 
@@ -198,13 +201,19 @@ char *oai_sse_chat_finish(const oai_meta *m, const char *finish_reason)
     return chat_chunk(m, d, finish_reason ? finish_reason : "stop");
 }
 
-char *oai_sse_usage(const oai_meta *m, int chat, long prompt_tokens, long completion_tokens, long cached_tokens)
+char *oai_sse_usage_reasoning(const oai_meta *m, int chat, long prompt_tokens, long completion_tokens, long cached_tokens,
+                              long reasoning_tokens)
 {
     int bad = 0;
     json_t *o = head(m, chat ? "chat.completion.chunk" : "text_completion", &bad);
     set(o, "choices", json_array(), &bad);
-    set(o, "usage", usage_json(prompt_tokens, completion_tokens, cached_tokens), &bad);
+    set(o, "usage", usage_json(prompt_tokens, completion_tokens, cached_tokens, reasoning_tokens), &bad);
     return sse(dump(o, bad));
+}
+
+char *oai_sse_usage(const oai_meta *m, int chat, long prompt_tokens, long completion_tokens, long cached_tokens)
+{
+    return oai_sse_usage_reasoning(m, chat, prompt_tokens, completion_tokens, cached_tokens, -1);
 }
 
 char *oai_sse_completion(const oai_meta *m, const char *text, size_t len, const char *finish_reason)
@@ -220,14 +229,26 @@ char *oai_sse_completion(const oai_meta *m, const char *text, size_t len, const 
     return sse(dump(o, bad));
 }
 
+static json_t *model_json(const char *model, long long created, const char *owned_by, int *bad)
+{
+    json_t *x = json_object();
+    set(x, "id", text_json(model, model ? strlen(model) : 0), bad);
+    set(x, "object", json_string("model"), bad);
+    set(x, "created", json_integer(created), bad);
+    set(x, "owned_by", text_json(owned_by, owned_by ? strlen(owned_by) : 0), bad);
+    return x;
+}
+
+char *oai_model_response(const char *model, long long created, const char *owned_by)
+{
+    int bad = 0;
+    return dump(model_json(model, created, owned_by, &bad), bad);
+}
+
 char *oai_models_response(const char *model, long long created, const char *owned_by)
 {
     int bad = 0;
-    json_t *o = json_object(), *arr = json_array(), *x = json_object();
-    set(x, "id", text_json(model, model ? strlen(model) : 0), &bad);
-    set(x, "object", json_string("model"), &bad);
-    set(x, "created", json_integer(created), &bad);
-    set(x, "owned_by", text_json(owned_by, owned_by ? strlen(owned_by) : 0), &bad);
+    json_t *o = json_object(), *arr = json_array(), *x = model_json(model, created, owned_by, &bad);
     if (!arr || json_array_append_new(arr, x)) bad = 1;
     set(o, "object", json_string("list"), &bad);
     set(o, "data", arr, &bad);

@@ -140,3 +140,26 @@ int kreq_bool(json_t *o, const char *key, int *out, oai_error *e)
     return 0;
 }
 
+
+int kreq_effort(const char *s, kchat_options *c)
+{
+    static const struct { const char *name; int thinking; kchat_effort effort; } map[] = {
+        {"none", 0, KCHAT_EFFORT_NONE}, {"minimal", 1, KCHAT_EFFORT_LOW}, {"low", 1, KCHAT_EFFORT_LOW},
+        {"medium", 1, KCHAT_EFFORT_HIGH}, {"high", 1, KCHAT_EFFORT_HIGH}, {"max", 1, KCHAT_EFFORT_MAX},
+        {"xhigh", 1, KCHAT_EFFORT_MAX},
+    };
+    for (size_t k = 0; k < sizeof map / sizeof *map; k++)
+        if (!strcmp(map[k].name, s)) { c->thinking = map[k].thinking; c->effort = map[k].effort; return 0; }
+    return -1;
+}
+
+int kreq_tool_name_ok(const json_t *name)
+{
+    size_t l = json_string_length(name);
+    const char *s = json_string_value(name);
+    if (!s || l < 1 || l > 64) return 0;
+    for (size_t i = 0; i < l; i++)
+        if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z') || (s[i] >= '0' && s[i] <= '9') || s[i] == '_' || s[i] == '-'))
+            return 0;
+    return 1;
+}

@@ -43,4 +43,11 @@ int kreq_str_is(const json_t *v, const char *lit);
 int kreq_number(json_t *o, const char *key, double lo, double hi, double *out, int *has, oai_error *e);
 int kreq_bool(json_t *o, const char *key, int *out, oai_error *e);
 
+/* An OpenAI reasoning effort (none, minimal, low, medium, high, xhigh, max) as K3's thinking and
+ * effort: none -> thinking off; minimal, low -> low; medium, high -> high; xhigh, max -> max.
+ * 0, or -1 for another name (c unchanged). */
+int kreq_effort(const char *s, kchat_options *c);
+/* A function name OpenAI and Anthropic accept: ^[a-zA-Z0-9_-]{1,64}$ (a JSON string without NUL). */
+int kreq_tool_name_ok(const json_t *name);
+
 #endif

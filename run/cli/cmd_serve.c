@@ -35,6 +35,8 @@
 /* A streamed request silent this long gets a progress comment (": prefill 1234/5000"):
  * well inside the 30-60 s idle timeouts of common proxies and clients. */
 #define SERVE_PROGRESS_DEFAULT 10
+/* Responses kept for previous_response_id (POST /v1/responses with store). */
+#define SERVE_RESPONSES_DEFAULT 256
 /* After cancelling, how long connections may take to send what is left. */
 #define SERVE_FLUSH_SECONDS 10
 
@@ -73,8 +75,14 @@ static const char usage[] =
     "  --shutdown-timeout S  on SIGINT / SIGTERM, seconds running requests may take to finish\n"
     "                        before they are cancelled (default 30; a second signal cancels at once)\n"
     "  --quiet               no plan and no line per request on stderr\n"
+    "  --cors-origin ORIGIN  answer browsers from ORIGIN (repeatable, or *): CORS headers and\n"
+    "                        preflights (default: none, the browser's same-origin rule holds)\n"
+    "  --responses-store N   responses kept for previous_response_id and GET /v1/responses/ID\n"
+    "                        (default 256, least recently used out; 0: none)\n"
     "Sequences:\n"
     "  --ctx N               positions per sequence: prompt + max_tokens (default 4096)\n"
+    "  --ctx-strict          refuse (400) a request whose prompt + max_tokens exceeds --ctx (default:\n"
+    "                        serve it up to the context, finish_reason \"length\")\n"
     "  --spec N              speculative decoding: a sequence may verify up to N drafts from its own\n"
     "                        text or another live sequence's in a sweep; the sweep's verifications\n"
     "                        share N + 1 positions (default 8; 0: off; a request's \"speculative\"\n"
@@ -97,6 +105,10 @@ struct serve_opts {
     long port, max_queue, max_connections, max_per_ip, idle_timeout;
     double shutdown_timeout, request_timeout, progress_every;
     int quiet;
+    int ctx_strict;
+    const char *cors[16];
+    int n_cors;
+    long responses_store;
     long spec;
     krun_cli c;
 };
@@ -128,6 +140,7 @@ static void parse_args(int argc, char **argv, struct serve_opts *o)
     o->progress_every = SERVE_PROGRESS_DEFAULT;
     o->max_per_ip = -1;
     o->spec = SERVE_SPEC_DEFAULT;
+    o->responses_store = SERVE_RESPONSES_DEFAULT;
     o->api_key = getenv("KRUN_API_KEY");
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
@@ -156,6 +169,12 @@ static void parse_args(int argc, char **argv, struct serve_opts *o)
             o->idle_timeout = krun_cli_long(v, 1, 1L << 20, "--idle-timeout");
         else if (OPT("--spec")) o->spec = krun_cli_long(v, 0, 64, "--spec (0..64)");
         else if (!strcmp(a, "--quiet")) o->quiet = 1;
+        else if (!strcmp(a, "--ctx-strict")) o->ctx_strict = 1;
+        else if (OPT("--cors-origin")) {
+            if (o->n_cors == (int)(sizeof o->cors / sizeof *o->cors)) krun_cli_die("%s", "--cors-origin: at most 16 origins");
+            if (!*v) krun_cli_die("%s", "--cors-origin: the origin is empty (give https://host[:port], or *)");
+            o->cors[o->n_cors++] = v;
+        } else if (OPT("--responses-store")) o->responses_store = krun_cli_long(v, 0, 1L << 20, "--responses-store");
         else if (a[0] == '-') krun_cli_die("unknown option %s (see krun serve --help)", a);
         else if (!o->model) o->model = a;
         else krun_cli_die("unexpected argument %s", a);
@@ -269,10 +288,10 @@ int krun_serve_main(int argc, char **argv)
     mo.spec = (size_t)o.spec;
     if (krun_model_prepare(m, &mo, &e)) { fprintf(stderr, "krun serve: %s\n", e.msg); rc = e.code; goto out; }
     if (krun_cli_pcache(&o.c, m, "krun serve", 1, 1, &cache, &e)) { fprintf(stderr, "krun serve: %s\n", e.msg); rc = e.code; goto out; }
-    eo = (srv_engine_opts){(size_t)o.max_queue, name, o.quiet, o.progress_every, cache, 0, NULL};
+    eo = (srv_engine_opts){(size_t)o.max_queue, name, o.quiet, o.progress_every, cache, 0, NULL, !o.ctx_strict};
     if (srv_engine_start(m, &eo, &eng, &e)) { fprintf(stderr, "krun serve: %s\n", e.msg); rc = e.code; goto out; }
     ho = (srv_http_opts){o.api_key, (size_t)max_body, fd, (unsigned)o.max_connections, (unsigned)o.max_per_ip, (unsigned)o.idle_timeout,
-                         o.request_timeout};
+                         o.request_timeout, o.cors, (size_t)o.n_cors, (size_t)o.responses_store};
     if (srv_http_start(eng, &ho, &http, &e)) { fprintf(stderr, "krun serve: %s\n", e.msg); rc = e.code; goto out; }
     fd = -1;                                   /* the daemon's now */
     if (!o.quiet) announce(&o, m, name, port);

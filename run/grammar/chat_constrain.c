@@ -5,15 +5,18 @@
  *   then one of
  *     response_format:   WS VALUE WS <|close|>response<|sep|> END
  *     a named tool:      <|close|>response<|sep|> TOOLS(that tool, once)
+ *     tool_choice required (Anthropic's any): <|close|>response<|sep|> TOOLS(any, at least once)
  *     strict tools:      FREE <|close|>response<|sep|> [TOOLS(any, at least once)] END
+ *   (TOOLS of one call only with single_call: parallel_tool_calls false)
  *   (response_format with tools that may be called: the VALUE, or an empty response and TOOLS)
  *
  *   TOOLS  = <|open|>tools<|sep|> CALL... <|close|>tools<|sep|> END
  *   CALL   = <|open|>call tool="NAME" index="I"<|sep|> ARGUMENTS <|close|>call<|sep|>
  *   END    = <|close|>message<|sep|><|end_of_msg|>
  *
- * FREE is any text (no marker); ARGUMENTS follow the tool's parameters when it is strict or named
- * (kschema_k3_args), else any arguments.  So reasoning is never constrained, and what follows it
+ * FREE is any text (no marker); ARGUMENTS follow the tool's parameters when it is strict, named or
+ * forced by required (kschema_k3_args; forced, a tool that is not strict takes any arguments when its
+ * parameters do not compile), else any arguments.  So reasoning is never constrained, and what follows it
  * always parses: the reply parser reads exactly one JSON value as the content, or the calls. */
 #include "chat_constrain.h"
 
@@ -102,8 +105,11 @@ static int call(cons *c, size_t k, int constrained, uint32_t next, uint32_t *sta
     return 0;
 }
 
-/* <|open|>tools<|sep|> then calls (one of `only`, or one or more of any tool) <|close|>tools<|sep|> then next */
-static int tools(cons *c, const char *only, uint32_t next, uint32_t *start)
+/* <|open|>tools<|sep|> then calls (one of `only`, or one or more of any tool, one with single)
+ * <|close|>tools<|sep|> then next.  forced (tool_choice required): the arguments of a tool that is
+ * not strict follow its parameters too when they compile (else any arguments: such a tool promises
+ * none). */
+static int tools(cons *c, const char *only, int single, int forced, uint32_t next, uint32_t *start)
 {
     kgram *g = c->g;
     uint32_t end = close_tag(g, "tools", next);
@@ -111,18 +117,23 @@ static int tools(cons *c, const char *only, uint32_t next, uint32_t *start)
         uint32_t one = 0;
         for (size_t k = 0; k < c->n_tools; k++)
             if (!strcmp(c->tools[k].name, only) && call(c, k, 1, end, &one)) return -1;
+        (void)single;
+        (void)forced;
         *start = open_tag(g, "tools", one);
         return 0;
     }
     {
         /* one or more calls: loop = a call, then the end or another call */
-        uint32_t loop = kg_node_new(g, KG_SPLIT, 0, 0, 0, 0), any = kg_fail(g);
+        uint32_t loop = single ? end : kg_node_new(g, KG_SPLIT, 0, 0, 0, 0), any = kg_fail(g);
         for (size_t k = c->n_tools; k-- > 0;) {
             uint32_t one;
-            if (call(c, k, c->tools[k].strict, loop, &one)) return -1;
+            if (call(c, k, c->tools[k].strict || forced, loop, &one)) {
+                if (c->tools[k].strict || !forced || call(c, k, 0, loop, &one)) return -1;
+                c->param[0] = c->msg[0] = 0;      /* not strict: its parameters are a hint, and any arguments do */
+            }
             any = kg_split(g, one, any);
         }
-        kg_set_next(g, loop, end, any);
+        if (!single) kg_set_next(g, loop, end, any);
         *start = open_tag(g, "tools", any);
         return 0;
     }
@@ -147,7 +158,7 @@ int kchat_constraint(const kchat_options *o, kgram **out, char *param, size_t pl
 {
     cons c = {0};
     json_t *tj = NULL, *schema = NULL;
-    int strict = 0, calls, rc = -1;
+    int strict = 0, calls, forced, rc = -1;
     uint32_t end, resp, start;
     *out = NULL;
     c.param = param; c.plen = plen; c.msg = msg; c.mlen = mlen;
@@ -160,7 +171,8 @@ int kchat_constraint(const kchat_options *o, kgram **out, char *param, size_t pl
         for (size_t k = 0; k < c.n_tools; k++) strict |= c.tools[k].strict;
     }
     calls = c.n_tools > 0 && o->tool_choice != KCHAT_TOOL_CHOICE_NONE;
-    if (o->format == KCHAT_FORMAT_TEXT && o->tool_choice != KCHAT_TOOL_CHOICE_NAMED && !(strict && calls)) { rc = 0; goto out; }
+    forced = calls && o->tool_choice == KCHAT_TOOL_CHOICE_REQUIRED;
+    if (o->format == KCHAT_FORMAT_TEXT && o->tool_choice != KCHAT_TOOL_CHOICE_NAMED && !(strict && calls) && !forced) { rc = 0; goto out; }
     if (o->tool_choice == KCHAT_TOOL_CHOICE_NAMED) {
         size_t k = 0;
         while (k < c.n_tools && strcmp(c.tools[k].name, o->tool_name ? o->tool_name : "")) k++;
@@ -170,11 +182,11 @@ int kchat_constraint(const kchat_options *o, kgram **out, char *param, size_t pl
     end = close_tag(c.g, "message", kg_sym(c.g, KG_SYM_EOM, kg_accept(c.g)));
     if (o->tool_choice == KCHAT_TOOL_CHOICE_NAMED) {
         uint32_t t;
-        if (tools(&c, o->tool_name, end, &t)) goto out;
+        if (tools(&c, o->tool_name, 1, 0, end, &t)) goto out;
         resp = close_tag(c.g, "response", t);
     } else {
         uint32_t t = 0;
-        if (calls && tools(&c, NULL, end, &t)) goto out;
+        if (calls && tools(&c, NULL, o->single_call, forced, end, &t)) goto out;
         if (o->format != KCHAT_FORMAT_TEXT) {
             kschema_ctx *sc;
             kschema_err e;
@@ -195,10 +207,15 @@ int kchat_constraint(const kchat_options *o, kgram **out, char *param, size_t pl
             if (t) resp = kg_split(c.g, resp, close_tag(c.g, "response", t));
             if (o->tool_choice == KCHAT_TOOL_CHOICE_REQUIRED && t) resp = close_tag(c.g, "response", t);
         } else {
-            /* strict tools: free content, then the calls (at least one when required) */
-            uint32_t after = o->tool_choice == KCHAT_TOOL_CHOICE_REQUIRED ? t : kg_split(c.g, end, t);
-            resp = kg_body(c.g, KG_TEXT_FREE, 0, KG_INF, close_tag(c.g, "response", after));
+            /* strict tools: free content, then perhaps calls; forced: the calls at once (an empty response) */
+            if (forced) resp = close_tag(c.g, "response", t);
+            else resp = kg_body(c.g, KG_TEXT_FREE, 0, KG_INF, close_tag(c.g, "response", kg_split(c.g, end, t)));
         }
+    }
+    if (o->continue_final) {
+        refuse(&c, "messages", "%s", "a reply begun by the request (a final assistant message) cannot be constrained by a response "
+               "format or forced tool use: leave one of them out");
+        goto out;
     }
     start = o->thinking ? kg_body(c.g, KG_TEXT_FREE, 0, KG_INF, close_tag(c.g, "think", open_tag(c.g, "response", resp))) : resp;
     if (kgram_oom(c.g)) { refuse(&c, "", "%s", "out of memory (or the schema's grammar is too large)"); goto out; }

@@ -8,6 +8,7 @@
  *   serve_prep.c    a request body made ready to run (parsed, rendered, fitted): krun serve and krun batch
  *   serve_framing.c whether a request's body length can be known for sure (RFC 9112 6.3)
  *   serve_conns.c   every open connection: the deadline for a request to arrive, the reserve
+ *   serve_store.c   stored responses (POST /v1/responses with store: previous_response_id, GET, DELETE)
  *
  * A request (sreq) is made by an HTTP connection thread (parsed, rendered, tokenized there),
  * handed to the engine, and read back by the same connection thread as its output grows.  One
@@ -106,6 +107,8 @@ typedef struct srv_engine_opts {
                                   before the first sweep, which then takes as many as it has room for (a server
                                   gathers a burst of its clients' requests for a few ms instead) */
     const char *command;       /* the command whose options an error names ("krun batch"; NULL: "krun serve") */
+    int ctx_lenient;           /* a request whose prompt + max_tokens exceeds the context is served up to the context
+                                  (finish_reason length); 0: refused with a 400 (krun batch; krun serve --ctx-strict) */
 } srv_engine_opts;
 
 /* The engine over an opened, prepared model (max_seqs sequences); starts its thread. */
@@ -134,6 +137,9 @@ sreq *srv_prepare(srv_engine *e, const char *model_name, int chat, const char *b
  * The caller checks the model name.  NULL with err. */
 sreq *srv_prepare_chat(srv_engine *e, const kchat_message *msgs, size_t n_msgs, const kchat_options *chat, const oai_sampling *s,
                        oai_error *err);
+/* A text prompt (special-token strings honoured, as /v1/completions and krun --prompt) made into a
+ * request: tokenized, sampling and context set; no output yet.  NULL with err. */
+sreq *srv_prepare_prompt(srv_engine *e, const char *text, size_t len, const oai_sampling *s, oai_error *err);
 /* The chat's prompt length in tokens, as srv_prepare_chat renders it, whatever the context
  * (/v1/messages/count_tokens).  -1 with err (no chat markers, a chat the renderer refuses). */
 long srv_count_chat(srv_engine *e, const kchat_message *msgs, size_t n_msgs, const kchat_options *chat, oai_error *err);
@@ -199,11 +205,12 @@ char *srv_engine_metrics(srv_engine *e);
 /* Count a response by endpoint and status for /metrics. */
 void srv_engine_count_response(srv_engine *e, int endpoint, int status);
 enum { SRV_EP_CHAT, SRV_EP_COMPLETIONS, SRV_EP_MESSAGES, SRV_EP_COUNT_TOKENS, SRV_EP_TOKENIZE, SRV_EP_DETOKENIZE,
-       SRV_EP_MODELS, SRV_EP_HEALTH, SRV_EP_METRICS, SRV_EP_OTHER, SRV_N_EP };
+       SRV_EP_MODELS, SRV_EP_HEALTH, SRV_EP_METRICS, SRV_EP_RESPONSES, SRV_EP_OLLAMA, SRV_EP_OTHER, SRV_N_EP };
 /* The model's name in the API. */
 const char *srv_engine_model_name(const srv_engine *e);
 krun_model *srv_engine_model(srv_engine *e);
 const char *srv_engine_command(const srv_engine *e);
+int srv_engine_ctx_lenient(const srv_engine *e);
 
 /* A request's framing (serve_framing.c): fed its header fields in order, says whether its body's
  * length is certain.  Refused (RFC 9112 6.1, 6.3; what a proxy in front may have read otherwise):
@@ -250,6 +257,20 @@ void srv_conn_waiting(srv_conns *t, srv_conn *c);
 /* {"open", "busy", "waiting", limits, "accepted", "timed_out", "made_room", ...} for /health. */
 json_t *srv_conns_json(srv_conns *t);
 
+/* Stored responses (serve_store.c): at most cap of them (0: none kept), and at most 256 MB of JSON,
+ * least recently used out.  Thread-safe; what comes out is a copy (a new reference). */
+typedef struct srv_store srv_store;
+srv_store *srv_store_new(size_t cap);
+void srv_store_free(srv_store *s);
+/* Keep (or replace) response id: the response object, its conversation (the items before it, its
+ * input and its output: what previous_response_id continues), its input items.  0, or -1 (memory). */
+int srv_store_put(srv_store *s, const char *id, const json_t *response, const json_t *conversation, const json_t *input);
+json_t *srv_store_response(srv_store *s, const char *id);          /* NULL: none */
+json_t *srv_store_conversation(srv_store *s, const char *id);
+json_t *srv_store_input(srv_store *s, const char *id);
+int srv_store_delete(srv_store *s, const char *id);                /* 1 if it was there */
+json_t *srv_store_json(srv_store *s);                              /* for /health */
+
 /* The HTTP side (serve_http.c). */
 typedef struct srv_http_opts {
     const char *api_key;       /* NULL: no auth */
@@ -259,6 +280,9 @@ typedef struct srv_http_opts {
     unsigned max_connections_per_ip;   /* 0: no limit */
     unsigned idle_timeout;     /* seconds a connection may stay idle */
     double request_timeout;    /* seconds for a request to arrive whole, from its first byte */
+    const char *const *cors;   /* origins browsers may call from ("*": any); none: no CORS headers */
+    size_t n_cors;
+    size_t responses_store;    /* stored responses kept (POST /v1/responses), at most */
 } srv_http_opts;
 
 typedef struct srv_http srv_http;

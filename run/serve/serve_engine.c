@@ -70,6 +70,7 @@ struct srv_engine {
     int sweep_prefill;         /* ... in the prefill layout */
     int held;                  /* srv_engine_opts.held, until srv_engine_release: no sweep starts */
     const char *command;       /* srv_engine_opts.command */
+    int ctx_lenient;           /* srv_engine_opts.ctx_lenient */
     char damage[900];
     struct {
         uint64_t requests, completed, failed, cancelled, prompt_tokens, cached_tokens, generated, sweeps, positions, bytes_read, phase_switches;
@@ -1032,6 +1033,7 @@ int srv_engine_start(krun_model *m, const srv_engine_opts *o, srv_engine **out, 
     e->progress_every = o->progress_every;
     e->held = o->held;
     e->command = o->command ? o->command : "krun serve";
+    e->ctx_lenient = o->ctx_lenient;
     e->n_layers = krun_model_config(m)->n_layers;
     atomic_init(&e->sweep_layer, 0);
     e->ctx = krun_model_ctx(m);
@@ -1161,7 +1163,8 @@ static void metric(kbuf *b, const char *name, const char *type, const char *help
 char *srv_engine_metrics(srv_engine *e)
 {
     static const char *const ep[SRV_N_EP] = {"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/messages/count_tokens",
-                                             "/tokenize", "/detokenize", "/v1/models", "/health", "/metrics", "other"};
+                                             "/tokenize", "/detokenize", "/v1/models", "/health", "/metrics", "/v1/responses", "/api",
+                                             "other"};
     kbuf b = {0};
     krun_stats ks;
     char line[256];
@@ -1223,6 +1226,7 @@ char *srv_engine_metrics(srv_engine *e)
 const char *srv_engine_model_name(const srv_engine *e) { return e->model_name; }
 krun_model *srv_engine_model(srv_engine *e) { return e->m; }
 const char *srv_engine_command(const srv_engine *e) { return e->command; }
+int srv_engine_ctx_lenient(const srv_engine *e) { return e->ctx_lenient; }
 
 /* The prefix cache's counters for /health. */
 static json_t *pcache_json(krun_pcache *c)

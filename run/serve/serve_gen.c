@@ -33,6 +33,7 @@ struct sgen {
     char **call_ids;
     size_t n_calls;            /* kept (not streamed) */
     size_t calls_made;         /* complete calls, streamed or not: finish_reason tool_calls */
+    size_t reasoning_tokens;   /* chat: tokens generated inside the think channel (usage) */
     int stream_started, complete, failed, stopped, oom, status;
     int ablocks;               /* Anthropic stream: content blocks started */
     const char *akind;         /* ... the open one's type ("thinking", "text"), NULL: none open */
@@ -462,14 +463,14 @@ static void finish_output(sgen *g, const char *reason)
     if (g->o.anthropic) {
         const char *sr = anth_stop_reason(reason, g->stopped), *sq = g->stopped && g->stops ? g->stops[g->stop.which] : NULL;
         if (g->o.stream) {
-            if (!g->stream_started) put(g, anth_sse_message_start(&g->o.meta, pt));
+            if (!g->stream_started) put(g, anth_sse_message_start(&g->o.meta, pt, cached));
             g->stream_started = 1;
             if (!g->ablocks) anth_block(g, "text");      /* a message has at least one block */
             anth_block(g, NULL);
             put(g, anth_sse_message_end(sr, sq, ct));
         } else {
             anth_result r = {g->o.thinking ? (g->reasoning.p ? g->reasoning.p : "") : NULL, g->reasoning.n, g->text.p, g->text.n,
-                             g->calls, g->n_calls, (const char *const *)g->call_ids, sr, sq, pt, ct};
+                             g->calls, g->n_calls, (const char *const *)g->call_ids, sr, sq, pt, ct, cached};
             put(g, anth_message_response(&g->o.meta, &r));
         }
         g->complete = 1;
@@ -481,14 +482,16 @@ static void finish_output(sgen *g, const char *reason)
         put_chunk(g, g->o.chat ? oai_sse_chat_finish(&g->o.meta, reason) : oai_sse_completion(&g->o.meta, "", 0, reason));
         /* one of n choices: the usage (summed) and [DONE] are the stream's, once (serve_http.c) */
         if (!g->o.choice_of_n) {
-            if (g->o.include_usage) put(g, oai_sse_usage(&g->o.meta, g->o.chat, pt, ct, cached));
+            if (g->o.include_usage)
+                put(g, oai_sse_usage_reasoning(&g->o.meta, g->o.chat, pt, ct, cached, g->o.chat ? (long)g->reasoning_tokens : -1));
             kbuf_puts(&g->out, OAI_SSE_DONE);
         }
     } else {
         char *body;
         if (g->o.chat) {
             oai_chat_result r = {g->text.p, g->text.n, g->o.thinking ? (g->reasoning.p ? g->reasoning.p : "") : NULL,
-                                 g->reasoning.n, g->calls, g->n_calls, (const char *const *)g->call_ids, reason, pt, ct, cached};
+                                 g->reasoning.n, g->calls, g->n_calls, (const char *const *)g->call_ids, reason, pt, ct, cached,
+                                 (long)g->reasoning_tokens};
             body = oai_chat_response(&g->o.meta, &r);
         } else {
             body = oai_completion_response(&g->o.meta, g->text.p, g->text.n, reason, pt, ct, cached);
@@ -516,7 +519,7 @@ int sgen_token(sgen *g, int32_t id)
     int end = 0;
     if (g->complete || g->failed) return 1;
     if (g->o.stream && !g->stream_started) {
-        if (g->o.anthropic) put(g, anth_sse_message_start(&g->o.meta, (long)g->o.n_prompt));
+        if (g->o.anthropic) put(g, anth_sse_message_start(&g->o.meta, (long)g->o.n_prompt, (long)g->cached));
         else if (g->o.chat) put_chunk_lp(g, oai_sse_chat_role(&g->o.meta), 0);
         g->stream_started = 1;
     }
@@ -526,7 +529,9 @@ int sgen_token(sgen *g, int32_t id)
     if (g->o.chat) {
         /* <|end_of_msg|> completes the reply (the parser says so); the model's
          * other end ids ([EOS]) stop it too */
-        int r = kchat_parser_feed_id(g->parser, id, on_event, g);
+        int r;
+        if (kchat_parser_where(g->parser) == KCHAT_AT_THINK) g->reasoning_tokens++;
+        r = kchat_parser_feed_id(g->parser, id, on_event, g);
         if (r < 0) g->oom = 1;
         if (r == 1) end = 1;
     } else if (!end) {

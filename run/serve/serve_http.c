@@ -16,6 +16,8 @@
 
 #include "format/kprogress.h"
 #include "run/api/anth.h"
+#include "run/api/ollama.h"
+#include "run/api/responses.h"
 #include "run/text/chat.h"
 #include "run/grammar/kgram.h"
 #include "run/api/reqjson.h"
@@ -23,6 +25,7 @@
 #include <microhttpd.h>
 #include <openssl/crypto.h>
 #include <stdio.h>
+#include <sys/stat.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -36,6 +39,7 @@ struct srv_http {
     long long created;            /* the model's "created" in /v1/models: the server's start */
     unsigned long long next_id;   /* request ids */
     pthread_mutex_t id_mu;
+    srv_store *store;             /* stored responses (POST /v1/responses with store) */
 };
 
 /* One connection's request (MHD's con_cls). */
@@ -55,10 +59,31 @@ typedef struct {
  * a connection's callbacks on it, so the endpoint of the request being answered is the thread's. */
 static __thread srv_engine *count_e;
 static __thread int count_ep = SRV_EP_OTHER;
+/* The connection's server (for its CORS origins), and whether its client went away: the abort
+ * libmicrohttpd then logs as an "application error" is a normal client's (mhd_log stays quiet). */
+static __thread const srv_http *conn_h;
+static __thread int client_gone;
+
+/* --cors-origin: the origin a browser's request came from, when the server answers it (NULL: no CORS
+ * headers). */
+static const char *cors_origin(const srv_http *h, struct MHD_Connection *c)
+{
+    const char *o = h ? MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin") : NULL;
+    if (!o) return NULL;
+    for (size_t i = 0; i < h->o.n_cors; i++)
+        if (!strcmp(h->o.cors[i], "*") || !strcmp(h->o.cors[i], o)) return o;
+    return NULL;
+}
 
 static enum MHD_Result queue(struct MHD_Connection *c, unsigned status, struct MHD_Response *r)
 {
+    const char *origin = cors_origin(conn_h, c);
     if (count_e) srv_engine_count_response(count_e, count_ep, (int)status);
+    if (origin) {
+        MHD_add_response_header(r, MHD_HTTP_HEADER_ACCESS_CONTROL_ALLOW_ORIGIN, origin);
+        MHD_add_response_header(r, MHD_HTTP_HEADER_VARY, "Origin");
+        MHD_add_response_header(r, "Access-Control-Expose-Headers", "Retry-After");
+    }
     return MHD_queue_response(c, status, r);
 }
 
@@ -68,6 +93,9 @@ static int endpoint_of(const char *url)
                                        "/tokenize", "/detokenize", "/v1/models", "/health", "/metrics"};
     for (int i = 0; i < (int)(sizeof path / sizeof *path); i++)
         if (!strcmp(url, path[i])) return i;
+    if (!strcmp(url, "/v1/responses") || !strncmp(url, "/v1/responses/", 14)) return SRV_EP_RESPONSES;
+    if (!strncmp(url, "/v1/models/", 11)) return SRV_EP_MODELS;
+    if (!strncmp(url, "/api/", 5)) return SRV_EP_OLLAMA;
     return SRV_EP_OTHER;
 }
 
@@ -114,6 +142,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
     long n = srv_read(s->h->e, s->r, buf, max);
     (void)pos;
     if (n > 0) return n;
+    if (n < 0) client_gone = 1;
     return n == 0 ? MHD_CONTENT_READER_END_OF_STREAM : MHD_CONTENT_READER_END_WITH_ERROR;
 }
 
@@ -155,7 +184,7 @@ static ssize_t choices_read(void *cls, uint64_t pos, char *buf, size_t max)
     if (!s->tail) {
         n = srv_read_choices(s->h->e, s->rs, s->n, &s->cur, &s->nl, buf, max);
         if (n > 0) return n;
-        if (n < 0) return MHD_CONTENT_READER_END_WITH_ERROR;
+        if (n < 0) { client_gone = 1; return MHD_CONTENT_READER_END_WITH_ERROR; }
         {
             long pt, ct, cached;
             const sgen_opts *o;
@@ -215,6 +244,71 @@ static enum MHD_Result reply_stream(srv_http *h, struct MHD_Connection *c, sreq 
     return queue_sse(c, resp);
 }
 
+/* An API whose reply is another API's JSON made from the chat (or text) completion the engine
+ * writes: the Responses API, Ollama's (run/api/responses.h, ollama.h).  Made by the request's
+ * handler; a streamed reply's stream owns it (xstream_free). */
+enum { API_OPENAI, API_ANTHROPIC, API_OLLAMA };
+typedef struct xform {
+    int api;                       /* whose error shape */
+    const char *content_type;      /* of a streamed reply */
+    /* the whole body (status 200) as the API's: consumes body; NULL when out of memory */
+    char *(*whole)(struct xform *x, char *body);
+    /* a streamed reply's bytes: the API's appended to out; 1 once over, -1 out of memory */
+    int (*feed)(struct xform *x, const char *p, size_t n, kbuf *out);
+    void (*free)(struct xform *x);
+} xform;
+
+/* A streamed reply through a transcoder. */
+typedef struct { srv_http *h; sreq *r; xform *x; kbuf out; int done; } xstream_ctx;
+
+static ssize_t xstream_read(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    xstream_ctx *s = cls;
+    (void)pos;
+    while (!s->out.n && !s->done) {
+        char tmp[16 * 1024];
+        long n = srv_read(s->h->e, s->r, tmp, sizeof tmp);
+        if (n < 0) { client_gone = 1; return MHD_CONTENT_READER_END_WITH_ERROR; }
+        if (n == 0) { s->done = 1; break; }
+        if (s->x->feed(s->x, tmp, (size_t)n, &s->out) < 0) return MHD_CONTENT_READER_END_WITH_ERROR;
+    }
+    if (!s->out.n) return MHD_CONTENT_READER_END_OF_STREAM;
+    {
+        size_t n = s->out.n < max ? s->out.n : max;
+        memcpy(buf, s->out.p, n);
+        memmove(s->out.p, s->out.p + n, s->out.n - n);
+        s->out.n -= n;
+        return (ssize_t)n;
+    }
+}
+
+static void xstream_free(void *cls)
+{
+    xstream_ctx *s = cls;
+    srv_release(s->h->e, s->r);
+    s->x->free(s->x);
+    kbuf_free(&s->out);
+    free(s);
+}
+
+static enum MHD_Result reply_xstream(srv_http *h, struct MHD_Connection *c, sreq *r, xform *x)
+{
+    xstream_ctx *s = calloc(1, sizeof *s);
+    struct MHD_Response *resp;
+    enum MHD_Result rc;
+    if (!s) { x->free(x); return MHD_NO; }
+    *s = (xstream_ctx){h, r, x, {0}, 0};
+    resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, xstream_read, s, xstream_free);
+    if (!resp) { x->free(x); free(s); return MHD_NO; }
+    srv_retain(h->e, r);           /* the response's reference, released by xstream_free */
+    if (!strcmp(x->content_type, "text/event-stream")) return queue_sse(c, resp);
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, x->content_type);
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    rc = queue(c, MHD_HTTP_OK, resp);
+    MHD_destroy_response(resp);
+    return rc;
+}
+
 /* ---- requests -------------------------------------------------------------------------------- */
 
 static void request_id(srv_http *h, const char *prefix, char *out, size_t len)
@@ -259,17 +353,48 @@ static enum MHD_Result reply_anth_error(struct MHD_Connection *c, const oai_erro
     return reply(c, (unsigned)e->status, anth_error_json(e), retry_after);
 }
 
+static enum MHD_Result reply_ollama_error(struct MHD_Connection *c, const oai_error *e)
+{
+    return reply(c, (unsigned)e->status, ollama_error_json(e), 0);
+}
+
 /* srv_submit refused the request: 503 (busy, draining, damaged), with Retry-After when busy; in
- * Anthropic's error shape for /v1/messages (503: overloaded_error). */
-static enum MHD_Result reply_refused(srv_http *h, struct MHD_Connection *c, const oai_error *err, int anth)
+ * Anthropic's error shape for /v1/messages (503: overloaded_error), Ollama's for /api/. */
+static enum MHD_Result reply_refused(srv_http *h, struct MHD_Connection *c, const oai_error *err, int api)
 {
     int retry = !strcmp(err->code ? err->code : "", "server_busy") ? srv_retry_after(h->e) : 0;
-    return anth ? reply_anth_error(c, err, retry) : reply_error(c, err, retry);
+    if (api == API_OLLAMA) return reply_ollama_error(c, err);
+    return api == API_ANTHROPIC ? reply_anth_error(c, err, retry) : reply_error(c, err, retry);
 }
+
+/* The engine's body (an OpenAI error object when status is not 200) in the API's shape. */
+static enum MHD_Result reply_body(struct MHD_Connection *c, int status, char *body, xform *x)
+{
+    if (x && status == 200) body = x->whole(x, body);
+    else if (x && x->api == API_OLLAMA && body) {
+        json_t *o = json_loads(body, 0, NULL);
+        oai_error e;
+        oai_error_set(&e, status, NULL, NULL, "%s", json_string_value(json_object_get(json_object_get(o, "error"), "message")) ?
+                      json_string_value(json_object_get(json_object_get(o, "error"), "message")) : "the request failed");
+        json_decref(o);
+        free(body);
+        body = ollama_error_json(&e);
+    }
+    if (x) x->free(x);
+    return reply(c, (unsigned)status, body, 0);
+}
+
+static enum MHD_Result run_request_x(srv_http *h, struct MHD_Connection *c, conn *k, sreq *r, int api, xform *x);
 
 /* Submit r (made by srv_prepare, with k->more its other choices) and answer when its output is
  * known.  anth: an Anthropic request (its errors in Anthropic's shape). */
 static enum MHD_Result run_request(srv_http *h, struct MHD_Connection *c, conn *k, sreq *r, int anth)
+{
+    return run_request_x(h, c, k, r, anth ? API_ANTHROPIC : API_OPENAI, NULL);
+}
+
+/* run_request with the reply made another API's by x (taken: freed here or by the stream). */
+static enum MHD_Result run_request_x(srv_http *h, struct MHD_Connection *c, conn *k, sreq *r, int api, xform *x)
 {
     oai_error err;
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
@@ -284,17 +409,17 @@ static enum MHD_Result run_request(srv_http *h, struct MHD_Connection *c, conn *
         k->more[i]->client_fd = r->client_fd;
         k->more[i]->client_probe = r->client_probe;
     }
-    if (srv_submit_n(h->e, all, n, &err)) return reply_refused(h, c, &err, anth);
+    if (srv_submit_n(h->e, all, n, &err)) { if (x) x->free(x); return reply_refused(h, c, &err, api); }
     if (k->n_more && r->stream) {
         /* n choices streamed: the stream starts (200) with choice 0's first event */
         int status = srv_wait_started(h->e, r);
         if (status == 200) return reply_stream_choices(h, c, r, k->more, k->n_more);
         for (size_t i = 0; i < k->n_more; i++) srv_cancel(h->e, k->more[i]);
-        if (status < 0) return MHD_NO;                     /* the client hung up */
+        if (status < 0) { client_gone = 1; return MHD_NO; }                     /* the client hung up */
         {
             char *body;
             status = srv_take_body(h->e, r, &body);
-            if (status < 0) return MHD_NO;
+            if (status < 0) { client_gone = 1; return MHD_NO; }
             return reply(c, (unsigned)status, body, 0);
         }
     }
@@ -316,13 +441,13 @@ static enum MHD_Result run_request(srv_http *h, struct MHD_Connection *c, conn *
                 if (bodies[i] && !strstr(bodies[i], "\"choices\"")) { merged = bodies[i]; bodies[i] = NULL; }
         }
         for (size_t i = 0; i < n; i++) free(bodies[i]);
-        if (gone) { free(merged); return MHD_NO; }
+        if (gone) { free(merged); client_gone = 1; return MHD_NO; }
         return reply(c, (unsigned)status, merged, 0);
     }
     if (r->stream) {
         int status = srv_wait_started(h->e, r);
-        if (status < 0) return MHD_NO;                     /* the client hung up */
-        if (status == 200) return reply_stream(h, c, r);
+        if (status < 0) { if (x) x->free(x); client_gone = 1; return MHD_NO; }        /* the client hung up */
+        if (status == 200) return x ? reply_xstream(h, c, r, x) : reply_stream(h, c, r);
     } else {
         srv_wait_done(h->e, r);
     }
@@ -330,8 +455,8 @@ static enum MHD_Result run_request(srv_http *h, struct MHD_Connection *c, conn *
         /* the whole body (or an error before a stream started) */
         char *body;
         int status = srv_take_body(h->e, r, &body);
-        if (status < 0) return MHD_NO;                     /* the client hung up */
-        return reply(c, (unsigned)status, body, 0);
+        if (status < 0) { if (x) x->free(x); client_gone = 1; return MHD_NO; }        /* the client hung up */
+        return reply_body(c, status, body, x);
     }
 }
 
@@ -368,15 +493,17 @@ static enum MHD_Result messages(srv_http *h, struct MHD_Connection *c, conn *k, 
         long n = oai_check_model(q.s.model, srv_engine_model_name(h->e), &err) ? -1
                  : srv_count_chat(h->e, q.messages, q.n_messages, &q.chat, &err);
         anth_request_free(&q);
+        if (n < 0) anth_error_rename(&err);
         return n < 0 ? reply_anth_error(c, &err, 0) : reply(c, 200, anth_count_tokens_response(n), 0);
     }
     if (oai_check_model(q.s.model, srv_engine_model_name(h->e), &err) ||
         !(r = srv_prepare_chat(h->e, q.messages, q.n_messages, &q.chat, &q.s, &err))) {
         anth_request_free(&q);
+        anth_error_rename(&err);
         return reply_anth_error(c, &err, 0);
     }
     {
-        sgen_opts go = {1, q.chat.thinking, q.s.stream, 0, 0, q.s.stop, q.s.n_stop, NULL, 1, 0,
+        sgen_opts go = {1, kchat_reply_thinks(&q.chat), q.s.stream, 0, 0, q.s.stop, q.s.n_stop, NULL, 1, 0,
                         {id, srv_engine_model_name(h->e), (long long)time(NULL)}, NULL, 0, 0, 1, 0, 0, 0};
         if (srv_prepare_output(srv_engine_model(h->e), r, &go, &err)) {
             sreq_discard(r);
@@ -387,6 +514,288 @@ static enum MHD_Result messages(srv_http *h, struct MHD_Connection *c, conn *k, 
     rc = run_request(h, c, k, r, 1);
     if (!k->req) srv_release(h->e, r);
     anth_request_free(&q);
+    return rc;
+}
+
+/* ---- the Responses API ---------------------------------------------------------------------------- */
+
+static json_t *store_lookup(void *ctx, const char *id) { return srv_store_conversation(((srv_http *)ctx)->store, id); }
+
+/* A response's reply: the response object from the chat completion; kept when the request says store
+ * (with its conversation: the one before it, its input, its output). */
+typedef struct {
+    xform x;
+    srv_http *h;
+    char id[64], *model;
+    long long created;
+    json_t *echo, *prior, *input;
+    int store, blob;
+    oresp_stream *st;
+} resp_xform;
+
+static void resp_keep(resp_xform *rx, const json_t *response)
+{
+    json_t *conv = json_array();
+    if (!rx->store || !conv || !json_is_object(response)) { json_decref(conv); return; }
+    if (rx->prior) json_array_extend(conv, rx->prior);
+    json_array_extend(conv, rx->input);
+    json_array_extend(conv, json_object_get(response, "output"));
+    if (srv_store_put(rx->h->store, rx->id, response, conv, rx->input))
+        fprintf(stderr, "krun serve: %s: not stored (out of memory)\n", rx->id);
+    json_decref(conv);
+}
+
+static char *resp_whole(xform *x, char *body)
+{
+    resp_xform *rx = (resp_xform *)x;
+    oai_meta m = {rx->id, rx->model, rx->created};
+    json_t *r = body ? oresp_from_chat(&m, rx->echo, body, strlen(body), rx->blob) : NULL;
+    char *s = r ? json_dumps(r, JSON_COMPACT) : NULL;
+    if (r) resp_keep(rx, r);
+    json_decref(r);
+    free(body);
+    return s;
+}
+
+static int resp_feed(xform *x, const char *p, size_t n, kbuf *out)
+{
+    resp_xform *rx = (resp_xform *)x;
+    int over;
+    if (!rx->st) {
+        oai_meta m = {rx->id, rx->model, rx->created};
+        if (!(rx->st = oresp_stream_new(&m, rx->echo, rx->blob))) return -1;
+    }
+    over = oresp_stream_feed(rx->st, p, n, out);
+    if (over == 1 && oresp_stream_response(rx->st) && rx->store) {
+        resp_keep(rx, oresp_stream_response(rx->st));
+        rx->store = 0;                     /* once */
+    }
+    return over;
+}
+
+static void resp_free(xform *x)
+{
+    resp_xform *rx = (resp_xform *)x;
+    free(rx->model);
+    json_decref(rx->echo);
+    json_decref(rx->prior);
+    json_decref(rx->input);
+    oresp_stream_free(rx->st);
+    free(rx);
+}
+
+/* POST /v1/responses: parsed (previous_response_id from the store), run as a chat, answered as a
+ * response (responses.h). */
+static enum MHD_Result responses(srv_http *h, struct MHD_Connection *c, conn *k)
+{
+    oresp_request q;
+    oai_error err;
+    sreq *r;
+    resp_xform *rx = calloc(1, sizeof *rx);
+    enum MHD_Result rc;
+    if (!rx) return MHD_NO;
+    request_id(h, "resp", rx->id, sizeof rx->id);
+    rx->id[4] = '_';                       /* resp_...: OpenAI's spelling */
+    if (oresp_parse_request(k->body.p, k->body.n, store_lookup, h, &q, &err)) { free(rx); return reply_error(c, &err, 0); }
+    if (oai_check_model(q.s.model, srv_engine_model_name(h->e), &err) ||
+        !(r = srv_prepare_chat(h->e, q.messages, q.n_messages, &q.chat, &q.s, &err))) {
+        oresp_request_free(&q);
+        free(rx);
+        return reply_error(c, &err, 0);
+    }
+    rx->x = (xform){API_OPENAI, "text/event-stream", resp_whole, resp_feed, resp_free};
+    rx->h = h;
+    rx->model = strdup(srv_engine_model_name(h->e));
+    rx->created = (long long)time(NULL);
+    rx->echo = json_incref(q.echo);
+    rx->prior = json_incref(q.prior);
+    rx->input = json_incref(q.input);
+    rx->store = q.store;
+    rx->blob = q.encrypted_reasoning;
+    {
+        sgen_opts go = {1, kchat_reply_thinks(&q.chat), q.s.stream, 1, 0, q.s.stop, q.s.n_stop, NULL, 1, 0,
+                        {rx->id, srv_engine_model_name(h->e), rx->created}, NULL, 0, 0, 0, 0, 0, 0};
+        if (!rx->model || srv_prepare_output(srv_engine_model(h->e), r, &go, &err)) {
+            if (!rx->model) oai_error_set(&err, 500, NULL, NULL, "out of memory");
+            sreq_discard(r);
+            oresp_request_free(&q);
+            resp_free(&rx->x);
+            return reply_error(c, &err, 0);
+        }
+    }
+    oresp_request_free(&q);
+    rc = run_request_x(h, c, k, r, API_OPENAI, &rx->x);
+    if (!k->req) srv_release(h->e, r);
+    return rc;
+}
+
+/* GET /v1/responses/ID (and /input_items), DELETE /v1/responses/ID. */
+static enum MHD_Result stored_response(srv_http *h, struct MHD_Connection *c, const char *url, const char *method)
+{
+    char id[64];
+    const char *rest = url + 14, *slash = strchr(rest, '/');
+    size_t n = slash ? (size_t)(slash - rest) : strlen(rest);
+    int items = slash && !strcmp(slash, "/input_items");
+    oai_error err;
+    json_t *j;
+    if (!n || n >= sizeof id || (slash && !items)) {
+        oai_error_set(&err, 404, NULL, "not_found", "no such endpoint: %s %s", method, url);
+        return reply_error(c, &err, 0);
+    }
+    memcpy(id, rest, n);
+    id[n] = 0;
+    if (strcmp(method, "GET") && (items || strcmp(method, "DELETE"))) {
+        oai_error_set(&err, 405, NULL, "method_not_allowed", "%s takes %s, not %s", url, items ? "GET" : "GET or DELETE", method);
+        return reply_error(c, &err, 0);
+    }
+    if (!strcmp(method, "DELETE")) {
+        if (srv_store_delete(h->store, id)) return reply(c, 200, oresp_deleted_json(id), 0);
+    } else if ((j = items ? srv_store_input(h->store, id) : srv_store_response(h->store, id))) {
+        char *s = items ? oresp_input_items_json(j) : json_dumps(j, JSON_COMPACT);
+        json_decref(j);
+        return reply(c, 200, s, 0);
+    }
+    oai_error_set(&err, 404, "response_id", "not_found", "Response with id '%s' not found.", id);
+    return reply_error(c, &err, 0);
+}
+
+/* GET /v1/models/ID: the model, or 404 model_not_found. */
+static enum MHD_Result model_one(srv_http *h, struct MHD_Connection *c, const char *url, const char *method)
+{
+    oai_error err;
+    if (strcmp(method, "GET")) {
+        oai_error_set(&err, 405, NULL, "method_not_allowed", "%s takes GET, not %s", url, method);
+        return reply_error(c, &err, 0);
+    }
+    if (oai_check_model(url + 11, srv_engine_model_name(h->e), &err)) return reply_error(c, &err, 0);
+    return reply(c, 200, oai_model_response(srv_engine_model_name(h->e), h->created, "krun"), 0);
+}
+
+/* ---- Ollama's API ------------------------------------------------------------------------------------ */
+
+static double now_mono(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static double now_unix(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+typedef struct {
+    xform x;
+    ollama_meta m;
+    char *model;
+    int generate;
+    ollama_stream *st;
+} ollama_xform;
+
+static char *ollama_whole(xform *x, char *body)
+{
+    ollama_xform *ox = (ollama_xform *)x;
+    char *s = body ? ollama_from_completion(&ox->m, ox->generate, body, strlen(body), now_mono()) : NULL;
+    free(body);
+    return s;
+}
+
+static int ollama_feed(xform *x, const char *p, size_t n, kbuf *out)
+{
+    ollama_xform *ox = (ollama_xform *)x;
+    if (!ox->st && !(ox->st = ollama_stream_new(&ox->m, ox->generate))) return -1;
+    return ollama_stream_feed(ox->st, p, n, now_mono(), out);
+}
+
+static void ollama_free(xform *x)
+{
+    ollama_xform *ox = (ollama_xform *)x;
+    ollama_stream_free(ox->st);
+    free(ox->model);
+    free(ox);
+}
+
+/* POST /api/chat, /api/generate: run as a chat (generate: a turn of the prompt; raw: a completion of
+ * it), answered in Ollama's objects, streamed as NDJSON by default. */
+static enum MHD_Result ollama_run(srv_http *h, struct MHD_Connection *c, conn *k, int generate)
+{
+    ollama_request q;
+    oai_error err;
+    sreq *r;
+    char id[64];
+    ollama_xform *ox = calloc(1, sizeof *ox);
+    enum MHD_Result rc;
+    if (!ox) return MHD_NO;
+    ox->m = (ollama_meta){NULL, now_unix(), now_mono()};
+    request_id(h, generate ? "gen" : "chat", id, sizeof id);
+    if ((generate ? ollama_parse_generate : ollama_parse_chat)(k->body.p, k->body.n, &q, &err)) { free(ox); return reply_ollama_error(c, &err); }
+    if (ollama_check_model(q.s.model, srv_engine_model_name(h->e), &err) ||
+        !(r = q.raw ? srv_prepare_prompt(h->e, q.prompt, q.prompt_len, &q.s, &err)
+                    : srv_prepare_chat(h->e, q.messages, q.n_messages, &q.chat, &q.s, &err))) {
+        ollama_request_free(&q);
+        free(ox);
+        return reply_ollama_error(c, &err);
+    }
+    ox->x = (xform){API_OLLAMA, "application/x-ndjson", ollama_whole, ollama_feed, ollama_free};
+    ox->model = strdup(q.s.model);
+    ox->m.model = ox->model;
+    ox->generate = generate;
+    {
+        sgen_opts go = {!q.raw, !q.raw && kchat_reply_thinks(&q.chat), q.s.stream, 1, 0, q.s.stop, q.s.n_stop, NULL, 1, 0,
+                        {id, srv_engine_model_name(h->e), (long long)time(NULL)}, NULL, 0, 0, 0, 0, 0, 0};
+        if (!ox->model || srv_prepare_output(srv_engine_model(h->e), r, &go, &err)) {
+            if (!ox->model) oai_error_set(&err, 500, NULL, NULL, "out of memory");
+            sreq_discard(r);
+            ollama_request_free(&q);
+            ollama_free(&ox->x);
+            return reply_ollama_error(c, &err);
+        }
+    }
+    ollama_request_free(&q);
+    rc = run_request_x(h, c, k, r, API_OLLAMA, &ox->x);
+    if (!k->req) srv_release(h->e, r);
+    return rc;
+}
+
+/* GET /api/tags, POST /api/show, GET /api/version. */
+static enum MHD_Result ollama_model(srv_http *h, struct MHD_Connection *c, conn *k, int which)
+{
+    krun_model *m = srv_engine_model(h->e);
+    struct stat st;
+    long long mtime = h->created;
+    unsigned long long size = 0;
+    if (!stat(krun_model_path(m), &st)) { mtime = (long long)st.st_mtime; size = (unsigned long long)st.st_size; }
+    if (which == 0) return reply(c, 200, ollama_tags_json(srv_engine_model_name(h->e), mtime, size, "kimi-k3"), 0);
+    if (which == 2) return reply(c, 200, ollama_version_json(), 0);
+    {
+        /* show: {"model": NAME} (or "name", as older clients send it) */
+        oai_error err;
+        json_t *o = kreq_body(k->body.p, k->body.n, &err), *name;
+        if (!o) return reply_ollama_error(c, &err);
+        name = json_object_get(o, "model") ? json_object_get(o, "model") : json_object_get(o, "name");
+        if (ollama_check_model(json_string_value(name), srv_engine_model_name(h->e), &err)) { json_decref(o); return reply_ollama_error(c, &err); }
+        json_decref(o);
+        return reply(c, 200, ollama_show_json(srv_engine_model_name(h->e), mtime, krun_model_ctx(m), "kimi-k3"), 0);
+    }
+}
+
+/* A CORS preflight from an origin --cors-origin allows: the methods and headers it may use. */
+static enum MHD_Result preflight(struct MHD_Connection *c, const char *origin)
+{
+    struct MHD_Response *r = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
+    const char *want = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Access-Control-Request-Headers");
+    enum MHD_Result rc;
+    if (!r) return MHD_NO;
+    (void)origin;                          /* queue() adds Access-Control-Allow-Origin */
+    MHD_add_response_header(r, "Access-Control-Allow-Methods", "GET, POST, DELETE, OPTIONS");
+    MHD_add_response_header(r, "Access-Control-Allow-Headers",
+                            want && *want ? want : "Authorization, Content-Type, x-api-key, anthropic-version, anthropic-beta, openai-beta");
+    MHD_add_response_header(r, "Access-Control-Max-Age", "86400");
+    rc = queue(c, MHD_HTTP_NO_CONTENT, r);
+    MHD_destroy_response(r);
     return rc;
 }
 
@@ -500,15 +909,20 @@ static enum MHD_Result route(srv_http *h, struct MHD_Connection *c, const char *
         {"/health", "GET"}, {"/v1/models", "GET"}, {"/v1/chat/completions", "POST"}, {"/v1/completions", "POST"},
         {"/v1/messages", "POST"}, {"/v1/messages/count_tokens", "POST"}, {"/tokenize", "POST"}, {"/detokenize", "POST"},
         {"/metrics", "GET"},
+        {"/v1/responses", "POST"}, {"/api/chat", "POST"}, {"/api/generate", "POST"}, {"/api/tags", "GET"}, {"/api/show", "POST"},
+        {"/api/version", "GET"},
     };
     oai_error err;
     int known = -1;
     for (int i = 0; i < (int)(sizeof routes / sizeof *routes); i++)
         if (!strcmp(url, routes[i].path)) known = i;
+    if (known < 0 && !k->too_big && !strncmp(url, "/v1/responses/", 14)) return stored_response(h, c, url, method);
+    if (known < 0 && !k->too_big && !strncmp(url, "/v1/models/", 11)) return model_one(h, c, url, method);
     if (known < 0) {
         oai_error_set(&err, 404, NULL, "not_found", "no such endpoint: %s %s (krun serves POST /v1/chat/completions, POST "
-                      "/v1/completions, POST /v1/messages, POST /v1/messages/count_tokens, GET /v1/models, POST /tokenize, "
-                      "POST /detokenize, GET /metrics, GET /health)", method, url);
+                      "/v1/completions, POST /v1/messages, POST /v1/messages/count_tokens, POST /v1/responses, GET and DELETE "
+                      "/v1/responses/ID, GET /v1/models, GET /v1/models/ID, POST /tokenize, POST /detokenize, GET /metrics, "
+                      "GET /health; Ollama's POST /api/chat, /api/generate, /api/show, GET /api/tags, /api/version)", method, url);
         return reply_error(c, &err, 0);
     }
     if (strcmp(method, routes[known].method)) {
@@ -541,7 +955,8 @@ static enum MHD_Result route(srv_http *h, struct MHD_Connection *c, const char *
             json_t *brief = json_pack("{sO}", "status", json_object_get(j, "status"));
             json_decref(j);
             j = brief;
-        } else if (j && json_object_set_new(j, "connections", srv_conns_json(h->conns))) {
+        } else if (j && (json_object_set_new(j, "connections", srv_conns_json(h->conns)) ||
+                         json_object_set_new(j, "responses_store", srv_store_json(h->store)))) {
             json_decref(j);
             j = NULL;
         }
@@ -554,7 +969,13 @@ static enum MHD_Result route(srv_http *h, struct MHD_Connection *c, const char *
     case 5: return messages(h, c, k, 1);
     case 6: return tokenize(h, c, k);
     case 7: return detokenize(h, c, k);
-    default: return metrics(h, c);
+    case 8: return metrics(h, c);
+    case 9: return responses(h, c, k);
+    case 10: return ollama_run(h, c, k, 0);
+    case 11: return ollama_run(h, c, k, 1);
+    case 12: return ollama_model(h, c, k, 0);
+    case 13: return ollama_model(h, c, k, 1);
+    default: return ollama_model(h, c, k, 2);
     }
 }
 
@@ -578,6 +999,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     conn *k = *con_cls;
     count_e = h->e;
     count_ep = endpoint_of(url);
+    conn_h = h;
+    client_gone = 0;
     if (!k) {
         /* the headers: refuse early what needs no body to refuse */
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
@@ -597,6 +1020,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             k->answered = 1;
             oai_error_set(&err, bad, NULL, bad == 400 ? "bad_framing" : "unsupported_transfer_encoding", "%s", why);
             return reply_error(c, &err, -1);
+        }
+        if (!strcmp(method, "OPTIONS") && cors_origin(h, c) && MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Access-Control-Request-Method")) {
+            /* a browser's preflight carries no key: answered before the check */
+            k->answered = 1;
+            return preflight(c, cors_origin(h, c));
         }
         if (h->o.api_key && (!strncmp(url, "/v1/", 4) || endpoint_of(url) != SRV_EP_OTHER) && strcmp(url, "/health") &&
             !authorized(c, h->o.api_key)) {
@@ -669,6 +1097,7 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
 static void mhd_log(void *cls, const char *fmt, va_list ap)
 {
     (void)cls;
+    if (client_gone) return;               /* the abort a client that left causes: not an error (the request's line says it) */
     fprintf(stderr, "krun serve: http: ");
     vfprintf(stderr, fmt, ap);
 }
@@ -681,9 +1110,10 @@ int srv_http_start(srv_engine *e, const srv_http_opts *o, srv_http **out, krun_e
     h->e = e;
     h->o = *o;
     h->created = (long long)time(NULL);
+    if (!(h->store = srv_store_new(o->responses_store))) { pthread_mutex_destroy(&h->id_mu); free(h); return krun_err_set(err, KRUN_ENOMEM, "out of memory"); }
     {
         srv_conns_opts co = {o->max_connections, o->max_connections_per_ip, o->request_timeout};
-        if (srv_conns_start(&co, &h->conns, err)) { pthread_mutex_destroy(&h->id_mu); free(h); return -1; }
+        if (srv_conns_start(&co, &h->conns, err)) { srv_store_free(h->store); pthread_mutex_destroy(&h->id_mu); free(h); return -1; }
     }
     /* MHD_USE_POLL: without it every connection's thread waits in select(2), which cannot watch a
      * descriptor at or above FD_SETSIZE (1024): a --max-connections near that would fail */
@@ -701,6 +1131,7 @@ int srv_http_start(srv_engine *e, const srv_http_opts *o, srv_http **out, krun_e
     if (!h->d) {
         krun_err_set(err, KRUN_EINPUT, "libmicrohttpd could not start on the listening socket");
         srv_conns_stop(h->conns);
+        srv_store_free(h->store);
         pthread_mutex_destroy(&h->id_mu);
         free(h);
         return -1;
@@ -720,6 +1151,7 @@ void srv_http_stop(srv_http *h)
     if (!h) return;
     MHD_stop_daemon(h->d);             /* every connection closed: the table is empty */
     srv_conns_stop(h->conns);
+    srv_store_free(h->store);
     pthread_mutex_destroy(&h->id_mu);
     free(h);
 }

@@ -68,8 +68,11 @@ static int fit_context(srv_engine *e, sreq *r, long max_tokens, oai_error *err)
                       "the prompt is %zu tokens, more than the context of %zu positions (%s --ctx)", r->n_prompt, ctx, cmd);
         return -1;
     }
-    /* the last token generated is never run: a request uses n_prompt + max_tokens - 1 positions */
-    if (max_tokens < 0) max_tokens = (long)(ctx - r->n_prompt + 1);
+    /* the last token generated is never run: a request uses n_prompt + max_tokens - 1 positions; beyond
+     * the context, a request is served up to it (it ends with finish_reason "length") unless the
+     * engine refuses it (krun batch, krun serve --ctx-strict): agents send a large fixed max_tokens */
+    if (max_tokens < 0 || (max_tokens > 0 && (size_t)max_tokens - 1 > ctx - r->n_prompt && srv_engine_ctx_lenient(e)))
+        max_tokens = (long)(ctx - r->n_prompt + 1);
     if (max_tokens > 0 && (size_t)max_tokens - 1 > ctx - r->n_prompt) {
         oai_error_set(err, 400, "max_tokens", "context_length_exceeded",
                       "the prompt (%zu tokens) and max_tokens %ld need %zu positions; the context is %zu (%s --ctx)",
@@ -212,7 +215,7 @@ static sreq *prepare_chat(srv_engine *e, const char *name, const char *body, siz
     }
     if (!(r = srv_prepare_chat(e, q.messages, q.n_messages, &q.chat, &q.s, err))) goto fail;
     {
-        sgen_opts go = {1, q.chat.thinking, q.s.stream, q.s.include_usage, q.s.return_token_ids, q.s.stop, q.s.n_stop, NULL, 1, 0,
+        sgen_opts go = {1, kchat_reply_thinks(&q.chat), q.s.stream, q.s.include_usage, q.s.return_token_ids, q.s.stop, q.s.n_stop, NULL, 1, 0,
                         *meta, NULL, 0, q.s.logprobs, 0, 0, 0, 0};
         if (choices(e, r, q.s.n, &q.chat, &go, more, n_more, err)) goto fail;
         if (srv_prepare_output(m, r, &go, err)) goto fail;
@@ -225,31 +228,45 @@ fail:
     return NULL;
 }
 
+/* A prompt given as ids, or as text (special-token strings honoured, as krun --prompt): tokenized,
+ * its sampling set, fitted to the context.  NULL with err. */
+static sreq *prompt_request(srv_engine *e, const int32_t *ids, size_t n_ids, const char *text, size_t len, const oai_sampling *s, oai_error *err)
+{
+    krun_model *m = srv_engine_model(e);
+    sreq *r = sreq_new();
+    if (!r) { oai_error_set(err, 500, NULL, NULL, "out of memory"); return NULL; }
+    if (ids) {
+        r->prompt = malloc((n_ids ? n_ids : 1) * sizeof *r->prompt);
+        if (r->prompt) memcpy(r->prompt, ids, n_ids * sizeof *r->prompt);
+        r->n_prompt = n_ids;
+    } else if (ktok_encode(krun_model_tokenizer(m), text, len, 1, &r->prompt, &r->n_prompt)) {
+        r->prompt = NULL;
+    }
+    if (!r->prompt) { oai_error_set(err, 500, NULL, NULL, "out of memory"); sreq_discard(r); return NULL; }
+    sampling_of(s, r);
+    if (fit_context(e, r, s->max_tokens, err)) {
+        snprintf(err->param, sizeof err->param, "%s", r->n_prompt > krun_model_ctx(m) ? "prompt" : "max_tokens");
+        sreq_discard(r);
+        return NULL;
+    }
+    return r;
+}
+
+sreq *srv_prepare_prompt(srv_engine *e, const char *text, size_t len, const oai_sampling *s, oai_error *err)
+{
+    return prompt_request(e, NULL, 0, text, len, s, err);
+}
+
 static sreq *prepare_completion(srv_engine *e, const char *name, const char *body, size_t len, const oai_meta *meta, sreq **more,
                                 size_t *n_more, oai_error *err)
 {
     krun_model *m = srv_engine_model(e);
-    const ktok *tk = krun_model_tokenizer(m);
     oai_completion_request q;
     sreq *r = NULL;
     if (oai_parse_completion_request(body, len, (size_t)krun_model_config(m)->vocab, &q, err)) return NULL;
     if (oai_check_model(q.s.model, name, err)) goto fail;
-    r = sreq_new();
-    if (!r) { oai_error_set(err, 500, NULL, NULL, "out of memory"); goto fail; }
-    if (q.prompt_ids) {
-        r->prompt = malloc(q.n_prompt_ids * sizeof *r->prompt);
-        if (r->prompt) memcpy(r->prompt, q.prompt_ids, q.n_prompt_ids * sizeof *r->prompt);
-        r->n_prompt = q.n_prompt_ids;
-    } else if (ktok_encode(tk, q.prompt, q.prompt_len, 1, &r->prompt, &r->n_prompt)) {
-        r->prompt = NULL;
-    }
-    if (!r->prompt) { oai_error_set(err, 500, NULL, NULL, "out of memory"); goto fail; }
-    sampling_of(&q.s, r);
+    if (!(r = prompt_request(e, q.prompt_ids, q.n_prompt_ids, q.prompt, q.prompt_len, &q.s, err))) goto fail;
     r->echo = q.echo;
-    if (fit_context(e, r, q.s.max_tokens, err)) {
-        snprintf(err->param, sizeof err->param, "%s", r->n_prompt > krun_model_ctx(m) ? "prompt" : "max_tokens");
-        goto fail;
-    }
     {
         sgen_opts go = {0, 0, q.s.stream, q.s.include_usage, q.s.return_token_ids, q.s.stop, q.s.n_stop, NULL, !q.s.ignore_eos, 0,
                         *meta, NULL, 0, q.s.logprobs, 0, 0, 0, q.echo};

@@ -74,10 +74,17 @@ typedef struct {
     kchat_format format;          /* JSON_OBJECT / JSON_SCHEMA add a response-format directive */
     const char *format_schema;    /* JSON_SCHEMA: the schema, as JSON text */
     int add_generation_prompt;    /* end with the assistant's opening tags */
+    int single_call;              /* a constrained reply calls at most one tool (parallel_tool_calls false,
+                                     Anthropic's disable_parallel_tool_use) */
+    int continue_final;           /* the last message is the assistant's reply begun (a prefill): rendered
+                                     open, its reasoning closed and its content not, and continued from
+                                     there (the reply starts in the response channel); no generation prompt */
 } kchat_options;
 
 /* thinking on, effort max (the chat templates' default), no tools, generation prompt. */
 void kchat_options_default(kchat_options *o);
+/* Does the reply start in the think channel (thinking on, and not continuing a reply begun)? */
+static inline int kchat_reply_thinks(const kchat_options *o) { return o->thinking && !o->continue_final; }
 
 /* ---- rendering --------------------------------------------------------------------------- */
 

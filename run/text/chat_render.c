@@ -343,14 +343,31 @@ static int render(const ktok *tk, const kchat_message *msgs, size_t n, size_t fr
     size_t preamble = from == 0 ? r.n : 0;
     int leading = from == 0;
     for (size_t i = 0; i < from; i++) track(&s, &msgs[i]);
-    for (size_t i = from; i < n; i++) {
+    if (o->continue_final && (!n || msgs[n - 1].role != KCHAT_ASSISTANT || msgs[n - 1].n_tool_calls || from == n)) {
+        krun_err_set(err, KRUN_EINPUT, "messages[%zu]: a reply to continue must be the last message, the assistant's, without tool calls",
+                     n ? n - 1 : 0);
+        goto out;
+    }
+    for (size_t i = from; i < n - (o->continue_final ? 1 : 0); i++) {
         if (render_message(&r, &msgs[i], &s, o, i, err)) goto out;
         leading &= msgs[i].role == KCHAT_SYSTEM;
         if (leading) preamble = r.n;
     }
     if (declared && o->tool_choice != KCHAT_TOOL_CHOICE_AUTO && render_directives(&r, o, err)) goto out;
     if (o->format != KCHAT_FORMAT_TEXT && render_format(&r, o, err)) goto out;
-    if (o->add_generation_prompt) {
+    if (o->continue_final) {
+        /* the reply begun: its reasoning (thinking mode) closed, its content open */
+        const kchat_message *m = &msgs[n - 1];
+        const char *attrs[] = {"role", "assistant", NULL};
+        kseg_open(&r, "message", attrs);
+        if (o->thinking) {
+            kseg_open(&r, "think", NULL);
+            if (m->reasoning) kseg_text(&r, m->reasoning, m->reasoning_len);
+            kseg_close(&r, "think");
+        }
+        kseg_open(&r, "response", NULL);
+        if (m->content) kseg_text(&r, m->content, m->content_len);
+    } else if (o->add_generation_prompt) {
         const char *attrs[] = {"role", "assistant", NULL};
         kseg_open(&r, "message", attrs);
         kseg_open(&r, o->thinking ? "think" : "response", NULL);

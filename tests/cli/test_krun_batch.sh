@@ -86,7 +86,7 @@ grep -q "krun batch: .*a.jsonl: [0-9]* of [0-9]* requests written" "$T/last.err"
 
 # ---- each request as run alone by krun serve ---------------------------------------------------------
 . "$(dirname "$0")/serve_lib.sh"
-if start solo "$M" --max-seqs 1 --ctx 512 --quiet; then
+if start solo "$M" --max-seqs 1 --ctx 512 --ctx-strict --quiet; then      # krun batch refuses what exceeds --ctx
     n=$(python3 -c 'import sys, batch_tool as b; print(b.alone_vs_batch(int(sys.argv[1]), sys.argv[2], sys.argv[3], 9))' \
         "$PORT" "$T/in.jsonl" "$T/a.jsonl" 2>"$T/err") \
         && ok "every request ($n) has the body krun serve gives it alone (seeded, seedless with the job's seed, greedy, refused)" \

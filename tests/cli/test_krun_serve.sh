@@ -146,12 +146,14 @@ expect("POST", "/v1/chat/completions", '{"messages": [{"role": "user", "content"
 expect("POST", "/v1/chat/completions", '{"messages": [{"role": "wizard", "content": "x"}]}', 400, None, "messages[0].role")
 expect("POST", "/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi"}]}', 400, "chat_unsupported", None, "<|open|>")
 expect("POST", "/v1/completions", '{"prompt": [%s]}' % ",".join(["5"] * 513), 400, "context_length_exceeded", "prompt", "513 tokens")
-expect("POST", "/v1/completions", '{"prompt": [5, 6], "max_tokens": 512}', 400, "context_length_exceeded", "max_tokens", "513 positions")
 expect("GET", "/v1/nothing", None, 404, "not_found")
 expect("GET", "/v1/completions", None, 405, "method_not_allowed")
 expect("DELETE", "/health", None, 405)
 s, _, j = c.post(port, "/v1/completions", {"prompt": [5, 6], "max_tokens": 511, "temperature": 0})
 assert s == 200, j            # exactly the context: 2 + 4095 - 1 positions
+# beyond it (agents send a large fixed max_tokens): served up to the context, finish "length", usage as generated
+s, _, j = c.post(port, "/v1/completions", {"prompt": [5, 6], "max_tokens": 32000, "temperature": 0, "ignore_eos": True})
+assert s == 200 and j["choices"][0]["finish_reason"] == "length" and j["usage"]["completion_tokens"] == 511, j["usage"]
 PY
 stop
 [ "$RC" -eq 0 ] && ok "SIGTERM on an idle server: exit 0" || notok "idle SIGTERM: exit $RC: $(tail -3 "$T/basic.err")"

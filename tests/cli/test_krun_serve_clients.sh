@@ -65,8 +65,8 @@ s=$(curl -s -o /dev/null -w '%{http_code}' "$URL/tokenize" -d '{"content":"x"}')
 [ "$s" = 401 ] && ok "/tokenize needs the key" || notok "/tokenize without the key: $s"
 
 # ---- /metrics ---------------------------------------------------------------------------------------
-curl -s "${H[@]}" "$URL/v1/chat/completions" -d '{"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema","json_schema":{"name":"a","schema":{"type":"string","format":"email"}}}}' >"$T/bad.out"
-grep -q '"param":"response_format.json_schema.schema.format"' "$T/bad.out" && ok "an unsupported keyword (format): 400 naming it" || notok "format: $(cat "$T/bad.out")"
+curl -s "${H[@]}" "$URL/v1/chat/completions" -d '{"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema","json_schema":{"name":"a","schema":{"type":"string","not":{"const":"a"}}}}}' >"$T/bad.out"
+grep -q '"param":"response_format.json_schema.schema.not"' "$T/bad.out" && ok "an unsupported keyword (not): 400 naming it" || notok "not: $(cat "$T/bad.out")"
 s=$(curl -s -o /dev/null -w '%{http_code}' "$URL/metrics")
 [ "$s" = 401 ] && ok "/metrics needs the key" || notok "/metrics without the key: $s"
 curl -s -D "$T/m.head" "${H[@]}" "$URL/metrics" >"$T/metrics"
