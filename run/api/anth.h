@@ -24,6 +24,7 @@ typedef struct {
     kchat_options chat;       /* thinking, tools (as an OpenAI tools array), tool_choice */
     oai_sampling s;           /* model, max_tokens, temperature, top_p, top_k, stop_sequences, stream, seed */
     int budget_tokens;        /* thinking: the budget asked for (it picks the effort: docs/SERVE.md), 0 without thinking */
+    int omit_thinking;        /* thinking.display "omitted": thinking blocks come back without their text */
     void *own;
 } anth_request;
 

@@ -286,10 +286,17 @@ static int get_thinking(json_t *o, anth_request *r, oai_error *e)
     json_t *t = kreq_field(o, "thinking"), *type, *b;
     r->chat.thinking = 0;              /* Anthropic's default: no extended thinking */
     r->chat.effort = KCHAT_EFFORT_NONE;
+    r->chat.effort_given = 1;
     if (!t) return 0;
     if (!json_is_object(t)) return kreq_wrong_type(e, "thinking", "an object", t);
     type = json_object_get(t, "type");
     if (kreq_str_is(type, "disabled")) return 0;
+    {
+        json_t *d = kreq_field(t, "display");
+        if (d && !kreq_str_is(d, "summarized") && !kreq_str_is(d, "omitted"))
+            return refuse(e, "thinking.display", "%s", "must be \"summarized\" or \"omitted\"");
+        r->omit_thinking = kreq_str_is(d, "omitted");     /* summarized: krun gives the reasoning itself (K3 writes no summary) */
+    }
     if (kreq_str_is(type, "adaptive")) {
         /* the model decides how much to think: K3 thinking on with no effort message (the chat
          * templates' "no effort"), unless output_config.effort names one (get_output_config) */
@@ -377,7 +384,20 @@ static int get_sampling(json_t *o, anth_request *r, int count_tokens, kreq_arena
  * thinking effort, when thinking is on). */
 static int get_output_config(json_t *o, anth_request *r, kreq_arena *a, oai_error *e)
 {
-    json_t *oc = kreq_field(o, "output_config"), *f, *ef;
+    json_t *oc = kreq_field(o, "output_config"), *f, *ef, *cm = kreq_field(o, "context_management");
+    /* context editing: clearing earlier thinking while keeping "all" of it changes nothing; any other
+     * edit would change the prompt the client sent, which krun does not do */
+    if (cm) {
+        json_t *edits = json_object_get(cm, "edits");
+        if (!json_is_object(cm)) return kreq_wrong_type(e, "context_management", "an object", cm);
+        for (size_t k = 0; k < json_array_size(edits); k++) {
+            json_t *ed = json_array_get(edits, k), *type = json_object_get(ed, "type");
+            char p[64];
+            snprintf(p, sizeof p, "context_management.edits.%zu", k);
+            if (!(json_is_string(type) && !strncmp(json_string_value(type), "clear_thinking_", 15) && kreq_str_is(json_object_get(ed, "keep"), "all")))
+                return refuse(e, p, "%s", "context edits are not supported by krun (only clearing thinking with keep: \"all\", which changes nothing)");
+        }
+    }
     if (!oc) return 0;
     if (!json_is_object(oc)) return kreq_wrong_type(e, "output_config", "an object", oc);
     if ((f = kreq_field(oc, "format"))) {
@@ -393,11 +413,12 @@ static int get_output_config(json_t *o, anth_request *r, kreq_arena *a, oai_erro
     }
     if ((ef = kreq_field(oc, "effort"))) {
         static const struct { const char *name; kchat_effort effort; } map[] = {
-            {"low", KCHAT_EFFORT_LOW}, {"medium", KCHAT_EFFORT_HIGH}, {"high", KCHAT_EFFORT_HIGH}, {"max", KCHAT_EFFORT_MAX},
+            {"low", KCHAT_EFFORT_LOW}, {"medium", KCHAT_EFFORT_HIGH}, {"high", KCHAT_EFFORT_HIGH}, {"xhigh", KCHAT_EFFORT_MAX},
+            {"max", KCHAT_EFFORT_MAX},
         };
         size_t k = 0;
         while (k < sizeof map / sizeof *map && !kreq_str_is(ef, map[k].name)) k++;
-        if (k == sizeof map / sizeof *map) return refuse(e, "output_config.effort", "%s", "must be \"low\", \"medium\", \"high\" or \"max\"");
+        if (k == sizeof map / sizeof *map) return refuse(e, "output_config.effort", "%s", "must be \"low\", \"medium\", \"high\", \"xhigh\" or \"max\"");
         if (r->chat.thinking) r->chat.effort = map[k].effort;
     }
     return 0;
@@ -434,10 +455,18 @@ int anth_parse_request(const char *body, size_t len, int count_tokens, anth_requ
         if (!json_is_object(m)) { kreq_wrong_type(e, p, "an object", m); goto bad; }
         role = json_object_get(m, "role");
         snprintf(p, sizeof p, "messages.%zu.role", i);
-        if (kreq_str_is(role, "user")) { if (user_message(json_object_get(m, "content"), i, &l, a, e)) goto bad; }
+        if (kreq_str_is(role, "system")) {
+            /* a system message among the others (as Claude Code sends its environment) */
+            kchat_message *sm = push(&l, a);
+            if (!sm) { OOM(e); goto bad; }
+            sm->role = KCHAT_SYSTEM;
+            snprintf(p, sizeof p, "messages.%zu.content", i);
+            if (text_of(json_object_get(m, "content"), p, a, &sm->content, &sm->content_len, e)) goto bad;
+        }
+        else if (kreq_str_is(role, "user")) { if (user_message(json_object_get(m, "content"), i, &l, a, e)) goto bad; }
         else if (kreq_str_is(role, "assistant")) { if (assistant_message(json_object_get(m, "content"), i, &l, a, e)) goto bad; }
         else if (!role) { required(e, p); goto bad; }
-        else { refuse(e, p, "%s", "must be \"user\" or \"assistant\" (the system prompt is the top-level system field)"); goto bad; }
+        else { refuse(e, p, "%s", "must be \"user\", \"assistant\" or \"system\""); goto bad; }
     }
     if (l.n && l.m[l.n - 1].role == KCHAT_ASSISTANT) {
         /* a final assistant message is the reply begun (a prefill): continued from its text */

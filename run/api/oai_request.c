@@ -436,6 +436,7 @@ static int get_thinking(json_t *o, kchat_options *c, oai_error *e)
     if (v) {
         if (!json_is_string(v)) return kreq_wrong_type(e, "reasoning_effort", "a string", v);
         if (kreq_c_string(v, "reasoning_effort", e)) return -1;
+        c->effort_given = 1;
         if (kreq_effort(json_string_value(v), c)) {
             oai_error_set(e, 400, "reasoning_effort", "invalid_value",
                           "reasoning_effort must be none, minimal, low, medium, high, xhigh or max, got \"%.40s\"", json_string_value(v));
@@ -449,10 +450,12 @@ static int get_thinking(json_t *o, kchat_options *c, oai_error *e)
     if (t) {
         if (!json_is_boolean(t)) return kreq_wrong_type(e, "chat_template_kwargs.thinking", "a boolean", t);
         c->thinking = json_is_true(t);
+        c->effort_given = 1;
         if (c->thinking && !v && c->effort == KCHAT_EFFORT_NONE) c->effort = KCHAT_EFFORT_MAX;
     }
     json_t *te = json_object_get(kw, "thinking_effort");
     if (te) {
+        c->effort_given = 1;
         if (json_is_null(te)) c->effort = KCHAT_EFFORT_NONE;
         else if (!json_is_string(te) || memchr(json_string_value(te), 0, json_string_length(te)) ||
                  kchat_effort_parse(json_string_value(te)) == KCHAT_EFFORT_INVALID) {

@@ -90,6 +90,7 @@ static int get_settings(json_t *o, ollama_request *r, kreq_arena *a, oai_error *
     }
     /* think: on by default (K3's chat templates think, at max effort) */
     if ((th = kreq_field(o, "think"))) {
+        r->chat.effort_given = 1;
         if (json_is_boolean(th)) { r->chat.thinking = json_is_true(th); if (!r->chat.thinking) r->chat.effort = KCHAT_EFFORT_NONE; }
         else if (!json_is_string(th) || memchr(json_string_value(th), 0, json_string_length(th)) ||
                  (!kreq_str_is(th, "low") && !kreq_str_is(th, "medium") && !kreq_str_is(th, "high")) || kreq_effort(json_string_value(th), &r->chat))

@@ -61,10 +61,15 @@ static json_t *message_item(const oai_meta *m, size_t index, const char *text, s
                      "content", text_part(text, len));
 }
 
+/* A call of a namespace's function was declared NAMESPACE.NAME (responses_request.c): its namespace
+ * comes back apart, as OpenAI writes it. */
 static json_t *call_item(const oai_meta *m, size_t index, const char *call_id, const char *name, const char *args, const char *status)
 {
-    return json_pack("{so ss ss ss ss ss}", "id", item_id(m, "fc", index), "type", "function_call", "status", status, "call_id",
-                     call_id ? call_id : "", "name", name ? name : "", "arguments", args ? args : "{}");
+    const char *dot = name ? strchr(name, '.') : NULL;
+    json_t *it = json_pack("{so ss ss ss ss ss}", "id", item_id(m, "fc", index), "type", "function_call", "status", status, "call_id",
+                           call_id ? call_id : "", "name", dot ? dot + 1 : name ? name : "", "arguments", args ? args : "{}");
+    if (it && dot && json_object_set_new(it, "namespace", json_stringn(name, (size_t)(dot - name)))) { json_decref(it); return NULL; }
+    return it;
 }
 
 /* usage from the chat usage object (prompt, completion, cached, reasoning) */

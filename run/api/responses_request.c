@@ -167,6 +167,18 @@ static int item(conv *c, json_t *it, const char *p)
         if (!calls || !kreq_keep(c->a, calls)) return OOM(c->e);
         if (m->n_tool_calls) memcpy(calls, m->tool_calls, m->n_tool_calls * sizeof *calls);
         calls[m->n_tool_calls] = (kchat_tool_call){json_string_value(id), json_string_value(name), json_string_value(args)};
+        {
+            /* a call of a namespace's function: NAMESPACE.NAME, as it was declared */
+            json_t *ns = kreq_field(it, "namespace");
+            char *full;
+            if (ns && !json_is_string(ns)) { snprintf(q, sizeof q, "%s.namespace", p); return kreq_wrong_type(c->e, q, "a string", ns); }
+            if (ns && asprintf(&full, "%s.%s", json_string_value(ns), json_string_value(name)) >= 0) {
+                if (!kreq_keep(c->a, full)) return OOM(c->e);
+                calls[m->n_tool_calls].name = full;
+            } else if (ns) {
+                return OOM(c->e);
+            }
+        }
         m->tool_calls = calls;
         m->n_tool_calls++;
         return 0;
@@ -221,6 +233,42 @@ static int items(conv *c, json_t *arr, const char *name)
     return 0;
 }
 
+/* The tools OpenAI's servers run (web search, file search, code interpreter, ...): accepted, not offered. */
+static int hosted_tool(const json_t *type)
+{
+    static const char *const hosted[] = {"web_search", "web_search_preview", "web_search_2025_08_26", "web_search_preview_2025_03_11",
+                                         "file_search", "code_interpreter", "image_generation", "computer_use_preview", "mcp"};
+    for (size_t k = 0; k < sizeof hosted / sizeof *hosted; k++)
+        if (kreq_str_is(type, hosted[k])) return 1;
+    return 0;
+}
+
+/* A function tool {type, name, description, parameters, strict} (in namespace ns, or none) into the chat
+ * tools array, strict unless it says otherwise (the Responses API's default). */
+static int function_tool(json_t *x, const char *ns, const char *p, json_t *chat, oai_error *e)
+{
+    json_t *name = json_object_get(x, "name"), *params = kreq_field(x, "parameters"), *desc = kreq_field(x, "description");
+    json_t *strict = kreq_field(x, "strict"), *f;
+    char q[96], full[160];
+    snprintf(q, sizeof q, "%s.type", p);
+    if (!json_is_object(x)) return kreq_wrong_type(e, p, "an object", x);
+    if (ns && !kreq_str_is(json_object_get(x, "type"), "function"))
+        return refuse(e, q, "%s", "a namespace holds function tools only here");
+    snprintf(q, sizeof q, "%s.name", p);
+    if (!json_is_string(name) || !kreq_tool_name_ok(name)) return name ? refuse(e, q, "%s", "must match ^[a-zA-Z0-9_-]{1,64}$") : missing(e, q);
+    snprintf(q, sizeof q, "%s.parameters", p);
+    if (params && !json_is_object(params)) return kreq_wrong_type(e, q, "an object", params);
+    snprintf(q, sizeof q, "%s.description", p);
+    if (desc && !json_is_string(desc)) return kreq_wrong_type(e, q, "a string", desc);
+    snprintf(q, sizeof q, "%s.strict", p);
+    if (strict && !json_is_boolean(strict)) return kreq_wrong_type(e, q, "a boolean", strict);
+    snprintf(full, sizeof full, "%s%s%s", ns ? ns : "", ns ? "." : "", json_string_value(name));
+    f = json_pack("{ss sO* sO sb}", "name", full, "description", desc, "parameters", params ? params : json_object(),
+                  "strict", strict ? json_is_true(strict) : 1);
+    if (!f || json_array_append_new(chat, json_pack("{ss so}", "type", "function", "function", f))) return OOM(e);
+    return 0;
+}
+
 /* tools -> the chat tools array (OpenAI's chat shape) and the echo's; tool_choice; parallel_tool_calls. */
 static int get_tools(json_t *o, oresp_request *r, kreq_arena *a, oai_error *e)
 {
@@ -231,70 +279,74 @@ static int get_tools(json_t *o, oresp_request *r, kreq_arena *a, oai_error *e)
     if (!chat || !echo) goto oom;
     if (t && !json_is_array(t)) { json_decref(chat); json_decref(echo); return kreq_wrong_type(e, "tools", "an array", t); }
     for (size_t k = 0; k < n; k++) {
-        json_t *x = json_array_get(t, k), *type = json_object_get(x, "type"), *name = json_object_get(x, "name");
-        json_t *params = kreq_field(x, "parameters"), *desc = kreq_field(x, "description"), *strict = kreq_field(x, "strict"), *f;
+        json_t *x = json_array_get(t, k), *type = json_object_get(x, "type");
         snprintf(p, sizeof p, "tools[%zu]", k);
         if (!json_is_object(x)) { json_decref(chat); json_decref(echo); return kreq_wrong_type(e, p, "an object", x); }
-        if (!kreq_str_is(type, "function")) {
+        if (kreq_str_is(type, "namespace")) {
+            /* a group of functions: declared as NAMESPACE.NAME (a call of one comes back with its namespace) */
+            json_t *ns = json_object_get(x, "name"), *fs = json_object_get(x, "tools");
+            snprintf(p, sizeof p, "tools[%zu].name", k);
+            if (!json_is_string(ns) || !kreq_tool_name_ok(ns)) { json_decref(chat); json_decref(echo); return refuse(e, p, "%s", "must match ^[a-zA-Z0-9_-]{1,64}$"); }
+            snprintf(p, sizeof p, "tools[%zu].tools", k);
+            if (!json_is_array(fs)) { json_decref(chat); json_decref(echo); return kreq_wrong_type(e, p, "an array of function tools", fs ? fs : json_null()); }
+            for (size_t i = 0; i < json_array_size(fs); i++) {
+                snprintf(p, sizeof p, "tools[%zu].tools[%zu]", k, i);
+                if (function_tool(json_array_get(fs, i), json_string_value(ns), p, chat, e)) { json_decref(chat); json_decref(echo); return -1; }
+            }
+        } else if (kreq_str_is(type, "function")) {
+            if (function_tool(x, NULL, p, chat, e)) { json_decref(chat); json_decref(echo); return -1; }
+        } else if (hosted_tool(type)) {
+            /* run by OpenAI's servers: krun has none to run, so the model is not offered it (docs/SERVE.md) */
+            continue;
+        } else {
             json_decref(chat); json_decref(echo);
             strcat(p, ".type");
-            return refuse(e, p, "tools of type \"%.40s\" are not supported: krun runs function tools only", json_is_string(type) ? json_string_value(type) : "?");
+            return refuse(e, p, "tools of type \"%.40s\" are not supported: krun runs function tools (and namespaces of them)",
+                          json_is_string(type) ? json_string_value(type) : "?");
         }
-        snprintf(p, sizeof p, "tools[%zu].name", k);
-        if (!json_is_string(name) || !kreq_tool_name_ok(name)) {
-            json_decref(chat); json_decref(echo);
-            return name ? refuse(e, p, "%s", "must match ^[a-zA-Z0-9_-]{1,64}$") : missing(e, p);
-        }
-        snprintf(p, sizeof p, "tools[%zu].parameters", k);
-        if (params && !json_is_object(params)) { json_decref(chat); json_decref(echo); return kreq_wrong_type(e, p, "an object", params); }
-        snprintf(p, sizeof p, "tools[%zu].description", k);
-        if (desc && !json_is_string(desc)) { json_decref(chat); json_decref(echo); return kreq_wrong_type(e, p, "a string", desc); }
-        snprintf(p, sizeof p, "tools[%zu].strict", k);
-        if (strict && !json_is_boolean(strict)) { json_decref(chat); json_decref(echo); return kreq_wrong_type(e, p, "a boolean", strict); }
-        /* the Responses API makes function tools strict unless told otherwise */
-        f = json_pack("{sO sO* sO sb}", "name", name, "description", desc, "parameters", params ? params : json_object(),
-                      "strict", strict ? json_is_true(strict) : 1);
-        if (!f || json_array_append_new(chat, json_pack("{ss sO}", "type", "function", "function", f)) ||
-            json_array_append_new(echo, json_pack("{ss sO sO* sO sb}", "type", "function", "name", name, "description", desc, "parameters",
-                                                  params ? params : json_object(), "strict", strict ? json_is_true(strict) : 1))) {
-            json_decref(f);
-            goto oom;
-        }
-        json_decref(f);
+        if (json_array_append(echo, x)) goto oom;
     }
+    n = json_array_size(chat);
     if (n) {
         r->chat.tools_json = kreq_keep(a, json_dumps(chat, JSON_COMPACT));
         if (!r->chat.tools_json) goto oom;
     }
-    json_decref(chat);
-    if (json_object_set_new(r->echo, "tools", echo)) return OOM(e);
+    if (json_object_set_new(r->echo, "tools", echo)) { json_decref(chat); return OOM(e); }
     if (tc) {
         if (json_is_string(tc)) {
             if (kreq_str_is(tc, "auto")) r->chat.tool_choice = KCHAT_TOOL_CHOICE_AUTO;
             else if (kreq_str_is(tc, "none")) r->chat.tool_choice = KCHAT_TOOL_CHOICE_NONE;
             else if (kreq_str_is(tc, "required")) r->chat.tool_choice = KCHAT_TOOL_CHOICE_REQUIRED;
-            else return refuse(e, "tool_choice", "must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", \"name\"}, not \"%.40s\"",
-                               json_string_value(tc));
-            if (r->chat.tool_choice == KCHAT_TOOL_CHOICE_REQUIRED && !n) return refuse(e, "tool_choice", "%s", "\"required\" needs at least one tool in tools");
+            else { json_decref(chat); return refuse(e, "tool_choice", "must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", \"name\"}, not \"%.40s\"",
+                                                    json_string_value(tc)); }
+            if (r->chat.tool_choice == KCHAT_TOOL_CHOICE_REQUIRED && !n) { json_decref(chat); return refuse(e, "tool_choice", "%s", "\"required\" needs at least one tool in tools"); }
         } else if (json_is_object(tc) && kreq_str_is(json_object_get(tc, "type"), "function")) {
-            json_t *name = json_object_get(tc, "name");
+            json_t *name = json_object_get(tc, "name"), *ns = kreq_field(tc, "namespace");
             size_t k = 0;
+            char full[160], *kept;
             if (!json_is_string(name)) return name ? kreq_wrong_type(e, "tool_choice.name", "a string", name) : missing(e, "tool_choice.name");
             if (kreq_c_string(name, "tool_choice.name", e)) return -1;
-            while (k < n && !json_equal(json_object_get(json_array_get(t, k), "name"), name)) k++;
-            if (k == n) return refuse(e, "tool_choice.name", "the function \"%.64s\" is not in tools", json_string_value(name));
+            if (ns && (!json_is_string(ns) || kreq_c_string(ns, "tool_choice.namespace", e))) return ns && !json_is_string(ns) ? kreq_wrong_type(e, "tool_choice.namespace", "a string", ns) : -1;
+            snprintf(full, sizeof full, "%s%s%s", ns ? json_string_value(ns) : "", ns ? "." : "", json_string_value(name));
+            while (k < n && strcmp(json_string_value(json_object_get(json_object_get(json_array_get(chat, k), "function"), "name")), full)) k++;
+            if (k == n) { json_decref(chat); return refuse(e, "tool_choice.name", "the function \"%.64s\" is not in tools", full); }
+            if (!(kept = kreq_keep(a, strdup(full)))) { json_decref(chat); return OOM(e); }
             r->chat.tool_choice = KCHAT_TOOL_CHOICE_NAMED;
-            r->chat.tool_name = json_string_value(name);
+            r->chat.tool_name = kept;
         } else if (json_is_object(tc)) {
             json_t *type = json_object_get(tc, "type");
+            json_decref(chat);
             return refuse(e, "tool_choice.type", "\"%.40s\" is not supported (function is)", json_is_string(type) ? json_string_value(type) : "?");
         } else {
+            json_decref(chat);
             return kreq_wrong_type(e, "tool_choice", "a string or an object", tc);
         }
-        if (json_object_set(r->echo, "tool_choice", tc)) return OOM(e);
+        if (json_object_set(r->echo, "tool_choice", tc)) { json_decref(chat); return OOM(e); }
     } else if (json_object_set_new(r->echo, "tool_choice", json_string("auto"))) {
+        json_decref(chat);
         return OOM(e);
     }
+    json_decref(chat);
     if (kreq_bool(o, "parallel_tool_calls", &parallel, e)) return -1;
     r->chat.single_call = !parallel;
     if (json_object_set_new(r->echo, "parallel_tool_calls", json_boolean(parallel))) return OOM(e);
@@ -340,6 +392,7 @@ static int get_reasoning(json_t *o, oresp_request *r, oai_error *e)
     if (!rs) return json_object_set_new(r->echo, "reasoning", json_pack("{snsn}", "effort", "summary")) ? OOM(e) : 0;
     if (!json_is_object(rs)) return kreq_wrong_type(e, "reasoning", "an object", rs);
     if ((ef = kreq_field(rs, "effort"))) {
+        r->chat.effort_given = 1;
         if (!json_is_string(ef) || memchr(json_string_value(ef), 0, json_string_length(ef)) || kreq_effort(json_string_value(ef), &r->chat))
             return refuse(e, "reasoning.effort", "%s", "must be none, minimal, low, medium, high or xhigh");
     }

@@ -83,6 +83,9 @@ static const char usage[] =
     "  --ctx N               positions per sequence: prompt + max_tokens (default 4096)\n"
     "  --ctx-strict          refuse (400) a request whose prompt + max_tokens exceeds --ctx (default:\n"
     "                        serve it up to the context, finish_reason \"length\")\n"
+    "  --reasoning-effort E  how much a request that does not say thinks: none (no thinking), low,\n"
+    "                        high or max (default: K3's chat templates', thinking at max; Anthropic's\n"
+    "                        API: no thinking unless asked)\n"
     "  --spec N              speculative decoding: a sequence may verify up to N drafts from its own\n"
     "                        text or another live sequence's in a sweep; the sweep's verifications\n"
     "                        share N + 1 positions (default 8; 0: off; a request's \"speculative\"\n"
@@ -106,6 +109,7 @@ struct serve_opts {
     double shutdown_timeout, request_timeout, progress_every;
     int quiet;
     int ctx_strict;
+    int effort, effort_set;
     const char *cors[16];
     int n_cors;
     long responses_store;
@@ -170,6 +174,12 @@ static void parse_args(int argc, char **argv, struct serve_opts *o)
         else if (OPT("--spec")) o->spec = krun_cli_long(v, 0, 64, "--spec (0..64)");
         else if (!strcmp(a, "--quiet")) o->quiet = 1;
         else if (!strcmp(a, "--ctx-strict")) o->ctx_strict = 1;
+        else if (OPT("--reasoning-effort")) {
+            kchat_effort ef = !strcmp(v, "none") ? KCHAT_EFFORT_NONE : kchat_effort_parse(v);
+            if (ef == KCHAT_EFFORT_INVALID) krun_cli_die("--reasoning-effort %s: give none, low, high or max", v);
+            o->effort = (int)ef;
+            o->effort_set = 1;
+        }
         else if (OPT("--cors-origin")) {
             if (o->n_cors == (int)(sizeof o->cors / sizeof *o->cors)) krun_cli_die("%s", "--cors-origin: at most 16 origins");
             if (!*v) krun_cli_die("%s", "--cors-origin: the origin is empty (give https://host[:port], or *)");
@@ -288,7 +298,7 @@ int krun_serve_main(int argc, char **argv)
     mo.spec = (size_t)o.spec;
     if (krun_model_prepare(m, &mo, &e)) { fprintf(stderr, "krun serve: %s\n", e.msg); rc = e.code; goto out; }
     if (krun_cli_pcache(&o.c, m, "krun serve", 1, 1, &cache, &e)) { fprintf(stderr, "krun serve: %s\n", e.msg); rc = e.code; goto out; }
-    eo = (srv_engine_opts){(size_t)o.max_queue, name, o.quiet, o.progress_every, cache, 0, NULL, !o.ctx_strict};
+    eo = (srv_engine_opts){(size_t)o.max_queue, name, o.quiet, o.progress_every, cache, 0, NULL, !o.ctx_strict, o.effort, o.effort_set};
     if (srv_engine_start(m, &eo, &eng, &e)) { fprintf(stderr, "krun serve: %s\n", e.msg); rc = e.code; goto out; }
     ho = (srv_http_opts){o.api_key, (size_t)max_body, fd, (unsigned)o.max_connections, (unsigned)o.max_per_ip, (unsigned)o.idle_timeout,
                          o.request_timeout, o.cors, (size_t)o.n_cors, (size_t)o.responses_store};

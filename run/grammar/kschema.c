@@ -264,7 +264,9 @@ static uint32_t number_body(kgram *g, int integer)
         uint32_t frac = kg_byte(g, '.', digits(g, 1, FRAC_DIGITS, kg_split(g, ret, exp)));
         after = kg_split(g, ret, kg_split(g, frac, exp));
     }
-    ip = kg_split(g, kg_byte(g, '0', after), kg_range(g, '1', '9', digits(g, 0, INT_DIGITS - 1, after)));
+    /* an integer: at most 15 digits, so that it is a safe integer in JavaScript (|n| < 2^53, which zod's
+     * .int() and JSON.parse keep exact) */
+    ip = kg_split(g, kg_byte(g, '0', after), kg_range(g, '1', '9', digits(g, 0, INT_DIGITS - 1 - (integer ? 1 : 0), after)));
     return kg_split(g, kg_byte(g, '-', ip), ip);
 }
 

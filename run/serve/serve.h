@@ -50,6 +50,8 @@ typedef struct sreq {
     struct kgram *gram;        /* constrained decoding: the reply's grammar (owned; NULL: free) */
     const struct kmask_index *mask_index;   /* the engine's (srv_engine_mask_index) */
     int stream;                /* the output is server-sent events */
+    int thinks;                /* chat: the reply starts in the think channel (srv_prepare_chat: the request's
+                                  reasoning, or the server's default) */
     size_t spec;               /* drafts per verification at most (the request's "speculative"; the server's
                                   --spec caps it; SIZE_MAX: the server's) */
     /* the client, looked at by the connection's own thread only (serve_engine.c, client_check) */
@@ -109,6 +111,9 @@ typedef struct srv_engine_opts {
     const char *command;       /* the command whose options an error names ("krun batch"; NULL: "krun serve") */
     int ctx_lenient;           /* a request whose prompt + max_tokens exceeds the context is served up to the context
                                   (finish_reason length); 0: refused with a 400 (krun batch; krun serve --ctx-strict) */
+    int default_effort;        /* with default_effort_set: a request that chooses no reasoning effort thinks this much
+                                  (a kchat_effort: KCHAT_EFFORT_NONE is thinking off); else as the request's API says */
+    int default_effort_set;
 } srv_engine_opts;
 
 /* The engine over an opened, prepared model (max_seqs sequences); starts its thread. */
@@ -211,6 +216,8 @@ const char *srv_engine_model_name(const srv_engine *e);
 krun_model *srv_engine_model(srv_engine *e);
 const char *srv_engine_command(const srv_engine *e);
 int srv_engine_ctx_lenient(const srv_engine *e);
+/* The reasoning effort of requests that choose none (a kchat_effort), or -1: the request's own default. */
+int srv_engine_default_effort(const srv_engine *e);
 
 /* A request's framing (serve_framing.c): fed its header fields in order, says whether its body's
  * length is certain.  Refused (RFC 9112 6.1, 6.3; what a proxy in front may have read otherwise):

@@ -71,6 +71,7 @@ struct srv_engine {
     int held;                  /* srv_engine_opts.held, until srv_engine_release: no sweep starts */
     const char *command;       /* srv_engine_opts.command */
     int ctx_lenient;           /* srv_engine_opts.ctx_lenient */
+    int default_effort, default_effort_set;   /* srv_engine_opts' */
     char damage[900];
     struct {
         uint64_t requests, completed, failed, cancelled, prompt_tokens, cached_tokens, generated, sweeps, positions, bytes_read, phase_switches;
@@ -1034,6 +1035,8 @@ int srv_engine_start(krun_model *m, const srv_engine_opts *o, srv_engine **out, 
     e->held = o->held;
     e->command = o->command ? o->command : "krun serve";
     e->ctx_lenient = o->ctx_lenient;
+    e->default_effort = o->default_effort;
+    e->default_effort_set = o->default_effort_set;
     e->n_layers = krun_model_config(m)->n_layers;
     atomic_init(&e->sweep_layer, 0);
     e->ctx = krun_model_ctx(m);
@@ -1227,6 +1230,7 @@ const char *srv_engine_model_name(const srv_engine *e) { return e->model_name; }
 krun_model *srv_engine_model(srv_engine *e) { return e->m; }
 const char *srv_engine_command(const srv_engine *e) { return e->command; }
 int srv_engine_ctx_lenient(const srv_engine *e) { return e->ctx_lenient; }
+int srv_engine_default_effort(const srv_engine *e) { return e->default_effort_set ? e->default_effort : -1; }
 
 /* The prefix cache's counters for /health. */
 static json_t *pcache_json(krun_pcache *c)

@@ -233,7 +233,7 @@ static int on_event(void *ctx, const kchat_event *ev)
     if (g->o.anthropic) {
         if (ev->kind == KCHAT_EV_REASONING) {
             anth_block(g, "thinking");
-            put(g, anth_sse_delta(g->ablocks - 1, "thinking", ev->text, ev->len));
+            if (!g->o.omit_reasoning) put(g, anth_sse_delta(g->ablocks - 1, "thinking", ev->text, ev->len));
         } else if (ev->kind == KCHAT_EV_TOOL_CALL) {
             char *cid = call_id(g, ev->index);
             int b = g->ablocks;
@@ -469,7 +469,8 @@ static void finish_output(sgen *g, const char *reason)
             anth_block(g, NULL);
             put(g, anth_sse_message_end(sr, sq, ct));
         } else {
-            anth_result r = {g->o.thinking ? (g->reasoning.p ? g->reasoning.p : "") : NULL, g->reasoning.n, g->text.p, g->text.n,
+            anth_result r = {g->o.thinking ? (g->reasoning.p && !g->o.omit_reasoning ? g->reasoning.p : "") : NULL,
+                             g->o.omit_reasoning ? 0 : g->reasoning.n, g->text.p, g->text.n,
                              g->calls, g->n_calls, (const char *const *)g->call_ids, sr, sq, pt, ct, cached};
             put(g, anth_message_response(&g->o.meta, &r));
         }

@@ -34,6 +34,7 @@ typedef struct sgen_opts {
     int index;                 /* the choice's index (n > 1: choice i is its own sgen) */
     int choice_of_n;           /* streamed, one of n > 1 choices: no usage chunk and no [DONE] (the stream's, once) */
     int echo;                  /* completions: the prompt's text first (sgen_echo) */
+    int omit_reasoning;        /* Anthropic's thinking display "omitted": thinking blocks without their text */
 } sgen_opts;
 
 typedef struct sgen sgen;

@@ -503,8 +503,8 @@ static enum MHD_Result messages(srv_http *h, struct MHD_Connection *c, conn *k, 
         return reply_anth_error(c, &err, 0);
     }
     {
-        sgen_opts go = {1, kchat_reply_thinks(&q.chat), q.s.stream, 0, 0, q.s.stop, q.s.n_stop, NULL, 1, 0,
-                        {id, srv_engine_model_name(h->e), (long long)time(NULL)}, NULL, 0, 0, 1, 0, 0, 0};
+        sgen_opts go = {1, r->thinks, q.s.stream, 0, 0, q.s.stop, q.s.n_stop, NULL, 1, 0,
+                        {id, srv_engine_model_name(h->e), (long long)time(NULL)}, NULL, 0, 0, 1, 0, 0, 0, q.omit_thinking};
         if (srv_prepare_output(srv_engine_model(h->e), r, &go, &err)) {
             sreq_discard(r);
             anth_request_free(&q);
@@ -613,8 +613,8 @@ static enum MHD_Result responses(srv_http *h, struct MHD_Connection *c, conn *k)
     rx->store = q.store;
     rx->blob = q.encrypted_reasoning;
     {
-        sgen_opts go = {1, kchat_reply_thinks(&q.chat), q.s.stream, 1, 0, q.s.stop, q.s.n_stop, NULL, 1, 0,
-                        {rx->id, srv_engine_model_name(h->e), rx->created}, NULL, 0, 0, 0, 0, 0, 0};
+        sgen_opts go = {1, r->thinks, q.s.stream, 1, 0, q.s.stop, q.s.n_stop, NULL, 1, 0,
+                        {rx->id, srv_engine_model_name(h->e), rx->created}, NULL, 0, 0, 0, 0, 0, 0, 0};
         if (!rx->model || srv_prepare_output(srv_engine_model(h->e), r, &go, &err)) {
             if (!rx->model) oai_error_set(&err, 500, NULL, NULL, "out of memory");
             sreq_discard(r);
@@ -744,8 +744,8 @@ static enum MHD_Result ollama_run(srv_http *h, struct MHD_Connection *c, conn *k
     ox->m.model = ox->model;
     ox->generate = generate;
     {
-        sgen_opts go = {!q.raw, !q.raw && kchat_reply_thinks(&q.chat), q.s.stream, 1, 0, q.s.stop, q.s.n_stop, NULL, 1, 0,
-                        {id, srv_engine_model_name(h->e), (long long)time(NULL)}, NULL, 0, 0, 0, 0, 0, 0};
+        sgen_opts go = {!q.raw, !q.raw && r->thinks, q.s.stream, 1, 0, q.s.stop, q.s.n_stop, NULL, 1, 0,
+                        {id, srv_engine_model_name(h->e), (long long)time(NULL)}, NULL, 0, 0, 0, 0, 0, 0, 0};
         if (!ox->model || srv_prepare_output(srv_engine_model(h->e), r, &go, &err)) {
             if (!ox->model) oai_error_set(&err, 500, NULL, NULL, "out of memory");
             sreq_discard(r);

@@ -122,24 +122,40 @@ static int render(srv_engine *e, const kchat_message *msgs, size_t n_msgs, const
     return 0;
 }
 
-long srv_count_chat(srv_engine *e, const kchat_message *msgs, size_t n_msgs, const kchat_options *chat, oai_error *err)
+/* The chat options with the server's reasoning default (krun serve --reasoning-effort) when the request
+ * chose none. */
+static kchat_options with_default(srv_engine *e, const kchat_options *chat)
+{
+    kchat_options o = *chat;
+    int d = srv_engine_default_effort(e);
+    if (!o.effort_given && d >= 0) {
+        o.thinking = d != KCHAT_EFFORT_NONE;
+        o.effort = (kchat_effort)d;
+    }
+    return o;
+}
+
+long srv_count_chat(srv_engine *e, const kchat_message *msgs, size_t n_msgs, const kchat_options *given, oai_error *err)
 {
     kchat_rendering rend;
-    if (render(e, msgs, n_msgs, chat, &rend, err)) return -1;
+    kchat_options o = with_default(e, given);
+    if (render(e, msgs, n_msgs, &o, &rend, err)) return -1;
     free(rend.ids);
     return (long)rend.n_ids;
 }
 
-sreq *srv_prepare_chat(srv_engine *e, const kchat_message *msgs, size_t n_msgs, const kchat_options *chat, const oai_sampling *s,
+sreq *srv_prepare_chat(srv_engine *e, const kchat_message *msgs, size_t n_msgs, const kchat_options *given, const oai_sampling *s,
                        oai_error *err)
 {
     kchat_rendering rend;
+    kchat_options o = with_default(e, given), *chat = &o;
     sreq *r;
     if (render(e, msgs, n_msgs, chat, &rend, err)) return NULL;
     if (!(r = sreq_new())) { free(rend.ids); oai_error_set(err, 500, NULL, NULL, "out of memory"); return NULL; }
     r->prompt = rend.ids;
     r->n_prompt = rend.n_ids;
     r->n_preamble = rend.n_preamble;     /* the prefix cache keeps the state at its end */
+    r->thinks = kchat_reply_thinks(chat);
     sampling_of(s, r);
     if (fit_context(e, r, s->max_tokens, err) || constrain(e, chat, r, err)) { sreq_discard(r); return NULL; }
     return r;
@@ -214,9 +230,10 @@ static sreq *prepare_chat(srv_engine *e, const char *name, const char *body, siz
         goto fail;
     }
     if (!(r = srv_prepare_chat(e, q.messages, q.n_messages, &q.chat, &q.s, err))) goto fail;
+    q.chat = with_default(e, &q.chat);        /* as srv_prepare_chat took it, for the other choices */
     {
-        sgen_opts go = {1, kchat_reply_thinks(&q.chat), q.s.stream, q.s.include_usage, q.s.return_token_ids, q.s.stop, q.s.n_stop, NULL, 1, 0,
-                        *meta, NULL, 0, q.s.logprobs, 0, 0, 0, 0};
+        sgen_opts go = {1, r->thinks, q.s.stream, q.s.include_usage, q.s.return_token_ids, q.s.stop, q.s.n_stop, NULL, 1, 0,
+                        *meta, NULL, 0, q.s.logprobs, 0, 0, 0, 0, 0};
         if (choices(e, r, q.s.n, &q.chat, &go, more, n_more, err)) goto fail;
         if (srv_prepare_output(m, r, &go, err)) goto fail;
     }
@@ -269,7 +286,7 @@ static sreq *prepare_completion(srv_engine *e, const char *name, const char *bod
     r->echo = q.echo;
     {
         sgen_opts go = {0, 0, q.s.stream, q.s.include_usage, q.s.return_token_ids, q.s.stop, q.s.n_stop, NULL, !q.s.ignore_eos, 0,
-                        *meta, NULL, 0, q.s.logprobs, 0, 0, 0, q.echo};
+                        *meta, NULL, 0, q.s.logprobs, 0, 0, 0, q.echo, 0};
         if (choices(e, r, q.s.n, NULL, &go, more, n_more, err)) goto fail;
         if (srv_prepare_output(m, r, &go, err)) goto fail;
     }

@@ -76,6 +76,8 @@ typedef struct {
     int add_generation_prompt;    /* end with the assistant's opening tags */
     int single_call;              /* a constrained reply calls at most one tool (parallel_tool_calls false,
                                      Anthropic's disable_parallel_tool_use) */
+    int effort_given;             /* the request chose thinking and its effort (else the server's default applies:
+                                     krun serve --reasoning-effort) */
     int continue_final;           /* the last message is the assistant's reply begun (a prefill): rendered
                                      open, its reasoning closed and its content not, and continued from
                                      there (the reply starts in the response channel); no generation prompt */

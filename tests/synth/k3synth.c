@@ -52,6 +52,9 @@ static const char USAGE[] =
     "  --logit-gain G         lm_head's weights G times larger (1..64; default 1: logits of std ~3):\n"
     "                         a peaked next-token distribution, as a trained model's, so sampled\n"
     "                         text repeats (speculative decoding at a temperature)\n"
+    "  --end-weight W         replies that end: every embedding holds 8 in channel 0, which lm_head's\n"
+    "                         <|end_of_msg|> row reads with weight W (1..64): a chat reply ends after\n"
+    "                         a few tokens (the agent CLIs' tests; a random model otherwise never ends)\n"
     "  --routing skewed|flat  router correction bias uniform in +-0.3 (default: a large pool's\n"
     "                         choices concentrate on a few hundred experts), or none: every\n"
     "                         expert chosen about equally often, as the release's balanced\n"
@@ -74,6 +77,7 @@ typedef struct opts {
     int mxfp4;              /* SYNTH_MXFP4_* */
     int routing;            /* SYNTH_ROUTING_* */
     int logit_gain;         /* --logit-gain */
+    int end_weight;         /* --end-weight */
 } opts;
 
 static void die_usage(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
@@ -186,6 +190,8 @@ static void parse_args(int argc, char **argv, opts *o)
             else die_usage("--mxfp4 must be uniform or quantized (got '%s')", m);
         } else if (strcmp(name, "--logit-gain") == 0) {
             o->logit_gain = (int)parse_ll(name, VALUE(), 1, 64);
+        } else if (strcmp(name, "--end-weight") == 0) {
+            o->end_weight = (int)parse_ll(name, VALUE(), 1, 64);
         } else if (strcmp(name, "--routing") == 0) {
             const char *m = VALUE();
             if (strcmp(m, "skewed") == 0) o->routing = SYNTH_ROUTING_SKEWED;
@@ -459,6 +465,9 @@ int main(int argc, char **argv)
     w.draw.mxfp4 = o.mxfp4;
     w.draw.routing = o.routing;
     w.draw.logit_gain = o.logit_gain;
+    w.draw.end_weight = o.end_weight;
+    w.draw.end_id = tok.eos_id;
+    if (o.end_weight && tok.eos_id < 0) die_usage("--end-weight needs a vocabulary with <|end_of_msg|> (%s)", "--vocab 272 or more");
     w.progress = !o.quiet && isatty(2);
     w.threads = o.threads;
     if (!w.threads) {

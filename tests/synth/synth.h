@@ -105,7 +105,11 @@ typedef struct synth_draw {
     int mxfp4;            /* SYNTH_MXFP4_* */
     int routing;          /* SYNTH_ROUTING_* */
     int logit_gain;       /* --logit-gain: lm_head's std times this (0 or 1: logits of std ~3) */
+    int end_weight;       /* --end-weight: every embedding's channel 0 is SYNTH_END_CHANNEL, and lm_head's row end_id
+                             reads it with this weight (0: off): replies that end (the agent tests) */
+    int64_t end_id;       /* <|end_of_msg|> */
 } synth_draw;
+#define SYNTH_END_CHANNEL 8.0f
 /* Fill rows [row0, row0 + nrows) of t into out (nrows * row_bytes bytes). */
 void synth_fill_rows(const k3_config *cfg, uint64_t seed, const synth_draw *draw, const synth_tensor *t, uint64_t row0,
                      uint64_t nrows, uint8_t *out);

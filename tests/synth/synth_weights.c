@@ -330,5 +330,7 @@ void synth_fill_rows(const k3_config *cfg, uint64_t seed, const synth_draw *draw
             break;
         }
         }
+        if (draw->end_weight && t->role == K3T_EMBED) put_value(t, o, 0, SYNTH_END_CHANNEL);
+        if (draw->end_weight && t->role == K3T_LM_HEAD && (int64_t)r == draw->end_id) put_value(t, o, 0, (float)draw->end_weight);
     }
 }

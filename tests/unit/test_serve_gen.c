@@ -175,7 +175,7 @@ static kbuf run(const ktok *tk, const int32_t *ids, size_t n, const run_opts *ro
     int32_t end_ids[2] = {ktok_find_special(tk, KCHAT_END_OF_MSG), ktok_find_special(tk, "[EOS]")};
     sgen_opts o = {ro->chat, ro->thinking, ro->stream, ro->include_usage, ro->return_token_ids, ro->stop, ro->n_stop,
                    end_ids, ro->no_end_ids ? 0 : 2, ro->max_tokens ? ro->max_tokens : 100000,
-                   {"req-7", "kimi-k3", 1700000000}, prompt, 3, 0, 0, 0, 0, 0};
+                   {"req-7", "kimi-k3", 1700000000}, prompt, 3, 0, 0, 0, 0, 0, 0};
     sgen *g = sgen_new(tk, &o);
     kbuf out = {0};
     if (!g) die("sgen_new");
@@ -418,7 +418,7 @@ static void test_lifetime(const ktok *tk)
             if (!stop || !end_ids || !(stop[0] = strdup(" THE END")) || !(stop[1] = strdup("fox. T"))) die("out of memory");
             end_ids[0] = ktok_find_special(tk, KCHAT_END_OF_MSG);
             end_ids[1] = ktok_find_special(tk, "[EOS]");
-            sgen_opts o = {0, 0, stream, 0, 0, with_stop ? stop : NULL, with_stop ? 2 : 0, end_ids, 2, 1000, {meta_id, model, 1}, NULL, 0, 0, 0, 0, 0, 0};
+            sgen_opts o = {0, 0, stream, 0, 0, with_stop ? stop : NULL, with_stop ? 2 : 0, end_ids, 2, 1000, {meta_id, model, 1}, NULL, 0, 0, 0, 0, 0, 0, 0};
             sgen *g = sgen_new(tk, &o);
             kbuf out = {0};
             size_t fed = 0;
@@ -487,7 +487,7 @@ static void test_failures(const ktok *tk)
     oai_error e;
     oai_error_set(&e, 500, NULL, "model_damaged", "layer 12 expert 3: checksum mismatch");
     for (int started = 0; started <= 1; started++) {
-        sgen_opts o = {0, 0, 1, 0, 0, NULL, 0, end_ids, 1, 100, {"r", "m", 1}, NULL, 0, 0, 0, 0, 0, 0};
+        sgen_opts o = {0, 0, 1, 0, 0, NULL, 0, end_ids, 1, 100, {"r", "m", 1}, NULL, 0, 0, 0, 0, 0, 0, 0};
         sgen *g = sgen_new(tk, &o);
         kbuf out = {0};
         said s;
@@ -557,7 +557,7 @@ static void test_stream_logprobs(const ktok *tk)
             json_t *lists[2] = {NULL, NULL};
             int index_ok = 1, done = 0, usage = 0;
             for (int stream = 0; stream <= 1; stream++) {
-                sgen_opts o = {chat, 0, stream, 1, 0, NULL, 0, NULL, 0, (long)n, {"req-1", "k3", 1}, prompt, 3, 1, 0, stream, stream, echo};
+                sgen_opts o = {chat, 0, stream, 1, 0, NULL, 0, NULL, 0, (long)n, {"req-1", "k3", 1}, prompt, 3, 1, 0, stream, stream, echo, 0};
                 sgen *g = sgen_new(tk, &o);
                 kbuf out = {0};
                 if (!g) die("sgen_new");
