@@ -7,12 +7,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* A previous conversation for any id: the input itself read as items (when it is an array). */
+/* A previous conversation for any id: the body's own input items. */
 static json_t *lookup(void *ctx, const char *id)
 {
-    json_t *prior = ctx;
+    json_t *in = json_object_get((json_t *)ctx, "input");
     (void)id;
-    return json_is_array(prior) ? json_incref(prior) : NULL;
+    return json_is_array(in) ? json_incref(in) : NULL;
 }
 
 int oresp_fuzz_one(const uint8_t *data, size_t n)

@@ -3,9 +3,10 @@
  * constraint, the error objects) must find nothing; and beyond it:
  *  - what the parser accepts is within anth.h's ranges: a model, max_tokens 1 .. 2^31-1 (none for
  *    count_tokens), temperature, top_p in [0, 1], top_k >= 0, at most 16 stop sequences, none empty;
- *    messages of known roles, ending with a user or tool message, tool results with a call id,
- *    assistant calls with a name and arguments that are a JSON object; thinking on only with a
- *    budget of at least 1024, under max_tokens; tools an OpenAI tools array; tool_choice named
+ *    messages of known roles, ending with a user or tool message or a prefill (the assistant's,
+ *    without calls), tool results with a call id, assistant calls with a name and arguments that
+ *    are a JSON object; thinking on only with a budget of at least 1024, under max_tokens, or
+ *    adaptive; tools an OpenAI tools array; tool_choice named
  *    only for a declared tool, "any" only with tools;
  *  - a refusal is a 4xx (500 only for "out of memory") whose message begins with the field it
  *    names, and its error object is {"type": "error", "error": {"type", "message"}};
@@ -60,12 +61,14 @@ static uint64_t parse(const char *body, size_t len, int count, int *ok)
         FUZZ_CHECK(s->temperature >= 0 && s->temperature <= 1 && s->top_p >= 0 && s->top_p <= 1 && s->top_k >= 0);
         FUZZ_CHECK(s->n_stop <= 16);
         for (size_t i = 0; i < s->n_stop; i++) FUZZ_CHECK(s->stop[i] && s->stop[i][0]);
-        FUZZ_CHECK(r.messages[r.n_messages - 1].role == KCHAT_USER || r.messages[r.n_messages - 1].role == KCHAT_TOOL);
+        /* ends with a user or tool message, or (a prefill) the assistant's reply begun, without calls */
+        FUZZ_CHECK(r.messages[r.n_messages - 1].role == KCHAT_USER || r.messages[r.n_messages - 1].role == KCHAT_TOOL ||
+                   (r.chat.continue_final && r.messages[r.n_messages - 1].role == KCHAT_ASSISTANT && !r.messages[r.n_messages - 1].n_tool_calls));
+        FUZZ_CHECK(!r.chat.continue_final || r.messages[r.n_messages - 1].role == KCHAT_ASSISTANT);
         for (size_t i = 0; i < r.n_messages; i++) {
             const kchat_message *m = &r.messages[i];
             FUZZ_CHECK(m->role >= KCHAT_SYSTEM && m->role <= KCHAT_TOOL);
             FUZZ_CHECK(m->role != KCHAT_TOOL || m->tool_call_id);
-            FUZZ_CHECK(m->role != KCHAT_SYSTEM || i == 0);
             for (size_t k = 0; k < m->n_tool_calls; k++) {
                 json_t *a = json_loads(m->tool_calls[k].arguments, JSON_ALLOW_NUL, NULL);
                 FUZZ_CHECK(m->role == KCHAT_ASSISTANT && m->tool_calls[k].name[0] && m->tool_calls[k].id && json_is_object(a));
@@ -77,7 +80,10 @@ static uint64_t parse(const char *body, size_t len, int count, int *ok)
             d_bytes(h, m->reasoning ? m->reasoning : "", m->reasoning_len);
             d_str(h, m->tool_call_id);
         }
-        FUZZ_CHECK(!r.chat.thinking || (r.budget_tokens >= 1024 && (count || r.budget_tokens < s->max_tokens)));
+        /* thinking: enabled with a budget of at least 1024 (under max_tokens), or adaptive (no budget) */
+        FUZZ_CHECK(!r.chat.thinking || !r.budget_tokens || (r.budget_tokens >= 1024 && (count || r.budget_tokens < s->max_tokens)));
+        FUZZ_CHECK(r.chat.thinking || !r.budget_tokens);
+        FUZZ_CHECK(r.chat.effort_given);
         if (r.chat.tools_json) {
             json_t *t = json_loads(r.chat.tools_json, JSON_ALLOW_NUL, NULL);
             FUZZ_CHECK(json_is_array(t) && json_array_size(t) > 0);

@@ -179,8 +179,9 @@ static int sv_valid(json_t *root, json_t *s, json_t *v, int depth)
         size_t n = sv_chars(json_string_value(v), json_string_length(v));
         if ((k = json_object_get(s, "minLength")) && (json_int_t)n < json_integer_value(k)) return 0;
         if ((k = json_object_get(s, "maxLength")) && (json_int_t)n > json_integer_value(k)) return 0;
+        /* (a pattern PCRE2 will not compile, -1, cannot be judged here) */
         if ((k = json_object_get(s, "pattern")) && json_is_string(k) &&
-            sv_search(json_string_value(k), json_string_length(k), 0, json_string_value(v), json_string_length(v)) != 1) return 0;
+            sv_search(json_string_value(k), json_string_length(k), 0, json_string_value(v), json_string_length(v)) == 0) return 0;
         if ((k = json_object_get(s, "format")) && json_is_string(k) && !sv_format(json_string_value(k), json_string_value(v), json_string_length(v)))
             return 0;
     }
