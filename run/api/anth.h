@@ -3,10 +3,13 @@
  * settings; the same structures as the OpenAI layer, oai.h), and the response bodies, the
  * server-sent events of a streamed message and the error object in Anthropic's shapes.
  *
- * Requests: model, max_tokens (required), messages (user / assistant, content a string or blocks:
- * text, tool_use, tool_result, thinking, redacted_thinking), system (a string or text blocks),
- * tools ({name, description, input_schema}), tool_choice ({type: auto | any | tool | none, name}),
- * thinking ({type: enabled, budget_tokens} | {type: disabled}), stop_sequences, temperature,
+ * Requests: model, max_tokens (required), messages (user / assistant, and system as Claude Code
+ * sends it; content a string or blocks: text, tool_use, tool_result, thinking, redacted_thinking;
+ * a final assistant message is a prefill the reply continues), system (a string or text blocks),
+ * tools ({name, description, input_schema}), tool_choice ({type: auto | any | tool | none, name,
+ * disable_parallel_tool_use}), thinking ({type: enabled, budget_tokens} | {type: adaptive} |
+ * {type: disabled}; display), output_config ({format: {type: json_schema, schema}, effort}),
+ * context_management (clearing thinking with keep "all" only), stop_sequences, temperature,
  * top_p, top_k, stream, metadata (ignored); and, as krun's own extensions, seed.  What krun cannot
  * honour (images, documents, server tools, ...) is refused, naming the field.  Errors are HTTP
  * 4xx with {"type": "error", "error": {"type", "message"}}, the message naming the field as

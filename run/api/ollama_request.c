@@ -154,7 +154,7 @@ static int get_message(json_t *m, size_t i, kchat_message *out, kreq_arena *a, o
                 if (kreq_c_string(name, p, e)) return -1;
                 if (args && !json_is_object(args)) return refuse(e, p, "%s", "arguments must be an object");
                 calls[k].name = json_string_value(name);
-                if (!(calls[k].arguments = kreq_keep(a, json_dumps(args ? args : json_object(), JSON_COMPACT)))) return OOM(e);
+                if (!(calls[k].arguments = kreq_keep(a, args ? json_dumps(args, JSON_COMPACT) : strdup("{}")))) return OOM(e);
             }
             out->tool_calls = calls;
             out->n_tool_calls = json_array_size(tc);

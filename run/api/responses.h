@@ -5,12 +5,13 @@
  *
  * Requests: model, input (a string, or items: messages of role user / system / developer /
  * assistant with input_text / output_text parts, function_call, function_call_output, reasoning),
- * instructions, tools (function tools; strict by default, as OpenAI has it), tool_choice,
- * parallel_tool_calls, text.format (text, json_object, json_schema: constrained decoding),
- * max_output_tokens, reasoning {effort, summary}, temperature, top_p, stream, store,
- * previous_response_id, include ["reasoning.encrypted_content"], metadata, user, truncation
- * "disabled", and krun's seed.  What krun cannot honour (images, files, built-in tools,
- * background, ...) is a 400 naming it.
+ * instructions, tools (function tools, strict by default as OpenAI has it, and namespaces of them,
+ * declared NAMESPACE.NAME; OpenAI's hosted tools -- web_search, file_search, ... -- accepted and
+ * not offered: krun has none to run), tool_choice, parallel_tool_calls, text.format (text,
+ * json_object, json_schema: constrained decoding), max_output_tokens, reasoning {effort, summary},
+ * temperature, top_p, stream, store, previous_response_id, include
+ * ["reasoning.encrypted_content"], metadata, user, truncation, and krun's seed.  What krun cannot
+ * honour (images, files, custom tools, background, logprobs, ...) is a 400 naming it.
  *
  * Output: a reasoning item (K3's think channel as reasoning_text content; no summary: K3 writes
  * none), a message item with output_text, function_call items; status completed or incomplete

@@ -263,7 +263,7 @@ static int function_tool(json_t *x, const char *ns, const char *p, json_t *chat,
     snprintf(q, sizeof q, "%s.strict", p);
     if (strict && !json_is_boolean(strict)) return kreq_wrong_type(e, q, "a boolean", strict);
     snprintf(full, sizeof full, "%s%s%s", ns ? ns : "", ns ? "." : "", json_string_value(name));
-    f = json_pack("{ss sO* sO sb}", "name", full, "description", desc, "parameters", params ? params : json_object(),
+    f = json_pack("{ss sO* so sb}", "name", full, "description", desc, "parameters", params ? json_incref(params) : json_object(),
                   "strict", strict ? json_is_true(strict) : 1);
     if (!f || json_array_append_new(chat, json_pack("{ss so}", "type", "function", "function", f))) return OOM(e);
     return 0;
@@ -471,7 +471,7 @@ static int get_rest(json_t *o, oresp_request *r, oai_error *e)
     if ((v = kreq_field(o, "metadata")) && !json_is_object(v)) return kreq_wrong_type(e, "metadata", "an object", v);
     if ((v = kreq_field(o, "user")) && !json_is_string(v)) return kreq_wrong_type(e, "user", "a string", v);
     if (json_object_set_new(r->echo, "store", json_boolean(r->store)) ||
-        json_object_set(r->echo, "metadata", kreq_field(o, "metadata") ? kreq_field(o, "metadata") : json_object()) ||
+        json_object_set_new(r->echo, "metadata", kreq_field(o, "metadata") ? json_incref(kreq_field(o, "metadata")) : json_object()) ||
         json_object_set(r->echo, "user", kreq_field(o, "user") ? kreq_field(o, "user") : json_null()) ||
         json_object_set_new(r->echo, "truncation", json_string(kreq_str_is(kreq_field(o, "truncation"), "auto") ? "auto" : "disabled")))
         return OOM(e);

@@ -117,8 +117,6 @@ static int tools(cons *c, const char *only, int single, int forced, uint32_t nex
         uint32_t one = 0;
         for (size_t k = 0; k < c->n_tools; k++)
             if (!strcmp(c->tools[k].name, only) && call(c, k, 1, end, &one)) return -1;
-        (void)single;
-        (void)forced;
         *start = open_tag(g, "tools", one);
         return 0;
     }
@@ -173,6 +171,11 @@ int kchat_constraint(const kchat_options *o, kgram **out, char *param, size_t pl
     calls = c.n_tools > 0 && o->tool_choice != KCHAT_TOOL_CHOICE_NONE;
     forced = calls && o->tool_choice == KCHAT_TOOL_CHOICE_REQUIRED;
     if (o->format == KCHAT_FORMAT_TEXT && o->tool_choice != KCHAT_TOOL_CHOICE_NAMED && !(strict && calls) && !forced) { rc = 0; goto out; }
+    if (o->continue_final) {
+        refuse(&c, "messages", "%s", "a reply begun by the request (a final assistant message) cannot be constrained by a response "
+               "format or forced tool use: leave one of them out");
+        goto out;
+    }
     if (o->tool_choice == KCHAT_TOOL_CHOICE_NAMED) {
         size_t k = 0;
         while (k < c.n_tools && strcmp(c.tools[k].name, o->tool_name ? o->tool_name : "")) k++;
@@ -211,11 +214,6 @@ int kchat_constraint(const kchat_options *o, kgram **out, char *param, size_t pl
             if (forced) resp = close_tag(c.g, "response", t);
             else resp = kg_body(c.g, KG_TEXT_FREE, 0, KG_INF, close_tag(c.g, "response", kg_split(c.g, end, t)));
         }
-    }
-    if (o->continue_final) {
-        refuse(&c, "messages", "%s", "a reply begun by the request (a final assistant message) cannot be constrained by a response "
-               "format or forced tool use: leave one of them out");
-        goto out;
     }
     start = o->thinking ? kg_body(c.g, KG_TEXT_FREE, 0, KG_INF, close_tag(c.g, "think", open_tag(c.g, "response", resp))) : resp;
     if (kgram_oom(c.g)) { refuse(&c, "", "%s", "out of memory (or the schema's grammar is too large)"); goto out; }
