@@ -92,5 +92,40 @@ for (const [k, schema] of Object.entries(patterns)) {
 // lengths with a pattern, and a format with them
 add({ type: "string", pattern: "^(ab)*$", minLength: 3, maxLength: 6 }, ["abab", "ab", "ababab", "abababab", "aba"]);
 add({ type: "string", format: "email", maxLength: 12 }, ["a@b.co", "abcdef@gh.ij", "abcdefgh@ij.kl"]);
+
+// zod's structures and number helpers as z.toJSONSchema writes them, each with values ajv accepts and
+// rejects (whole documents, not mutated)
+const Node = z.object({ name: z.string(), get children() { return z.array(Node).max(2); } });
+const structures = {
+  object: [z.object({ a: z.string(), b: z.number().optional(), c: z.boolean().nullable() }),
+    [{ a: "x", c: null }, { a: "x", b: 1, c: true }, { a: "x" }, { a: 1, c: null }, { a: "x", c: null, d: 1 }]],
+  tuple: [z.tuple([z.string(), z.number().int()]), [["a", 1], ["a"], ["a", 1.5], [1, "a"], ["a", 1, 2]]],
+  literal_enum: [z.object({ k: z.literal("on"), e: z.enum(["a", "b"]) }), [{ k: "on", e: "a" }, { k: "off", e: "a" }, { k: "on", e: "c" }]],
+  union: [z.union([z.string().max(3), z.number().int()]), ["abc", 7, "abcd", 1.5, null]],
+  discriminated: [z.discriminatedUnion("kind", [z.object({ kind: z.literal("a"), x: z.number() }), z.object({ kind: z.literal("b"), y: z.string() })]),
+    [{ kind: "a", x: 1 }, { kind: "b", y: "s" }, { kind: "a", y: "s" }, { kind: "c", x: 1 }]],
+  intersection: [z.intersection(z.object({ a: z.string() }), z.object({ b: z.number().int().min(0) })),
+    [{ a: "x", b: 0 }, { a: "x" }, { a: "x", b: -1 }, { b: 2 }]],
+  record: [z.record(z.string(), z.number().int()), [{}, { a: 1, b: 2 }, { a: 1.5 }, { a: "x" }]],
+  recursive: [Node, [{ name: "r", children: [] }, { name: "r", children: [{ name: "c", children: [] }] }, { name: "r" }, { name: "r", children: [{ name: 1, children: [] }] }]],
+  numbers: [z.object({ p: z.number().positive(), g: z.number().gt(0.1).lte(0.3), i: z.number().int().gte(-5).lt(5), m: z.number().int().multipleOf(5).max(20),
+                       n: z.number().nonnegative().max(1) }),
+    [{ p: 0.001, g: 0.3, i: -5, m: 15, n: 0 }, { p: 0, g: 0.3, i: 0, m: 5, n: 1 }, { p: 1, g: 0.1, i: 0, m: 5, n: 1 }, { p: 1, g: 0.2, i: 5, m: 5, n: 1 },
+     { p: 1, g: 0.2, i: 0, m: 7, n: 1 }, { p: 1, g: 0.2, i: 0, m: 25, n: 1 }, { p: 1, g: 0.2, i: 0, m: 0, n: 1.5 }, { p: 1, g: 0.2, i: 4, m: -5, n: 0.5 }]],
+  strings: [z.object({ url: z.string().url(), dt: z.iso.datetime(), d: z.iso.date(), t: z.iso.time(), lo: z.string().lowercase(),
+                       en: z.string().endsWith("yz"), inc: z.string().includes("mid"), len: z.string().min(2).max(4), b: z.string().base64() }),
+    [{ url: "https://a.b/c", dt: "2024-01-01T10:00:00Z", d: "2024-02-29", t: "10:00", lo: "abc", en: "xyz", inc: "amidb", len: "ab", b: "YWI=" },
+     { url: "nota url", dt: "2024-01-01T10:00:00Z", d: "2024-02-29", t: "10:00", lo: "abc", en: "xyz", inc: "amidb", len: "ab", b: "YWI=" },
+     { url: "https://a.b/c", dt: "2024-01-01", d: "2024-02-29", t: "10:00", lo: "abc", en: "xyz", inc: "amidb", len: "ab", b: "YWI=" },
+     { url: "https://a.b/c", dt: "2024-01-01T10:00:00Z", d: "2023-02-29", t: "10:00", lo: "Abc", en: "xyz", inc: "amidb", len: "abcde", b: "YWI" }]],
+};
+let structural = 0;
+for (const [, [schema, values]] of Object.entries(structures)) {
+  const js = z.toJSONSchema(schema);
+  delete js.$schema;
+  const v = ajv.compile(js);
+  for (const s of values) { lines.push(JSON.stringify({ schema: js, s, ajv: !!v(s), subset: false })); structural++; }
+}
 writeFileSync(out, lines.join("\n") + "\n");
-console.log(`# ${lines.length} cases: ${Object.keys(formats).length} formats, ${Object.keys(patterns).length} zod patterns, lengths`);
+console.log(`# ${lines.length} cases: ${Object.keys(formats).length} formats, ${Object.keys(patterns).length} zod patterns, lengths, ` +
+            `${Object.keys(structures).length} zod structures (${structural} documents)`);
