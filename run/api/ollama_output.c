@@ -163,7 +163,8 @@ static void chunk(ollama_stream *s, const char *p, size_t n, double now, kbuf *o
     }
     if (!(o = json_loadb(p, n, JSON_ALLOW_NUL, NULL))) return;
     if ((err = json_object_get(o, "error"))) {
-        line(json_pack("{sO}", "error", json_object_get(err, "message") ? json_object_get(err, "message") : json_string("error")), out);
+        json_t *msg = json_object_get(err, "message");
+        line(json_pack("{so}", "error", json_is_string(msg) ? json_incref(msg) : json_string("error")), out);
         s->over = 1;
         json_decref(o);
         return;
@@ -175,10 +176,10 @@ static void chunk(ollama_stream *s, const char *p, size_t n, double now, kbuf *o
     d = json_object_get(ch, "delta");
     /* a call: its header's name kept, then sent whole with its arguments */
     for (size_t k = 0; k < json_array_size(json_object_get(d, "tool_calls")); k++) {
-        json_t *tc = json_array_get(json_object_get(d, "tool_calls"), k), *f = json_object_get(tc, "function");
+        json_t *tc = json_array_get(json_object_get(d, "tool_calls"), k), *f = json_object_get(tc, "function"), *name = json_object_get(f, "name");
         char key[32];
         snprintf(key, sizeof key, "%lld", (long long)json_integer_value(json_object_get(tc, "index")));
-        if (json_string_length(json_object_get(tc, "id"))) json_object_set(s->calls, key, json_object_get(f, "name") ? json_object_get(f, "name") : json_string(""));
+        if (json_string_length(json_object_get(tc, "id"))) json_object_set_new(s->calls, key, name ? json_incref(name) : json_string(""));
         else if (json_is_string(json_object_get(f, "arguments")) && json_object_get(s->calls, key)) {
             if (!calls) calls = json_array();
             if (calls) json_array_append_new(calls, json_pack("{s{sO sO}}", "function", "name", json_object_get(s->calls, key), "arguments",

@@ -100,6 +100,20 @@ int kreq_wrong_type(oai_error *e, const char *param, const char *want, const jso
     return -1;
 }
 
+int kreq_refuse(oai_error *e, const char *param, const char *fmt, const char *detail)
+{
+    char msg[400];
+    snprintf(msg, sizeof msg, fmt, detail ? detail : "");
+    oai_error_set(e, 400, param, "invalid_value", "%s: %s", param, msg);
+    return -1;
+}
+
+int kreq_missing(oai_error *e, const char *param)
+{
+    oai_error_set(e, 400, param, "missing_required_parameter", "%s is required", param);
+    return -1;
+}
+
 /* A JSON string that will be used as a C string: a NUL inside ("\u0000")
  * would silently cut it, so it is refused. */
 int kreq_c_string(json_t *v, const char *param, oai_error *e)

@@ -35,6 +35,10 @@ json_t *kreq_field(json_t *o, const char *key);
 const char *kreq_kind(const json_t *v);
 /* 400 invalid_type: "PARAM must be WANT, not KIND"; returns -1. */
 int kreq_wrong_type(oai_error *e, const char *param, const char *want, const json_t *got);
+/* 400 invalid_value: "PARAM: " and fmt with detail (one %s) in it; returns -1. */
+int kreq_refuse(oai_error *e, const char *param, const char *fmt, const char *detail);
+/* 400 missing_required_parameter: "PARAM is required"; returns -1. */
+int kreq_missing(oai_error *e, const char *param);
 /* A JSON string used as a C string must not hold a NUL: 400 otherwise (returns -1), else 0. */
 int kreq_c_string(json_t *v, const char *param, oai_error *e);
 /* v is the JSON string lit, compared whole. */

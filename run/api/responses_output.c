@@ -333,13 +333,13 @@ static void chat_event(oresp_stream *s, const char *p, size_t n, kbuf *out)
     start(s, out);
     if ((err = json_object_get(o, "error"))) {
         /* a failure after the start: an error event, the response failed */
-        json_t *failed;
+        json_t *failed, *code = json_object_get(err, "code"), *msg = json_object_get(err, "message"), *param = json_object_get(err, "param");
         close_item(s, out, "incomplete");
-        emit(s, out, "error", json_pack("{sO sO sO}", "code", json_object_get(err, "code") ? json_object_get(err, "code") : json_null(),
-                                        "message", json_object_get(err, "message"), "param", json_object_get(err, "param") ? json_object_get(err, "param") : json_null()));
+        emit(s, out, "error", json_pack("{sO so sO}", "code", code ? code : json_null(),
+                                        "message", json_is_string(msg) ? json_incref(msg) : json_string("error"), "param", param ? param : json_null()));
         failed = snapshot(s, "failed");
-        if (failed) json_object_set_new(failed, "error", json_pack("{sO sO}", "code", json_object_get(err, "code") ? json_object_get(err, "code")
-                                                                   : json_string("server_error"), "message", json_object_get(err, "message")));
+        if (failed) json_object_set_new(failed, "error", json_pack("{so so}", "code", code ? json_incref(code) : json_string("server_error"),
+                                                                   "message", json_is_string(msg) ? json_incref(msg) : json_string("error")));
         emit(s, out, "response.failed", json_pack("{so}", "response", failed));
         s->over = 1;
         json_decref(o);

@@ -34,20 +34,6 @@ static kchat_message *push(conv *c, kchat_role role)
     return &c->m[c->n++];
 }
 
-static int refuse(oai_error *e, const char *param, const char *fmt, const char *detail)
-{
-    char msg[400];
-    snprintf(msg, sizeof msg, fmt, detail ? detail : "");
-    oai_error_set(e, 400, param, "invalid_value", "%s: %s", param, msg);
-    return -1;
-}
-
-static int missing(oai_error *e, const char *param)
-{
-    oai_error_set(e, 400, param, "missing_required_parameter", "%s is required", param);
-    return -1;
-}
-
 /* s appended to *text (*len bytes, kept in the arena). */
 static int append(conv *c, const char **text, size_t *len, const char *s, size_t n)
 {
@@ -68,18 +54,18 @@ static int content_text(conv *c, json_t *content, const char *p, const char **te
     *text = NULL;
     *len = 0;
     if (json_is_string(content)) { *text = json_string_value(content); *len = json_string_length(content); return 0; }
-    if (!json_is_array(content)) return content ? kreq_wrong_type(c->e, p, "a string or an array of content parts", content) : missing(c->e, p);
+    if (!json_is_array(content)) return content ? kreq_wrong_type(c->e, p, "a string or an array of content parts", content) : kreq_missing(c->e, p);
     for (size_t k = 0; k < json_array_size(content); k++) {
         json_t *part = json_array_get(content, k), *type = json_object_get(part, "type"), *t = json_object_get(part, "text");
         snprintf(q, sizeof q, "%s[%zu]", p, k);
         if (!json_is_object(part)) return kreq_wrong_type(c->e, q, "a content part", part);
         if (!kreq_str_is(type, "input_text") && !kreq_str_is(type, "output_text") && !kreq_str_is(type, "text")) {
             strcat(q, ".type");
-            return refuse(c->e, q, "content parts of type \"%.40s\" are not supported (input_text and output_text are)",
+            return kreq_refuse(c->e, q, "content parts of type \"%.40s\" are not supported (input_text and output_text are)",
                           json_is_string(type) ? json_string_value(type) : "?");
         }
         strcat(q, ".text");
-        if (!json_is_string(t)) return t ? kreq_wrong_type(c->e, q, "a string", t) : missing(c->e, q);
+        if (!json_is_string(t)) return t ? kreq_wrong_type(c->e, q, "a string", t) : kreq_missing(c->e, q);
         if (append(c, text, len, json_string_value(t), json_string_length(t))) return -1;
     }
     if (!*text) *text = "";
@@ -131,7 +117,7 @@ static int item(conv *c, json_t *it, const char *p)
         const char *text;
         size_t len;
         snprintf(q, sizeof q, "%s.role", p);
-        if (!json_is_string(role)) return role ? kreq_wrong_type(c->e, q, "a string", role) : missing(c->e, q);
+        if (!json_is_string(role)) return role ? kreq_wrong_type(c->e, q, "a string", role) : kreq_missing(c->e, q);
         snprintf(q, sizeof q, "%s.content", p);
         if (content_text(c, json_object_get(it, "content"), q, &text, &len)) return -1;
         if (kreq_str_is(role, "assistant")) {
@@ -142,7 +128,7 @@ static int item(conv *c, json_t *it, const char *p)
         else if (kreq_str_is(role, "system") || kreq_str_is(role, "developer")) m = push(c, KCHAT_SYSTEM);
         else {
             snprintf(q, sizeof q, "%s.role", p);
-            return refuse(c->e, q, "unknown role \"%.40s\" (user, system, developer or assistant)", json_string_value(role));
+            return kreq_refuse(c->e, q, "unknown role \"%.40s\" (user, system, developer or assistant)", json_string_value(role));
         }
         if (!m) return OOM(c->e);
         m->content = text;
@@ -155,13 +141,13 @@ static int item(conv *c, json_t *it, const char *p)
         kchat_tool_call *calls;
         if (!m) return OOM(c->e);
         snprintf(q, sizeof q, "%s.call_id", p);
-        if (!json_is_string(id)) return id ? kreq_wrong_type(c->e, q, "a string", id) : missing(c->e, q);
+        if (!json_is_string(id)) return id ? kreq_wrong_type(c->e, q, "a string", id) : kreq_missing(c->e, q);
         if (kreq_c_string(id, q, c->e)) return -1;
         snprintf(q, sizeof q, "%s.name", p);
-        if (!json_is_string(name)) return name ? kreq_wrong_type(c->e, q, "a string", name) : missing(c->e, q);
+        if (!json_is_string(name)) return name ? kreq_wrong_type(c->e, q, "a string", name) : kreq_missing(c->e, q);
         if (kreq_c_string(name, q, c->e)) return -1;
         snprintf(q, sizeof q, "%s.arguments", p);
-        if (!json_is_string(args)) return args ? kreq_wrong_type(c->e, q, "a string of JSON", args) : missing(c->e, q);
+        if (!json_is_string(args)) return args ? kreq_wrong_type(c->e, q, "a string of JSON", args) : kreq_missing(c->e, q);
         if (kreq_c_string(args, q, c->e)) return -1;
         calls = malloc((m->n_tool_calls + 1) * sizeof *calls);
         if (!calls || !kreq_keep(c->a, calls)) return OOM(c->e);
@@ -187,7 +173,7 @@ static int item(conv *c, json_t *it, const char *p)
         json_t *id = json_object_get(it, "call_id");
         kchat_message *m;
         snprintf(q, sizeof q, "%s.call_id", p);
-        if (!json_is_string(id)) return id ? kreq_wrong_type(c->e, q, "a string", id) : missing(c->e, q);
+        if (!json_is_string(id)) return id ? kreq_wrong_type(c->e, q, "a string", id) : kreq_missing(c->e, q);
         if (kreq_c_string(id, q, c->e)) return -1;
         if (!(m = push(c, KCHAT_TOOL))) return OOM(c->e);
         m->tool_call_id = json_string_value(id);
@@ -204,7 +190,10 @@ static int item(conv *c, json_t *it, const char *p)
         if (content && json_array_size(content)) {
             for (size_t k = 0; k < json_array_size(content); k++) {
                 json_t *t = json_object_get(json_array_get(content, k), "text");
-                if (!json_is_string(t)) { snprintf(q, sizeof q, "%s.content[%zu].text", p, k); return kreq_wrong_type(c->e, q, "a string", t ? t : json_null()); }
+                if (!json_is_string(t)) {
+                    snprintf(q, sizeof q, "%s.content[%zu].text", p, k);
+                    return kreq_wrong_type(c->e, q, "a string", t ? t : json_null());
+                }
                 if (append(c, &m->reasoning, &m->reasoning_len, json_string_value(t), json_string_length(t))) return -1;
             }
             return 0;
@@ -218,7 +207,7 @@ static int item(conv *c, json_t *it, const char *p)
         return 0;
     }
     snprintf(q, sizeof q, "%s.type", p);
-    return refuse(c->e, q, "items of type \"%.40s\" are not supported (message, function_call, function_call_output and "
+    return kreq_refuse(c->e, q, "items of type \"%.40s\" are not supported (message, function_call, function_call_output and "
                   "reasoning are)", json_string_value(type));
 }
 
@@ -253,9 +242,9 @@ static int function_tool(json_t *x, const char *ns, const char *p, json_t *chat,
     snprintf(q, sizeof q, "%s.type", p);
     if (!json_is_object(x)) return kreq_wrong_type(e, p, "an object", x);
     if (ns && !kreq_str_is(json_object_get(x, "type"), "function"))
-        return refuse(e, q, "%s", "a namespace holds function tools only here");
+        return kreq_refuse(e, q, "%s", "a namespace holds function tools only here");
     snprintf(q, sizeof q, "%s.name", p);
-    if (!json_is_string(name) || !kreq_tool_name_ok(name)) return name ? refuse(e, q, "%s", "must match ^[a-zA-Z0-9_-]{1,64}$") : missing(e, q);
+    if (!json_is_string(name) || !kreq_tool_name_ok(name)) return name ? kreq_refuse(e, q, "%s", "must match ^[a-zA-Z0-9_-]{1,64}$") : kreq_missing(e, q);
     snprintf(q, sizeof q, "%s.parameters", p);
     if (params && !json_is_object(params)) return kreq_wrong_type(e, q, "an object", params);
     snprintf(q, sizeof q, "%s.description", p);
@@ -286,7 +275,11 @@ static int get_tools(json_t *o, oresp_request *r, kreq_arena *a, oai_error *e)
             /* a group of functions: declared as NAMESPACE.NAME (a call of one comes back with its namespace) */
             json_t *ns = json_object_get(x, "name"), *fs = json_object_get(x, "tools");
             snprintf(p, sizeof p, "tools[%zu].name", k);
-            if (!json_is_string(ns) || !kreq_tool_name_ok(ns)) { json_decref(chat); json_decref(echo); return refuse(e, p, "%s", "must match ^[a-zA-Z0-9_-]{1,64}$"); }
+            if (!json_is_string(ns) || !kreq_tool_name_ok(ns)) {
+                json_decref(chat);
+                json_decref(echo);
+                return kreq_refuse(e, p, "%s", "must match ^[a-zA-Z0-9_-]{1,64}$");
+            }
             snprintf(p, sizeof p, "tools[%zu].tools", k);
             if (!json_is_array(fs)) { json_decref(chat); json_decref(echo); return kreq_wrong_type(e, p, "an array of function tools", fs ? fs : json_null()); }
             for (size_t i = 0; i < json_array_size(fs); i++) {
@@ -301,7 +294,7 @@ static int get_tools(json_t *o, oresp_request *r, kreq_arena *a, oai_error *e)
         } else {
             json_decref(chat); json_decref(echo);
             strcat(p, ".type");
-            return refuse(e, p, "tools of type \"%.40s\" are not supported: krun runs function tools (and namespaces of them)",
+            return kreq_refuse(e, p, "tools of type \"%.40s\" are not supported: krun runs function tools (and namespaces of them)",
                           json_is_string(type) ? json_string_value(type) : "?");
         }
         if (json_array_append(echo, x)) goto oom;
@@ -317,26 +310,33 @@ static int get_tools(json_t *o, oresp_request *r, kreq_arena *a, oai_error *e)
             if (kreq_str_is(tc, "auto")) r->chat.tool_choice = KCHAT_TOOL_CHOICE_AUTO;
             else if (kreq_str_is(tc, "none")) r->chat.tool_choice = KCHAT_TOOL_CHOICE_NONE;
             else if (kreq_str_is(tc, "required")) r->chat.tool_choice = KCHAT_TOOL_CHOICE_REQUIRED;
-            else { json_decref(chat); return refuse(e, "tool_choice", "must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", \"name\"}, not \"%.40s\"",
-                                                    json_string_value(tc)); }
-            if (r->chat.tool_choice == KCHAT_TOOL_CHOICE_REQUIRED && !n) { json_decref(chat); return refuse(e, "tool_choice", "%s", "\"required\" needs at least one tool in tools"); }
+            else {
+                json_decref(chat);
+                return kreq_refuse(e, "tool_choice", "must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", \"name\"}, "
+                                   "not \"%.40s\"", json_string_value(tc));
+            }
+            if (r->chat.tool_choice == KCHAT_TOOL_CHOICE_REQUIRED && !n) {
+                json_decref(chat);
+                return kreq_refuse(e, "tool_choice", "%s", "\"required\" needs at least one tool in tools");
+            }
         } else if (json_is_object(tc) && kreq_str_is(json_object_get(tc, "type"), "function")) {
             json_t *name = json_object_get(tc, "name"), *ns = kreq_field(tc, "namespace");
             size_t k = 0;
             char full[160], *kept;
-            if (!json_is_string(name)) return name ? kreq_wrong_type(e, "tool_choice.name", "a string", name) : missing(e, "tool_choice.name");
+            if (!json_is_string(name)) return name ? kreq_wrong_type(e, "tool_choice.name", "a string", name) : kreq_missing(e, "tool_choice.name");
             if (kreq_c_string(name, "tool_choice.name", e)) return -1;
-            if (ns && (!json_is_string(ns) || kreq_c_string(ns, "tool_choice.namespace", e))) return ns && !json_is_string(ns) ? kreq_wrong_type(e, "tool_choice.namespace", "a string", ns) : -1;
+            if (ns && !json_is_string(ns)) return kreq_wrong_type(e, "tool_choice.namespace", "a string", ns);
+            if (ns && kreq_c_string(ns, "tool_choice.namespace", e)) return -1;
             snprintf(full, sizeof full, "%s%s%s", ns ? json_string_value(ns) : "", ns ? "." : "", json_string_value(name));
             while (k < n && strcmp(json_string_value(json_object_get(json_object_get(json_array_get(chat, k), "function"), "name")), full)) k++;
-            if (k == n) { json_decref(chat); return refuse(e, "tool_choice.name", "the function \"%.64s\" is not in tools", full); }
+            if (k == n) { json_decref(chat); return kreq_refuse(e, "tool_choice.name", "the function \"%.64s\" is not in tools", full); }
             if (!(kept = kreq_keep(a, strdup(full)))) { json_decref(chat); return OOM(e); }
             r->chat.tool_choice = KCHAT_TOOL_CHOICE_NAMED;
             r->chat.tool_name = kept;
         } else if (json_is_object(tc)) {
             json_t *type = json_object_get(tc, "type");
             json_decref(chat);
-            return refuse(e, "tool_choice.type", "\"%.40s\" is not supported (function is)", json_is_string(type) ? json_string_value(type) : "?");
+            return kreq_refuse(e, "tool_choice.type", "\"%.40s\" is not supported (function is)", json_is_string(type) ? json_string_value(type) : "?");
         } else {
             json_decref(chat);
             return kreq_wrong_type(e, "tool_choice", "a string or an object", tc);
@@ -364,22 +364,22 @@ static int get_text(json_t *o, oresp_request *r, kreq_arena *a, oai_error *e)
     if (!t) return json_object_set_new(r->echo, "text", json_pack("{s{ss}}", "format", "type", "text")) ? OOM(e) : 0;
     if (!json_is_object(t)) return kreq_wrong_type(e, "text", "an object", t);
     if ((v = kreq_field(t, "verbosity")) && !kreq_str_is(v, "low") && !kreq_str_is(v, "medium") && !kreq_str_is(v, "high"))
-        return refuse(e, "text.verbosity", "%s", "must be \"low\", \"medium\" or \"high\"");
+        return kreq_refuse(e, "text.verbosity", "%s", "must be \"low\", \"medium\" or \"high\"");
     if ((f = kreq_field(t, "format"))) {
         json_t *type = json_object_get(f, "type");
         if (!json_is_object(f)) return kreq_wrong_type(e, "text.format", "an object", f);
         if (kreq_str_is(type, "json_object")) r->chat.format = KCHAT_FORMAT_JSON_OBJECT;
         else if (kreq_str_is(type, "json_schema")) {
             json_t *schema = json_object_get(f, "schema"), *name = json_object_get(f, "name"), *strict = kreq_field(f, "strict");
-            if (!json_is_string(name)) return name ? kreq_wrong_type(e, "text.format.name", "a string", name) : missing(e, "text.format.name");
-            if (!schema) return missing(e, "text.format.schema");
+            if (!json_is_string(name)) return name ? kreq_wrong_type(e, "text.format.name", "a string", name) : kreq_missing(e, "text.format.name");
+            if (!schema) return kreq_missing(e, "text.format.schema");
             if (!json_is_object(schema) && !json_is_boolean(schema)) return kreq_wrong_type(e, "text.format.schema", "a JSON Schema (an object)", schema);
             if (strict && !json_is_boolean(strict)) return kreq_wrong_type(e, "text.format.strict", "a boolean", strict);
             r->chat.format = KCHAT_FORMAT_JSON_SCHEMA;
             r->chat.format_schema = kreq_keep(a, json_dumps(schema, JSON_COMPACT | JSON_ENCODE_ANY));
             if (!r->chat.format_schema) return OOM(e);
         } else if (!kreq_str_is(type, "text")) {
-            return refuse(e, "text.format.type", "%s", "must be \"text\", \"json_object\" or \"json_schema\"");
+            return kreq_refuse(e, "text.format.type", "%s", "must be \"text\", \"json_object\" or \"json_schema\"");
         }
     }
     return json_object_set(r->echo, "text", t) ? OOM(e) : 0;
@@ -394,12 +394,12 @@ static int get_reasoning(json_t *o, oresp_request *r, oai_error *e)
     if ((ef = kreq_field(rs, "effort"))) {
         r->chat.effort_given = 1;
         if (!json_is_string(ef) || memchr(json_string_value(ef), 0, json_string_length(ef)) || kreq_effort(json_string_value(ef), &r->chat))
-            return refuse(e, "reasoning.effort", "%s", "must be none, minimal, low, medium, high or xhigh");
+            return kreq_refuse(e, "reasoning.effort", "%s", "must be none, minimal, low, medium, high or xhigh");
     }
     sum = kreq_field(rs, "summary");
     if (!sum) sum = kreq_field(rs, "generate_summary");
     if (sum && !kreq_str_is(sum, "auto") && !kreq_str_is(sum, "concise") && !kreq_str_is(sum, "detailed"))
-        return refuse(e, "reasoning.summary", "%s", "must be \"auto\", \"concise\" or \"detailed\"");
+        return kreq_refuse(e, "reasoning.summary", "%s", "must be \"auto\", \"concise\" or \"detailed\"");
     /* K3 writes no summary: the reasoning itself is given (reasoning_text), the summary stays empty */
     return json_object_set_new(r->echo, "reasoning", json_pack("{sOsO}", "effort", ef ? ef : json_null(), "summary", sum ? sum : json_null()))
            ? OOM(e) : 0;
@@ -423,7 +423,7 @@ static int get_sampling(json_t *o, oresp_request *r, kreq_arena *a, oai_error *e
     }
     if ((v = kreq_field(o, "max_output_tokens"))) {
         if (!json_is_integer(v)) return kreq_wrong_type(e, "max_output_tokens", "an integer", v);
-        if (json_integer_value(v) < 1 || json_integer_value(v) > 0x7fffffff) return refuse(e, "max_output_tokens", "%s", "must be at least 1");
+        if (json_integer_value(v) < 1 || json_integer_value(v) > 0x7fffffff) return kreq_refuse(e, "max_output_tokens", "%s", "must be at least 1");
         s->max_tokens = (long)json_integer_value(v);
     }
     if (kreq_number(o, "temperature", 0, 2, &s->temperature, &s->has_temperature, e)) return -1;
@@ -436,9 +436,9 @@ static int get_sampling(json_t *o, oresp_request *r, kreq_arena *a, oai_error *e
     if (kreq_bool(o, "stream", &s->stream, e)) return -1;
     s->include_usage = 1;             /* the usage the response reports comes from the chat stream's last chunk */
     if ((v = kreq_field(o, "top_logprobs")) && !(json_is_integer(v) && json_integer_value(v) == 0))
-        return refuse(e, "top_logprobs", "%s", "log-probabilities are not supported on /v1/responses (use /v1/chat/completions)");
+        return kreq_refuse(e, "top_logprobs", "%s", "log-probabilities are not supported on /v1/responses (use /v1/chat/completions)");
     if ((v = kreq_field(o, "max_tool_calls")) && !(json_is_integer(v) && json_integer_value(v) == 1))
-        return refuse(e, "max_tool_calls", "%s", "only 1 is supported (one call at most; or leave it out)");
+        return kreq_refuse(e, "max_tool_calls", "%s", "only 1 is supported (one call at most; or leave it out)");
     if (v) r->chat.single_call = 1;
     if (json_object_set_new(r->echo, "max_output_tokens", s->max_tokens > 0 ? json_integer(s->max_tokens) : json_null()) ||
         json_object_set_new(r->echo, "temperature", json_real(s->temperature)) || json_object_set_new(r->echo, "top_p", json_real(s->top_p)))
@@ -453,9 +453,9 @@ static int get_rest(json_t *o, oresp_request *r, oai_error *e)
     json_t *v;
     for (size_t k = 0; k < sizeof refused / sizeof *refused; k++)
         if ((v = kreq_field(o, refused[k])) && !json_is_false(v))
-            return refuse(e, refused[k], "%s", "is not supported by krun");
+            return kreq_refuse(e, refused[k], "%s", "is not supported by krun");
     if ((v = kreq_field(o, "truncation")) && !kreq_str_is(v, "disabled") && !kreq_str_is(v, "auto"))
-        return refuse(e, "truncation", "%s", "must be \"disabled\" or \"auto\"");
+        return kreq_refuse(e, "truncation", "%s", "must be \"disabled\" or \"auto\"");
     if ((v = kreq_field(o, "include"))) {
         if (!json_is_array(v) || json_array_size(v) > MAX_INCLUDE) return kreq_wrong_type(e, "include", "an array of strings", v);
         for (size_t k = 0; k < json_array_size(v); k++) {
@@ -463,7 +463,7 @@ static int get_rest(json_t *o, oresp_request *r, oai_error *e)
             char p[32];
             snprintf(p, sizeof p, "include[%zu]", k);
             if (kreq_str_is(x, "reasoning.encrypted_content")) r->encrypted_reasoning = 1;
-            else return refuse(e, p, "\"%.60s\" is not supported (reasoning.encrypted_content is)", json_is_string(x) ? json_string_value(x) : "?");
+            else return kreq_refuse(e, p, "\"%.60s\" is not supported (reasoning.encrypted_content is)", json_is_string(x) ? json_string_value(x) : "?");
         }
     }
     r->store = 1;
@@ -519,13 +519,13 @@ int oresp_parse_request(const char *body, size_t len, oresp_lookup lookup, void 
     if (json_object_set(req->echo, "previous_response_id", prev ? prev : json_null())) { OOM(e); goto bad; }
     /* this input */
     in = json_object_get(o, "input");
-    if (!in) { missing(e, "input"); goto bad; }
+    if (!in) { kreq_missing(e, "input"); goto bad; }
     if (json_is_string(in)) req->input = json_pack("[{ss ss s[{ss sO}]}]", "type", "message", "role", "user", "content", "type", "input_text", "text", in);
     else if (json_is_array(in)) req->input = json_incref(in);
     else { kreq_wrong_type(e, "input", "a string or an array of items", in); goto bad; }
     if (!req->input) { OOM(e); goto bad; }
     if (items(&c, req->input, "input")) goto bad;
-    if (!c.n) { refuse(e, "input", "%s", "the conversation is empty"); goto bad; }
+    if (!c.n) { kreq_refuse(e, "input", "%s", "the conversation is empty"); goto bad; }
     req->messages = kreq_keep(a, c.m);
     c.m = NULL;
     if (!req->messages) { OOM(e); goto bad; }
