@@ -782,14 +782,14 @@ static enum MHD_Result ollama_model(srv_http *h, struct MHD_Connection *c, conn 
     }
 }
 
-/* A CORS preflight from an origin --cors-origin allows: the methods and headers it may use. */
-static enum MHD_Result preflight(struct MHD_Connection *c, const char *origin)
+/* A CORS preflight from an origin --cors-origin allows: the methods and headers it may use (queue()
+ * adds Access-Control-Allow-Origin). */
+static enum MHD_Result preflight(struct MHD_Connection *c)
 {
     struct MHD_Response *r = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
     const char *want = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Access-Control-Request-Headers");
     enum MHD_Result rc;
     if (!r) return MHD_NO;
-    (void)origin;                          /* queue() adds Access-Control-Allow-Origin */
     MHD_add_response_header(r, "Access-Control-Allow-Methods", "GET, POST, DELETE, OPTIONS");
     MHD_add_response_header(r, "Access-Control-Allow-Headers",
                             want && *want ? want : "Authorization, Content-Type, x-api-key, anthropic-version, anthropic-beta, openai-beta");
@@ -1024,7 +1024,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (!strcmp(method, "OPTIONS") && cors_origin(h, c) && MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Access-Control-Request-Method")) {
             /* a browser's preflight carries no key: answered before the check */
             k->answered = 1;
-            return preflight(c, cors_origin(h, c));
+            return preflight(c);
         }
         if (h->o.api_key && (!strncmp(url, "/v1/", 4) || endpoint_of(url) != SRV_EP_OTHER) && strcmp(url, "/health") &&
             !authorized(c, h->o.api_key)) {
