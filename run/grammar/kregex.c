@@ -68,7 +68,7 @@ static void cc_norm(parser *p, cclass *c)
     size_t k = 0;
     range *old;
     size_t n;
-    qsort(c->r, c->n, sizeof *c->r, range_cmp);
+    if (c->n) qsort(c->r, c->n, sizeof *c->r, range_cmp);     /* (an empty class, `[]`, has no array) */
     for (size_t i = 0; i < c->n; i++) {
         if (k && c->r[i].lo <= c->r[k - 1].hi + 1) { if (c->r[i].hi > c->r[k - 1].hi) c->r[k - 1].hi = c->r[i].hi; }
         else c->r[k++] = c->r[i];
