@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # krun serve for agents (issue 31), one server on a tiny model with the real tokenizer whose replies end
 # (k3synth --end-weight): the grammar of every format and of zod's patterns against ajv + ajv-formats
-# (tests/node/grammar_cases.mjs, test_constrain --cases); the Responses event stream, CORS, Ollama's
+# (tests/node/grammar_cases.mjs, test_constrain --cases), and random walks of it checked by ajv
+# (test_constrain --walks); the Responses event stream, CORS, Ollama's
 # NDJSON, GET /v1/models/ID, Anthropic's new fields and error paths, quiet client aborts, with curl and
 # python; the client libraries (tests/node/agents.mjs); and one turn of each coding-agent CLI
 # (tests/agents: Codex on the Responses API, Claude Code on the Messages API, opencode on chat
@@ -19,6 +20,9 @@ HAVE_NODE=; command -v node >/dev/null && [ -d "$NODE_DIR/node_modules/ajv-forma
 if [ -n "$HAVE_NODE" ]; then
     node "$NODE_DIR/grammar_cases.mjs" "$T/cases.jsonl" >"$T/cases.out" 2>&1 && grep '^#' "$T/cases.out"
     "$BUILD/tests/test_constrain" --cases "$T/cases.jsonl" 2>&1 | grep -E '^(ok|not ok|#)' || notok "test_constrain --cases"
+    # constrained outputs that finish: random walks of the same schemas' grammars, each document checked by ajv
+    "$BUILD/tests/test_constrain" --walks "$T/cases.jsonl" "$T/walks.jsonl" 2>&1 | grep -E '^(ok|not ok|#)' | grep -v '^ok - write' || notok "test_constrain --walks"
+    node "$NODE_DIR/grammar_cases.mjs" --check "$T/walks.jsonl" 2>&1 | grep -E '^(ok|not ok)' || notok "grammar_cases.mjs --check"
 else
     skip "the grammar against ajv: node or tests/node/node_modules absent (npm ci --prefix tests/node)"
 fi

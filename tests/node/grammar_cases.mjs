@@ -5,15 +5,34 @@
 // string in a class docs/SERVE.md says the grammar leaves out on purpose: leap seconds, IP-literal
 // URIs, ...; for those only "grammar accepts => ajv accepts" must hold).  tests/unit/test_constrain
 // --cases FILE compiles each schema and walks each string (tests/cli/test_krun_serve_agents.sh).
-// Usage: node grammar_cases.mjs OUT.jsonl [SEED]
+// Usage: node grammar_cases.mjs OUT.jsonl [SEED]; node grammar_cases.mjs --check WALKS.jsonl (below)
 import Ajv from "ajv/dist/2020.js";
 import addFormats from "ajv-formats";
-import { writeFileSync } from "node:fs";
+import { readFileSync, writeFileSync } from "node:fs";
 import { z } from "zod";
 
 const [out, seedArg] = process.argv.slice(2);
 const ajv = new Ajv({ strict: false, logger: false });
 addFormats(ajv);
+
+// --check WALKS.jsonl (test_constrain --walks): every finished random walk of a grammar is a JSON
+// document its schema accepts
+if (out === "--check") {
+  const bad = [];
+  let n = 0;
+  for (const line of readFileSync(seedArg, "utf8").split("\n")) {
+    if (!line) continue;
+    const { schema, doc } = JSON.parse(line);
+    n++;
+    let value, why = null;
+    try { value = JSON.parse(doc); } catch (e) { why = "not JSON: " + e.message; }
+    if (!why && !ajv.validate(schema, value)) why = ajv.errorsText();
+    if (why) bad.push({ schema: JSON.stringify(schema).slice(0, 120), doc: doc.slice(0, 200), why });
+  }
+  console.log(`${n && !bad.length ? "ok" : "not ok"} - ${n} documents from random walks of the grammars: every one JSON that ajv + ajv-formats ` +
+              `accepts under its schema${bad.length ? ": " + bad.length + " not, e.g. " + JSON.stringify(bad.slice(0, 3)) : ""}`);
+  process.exit(bad.length || !n ? 1 : 0);
+}
 let seed = Number(seedArg || 7);
 const rnd = (n) => { seed = (seed * 1103515245 + 12345) % 2147483648; return seed % n; };
 

@@ -9,6 +9,9 @@
  *    response_format json_object / json_schema, a named tool, strict tools): each parses with the
  *    reply parser into content that is JSON valid against the schema (tests/fuzz/schema_valid.h,
  *    an independent validator) or calls whose arguments are; the same seed gives the same reply.
+ * With --cases FILE / --walks FILE OUT (tests/cli/test_krun_serve_agents.sh): strings and documents
+ * against ajv's verdicts (tests/node/grammar_cases.mjs), and random walks of the same grammars for
+ * ajv to check (WALK_DEBUG=1 prints the walks that stop).
  * The mask's cost per token is printed (under load it is not a measurement: docs/SERVE.md has
  * the figures). */
 #include "check.h"
@@ -681,6 +684,167 @@ static int test_cases(const char *file)
     return check_exit();
 }
 
+/* --walks CASES OUT: for each schema of the cases file, 40 random walks through its grammar, byte by
+ * byte among the bytes it allows, each to a complete document.  Past 64 random bytes the walk heads
+ * for an end: a `}`, `]` or `"` whenever one is allowed (inside a string, the `"`), else the
+ * shortest way (in printable ASCII, a breadth-first search over the grammar's states) to the
+ * document's end, or to where a `"` is, so that a pattern such as `.*yz$` ends too.  OUT gets one {"schema", "doc"} line per finished walk,
+ * which grammar_cases.mjs --check validates with ajv + ajv-formats: every finished constrained output
+ * must be valid, with no exception for the classes the grammar leaves out. */
+static int in_string(const char *doc, size_t n)     /* whether a JSON text's prefix ends inside a string */
+{
+    int in = 0;
+    for (size_t i = 0; i < n; i++)
+        if (in && doc[i] == '\\') i++;
+        else if (doc[i] == '"') in = !in;
+    return in;
+}
+static int closer(const uint8_t set[32], int in)
+{
+    if (in) return has(set, '"') ? '"' : -1;
+    return has(set, '}') ? '}' : has(set, ']') ? ']' : has(set, '"') ? '"' : -1;
+}
+typedef struct { uint32_t *w; size_t n; unsigned threads; uint8_t path[16]; size_t len; } walk_node;
+static size_t shortest_end(const kgram *g, const kg_set *from, uint8_t *path)
+{
+    enum { DEPTH = 16, WIDTH = 4096 };
+    static uint32_t tmp[KG_SET_WORDS];
+    walk_node *cur = calloc(WIDTH, sizeof *cur), *nxt = calloc(WIDTH, sizeof *nxt), *sw;
+    size_t nc = 1, nn, ended = 0, quote = 0;     /* the length of a path to the end, to a `"` */
+    uint8_t qpath[16];
+    if (!cur || !nxt || !(cur[0].w = malloc(from->n * sizeof *from->w + 1))) die("out of memory");
+    memcpy(cur[0].w, from->w, from->n * sizeof *from->w);
+    cur[0].n = from->n, cur[0].threads = from->threads;
+    for (int d = 0; d < DEPTH && !ended && !quote; d++) {
+        nn = 0;
+        for (size_t i = 0; i < nc && !ended; i++) {
+            kg_set x = {cur[i].w, cur[i].n, cur[i].n, cur[i].threads}, y = {tmp, 0, KG_SET_WORDS, 0};
+            uint8_t set[32] = {0};
+            kgram_first_bytes(g, &x, set);
+            /* printable ASCII but \ (a `"` after it is no end), and a character's continuation bytes */
+            for (unsigned b = 0x20; b < 0xc0 && !ended; b++) {
+                uint8_t after[32] = {0};
+                size_t k;
+                if (b == 0x7f || b == '\\' || !has(set, b)) continue;
+                kgram_step(g, &x, (int)b, &y);
+                if (!y.threads) continue;
+                memcpy(path, cur[i].path, cur[i].len);
+                path[cur[i].len] = (uint8_t)b;
+                kgram_first_bytes(g, &y, after);
+                if (kgram_accepts(g, &y)) ended = cur[i].len + 1;
+                else if (has(after, '"') && !quote) memcpy(qpath, path, quote = cur[i].len + 1);
+                for (k = 0; k < nn; k++)
+                    if (nxt[k].n == y.n && !memcmp(nxt[k].w, y.w, y.n * sizeof *y.w)) break;
+                if (ended || k < nn || nn == WIDTH) continue;
+                if (!(nxt[nn].w = malloc(y.n * sizeof *y.w + 1))) die("out of memory");
+                memcpy(nxt[nn].w, y.w, y.n * sizeof *y.w);
+                nxt[nn].n = y.n, nxt[nn].threads = y.threads;
+                memcpy(nxt[nn].path, path, nxt[nn].len = cur[i].len + 1);
+                nn++;
+            }
+        }
+        for (size_t i = 0; i < nc; i++) free(cur[i].w);
+        sw = cur, cur = nxt, nxt = sw, nc = nn;
+    }
+    for (size_t i = 0; i < nc; i++) free(cur[i].w);
+    free(cur);
+    free(nxt);
+    if (!ended && quote) memcpy(path, qpath, quote);
+    return ended ? ended : quote;
+}
+static void dbg(const char *what, const char *sch, const char *doc, size_t n)   /* WALK_DEBUG=1 */
+{
+    json_t *d = json_stringn_nocheck(doc, n);
+    char *t = json_dumps(d, JSON_ENCODE_ANY);
+    printf("# %s: %s after %s\n", what, sch, t);
+    free(t);
+    json_decref(d);
+}
+static int test_walks(const char *file, const char *outfile)
+{
+    static uint32_t a[KG_SET_WORDS], b[KG_SET_WORDS];
+    enum { WALKS = 40, RANDOM = 64, MAX_BYTES = 4000 };
+    size_t len, schemas = 0, walks = 0, finished = 0, dead = 0, unfinished = 0, not_utf8 = 0;
+    char *text = check_read_file(file, &len), *line, *save = NULL, *doc = malloc(MAX_BYTES + 1);
+    FILE *out = fopen(outfile, "w");
+    json_t *seen = json_object();
+    testrand r;
+    if (!text || !out || !doc || !seen) { CHECK(0, "read %s, write %s", file, outfile); return check_exit(); }
+    testrand_seed(&r, 31);
+    for (line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        json_t *c = json_loads(line, 0, NULL);
+        char *sch = c ? json_dumps(json_object_get(c, "schema"), JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+        compiled cc;
+        kschema_err e;
+        if (!sch) die("bad case line");
+        if (json_object_get(seen, sch)) { free(sch); json_decref(c); continue; }
+        json_object_set_new(seen, sch, json_true());
+        if (compile_json(sch, &cc, &e)) { compiled_free(&cc); free(sch); json_decref(c); continue; }   /* --cases says so */
+        schemas++;
+        for (int w = 0; w < WALKS; w++) {
+            kg_set x = {a, 0, KG_SET_WORDS, 0}, y = {b, 0, KG_SET_WORDS, 0}, t;
+            size_t n = 0;
+            int done = 0;
+            kgram_start(cc.g, &x);
+            walks++;
+            for (;;) {
+                uint8_t set[32] = {0}, opts[256];
+                unsigned no = 0, pick;
+                kgram_first_bytes(cc.g, &x, set);
+                for (unsigned k = 0; k < 256; k++)
+                    if (has(set, k)) opts[no++] = (uint8_t)k;
+                if (kgram_accepts(cc.g, &x) && (!no || n >= RANDOM || testrand_u64(&r) % 3 == 0)) { done = 1; break; }
+                if (!no) { if (getenv("WALK_DEBUG")) dbg("no byte", sch, doc, n); dead++; break; }
+                if (n >= RANDOM) {
+                    uint8_t path[16];
+                    int cl = closer(set, in_string(doc, n));
+                    size_t k = cl >= 0 ? (path[0] = (uint8_t)cl, 1) : shortest_end(cc.g, &x, path);
+                    if (k && n + k <= MAX_BYTES) {
+                        for (size_t i = 0; i < k; i++) {
+                            kgram_step(cc.g, &x, path[i], &y);
+                            doc[n++] = (char)path[i];
+                            t = x; x = y; y = t;
+                        }
+                        continue;
+                    }
+                    if (n + 1 >= MAX_BYTES) {
+                        if (getenv("WALK_DEBUG")) dbg("no end", sch, doc, n);
+                        unfinished++;
+                        break;
+                    }
+                }
+                pick = opts[testrand_u64(&r) % no];
+                kgram_step(cc.g, &x, (int)pick, &y);
+                if (!y.threads) { if (getenv("WALK_DEBUG")) dbg("refused", sch, doc, n); dead++; break; }
+                doc[n++] = (char)pick;
+                t = x; x = y; y = t;
+            }
+            if (!done) continue;
+            {
+                json_t *o = json_pack("{s:o s:s%}", "schema", json_incref(cc.root), "doc", doc, n);
+                char *l = o ? json_dumps(o, JSON_COMPACT) : NULL;
+                if (!o) { not_utf8++; continue; }      /* jansson takes valid UTF-8 only */
+                if (!l) die("out of memory");
+                fprintf(out, "%s\n", l);
+                free(l);
+                json_decref(o);
+                finished++;
+            }
+        }
+        compiled_free(&cc);
+        free(sch);
+        json_decref(c);
+    }
+    CHECK(fclose(out) == 0, "write %s", outfile);
+    CHECK(schemas > 0 && !dead && !unfinished && !not_utf8 && finished == walks,
+          "%zu random walks of %zu schemas' grammars (every format, zod's patterns and structures) finished (%zu at a dead end, "
+          "%zu without an end in 4,000 bytes, %zu not UTF-8), written for ajv", walks, schemas, dead, unfinished, not_utf8);
+    json_decref(seen);
+    free(doc);
+    free(text);
+    return check_exit();
+}
+
 int main(int argc, char **argv)
 {
     const char *sh = check_shared_dir();
@@ -692,6 +856,7 @@ int main(int argc, char **argv)
     krun_err err;
     env E = {0};
     if (argc == 3 && !strcmp(argv[1], "--cases")) return test_cases(argv[2]);
+    if (argc == 4 && !strcmp(argv[1], "--walks")) return test_walks(argv[2], argv[3]);
     test_text_first();
     test_documents();
     test_refusals();
