@@ -148,6 +148,30 @@ s, _, j = c.post(port, "/v1/messages", dict(base, messages=[{"role": "user", "co
 assert s == 400 and "output_config.format.schema.properties.a.pattern" in j["error"]["message"] and "response_format" not in j["error"]["message"], j
 PY
 
+# ---- a reply begun (prefill) ---------------------------------------------------------------------------
+py <<'PY' && ok "a reply begun: chat's continue_final_message and Anthropic's final assistant message continue it (the prompt: the generation prompt and the prefix's tokens; no reasoning, even at reasoning_effort high); without the flag a final assistant message is a finished turn; continue_final_message with add_generation_prompt, or after a user message: 400" || notok "prefill"
+import json, sys, serve_client as c
+port = int(sys.argv[1]); auth = {"Authorization": "Bearer k-9"}
+user = [{"role": "user", "content": "Say it."}]; begun = user + [{"role": "assistant", "content": "The answer is"}]
+s, _, j = c.post(port, "/v1/chat/completions", {"messages": user, "max_tokens": 1}, auth)
+p0 = j["usage"]["prompt_tokens"]
+s, _, t = c.post(port, "/tokenize", {"content": "The answer is"}, auth)
+n = len(t["tokens"])
+s, _, j = c.post(port, "/v1/chat/completions", {"messages": begun, "max_tokens": 4, "continue_final_message": True, "reasoning_effort": "none"}, auth)
+assert s == 200 and j["usage"]["prompt_tokens"] == p0 + n, (p0, n, j)
+s, _, j = c.post(port, "/v1/chat/completions", {"messages": begun, "max_tokens": 4, "continue_final_message": True, "reasoning_effort": "high"}, auth)
+m = j["choices"][0]["message"]
+assert s == 200 and not m.get("reasoning_content") and j["usage"]["completion_tokens_details"]["reasoning_tokens"] == 0, j
+s, _, j = c.post(port, "/v1/chat/completions", {"messages": begun, "max_tokens": 1}, auth)
+assert s == 200 and j["usage"]["prompt_tokens"] > p0 + n, (p0, n, j["usage"])            # a finished turn, then a new one
+s, _, j = c.post(port, "/v1/messages", {"model": "rt", "max_tokens": 4, "messages": begun}, {"x-api-key": "k-9"})
+assert s == 200 and j["usage"]["input_tokens"] + j["usage"]["cache_read_input_tokens"] == p0 + n and j["content"][0]["type"] == "text", (p0, n, j)
+s, _, j = c.post(port, "/v1/chat/completions", {"messages": begun, "continue_final_message": True, "add_generation_prompt": True}, auth)
+assert s == 400 and j["error"]["param"] == "continue_final_message", j
+s, _, j = c.post(port, "/v1/chat/completions", {"messages": user, "continue_final_message": True}, auth)
+assert s == 400 and "continue" in j["error"]["message"], j
+PY
+
 # ---- quiet client aborts --------------------------------------------------------------------------------
 py <<'PY'
 import json, socket, struct, sys, time
