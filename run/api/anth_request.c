@@ -50,6 +50,7 @@ static int text_of(json_t *v, const char *param, kreq_arena *a, const char **out
 {
     kbuf b = {0};
     if (json_is_string(v)) { *out = json_string_value(v); *len = json_string_length(v); return 0; }
+    if (!v) return required(e, param);
     if (!json_is_array(v)) return kreq_wrong_type(e, param, "a string or an array of text blocks", v);
     for (size_t k = 0; k < json_array_size(v); k++) {
         json_t *blk = json_array_get(v, k), *t = json_object_get(blk, "text");

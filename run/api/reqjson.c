@@ -83,6 +83,7 @@ json_t *kreq_field(json_t *o, const char *key)
 
 const char *kreq_kind(const json_t *v)
 {
+    if (!v) return "absent";
     switch (json_typeof(v)) {
     case JSON_OBJECT: return "an object";
     case JSON_ARRAY: return "an array";

@@ -132,7 +132,7 @@ static int sv_type_is(const json_t *v, const char *t)
 {
     if (!strcmp(t, "string")) return json_is_string(v);
     if (!strcmp(t, "number")) return json_is_number(v);
-    if (!strcmp(t, "integer")) return json_is_integer(v) || (json_is_real(v) && json_real_value(v) == (double)(long long)json_real_value(v));
+    if (!strcmp(t, "integer")) return json_is_integer(v) || (json_is_real(v) && floor(json_real_value(v)) == json_real_value(v));      /* any size: 1e300 too */
     if (!strcmp(t, "boolean")) return json_is_boolean(v);
     if (!strcmp(t, "null")) return json_is_null(v);
     if (!strcmp(t, "object")) return json_is_object(v);
