@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The manual pages kpack(1) and krun(1) (man/): every option each command's --help defines is in
+# the page, and every option the page lists for a command is in that command's --help
+# (man_help.py says which option is missing from which section); the checker fails when an
+# option is taken out of a page or one is added that no --help names; the pages pass mandoc's
+# linter (or groff's warnings) and render with man -l without a warning.
+source "$(dirname "$0")/lib.sh"
+cd "$TOP"
+
+for tool in kpack krun; do
+    python3 tests/cli/man_help.py "$BIN/$tool" "man/$tool.1" > "$T/$tool.tap" 2>&1
+    rc=$?
+    cat "$T/$tool.tap"
+    [ $rc -eq 0 ] || grep -q '^not ok' "$T/$tool.tap" || notok "man_help.py $tool exited $rc: $(tail -3 "$T/$tool.tap")"
+    FAILS=$((FAILS + $(grep -c '^not ok' "$T/$tool.tap")))
+done
+
+# the checker can fail: an option taken out of a page, an option no --help names put in
+sed '/^\.It Fl \\-max-queue Ar N$/d' man/krun.1 > "$T/less.1"
+python3 tests/cli/man_help.py "$BIN/krun" "$T/less.1" > "$T/less.tap" 2>&1
+if grep -q '^not ok - krun(1) .* lacks --max-queue, which `krun serve --help` lists: add `.It Fl \\-max-queue ...` and its text under `.Ss krun serve`' "$T/less.tap" \
+    && [ "$(grep -c '^not ok' "$T/less.tap")" -eq 1 ]; then
+    ok "a page without --max-queue fails, naming the option, the command and the section to add it to"
+else
+    notok "a page without --max-queue: $(grep -v '^ok' "$T/less.tap" | head -3)"
+fi
+sed 's/^\.It Fl \\-threads Ar N$/.It Fl \\-threads Ar N\n.It Fl \\-no-such-option/' man/kpack.1 > "$T/more.1"
+python3 tests/cli/man_help.py "$BIN/kpack" "$T/more.1" > "$T/more.tap" 2>&1
+n=$(grep -c '^not ok - kpack(1) .* documents --no-such-option under `.Ss' "$T/more.tap")
+[ "$n" -ge 1 ] && ok "an item no --help names fails ($n commands' sections)" \
+    || notok "an extra item in kpack(1): $(grep -v '^ok' "$T/more.tap" | head -3)"
+
+for tool in kpack krun; do
+    page="man/$tool.1"
+    if command -v mandoc >/dev/null; then
+        out=$(mandoc -T lint -W warning "$page" 2>&1)
+        [ -z "$out" ] && ok "mandoc -T lint -W warning $page: clean" || notok "mandoc -T lint $page: $out"
+    elif command -v groff >/dev/null; then
+        out=$(groff -mandoc -Tutf8 -ww -z "$page" 2>&1)
+        [ -z "$out" ] && ok "groff -ww $page: no warning (mandoc is not installed)" || notok "groff -ww $page: $out"
+    else
+        skip "lint of $page (neither mandoc nor groff: tests/deps.sh)"
+    fi
+    if command -v man >/dev/null; then
+        err=$(MANWIDTH=80 man -l "$page" 2>&1 >"$T/$tool.txt")
+        if [ -z "$err" ] && grep -q "^NAME" "$T/$tool.txt" && grep -q "^EXIT STATUS" "$T/$tool.txt" && grep -q "^EXAMPLES" "$T/$tool.txt" \
+            && ! grep -q '\\-\|\\(\|^\.' "$T/$tool.txt"; then
+            ok "man -l $page renders ($(wc -l < "$T/$tool.txt") lines: NAME ... EXIT STATUS, EXAMPLES; no roff left in the text)"
+        else
+            notok "man -l $page: $err $(grep -n '\\-\|\\(\|^\.' "$T/$tool.txt" | head -3)"
+        fi
+    else
+        skip "man -l $page (man is not installed)"
+    fi
+done
+finish
