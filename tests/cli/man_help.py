@@ -128,12 +128,12 @@ def main():
                      % (pname, no, title, o, name))
             else:
                 by_cmd[o].append((title, items))
+    lacking = {}  # option -> the commands whose --help defines it and whose sections lack it
     for c in cmds:
         cl = label(c)
         text = help_text(tool, c)
         defined = definitions(text)
         named = set(OPT.findall(text))
-        own = [t for t, owners, _, _ in sections if owners == [cl]]
         if not by_cmd[cl]:
             fail("%s has no section for `%s`: add `.Ss %s` followed by `.\\\" help: %s` and an item per option"
                  % (pname, cl, cl, cl))
@@ -144,8 +144,7 @@ def main():
                 items.setdefault(o, title)
         missing = sorted(defined - set(items))
         for o in missing:
-            fail("%s lacks %s, which `%s --help` lists: add `.It Fl \\%s ...` and its text under `.Ss %s`"
-                 % (pname, o, cl, o[1:], own[0] if own else cl))
+            lacking.setdefault(o, []).append(cl)
         extra = sorted(o for o in items if o not in named)
         for o in extra:
             fail("%s documents %s under `.Ss %s` for `%s`, but `%s --help` does not name it: remove the item or "
@@ -153,6 +152,24 @@ def main():
         if not missing and not extra:
             print("ok - %s: the %d options `%s --help` defines are in the page, and the page's %d items for it are in "
                   "the help" % (pname, len(defined), cl, len(items)))
+    # An option several commands share (krun's memory, sampling, execution options) belongs once in
+    # the section those same commands share; otherwise in each command's own section.
+    for o in sorted(lacking):
+        who = lacking[o]
+        helps = ", ".join("`%s --help`" % cl for cl in who)
+        shared = [t for t, owners, _, _ in sections if len(who) > 1 and sorted(owners) == sorted(who)]
+        if shared:
+            fail("%s lacks %s, which %s list: add `.It Fl \\%s ...` and its text under %s (the section whose "
+                 "`help:` line names exactly these commands)"
+                 % (pname, o, helps, o[1:], " or ".join("`.Ss %s`" % t for t in shared)))
+            continue
+        for cl in who:
+            own = [t for t, owners, _, _ in sections if owners == [cl]]
+            also = [x for x in who if x != cl]
+            fail("%s lacks %s, which `%s --help` lists: add `.It Fl \\%s ...` and its text under `.Ss %s`%s"
+                 % (pname, o, cl, o[1:], own[0] if own else cl,
+                    " (also lacking for %s: or once in a section whose `help:` line names all of them)"
+                    % ", ".join("`%s`" % x for x in also) if also else ""))
     return 1 if fails else 0
 
 

@@ -24,6 +24,16 @@ if grep -q '^not ok - krun(1) .* lacks --max-queue, which `krun serve --help` li
 else
     notok "a page without --max-queue: $(grep -v '^ok' "$T/less.tap" | head -3)"
 fi
+# an option several commands share (krun --draft, added by another branch, will be one): one
+# failure, naming the section those commands share
+sed '/^\.It Fl \\-simd Ar /d' man/krun.1 > "$T/shared.1"
+python3 tests/cli/man_help.py "$BIN/krun" "$T/shared.1" > "$T/shared.tap" 2>&1
+if grep -q '^not ok - krun(1) .* lacks --simd, which `krun --help`, `krun batch --help`, `krun chat --help`, `krun serve --help` list: add `.It Fl \\-simd ...` and its text under `.Ss Execution options` or `.Ss Memory options`' "$T/shared.tap" \
+    && [ "$(grep -c '^not ok' "$T/shared.tap")" -eq 1 ]; then
+    ok "a page without --simd, which four commands share, fails once, naming the sections they share"
+else
+    notok "a page without --simd: $(grep -v '^ok' "$T/shared.tap" | head -3)"
+fi
 sed 's/^\.It Fl \\-threads Ar N$/.It Fl \\-threads Ar N\n.It Fl \\-no-such-option/' man/kpack.1 > "$T/more.1"
 python3 tests/cli/man_help.py "$BIN/kpack" "$T/more.1" > "$T/more.tap" 2>&1
 n=$(grep -c '^not ok - kpack(1) .* documents --no-such-option under `.Ss' "$T/more.tap")
