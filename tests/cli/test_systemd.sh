@@ -70,6 +70,16 @@ for p in laptop desktop workstation server max; do
     [ -n "$want" ] && [ "$want" = "$got" ] || bad="$bad $p: krun $want, generator $got;"
 done
 [ -z "$bad" ] && ok "the generator's five presets are the budgets krun --plan prints for them" || notok "presets differ:$bad"
+ready() {  # ready JSON (notify_run.py's): READY=1 with a status, /health answering then, STOPPING=1, exit 0
+    python3 - "$1" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert j["ready"].startswith("READY=1\nSTATUS=serving "), j
+assert j["ready_health"] == 200 and j["request"] == 200, j
+assert j["stopping"].startswith("STOPPING=1\nSTATUS=draining"), j
+assert j["exit"] == 0, j
+PY
+}
 # LimitNOFILE: krun serve starts at exactly the generator's limit for --max-connections 1000, and not one below
 lim=$(val demo LimitNOFILE)
 if command -v prlimit >/dev/null; then
@@ -82,9 +92,8 @@ if command -v prlimit >/dev/null; then
     fi
     python3 tests/cli/notify_run.py "@kpk-nofile-$$" -- prlimit --nofile=100:$lim "$BIN/krun" serve "$T/m.kpk" --port 0 \
         --max-connections 1000 --quiet > "$T/nofile.json" 2>&1
-    python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); assert j["ready_health"]==200 and j["exit"]==0, j' "$T/nofile.json" \
-        && ok "at a soft limit of 100 and a hard limit of $lim it raises the soft limit and serves" \
-        || notok "krun serve at nofile 100:$lim: $(cat "$T/nofile.json")"
+    ready "$T/nofile.json" && ok "at a soft limit of 100 and a hard limit of $lim it raises the soft limit and serves (NOTIFY_SOCKET an abstract name, @...: READY=1 once /health answers, STOPPING=1 at SIGTERM, exit 0)" \
+        || notok "krun serve at nofile 100:$lim (NOTIFY_SOCKET @kpk-nofile-$$): $(cat "$T/nofile.json")"
 else
     skip "krun serve's open-file limit (prlimit is not installed)"
 fi
@@ -120,21 +129,9 @@ else
 fi
 
 # ---- sd_notify -------------------------------------------------------------------------------
-ready() {  # ready NAME JSON: READY=1 with a status, /health answering then, STOPPING=1, exit 0
-    python3 - "$2" <<'PY'
-import json, sys
-j = json.load(open(sys.argv[1]))
-assert j["ready"].startswith("READY=1\nSTATUS=serving "), j
-assert j["ready_health"] == 200 and j["request"] == 200, j
-assert j["stopping"].startswith("STOPPING=1\nSTATUS=draining"), j
-assert j["exit"] == 0, j
-PY
-}
 python3 tests/cli/notify_run.py "$T/notify.sock" -- "$BIN/krun" serve "$T/m.kpk" --port 0 --quiet > "$T/n1.json" 2>&1
-ready path "$T/n1.json" && ok "NOTIFY_SOCKET a path: READY=1 and STATUS once /health answers, STOPPING=1 at SIGTERM, exit 0" \
+ready "$T/n1.json" && ok "NOTIFY_SOCKET a path: READY=1 and STATUS once /health answers, STOPPING=1 at SIGTERM, exit 0" \
     || notok "sd_notify to a path: $(cat "$T/n1.json")"
-python3 tests/cli/notify_run.py "@kpk-notify-$$" -- "$BIN/krun" serve "$T/m.kpk" --port 0 > "$T/n2.json" 2>&1
-ready abstract "$T/n2.json" && ok "NOTIFY_SOCKET an abstract name (@...): the same" || notok "sd_notify abstract: $(cat "$T/n2.json")"
 NOTIFY_SOCKET=relative/not-a-socket "$BIN/krun" serve "$T/m.kpk" --port 0 --quiet > /dev/null 2> "$T/badsock.err" &
 pid=$!
 for _ in $(seq 100); do grep -q "listening" "$T/badsock.err" && break; sleep 0.1; done
