@@ -163,13 +163,15 @@ def main():
                  "`help:` line names exactly these commands)"
                  % (pname, o, helps, o[1:], " or ".join("`.Ss %s`" % t for t in shared)))
             continue
+        own = []
         for cl in who:
-            own = [t for t, owners, _, _ in sections if owners == [cl]]
-            also = [x for x in who if x != cl]
-            fail("%s lacks %s, which `%s --help` lists: add `.It Fl \\%s ...` and its text under `.Ss %s`%s"
-                 % (pname, o, cl, o[1:], own[0] if own else cl,
-                    " (also lacking for %s: or once in a section whose `help:` line names all of them)"
-                    % ", ".join("`%s`" % x for x in also) if also else ""))
+            mine = [t for t, owners, _, _ in sections if owners == [cl]]
+            own.append("`.Ss %s`" % (mine[0] if mine else cl))
+        if len(who) == 1:
+            fail("%s lacks %s, which %s lists: add `.It Fl \\%s ...` and its text under %s" % (pname, o, helps, o[1:], own[0]))
+        else:
+            fail("%s lacks %s, which %s list: add `.It Fl \\%s ...` and its text under each of %s, or once under a "
+                 "new section whose `.\\\" help:` line is `%s`" % (pname, o, helps, o[1:], ", ".join(own), ", ".join(who)))
     return 1 if fails else 0
 
 
