@@ -152,26 +152,23 @@ def main():
         if not missing and not extra:
             print("ok - %s: the %d options `%s --help` defines are in the page, and the page's %d items for it are in "
                   "the help" % (pname, len(defined), cl, len(items)))
-    # An option several commands share (krun's memory, sampling, execution options) belongs once in
-    # the section those same commands share; otherwise in each command's own section.
+    # An option several commands define goes in each one's section, or once in a section that they
+    # (and only they) share: krun's memory, sampling and execution options are written once.
     for o in sorted(lacking):
         who = lacking[o]
         helps = ", ".join("`%s --help`" % cl for cl in who)
-        shared = [t for t, owners, _, _ in sections if len(who) > 1 and sorted(owners) == sorted(who)]
-        if shared:
-            fail("%s lacks %s, which %s list: add `.It Fl \\%s ...` and its text under %s (the section whose "
-                 "`help:` line names exactly these commands)"
-                 % (pname, o, helps, o[1:], " or ".join("`.Ss %s`" % t for t in shared)))
-            continue
         own = []
         for cl in who:
             mine = [t for t, owners, _, _ in sections if owners == [cl]]
             own.append("`.Ss %s`" % (mine[0] if mine else cl))
         if len(who) == 1:
             fail("%s lacks %s, which %s lists: add `.It Fl \\%s ...` and its text under %s" % (pname, o, helps, o[1:], own[0]))
-        else:
-            fail("%s lacks %s, which %s list: add `.It Fl \\%s ...` and its text under each of %s, or once under a "
-                 "new section whose `.\\\" help:` line is `%s`" % (pname, o, helps, o[1:], ", ".join(own), ", ".join(who)))
+            continue
+        shared = [t for t, owners, _, _ in sections if sorted(owners) == sorted(who)]
+        once = (" or ".join("`.Ss %s`" % t for t in shared) + ", the section these commands share" if shared else
+                "a new section whose `.\\\" help:` line is `%s`" % ", ".join(who))
+        fail("%s lacks %s, which %s list: add `.It Fl \\%s ...` and its text under each of %s, or once under %s"
+             % (pname, o, helps, o[1:], ", ".join(own), once))
     return 1 if fails else 0
 
 
