@@ -110,4 +110,14 @@ fi
 mk uninstall prefix="$P" >/dev/null 2>&1
 left=$(find "$P" ! -type d | wc -l)
 [ "$left" -eq 0 ] && ok "make uninstall prefix=DIR: nothing left" || notok "make uninstall prefix=$P left $left files"
+
+# install-strip: the same install, the binaries without their symbol tables
+S="$T/strip"
+if mk install-strip DESTDIR="$S" "${INSTALL_DIRS[@]}" >"$T/strip.out" 2>&1 && "$S/usr/bin/krun" --version >/dev/null \
+    && readelf -S "$BIN/krun" | grep -q '\.symtab' && ! readelf -S "$S/usr/bin/krun" | grep -q '\.symtab' \
+    && ! readelf -S "$S/usr/bin/kpack" | grep -q '\.symtab'; then
+    ok "make install-strip: kpack and krun installed without a symbol table, and run"
+else
+    notok "make install-strip: $(tail -3 "$T/strip.out")"
+fi
 finish
