@@ -2,10 +2,12 @@
 #ifndef KPACK_CLI_H
 #define KPACK_CLI_H
 
+#include "format/release.h"
+
 #include <stdint.h>
 #include <stdio.h>
 
-#define KPACK_VERSION "0.3.0"
+#define KPACK_VERSION KPK_RELEASE   /* the manifest's producer: "kpack " KPACK_VERSION */
 
 /* Exit codes (documented in README and `kpack --help`). */
 enum {

@@ -5,16 +5,20 @@
 
 #include "krun_cli.h"
 #include "format/kargs.h"
+#include "format/kpk.h"
 #include "format/kprogress.h"
 #include "run/serve/serve.h"
 #include "run/session/memplan.h"
+#include "run/util/sd_notify.h"
 
 #include <errno.h>
 #include <netdb.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -37,6 +41,9 @@
 #define SERVE_PROGRESS_DEFAULT 10
 /* After cancelling, how long connections may take to send what is left. */
 #define SERVE_FLUSH_SECONDS 10
+/* Open files besides one socket per connection: the model's member files (two descriptors each,
+ * buffered and O_DIRECT), the listening socket, the prefix cache's files, stdio. */
+#define SERVE_FD_RESERVE (64 + 2 * KPK_MAX_MEMBERS)
 
 static const char usage[] =
     "usage: krun serve MODEL.kpk [options]\n"
@@ -169,6 +176,42 @@ static void parse_args(int argc, char **argv, struct serve_opts *o)
     if (!o->max_connections) o->max_connections = SERVE_CONN_ADDRESSES * (o->c.max_seqs + o->max_queue + SERVE_CONN_SLACK);
 }
 
+/* --max-connections needs that many sockets open at once: the soft limit on open files is raised to
+ * it (up to the hard limit: no privilege needed), and a hard limit below it is refused before the
+ * model is loaded, rather than connections failing one by one later. */
+static int raise_fd_limit(long max_connections)
+{
+    struct rlimit rl;
+    const rlim_t need = (rlim_t)max_connections + SERVE_FD_RESERVE;
+    if (getrlimit(RLIMIT_NOFILE, &rl) || rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= need) return 0;
+    if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < need) {
+        fprintf(stderr, "krun serve: --max-connections %ld needs %llu open files (%d for the model's files, the cache "
+                "and the listening socket), but the limit is %llu: raise it (ulimit -n in a shell, LimitNOFILE= in a "
+                "systemd unit) or lower --max-connections\n", max_connections, (unsigned long long)need, SERVE_FD_RESERVE,
+                (unsigned long long)rl.rlim_max);
+        return -1;
+    }
+    rl.rlim_cur = need;
+    if (setrlimit(RLIMIT_NOFILE, &rl)) {
+        fprintf(stderr, "krun serve: cannot raise the open-file limit to %llu for --max-connections %ld: %s\n",
+                (unsigned long long)need, max_connections, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+/* Tells systemd (Type=notify) what the server is doing; outside systemd, nothing. */
+__attribute__((format(printf, 1, 2))) static void notify(const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (krun_sd_notify(msg) < 0)
+        fprintf(stderr, "krun serve: cannot notify systemd through NOTIFY_SOCKET=%s: %s\n", getenv("NOTIFY_SOCKET"), strerror(errno));
+}
+
 /* A bound, listening TCP socket; *port is the one it got. */
 static int listen_on(const char *host, long want, long *port)
 {
@@ -242,6 +285,7 @@ int krun_serve_main(int argc, char **argv)
     json_t *health;
 
     parse_args(argc, argv, &o);
+    if (raise_fd_limit(o.max_connections)) return KRUN_EINPUT;
     max_body = kargs_size(o.max_body);
     if (max_body <= 0) krun_cli_die("--max-body: expected a size like 8M, got %s", o.max_body);
     if (krun_cli_budget(&o.c, &budget)) return KRUN_EINPUT;
@@ -277,10 +321,12 @@ int krun_serve_main(int argc, char **argv)
     fd = -1;                                   /* the daemon's now */
     if (!o.quiet) announce(&o, m, name, port);
     else fprintf(stderr, "krun serve: listening on port %ld\n", port);
+    notify("READY=1\nSTATUS=serving \"%s\" on port %ld", name, port);
 
     /* serve until a signal; then refuse new requests and let the running ones
      * finish (a second signal, or the timeout, cancels them) */
     while (sigwait(&stop_signals, &sig) != 0) {}
+    notify("STOPPING=1\nSTATUS=draining: no new requests; running ones may finish for %.0f s", o.shutdown_timeout);
     {
         struct timespec zero = {0, 0};
         double t0 = know();
