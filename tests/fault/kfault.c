@@ -4,7 +4,8 @@
  *   KFAULT_CALLS=pread,write   which calls: read pread (and preadv) write pwrite fsync
  *                              fdatasync open ftruncate fallocate sync (=
  *                              sync_file_range) rename (rename, renameat,
- *                              renameat2; the path is the source name);
+ *                              renameat2; the path is the source name) unlink
+ *                              (unlink, unlinkat);
  *                              "io" = read,pread,write,pwrite
  *   KFAULT_NTH=N               the N-th matching call fails (1-based; default 1)
  *   KFAULT_COUNT=K             and the K-1 after it too (default 1; 0 = every one from N on)
@@ -20,6 +21,15 @@
  *                              crosses N is torn: its first part reaches the file
  *   KFAULT_LOG=FILE            one line appended per injected fault (a test checks
  *                              that its fault really fired)
+ *   KFAULT_TRACE=FILE          one line appended per write, pwrite, ftruncate,
+ *                              fsync, fdatasync, unlink and rename on a matching
+ *                              file, in the order they happen, for tests that check
+ *                              an order of I/O (kpack convert --consume deletes a
+ *                              shard only after what it wrote is synced):
+ *                              "pwrite PATH OFF LEN" (write: OFF -1) after the call,
+ *                              "fdatasync PATH" before it and "fdatasync-done PATH"
+ *                              after it (fsync alike), "ftruncate PATH LEN",
+ *                              "unlink PATH" before it, "rename FROM TO" 
  *   KFAULT_TRUNCATE=PATH:SIZE  with KFAULT_CALLS=madvise: the N-th madvise(2)
  *                              call truncates PATH to SIZE bytes instead of
  *                              failing, as another process might while the file
@@ -50,12 +60,12 @@
 enum {
     C_READ = 1 << 0, C_PREAD = 1 << 1, C_WRITE = 1 << 2, C_PWRITE = 1 << 3, C_FSYNC = 1 << 4,
     C_FDATASYNC = 1 << 5, C_OPEN = 1 << 6, C_FTRUNCATE = 1 << 7, C_FALLOCATE = 1 << 8, C_SYNC = 1 << 9,
-    C_MADVISE = 1 << 10, C_RENAME = 1 << 11,
+    C_MADVISE = 1 << 10, C_RENAME = 1 << 11, C_UNLINK = 1 << 12,
 };
 static const struct { const char *name; unsigned bits; } call_names[] = {
     {"read", C_READ}, {"pread", C_PREAD}, {"write", C_WRITE}, {"pwrite", C_PWRITE}, {"fsync", C_FSYNC},
     {"fdatasync", C_FDATASYNC}, {"open", C_OPEN}, {"ftruncate", C_FTRUNCATE}, {"fallocate", C_FALLOCATE},
-    {"sync", C_SYNC}, {"madvise", C_MADVISE}, {"rename", C_RENAME}, {"io", C_READ | C_PREAD | C_WRITE | C_PWRITE},
+    {"sync", C_SYNC}, {"madvise", C_MADVISE}, {"rename", C_RENAME}, {"unlink", C_UNLINK}, {"io", C_READ | C_PREAD | C_WRITE | C_PWRITE},
 };
 
 #define SHORT (-1)
@@ -68,6 +78,7 @@ static char k_trunc_path[512];
 static long long k_trunc_size = -1;
 static unsigned long long k_kill_after;
 static int k_log = -1;
+static int k_trace = -1;
 static unsigned long k_seen;          /* matching calls so far */
 static unsigned long long k_written;  /* bytes written to matching files */
 
@@ -106,6 +117,7 @@ __attribute__((constructor)) static void kfault_init(void)
         k_trunc_size = strtoll(colon + 1, NULL, 10);
     }
     if ((v = getenv("KFAULT_LOG"))) k_log = (int)syscall(SYS_openat, AT_FDCWD, v, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if ((v = getenv("KFAULT_TRACE"))) k_trace = (int)syscall(SYS_openat, AT_FDCWD, v, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
 }
 
 static int path_matches(const char *path)
@@ -138,6 +150,24 @@ static void log_fault(const char *call, unsigned long k, const char *what, const
     if (k_log < 0) return;
     n = snprintf(line, sizeof line, "kfault: %s #%lu on %s: %s\n", call, k, what, how);
     if (n > 0) syscall(SYS_write, k_log, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
+}
+
+/* One trace line (KFAULT_TRACE), for a call on a matching file: path, or fd's. */
+static void trace(const char *call, int fd, const char *path, long long a, long long b, const char *to)
+{
+    char fdp[4096], line[9000];
+    int n;
+    if (k_trace < 0) return;
+    if (!path) {
+        fd_path(fd, fdp, sizeof fdp);
+        path = fdp;
+    }
+    if (!path[0] || !path_matches(path)) return;
+    if (to) n = snprintf(line, sizeof line, "%s %s %s\n", call, path, to);
+    else if (a == -2) n = snprintf(line, sizeof line, "%s %s\n", call, path);
+    else if (b == -2) n = snprintf(line, sizeof line, "%s %s %lld\n", call, path, a);
+    else n = snprintf(line, sizeof line, "%s %s %lld %lld\n", call, path, a, b);
+    if (n > 0) syscall(SYS_write, k_trace, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
 }
 
 static const char *err_name(void)
@@ -226,6 +256,7 @@ static ssize_t do_write(unsigned bit, const char *call, int fd, const void *buf,
         }
     }
     r = positional ? syscall(SYS_pwrite64, fd, buf, n, off) : syscall(SYS_write, fd, buf, n);
+    if (r > 0 && fd != k_trace && fd != k_log) trace(positional ? "pwrite" : "write", fd, NULL, positional ? (long long)off : -1, r, NULL);
     return r;
 }
 
@@ -262,9 +293,23 @@ ssize_t pwrite64(int fd, const void *buf, size_t n, off_t off) { return do_write
 
 static int fail_errno(void) { errno = k_err < 0 ? EIO : k_err; return -1; }
 
-int fsync(int fd) { return should_fail(C_FSYNC, "fsync", fd, NULL) ? fail_errno() : (int)syscall(SYS_fsync, fd); }
-int fdatasync(int fd) { return should_fail(C_FDATASYNC, "fdatasync", fd, NULL) ? fail_errno() : (int)syscall(SYS_fdatasync, fd); }
-int ftruncate(int fd, off_t len) { return should_fail(C_FTRUNCATE, "ftruncate", fd, NULL) ? fail_errno() : (int)syscall(SYS_ftruncate, fd, len); }
+static int do_sync(unsigned bit, const char *call, const char *done, long nr, int fd)
+{
+    int r;
+    if (should_fail(bit, call, fd, NULL)) return fail_errno();
+    trace(call, fd, NULL, -2, -2, NULL);
+    r = (int)syscall(nr, fd);
+    if (r == 0) trace(done, fd, NULL, -2, -2, NULL);
+    return r;
+}
+int fsync(int fd) { return do_sync(C_FSYNC, "fsync", "fsync-done", SYS_fsync, fd); }
+int fdatasync(int fd) { return do_sync(C_FDATASYNC, "fdatasync", "fdatasync-done", SYS_fdatasync, fd); }
+int ftruncate(int fd, off_t len)
+{
+    if (should_fail(C_FTRUNCATE, "ftruncate", fd, NULL)) return fail_errno();
+    trace("ftruncate", fd, NULL, (long long)len, -2, NULL);
+    return (int)syscall(SYS_ftruncate, fd, len);
+}
 int ftruncate64(int fd, off_t len) { return ftruncate(fd, len); }
 int fallocate(int fd, int mode, off_t off, off_t len)
 {
@@ -305,8 +350,19 @@ int openat64(int dirfd, const char *path, int flags, ...) { OPEN_MODE(flags, fla
 static int do_rename(int olddir, const char *from, int newdir, const char *to, unsigned flags)
 {
     if (should_fail(C_RENAME, "rename", -1, from ? from : "")) return fail_errno();
+    trace("rename", -1, from ? from : "", -2, -2, to ? to : "");
     return (int)syscall(SYS_renameat2, olddir, from, newdir, to, flags);
 }
 int rename(const char *from, const char *to) { return do_rename(AT_FDCWD, from, AT_FDCWD, to, 0); }
 int renameat(int od, const char *from, int nd, const char *to) { return do_rename(od, from, nd, to, 0); }
 int renameat2(int od, const char *from, int nd, const char *to, unsigned flags) { return do_rename(od, from, nd, to, flags); }
+
+/* The path names the call (KFAULT_PATH matches it), as given. */
+static int do_unlink(int dirfd, const char *path, int flags)
+{
+    if (should_fail(C_UNLINK, "unlink", -1, path ? path : "")) return fail_errno();
+    trace("unlink", -1, path ? path : "", -2, -2, NULL);
+    return (int)syscall(SYS_unlinkat, dirfd, path, flags);
+}
+int unlink(const char *path) { return do_unlink(AT_FDCWD, path, 0); }
+int unlinkat(int dirfd, const char *path, int flags) { return do_unlink(dirfd, path, flags); }
