@@ -448,6 +448,26 @@ static int open_partials(const kp_plan *p, const uint64_t *cursor, int fresh, in
     return 0;
 }
 
+/* Forget the extents from `to` on (journal, cursors, partial files), to
+ * write them again. */
+static int roll_back(kp_plan *p, kjournal *jr, uint64_t *cursor, uint32_t to, const int *fds, char *err, size_t errlen)
+{
+    kj_record *recs = calloc((size_t)to + 1, sizeof *recs);
+    if (!recs) { snprintf(err, errlen, "out of memory"); return -1; }
+    for (uint32_t i = 0; i < to; i++) recs[i].n_blocks = kp_extent_nblocks(p, i);
+    if (kj_truncate(jr, recs, to)) { snprintf(err, errlen, "cannot truncate the journal: %s", strerror(errno)); free(recs); return -1; }
+    free(recs);
+    kp_cursors_init(p, cursor);
+    for (uint32_t i = 0; i < to; i++)
+        cursor[kp_target(p, p->extents[i].member)] = p->extents[i].offset + kpk_round_up(p->extents[i].stored_len, p->opt.align);
+    for (uint16_t m = 0; m < p->n_members; m++)
+        if (ftruncate(fds[m], (off_t)kp_member_end(p, cursor, m))) {
+            snprintf(err, errlen, "cannot clear the unfinished part of %s: %s", p->members[m].partial, strerror(errno));
+            return -1;
+        }
+    return 0;
+}
+
 /* The command line, for the consume log (a resume that cannot go on names
  * the command that began the conversion). */
 static char *command_line(int argc, char **argv)
@@ -785,8 +805,19 @@ int cmd_convert(int argc, char **argv)
                 plan.n_extents, b);
     }
     if (kc) {
+        uint32_t redo;
+        int got;
         if (!(command = command_line(argc, argv))) { kx_error("out of memory"); goto out; }
-        if (kc_begin(kc, command, first, r.fds, NULL, err, sizeof err)) {
+        /* a journaled extent that no longer reads back as written: written again, from there */
+        while ((got = kc_begin(kc, command, first, r.fds, NULL, &redo, err, sizeof err)) == 1) {
+            kx_note(quiet, "%s; writing it and what follows again", err);
+            if (kc_check_resume(kc, redo, err, sizeof err) || roll_back(&plan, &r.jr, cursor, redo, r.fds, err, sizeof err)) {
+                got = -1;
+                break;
+            }
+            first = redo;
+        }
+        if (got) {
             kx_error("%s; rerun the same command to resume", err);
             goto out;
         }

@@ -385,7 +385,8 @@ static void doing(kc_state *c, kprogress *prog, const char *fmt, const char *nam
 }
 
 /* Shard s: every extent before `done` is durable. */
-static int release_one(kc_state *c, uint32_t s, uint32_t done, const int *fds, kprogress *prog, char *err, size_t errlen)
+static int release_one(kc_state *c, uint32_t s, uint32_t done, const int *fds, kprogress *prog, uint32_t *bad, char *err,
+                       size_t errlen)
 {
     struct kc_shard *h = &c->sh[s];
     const ks_shard *ks = &c->src->shards[s];
@@ -397,7 +398,7 @@ static int release_one(kc_state *c, uint32_t s, uint32_t done, const int *fds, k
     doing(c, prog, "verifying %s", ks->name);
     if (!h->rec && stage(c, s, &pieces, &np, &data, err, errlen)) goto out;
     if (kc_verify_shard(c, s, done, fds, h->rec ? c->log.recs[h->rec - 1].pieces : pieces,
-                        h->rec ? c->log.recs[h->rec - 1].n_pieces : np, data, prog, why, sizeof why)) {
+                        h->rec ? c->log.recs[h->rec - 1].n_pieces : np, data, prog, bad, why, sizeof why)) {
         snprintf(err, errlen, "%s was not deleted: %s", ks->path, why);
         goto out;
     }
@@ -437,8 +438,22 @@ out:
     return rc;
 }
 
-int kc_begin(kc_state *c, const char *command, uint32_t first, const int *fds, kprogress *prog, char *err, size_t errlen)
+/* Every shard still here whose release point is i. */
+static int release_at(kc_state *c, uint32_t i, uint32_t done, const int *fds, kprogress *prog, uint32_t *bad, char *err,
+                      size_t errlen)
 {
+    *bad = KC_NONE;
+    for (uint32_t s = 0; s < c->n; s++)
+        if (c->sh[s].present && c->sh[s].rp == i && !atomic_load(&c->sh[s].released) &&
+            release_one(c, s, done, fds, prog, bad, err, errlen))
+            return -1;
+    return 0;
+}
+
+int kc_begin(kc_state *c, const char *command, uint32_t first, const int *fds, kprogress *prog, uint32_t *redo, char *err,
+             size_t errlen)
+{
+    *redo = KC_NONE;
     if (c->have_log && c->log.plan_id != c->p->plan_id) { /* kc_check_plan: nothing of it is needed */
         kc_log_close(&c->log);
         c->have_log = 0;
@@ -462,7 +477,7 @@ int kc_begin(kc_state *c, const char *command, uint32_t first, const int *fds, k
     /* released late (a kill came after the journal passed them), in the
      * order of their release points, as the run that was killed would have */
     for (uint32_t e = 0; e < first; e++)
-        if (c->is_rp[e] && kc_release(c, e, first, fds, prog, err, errlen)) return -1;
+        if (c->is_rp[e] && release_at(c, e, first, fds, prog, redo, err, errlen)) return *redo != KC_NONE ? 1 : -1;
     return 0;
 }
 
@@ -470,11 +485,12 @@ int kc_releases_at(const kc_state *c, uint32_t i) { return c->is_rp && c->is_rp[
 
 int kc_release(kc_state *c, uint32_t i, uint32_t done, const int *fds, kprogress *prog, char *err, size_t errlen)
 {
-    for (uint32_t s = 0; s < c->n; s++)
-        if (c->sh[s].present && c->sh[s].rp == i && !atomic_load(&c->sh[s].released) &&
-            release_one(c, s, done, fds, prog, err, errlen))
-            return -1;
-    return 0;
+    uint32_t bad;
+    if (release_at(c, i, done, fds, prog, &bad, err, errlen) == 0) return 0;
+    if (bad != KC_NONE)
+        snprintf(err + strlen(err), errlen - strlen(err), ". Nothing was lost: rerun the same command; it writes that "
+                 "extent and what follows again");
+    return -1;
 }
 
 void kc_finish(kc_state *c)

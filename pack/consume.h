@@ -85,8 +85,12 @@ int kc_confirm(const char *what);
 /* Writing begins: the log opened (resumed) or created for the plan (command:
  * this command line); then every shard whose release point is already
  * durable (first extents journaled) and that is still here is released.
- * fds: the open partial member files. */
-int kc_begin(kc_state *c, const char *command, uint32_t first, const int *fds, kprogress *prog, char *err, size_t errlen);
+ * fds: the open partial member files.  0; -1 with err; 1 with err when an
+ * extent before first does not read back as written: *redo is the first
+ * extent to write again (the caller rolls the journal back to it, checks
+ * kc_check_resume and calls kc_begin again). */
+int kc_begin(kc_state *c, const char *command, uint32_t first, const int *fds, kprogress *prog, uint32_t *redo, char *err,
+             size_t errlen);
 /* 1 if extent i is the release point of a shard this run deletes. */
 int kc_releases_at(const kc_state *c, uint32_t i);
 /* The extents before `done` are durable (the journal is synced through

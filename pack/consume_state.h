@@ -57,8 +57,10 @@ struct kc_state {
  * `done` in the partial files fds, read back from the device; its staged
  * pieces from data, in piece order, or from the log when data is NULL):
  * its SHA-256 when one was checked, else every extent's checksums.  0, or
- * -1 with err saying what does not match. */
+ * -1 with err saying what does not match and *bad the first extent to write
+ * again (the one that does not read back as written; its shard's first when
+ * every extent reads back but the rebuilt shard is not the one checked). */
 int kc_verify_shard(struct kc_state *c, uint32_t s, uint32_t done, const int *fds, const kc_piece *pieces, uint32_t n_pieces,
-                    const uint8_t *data, kprogress *prog, char *err, size_t errlen);
+                    const uint8_t *data, kprogress *prog, uint32_t *bad, char *err, size_t errlen);
 
 #endif

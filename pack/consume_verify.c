@@ -156,8 +156,8 @@ out:
 
 /* Every durable extent holding its bytes, read back and compared with the
  * checksums computed from the bytes read (each block decoded and checked). */
-static int verify_extents(struct kc_state *c, uint32_t s, uint32_t done, struct extent_reader *r, kprogress *prog, char *err,
-                          size_t errlen)
+static int verify_extents(struct kc_state *c, uint32_t s, uint32_t done, struct extent_reader *r, kprogress *prog,
+                          uint32_t *bad, char *err, size_t errlen)
 {
     const struct kc_shard *h = &c->sh[s];
     const kp_plan *p = c->p;
@@ -172,6 +172,7 @@ static int verify_extents(struct kc_state *c, uint32_t s, uint32_t done, struct 
         char d[64];
         if (e >= done || e == last) continue; /* staged pieces: the log reads its record back */
         last = e;
+        *bad = e;
         XXH3_64bits_reset(st);
         if (x->codec == KPK_CODEC_BLOCKS) {
             for (uint32_t b = 0, n = kp_extent_nblocks(p, e); b < n; b++) {
@@ -198,6 +199,7 @@ static int verify_extents(struct kc_state *c, uint32_t s, uint32_t done, struct 
             goto out;
         }
     }
+    *bad = KC_NONE;
     rc = 0;
 out:
     free(buf);
@@ -206,16 +208,24 @@ out:
 }
 
 int kc_verify_shard(struct kc_state *c, uint32_t s, uint32_t done, const int *fds, const kc_piece *pieces, uint32_t n_pieces,
-                    const uint8_t *data, kprogress *prog, char *err, size_t errlen)
+                    const uint8_t *data, kprogress *prog, uint32_t *bad, char *err, size_t errlen)
 {
     const ks_shard *ks = &c->src->shards[s];
     struct extent_reader r = {.p = c->p, .fds = fds, .extent = KC_NONE, .block = KC_NONE};
     int rc;
     for (uint32_t m = 0; m < c->p->n_members; m++) kos_cache_drop(fds[m], 0, 0);
-    if (ks->expect_sha[0] && strcmp(ks->got_sha, ks->expect_sha) == 0)
+    *bad = KC_NONE;
+    if (ks->expect_sha[0] && strcmp(ks->got_sha, ks->expect_sha) == 0) {
         rc = verify_sha(c, s, done, &r, pieces, n_pieces, data, prog, err, errlen);
-    else
-        rc = verify_extents(c, s, done, &r, prog, err, errlen);
+        /* which extent: the first that does not read back, else all of the shard's */
+        if (rc && verify_extents(c, s, done, &r, prog, bad, err + strlen(err), 0) == 0)
+            for (size_t k = 0; k < c->sh[s].nt; k++) {
+                uint32_t e = c->p->tensors[c->sh[s].t[k]].extent;
+                if (e < done && (*bad == KC_NONE || e < *bad)) *bad = e;
+            }
+    } else {
+        rc = verify_extents(c, s, done, &r, prog, bad, err, errlen);
+    }
     free(r.stored);
     free(r.raw);
     return rc;
