@@ -188,7 +188,7 @@ check-layers: $(LIBFORMAT) $(LIBPACK) $(LIBRUN)
 test: all unit ablate check-layers
 	@BUILD=$(BUILD) BIN=$(BINDIR) tests/run_all.sh
 
-# Tests that need root (loop mounts): out of space on a real ext4.
+# Tests that need root (loop mounts): out of space on a real ext4, --consume on one.
 test-root: all unit
 	@BUILD=$(BUILD) BIN=$(BINDIR) tests/run_all.sh tests/root/test_*.sh
 
