@@ -3,6 +3,7 @@
  * files' pages are dropped from the page cache first (they were synced). */
 #include "consume_state.h"
 
+#include "copy.h"
 #include "output.h"
 #include "format/kos.h"
 
@@ -161,38 +162,32 @@ static int verify_extents(struct kc_state *c, uint32_t s, uint32_t done, struct 
 {
     const struct kc_shard *h = &c->sh[s];
     const kp_plan *p = c->p;
-    uint8_t *buf = malloc(READ_PIECE);
     XXH3_state_t *st = XXH3_createState();
     uint32_t last = KC_NONE;
     int rc = -1;
-    if (!buf || !st) { snprintf(err, errlen, "out of memory"); goto out; }
+    if (!st) { snprintf(err, errlen, "out of memory"); goto out; }
     for (size_t k = 0; k < h->nt; k++) {
         uint32_t e = p->tensors[h->t[k]].extent;
         const kpk_extent *x = &p->extents[e];
+        uint64_t got = 0;
         char d[64];
         if (e >= done || e == last) continue; /* staged pieces: the log reads its record back */
         last = e;
         *bad = e;
-        XXH3_64bits_reset(st);
         if (x->codec == KPK_CODEC_BLOCKS) {
+            XXH3_64bits_reset(st);
             for (uint32_t b = 0, n = kp_extent_nblocks(p, e); b < n; b++) {
                 if (load_block(r, e, b, err, errlen)) goto out;
                 XXH3_64bits_update(st, r->stored, p->blocks[x->first_block + b].stored_len);
                 kprogress_add(prog, 0);
             }
-        } else {
-            for (uint64_t at = 0; at < x->stored_len;) {
-                size_t n = x->stored_len - at < READ_PIECE ? (size_t)(x->stored_len - at) : READ_PIECE;
-                if (kp_read_target(p, r->fds, x->member, x->offset + at, buf, n)) {
-                    snprintf(err, errlen, "reading OUT back at extent %u: %s", e, strerror(errno));
-                    goto out;
-                }
-                XXH3_64bits_update(st, buf, n);
-                at += n;
-                kprogress_add(prog, 0);
-            }
+            got = XXH3_64bits_digest(st);
+        } else if (kp_hash_written_extent(p, r->fds, e, &got)) {
+            snprintf(err, errlen, "reading OUT back at extent %u: %s", e, strerror(errno));
+            goto out;
         }
-        if (XXH3_64bits_digest(st) != x->stored_xxh3) {
+        kprogress_add(prog, 0);
+        if (got != x->stored_xxh3) {
             kpk_extent_describe(x, d, sizeof d);
             snprintf(err, errlen, "the %s as written in %s.partial does not match the checksum computed when it was read: "
                      "the output's disk returned other bytes than were written; check it (dmesg, smartctl)", d, c->out);
@@ -202,7 +197,6 @@ static int verify_extents(struct kc_state *c, uint32_t s, uint32_t done, struct 
     *bad = KC_NONE;
     rc = 0;
 out:
-    free(buf);
     XXH3_freeState(st);
     return rc;
 }
