@@ -243,11 +243,11 @@ static void print_plan(const kp_input *in, const kp_plan *p, const kp_estimate_n
     char serr[300];
     const char *largest_name = NULL;
     uint64_t largest = in->consume ? kc_largest(in->consume, &largest_name) : 0;
-    if (measure_space(in, p, &sp, serr, sizeof serr)) kx_error("%s", serr);
     uint32_t by_kind[KPK_KIND_MAX + 1] = {0};
     uint64_t bytes_kind[KPK_KIND_MAX + 1] = {0}, total = 0, raw_total = 0;
     char d[64], b1[32], b2[32], b3[32];
     kp_layout l, raw;
+    if (measure_space(in, p, &sp, serr, sizeof serr)) kx_error("%s", serr);
     if (kp_plan_estimate(p, 0.0, &l)) { kx_error("out of memory"); kp_space_free(&sp); return; }
     {   /* the same plan stored raw: what compression saves */
         kp_plan q = *p;
