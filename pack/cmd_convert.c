@@ -667,7 +667,11 @@ int cmd_convert(int argc, char **argv)
         /* From here on, this process is the only kpack writing OUT's files
          * (taken before the source check, which may hash for hours). */
         if (kp_lock_take(&lock, out, err, sizeof err)) { kx_error("%s", err); goto out; }
-        if (!force && lstat(out, &st) == 0) { kx_error("%s already exists; use --force to replace it", out); goto out; }
+        if (!force && lstat(out, &st) == 0) {
+            kx_error("%s already exists; use --force to replace it", out);
+            if (kc_finished_note(out, err, sizeof err)) kx_note(0, "%s", err);
+            goto out;
+        }
     }
     if (kind) {
         kpk_err e = {0};

@@ -368,7 +368,9 @@ static int remove_file(const char *path, char *err, size_t errlen)
 {
     char *dir = strdup(path);
     if (unlink(path) && errno != ENOENT) {
-        snprintf(err, errlen, "cannot delete %s: %s", path, strerror(errno));
+        /* the rails found it deletable, but a network or FUSE filesystem may still refuse */
+        snprintf(err, errlen, "cannot delete %s: %s. Its bytes are safe in the output: make it deletable and rerun the same "
+                 "command, or finish without --consume (the shards still there are kept)", path, strerror(errno));
         free(dir);
         return -1;
     }
@@ -498,6 +500,20 @@ void kc_finish(kc_state *c)
     if (c->have_log) kc_log_close(&c->log);
     c->have_log = 0;
     if (unlink(c->log_path) == 0) kx_fsync_dir(c->p->members[0].dir);
+}
+
+int kc_finished_note(const char *out, char *note, size_t n)
+{
+    char log[4200], partial[4200], journal[4200];
+    snprintf(log, sizeof log, "%s.consumed", out);
+    snprintf(partial, sizeof partial, "%s.partial", out);
+    snprintf(journal, sizeof journal, "%s.journal", out);
+    if (access(log, F_OK) != 0 || access(partial, F_OK) == 0) return 0;
+    snprintf(note, n, "%s was written by `kpack convert --consume`, which was stopped after it renamed the file into place "
+             "and before it removed %s%s%s: the conversion finished. Check it with `kpack verify %s`, then delete %s%s%s",
+             out, log, access(journal, F_OK) == 0 ? " and " : "", access(journal, F_OK) == 0 ? journal : "", out, log,
+             access(journal, F_OK) == 0 ? " and " : "", access(journal, F_OK) == 0 ? journal : "");
+    return 1;
 }
 
 /* ---- the reader's side -------------------------------------------------------------- */

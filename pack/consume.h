@@ -98,6 +98,10 @@ int kc_releases_at(const kc_state *c, uint32_t i);
 int kc_release(kc_state *c, uint32_t i, uint32_t done, const int *fds, kprogress *prog, char *err, size_t errlen);
 /* The conversion is published: the log goes. */
 void kc_finish(kc_state *c);
+/* OUT exists: if a run with --consume published it and was stopped before
+ * it removed its log (OUT.consumed there, no OUT.partial), the note to
+ * print with the refusal (what is left and what to do), else 0. */
+int kc_finished_note(const char *out, char *note, size_t n);
 
 /* For the reader thread (copy_read.c).  The shard whose bytes for extent e
  * come from the log once it is released, and must wait for that (UINT32_MAX:

@@ -88,7 +88,8 @@ static int read_decoded(struct extent_reader *r, uint32_t e, uint64_t pos, uint8
     return 0;
 }
 
-/* The shard rebuilt in file order from what is durable, through SHA-256. */
+/* The shard rebuilt in file order from what is durable, through SHA-256:
+ * 0, 1 when it is not the SHA-256 checked, -1 on another error. */
 static int verify_sha(struct kc_state *c, uint32_t s, uint32_t done, struct extent_reader *r, const kc_piece *pieces,
                       uint32_t np, const uint8_t *data, kprogress *prog, char *err, size_t errlen)
 {
@@ -143,9 +144,9 @@ static int verify_sha(struct kc_state *c, uint32_t s, uint32_t done, struct exte
     if (EVP_DigestFinal_ex(md, sum, &mdlen) != 1 || mdlen != 32) { snprintf(err, errlen, "SHA-256 failed"); goto out; }
     for (int i = 0; i < 32; i++) snprintf(hex + 2 * i, 3, "%02x", sum[i]);
     if (strcmp(hex, ks->expect_sha) != 0) {
-        snprintf(err, errlen, "rebuilt from what %s.partial holds, it has SHA-256 %.16s..., not %.16s... (%s): the output's "
-                 "disk returned other bytes than were written; check it (dmesg, smartctl) before going on", c->out, hex,
+        snprintf(err, errlen, "rebuilt from what %s.partial holds, it has SHA-256 %.16s..., not %.16s... (%s)", c->out, hex,
                  ks->expect_sha, ks->sha_from ? ks->sha_from : "recorded");
+        rc = 1;
         goto out;
     }
     rc = 0;
@@ -210,17 +211,27 @@ int kc_verify_shard(struct kc_state *c, uint32_t s, uint32_t done, const int *fd
     for (uint32_t m = 0; m < c->p->n_members; m++) kos_cache_drop(fds[m], 0, 0);
     *bad = KC_NONE;
     if (ks->expect_sha[0] && strcmp(ks->got_sha, ks->expect_sha) == 0) {
+        size_t at;
+        char why[600];
         rc = verify_sha(c, s, done, &r, pieces, n_pieces, data, prog, err, errlen);
-        /* which extent: the first that does not read back, else all of the shard's */
-        if (rc && verify_extents(c, s, done, &r, prog, bad, err + strlen(err), 0) == 0)
+        at = rc == 1 ? strlen(err) : 0;
+        /* which extent, and whose fault: the first that does not read back
+         * (the output's disk), else all of the shard's (its bytes as read) */
+        if (rc == 1 && verify_extents(c, s, done, &r, prog, bad, why, sizeof why))
+            snprintf(err + at, errlen - at, "; %s", why);
+        else if (rc == 1) {
             for (size_t k = 0; k < c->sh[s].nt; k++) {
                 uint32_t e = c->p->tensors[c->sh[s].t[k]].extent;
                 if (e < done && (*bad == KC_NONE || e < *bad)) *bad = e;
             }
+            snprintf(err + at, errlen - at, ", although every extent holding it reads back as written: the bytes read from "
+                     "%s during the conversion are not those whose SHA-256 was checked before it (the file changed "
+                     "meanwhile, or its disk returned other bytes); check that disk (dmesg, smartctl)", ks->path);
+        }
     } else {
         rc = verify_extents(c, s, done, &r, prog, bad, err, errlen);
     }
     free(r.stored);
     free(r.raw);
-    return rc;
+    return rc ? -1 : 0;
 }

@@ -7,7 +7,9 @@
 # shim's I/O trace) against the journal and the syncs; a kill just before and
 # just after each deletion, and a few at random, resume to the identical file;
 # export rebuilds every consumed file with its original SHA-256; a damaged
-# partial file stops the deletion; a resume that would need a deleted shard
+# partial file stops the deletion, and so does a bit flipped on a read of the
+# source (with --sha256); a deletion the filesystem refuses midway; a kill
+# after OUT is published, before its log is removed; a resume that would need a deleted shard
 # stops and says what to put back; the rails (a Hugging Face snapshot without
 # --consume-blobs, links, hard links, permissions, OUT on a source file);
 # confirmation on a terminal; the free-space check with its peak, and du
@@ -189,6 +191,41 @@ PY
         && ok "$mode: the damage found before shard 2 went, said, the extent and what follows written again: identical, then every shard deleted" \
         || notok "$mode: $(cat "$T/last.err")"
 done
+
+# ---- the source read back other bytes than its SHA-256 says: the shard kept, read again ----------------
+fresh
+KFAULT_CALLS=pread KFAULT_NTH=6 KFAULT_ERR=FLIP KFAULT_PATH='*/model-00002-of-000015.safetensors' KFAULT_LOG="$T/flip.log" \
+    LD_PRELOAD="$SHIM" "$BIN/kpack" convert "$S" "$X" --consume --sha256 "$T/SUMS" --quiet 2>"$T/flip.err"
+rc=$?
+if [ $rc -eq 2 ] && grep -q "a bit flipped" "$T/flip.log" && [ -e "$S/model-00002-of-000015.safetensors" ] \
+    && grep -qE "model-00002-of-000015.safetensors was not deleted: rebuilt from .*, although every extent holding it reads back as written: the bytes read from .*model-00002-of-000015.safetensors during the conversion are not those whose SHA-256 was checked" "$T/flip.err"; then
+    ok "a bit flipped by the source's disk on a read (after the SHA-256 check): the shard is kept, and the message blames the source's read, not the output"
+else notok "source read flipped: rc $rc, $(cat "$T/flip.log" "$T/flip.err" 2>/dev/null | head -c 500)"; fi
+"$BIN/kpack" convert "$S" "$X" --consume --sha256 "$T/SUMS" --quiet 2>"$T/k.err" && cmp -s "$X" "$T/refs.kpk" && [ "$(shards)" = 0 ] \
+    && ok "the rerun reads the shard again: identical, every shard deleted" || notok "rerun after the flipped read: $(cat "$T/k.err")"
+
+# ---- a deletion the filesystem refuses midway (a network or FUSE mount may, whatever access(2) said) ----
+fresh
+KFAULT_CALLS=unlink KFAULT_NTH=3 KFAULT_ERR=EACCES KFAULT_PATH='*.safetensors' LD_PRELOAD="$SHIM" \
+    "$BIN/kpack" convert "$S" "$X" --consume --quiet 2>"$T/del.err"
+rc=$?
+[ $rc -eq 2 ] && [ "$(shards)" = 13 ] \
+    && grep -qE "cannot delete .*\.safetensors: Permission denied\. Its bytes are safe in the output: make it deletable and rerun the same command, or finish without --consume" "$T/del.err" \
+    && ok "a deletion refused by the filesystem stops the run (exit 2), says the bytes are safe and what to do" \
+    || notok "refused deletion: rc $rc, $(shards) shards: $(cat "$T/del.err")"
+"$BIN/kpack" convert "$S" "$X" --quiet 2>"$T/k.err" && cmp -s "$X" "$T/ref.kpk" && [ "$(shards)" = 13 ] && [ -z "$(leftovers)" ] \
+    && ok "finished without --consume: identical, the 13 shards still there kept, the consume log removed" \
+    || notok "finish without --consume after a refused deletion: $(shards) shards, $(leftovers): $(cat "$T/k.err")"
+
+# ---- killed after publishing OUT, before removing the consume log ---------------------------------------
+fresh
+KFAULT_CALLS=unlink KFAULT_ERR=KILL KFAULT_PATH='*/x.kpk.consumed' LD_PRELOAD="$SHIM" "$BIN/kpack" convert "$S" "$X" --consume --quiet 2>/dev/null
+rc=$?
+expect_exit 2 "the same command after a kill between publishing OUT and removing OUT.consumed" "$BIN/kpack" convert "$S" "$X" --consume --quiet
+[ $rc -eq 137 ] && cmp -s "$X" "$T/ref.kpk" && [ "$(shards)" = 0 ] \
+    && grep -q "x.kpk already exists" "$T/last.err" && grep -qE "x.kpk was written by .kpack convert --consume., which was stopped after it renamed the file into place and before it removed .*x.kpk.consumed: the conversion finished. Check it with .kpack verify" "$T/last.err" \
+    && ok "OUT is complete and identical; the rerun refuses to overwrite it and says the conversion finished and what is left to delete" \
+    || notok "killed before removing the log: rc $rc: $(tr '\n' ' ' < "$T/last.err")"
 
 # ---- the rails ----------------------------------------------------------------------------------
 fresh

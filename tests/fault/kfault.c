@@ -9,10 +9,13 @@
  *                              "io" = read,pread,write,pwrite
  *   KFAULT_NTH=N               the N-th matching call fails (1-based; default 1)
  *   KFAULT_COUNT=K             and the K-1 after it too (default 1; 0 = every one from N on)
- *   KFAULT_ERR=EIO|ENOSPC|EACCES|SHORT|KILL   the errno, or SHORT: a read or write
+ *   KFAULT_ERR=EIO|ENOSPC|EACCES|SHORT|KILL|FLIP   the errno, or SHORT: a read or write
  *                              moves half the bytes asked for and reports that,
  *                              or KILL: SIGKILL instead of making the call (a
- *                              crash just before it, e.g. between two renames)
+ *                              crash just before it, e.g. between two renames),
+ *                              or FLIP: a read succeeds with one bit of what it
+ *                              read flipped (the middle byte's lowest), as a
+ *                              disk that returns other bytes than it holds
  *   KFAULT_PATH=PATTERN        only calls on files whose path matches this
  *                              fnmatch(3) pattern (e.g. '*.kpk.partial'), so the
  *                              harness's own I/O is left alone
@@ -70,6 +73,7 @@ static const struct { const char *name; unsigned bits; } call_names[] = {
 
 #define SHORT (-1)
 #define KILL (-2)
+#define FLIP (-3)
 static unsigned k_calls;
 static unsigned long k_nth = 1, k_count = 1;
 static int k_err = EIO;
@@ -106,6 +110,7 @@ __attribute__((constructor)) static void kfault_init(void)
         else if (strcmp(v, "EACCES") == 0) k_err = EACCES;
         else if (strcmp(v, "SHORT") == 0) k_err = SHORT;
         else if (strcmp(v, "KILL") == 0) k_err = KILL;
+        else if (strcmp(v, "FLIP") == 0) k_err = FLIP;
         else { fprintf(stderr, "kfault: unknown KFAULT_ERR '%s'\n", v); _exit(99); }
     }
     if ((v = getenv("KFAULT_PATH"))) snprintf(k_path, sizeof k_path, "%s", v);
@@ -172,7 +177,7 @@ static void trace(const char *call, int fd, const char *path, long long a, long 
 
 static const char *err_name(void)
 {
-    return k_err == SHORT ? "short count" : k_err == KILL ? "SIGKILL" : k_err == ENOSPC ? "ENOSPC" : k_err == EACCES ? "EACCES" : "EIO";
+    return k_err == SHORT ? "short count" : k_err == KILL ? "SIGKILL" : k_err == FLIP ? "a bit flipped" : k_err == ENOSPC ? "ENOSPC" : k_err == EACCES ? "EACCES" : "EIO";
 }
 
 /* 1 if this call is to fail: it is of a chosen kind, on a matching file, and
@@ -230,11 +235,16 @@ static size_t short_count(int fd, size_t n)
 
 static ssize_t do_read(unsigned bit, const char *call, int fd, void *buf, size_t n, off_t off, int positional)
 {
+    int flip = 0;
+    ssize_t r;
     if (should_fail(bit, call, fd, NULL)) {
-        if (k_err != SHORT) { errno = k_err; return -1; }
-        n = short_count(fd, n);
+        if (k_err == FLIP) flip = 1;
+        else if (k_err != SHORT) { errno = k_err; return -1; }
+        else n = short_count(fd, n);
     }
-    return positional ? syscall(SYS_pread64, fd, buf, n, off) : syscall(SYS_read, fd, buf, n);
+    r = positional ? syscall(SYS_pread64, fd, buf, n, off) : syscall(SYS_read, fd, buf, n);
+    if (flip && r > 0) ((unsigned char *)buf)[r / 2] ^= 1;
+    return r;
 }
 
 static ssize_t do_write(unsigned bit, const char *call, int fd, const void *buf, size_t n, off_t off, int positional)
