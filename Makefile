@@ -189,17 +189,18 @@ check-layers: $(LIBFORMAT) $(LIBPACK) $(LIBRUN)
 test: all unit ablate check-layers
 	@BUILD=$(BUILD) BIN=$(BINDIR) tests/run_all.sh
 
-# Tests that need root (loop mounts): out of space on a real ext4.
+# Tests that need root (loop mounts): out of space on a real ext4, --consume on one.
 test-root: all unit
 	@BUILD=$(BUILD) BIN=$(BINDIR) tests/run_all.sh tests/root/test_*.sh
 
 # The randomized campaigns.  tests/soak/soak.py: kill -9 at random byte counts
-# during convert, random bit flips, re-sealed structural mutations; figures;
-# SOAK_ARGS="--kills N --flips N --mutations N --seed S --json FILE".
+# during convert (and during convert --consume), random bit flips, re-sealed
+# structural mutations; figures;
+# SOAK_ARGS="--kills N --consume-kills N --flips N --mutations N --seed S --json FILE".
 # tests/soak/serve_soak.py (`make soak-serve` alone): 10,000 random requests to
 # krun serve built with ASan/UBSan, with disconnects, half-closes and signals;
 # SERVE_SOAK_ARGS="--requests N --epochs N --workers N --seed S --json FILE".
-SOAK_ARGS ?= --kills 60 --flips 1200 --mutations 1200 --json $(BUILD)/soak.json
+SOAK_ARGS ?= --kills 60 --consume-kills 40 --flips 1200 --mutations 1200 --json $(BUILD)/soak.json
 SERVE_SOAK_ARGS ?= --requests 10000 --epochs 5 --json $(BUILD)/serve_soak.json
 ASAN_OPT := -O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
 K3_SHARED ?= $(abspath ..)/shared
