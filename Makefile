@@ -99,6 +99,18 @@ $(LIBRUN): $(call obj,$(RUN_SRC))
 	@mkdir -p $(dir $@)
 	$(Q)$(AR) rcs $@ $^
 
+# krun serve's page (GET /): run/serve/ui/'s HTML, CSS and JS as one document in a C array, made
+# by a POSIX sh script (od, sed, wc), so any target and compiler builds it (serve_ui.c serves it).
+UI_FILES := run/serve/ui/index.html run/serve/ui/page.css run/serve/ui/page.js
+$(BUILD)/gen/ui_page.c: run/serve/ui/embed.sh $(UI_FILES)
+	@mkdir -p $(dir $@)
+	@$(if $(V),true,echo "  EMBED   $(UI_FILES)")
+	$(Q)sh run/serve/ui/embed.sh $@ $(UI_FILES)
+$(BUILD)/gen/ui_page.o: $(BUILD)/gen/ui_page.c
+	@$(if $(V),true,echo "  CC      $<")
+	$(Q)$(CC) $(CFLAGS) -c $< -o $@
+$(LIBRUN): $(BUILD)/gen/ui_page.o
+
 $(BINDIR)/kpack: $(call obj,pack/main.c) $(LIBPACK) $(LIBFORMAT)
 	@mkdir -p $(dir $@)
 	@$(if $(V),true,echo "  LINK    $@")

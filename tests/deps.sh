@@ -15,6 +15,8 @@ set -eu
 PKGS="build-essential clang pkg-config bc libzstd-dev libxxhash-dev libssl-dev libjansson-dev libpcre2-dev libmicrohttpd-dev python3-numpy zstd strace"
 # mandoc: test_man.sh lints the manual pages with it (groff's warnings otherwise)
 PKGS="$PKGS mandoc"
+# chromium: krun serve's page is tested in it, headless (test_krun_serve_page.sh, through puppeteer-core from tests/node)
+PKGS="$PKGS chromium"
 [ "${1:-}" = fuzz ] && PKGS="clang libclang-rt-14-dev"
 [ "${1:-}" = pkg ] && PKGS="dpkg-dev debhelper fakeroot lintian systemd systemd-container curl man-db"
 if [ "${1:-}" = arm64 ]; then

@@ -49,7 +49,8 @@ static const char usage[] =
     "usage: krun serve MODEL.kpk [options]\n"
     "\n"
     "An OpenAI-compatible HTTP server: POST /v1/chat/completions, POST /v1/completions,\n"
-    "GET /v1/models, GET /health.  Requests that arrive while others run join the next\n"
+    "GET /v1/models, GET /health; GET / is a page for chatting and for watching the drives,\n"
+    "prompts and tokens (--no-ui: none).  Requests that arrive while others run join the next\n"
     "forward sweep: the model's weights are read once for all of them, and each request's\n"
     "output is bit-identical to running it alone (docs/SERVE.md).\n"
     "\n"
@@ -80,6 +81,7 @@ static const char usage[] =
     "  --shutdown-timeout S  on SIGINT / SIGTERM, seconds running requests may take to finish\n"
     "                        before they are cancelled (default 30; a second signal cancels at once)\n"
     "  --quiet               no plan and no line per request on stderr\n"
+    "  --no-ui               no page at GET / (404): the API only\n"
     "Sequences:\n"
     "  --ctx N               positions per sequence: prompt + max_tokens (default 4096)\n"
     "  --spec N              speculative decoding: a sequence may verify up to N drafts from its own\n"
@@ -103,7 +105,7 @@ struct serve_opts {
     const char *model, *host, *api_key, *model_name, *max_body;
     long port, max_queue, max_connections, max_per_ip, idle_timeout;
     double shutdown_timeout, request_timeout, progress_every;
-    int quiet;
+    int quiet, no_ui;
     long spec;
     krun_cli c;
 };
@@ -163,6 +165,7 @@ static void parse_args(int argc, char **argv, struct serve_opts *o)
             o->idle_timeout = krun_cli_long(v, 1, 1L << 20, "--idle-timeout");
         else if (OPT("--spec")) o->spec = krun_cli_long(v, 0, 64, "--spec (0..64)");
         else if (!strcmp(a, "--quiet")) o->quiet = 1;
+        else if (!strcmp(a, "--no-ui")) o->no_ui = 1;
         else if (a[0] == '-') krun_cli_die("unknown option %s (see krun serve --help)", a);
         else if (!o->model) o->model = a;
         else krun_cli_die("unexpected argument %s", a);
@@ -263,6 +266,9 @@ static void announce(const struct serve_opts *o, krun_model *m, const char *name
     }
     fprintf(stderr, "krun serve: model \"%s\"%s; listening on http://%s%s%s:%ld\n", name, o->api_key ? " (API key required)" : "",
             strchr(o->host, ':') ? "[" : "", o->host, strchr(o->host, ':') ? "]" : "", port);
+    if (!o->no_ui)
+        fprintf(stderr, "krun serve: a page to chat and to watch the drives, prompts and tokens: http://%s%s%s:%ld/\n",
+                strchr(o->host, ':') ? "[" : "", o->host, strchr(o->host, ':') ? "]" : "", port);
 }
 
 int krun_serve_main(int argc, char **argv)
@@ -316,7 +322,7 @@ int krun_serve_main(int argc, char **argv)
     eo = (srv_engine_opts){(size_t)o.max_queue, name, o.quiet, o.progress_every, cache, 0, NULL};
     if (srv_engine_start(m, &eo, &eng, &e)) { fprintf(stderr, "krun serve: %s\n", e.msg); rc = e.code; goto out; }
     ho = (srv_http_opts){o.api_key, (size_t)max_body, fd, (unsigned)o.max_connections, (unsigned)o.max_per_ip, (unsigned)o.idle_timeout,
-                         o.request_timeout};
+                         o.request_timeout, o.no_ui};
     if (srv_http_start(eng, &ho, &http, &e)) { fprintf(stderr, "krun serve: %s\n", e.msg); rc = e.code; goto out; }
     fd = -1;                                   /* the daemon's now */
     if (!o.quiet) announce(&o, m, name, port);

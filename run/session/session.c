@@ -398,6 +398,17 @@ size_t krun_model_stop_ids(const krun_model *m, int32_t out[3])
 
 void krun_model_stats(const krun_model *m, krun_stats *st) { kstore_stats_get(m->store, st); }
 
+size_t krun_model_members(const krun_model *m) { return kpk_member_count(m->f); }
+
+int krun_model_member(const krun_model *m, size_t k, krun_member_info *out)
+{
+    const kpk_member *r;
+    if (k >= kpk_member_count(m->f) || !(r = kpk_member_at(m->f, (uint16_t)k))) return -1;
+    *out = (krun_member_info){kpk_member_path(m->f, (uint16_t)k), kpk_role_name(r->role),
+                              r->stripe_index == KPK_NO_STRIPE ? -1 : (int)r->stripe_index, r->file_size};
+    return 0;
+}
+
 const uint64_t *krun_model_routing(const krun_model *m, int L)
 {
     if (!m->have_run || L < 0 || L >= m->m.cfg.n_layers || !k3_layer_is_moe(&m->m.cfg, L)) return NULL;
