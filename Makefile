@@ -32,6 +32,7 @@ CC_IS_CLANG := $(shell $(CC) --version 2>/dev/null | grep -q clang && echo 1)
 ifneq ($(CC_IS_CLANG),1)
   override CFLAGS += -Wno-format-truncation
 endif
+# CPPFLAGS and LDFLAGS as the caller gives them (Debian's hardening flags: debian/rules).
 LDLIBS  += -lzstd -lxxhash -lcrypto -ljansson -lpcre2-8 -lmicrohttpd -lpthread -lm
 
 BUILD   ?= build
@@ -76,7 +77,7 @@ UNIT_BIN  := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC) $(PROBE_SRC)
 BINDIR := $(if $(filter build,$(BUILD)),bin,$(BUILD)/bin)
 
 .PHONY: all test test-clang test-root bench bench-hdd demo deps clean unit asan ablate fuzz fuzz-bins soak soak-serve soak-batch check-layers \
-        test-arm64 test-arm64-full arm64-bins
+        test-arm64 test-arm64-full arm64-bins install install-strip uninstall
 # keep the unit tests' objects (make would delete them as intermediates)
 .SECONDARY:
 all: $(BINDIR)/kpack $(BINDIR)/k3synth $(if $(wildcard run/cli/main.c),$(BINDIR)/krun)
@@ -86,7 +87,7 @@ Q := $(if $(V),,@)
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	@$(if $(V),true,echo "  CC      $<")
-	$(Q)$(CC) $(CFLAGS) -c $< -o $@
+	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) -c $< -o $@
 
 $(LIBFORMAT): $(call obj,$(FORMAT_SRC))
 	@mkdir -p $(dir $@)
@@ -98,19 +99,31 @@ $(LIBRUN): $(call obj,$(RUN_SRC))
 	@mkdir -p $(dir $@)
 	$(Q)$(AR) rcs $@ $^
 
+# krun serve's page (GET /): run/serve/ui/'s HTML, CSS and JS as one document in a C array, made
+# by a POSIX sh script (od, sed, wc), so any target and compiler builds it (serve_ui.c serves it).
+UI_FILES := run/serve/ui/index.html run/serve/ui/page.css run/serve/ui/page.js
+$(BUILD)/gen/ui_page.c: run/serve/ui/embed.sh $(UI_FILES)
+	@mkdir -p $(dir $@)
+	@$(if $(V),true,echo "  EMBED   $(UI_FILES)")
+	$(Q)sh run/serve/ui/embed.sh $@ $(UI_FILES)
+$(BUILD)/gen/ui_page.o: $(BUILD)/gen/ui_page.c
+	@$(if $(V),true,echo "  CC      $<")
+	$(Q)$(CC) $(CFLAGS) -c $< -o $@
+$(LIBRUN): $(BUILD)/gen/ui_page.o
+
 $(BINDIR)/kpack: $(call obj,pack/main.c) $(LIBPACK) $(LIBFORMAT)
 	@mkdir -p $(dir $@)
 	@$(if $(V),true,echo "  LINK    $@")
-	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 $(BINDIR)/krun: $(call obj,run/cli/main.c) $(LIBRUN) $(LIBFORMAT)
 	@mkdir -p $(dir $@)
 	@$(if $(V),true,echo "  LINK    $@")
-	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 # k3synth uses krun's tokenizer (only it, and its error type) to write and check tokenizer files.
 $(BINDIR)/k3synth: $(call obj,$(SYNTH_SRC) run/text/tokenizer.c run/text/tokenizer_specials.c run/util/krun_err.c) $(LIBFORMAT)
 	@mkdir -p $(dir $@)
 	@$(if $(V),true,echo "  LINK    $@")
-	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 # Every unit test links against all three libraries; the linker takes only what it uses.
 $(BUILD)/tests/%: $(BUILD)/tests/unit/%.o $(LIBRUN) $(LIBPACK) $(LIBFORMAT)
@@ -188,17 +201,18 @@ check-layers: $(LIBFORMAT) $(LIBPACK) $(LIBRUN)
 test: all unit ablate check-layers
 	@BUILD=$(BUILD) BIN=$(BINDIR) tests/run_all.sh
 
-# Tests that need root (loop mounts): out of space on a real ext4.
+# Tests that need root (loop mounts): out of space on a real ext4, --consume on one.
 test-root: all unit
 	@BUILD=$(BUILD) BIN=$(BINDIR) tests/run_all.sh tests/root/test_*.sh
 
 # The randomized campaigns.  tests/soak/soak.py: kill -9 at random byte counts
-# during convert, random bit flips, re-sealed structural mutations; figures;
-# SOAK_ARGS="--kills N --flips N --mutations N --seed S --json FILE".
+# during convert (and during convert --consume), random bit flips, re-sealed
+# structural mutations; figures;
+# SOAK_ARGS="--kills N --consume-kills N --flips N --mutations N --seed S --json FILE".
 # tests/soak/serve_soak.py (`make soak-serve` alone): 10,000 random requests to
 # krun serve built with ASan/UBSan, with disconnects, half-closes and signals;
 # SERVE_SOAK_ARGS="--requests N --epochs N --workers N --seed S --json FILE".
-SOAK_ARGS ?= --kills 60 --flips 1200 --mutations 1200 --json $(BUILD)/soak.json
+SOAK_ARGS ?= --kills 60 --consume-kills 40 --flips 1200 --mutations 1200 --json $(BUILD)/soak.json
 SERVE_SOAK_ARGS ?= --requests 10000 --epochs 5 --json $(BUILD)/serve_soak.json
 ASAN_OPT := -O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
 K3_SHARED ?= $(abspath ..)/shared
@@ -280,5 +294,60 @@ asan:
 
 clean:
 	rm -rf build bin
+
+# Installing (the GNU conventions: PREFIX or prefix, DESTDIR, and each directory its own
+# variable; nothing is written outside them).  What goes where, and why k3synth does not:
+# README.md, "Installing".  The Debian package (debian/rules) installs through these targets.
+PREFIX      ?= /usr/local
+prefix      ?= $(PREFIX)
+exec_prefix ?= $(prefix)
+bindir      ?= $(exec_prefix)/bin
+datarootdir ?= $(prefix)/share
+mandir      ?= $(datarootdir)/man
+man1dir     ?= $(mandir)/man1
+docdir      ?= $(datarootdir)/doc/kpk
+sysconfdir  ?= $(prefix)/etc
+bashcompdir ?= $(datarootdir)/bash-completion/completions
+# systemd's own search paths include /usr/local/lib/systemd/...; Debian 12 installs under /lib
+systemdunitdir      ?= $(prefix)/lib/systemd/system
+systemdgeneratordir ?= $(prefix)/lib/systemd/system-generators
+sysusersdir         ?= $(prefix)/lib/sysusers.d
+INSTALL         ?= install
+INSTALL_PROGRAM ?= $(INSTALL) -m 755
+INSTALL_DATA    ?= $(INSTALL) -m 644
+# The paths the unit, the generator and the pages name, as installed.
+INSTALL_SUBST = sed -e 's|@bindir@|$(bindir)|g' -e 's|@sysconfdir@|$(sysconfdir)|g' -e 's|@docdir@|$(docdir)|g'
+MAN_SUBST     = sed -e 's|/etc/krun|$(sysconfdir)/krun|g' -e 's|/usr/share/doc/kpk|$(docdir)|g'
+INSTALL_DOCS  = README.md LICENSE $(sort $(wildcard docs/*.md))
+
+install: all
+	$(INSTALL) -d $(DESTDIR)$(bindir) $(DESTDIR)$(man1dir) $(DESTDIR)$(docdir)/docs $(DESTDIR)$(docdir)/examples \
+	    $(DESTDIR)$(bashcompdir) $(DESTDIR)$(sysconfdir)/krun $(DESTDIR)$(systemdunitdir) \
+	    $(DESTDIR)$(systemdgeneratordir) $(DESTDIR)$(sysusersdir)
+	$(INSTALL_PROGRAM) $(BINDIR)/kpack $(BINDIR)/krun $(DESTDIR)$(bindir)/
+	for p in kpack krun; do $(MAN_SUBST) man/$$p.1 > $(DESTDIR)$(man1dir)/$$p.1 && chmod 644 $(DESTDIR)$(man1dir)/$$p.1; done
+	$(INSTALL_DATA) completions/kpack $(DESTDIR)$(bashcompdir)/kpack
+	ln -sf kpack $(DESTDIR)$(bashcompdir)/krun
+	$(INSTALL_DATA) README.md LICENSE $(DESTDIR)$(docdir)/
+	$(INSTALL_DATA) $(filter docs/%,$(INSTALL_DOCS)) $(DESTDIR)$(docdir)/docs/
+	$(INSTALL_DATA) systemd/krun-serve.conf $(DESTDIR)$(docdir)/examples/krun-serve.conf
+	$(INSTALL_SUBST) systemd/krun-serve@.service.in > $(DESTDIR)$(systemdunitdir)/krun-serve@.service
+	chmod 644 $(DESTDIR)$(systemdunitdir)/krun-serve@.service
+	$(INSTALL_SUBST) systemd/krun-serve-generator.in > $(DESTDIR)$(systemdgeneratordir)/krun-serve-generator
+	chmod 755 $(DESTDIR)$(systemdgeneratordir)/krun-serve-generator
+	$(INSTALL_DATA) systemd/krun.sysusers $(DESTDIR)$(sysusersdir)/krun.conf
+
+install-strip:
+	$(MAKE) INSTALL_PROGRAM='$(INSTALL_PROGRAM) -s' install
+
+# Removes what install wrote, and the directories it made when they are left empty; never a
+# configuration file an operator wrote in $(sysconfdir)/krun.
+uninstall:
+	rm -f $(DESTDIR)$(bindir)/kpack $(DESTDIR)$(bindir)/krun $(DESTDIR)$(man1dir)/kpack.1 $(DESTDIR)$(man1dir)/krun.1 \
+	    $(DESTDIR)$(bashcompdir)/kpack $(DESTDIR)$(bashcompdir)/krun \
+	    $(addprefix $(DESTDIR)$(docdir)/,$(INSTALL_DOCS) examples/krun-serve.conf) \
+	    $(DESTDIR)$(systemdunitdir)/krun-serve@.service $(DESTDIR)$(systemdgeneratordir)/krun-serve-generator \
+	    $(DESTDIR)$(sysusersdir)/krun.conf
+	rmdir $(DESTDIR)$(docdir)/docs $(DESTDIR)$(docdir)/examples $(DESTDIR)$(docdir) $(DESTDIR)$(sysconfdir)/krun 2>/dev/null || true
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

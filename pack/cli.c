@@ -3,6 +3,7 @@
 #include "format/kargs.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,6 +43,13 @@ int kx_is_dir(const char *path)
     if (stat(path, &st) != 0) { kx_error("%s: %s", path, strerror(errno)); return 0; }
     if (!S_ISDIR(st.st_mode)) { kx_error("%s: not a directory", path); return 0; }
     return 1;
+}
+
+int kx_fsync_dir(const char *dir)
+{
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC), rc = -1;
+    if (fd >= 0) { rc = fsync(fd); close(fd); }
+    return rc;
 }
 
 int kx_flag(int argc, char **argv, int *i, const char *name, const char **val)

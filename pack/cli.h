@@ -2,10 +2,12 @@
 #ifndef KPACK_CLI_H
 #define KPACK_CLI_H
 
+#include "format/release.h"
+
 #include <stdint.h>
 #include <stdio.h>
 
-#define KPACK_VERSION "0.3.0"
+#define KPACK_VERSION KPK_RELEASE   /* the manifest's producer: "kpack " KPACK_VERSION */
 
 /* Exit codes (documented in README and `kpack --help`). */
 enum {
@@ -21,6 +23,8 @@ void kx_note(int quiet, const char *fmt, ...) __attribute__((format(printf, 2, 3
 int kx_cpus(void);
 /* 1 if path is a readable directory; otherwise prints why and returns 0. */
 int kx_is_dir(const char *path);
+/* fsync a directory (what a rename, creation or deletion in it changed): 0 or -1. */
+int kx_fsync_dir(const char *dir);
 /* Every command's option loop: is argv[*i] the flag `name`?  For flags
  * taking a value, *val gets it (from "--x=v" or the next argument; missing:
  * exits 2).  Sizes and integers: kargs_size, kargs_long (format/kargs.h). */

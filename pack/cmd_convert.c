@@ -5,6 +5,7 @@
  * fsync, rename. */
 #include "archive.h"
 #include "cli.h"
+#include "consume.h"
 #include "copy.h"
 #include "directory.h"
 #include "estimate.h"
@@ -37,7 +38,7 @@ static const char usage_fmt[] =
     "usage: kpack convert SRC OUT.kpk [--compress none|trunk|all] [--stripe DIR,DIR,...] [--stripe-unit SIZE]\n"
     "                     [--trunk-to DIR] [--align N] [--order layer-major|trunk-first]\n"
     "                     [--keep-max SIZE | --no-archive] [--sha256 SUMS] [--threads N]\n"
-    "                     [--force] [--dry-run] [--json] [--quiet]\n"
+    "                     [--consume | --consume-blobs] [--yes] [--force] [--dry-run] [--json] [--quiet]\n"
     "\n"
     "Repacks a checked Kimi K3 checkpoint (SRC a directory) into a KPK file, or\n"
     "re-lays out an existing KPK file or set (SRC its entry file; the original\n"
@@ -75,7 +76,23 @@ static const char usage_fmt[] =
     "                  as not kept\n"
     "  --no-archive    keep only the model (the non-text tensors are dropped)\n"
     "\n"
-    "It writes NAME.partial for each output file and OUT.journal next to OUT; if it is\n"
+    "Converting on the disk that holds the download (too small for two copies):\n"
+    "  --consume       delete each source shard as soon as everything OUT needs of it\n"
+    "                  (its extents, its part of the archive) is written, synced, verified\n"
+    "                  (rebuilt and compared with its SHA-256 when one was checked, else\n"
+    "                  read back and compared with the checksums computed while reading it)\n"
+    "                  and journaled: the conversion needs about one shard of free space\n"
+    "                  instead of a second copy (--dry-run says how much, per filesystem,\n"
+    "                  and it is checked first). Needs the archive; `kpack export OUT DIR`\n"
+    "                  gives every deleted file back bit for bit. The shards must be plain\n"
+    "                  files that SRC may delete. Asks first on a terminal.\n"
+    "  --consume-blobs the same for a Hugging Face cache snapshot, whose shards are links:\n"
+    "                  each shard's blob is deleted with its link (no other snapshot of\n"
+    "                  the cache may use it)\n"
+    "  --yes           do not ask\n"
+    "\n"
+    "It writes NAME.partial for each output file and OUT.journal next to OUT (and, with\n"
+    "--consume, OUT.consumed: what it keeps of each deleted shard); if it is\n"
     "interrupted (even by kill -9 or a power cut), rerunning the same command resumes\n"
     "from the last completed, verified extent and produces the same bytes as an\n"
     "uninterrupted run. The finished files are fsynced and renamed into place (the\n"
@@ -100,7 +117,7 @@ static const char usage_fmt[] =
     "Exit: 0 converted, 1 the source has problems (see check-source) or a source KPK\n"
     "      file is damaged, 2 cannot convert (usage, OUT exists, another kpack is\n"
     "      converting to OUT, not enough space, an I/O error, a source file that\n"
-    "      cannot be read).\n";
+    "      cannot be read, a source --consume may not delete, the answer no).\n";
 
 static void usage(FILE *f)
 {
@@ -121,6 +138,8 @@ struct run {
     uint64_t since_sync;
     uint64_t sync_bytes;
     uint32_t done_count;
+    kc_state *kc;            /* --consume: shards released as their extents become durable */
+    kprogress *prog;
     long kill_after;         /* test hook: SIGKILL ourselves after this many extents */
     long delay_ms;           /* test hook: slow down so a test can kill -9 us */
     char err[800];
@@ -162,6 +181,9 @@ static int on_extent_done(void *ctx, uint32_t i)
     r->since_sync += kpk_round_up(x->stored_len, r->plan->opt.align);
     r->done_count++;
     if (r->since_sync >= r->sync_bytes && flush_journal(r)) return -1;
+    if (r->kc && kc_releases_at(r->kc, i) && /* the journal first: a shard goes only once it says where its bytes are */
+        (flush_journal(r) || kc_release(r->kc, i, i + 1, r->fds, r->prog, r->err, sizeof r->err)))
+        return -1;
     if (r->delay_ms > 0) {
         struct timespec ts = {r->delay_ms / 1000, (r->delay_ms % 1000) * 1000000L};
         nanosleep(&ts, NULL);
@@ -176,6 +198,15 @@ static void per_disk(void *ctx, double elapsed, char *buf, size_t n)
     const struct run *r = ctx;
     const kp_plan *p = r->plan;
     size_t at = 0;
+    if (r->kc) { /* --consume: what was given back so far */
+        kc_stats st;
+        char b[32];
+        kc_get_stats(r->kc, &st);
+        kfmt_bytes(st.freed, b, sizeof b);
+        at += (size_t)snprintf(buf, n, "freed %s (%u of %u shards)%s%s", b, st.released, st.shards, st.doing ? ", " : "",
+                               st.doing ? st.doing : "");
+        if (at >= n) return;
+    }
     if (p->n_members < 2 || !r->out) return;
     for (uint16_t m = 0; m < p->n_members && at + 40 < n; m++) {
         const kp_member *mb = &p->members[m];
@@ -189,17 +220,39 @@ static void per_disk(void *ctx, double elapsed, char *buf, size_t n)
     }
 }
 
+/* The disk space the whole conversion needs, per filesystem, without and
+ * (from a directory) with --consume: 0, or -1 with err. */
+static int measure_space(const kp_input *in, const kp_plan *p, kp_space *sp, char *err, size_t errlen)
+{
+    uint64_t *cursor = malloc(sizeof *cursor * ((size_t)p->n_members + 1));
+    kp_release *rel = NULL;
+    size_t n_rel = 0;
+    int rc = -1;
+    if (!cursor || (in->consume && kc_releases(in->consume, 0, 1, &rel, &n_rel))) { snprintf(err, errlen, "out of memory"); goto out; }
+    kp_cursors_init(p, cursor);
+    rc = kp_space_measure(p, in, 0, cursor, rel, n_rel, sp, err, errlen);
+out:
+    free(cursor);
+    free(rel);
+    return rc;
+}
+
 static void print_plan(const kp_input *in, const kp_plan *p, const kp_estimate_note *est, const char *out, int json)
 {
+    kp_space sp = {0};
+    char serr[300];
+    const char *largest_name = NULL;
+    uint64_t largest = in->consume ? kc_largest(in->consume, &largest_name) : 0;
     uint32_t by_kind[KPK_KIND_MAX + 1] = {0};
     uint64_t bytes_kind[KPK_KIND_MAX + 1] = {0}, total = 0, raw_total = 0;
     char d[64], b1[32], b2[32], b3[32];
     kp_layout l, raw;
-    if (kp_plan_estimate(p, 0.0, &l)) { kx_error("out of memory"); return; }
+    if (measure_space(in, p, &sp, serr, sizeof serr)) kx_error("%s", serr);
+    if (kp_plan_estimate(p, 0.0, &l)) { kx_error("out of memory"); kp_space_free(&sp); return; }
     {   /* the same plan stored raw: what compression saves */
         kp_plan q = *p;
         for (int c = 0; c < KP_BC_COUNT; c++) q.est_ratio[c] = 1.0;
-        if (kp_plan_estimate(&q, 0.0, &raw)) { kx_error("out of memory"); kp_layout_free(&l); return; }
+        if (kp_plan_estimate(&q, 0.0, &raw)) { kx_error("out of memory"); kp_layout_free(&l); kp_space_free(&sp); return; }
         for (uint32_t m = 0; m < p->n_members; m++) raw_total += raw.member_size[m];
         kp_layout_free(&raw);
     }
@@ -242,6 +295,13 @@ static void print_plan(const kp_input *in, const kp_plan *p, const kp_estimate_n
         json_object_set_new(j, "output_bytes_is_estimate", json_boolean(p->n_blocks > 0));
         json_object_set_new(j, "uncompressed_output_bytes", json_integer((json_int_t)raw_total));
         json_object_set_new(j, "blocks", json_integer((json_int_t)p->n_blocks));
+        json_object_set_new(j, "space", kp_space_json(p, &sp, in->consume != NULL));
+        if (in->consume) {
+            json_t *c = json_object();
+            json_object_set_new(c, "largest_shard", largest_name ? json_string(largest_name) : json_null());
+            json_object_set_new(c, "largest_shard_bytes", json_integer((json_int_t)largest));
+            json_object_set_new(j, "consume", c);
+        }
         if (p->n_blocks) {
             json_t *e = json_object();
             for (int c = 0; c < KP_BC_COUNT; c++) {
@@ -259,6 +319,7 @@ static void print_plan(const kp_input *in, const kp_plan *p, const kp_estimate_n
         fputc('\n', stdout);
         json_decref(j);
         kp_layout_free(&l);
+        kp_space_free(&sp);
         return;
     }
     kfmt_bytes(total, b1, sizeof b1);
@@ -301,14 +362,13 @@ static void print_plan(const kp_input *in, const kp_plan *p, const kp_estimate_n
             printf("    %-6s %9s  %s\n", kpk_role_name(p->members[m].role), b1, p->members[m].path);
         }
     }
+    kp_space_print(p, &sp, in->consume != NULL, stdout);
+    if (in->consume && largest_name) {
+        kfmt_bytes(largest, b1, sizeof b1);
+        printf("    (--consume deletes each shard once its bytes are in the output; the largest, %s, is %s)\n", largest_name, b1);
+    }
     kp_layout_free(&l);
-}
-
-static int fsync_dir(const char *dir)
-{
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC), rc = -1;
-    if (fd >= 0) { rc = fsync(fd); close(fd); }
-    return rc;
+    kp_space_free(&sp);
 }
 
 /* The plan holds everything the copy needs (names, offsets, sizes): the
@@ -388,6 +448,103 @@ static int open_partials(const kp_plan *p, const uint64_t *cursor, int fresh, in
     return 0;
 }
 
+/* Forget the extents from `to` on (journal, cursors, partial files), to
+ * write them again. */
+static int roll_back(kp_plan *p, kjournal *jr, uint64_t *cursor, uint32_t to, const int *fds, char *err, size_t errlen)
+{
+    kj_record *recs = calloc((size_t)to + 1, sizeof *recs);
+    if (!recs) { snprintf(err, errlen, "out of memory"); return -1; }
+    for (uint32_t i = 0; i < to; i++) recs[i].n_blocks = kp_extent_nblocks(p, i);
+    if (kj_truncate(jr, recs, to)) { snprintf(err, errlen, "cannot truncate the journal: %s", strerror(errno)); free(recs); return -1; }
+    free(recs);
+    kp_cursors_init(p, cursor);
+    for (uint32_t i = 0; i < to; i++)
+        cursor[kp_target(p, p->extents[i].member)] = p->extents[i].offset + kpk_round_up(p->extents[i].stored_len, p->opt.align);
+    for (uint16_t m = 0; m < p->n_members; m++)
+        if (ftruncate(fds[m], (off_t)kp_member_end(p, cursor, m))) {
+            snprintf(err, errlen, "cannot clear the unfinished part of %s: %s", p->members[m].partial, strerror(errno));
+            return -1;
+        }
+    return 0;
+}
+
+/* The command line, for the consume log (a resume that cannot go on names
+ * the command that began the conversion). */
+static char *command_line(int argc, char **argv)
+{
+    size_t n = 8;
+    char *s, *at;
+    for (int i = 0; i < argc; i++) n += 3 + 4 * strlen(argv[i]);
+    if (!(s = malloc(n))) return NULL;
+    at = s + sprintf(s, "kpack");
+    for (int i = 0; i < argc; i++) {
+        int plain = argv[i][0] && strspn(argv[i], "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_=.,/:+@%") ==
+                                      strlen(argv[i]);
+        *at++ = ' ';
+        if (!plain) *at++ = '\'';
+        for (const char *c = argv[i]; *c; c++) {
+            if (!plain && *c == '\'') { memcpy(at, "'\\''", 4); at += 4; }
+            else *at++ = *c;
+        }
+        if (!plain) *at++ = '\'';
+    }
+    *at = 0;
+    return s;
+}
+
+/* Room for the rest of the conversion, per filesystem: its peak with
+ * --consume, else the whole output; a plain run that does not fit is told
+ * what --consume would need. */
+static int check_space(const kp_plan *p, const kp_input *in, uint32_t first, const uint64_t *cursor, kc_state *kc,
+                       int consume, char *err, size_t errlen)
+{
+    kp_release *rel = NULL;
+    size_t n_rel = 0;
+    kp_space sp;
+    int rc = -1;
+    if (kc && kc_releases(kc, first, 0, &rel, &n_rel)) { snprintf(err, errlen, "out of memory"); return -1; }
+    if (kp_space_measure(p, in, first, cursor, rel, n_rel, &sp, err, errlen)) goto out;
+    rc = kp_space_verdict(p, &sp, consume, err, errlen);
+    kp_space_free(&sp);
+    if (rc && kc && !consume) {
+        free(rel);
+        rel = NULL;
+        if (kc_releases(kc, first, 1, &rel, &n_rel) == 0 && n_rel &&
+            kp_space_measure(p, in, first, cursor, rel, n_rel, &sp, err + strlen(err), 0) == 0) {
+            char why[8], b[32];
+            uint64_t peak = 0;
+            for (size_t f = 0; f < sp.n; f++)
+                if (sp.fs[f].peak > peak) peak = sp.fs[f].peak;
+            kfmt_bytes(peak, b, sizeof b);
+            if (kp_space_verdict(p, &sp, 1, why, sizeof why) == 0)
+                snprintf(err + strlen(err), errlen - strlen(err), ". With --consume (each shard deleted once its bytes are "
+                         "in the output; see --help) it needs %s at its peak, which fits: add --consume", b);
+            kp_space_free(&sp);
+        }
+    }
+out:
+    free(rel);
+    return rc;
+}
+
+/* --consume on a terminal: ask, saying what will be deleted and the space it needs. */
+static int confirm_consume(const k3_source *src, kc_state *kc, const char *out)
+{
+    uint64_t bytes = 0, largest;
+    size_t n = 0;
+    const char *name;
+    char what[1200], b1[32], b2[32];
+    for (size_t i = 0; i < src->n_shards; i++)
+        if (!src->shards[i].gone) { bytes += src->shards[i].size; n++; }
+    largest = kc_largest(kc, &name);
+    kfmt_bytes(bytes, b1, sizeof b1);
+    kfmt_bytes(largest, b2, sizeof b2);
+    snprintf(what, sizeof what, "kpack: --consume deletes the %zu shards of %s (%s) one by one as their bytes are written "
+             "to %s, synced and verified; `kpack export %s DIR` gives them back. The largest, %s, is %s.", n, src->dir, b1,
+             out, out, name ? name : "-", b2);
+    return kc_confirm(what);
+}
+
 int cmd_convert(int argc, char **argv)
 {
     const char *src_path = NULL, *out = NULL, *sums = NULL, *v;
@@ -395,6 +552,9 @@ int cmd_convert(int argc, char **argv)
     const char **stripe_dirs = NULL;
     kp_options opt = {.align = 4096, .order = KPK_ORDER_LAYER_MAJOR};
     int json = 0, quiet = 0, force = 0, dry = 0, threads = kx_cpus(), kind, no_archive = 0, have_arch = 0;
+    int consume = 0, blobs = 0, yes = 0, src_lock = -1;
+    kc_state *kc = NULL;
+    char *command = NULL;
     int64_t unit = 0, keep_max = -1;
     ka_archive arch;
     kp_estimate_note est;
@@ -452,6 +612,9 @@ int cmd_convert(int argc, char **argv)
         } else if (kx_flag(argc, argv, &i, "--keep-max", &v)) {
             if ((keep_max = kargs_size(v)) < 0) { kx_error("--keep-max: expected a size (e.g. 64M), got %s", v); return KX_FAIL; }
         } else if (kx_flag(argc, argv, &i, "--no-archive", NULL)) no_archive = 1;
+        else if (kx_flag(argc, argv, &i, "--consume", NULL)) consume = 1;
+        else if (kx_flag(argc, argv, &i, "--consume-blobs", NULL)) consume = blobs = 1;
+        else if (kx_flag(argc, argv, &i, "--yes", NULL)) yes = 1;
         else if (kx_flag(argc, argv, &i, "--stripe", &v)) stripe_list = (char *)v;
         else if (kx_flag(argc, argv, &i, "--trunk-to", &v)) opt.trunk_dir = v;
         else if (kx_flag(argc, argv, &i, "--sha256", &v)) sums = v;
@@ -491,11 +654,24 @@ int cmd_convert(int argc, char **argv)
         kx_error("%s applies to a checkpoint directory; a re-layout keeps what the KPK source keeps", no_archive ? "--no-archive" : "--keep-max");
         goto out;
     }
+    if (consume && kind) {
+        kx_error("--consume deletes a checkpoint directory's shards as they are converted; %s is a KPK file (verify the new "
+                 "file, then delete the old one yourself)", src_path);
+        goto out;
+    }
+    if (consume && no_archive) {
+        kx_error("--consume needs the archive: without it the deleted shards could not be given back (kpack export)");
+        goto out;
+    }
     if (!dry) {
         /* From here on, this process is the only kpack writing OUT's files
          * (taken before the source check, which may hash for hours). */
         if (kp_lock_take(&lock, out, err, sizeof err)) { kx_error("%s", err); goto out; }
-        if (!force && lstat(out, &st) == 0) { kx_error("%s already exists; use --force to replace it", out); goto out; }
+        if (!force && lstat(out, &st) == 0) {
+            kx_error("%s already exists; use --force to replace it", out);
+            if (kc_finished_note(out, err, sizeof err)) kx_note(0, "%s", err);
+            goto out;
+        }
     }
     if (kind) {
         kpk_err e = {0};
@@ -514,7 +690,14 @@ int cmd_convert(int argc, char **argv)
         in.cfg = &kcfg;
         in.schema = &kschema;
     } else {
-        if (ks_open(src_path, sums, &src, err, sizeof err)) {
+        const ks_gone *gone;
+        size_t n_gone;
+        /* one consuming conversion of SRC, and no other conversion of it meanwhile */
+        if (!dry && kc_lock_source(src_path, consume, &src_lock, err, sizeof err)) { kx_error("%s", err); goto out; }
+        /* shards an earlier --consume run deleted: its log has what planning needs of them */
+        if (kc_load(&kc, out, err, sizeof err)) { kx_error("%s", err); goto out; }
+        gone = kc_gone(kc, &n_gone);
+        if (ks_open_gone(src_path, sums, gone, n_gone, &src, err, sizeof err)) {
             kx_error("%s; nothing was written", err);
             rc = ks_io_errno(&src) ? KX_FAIL : KX_BAD; /* unreadable: an I/O error, exit 2 */
             ks_free(&src);
@@ -530,8 +713,9 @@ int cmd_convert(int argc, char **argv)
         }
         /* Hashes are recorded only when checked: --sha256, or a Hugging Face
          * cache's blob names (which name the SHA-256) when there is an archive
-         * (its export --check compares with them). */
-        if (sums || (have_arch && src.hf_snapshot)) ks_check_sha256(&src, threads, !quiet);
+         * (its export --check compares with them); a shard put back after
+         * --consume deleted it is checked against the SHA-256 it had. */
+        if (sums || (have_arch && src.hf_snapshot) || kc_recorded(kc)) ks_check_sha256(&src, threads, !quiet);
         if (ks_io_errno(&src)) {
             kx_error("%s: a source file could not be read (%s); nothing was written; fix the cause and rerun:",
                      src_path, strerror(ks_io_errno(&src)));
@@ -542,6 +726,10 @@ int cmd_convert(int argc, char **argv)
         if (!ks_ok(&src)) {
             kx_error("%s is not a complete, intact Kimi K3 checkpoint; nothing was written:", src_path);
             kr_source_problems(&src, stderr);
+            snprintf(err, sizeof err, "%s.journal", out);
+            if (!kc_recorded(kc) && access(err, F_OK) == 0)
+                kx_note(0, "%s is there but not %s.consumed: if `kpack convert --consume` deleted these shards, its record "
+                        "of them is gone; put them back to resume", err, out);
             rc = KX_BAD;
             goto out;
         }
@@ -558,6 +746,16 @@ int cmd_convert(int argc, char **argv)
     in.threads = threads;
     if (kp_plan_build(&in, &opt, out, "kpack " KPACK_VERSION, &plan, err, sizeof err)) { kx_error("%s", err); goto out; }
     have_plan = 1;
+    if (kc) {
+        if (kc_bind(kc, &plan, &src, consume, err, sizeof err) || kc_check_plan(kc, err, sizeof err) ||
+            (consume && kc_check_rails(kc, blobs, err, sizeof err))) {
+            kx_error("%s", err);
+            goto out;
+        }
+        if (consume && kc_other_fs_note(kc)) kx_note(quiet, "%s", kc_other_fs_note(kc));
+        in.consume = kc;
+        if (consume) r.kc = kc;
+    }
     if (kp_estimate_ratios(&in, &plan, &est, err, sizeof err)) { kx_error("%s", err); goto out; }
     if (dry) {
         print_plan(&in, &plan, &est, out, json);
@@ -583,8 +781,17 @@ int cmd_convert(int argc, char **argv)
     if (!r.pending || !r.fds || !cursor || !r.ends) { kx_error("out of memory"); goto out; }
     for (uint32_t m = 0; m < plan.n_members; m++) r.fds[m] = -1;
 
-    if (kp_resume_point(&plan, journal, &r.jr, cursor, &first, quiet, err, sizeof err)) { kx_error("%s", err); goto out; }
-    if (kp_space_check(&plan, &in, cursor, err, sizeof err)) { kx_error("%s", err); goto out; }
+    /* (a resume that would need a deleted shard stops below: no "starting over" note before it) */
+    if (kp_resume_point(&plan, journal, &r.jr, cursor, &first, quiet || (kc && kc_recorded(kc)), err, sizeof err) ||
+        (kc && kc_check_resume(kc, first, err, sizeof err))) {
+        kx_error("%s", err);
+        goto out;
+    }
+    if (check_space(&plan, &in, first, cursor, kc, consume, err, sizeof err)) { kx_error("%s", err); goto out; }
+    if (consume && !yes && isatty(STDIN_FILENO) && isatty(STDERR_FILENO) && !confirm_consume(&src, kc, out)) {
+        kx_error("nothing was written or deleted");
+        goto out;
+    }
     if (first == 0) {
         /* the journal first: a partial file without one is never taken for resumable */
         if (kj_create(&r.jr, journal, plan.plan_id, plan.n_extents, plan.n_members)) {
@@ -601,9 +808,28 @@ int cmd_convert(int argc, char **argv)
         kx_note(quiet, "resuming %s: %u of %u extents (%s) already written and verified", plan.members[0].partial, first,
                 plan.n_extents, b);
     }
+    if (kc) {
+        uint32_t redo;
+        int got;
+        if (!(command = command_line(argc, argv))) { kx_error("out of memory"); goto out; }
+        /* a journaled extent that no longer reads back as written: written again, from there */
+        while ((got = kc_begin(kc, command, first, r.fds, NULL, &redo, err, sizeof err)) == 1) {
+            kx_note(quiet, "%s; writing it and what follows again", err);
+            if (kc_check_resume(kc, redo, err, sizeof err) || roll_back(&plan, &r.jr, cursor, redo, r.fds, err, sizeof err)) {
+                got = -1;
+                break;
+            }
+            first = redo;
+        }
+        if (got) {
+            kx_error("%s; rerun the same command to resume", err);
+            goto out;
+        }
+    }
     if (have_src) drop_headers(&src);
 
     prog = kprogress_start("convert", plan.data_bytes, !quiet);
+    r.prog = prog;
     {
         uint64_t done_data = 0;
         for (uint32_t i = 0; i < first; i++) done_data += plan.extents[i].raw_len;
@@ -614,14 +840,14 @@ int cmd_convert(int argc, char **argv)
     if (kp_copy_extents(&in, &plan, r.out, cursor, first, on_extent_done, &r, prog, &stats, err, sizeof err) ||
         flush_journal(&r)) {
         kprogress_finish(prog);
-        prog = NULL;
+        prog = r.prog = NULL;
         kx_error("%s%s%s", err, r.err[0] && err[0] ? ": " : "", r.err);
         kx_error("the .partial files and %s are kept; rerun the same command to resume", journal);
         if (stats.source_damaged) rc = KX_BAD;
         goto out;
     }
     t_copy = kprogress_finish(prog);
-    prog = NULL;
+    prog = r.prog = NULL;
     for (uint16_t m = 0; m < plan.n_members; m++) written += kp_out_written(r.out, m);
     if (kp_out_stop(r.out, err, sizeof err)) { r.out = NULL; kx_error("%s", err); goto out; }
     r.out = NULL;
@@ -644,10 +870,11 @@ int cmd_convert(int argc, char **argv)
             kx_error("renaming %s to %s: %s", plan.members[m].partial, plan.members[m].path, strerror(errno));
             goto out;
         }
-    for (uint32_t m = 0; m < plan.n_members; m++) fsync_dir(plan.members[m].dir);
+    for (uint32_t m = 0; m < plan.n_members; m++) kx_fsync_dir(plan.members[m].dir);
     kj_close(&r.jr);
     unlink(journal);
-    fsync_dir(plan.members[0].dir);
+    kx_fsync_dir(plan.members[0].dir);
+    if (kc) kc_finish(kc);
     {
         double secs = know() - t0;
         double mbps = t_copy > 0 ? (double)stats.bytes_in / t_copy / 1e6 : 0;
@@ -677,6 +904,17 @@ int cmd_convert(int argc, char **argv)
                 json_array_append_new(mem, o);
             }
             json_object_set_new(j, "members", mem);
+            if (r.kc) {
+                kc_stats cs;
+                json_t *o = json_object();
+                kc_get_stats(r.kc, &cs);
+                json_object_set_new(o, "shards", json_integer(cs.shards));
+                json_object_set_new(o, "deleted", json_integer(cs.released));
+                json_object_set_new(o, "deleted_by_this_run", json_integer(cs.released_now));
+                json_object_set_new(o, "bytes_freed", json_integer((json_int_t)cs.freed));
+                json_object_set_new(o, "bytes_freed_by_this_run", json_integer((json_int_t)cs.freed_now));
+                json_object_set_new(j, "consume", o);
+            }
             json_dumpf(j, stdout, JSON_INDENT(1) | JSON_SORT_KEYS);
             fputc('\n', stdout);
             json_decref(j);
@@ -691,6 +929,13 @@ int cmd_convert(int argc, char **argv)
                 fprintf(stderr, "; this run stored %.3f of what it copied (%llu compressed blocks in all)",
                         (double)stats.bytes_stored / (double)stats.bytes_in, (unsigned long long)plan.n_blocks);
             fputc('\n', stderr);
+            if (r.kc) {
+                kc_stats cs;
+                kc_get_stats(r.kc, &cs);
+                kfmt_bytes(cs.freed, b1, sizeof b1);
+                fprintf(stderr, "kpack: deleted the %u shards of %s as they were converted (%s freed); `kpack export %s DIR` "
+                        "gives them back, bit for bit\n", cs.released, src_path, b1, out);
+            }
         }
     }
     rc = KX_OK;
@@ -701,6 +946,9 @@ out:
         for (uint32_t m = 0; have_plan && m < plan.n_members; m++)
             if (r.fds[m] >= 0) close(r.fds[m]);
     kj_close(&r.jr);
+    kc_free(kc);
+    if (src_lock >= 0) close(src_lock);
+    free(command);
     kp_lock_release(&lock);
     kp_layout_free(&layout);
     free(r.pending);

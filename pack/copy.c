@@ -3,6 +3,8 @@
  * copy_read.c the reader, copy_encode.c the encoders). */
 #include "copy_pipe.h"
 
+#include "consume.h"
+
 #include "format/kio.h"
 
 #include <errno.h>
@@ -246,6 +248,10 @@ int kp_copy_extents(const kp_input *in, kp_plan *p, kp_out *out, uint64_t *curso
     for (uint32_t e = first; e < p->n_extents; e++)
         for (uint64_t ti = p->extents[e].first_tensor; ti < (uint64_t)p->extents[e].first_tensor + p->extents[e].tensor_count; ti++)
             if (p->from[ti].shard < n_shards) pp.last_use[p->from[ti].shard] = e;
+    for (size_t i = 0; in->consume && i < n_shards; i++) { /* --consume: the file is read up to its release point only */
+        uint32_t u = kc_file_last_use(in->consume, (uint32_t)i);
+        if (u != UINT32_MAX) pp.last_use[i] = u >= first ? u : UINT32_MAX;
+    }
     for (size_t i = 0; i < n_shards; i++)
         if (pp.last_use[i] != UINT32_MAX) pp.ends_shard[pp.last_use[i]] = 1;
     if (kp_sources_open(&pp, err, errlen)) goto out;

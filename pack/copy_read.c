@@ -4,6 +4,7 @@
 #include "copy_pipe.h"
 
 #include "archive.h"
+#include "consume.h"
 #include "format/kio.h"
 #include "format/kos.h"
 
@@ -13,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #define HOLE_RUN 1024               /* hole extents handed over at once (one per extent costs a thread switch) */
@@ -44,12 +46,19 @@ static int kpk_range_is_hole(kpk_file *f, uint32_t i, uint64_t pos, uint64_t len
     return 1;
 }
 
+/* A shard's bytes that come from the consume log: it was deleted (consume.h). */
+static int from_log(struct pipe *pp, const kp_source_ref *from)
+{
+    return pp->in->consume && pp->in->src && from->shard < pp->in->src->n_shards && kc_released(pp->in->consume, from->shard);
+}
+
 /* A tensor's source range is a hole.  A shard range past the end of the
  * file is not: reading it reports the shrink. */
 static int source_is_hole(struct pipe *pp, const kp_source_ref *from, uint64_t off, uint64_t len)
 {
     if (from->shard == KP_FROM_EXTRA || from->shard == KP_FROM_FILE) return 0;
     if (from->shard == KP_FROM_KPK) return kpk_range_is_hole(pp->in->kpk, from->extra, from->offset + off, len);
+    if (from_log(pp, from)) return 0;
     if (from->offset + off + len > pp->shard_size[from->shard]) return 0;
     return fd_range_is_hole(pp->shard_fd[from->shard], from->offset + off, len);
 }
@@ -105,6 +114,12 @@ static int read_tensor(struct pipe *pp, const kpk_tensor *t, const kp_source_ref
     }
     if (from->shard == KP_FROM_FILE) {
         if (kept_file_read(pp, from->extra, dst, len, from->offset + off)) return -1;
+        pp->bytes_read += len;
+        return 0;
+    }
+    if (from_log(pp, from)) {
+        if (kc_read(pp->in->consume, from->shard, from->offset, off, dst, len))
+            return read_failed(pp, "reading %s from the consume log: %s", pp->in->src->shards[from->shard].name, strerror(errno));
         pp->bytes_read += len;
         return 0;
     }
@@ -195,6 +210,8 @@ int kp_sources_open(struct pipe *pp, char *err, size_t errlen)
     for (size_t i = 0; i < n_files; i++) pp->file_fd[i] = -1;
     for (size_t i = 0; i < n_shards; i++) {
         struct stat sst;
+        pp->shard_size[i] = in->src->shards[i].size;
+        if (in->consume && kc_released(in->consume, (uint32_t)i)) continue; /* deleted: the log has what is left of it */
         pp->shard_fd[i] = open(in->src->shards[i].path, O_RDONLY | O_CLOEXEC);
         if (pp->shard_fd[i] < 0 || fstat(pp->shard_fd[i], &sst)) { snprintf(err, errlen, "%s: %s", in->src->shards[i].path, strerror(errno)); return -1; }
         pp->shard_size[i] = (uint64_t)sst.st_size;
@@ -357,11 +374,32 @@ static uint32_t send_holes(struct pipe *pp, uint32_t e)
     return n;
 }
 
+/* --consume: extent e reads a shard's staged pieces, which come from the
+ * log once the shard is released (the dispatcher releases it at its release
+ * point, before it gets to e): wait for that.  0, or -1 if stopped. */
+static int wait_released(struct pipe *pp, uint32_t e)
+{
+    uint32_t s = pp->in->consume ? kc_waits_for(pp->in->consume, e) : UINT32_MAX;
+    int stopped = 0;
+    if (s == UINT32_MAX) return 0;
+    pthread_mutex_lock(&pp->mu);
+    while (!kc_released(pp->in->consume, s) && !(stopped = pp->stop)) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 20000000;
+        if (ts.tv_nsec >= 1000000000) { ts.tv_sec++; ts.tv_nsec -= 1000000000; }
+        pthread_cond_timedwait(&pp->cv, &pp->mu, &ts);
+    }
+    pthread_mutex_unlock(&pp->mu);
+    return stopped ? -1 : 0;
+}
+
 void *kp_reader_main(void *arg)
 {
     struct pipe *pp = arg;
     const kp_plan *p = pp->p;
     for (uint32_t e = pp->first; e < p->n_extents; e++) {
+        if (wait_released(pp, e)) return NULL;
         if (p->extents[e].raw_len > 0 && p->extents[e].codec == KPK_CODEC_NONE && kp_extent_is_hole(pp, e)) {
             uint32_t n = send_holes(pp, e);
             if (!n) return NULL;
@@ -373,7 +411,13 @@ void *kp_reader_main(void *arg)
          * behind (page cache folios that straddle a range's ends). */
         if (pp->ends_shard[e])
             for (size_t i = 0; pp->in->src && i < pp->in->src->n_shards; i++)
-                if (pp->last_use[i] == e) kos_cache_drop(pp->shard_fd[i], 0, 0);
+                if (pp->last_use[i] == e && pp->shard_fd[i] >= 0) {
+                    kos_cache_drop(pp->shard_fd[i], 0, 0);
+                    if (pp->in->consume && kc_file_last_use(pp->in->consume, (uint32_t)i) == e) {
+                        close(pp->shard_fd[i]); /* an open file keeps its blocks when --consume deletes it */
+                        pp->shard_fd[i] = -1;
+                    }
+                }
     }
     pthread_mutex_lock(&pp->mu);
     pp->reader_done = 1;

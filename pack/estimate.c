@@ -1,6 +1,7 @@
 /* Sampling the source for the compressed size estimate (estimate.h). */
 #include "estimate.h"
 
+#include "consume.h"
 #include "copy_pipe.h"
 
 #include <stdio.h>
@@ -50,6 +51,7 @@ int kp_estimate_ratios(const kp_input *in, kp_plan *p, kp_estimate_note *note, c
             if (c->cls != cls) continue;
             if (seen++ * KP_ESTIMATE_SAMPLES < (uint64_t)note->sampled[cls] * n) continue;
             e = extent_of_block(p, b);
+            if (in->consume && kc_extent_consumed(in->consume, e)) continue; /* its shard is gone: sample another */
             if (kp_fill_range(&pp, e, c->raw_off, c->raw_len, buf, &zero)) {
                 snprintf(err, errlen, "sampling the source for the size estimate: %s", pp.err);
                 goto out;

@@ -20,6 +20,8 @@ static const char usage[] =
     "  export FILE.kpk DIR  write the original files of the download back, byte-identical\n"
     "                       (--check: rebuild them in memory and compare their SHA-256)\n"
     "\n"
+    "  --version            the release, and the KPK format versions kpack reads and writes\n"
+    "\n"
     "Run `kpack COMMAND --help` for a command's options.\n"
     "\n"
     "Exit codes: 0 success / intact; 1 the source or file checked is bad\n"
@@ -38,7 +40,7 @@ int main(int argc, char **argv)
         return argc < 2 ? KX_FAIL : KX_OK;
     }
     if (strcmp(argv[1], "--version") == 0) {
-        printf("kpack %s (KPK format %d.%d)\n", KPACK_VERSION, KPK_VERSION_MAJOR, KPK_VERSION_MINOR);
+        kpk_release_print(stdout, "kpack", 1);
         return KX_OK;
     }
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)

@@ -826,23 +826,24 @@ void kp_layout_free(kp_layout *l)
     l->member_size = NULL;
 }
 
+uint64_t kp_extent_estimate(const kp_plan *p, uint32_t i, double margin)
+{
+    const kpk_extent *x = &p->extents[i];
+    double s = 0;
+    if (x->codec != KPK_CODEC_BLOCKS) return x->raw_len;
+    for (uint64_t b = x->first_block; b < x->first_block + kp_extent_nblocks(p, i); b++)
+        s += (double)p->cuts[b].raw_len * p->est_ratio[p->cuts[b].cls] * (1.0 + margin);
+    return (uint64_t)s < x->raw_len ? (uint64_t)s : x->raw_len;
+}
+
 int kp_plan_estimate(const kp_plan *p, double margin, kp_layout *l)
 {
     uint64_t *cursor = malloc(sizeof *cursor * ((size_t)p->n_members + 1));
     int rc;
     if (!cursor) return -1;
     kp_cursors_init(p, cursor);
-    for (uint32_t i = 0; i < p->n_extents; i++) {
-        const kpk_extent *x = &p->extents[i];
-        uint64_t stored = x->raw_len;
-        if (x->codec == KPK_CODEC_BLOCKS) {
-            double s = 0;
-            for (uint64_t b = x->first_block; b < x->first_block + kp_extent_nblocks(p, i); b++)
-                s += (double)p->cuts[b].raw_len * p->est_ratio[p->cuts[b].cls] * (1.0 + margin);
-            stored = (uint64_t)s < x->raw_len ? (uint64_t)s : x->raw_len;
-        }
-        cursor[kp_target(p, x->member)] += kpk_round_up(stored, p->opt.align);
-    }
+    for (uint32_t i = 0; i < p->n_extents; i++)
+        cursor[kp_target(p, p->extents[i].member)] += kpk_round_up(kp_extent_estimate(p, i, margin), p->opt.align);
     rc = kp_layout_finish(p, cursor, l);
     free(cursor);
     return rc;

@@ -28,6 +28,7 @@ typedef struct kp_options {
 } kp_options;
 
 struct ka_archive;
+struct kc_state;
 
 /* What a conversion reads: a checked checkpoint directory, or a KPK file or set. */
 typedef struct kp_input {
@@ -37,6 +38,7 @@ typedef struct kp_input {
     const k3_schema *schema;
     const struct ka_archive *arch;   /* what of the download is kept besides the model (NULL: nothing) */
     int threads;                     /* encoder threads */
+    struct kc_state *consume;        /* shards deleted as the conversion goes (consume.h), or NULL */
 } kp_input;
 
 /* Where one tensor's bytes come from. */
@@ -129,6 +131,8 @@ void kp_layout_free(kp_layout *l);
  * margin (a fraction), never more than raw (the dry run's sizes, the space
  * check). */
 int kp_plan_estimate(const kp_plan *p, double margin, kp_layout *l);
+/* Extent i's stored size as kp_plan_estimate counts it. */
+uint64_t kp_extent_estimate(const kp_plan *p, uint32_t i, double margin);
 /* Extent i's blocks: their cuts and records (n = its block count). */
 static inline uint32_t kp_extent_nblocks(const kp_plan *p, uint32_t i)
 {

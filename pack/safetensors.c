@@ -56,43 +56,18 @@ void st_free(st_file *f)
     memset(f, 0, sizeof *f);
 }
 
-int st_open(const char *path, st_file *f, char *err, size_t errlen)
+/* The header's JSON (f->header_len bytes at hdr; f->path and f->data_start
+ * set) into f's tensors, checked. */
+static int parse_json(st_file *f, const char *hdr, char *err, size_t errlen)
 {
-    int fd;
-    int64_t sz;
-    uint8_t len8[8];
-    char *hdr = NULL;
+    const char *path = f->path;
     json_t *root = NULL;
     json_error_t jerr;
     const char *key;
     json_t *val;
     size_t arena_len = 0, arena_at = 0, i;
-    int rc = -1, io = 0;
+    int rc = -1;
 
-    memset(f, 0, sizeof *f);
-    f->path = strdup(path);
-    if (!f->path) { snprintf(err, errlen, "%s: out of memory", path); return -1; }
-    fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) { io = errno; snprintf(err, errlen, "%s: %s", path, strerror(errno)); goto out_nofd; }
-    sz = kio_file_size(fd);
-    if (sz < 0) { io = errno; snprintf(err, errlen, "%s: %s", path, strerror(errno)); goto out; }
-    f->file_size = (uint64_t)sz;
-    if (f->file_size < 8) { snprintf(err, errlen, "%s: truncated: %llu bytes, too short for a safetensors header", path, (unsigned long long)f->file_size); goto out; }
-    if (kio_pread_full(fd, len8, 8, 0)) { io = errno; snprintf(err, errlen, "%s: %s", path, strerror(errno)); goto out; }
-    for (i = 0; i < 8; i++) f->header_len |= (uint64_t)len8[i] << (8 * i);
-    if (f->header_len < 2 || f->header_len > ST_MAX_HEADER) {
-        snprintf(err, errlen, "%s: header length %llu is not plausible (not a safetensors file?)", path, (unsigned long long)f->header_len);
-        goto out;
-    }
-    if (8 + f->header_len > f->file_size) {
-        snprintf(err, errlen, "%s: truncated: header length %llu runs past the end of the %llu-byte file", path,
-                 (unsigned long long)f->header_len, (unsigned long long)f->file_size);
-        goto out;
-    }
-    f->data_start = 8 + f->header_len;
-    hdr = malloc(f->header_len);
-    if (!hdr) { snprintf(err, errlen, "%s: out of memory", path); goto out; }
-    if (kio_pread_full(fd, hdr, f->header_len, 8)) { io = errno; snprintf(err, errlen, "%s: %s", path, strerror(errno)); goto out; }
     root = json_loadb(hdr, f->header_len, JSON_REJECT_DUPLICATES, &jerr);
     if (!root) { snprintf(err, errlen, "%s: malformed header JSON at byte %d: %s", path, jerr.position, jerr.text); goto out; }
     if (!json_is_object(root)) { snprintf(err, errlen, "%s: header is not a JSON object", path); goto out; }
@@ -186,13 +161,68 @@ int st_open(const char *path, st_file *f, char *err, size_t errlen)
     }
     rc = 0;
 out:
+    json_decref(root);
+    return rc;
+}
+
+int st_open(const char *path, st_file *f, char *err, size_t errlen)
+{
+    int fd;
+    int64_t sz;
+    uint8_t len8[8];
+    char *hdr = NULL;
+    size_t i;
+    int rc = -1, io = 0;
+
+    memset(f, 0, sizeof *f);
+    f->path = strdup(path);
+    if (!f->path) { snprintf(err, errlen, "%s: out of memory", path); return -1; }
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) { io = errno; snprintf(err, errlen, "%s: %s", path, strerror(errno)); goto out_nofd; }
+    sz = kio_file_size(fd);
+    if (sz < 0) { io = errno; snprintf(err, errlen, "%s: %s", path, strerror(errno)); goto out; }
+    f->file_size = (uint64_t)sz;
+    if (f->file_size < 8) { snprintf(err, errlen, "%s: truncated: %llu bytes, too short for a safetensors header", path, (unsigned long long)f->file_size); goto out; }
+    if (kio_pread_full(fd, len8, 8, 0)) { io = errno; snprintf(err, errlen, "%s: %s", path, strerror(errno)); goto out; }
+    for (i = 0; i < 8; i++) f->header_len |= (uint64_t)len8[i] << (8 * i);
+    if (f->header_len < 2 || f->header_len > ST_MAX_HEADER) {
+        snprintf(err, errlen, "%s: header length %llu is not plausible (not a safetensors file?)", path, (unsigned long long)f->header_len);
+        goto out;
+    }
+    if (8 + f->header_len > f->file_size) {
+        snprintf(err, errlen, "%s: truncated: header length %llu runs past the end of the %llu-byte file", path,
+                 (unsigned long long)f->header_len, (unsigned long long)f->file_size);
+        goto out;
+    }
+    f->data_start = 8 + f->header_len;
+    hdr = malloc(f->header_len);
+    if (!hdr) { snprintf(err, errlen, "%s: out of memory", path); goto out; }
+    if (kio_pread_full(fd, hdr, f->header_len, 8)) { io = errno; snprintf(err, errlen, "%s: %s", path, strerror(errno)); goto out; }
+    if (parse_json(f, hdr, err, errlen)) goto out;
+    rc = 0;
+out:
     close(fd);
 out_nofd:
     free(hdr);
-    json_decref(root);
     if (rc) {
         st_free(f);
         f->io_errno = io; /* ENODATA among them: the file shrank while it was read */
     }
     return rc;
+}
+
+int st_parse(const char *path, const uint8_t *head, uint64_t len, uint64_t file_size, st_file *f, char *err, size_t errlen)
+{
+    memset(f, 0, sizeof *f);
+    if (!(f->path = strdup(path))) { snprintf(err, errlen, "%s: out of memory", path); return -1; }
+    f->file_size = file_size;
+    for (int i = 0; len >= 8 && i < 8; i++) f->header_len |= (uint64_t)head[i] << (8 * i);
+    if (len < 8 || f->header_len < 2 || f->header_len > ST_MAX_HEADER || len != 8 + f->header_len || len > file_size) {
+        snprintf(err, errlen, "%s: %llu header bytes that are not a safetensors header", path, (unsigned long long)len);
+        st_free(f);
+        return -1;
+    }
+    f->data_start = len;
+    if (parse_json(f, (const char *)head + 8, err, errlen)) { st_free(f); return -1; }
+    return 0;
 }

@@ -38,6 +38,11 @@ typedef struct st_file {
  * compare expected_size with file_size for that.  Errors name the file and,
  * where there is one, the tensor. */
 int st_open(const char *path, st_file *out, char *err, size_t errlen);
+/* The same checks on a header held in memory: head is the file's first len =
+ * 8 + N bytes, file_size its size (a shard deleted by `convert --consume`,
+ * whose header the consume log keeps); path names it in messages. */
+int st_parse(const char *path, const uint8_t *head, uint64_t len, uint64_t file_size, st_file *out, char *err,
+             size_t errlen);
 /* The dtype's bits per element and KPK dtype (0 if none); 0 bits: not a safetensors dtype. */
 unsigned st_dtype_bits(const char *name, int *kpk_dtype);
 void st_free(st_file *f);

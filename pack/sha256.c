@@ -78,7 +78,7 @@ static void *sha_worker(void *arg)
         char err[300];
         if (i >= job->src->n_shards) break;
         s = &job->src->shards[i];
-        if (!s->present || !s->expect_sha[0]) continue;
+        if (!s->present || !s->expect_sha[0] || s->gone) continue; /* a consumed shard: checked before it went */
         if (ks_sha256_file(s->path, s->got_sha, job->prog, &s->io_errno, err, sizeof err)) {
             s->got_sha[0] = 0;
             /* problems[] is per shard and only this worker touches shard i */

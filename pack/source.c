@@ -426,11 +426,61 @@ out:
     return rc;
 }
 
-static void read_one_header(ks_shard *s)
+static void parse_header(ks_shard *s)
+{
+    char err[600];
+    if (st_open(s->path, &s->st, err, sizeof err)) {
+        /* st_open names the file; the verdict line does too, so drop the prefix */
+        const char *m = strncmp(err, s->path, strlen(s->path)) == 0 ? err + strlen(s->path) + 2 : err;
+        if (ks_is_io_errno(s->st.io_errno)) s->io_errno = s->st.io_errno;
+        shard_problem(s, "%s", m);
+        return;
+    }
+    s->parsed = 1;
+}
+
+/* A consumed shard that is absent: its record's identity and header. */
+static void gone_shard(ks_shard *s, const ks_gone *g)
+{
+    uint8_t *head = NULL;
+    uint64_t len = 0;
+    char err[600];
+    if (s->expect_sha[0] && g->got_sha[0] && strcmp(s->expect_sha, g->got_sha) != 0) {
+        shard_problem(s, "kpack convert --consume deleted this shard after checking its SHA-256 %.16s...; --sha256 says %.16s...",
+                      g->got_sha, s->expect_sha);
+        return;
+    }
+    s->present = s->gone = 1;
+    s->size = g->size;
+    s->alloc_bytes = g->alloc_bytes;
+    s->mtime_ns = g->mtime_ns;
+    snprintf(s->expect_sha, sizeof s->expect_sha, "%s", g->expect_sha);
+    snprintf(s->got_sha, sizeof s->got_sha, "%s", g->got_sha);
+    s->sha_from = !g->sha_from[0] ? NULL : strcmp(g->sha_from, "hf-blob") == 0 ? "hf-blob" : "--sha256";
+    s->hf_blob = s->sha_from && strcmp(s->sha_from, "hf-blob") == 0;
+    if (g->read_header(g->ctx, &head, &len)) {
+        if (ks_is_io_errno(errno)) s->io_errno = errno;
+        shard_problem(s, "consumed: its header cannot be read from the consume log: %s", strerror(errno));
+        return;
+    }
+    if (st_parse(s->path, head, len, s->size, &s->st, err, sizeof err)) shard_problem(s, "consumed: %s", err);
+    else s->parsed = 1;
+    free(head);
+}
+
+static const ks_gone *find_gone(const k3_source *src, const char *name)
+{
+    for (size_t i = 0; i < src->n_gone; i++)
+        if (strcmp(src->gone[i].name, name) == 0) return &src->gone[i];
+    return NULL;
+}
+
+static void read_one_header(const k3_source *src, ks_shard *s)
 {
     struct stat st, lst;
-    char err[600];
+    const ks_gone *g = find_gone(src, s->name);
     if (stat(s->path, &st) != 0) {
+        if (errno == ENOENT && g) { gone_shard(s, g); return; }
         if (ks_is_io_errno(errno)) s->io_errno = errno;
         shard_problem(s, "%s", errno == ENOENT ? "missing: the index names this shard but the file is absent" : strerror(errno));
         return;
@@ -440,14 +490,23 @@ static void read_one_header(ks_shard *s)
     s->alloc_bytes = (uint64_t)st.st_blocks * 512;
     s->mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
     if (lstat(s->path, &lst) == 0 && S_ISLNK(lst.st_mode)) hf_blob_sha(s);
-    if (st_open(s->path, &s->st, err, sizeof err)) {
-        /* st_open names the file; the verdict line does too, so drop the prefix */
-        const char *m = strncmp(err, s->path, strlen(s->path)) == 0 ? err + strlen(s->path) + 2 : err;
-        if (ks_is_io_errno(s->st.io_errno)) s->io_errno = s->st.io_errno;
-        shard_problem(s, "%s", m);
-        return;
+    if (g) {
+        /* deleted by --consume and here again (put back, or the kill came
+         * before the deletion): the same file, planned as it was recorded */
+        if (g->size != s->size) {
+            shard_problem(s, "kpack convert --consume deleted this shard (%llu bytes) and the file here now has %llu: "
+                          "put the original back, or remove it", (unsigned long long)g->size, (unsigned long long)s->size);
+            return;
+        }
+        s->recorded = 1;
+        s->mtime_ns = g->mtime_ns;
+        if (!s->expect_sha[0] && g->expect_sha[0]) {
+            snprintf(s->expect_sha, sizeof s->expect_sha, "%s", g->expect_sha);
+            s->sha_from = strcmp(g->sha_from, "hf-blob") == 0 ? "hf-blob" : "--sha256";
+        }
     }
-    s->parsed = 1;
+    parse_header(s);
+    if (!s->parsed) return;
     if (s->st.expected_size > s->size) {
         const char *first_cut = "?";
         for (size_t k = 0; k < s->st.n; k++)
@@ -469,7 +528,7 @@ static void *header_worker(void *arg)
     for (;;) {
         size_t i = atomic_fetch_add(&job->next, 1);
         if (i >= job->src->n_shards) return NULL;
-        read_one_header(&job->src->shards[i]); /* touches shard i only */
+        read_one_header(job->src, &job->src->shards[i]); /* touches shard i only */
     }
 }
 
@@ -622,6 +681,12 @@ static int load_extras(k3_source *src, char *err, size_t errlen)
 
 int ks_open(const char *dir, const char *sums_path, k3_source *src, char *err, size_t errlen)
 {
+    return ks_open_gone(dir, sums_path, NULL, 0, src, err, errlen);
+}
+
+int ks_open_gone(const char *dir, const char *sums_path, const ks_gone *gone, size_t n_gone, k3_source *src, char *err,
+                 size_t errlen)
+{
     struct index_map *index = NULL;
     char cerr[1200];
     memset(src, 0, sizeof *src);
@@ -639,7 +704,11 @@ int ks_open(const char *dir, const char *sums_path, k3_source *src, char *err, s
     malloc_trim(0); /* give back the index's JSON tree before the headers are parsed on other threads */
 #endif
     if (sums_path && load_sums(src, sums_path, err, errlen)) { index_map_free(index); return -1; }
+    src->gone = gone;
+    src->n_gone = n_gone;
     read_shard_headers(src);
+    src->gone = NULL;
+    src->n_gone = 0;
     check_coverage(src, index);
     index_map_free(index);
     return 0;
@@ -676,6 +745,6 @@ uint64_t ks_sha_bytes(const k3_source *src)
 {
     uint64_t n = 0;
     for (size_t i = 0; i < src->n_shards; i++)
-        if (src->shards[i].expect_sha[0] && src->shards[i].present) n += src->shards[i].size;
+        if (src->shards[i].expect_sha[0] && src->shards[i].present && !src->shards[i].gone) n += src->shards[i].size;
     return n;
 }

@@ -31,7 +31,23 @@ typedef struct ks_shard {
     char *problems[KS_MAX_PROBLEMS];
     size_t n_problems;       /* may exceed KS_MAX_PROBLEMS */
     int io_errno;            /* the file could not be read (EIO, EACCES...): 0 if it could */
+    int gone;                /* deleted by `convert --consume`: identity and header from its record */
+    int recorded;            /* present, with a consume record (not yet deleted, or put back): its
+                                identity is the record's */
 } ks_shard;
+
+/* A shard `kpack convert --consume` deleted, as its consume record keeps it
+ * (consume_log.h): a conversion resumed after it is gone takes it as present
+ * with this identity and this header. */
+typedef struct ks_gone {
+    const char *name;
+    uint64_t size, alloc_bytes;
+    int64_t mtime_ns;
+    const char *expect_sha, *got_sha, *sha_from; /* "" when not known */
+    /* its first 8 + N bytes, malloc'd into *head: 0, or -1 with errno */
+    int (*read_header)(const void *ctx, uint8_t **head, uint64_t *len);
+    const void *ctx;
+} ks_gone;
 
 /* A small file copied verbatim into the KPK meta extent. */
 typedef struct ks_extra {
@@ -61,6 +77,8 @@ typedef struct k3_source {
     size_t n_general;
     uint64_t total_bytes;    /* sum of shard sizes */
     int io_errno;            /* config.json, the index or another small file could not be read */
+    const ks_gone *gone;     /* while opening: the consumed shards (ks_open_gone) */
+    size_t n_gone;
 } k3_source;
 
 /* Index the directory: config, index/shards, every header, coverage.
@@ -68,6 +86,13 @@ typedef struct k3_source {
  * could be indexed at all (check ks_ok() for the verdict), -1 with err when
  * it cannot be read as a checkpoint (no config, no index, ...). */
 int ks_open(const char *dir, const char *sums_path, k3_source *src, char *err, size_t errlen);
+/* The same, for a directory some of whose shards `convert --consume`
+ * deleted: a shard named in gone that is absent is taken from its record
+ * (gone = 1); one that is present must have the recorded size and takes the
+ * recorded identity (recorded = 1: the kill came between the record and the
+ * deletion, or the file was put back). */
+int ks_open_gone(const char *dir, const char *sums_path, const ks_gone *gone, size_t n_gone, k3_source *src, char *err,
+                 size_t errlen);
 void ks_free(k3_source *src);
 /* 1 if no problem was found anywhere. */
 int ks_ok(const k3_source *src);

@@ -3,6 +3,8 @@
 # As root it runs apt-get; otherwise it prints the command to run.
 #   tests/deps.sh fuzz   what `make fuzz` needs besides: clang and libFuzzer
 #                        (libclang-rt-14-dev); `make test` does not need them.
+#   tests/deps.sh pkg    what tests/pkg/deb.sh (CI) needs besides: the Debian packaging tools,
+#                        lintian, and systemd-nspawn to run krun-serve@.service under systemd.
 #   tests/deps.sh arm64  what `make CROSS=aarch64-linux-gnu-` and `make test-arm64`
 #                        need besides: Debian's aarch64 cross compiler, the arm64
 #                        -dev packages through multiarch (adds the arm64
@@ -11,7 +13,12 @@ set -eu
 # zstd: the command line tool; tests/ref/kpk.py codes and decodes zstd frames with it
 # strace: test_save_pair injects ENOSPC at the system call, where stdio's own writes are
 PKGS="build-essential clang pkg-config bc libzstd-dev libxxhash-dev libssl-dev libjansson-dev libpcre2-dev libmicrohttpd-dev python3-numpy zstd strace"
+# mandoc: test_man.sh lints the manual pages with it (groff's warnings otherwise)
+PKGS="$PKGS mandoc"
+# chromium: krun serve's page is tested in it, headless (test_krun_serve_page.sh, through puppeteer-core from tests/node)
+PKGS="$PKGS chromium"
 [ "${1:-}" = fuzz ] && PKGS="clang libclang-rt-14-dev"
+[ "${1:-}" = pkg ] && PKGS="dpkg-dev debhelper fakeroot lintian systemd systemd-container curl man-db"
 if [ "${1:-}" = arm64 ]; then
     PKGS="gcc-aarch64-linux-gnu qemu-user-static"
     for p in libzstd-dev libxxhash-dev libssl-dev libjansson-dev libpcre2-dev libmicrohttpd-dev; do PKGS="$PKGS $p:arm64"; done

@@ -8,6 +8,7 @@
 #include "generate.h"
 #include "krun_cli.h"
 #include "format/kio.h"
+#include "format/release.h"
 #include "format/kprogress.h"
 #include "run/session/spec.h"
 #include "run/session/statefile.h"
@@ -22,7 +23,6 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#define KRUN_VERSION "0.2.0"
 /* Without --ctx, a prompt may be this many positions at most, so that a huge
  * prompt is refused instead of running for hours. */
 #define KRUN_CTX_DEFAULT_MAX ((size_t)1 << 18)
@@ -35,6 +35,8 @@ static const char usage[] =
     "       krun tokenize MODEL.kpk ...   text <-> token ids, chat rendering (krun tokenize --help)\n"
     "       krun chat MODEL.kpk ...       talk to the model in a terminal (krun chat --help)\n"
     "       krun serve MODEL.kpk ...      an OpenAI-compatible HTTP server (krun serve --help)\n"
+    "       krun batch MODEL.kpk IN OUT   a file of OpenAI Batch requests (krun batch --help)\n"
+    "       krun --version                the release, the KPK and state file versions it reads and writes\n"
     "\n"
     "Runs the exact Kimi K3 forward pass from a KPK file (made by kpack convert):\n"
     "the prompt is processed once, then one token per step with carried state;\n"
@@ -103,6 +105,15 @@ struct opts {
     krun_cli c;               /* memory, execution and sampling: shared with krun chat and krun serve */
 };
 
+/* The release, the KPK versions read, and the state file's (--save-state, --load-state and the
+ * prefix cache's files). */
+static void print_version(void)
+{
+    kpk_release_print(stdout, "krun", 0);
+    printf("state files: writes %d.%d; reads %d.0 to %d.%d, and a later %d.x (its additions ignored)\n", KRUN_STATE_MAJOR,
+           KRUN_STATE_MINOR, KRUN_STATE_MAJOR, KRUN_STATE_MAJOR, KRUN_STATE_MINOR, KRUN_STATE_MAJOR);
+}
+
 static void parse_args(int argc, char **argv, struct opts *o)
 {
     memset(o, 0, sizeof *o);
@@ -113,7 +124,7 @@ static void parse_args(int argc, char **argv, struct opts *o)
 #define OPT(name) krun_cli_value(argc, argv, &i, name, &v)
         if (krun_cli_option(&o->c, argc, argv, &i)) continue;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { fputs(usage, stdout); exit(KRUN_OK); }
-        else if (!strcmp(a, "--version")) { printf("krun %s\n", KRUN_VERSION); exit(KRUN_OK); }
+        else if (!strcmp(a, "--version")) { print_version(); exit(KRUN_OK); }
 #ifdef KRUN_ABLATIONS
         else if (!strcmp(a, "--list-ablations")) {
             for (int k = 1; k < ABL_COUNT; k++) printf("%s\n", krun_ablation_name(k));

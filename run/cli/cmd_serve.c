@@ -5,16 +5,20 @@
 
 #include "krun_cli.h"
 #include "format/kargs.h"
+#include "format/kpk.h"
 #include "format/kprogress.h"
 #include "run/serve/serve.h"
 #include "run/session/memplan.h"
+#include "run/util/sd_notify.h"
 
 #include <errno.h>
 #include <netdb.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -39,12 +43,16 @@
 #define SERVE_RESPONSES_DEFAULT 256
 /* After cancelling, how long connections may take to send what is left. */
 #define SERVE_FLUSH_SECONDS 10
+/* Open files besides one socket per connection: the model's member files (two descriptors each,
+ * buffered and O_DIRECT), the listening socket, the prefix cache's files, stdio. */
+#define SERVE_FD_RESERVE (64 + 2 * KPK_MAX_MEMBERS)
 
 static const char usage[] =
     "usage: krun serve MODEL.kpk [options]\n"
     "\n"
     "An OpenAI-compatible HTTP server: POST /v1/chat/completions, POST /v1/completions,\n"
-    "GET /v1/models, GET /health.  Requests that arrive while others run join the next\n"
+    "GET /v1/models, GET /health; GET / is a page for chatting and for watching the drives,\n"
+    "prompts and tokens (--no-ui: none).  Requests that arrive while others run join the next\n"
     "forward sweep: the model's weights are read once for all of them, and each request's\n"
     "output is bit-identical to running it alone (docs/SERVE.md).\n"
     "\n"
@@ -79,6 +87,7 @@ static const char usage[] =
     "                        preflights (default: none, the browser's same-origin rule holds)\n"
     "  --responses-store N   responses kept for previous_response_id and GET /v1/responses/ID\n"
     "                        (default 256, least recently used out; 0: none)\n"
+    "  --no-ui               no page at GET / (404): the API only\n"
     "Sequences:\n"
     "  --ctx N               positions per sequence: prompt + max_tokens (default 4096)\n"
     "  --ctx-strict          refuse (400) a request whose prompt + max_tokens exceeds --ctx (default:\n"
@@ -107,7 +116,7 @@ struct serve_opts {
     const char *model, *host, *api_key, *model_name, *max_body;
     long port, max_queue, max_connections, max_per_ip, idle_timeout;
     double shutdown_timeout, request_timeout, progress_every;
-    int quiet;
+    int quiet, no_ui;
     int ctx_strict;
     int effort, effort_set;
     const char *cors[16];
@@ -185,6 +194,7 @@ static void parse_args(int argc, char **argv, struct serve_opts *o)
             if (!*v) krun_cli_die("%s", "--cors-origin: the origin is empty (give https://host[:port], or *)");
             o->cors[o->n_cors++] = v;
         } else if (OPT("--responses-store")) o->responses_store = krun_cli_long(v, 0, 1L << 20, "--responses-store");
+        else if (!strcmp(a, "--no-ui")) o->no_ui = 1;
         else if (a[0] == '-') krun_cli_die("unknown option %s (see krun serve --help)", a);
         else if (!o->model) o->model = a;
         else krun_cli_die("unexpected argument %s", a);
@@ -196,6 +206,42 @@ static void parse_args(int argc, char **argv, struct serve_opts *o)
     if (!o->c.ctx) o->c.ctx = SERVE_CTX_DEFAULT;
     if (o->max_per_ip < 0) o->max_per_ip = o->c.max_seqs + o->max_queue + SERVE_CONN_SLACK;
     if (!o->max_connections) o->max_connections = SERVE_CONN_ADDRESSES * (o->c.max_seqs + o->max_queue + SERVE_CONN_SLACK);
+}
+
+/* --max-connections needs that many sockets open at once: the soft limit on open files is raised to
+ * it (up to the hard limit: no privilege needed), and a hard limit below it is refused before the
+ * model is loaded, rather than connections failing one by one later. */
+static int raise_fd_limit(long max_connections)
+{
+    struct rlimit rl;
+    const rlim_t need = (rlim_t)max_connections + SERVE_FD_RESERVE;
+    if (getrlimit(RLIMIT_NOFILE, &rl) || rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= need) return 0;
+    if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < need) {
+        fprintf(stderr, "krun serve: --max-connections %ld needs %llu open files (%d for the model's files, the cache "
+                "and the listening socket), but the limit is %llu: raise it (ulimit -n in a shell, LimitNOFILE= in a "
+                "systemd unit) or lower --max-connections\n", max_connections, (unsigned long long)need, SERVE_FD_RESERVE,
+                (unsigned long long)rl.rlim_max);
+        return -1;
+    }
+    rl.rlim_cur = need;
+    if (setrlimit(RLIMIT_NOFILE, &rl)) {
+        fprintf(stderr, "krun serve: cannot raise the open-file limit to %llu for --max-connections %ld: %s\n",
+                (unsigned long long)need, max_connections, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+/* Tells systemd (Type=notify) what the server is doing; outside systemd, nothing. */
+__attribute__((format(printf, 1, 2))) static void notify(const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (krun_sd_notify(msg) < 0)
+        fprintf(stderr, "krun serve: cannot notify systemd through NOTIFY_SOCKET=%s: %s\n", getenv("NOTIFY_SOCKET"), strerror(errno));
 }
 
 /* A bound, listening TCP socket; *port is the one it got. */
@@ -249,6 +295,9 @@ static void announce(const struct serve_opts *o, krun_model *m, const char *name
     }
     fprintf(stderr, "krun serve: model \"%s\"%s; listening on http://%s%s%s:%ld\n", name, o->api_key ? " (API key required)" : "",
             strchr(o->host, ':') ? "[" : "", o->host, strchr(o->host, ':') ? "]" : "", port);
+    if (!o->no_ui)
+        fprintf(stderr, "krun serve: a page to chat and to watch the drives, prompts and tokens: http://%s%s%s:%ld/\n",
+                strchr(o->host, ':') ? "[" : "", o->host, strchr(o->host, ':') ? "]" : "", port);
 }
 
 int krun_serve_main(int argc, char **argv)
@@ -271,6 +320,7 @@ int krun_serve_main(int argc, char **argv)
     json_t *health;
 
     parse_args(argc, argv, &o);
+    if (raise_fd_limit(o.max_connections)) return KRUN_EINPUT;
     max_body = kargs_size(o.max_body);
     if (max_body <= 0) krun_cli_die("--max-body: expected a size like 8M, got %s", o.max_body);
     if (krun_cli_budget(&o.c, &budget)) return KRUN_EINPUT;
@@ -301,15 +351,17 @@ int krun_serve_main(int argc, char **argv)
     eo = (srv_engine_opts){(size_t)o.max_queue, name, o.quiet, o.progress_every, cache, 0, NULL, !o.ctx_strict, o.effort, o.effort_set};
     if (srv_engine_start(m, &eo, &eng, &e)) { fprintf(stderr, "krun serve: %s\n", e.msg); rc = e.code; goto out; }
     ho = (srv_http_opts){o.api_key, (size_t)max_body, fd, (unsigned)o.max_connections, (unsigned)o.max_per_ip, (unsigned)o.idle_timeout,
-                         o.request_timeout, o.cors, (size_t)o.n_cors, (size_t)o.responses_store};
+                         o.request_timeout, o.cors, (size_t)o.n_cors, (size_t)o.responses_store, o.no_ui};
     if (srv_http_start(eng, &ho, &http, &e)) { fprintf(stderr, "krun serve: %s\n", e.msg); rc = e.code; goto out; }
     fd = -1;                                   /* the daemon's now */
     if (!o.quiet) announce(&o, m, name, port);
     else fprintf(stderr, "krun serve: listening on port %ld\n", port);
+    notify("READY=1\nSTATUS=serving \"%s\" on port %ld", name, port);
 
     /* serve until a signal; then refuse new requests and let the running ones
      * finish (a second signal, or the timeout, cancels them) */
     while (sigwait(&stop_signals, &sig) != 0) {}
+    notify("STOPPING=1\nSTATUS=draining: no new requests; running ones may finish for %.0f s", o.shutdown_timeout);
     {
         struct timespec zero = {0, 0};
         double t0 = know();

@@ -9,6 +9,8 @@
  *   serve_framing.c whether a request's body length can be known for sure (RFC 9112 6.3)
  *   serve_conns.c   every open connection: the deadline for a request to arrive, the reserve
  *   serve_store.c   stored responses (POST /v1/responses with store: previous_response_id, GET, DELETE)
+ *   serve_ui.c      the page (GET /: run/serve/ui/, embedded)
+ *   serve_machine.c GET /machine: the member files' reads and busy time, the expert cache
  *
  * A request (sreq) is made by an HTTP connection thread (parsed, rendered, tokenized there),
  * handed to the engine, and read back by the same connection thread as its output grows.  One
@@ -210,7 +212,7 @@ char *srv_engine_metrics(srv_engine *e);
 /* Count a response by endpoint and status for /metrics. */
 void srv_engine_count_response(srv_engine *e, int endpoint, int status);
 enum { SRV_EP_CHAT, SRV_EP_COMPLETIONS, SRV_EP_MESSAGES, SRV_EP_COUNT_TOKENS, SRV_EP_TOKENIZE, SRV_EP_DETOKENIZE,
-       SRV_EP_MODELS, SRV_EP_HEALTH, SRV_EP_METRICS, SRV_EP_RESPONSES, SRV_EP_OLLAMA, SRV_EP_OTHER, SRV_N_EP };
+       SRV_EP_MODELS, SRV_EP_HEALTH, SRV_EP_METRICS, SRV_EP_MACHINE, SRV_EP_RESPONSES, SRV_EP_OLLAMA, SRV_EP_OTHER, SRV_N_EP };
 /* The model's name in the API. */
 const char *srv_engine_model_name(const srv_engine *e);
 krun_model *srv_engine_model(srv_engine *e);
@@ -290,6 +292,7 @@ typedef struct srv_http_opts {
     const char *const *cors;   /* origins browsers may call from ("*": any); none: no CORS headers */
     size_t n_cors;
     size_t responses_store;    /* stored responses kept (POST /v1/responses), at most */
+    int no_ui;                 /* GET / is a 404 (--no-ui) */
 } srv_http_opts;
 
 typedef struct srv_http srv_http;
@@ -297,5 +300,17 @@ int  srv_http_start(srv_engine *e, const srv_http_opts *o, srv_http **out, krun_
 /* Stop accepting connections (the listening socket is closed); connections in progress go on. */
 void srv_http_quiesce(srv_http *h);
 void srv_http_stop(srv_http *h);
+
+/* The page (serve_ui.c): GET /'s response, its status (200, or 304 when the request's
+ * If-None-Match names this page) in *status; NULL when out of memory. */
+struct MHD_Connection;
+struct MHD_Response;
+struct MHD_Response *srv_ui_response(struct MHD_Connection *c, unsigned *status);
+/* GET /machine (serve_machine.c): the member files' bytes and busy seconds, the bytes read by
+ * kind, the expert cache's hits, memory; api_key: the server has one; loopback: it listens on
+ * a loopback address only (otherwise, without a key, anyone who reaches the port is served). */
+json_t *srv_machine_json(srv_engine *e, int api_key, int loopback);
+/* 1 when the listening socket fd is bound to a loopback address (127/8, ::1, ::ffff:127/104). */
+int srv_listen_loopback(int fd);
 
 #endif

@@ -1166,8 +1166,8 @@ static void metric(kbuf *b, const char *name, const char *type, const char *help
 char *srv_engine_metrics(srv_engine *e)
 {
     static const char *const ep[SRV_N_EP] = {"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/messages/count_tokens",
-                                             "/tokenize", "/detokenize", "/v1/models", "/health", "/metrics", "/v1/responses", "/api",
-                                             "other"};
+                                             "/tokenize", "/detokenize", "/v1/models", "/health", "/metrics", "/machine", "/v1/responses",
+                                             "/api", "other"};
     kbuf b = {0};
     krun_stats ks;
     char line[256];

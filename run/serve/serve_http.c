@@ -37,6 +37,7 @@ struct srv_http {
     struct MHD_Daemon *d;
     srv_conns *conns;             /* every open connection: deadlines, the reserve */
     long long created;            /* the model's "created" in /v1/models: the server's start */
+    int loopback;                 /* listening on a loopback address only (GET /machine says it) */
     unsigned long long next_id;   /* request ids */
     pthread_mutex_t id_mu;
     srv_store *store;             /* stored responses (POST /v1/responses with store) */
@@ -90,7 +91,7 @@ static enum MHD_Result queue(struct MHD_Connection *c, unsigned status, struct M
 static int endpoint_of(const char *url)
 {
     static const char *const path[] = {"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/messages/count_tokens",
-                                       "/tokenize", "/detokenize", "/v1/models", "/health", "/metrics"};
+                                       "/tokenize", "/detokenize", "/v1/models", "/health", "/metrics", "/machine"};
     for (int i = 0; i < (int)(sizeof path / sizeof *path); i++)
         if (!strcmp(url, path[i])) return i;
     if (!strcmp(url, "/v1/responses") || !strncmp(url, "/v1/responses/", 14)) return SRV_EP_RESPONSES;
@@ -888,6 +889,19 @@ static enum MHD_Result metrics(srv_http *h, struct MHD_Connection *c)
     return rc;
 }
 
+/* GET /: the page (serve_ui.c), open to all like any web server's files: what it shows comes
+ * from the API, with the key. */
+static enum MHD_Result page(struct MHD_Connection *c)
+{
+    unsigned status;
+    struct MHD_Response *r = srv_ui_response(c, &status);
+    enum MHD_Result rc;
+    if (!r) return MHD_NO;
+    rc = queue(c, status, r);
+    MHD_destroy_response(r);
+    return rc;
+}
+
 /* ---- routing ---------------------------------------------------------------------------------- */
 
 /* Authorization: Bearer KEY, or (as Anthropic's clients send it) x-api-key: KEY. */
@@ -908,21 +922,22 @@ static enum MHD_Result route(srv_http *h, struct MHD_Connection *c, const char *
     static const struct { const char *path, *method; } routes[] = {
         {"/health", "GET"}, {"/v1/models", "GET"}, {"/v1/chat/completions", "POST"}, {"/v1/completions", "POST"},
         {"/v1/messages", "POST"}, {"/v1/messages/count_tokens", "POST"}, {"/tokenize", "POST"}, {"/detokenize", "POST"},
-        {"/metrics", "GET"},
+        {"/metrics", "GET"}, {"/machine", "GET"}, {"/", "GET"},
         {"/v1/responses", "POST"}, {"/api/chat", "POST"}, {"/api/generate", "POST"}, {"/api/tags", "GET"}, {"/api/show", "POST"},
         {"/api/version", "GET"},
     };
     oai_error err;
     int known = -1;
     for (int i = 0; i < (int)(sizeof routes / sizeof *routes); i++)
-        if (!strcmp(url, routes[i].path)) known = i;
+        if (!strcmp(url, routes[i].path) && !(h->o.no_ui && !strcmp(url, "/"))) known = i;
     if (known < 0 && !k->too_big && !strncmp(url, "/v1/responses/", 14)) return stored_response(h, c, url, method);
     if (known < 0 && !k->too_big && !strncmp(url, "/v1/models/", 11)) return model_one(h, c, url, method);
     if (known < 0) {
         oai_error_set(&err, 404, NULL, "not_found", "no such endpoint: %s %s (krun serves POST /v1/chat/completions, POST "
                       "/v1/completions, POST /v1/messages, POST /v1/messages/count_tokens, POST /v1/responses, GET and DELETE "
                       "/v1/responses/ID, GET /v1/models, GET /v1/models/ID, POST /tokenize, POST /detokenize, GET /metrics, "
-                      "GET /health; Ollama's POST /api/chat, /api/generate, /api/show, GET /api/tags, /api/version)", method, url);
+                      "GET /machine, GET /health; Ollama's POST /api/chat, /api/generate, /api/show, GET /api/tags, /api/version%s)",
+                      method, url, h->o.no_ui ? "" : "; GET / (the page)");
         return reply_error(c, &err, 0);
     }
     if (strcmp(method, routes[known].method)) {
@@ -970,12 +985,15 @@ static enum MHD_Result route(srv_http *h, struct MHD_Connection *c, const char *
     case 6: return tokenize(h, c, k);
     case 7: return detokenize(h, c, k);
     case 8: return metrics(h, c);
-    case 9: return responses(h, c, k);
-    case 10: return ollama_run(h, c, k, 0);
-    case 11: return ollama_run(h, c, k, 1);
-    case 12: return ollama_model(h, c, k, 0);
-    case 13: return ollama_model(h, c, k, 1);
-    default: return ollama_model(h, c, k, 2);
+    case 9: return reply_json(c, 200, srv_machine_json(h->e, h->o.api_key != NULL, h->loopback));
+    case 10: return page(c);
+    case 11: return responses(h, c, k);
+    case 12: return ollama_run(h, c, k, 0);
+    case 13: return ollama_run(h, c, k, 1);
+    case 14: return ollama_model(h, c, k, 0);
+    case 15: return ollama_model(h, c, k, 1);
+    case 16: return ollama_model(h, c, k, 2);
+    default: return MHD_NO;                   /* known indexes routes[] */
     }
 }
 
@@ -1111,6 +1129,7 @@ int srv_http_start(srv_engine *e, const srv_http_opts *o, srv_http **out, krun_e
     h->o = *o;
     h->created = (long long)time(NULL);
     if (!(h->store = srv_store_new(o->responses_store))) { pthread_mutex_destroy(&h->id_mu); free(h); return krun_err_set(err, KRUN_ENOMEM, "out of memory"); }
+    h->loopback = srv_listen_loopback(o->listen_fd);
     {
         srv_conns_opts co = {o->max_connections, o->max_connections_per_ip, o->request_timeout};
         if (srv_conns_start(&co, &h->conns, err)) { srv_store_free(h->store); pthread_mutex_destroy(&h->id_mu); free(h); return -1; }

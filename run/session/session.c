@@ -137,11 +137,18 @@ int krun_model_load(const char *path, krun_model **out, krun_err *err)
             return -1;
         }
     }
-    if (m->m.eos_id >= 0) m->stop[m->n_stop++] = m->m.eos_id;
+    /* The end of a message (K3_MODEL.md §9): the config's eos_token_id (163586 in the release),
+     * <|end_of_msg|> (the same id in K3) and the tokenizer's eos_token [EOS] (163585), on which
+     * serving stacks stop too; each id once. */
+    int32_t cand[3] = {m->m.eos_id, -1, -1};
     if (m->tok) {
-        int32_t a = ktok_find_special(m->tok, "<|end_of_msg|>"), b = ktok_find_special(m->tok, "[EOS]");
-        if (a >= 0) m->stop[m->n_stop++] = a;
-        if (b >= 0) m->stop[m->n_stop++] = b;
+        cand[1] = ktok_find_special(m->tok, "<|end_of_msg|>");
+        cand[2] = ktok_find_special(m->tok, "[EOS]");
+    }
+    for (size_t i = 0; i < 3; i++) {
+        int dup = cand[i] < 0;
+        for (size_t j = 0; j < m->n_stop && !dup; j++) dup = m->stop[j] == cand[i];
+        if (!dup) m->stop[m->n_stop++] = cand[i];
     }
     *out = m;
     return 0;
@@ -390,6 +397,17 @@ size_t krun_model_stop_ids(const krun_model *m, int32_t out[3])
 }
 
 void krun_model_stats(const krun_model *m, krun_stats *st) { kstore_stats_get(m->store, st); }
+
+size_t krun_model_members(const krun_model *m) { return kpk_member_count(m->f); }
+
+int krun_model_member(const krun_model *m, size_t k, krun_member_info *out)
+{
+    const kpk_member *r;
+    if (k >= kpk_member_count(m->f) || !(r = kpk_member_at(m->f, (uint16_t)k))) return -1;
+    *out = (krun_member_info){kpk_member_path(m->f, (uint16_t)k), kpk_role_name(r->role),
+                              r->stripe_index == KPK_NO_STRIPE ? -1 : (int)r->stripe_index, r->file_size};
+    return 0;
+}
 
 const uint64_t *krun_model_routing(const krun_model *m, int L)
 {

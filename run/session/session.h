@@ -121,6 +121,13 @@ const uint64_t *krun_model_routing(const krun_model *m, int L);
 
 /* What the model has read so far (run/util/stats.h: the store's counters). */
 void krun_model_stats(const krun_model *m, krun_stats *st);
+/* The model's member files (docs/FORMAT.md §7; one for a single file), whose reads
+ * krun_stats counts apart: member k's path (as opened), role ("entry", "plain" -- kpack's
+ * --trunk-to member --, "stripe"), stripe index (-1: none) and size.  0, or -1 when k is
+ * out of range. */
+typedef struct krun_member_info { const char *path, *role; int stripe; uint64_t size; } krun_member_info;
+size_t krun_model_members(const krun_model *m);
+int krun_model_member(const krun_model *m, size_t k, krun_member_info *out);
 /* Something the user should be told once about how the file is read (e.g.
  * O_DIRECT refused by a file system, buffered reads used instead), or NULL. */
 const char *krun_model_notice(const krun_model *m);

@@ -30,6 +30,11 @@ struct kiop_pool {
     struct queue (*level)[2];      /* [member][level] */
     pthread_cond_t *work;          /* [member] */
     uint64_t *bytes;               /* [member] */
+    /* [member]: a member is busy while a read queued for it is in progress (any of its
+     * workers); busy_seconds is the union of those times, so bytes / busy_seconds is the
+     * speed the member's file delivers when krun is waiting on it */
+    int *inflight;
+    double *busy_since, *busy_seconds;
     struct worker *workers;
     int n_workers, stop;
     const kpk_file *f;
@@ -113,13 +118,19 @@ static int read_plain(kiop_pool *p, const kiop_req *r, uint16_t *bad_member, uin
     return 0;
 }
 
-/* A decode request: the stored bytes of whole blocks, from whichever members
- * hold them, into the worker's staging buffer; then each block decoded into
- * place.  Bytes read per member are added to got[]. */
-static int read_decode(kiop_pool *p, struct worker *w, const kiop_req *r, uint64_t *got, uint16_t *bad_member,
-                       uint64_t *bad_off, kpk_err *derr)
+/* A read queued for member m is over (lock: take p->mu; else the caller holds
+ * it): the member stops being busy when its last read in progress ends. */
+static void read_done(kiop_pool *p, int m, int lock)
 {
-    const kpk_block *blk = kpk_extent_blocks(p->f, r->extent);
+    if (lock) pthread_mutex_lock(&p->mu);
+    if (--p->inflight[m] == 0) p->busy_seconds[m] += know() - p->busy_since[m];
+    if (lock) pthread_mutex_unlock(&p->mu);
+}
+
+/* The stored bytes of a decode request's blocks, from whichever members hold
+ * them, into the worker's staging buffer; bytes read per member added to got[]. */
+static int read_stored(kiop_pool *p, struct worker *w, const kiop_req *r, uint64_t *got, uint16_t *bad_member, uint64_t *bad_off)
+{
     uint64_t pos = r->off;
     while (pos < r->off + r->len) {
         kpk_seg seg[16];
@@ -138,6 +149,19 @@ static int read_decode(kiop_pool *p, struct worker *w, const kiop_req *r, uint64
             pos += seg[s].len;
         }
     }
+    return 0;
+}
+
+/* A decode request: its stored bytes read (read_stored; the member is busy
+ * for that part only, not while the worker decodes), then each block decoded
+ * into place. */
+static int read_decode(kiop_pool *p, struct worker *w, const kiop_req *r, uint64_t *got, uint16_t *bad_member,
+                       uint64_t *bad_off, kpk_err *derr)
+{
+    const kpk_block *blk = kpk_extent_blocks(p->f, r->extent);
+    int rc = read_stored(p, w, r, got, bad_member, bad_off);
+    read_done(p, r->member, 1);
+    if (rc) return rc;
     for (uint32_t b = r->b0; b < r->b1; b++)
         if (kpk_block_decode(p->f, r->extent, b, w->stage + (blk[b].stored_off - r->off), r->raw + (blk[b].raw_off - blk[r->b0].raw_off),
                              derr))
@@ -161,10 +185,11 @@ static void *worker(void *arg)
         pthread_mutex_lock(&p->mu);
         while (!p->stop && !q_pop(&lv[0], &r) && !q_pop(&lv[1], &r)) pthread_cond_wait(&p->work[w->member], &p->mu);
         if (p->stop) { pthread_mutex_unlock(&p->mu); free(got); return NULL; }
-        pthread_mutex_unlock(&p->mu);
         a = know();
+        if (p->inflight[r.member]++ == 0) p->busy_since[r.member] = a;
+        pthread_mutex_unlock(&p->mu);
         if (r.b1 > r.b0) {
-            if (!got) { rc = -1; errno = ENOMEM; bad_member = r.member; }
+            if (!got) { rc = -1; errno = ENOMEM; bad_member = r.member; read_done(p, r.member, 1); }
             else {
                 memset(got, 0, (size_t)p->n_members * sizeof *got);
                 rc = read_decode(p, w, &r, got, &bad_member, &bad_off, &derr);
@@ -175,6 +200,7 @@ static void *worker(void *arg)
         if (rc == -1) err = errno ? errno : EIO;
         b = know();
         pthread_mutex_lock(&p->mu);
+        if (r.b1 <= r.b0) read_done(p, r.member, 0);
         if (p->tracing) {
             if (p->n_trace == p->cap_trace) {
                 size_t cap = p->cap_trace ? p->cap_trace * 2 : 1024;
@@ -223,10 +249,14 @@ kiop_pool *kiop_pool_create(const kiop_member *members, int n_members, const int
     p->level = calloc((size_t)n_members, sizeof *p->level);
     p->work = calloc((size_t)n_members, sizeof *p->work);
     p->bytes = calloc((size_t)n_members, sizeof *p->bytes);
+    p->inflight = calloc((size_t)n_members, sizeof *p->inflight);
+    p->busy_since = calloc((size_t)n_members, sizeof *p->busy_since);
+    p->busy_seconds = calloc((size_t)n_members, sizeof *p->busy_seconds);
     for (int m = 0; m < n_members; m++) total += threads[m] > 0 ? threads[m] : 0;
     p->workers = calloc((size_t)(total ? total : 1), sizeof *p->workers);
-    if (!p->members || !p->level || !p->work || !p->bytes || !p->workers) {
+    if (!p->members || !p->level || !p->work || !p->bytes || !p->inflight || !p->busy_since || !p->busy_seconds || !p->workers) {
         free(p->members); free(p->level); free(p->work); free(p->bytes); free(p->workers);
+        free(p->inflight); free(p->busy_since); free(p->busy_seconds);
         pthread_mutex_destroy(&p->mu);
         pthread_cond_destroy(&p->done);
         free(p);
@@ -272,6 +302,9 @@ void kiop_pool_destroy(kiop_pool *p)
     free(p->level);
     free(p->work);
     free(p->bytes);
+    free(p->inflight);
+    free(p->busy_since);
+    free(p->busy_seconds);
     free(p->trace);
     pthread_mutex_destroy(&p->mu);
     pthread_cond_destroy(&p->done);
@@ -349,6 +382,15 @@ uint64_t kiop_member_bytes(const kiop_pool *p, int m)
     uint64_t v;
     pthread_mutex_lock((pthread_mutex_t *)&p->mu);
     v = m >= 0 && m < p->n_members ? p->bytes[m] : 0;
+    pthread_mutex_unlock((pthread_mutex_t *)&p->mu);
+    return v;
+}
+
+double kiop_member_busy(const kiop_pool *p, int m)
+{
+    double v = 0;
+    pthread_mutex_lock((pthread_mutex_t *)&p->mu);
+    if (m >= 0 && m < p->n_members) v = p->busy_seconds[m] + (p->inflight[m] ? know() - p->busy_since[m] : 0);
     pthread_mutex_unlock((pthread_mutex_t *)&p->mu);
     return v;
 }

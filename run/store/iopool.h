@@ -85,6 +85,11 @@ uint64_t kiop_cancel(kiop_pool *p, kiop_batch *b);
 int kiop_done(kiop_pool *p, kiop_batch *b);
 /* Bytes read from member m so far. */
 uint64_t kiop_member_bytes(const kiop_pool *p, int m);
+/* Seconds member m was busy so far: while at least one read queued for it was
+ * in progress (the union over its workers; a decode request's decoding is not
+ * counted).  kiop_member_bytes / this is the speed the member delivers while
+ * krun waits on it; the fraction of the time it is busy is its utilization. */
+double kiop_member_busy(const kiop_pool *p, int m);
 /* Start recording every read; kiop_trace_write dumps them as TSV. */
 void kiop_trace_enable(kiop_pool *p);
 int kiop_trace_write(kiop_pool *p, const char *path);

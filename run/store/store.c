@@ -781,8 +781,11 @@ void kstore_stats_get(const kstore *s, kstore_stats *st)
 {
     *st = s->st;
     st->io_wait_seconds = s->io ? kiop_wait_seconds(s->io) : 0;
-    for (uint16_t m = 0; m < s->nm && m < KSTORE_MAX_MEMBERS; m++)
-        st->member_bytes[m] = s->io ? kiop_member_bytes(s->io, m) + s->sync_bytes[m] : 0;
+    for (uint16_t m = 0; m < s->nm && m < KSTORE_MAX_MEMBERS; m++) {
+        st->member_queued_bytes[m] = s->io ? kiop_member_bytes(s->io, m) : 0;
+        st->member_busy_seconds[m] = s->io ? kiop_member_busy(s->io, m) : 0;
+        st->member_bytes[m] = s->io ? st->member_queued_bytes[m] + s->sync_bytes[m] : 0;
+    }
 }
 
 int kstore_trace_write(kstore *s, const char *path)

@@ -31,6 +31,13 @@ typedef struct krun_stats {
     double io_wait_seconds;   /* compute blocked on reads */
     uint16_t n_members;
     uint64_t member_bytes[KRUN_MAX_MEMBERS]; /* read through the I/O queues, per member file */
+    /* per member file, of its reads through the I/O queues: their bytes (member_bytes less the
+     * synchronous reads: embedding rows, held extents read in place) and the seconds at least one
+     * of them was in progress.  queued / busy is the speed the member's disk delivers while krun
+     * waits on it; busy / elapsed its utilization (a compressed block crossing a stripe unit is
+     * timed on the member that holds its first bytes) */
+    uint64_t member_queued_bytes[KRUN_MAX_MEMBERS];
+    double member_busy_seconds[KRUN_MAX_MEMBERS];
 } krun_stats;
 
 #endif

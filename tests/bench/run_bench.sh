@@ -9,6 +9,8 @@
 #            stored/raw by kind, conversion time, decode GB/s per core)
 #   export   tests/bench/bench_export.sh: export vs cp, export --check vs
 #            sha256sum, the virtual K3's files rebuilt and hashed
+#   consume  tests/bench/bench_consume.sh: convert vs convert --consume (time,
+#            du sampled against the predicted peak), the full checkpoint's figures
 #   kernels  tests/bench/bench_kernels.c, built with the line in its header
 #   krun     tests/bench/bench_krun.sh, given the virtual .kpk made by kpack;
 #            includes the pread pool vs io_uring replay (tests/bench/bench_io.c)
@@ -33,7 +35,7 @@
 # Everything is generated under a temporary directory in build/ (the repo's
 # disk) and deleted at the end.
 #
-# Env: BENCH_ONLY       a subset of "kpack codec export kernels krun seq spec serve prompt prefix batch" (default: all)
+# Env: BENCH_ONLY       a subset of "kpack codec export consume kernels krun seq spec serve prompt prefix batch" (default: all)
 #      KPK_VIRTUAL_OUT  keep the converted virtual .kpk at this path (the
 #                       runtime's scale test uses it); otherwise it is deleted
 #      BENCH_RUNS, BENCH_SLICE, BENCH_SETTLE, BENCH_SKIP: see bench_kpack.sh
@@ -44,7 +46,7 @@ mkdir -p "$TOP/build"
 TMP=$(mktemp -d "$TOP/build/bench.XXXXXX")
 trap 'rm -rf "$TMP"' EXIT
 trap 'exit 130' INT TERM
-ONLY=" ${BENCH_ONLY:-kpack codec export kernels krun seq spec serve prompt prefix batch} "
+ONLY=" ${BENCH_ONLY:-kpack codec export consume kernels krun seq spec serve prompt prefix batch} "
 VIRT=${KPK_VIRTUAL_OUT:-$TMP/k3-virtual.kpk}
 rc=0
 start=$(date +%s)
@@ -55,7 +57,7 @@ if [[ "$ONLY" == *" kpack "* ]]; then
     echo
 fi
 
-for b in codec export; do
+for b in codec export consume; do
     if [[ "$ONLY" == *" $b "* ]]; then
         echo "################ $b (tests/bench/bench_$b.sh)"
         BENCH_DIR="$TMP/$b" bash tests/bench/bench_$b.sh || rc=1

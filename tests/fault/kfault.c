@@ -4,14 +4,18 @@
  *   KFAULT_CALLS=pread,write   which calls: read pread (and preadv) write pwrite fsync
  *                              fdatasync open ftruncate fallocate sync (=
  *                              sync_file_range) rename (rename, renameat,
- *                              renameat2; the path is the source name);
+ *                              renameat2; the path is the source name) unlink
+ *                              (unlink, unlinkat);
  *                              "io" = read,pread,write,pwrite
  *   KFAULT_NTH=N               the N-th matching call fails (1-based; default 1)
  *   KFAULT_COUNT=K             and the K-1 after it too (default 1; 0 = every one from N on)
- *   KFAULT_ERR=EIO|ENOSPC|EACCES|SHORT|KILL   the errno, or SHORT: a read or write
+ *   KFAULT_ERR=EIO|ENOSPC|EACCES|SHORT|KILL|FLIP   the errno, or SHORT: a read or write
  *                              moves half the bytes asked for and reports that,
  *                              or KILL: SIGKILL instead of making the call (a
- *                              crash just before it, e.g. between two renames)
+ *                              crash just before it, e.g. between two renames),
+ *                              or FLIP: a read succeeds with one bit of what it
+ *                              read flipped (the middle byte's lowest), as a
+ *                              disk that returns other bytes than it holds
  *   KFAULT_PATH=PATTERN        only calls on files whose path matches this
  *                              fnmatch(3) pattern (e.g. '*.kpk.partial'), so the
  *                              harness's own I/O is left alone
@@ -20,6 +24,15 @@
  *                              crosses N is torn: its first part reaches the file
  *   KFAULT_LOG=FILE            one line appended per injected fault (a test checks
  *                              that its fault really fired)
+ *   KFAULT_TRACE=FILE          one line appended per write, pwrite, ftruncate,
+ *                              fsync, fdatasync, unlink and rename on a matching
+ *                              file, in the order they happen, for tests that check
+ *                              an order of I/O (kpack convert --consume deletes a
+ *                              shard only after what it wrote is synced):
+ *                              "pwrite PATH OFF LEN" (write: OFF -1) after the call,
+ *                              "fdatasync PATH" before it and "fdatasync-done PATH"
+ *                              after it (fsync alike), "ftruncate PATH LEN",
+ *                              "unlink PATH" before it, "rename FROM TO" 
  *   KFAULT_TRUNCATE=PATH:SIZE  with KFAULT_CALLS=madvise: the N-th madvise(2)
  *                              call truncates PATH to SIZE bytes instead of
  *                              failing, as another process might while the file
@@ -50,16 +63,17 @@
 enum {
     C_READ = 1 << 0, C_PREAD = 1 << 1, C_WRITE = 1 << 2, C_PWRITE = 1 << 3, C_FSYNC = 1 << 4,
     C_FDATASYNC = 1 << 5, C_OPEN = 1 << 6, C_FTRUNCATE = 1 << 7, C_FALLOCATE = 1 << 8, C_SYNC = 1 << 9,
-    C_MADVISE = 1 << 10, C_RENAME = 1 << 11,
+    C_MADVISE = 1 << 10, C_RENAME = 1 << 11, C_UNLINK = 1 << 12,
 };
 static const struct { const char *name; unsigned bits; } call_names[] = {
     {"read", C_READ}, {"pread", C_PREAD}, {"write", C_WRITE}, {"pwrite", C_PWRITE}, {"fsync", C_FSYNC},
     {"fdatasync", C_FDATASYNC}, {"open", C_OPEN}, {"ftruncate", C_FTRUNCATE}, {"fallocate", C_FALLOCATE},
-    {"sync", C_SYNC}, {"madvise", C_MADVISE}, {"rename", C_RENAME}, {"io", C_READ | C_PREAD | C_WRITE | C_PWRITE},
+    {"sync", C_SYNC}, {"madvise", C_MADVISE}, {"rename", C_RENAME}, {"unlink", C_UNLINK}, {"io", C_READ | C_PREAD | C_WRITE | C_PWRITE},
 };
 
 #define SHORT (-1)
 #define KILL (-2)
+#define FLIP (-3)
 static unsigned k_calls;
 static unsigned long k_nth = 1, k_count = 1;
 static int k_err = EIO;
@@ -68,6 +82,7 @@ static char k_trunc_path[512];
 static long long k_trunc_size = -1;
 static unsigned long long k_kill_after;
 static int k_log = -1;
+static int k_trace = -1;
 static unsigned long k_seen;          /* matching calls so far */
 static unsigned long long k_written;  /* bytes written to matching files */
 
@@ -95,6 +110,7 @@ __attribute__((constructor)) static void kfault_init(void)
         else if (strcmp(v, "EACCES") == 0) k_err = EACCES;
         else if (strcmp(v, "SHORT") == 0) k_err = SHORT;
         else if (strcmp(v, "KILL") == 0) k_err = KILL;
+        else if (strcmp(v, "FLIP") == 0) k_err = FLIP;
         else { fprintf(stderr, "kfault: unknown KFAULT_ERR '%s'\n", v); _exit(99); }
     }
     if ((v = getenv("KFAULT_PATH"))) snprintf(k_path, sizeof k_path, "%s", v);
@@ -106,6 +122,7 @@ __attribute__((constructor)) static void kfault_init(void)
         k_trunc_size = strtoll(colon + 1, NULL, 10);
     }
     if ((v = getenv("KFAULT_LOG"))) k_log = (int)syscall(SYS_openat, AT_FDCWD, v, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if ((v = getenv("KFAULT_TRACE"))) k_trace = (int)syscall(SYS_openat, AT_FDCWD, v, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
 }
 
 static int path_matches(const char *path)
@@ -140,9 +157,27 @@ static void log_fault(const char *call, unsigned long k, const char *what, const
     if (n > 0) syscall(SYS_write, k_log, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
 }
 
+/* One trace line (KFAULT_TRACE), for a call on a matching file: path, or fd's. */
+static void trace(const char *call, int fd, const char *path, long long a, long long b, const char *to)
+{
+    char fdp[4096], line[9000];
+    int n;
+    if (k_trace < 0) return;
+    if (!path) {
+        fd_path(fd, fdp, sizeof fdp);
+        path = fdp;
+    }
+    if (!path[0] || !path_matches(path)) return;
+    if (to) n = snprintf(line, sizeof line, "%s %s %s\n", call, path, to);
+    else if (a == -2) n = snprintf(line, sizeof line, "%s %s\n", call, path);
+    else if (b == -2) n = snprintf(line, sizeof line, "%s %s %lld\n", call, path, a);
+    else n = snprintf(line, sizeof line, "%s %s %lld %lld\n", call, path, a, b);
+    if (n > 0) syscall(SYS_write, k_trace, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
+}
+
 static const char *err_name(void)
 {
-    return k_err == SHORT ? "short count" : k_err == KILL ? "SIGKILL" : k_err == ENOSPC ? "ENOSPC" : k_err == EACCES ? "EACCES" : "EIO";
+    return k_err == SHORT ? "short count" : k_err == KILL ? "SIGKILL" : k_err == FLIP ? "a bit flipped" : k_err == ENOSPC ? "ENOSPC" : k_err == EACCES ? "EACCES" : "EIO";
 }
 
 /* 1 if this call is to fail: it is of a chosen kind, on a matching file, and
@@ -200,11 +235,16 @@ static size_t short_count(int fd, size_t n)
 
 static ssize_t do_read(unsigned bit, const char *call, int fd, void *buf, size_t n, off_t off, int positional)
 {
+    int flip = 0;
+    ssize_t r;
     if (should_fail(bit, call, fd, NULL)) {
-        if (k_err != SHORT) { errno = k_err; return -1; }
-        n = short_count(fd, n);
+        if (k_err == FLIP) flip = 1;
+        else if (k_err != SHORT) { errno = k_err; return -1; }
+        else n = short_count(fd, n);
     }
-    return positional ? syscall(SYS_pread64, fd, buf, n, off) : syscall(SYS_read, fd, buf, n);
+    r = positional ? syscall(SYS_pread64, fd, buf, n, off) : syscall(SYS_read, fd, buf, n);
+    if (flip && r > 0) ((unsigned char *)buf)[r / 2] ^= 1;
+    return r;
 }
 
 static ssize_t do_write(unsigned bit, const char *call, int fd, const void *buf, size_t n, off_t off, int positional)
@@ -226,6 +266,7 @@ static ssize_t do_write(unsigned bit, const char *call, int fd, const void *buf,
         }
     }
     r = positional ? syscall(SYS_pwrite64, fd, buf, n, off) : syscall(SYS_write, fd, buf, n);
+    if (r > 0 && fd != k_trace && fd != k_log) trace(positional ? "pwrite" : "write", fd, NULL, positional ? (long long)off : -1, r, NULL);
     return r;
 }
 
@@ -262,9 +303,23 @@ ssize_t pwrite64(int fd, const void *buf, size_t n, off_t off) { return do_write
 
 static int fail_errno(void) { errno = k_err < 0 ? EIO : k_err; return -1; }
 
-int fsync(int fd) { return should_fail(C_FSYNC, "fsync", fd, NULL) ? fail_errno() : (int)syscall(SYS_fsync, fd); }
-int fdatasync(int fd) { return should_fail(C_FDATASYNC, "fdatasync", fd, NULL) ? fail_errno() : (int)syscall(SYS_fdatasync, fd); }
-int ftruncate(int fd, off_t len) { return should_fail(C_FTRUNCATE, "ftruncate", fd, NULL) ? fail_errno() : (int)syscall(SYS_ftruncate, fd, len); }
+static int do_sync(unsigned bit, const char *call, const char *done, long nr, int fd)
+{
+    int r;
+    if (should_fail(bit, call, fd, NULL)) return fail_errno();
+    trace(call, fd, NULL, -2, -2, NULL);
+    r = (int)syscall(nr, fd);
+    if (r == 0) trace(done, fd, NULL, -2, -2, NULL);
+    return r;
+}
+int fsync(int fd) { return do_sync(C_FSYNC, "fsync", "fsync-done", SYS_fsync, fd); }
+int fdatasync(int fd) { return do_sync(C_FDATASYNC, "fdatasync", "fdatasync-done", SYS_fdatasync, fd); }
+int ftruncate(int fd, off_t len)
+{
+    if (should_fail(C_FTRUNCATE, "ftruncate", fd, NULL)) return fail_errno();
+    trace("ftruncate", fd, NULL, (long long)len, -2, NULL);
+    return (int)syscall(SYS_ftruncate, fd, len);
+}
 int ftruncate64(int fd, off_t len) { return ftruncate(fd, len); }
 int fallocate(int fd, int mode, off_t off, off_t len)
 {
@@ -305,8 +360,19 @@ int openat64(int dirfd, const char *path, int flags, ...) { OPEN_MODE(flags, fla
 static int do_rename(int olddir, const char *from, int newdir, const char *to, unsigned flags)
 {
     if (should_fail(C_RENAME, "rename", -1, from ? from : "")) return fail_errno();
+    trace("rename", -1, from ? from : "", -2, -2, to ? to : "");
     return (int)syscall(SYS_renameat2, olddir, from, newdir, to, flags);
 }
 int rename(const char *from, const char *to) { return do_rename(AT_FDCWD, from, AT_FDCWD, to, 0); }
 int renameat(int od, const char *from, int nd, const char *to) { return do_rename(od, from, nd, to, 0); }
 int renameat2(int od, const char *from, int nd, const char *to, unsigned flags) { return do_rename(od, from, nd, to, flags); }
+
+/* The path names the call (KFAULT_PATH matches it), as given. */
+static int do_unlink(int dirfd, const char *path, int flags)
+{
+    if (should_fail(C_UNLINK, "unlink", -1, path ? path : "")) return fail_errno();
+    trace("unlink", -1, path ? path : "", -2, -2, NULL);
+    return (int)syscall(SYS_unlinkat, dirfd, path, flags);
+}
+int unlink(const char *path) { return do_unlink(AT_FDCWD, path, 0); }
+int unlinkat(int dirfd, const char *path, int flags) { return do_unlink(dirfd, path, flags); }

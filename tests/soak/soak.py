@@ -9,6 +9,13 @@ different results on a re-sealed file verify accepted).
              random too), sometimes again during the resume, sometimes from
              outside at a random time; the last rerun must give the file an
              uninterrupted conversion gives, byte for byte.
+  consume    kpack convert --consume (which deletes each source shard once what the KPK needs
+             of it is durable) killed at a random moment: inside the write that crosses a random
+             byte count of the output, its journal or its consume log, just before a random
+             shard's deletion, just after one (before the directory sync), or from outside; 30%
+             of the resumes killed again; the rerun must finish with the file a plain
+             conversion gives, every shard deleted, and export must give back every file of the
+             download with its original SHA-256 (never a lost byte).
   flips      one random bit of a .kpk flipped (half uniform over the file, half
              spread over its kinds of region): `kpack verify` must refuse it.
   mutations  one field of the superblock, an extent or tensor record, the
@@ -19,10 +26,10 @@ different results on a re-sealed file verify accepted).
              (different results from a file verify passed).  Reported per class,
              with what the format says about the class (docs/RELIABILITY.md).
 
-    soak.py --bin BIN --shim SHIM [--kills 60] [--flips 1200] [--mutations 1200]
+    soak.py --bin BIN --shim SHIM [--kills 60] [--consume-kills 24] [--flips 1200] [--mutations 1200]
             [--seed S] [--work DIR] [--json FILE]
 """
-import argparse, json, os, random, shutil, signal, subprocess, sys, tempfile, time
+import argparse, hashlib, json, os, random, shutil, signal, subprocess, sys, tempfile, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kpkseal import Kpk, KINDS  # noqa: E402
@@ -101,6 +108,94 @@ def kill_campaign(a, w, ref, rng, out):
     for f in st["failures"][:10]:
         print("  NOT IDENTICAL:", f)
     return ["%d resumes not byte-identical" % len(st["failures"])] if st["failures"] else []
+
+
+# ---- the consume campaign ------------------------------------------------------
+
+def consume_campaign(a, w, rng, out):
+    kpack = os.path.join(a.bin, "kpack")
+    orig, cs, x = os.path.join(w, "corig"), os.path.join(w, "csrc"), os.path.join(w, "c.kpk")
+    shutil.rmtree(orig, ignore_errors=True)
+    subprocess.run([os.path.join(a.bin, "k3synth"), orig, "--geometry", "tiny", "--seed", str(a.seed % 997), "--vision",
+                    "--quiet"], check=True, stdout=subprocess.DEVNULL)
+    names = sorted(f for f in os.listdir(orig) if os.path.isfile(os.path.join(orig, f)))
+    sums = os.path.join(w, "csums")
+    with open(sums, "w") as f:
+        for n in names:
+            f.write("%s  %s\n" % (hashlib.sha256(open(os.path.join(orig, n), "rb").read()).hexdigest(), n))
+    want = {n: hashlib.sha256(open(os.path.join(orig, n), "rb").read()).hexdigest() for n in names}
+    n_shards = sum(n.endswith(".safetensors") for n in names)
+    refs = {}
+    for sha in (0, 1):
+        refs[sha] = os.path.join(w, "cref%d.kpk" % sha)
+        if os.path.exists(refs[sha]):
+            os.unlink(refs[sha])
+        subprocess.run([kpack, "convert", orig, refs[sha], "--quiet"] + (["--sha256", sums] if sha else []), check=True)
+    size = os.path.getsize(refs[0])
+
+    def shards():
+        return sum(f.endswith(".safetensors") for f in os.listdir(cs))
+
+    st = {"kills": 0, "identical": 0, "exports_identical": 0, "by_kind": {}, "double_kills": 0, "not_landed": 0,
+          "deleted_before_the_kill": 0, "failures": []}
+    t0 = time.time()
+    while st["kills"] < a.consume_kills:
+        shutil.rmtree(cs, ignore_errors=True)
+        for f in os.listdir(w):
+            if f.startswith("c.kpk"):
+                os.unlink(os.path.join(w, f))
+        shutil.copytree(orig, cs)
+        sha = rng.random() < 0.5
+        conv = [kpack, "convert", cs, x, "--consume", "--quiet"] + (["--sha256", sums] if sha else [])
+        env = {"KPACK_SYNC_BYTES": rng.choice([1, 4096, 65536, 1 << 20, 1 << 30])}
+        kind = rng.choice(["bytes", "bytes", "before a deletion", "after a deletion", "outside"])
+        if kind == "outside":
+            p = subprocess.Popen(conv, env=dict(os.environ, KPACK_TEST_DELAY_MS=str(rng.randint(1, 8)), **{k: str(v) for k, v in env.items()}),
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(rng.uniform(0.02, 0.8))
+            p.send_signal(signal.SIGKILL)
+            rc = p.wait()
+        elif kind == "bytes":
+            rc, _, _ = run(conv, dict(env, KFAULT_KILL_AFTER_BYTES=rng.randrange(1, size + size // 10), KFAULT_PATH="*/c.kpk*",
+                                      LD_PRELOAD=a.shim))
+        else:
+            calls, path = ("unlink", "*.safetensors") if kind == "before a deletion" else ("fsync", cs)
+            rc, _, _ = run(conv, dict(env, KFAULT_CALLS=calls, KFAULT_NTH=rng.randint(1, n_shards), KFAULT_ERR="KILL",
+                                      KFAULT_PATH=path, LD_PRELOAD=a.shim))
+        if rc != -9:
+            st["not_landed"] += 1
+            continue
+        st["kills"] += 1
+        st["by_kind"][kind] = st["by_kind"].get(kind, 0) + 1
+        st["deleted_before_the_kill"] += n_shards - shards()
+        rc, err = -9, b""
+        if rng.random() < 0.3:
+            rc, _, err = run(conv, dict(env, KFAULT_KILL_AFTER_BYTES=rng.randrange(1, size), KFAULT_PATH="*/c.kpk*", LD_PRELOAD=a.shim))
+            st["double_kills"] += rc == -9
+        if rc != 0:
+            rc, _, err = run(conv, env)
+        same = rc == 0 and open(x, "rb").read() == open(refs[sha], "rb").read() and shards() == 0
+        st["identical"] += same
+        exp = os.path.join(w, "cexp")
+        shutil.rmtree(exp, ignore_errors=True)
+        erc, _, _ = run([kpack, "export", x, exp, "--quiet"]) if rc == 0 else (1, b"", b"")
+        back = erc == 0 and all(os.path.exists(os.path.join(exp, n)) and
+                                hashlib.sha256(open(os.path.join(exp, n), "rb").read()).hexdigest() == want[n] for n in names)
+        st["exports_identical"] += back
+        if not (same and back):
+            st["failures"].append("kill %d (%s, sha256 %d): rerun rc %s, identical %s, export %s: %s"
+                                  % (st["kills"], kind, sha, rc, same, back, err.decode(errors="replace")[:200]))
+    shutil.rmtree(cs, ignore_errors=True)
+    st["seconds"] = round(time.time() - t0, 1)
+    out["consume"] = st
+    print("consume: %d kill -9 during convert --consume (%s; %d resumes killed again; %d shards had been deleted at the kills), "
+          "%d/%d byte-identical after the rerun with every shard deleted, %d/%d exports gave back every file with its "
+          "original SHA-256, in %.0f s" % (st["kills"], ", ".join("%d %s" % (v, k) for k, v in sorted(st["by_kind"].items())),
+                                           st["double_kills"], st["deleted_before_the_kill"], st["identical"], st["kills"],
+                                           st["exports_identical"], st["kills"], st["seconds"]))
+    for f in st["failures"][:10]:
+        print("  BROKEN:", f)
+    return ["%d --consume resumes broken" % len(st["failures"])] if st["failures"] else []
 
 
 # ---- the regions of a file ------------------------------------------------------
@@ -657,6 +752,7 @@ def main():
     ap.add_argument("--bin", required=True)
     ap.add_argument("--shim", required=True)
     ap.add_argument("--kills", type=int, default=60)
+    ap.add_argument("--consume-kills", type=int, default=24)
     ap.add_argument("--flips", type=int, default=1200)
     ap.add_argument("--mutations", type=int, default=1200)
     ap.add_argument("--seed", type=int, default=int(time.time()))
@@ -680,6 +776,8 @@ def main():
     broken = []
     if a.kills:
         broken += kill_campaign(a, w, ref, rng, out)
+    if a.consume_kills:
+        broken += consume_campaign(a, w, rng, out)
     if a.flips:
         broken += flip_campaign(a, w, ref, rng, out)
     if a.mutations:

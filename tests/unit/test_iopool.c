@@ -3,12 +3,16 @@
  * started ones land whole, and the bytes add up -- read + cancelled = queued,
  * the member's byte count = read -- whatever the race between the workers
  * and the cancel.  Two batches share the queues: cancelling one never takes
- * a request of the other, and urgent requests are served before read-ahead. */
+ * a request of the other, and urgent requests are served before read-ahead.
+ * The member's busy time (kiop_member_busy: the union of its reads' times) is
+ * more than 0 and at most the time the batches took, whatever the workers'
+ * overlap (a sum over workers would exceed it), and stops when they are done. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
 #include "check.h"
 #include "run/store/iopool.h"
+#include "format/kprogress.h"
 
 #include <fcntl.h>
 #include <stdint.h>
@@ -59,6 +63,7 @@ int main(void)
         kiop_batch ba, bb;
         kiop_req req[2 * NREQ];
         uint64_t cancelled, read_bytes;
+        double t0, t1, busy;
         int whole, untouched, torn, wb, ub, tb;
         if (!p || kiop_reserve(p, 2 * NREQ)) { CHECK(0, "pool of %d workers", threads); break; }
         memset(a, 0xA5, (size_t)NREQ * REQ);
@@ -73,11 +78,18 @@ int main(void)
             req[NREQ + k] = (kiop_req){.member = 0, .off = (uint64_t)(NREQ + k) * REQ, .len = REQ, .buf = b + (size_t)k * REQ,
                                       .first = REQ, .prio = KIOP_URGENT, .kind = 'E', .batch = &bb};
         }
+        t0 = know();
         if (kiop_submit(p, req, NREQ) || kiop_submit(p, req + NREQ, NREQ)) { CHECK(0, "submit"); kiop_pool_destroy(p); break; }
         if (round % 4 == 3) usleep(2000); /* sometimes let the workers get further first */
         cancelled = kiop_cancel(p, &ba);
         CHECK(kiop_wait(p, &ba) == 0 && kiop_wait(p, &bb) == 0, "round %d: both batches complete without error", round);
+        t1 = know();
         read_bytes = kiop_member_bytes(p, 0);
+        busy = kiop_member_busy(p, 0);
+        CHECK(busy > 0 && busy <= t1 - t0, "round %d (%d workers): busy %.6f s, within the %.6f s the batches took", round, threads,
+              busy, t1 - t0);
+        usleep(2000);
+        CHECK(kiop_member_busy(p, 0) == busy && kiop_member_busy(p, 1) == 0, "round %d: idle, the busy time stands still", round);
         regions(a, 0, &whole, &untouched, &torn);
         regions(b, (uint64_t)NREQ * REQ, &wb, &ub, &tb);
         CHECK(cancelled % REQ == 0 && (uint64_t)untouched * REQ == cancelled && torn == 0 && whole + untouched == NREQ,
