@@ -323,10 +323,11 @@ static int get_tools(json_t *o, oresp_request *r, kreq_arena *a, oai_error *e)
             json_t *name = json_object_get(tc, "name"), *ns = kreq_field(tc, "namespace");
             size_t k = 0;
             char full[160], *kept;
-            if (!json_is_string(name)) return name ? kreq_wrong_type(e, "tool_choice.name", "a string", name) : kreq_missing(e, "tool_choice.name");
-            if (kreq_c_string(name, "tool_choice.name", e)) return -1;
-            if (ns && !json_is_string(ns)) return kreq_wrong_type(e, "tool_choice.namespace", "a string", ns);
-            if (ns && kreq_c_string(ns, "tool_choice.namespace", e)) return -1;
+            int bad = !json_is_string(name) ? (name ? kreq_wrong_type(e, "tool_choice.name", "a string", name) : kreq_missing(e, "tool_choice.name"))
+                      : kreq_c_string(name, "tool_choice.name", e) ? -1
+                      : ns && !json_is_string(ns) ? kreq_wrong_type(e, "tool_choice.namespace", "a string", ns)
+                      : ns && kreq_c_string(ns, "tool_choice.namespace", e) ? -1 : 0;
+            if (bad) { json_decref(chat); return -1; }
             snprintf(full, sizeof full, "%s%s%s", ns ? json_string_value(ns) : "", ns ? "." : "", json_string_value(name));
             while (k < n && strcmp(json_string_value(json_object_get(json_object_get(json_array_get(chat, k), "function"), "name")), full)) k++;
             if (k == n) { json_decref(chat); return kreq_refuse(e, "tool_choice.name", "the function \"%.64s\" is not in tools", full); }

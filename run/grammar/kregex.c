@@ -410,24 +410,32 @@ static int term(parser *p, atree *t)
     if (ch == '$') { p->at++; return ast_new(p, t, A_EOL); }
     if (ch == '{' && braces(p, &min, &max)) return refuse(p, "nothing to repeat before {");
     if ((n = atom(p, t)) < 0) return -1;
-    for (;;) {
-        ch = peek(p);
-        if (ch == '*') { min = 0; max = -1; p->at++; }
-        else if (ch == '+') { min = 1; max = -1; p->at++; }
-        else if (ch == '?') { min = 0; max = 1; p->at++; }
-        else if (ch == '{' && braces(p, &min, &max)) {
-            if (max >= 0 && max < min) return refuse(p, "the quantifier {%d,%d} is out of order", min, max);
-            if (min > MAX_REPEAT || max > MAX_REPEAT) return refuse(p, "quantifiers above {%d} are not supported by constrained decoding", MAX_REPEAT);
-        } else return n;
-        if (peek(p) == '?') p->at++;          /* lazy: the same set of strings */
-        {
-            int r = ast_new(p, t, A_REPEAT);
-            if (r < 0) return -1;
-            t->v[r].a = n;
-            t->v[r].min = min;
-            t->v[r].max = max;
-            n = r;
-        }
+    /* at most one quantifier (ECMAScript: a*+ or a{2}{3} is "nothing to repeat"; PCRE2 would read
+     * a*+ as possessive) */
+    ch = peek(p);
+    if (ch == '*') { min = 0; max = -1; p->at++; }
+    else if (ch == '+') { min = 1; max = -1; p->at++; }
+    else if (ch == '?') { min = 0; max = 1; p->at++; }
+    else if (ch == '{' && braces(p, &min, &max)) {
+        if (max >= 0 && max < min) return refuse(p, "the quantifier {%d,%d} is out of order", min, max);
+        if (min > MAX_REPEAT || max > MAX_REPEAT) return refuse(p, "quantifiers above {%d} are not supported by constrained decoding", MAX_REPEAT);
+    } else return n;
+    if (peek(p) == '?') p->at++;              /* lazy: the same set of strings */
+    ch = peek(p);
+    if (ch == '*' || ch == '+' || ch == '?') return refuse(p, "nothing to repeat before %c (one quantifier per atom)", ch);
+    if (ch == '{') {
+        size_t at = p->at;
+        int m1, m2;
+        if (braces(p, &m1, &m2)) return refuse(p, "nothing to repeat before { (one quantifier per atom)");
+        p->at = at;
+    }
+    {
+        int r = ast_new(p, t, A_REPEAT);
+        if (r < 0) return -1;
+        t->v[r].a = n;
+        t->v[r].min = min;
+        t->v[r].max = max;
+        return r;
     }
 }
 

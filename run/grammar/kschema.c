@@ -1332,9 +1332,13 @@ int kschema_k3_args(kschema_ctx *c, json_t *schema, uint32_t next, uint32_t *sta
         s = t;
     }
     if (!json_is_object(s)) return fail(c, "", "the parameters must be a JSON Schema object");
+    /* allOf of objects: one object (as for a document); then s is what the arguments must be */
+    if (json_object_get(s, "allOf") && merge_all(c, s, "", &s)) return -1;
+    if (!json_is_object(s)) return fail(c, "allOf", "the parameters' allOf admits no object");
     if (check_keywords(c, s, "", &present, &others) || types_of(c, s, "", present, &mask)) return -1;
     if (!json_object_get(s, "type") && !(present & T_OBJECT)) mask = T_OBJECT;     /* {} : any arguments */
-    if (mask != T_OBJECT || json_object_get(s, "anyOf") || json_object_get(s, "enum") || json_object_get(s, "const"))
+    if (mask != T_OBJECT || json_object_get(s, "anyOf") || json_object_get(s, "oneOf") || json_object_get(s, "enum") ||
+        json_object_get(s, "const"))
         return fail(c, json_object_get(s, "type") ? "type" : "", "the parameters must be an object schema (type \"object\")");
     if (get_props(c, s, "", &pp, &map, &ms)) return -1;
     if (map) {

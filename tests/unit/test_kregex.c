@@ -315,6 +315,7 @@ static void test_refusals(void)
         {"\\k<x>", "backreferences"}, {"\\bx", "word boundaries"}, {"\\p{L}", "property"}, {"[a", "not closed"},
         {"(a", "not closed"}, {"a)", "unmatched"}, {"*a", "nothing to repeat"}, {"a{2000}", "quantifiers above"},
         {"\\q", "unknown escape"}, {"[z-a]", "out of order"},
+        {"a*+", "nothing to repeat"}, {"a?+b", "nothing to repeat"}, {"a{2}{3}", "nothing to repeat"}, {"a+?*", "nothing to repeat"},
         {"(a|b)*a(a|b)(a|b)(a|b)(a|b)(a|b)(a|b)(a|b)(a|b)(a|b)(a|b)(a|b)(a|b)(a|b)", "too complex"},
     };
     int bad = 0;
