@@ -5,6 +5,7 @@
 
 #include "krun_cli.h"
 #include "format/kargs.h"
+#include "format/kos.h"
 #include "format/kprogress.h"
 #include "run/serve/serve.h"
 #include "run/session/memplan.h"
@@ -15,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -55,6 +57,9 @@ static const char usage[] =
     "                        budgets their state and says how many would fit)\n"
     "  --max-queue N         requests waiting for a sequence (default 16); more get 503 + Retry-After\n"
     "  --max-body SIZE       largest request body (default 8M)\n"
+    "  --request-memory SIZE memory for requests being read and prepared, in all: each reserves 32 x\n"
+    "                        its body + 1M before its body is read, and waits for room (default 1G,\n"
+    "                        or one --max-body request's share if larger; docs/SERVE.md, \"Memory\")\n"
     "  --max-connections N   open connections at most (default 4 x the per-address limit); the last\n"
     "                        eighth (at least 2) is kept free: past that, the connection that has\n"
     "                        waited longest for its request (half a second at least) is closed\n"
@@ -93,7 +98,7 @@ static const char usage[] =
     "file, no tokenizer in it, the address cannot be listened on; 3 out of memory.\n";
 
 struct serve_opts {
-    const char *model, *host, *api_key, *model_name, *max_body;
+    const char *model, *host, *api_key, *model_name, *max_body, *request_memory;
     long port, max_queue, max_connections, max_per_ip, idle_timeout;
     double shutdown_timeout, request_timeout, progress_every;
     int quiet;
@@ -142,6 +147,7 @@ static void parse_args(int argc, char **argv, struct serve_opts *o)
         else if (OPT("--model-name")) o->model_name = v;
         else if (OPT("--max-queue")) o->max_queue = krun_cli_long(v, 0, 1L << 20, "--max-queue");
         else if (OPT("--max-body")) o->max_body = v;
+        else if (OPT("--request-memory")) o->request_memory = v;
         else if (OPT("--max-connections"))
             o->max_connections = krun_cli_long(v, 1, 1L << 16, "--max-connections");
         else if (OPT("--max-connections-per-ip"))
@@ -200,6 +206,36 @@ static int listen_on(const char *host, long want, long *port)
     return fd;
 }
 
+/* Descriptors: one per connection (--max-connections) on top of those open now (the model's
+ * files, the prefix cache's directory, the engine's), and SERVE_FD_SPARE for what opens while it
+ * serves (a prefix cache file being written or read, /proc).  Past the limit accept(2) fails with
+ * EMFILE, and libmicrohttpd retries at once, logging each time (issue 34.9: 4 GB of stderr in a
+ * minute, a core busy, new connections waiting).  So the soft limit is raised to what is needed
+ * (up to the hard limit) at start, or the server refuses to start, saying what to do. */
+#define SERVE_FD_SPARE 64
+
+static int check_descriptors(long max_connections)
+{
+    struct rlimit rl;
+    int open_now = kos_open_fds();
+    rlim_t need = (rlim_t)(open_now > 0 ? open_now : 16) + (rlim_t)max_connections + SERVE_FD_SPARE;
+    if (getrlimit(RLIMIT_NOFILE, &rl)) return 0;                 /* cannot tell: go on */
+    if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < need) {
+        if (rl.rlim_max == RLIM_INFINITY || rl.rlim_max >= need) {
+            struct rlimit up = {need, rl.rlim_max};
+            if (!setrlimit(RLIMIT_NOFILE, &up)) return 0;
+        }
+        fprintf(stderr, "krun serve: --max-connections %ld needs %llu open files (%d open now, one per connection, %d spare), "
+                "but the limit is %llu (ulimit -n; the hard limit %s): raise it with ulimit -n %llu (or LimitNOFILE= in a "
+                "systemd unit), or lower --max-connections to %lld\n", max_connections, (unsigned long long)need, open_now,
+                SERVE_FD_SPARE, (unsigned long long)rl.rlim_cur,
+                rl.rlim_max == RLIM_INFINITY ? "is unlimited" : "too is lower", (unsigned long long)need,
+                (long long)(rl.rlim_max == RLIM_INFINITY ? rl.rlim_cur : rl.rlim_max) - (open_now > 0 ? open_now : 16) - SERVE_FD_SPARE);
+        return -1;
+    }
+    return 0;
+}
+
 /* Say what the model was prepared for: sequences, their state, what would fit. */
 static void announce(const struct serve_opts *o, krun_model *m, const char *name, long port)
 {
@@ -234,7 +270,7 @@ int krun_serve_main(int argc, char **argv)
     srv_engine_opts eo;
     srv_http_opts ho;
     uint64_t budget;
-    int64_t max_body;
+    int64_t max_body, request_memory;
     long port = 0;
     int fd = -1, rc = KRUN_EINPUT, sig = 0, damaged;
     char name[256];
@@ -244,6 +280,16 @@ int krun_serve_main(int argc, char **argv)
     parse_args(argc, argv, &o);
     max_body = kargs_size(o.max_body);
     if (max_body <= 0) krun_cli_die("--max-body: expected a size like 8M, got %s", o.max_body);
+    if ((uint64_t)max_body > SIZE_MAX / 64) krun_cli_die("--max-body %s: too large", o.max_body);
+    request_memory = o.request_memory ? kargs_size(o.request_memory) : (int64_t)1 << 30;
+    if (request_memory <= 0) krun_cli_die("--request-memory: expected a size like 1G, got %s", o.request_memory);
+    if ((uint64_t)request_memory < srv_mem_share((size_t)max_body)) {
+        if (o.request_memory)
+            krun_cli_die("--request-memory %s cannot hold one request of --max-body (32 x the body + 1M): raise it or lower "
+                         "--max-body", o.request_memory);
+        request_memory = (int64_t)srv_mem_share((size_t)max_body);
+    }
+    srv_mem_install();                         /* before any thread parses JSON (serve_mem.c) */
     if (krun_cli_budget(&o.c, &budget)) return KRUN_EINPUT;
     if (o.model_name) snprintf(name, sizeof name, "%s", o.model_name);
     else krun_cli_model_name(o.model, name, sizeof name);
@@ -269,10 +315,11 @@ int krun_serve_main(int argc, char **argv)
     mo.spec = (size_t)o.spec;
     if (krun_model_prepare(m, &mo, &e)) { fprintf(stderr, "krun serve: %s\n", e.msg); rc = e.code; goto out; }
     if (krun_cli_pcache(&o.c, m, "krun serve", 1, 1, &cache, &e)) { fprintf(stderr, "krun serve: %s\n", e.msg); rc = e.code; goto out; }
+    if (check_descriptors(o.max_connections)) goto out;
     eo = (srv_engine_opts){(size_t)o.max_queue, name, o.quiet, o.progress_every, cache, 0, NULL};
     if (srv_engine_start(m, &eo, &eng, &e)) { fprintf(stderr, "krun serve: %s\n", e.msg); rc = e.code; goto out; }
-    ho = (srv_http_opts){o.api_key, (size_t)max_body, fd, (unsigned)o.max_connections, (unsigned)o.max_per_ip, (unsigned)o.idle_timeout,
-                         o.request_timeout};
+    ho = (srv_http_opts){o.api_key, (size_t)max_body, (size_t)request_memory, fd, (unsigned)o.max_connections, (unsigned)o.max_per_ip,
+                         (unsigned)o.idle_timeout, o.request_timeout};
     if (srv_http_start(eng, &ho, &http, &e)) { fprintf(stderr, "krun serve: %s\n", e.msg); rc = e.code; goto out; }
     fd = -1;                                   /* the daemon's now */
     if (!o.quiet) announce(&o, m, name, port);
