@@ -304,6 +304,7 @@ int krun_serve_main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
 
     if (krun_model_load(o.model, &m, &e)) { fprintf(stderr, "krun serve: %s\n", e.msg); return e.code; }
+    krun_cli_file_warning("krun serve", m);
     if (!krun_model_tokenizer(m)) {
         fprintf(stderr, "krun serve: %s has no tokenizer: the server needs one to read requests and write text\n", o.model);
         goto out;
