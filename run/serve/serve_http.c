@@ -758,7 +758,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (!k->takes_body) { k->answered = 1; return rc; }
         /* its share of the request memory, before a byte of its body is read */
         k->body_len = fr.n_cl ? (size_t)fr.cl : h->o.max_body;
-        if (srv_mem_reserve(h->mem, srv_mem_share(k->body_len), h->o.request_timeout)) {
+        /* waiting at most half the request's deadline: the 503 goes out before serve_conns.c would close it */
+        if (srv_mem_reserve(h->mem, srv_mem_share(k->body_len), h->o.request_timeout / 2)) {
             k->answered = 1;
             oai_error_set(&err, 503, NULL, "server_busy", "krun serve is reading and preparing as many requests as its "
                           "--request-memory allows: retry shortly");
