@@ -17,7 +17,11 @@
 
 enum { JOB_READ, JOB_WRITE };
 #define QUEUE 8                     /* jobs in flight: at most a write and a read, and the block's first read */
-#define WB_RANGES 256               /* regions in write-back at once, at most (beyond: the oldest waited for) */
+/* Regions tracked in write-back at once, at most (beyond: the oldest waited for).  A sweep writes
+ * at most n_layers x slots of them (K3: 61 x 16 = 976): 4096 is four sweeps of slack, and a write
+ * four sweeps old (a sweep reads every weight once) has long reached the disk. */
+#define WB_RANGES 4096
+#define CACHE_SHARE 4               /* the states' page cache: at most 1/CACHE_SHARE of the memory available at the start */
 
 struct k3_pager {
     const k3_config *c;
@@ -36,7 +40,7 @@ struct k3_pager {
     int fd, direct, made_dir;
     /* bounded write-back (direct: the weights' --io direct): regions written, whose write-back was
      * started and whose pages are dropped from the page cache once they are on the disk; at most
-     * wb_limit bytes of them at a time (statepage.h) */
+     * wb_limit bytes of them at a time (statepage.h); UINT64_MAX: the whole file may stay cached */
     uint64_t wb_off[WB_RANGES], wb_len[WB_RANGES];
     size_t wb_head, wb_n;
     uint64_t wb_bytes, wb_limit;
@@ -232,6 +236,9 @@ static int read_layer(k3_pager *p, int L, krun_err *err)
             if (!have) continue;
             if (pread_all(p, mem, up(have * rb), off, err)) return -1;
             if (XXH3_64bits(mem, have * rb) != p->sum[at]) return mismatch(p, k, L, err);
+            /* the rows before the block's page are read, never written again: not kept in the page
+             * cache when it holds a bounded part of the file (the pages written are, wb_add) */
+            if (p->direct && p->wb_limit != UINT64_MAX && down(have * rb)) kos_cache_drop(p->fd, off, down(have * rb));
         }
     }
     return 0;
@@ -445,11 +452,14 @@ int k3_pager_open(k3_pager **out, const k3_config *c, size_t ctx, size_t nslots,
     }
     p->flip_at = flip ? atol(flip) : 0;
     {
-        /* the page cache the states may take (statepage.h): a window's worth, or the whole file while it takes
-         * at most a quarter of the memory the system had free at the start (then every read is served
-         * from the page cache, as buffered I/O did, and the disk only takes the writes behind) */
-        const uint64_t win = k3_page_window_bytes(c, ctx, nslots), file = k3_page_file_bytes(c, ctx, nslots), avail = kos_mem_available();
-        p->wb_limit = file <= avail / 4 && !getenv("KRUN_TEST_STATE_WINDOW_CACHE") ? UINT64_MAX : win;   /* (the test hook: the bound) */
+        /* the page cache the states may take (statepage.h): a quarter of the memory the system had
+         * available at the start.  The whole file while it fits (every read is then served from the
+         * page cache, as buffered I/O did, and the disk only takes the writes behind); else that
+         * many bytes of the regions written last, at least a window's worth.  (The test hook
+         * KRUN_TEST_STATE_WINDOW_CACHE: a window's worth, the least.) */
+        const uint64_t win = k3_page_window_bytes(c, ctx, nslots), file = k3_page_file_bytes(c, ctx, nslots),
+                       share = kos_mem_available() / CACHE_SHARE;
+        p->wb_limit = getenv("KRUN_TEST_STATE_WINDOW_CACHE") ? win : file <= share ? UINT64_MAX : share > win ? share : win;
     }
     p->dir = strdup(dir);
     p->path = malloc(strlen(dir) + sizeof K3_PAGE_FILE + 1);

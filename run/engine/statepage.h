@@ -20,14 +20,16 @@
  * is read and written through the page cache, and where the weights are
  * read with O_DIRECT (direct) the write-back is bounded: each region written
  * has its write-back started at once (dirty pages never pile up), and the
- * whole file may stay cached only while it takes at most a quarter of the
- * memory available at the start; a larger one keeps at most a window's
- * worth in write-back, the oldest waited for and dropped beyond it.  So a
- * write never waits in the disk's queue behind the weights' reads or anyone
- * else's (issue 34.15: with O_DIRECT each write of a few pages did, up to
- * half a job's time), and the page cache holds at most the bound of what
- * paging keeps out of RAM.  (KRUN_TEST_STATE_WINDOW_CACHE forces the
- * window's bound, for the tests.)
+ * states take at most a quarter of the memory available at the start in
+ * the page cache: the whole file while it fits; a larger file keeps that
+ * many bytes of the regions written last (at least a window's worth, at
+ * most four sweeps' regions), the oldest waited for and dropped beyond it,
+ * and rows that are only read are dropped once read.  So a write never
+ * waits in the disk's queue behind the weights' reads or anyone else's
+ * (issue 34.15: with O_DIRECT each write of a few pages did, up to half a
+ * job's time; tests/root/test_statepage_io.sh), and the page cache holds
+ * at most the bound of what paging keeps out of RAM.
+ * (KRUN_TEST_STATE_WINDOW_CACHE forces a window's bound, for the tests.)
  * A KDA layer's region (head states, then the ShortConv history) is read
  * and written whole; an MLA layer's holds the latent rows of positions
  * 0..pos: a block reads the rows before it and writes back only the pages
