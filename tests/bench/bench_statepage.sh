@@ -2,8 +2,10 @@
 # The states' paging beside other I/O (issue 34.15; docs/BATCH.md, "States on disk"; make bench,
 # BENCH_ONLY=statepage): krun batch with its states paged to disk (--state-dir), the weights
 # streamed with O_DIRECT, alone and beside a competing reader (dd iflag=direct over the same
-# disk).  Each variant is a krun binary and its --io: given as NAME=KRUN:IO, e.g.
-#   tests/bench/bench_statepage.sh POOL.kpk old-direct=/tmp/krun.main:direct old-pread=/tmp/krun.main:pread new=bin/krun:direct
+# disk).  Each variant is a krun binary and its --io: given as NAME=KRUN:IO[:VAR=VALUE], e.g.
+#   tests/bench/bench_statepage.sh POOL.kpk old-direct=/tmp/krun.main:direct old-pread=/tmp/krun.main:pread new=bin/krun:direct \
+#       new-window=bin/krun:direct:KRUN_TEST_STATE_WINDOW_CACHE=1
+# (VAR=VALUE: one environment variable for that variant's runs.)
 # (default: bin/krun with --io direct and pread).  Rounds alternate the variants' order; every
 # run (its page-cache drop included) holds flock on BENCH_LOCK when given.  Per variant and
 # competitor: the median run seconds and seconds the forward passes waited for the state file
@@ -47,7 +49,8 @@ PY
 SIZE=$(stat -c %s "$DDF")
 one() {   # one VARIANT COMPETITOR ROUND
     local name=${1%%=*} spec=${1#*=} comp=$2 r=$3
-    local bin=${spec%:*} io=${spec##*:}
+    local bin=${spec%%:*} io=${spec#*:} env=
+    case $io in *:*) env=${io#*:}; io=${io%%:*};; esac
     rm -rf "$W/out.jsonl" "$W/states"
     [ "$CAN_DROP" = 1 ] && { sync; echo 3 >/proc/sys/vm/drop_caches; }
     sleep "$SETTLE"
@@ -55,7 +58,7 @@ one() {   # one VARIANT COMPETITOR ROUND
         # from the file's last quarter, so that it does not read what krun reads
         dd if="$DDF" of=/dev/null bs=1M iflag=direct skip=$((SIZE / 4 * 3 / 1048576)) 2>/dev/null & DDPID=$!
     fi
-    "$bin" batch "$KPK" "$W/in.jsonl" "$W/out.jsonl" --max-seqs "$SEQS" --ctx $((GEN + 8)) --mem "$MEMB" --io "$io" \
+    env ${env:+"$env"} "$bin" batch "$KPK" "$W/in.jsonl" "$W/out.jsonl" --max-seqs "$SEQS" --ctx $((GEN + 8)) --mem "$MEMB" --io "$io" \
         --state-dir "$W/states" --seed 1 --created 1 --quiet --json >"$W/r-$name-$comp-$r.json" 2>"$W/err" || {
         echo "FAILED: $name ($comp): $(tail -c 300 "$W/err")"; }
     if [ -n "${DDPID:-}" ]; then kill "$DDPID" 2>/dev/null; wait "$DDPID" 2>/dev/null || true; DDPID=; fi
