@@ -347,7 +347,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     ref_req reqs[MAX_REQ];
     answer ans[MAX_REQ + 2];
     cursor c = {data, size, 0};
-    int n_reqs = 0, n_ans, whole, refused = 0, tail_head, tail_line_ok;
+    int n_reqs = 0, n_ans, whole, refused = 0, tail_head, tail_line_ok, tail_health;
     long got;
     if (!size) return 0;
     for (size_t at = 0; n_reqs < MAX_REQ && c.at < size; at = c.at) {
@@ -367,6 +367,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         int http10;
         tail_line_ok = c.at < size && request_line(&t, &tail, &http10);
         tail_head = tail_line_ok ? tail.head : (size - c.at >= 5 && !memcmp(data + c.at, "HEAD ", 5));
+        /* libmicrohttpd reads a request line more leniently than RFC 9112 (a target with spaces or
+         * bytes past 0x7e, up to the last space: a known gap, one request either way); GET /health
+         * is public however it is read */
+        tail_health = tail_line_ok ? tail.health
+                                   : size - c.at > 12 && !memcmp(data + c.at, "GET /health", 11) &&
+                                         (data[c.at + 11] == '?' || data[c.at + 11] == ' ');
     }
     n_ans = parse_answers(buf, (size_t)got, reqs, n_reqs, tail_head, ans, MAX_REQ + 2);
     if (n_ans < 0) fprintf(stderr, "fuzz_http: the answer does not parse: %.*s\n", (int)(got > 600 ? 600 : got), buf);
@@ -382,7 +388,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (ans[i].status >= 300 && !(i == n_reqs && !tail_line_ok && ans[i].status >= 400 && ans[i].close))
             FUZZ_CHECK(ans[i].json);
         /* no key (or a wrong one: the framer only looks at the scheme), only GET /health gets through */
-        if (ans[i].status >= 200 && ans[i].status < 300) FUZZ_CHECK(i < n_reqs && (reqs[i].health || reqs[i].key));
+        if (ans[i].status >= 200 && ans[i].status < 300) FUZZ_CHECK(i < n_reqs ? reqs[i].health || reqs[i].key : tail_health);
         if (ans[i].close) FUZZ_CHECK(i == n_ans - 1);
         refused |= ans[i].status == 400;
     }
