@@ -222,6 +222,7 @@ typedef struct {
     int te_exact;              /* the first Transfer-Encoding field is exactly "chunked" (any case) */
     int n_host, host_invalid;
     int bad_name, bad_value;   /* a field name that is not a token; a value with a control character */
+    int bad_line;              /* a method that is not a token, a target with a byte outside VCHAR */
     char bad[48];              /* ... its name, for the message */
 } srv_framing;
 
@@ -229,6 +230,12 @@ void srv_framing_init(srv_framing *f);
 /* A field: its name and value as libmicrohttpd holds them (value_len: its length, so that a NUL
  * inside it is seen). */
 void srv_framing_header(srv_framing *f, const char *key, const char *value, size_t value_len);
+/* The request line: its method, and whether its target as sent (before libmicrohttpd decodes it)
+ * is sound, srv_framing_target_ok.  libmicrohttpd reads more than RFC 9112 3 allows (a target with
+ * spaces, up to the last one; bytes past 0x7e; a method with control characters): refused, as a
+ * proxy may have read the line otherwise (fuzz_http). */
+void srv_framing_request_line(srv_framing *f, const char *method, int target_ok);
+int  srv_framing_target_ok(const char *target);
 /* 0: the length is certain and the header sound; else the HTTP status to refuse it with (400, or
  * 501 for a coding other than chunked), msg saying why. */
 int  srv_framing_verdict(const srv_framing *f, int http_1_0, char *msg, size_t len);

@@ -107,8 +107,28 @@ void srv_framing_header(srv_framing *f, const char *key, const char *value, size
     }
 }
 
+/* RFC 3986 via RFC 9112 3.2: a target is visible ASCII, nothing else. */
+int srv_framing_target_ok(const char *target)
+{
+    for (const char *t = target ? target : ""; *t; t++)
+        if ((unsigned char)*t <= 0x20 || (unsigned char)*t >= 0x7f) return 0;
+    return 1;
+}
+
+void srv_framing_request_line(srv_framing *f, const char *method, int target_ok)
+{
+    if (!method || !*method || !target_ok) f->bad_line = 1;
+    for (const char *m = method ? method : ""; *m; m++)
+        if (!tchar((unsigned char)*m)) f->bad_line = 1;
+}
+
 int srv_framing_verdict(const srv_framing *f, int http_1_0, char *msg, size_t len)
 {
+    if (f->bad_line) {
+        snprintf(msg, len, "the request line is not one: a method that is a token, SP, a target of visible ASCII characters, "
+                 "SP, the version (RFC 9112 3)");
+        return 400;
+    }
     if (f->bad_name) {
         snprintf(msg, len, "the header field name \"%.40s\" is not a token: no whitespace may come before the colon (RFC 9112 5.1)",
                  f->bad);

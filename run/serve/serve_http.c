@@ -71,6 +71,7 @@ static __thread struct {
     struct MHD_Connection *c;     /* NULL: no request being read, or one krun has answered */
     const char *last_fmt;         /* libmicrohttpd's last message about it */
     int answered_here;            /* own_error answered it: MHD's own messages about it are noise */
+    int target_ok;                /* the request target as sent: srv_framing_target_ok */
 } cur;
 
 static enum MHD_Result queue(struct MHD_Connection *c, unsigned status, struct MHD_Response *r)
@@ -725,6 +726,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         /* first: a request whose length is uncertain is answered and the connection closed, so
          * nothing after it is read as a request */
         srv_framing_init(&fr);
+        srv_framing_request_line(&fr, method, cur.c != c || cur.target_ok);
         MHD_get_connection_values_n(c, MHD_HEADER_KIND, framing_header, &fr);
         if ((bad = srv_framing_verdict(&fr, k->http_1_0, why, sizeof why))) {
             k->answered = 1;
@@ -833,10 +835,10 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
 static void *uri_logged(void *cls, const char *uri, struct MHD_Connection *c)
 {
     (void)cls;
-    (void)uri;
     cur.c = c;
     cur.last_fmt = NULL;
     cur.answered_here = 0;
+    cur.target_ok = srv_framing_target_ok(uri);
     return NULL;                  /* the request's con_cls: made on the first call (on_request) */
 }
 

@@ -101,5 +101,27 @@ int main(void)
         srv_framing_header(&f, "Transfer-Encoding", "chunked\0x", 9);
         CHECK(srv_framing_verdict(&f, 0, msg, sizeof msg) == 400, "framing: a NUL inside a field value is refused (%s)", msg);
     }
+    {
+        /* the request line (fuzz_http): libmicrohttpd takes a target with spaces (up to the last one)
+         * or bytes past 0x7e, and a method with control characters; RFC 9112 3 does not */
+        static const struct { const char *method, *target; int status; } lines[] = {
+            {"GET", "/health?x=1", 0}, {"POST", "/v1/completions", 0}, {"M-SEARCH", "/a%20b", 0},
+            {"GET", "/health?x/v1/models /tokenize", 400}, {"GET", "/health?\xe2=1", 400}, {"GET", "/\x7f", 400},
+            {"GET\x01", "/health", 400}, {"GE T", "/", 400}, {"", "/", 400}};
+        int wrong = 0;
+        for (size_t i = 0; i < sizeof lines / sizeof *lines; i++) {
+            srv_framing f;
+            char msg[200] = "";
+            srv_framing_init(&f);
+            srv_framing_request_line(&f, lines[i].method, srv_framing_target_ok(lines[i].target));
+            srv_framing_header(&f, "Host", "x", 1);
+            if (srv_framing_verdict(&f, 0, msg, sizeof msg) != lines[i].status) {
+                printf("# request line %s %s: %s\n", lines[i].method, lines[i].target, msg);
+                wrong++;
+            }
+        }
+        CHECK(!wrong, "framing: %zu request lines: a method that is not a token or a target with a space, a control "
+              "character or a byte past 0x7e refused 400, the rest accepted (%d wrong)", sizeof lines / sizeof *lines, wrong);
+    }
     return check_exit();
 }
