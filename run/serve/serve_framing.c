@@ -107,10 +107,15 @@ void srv_framing_header(srv_framing *f, const char *key, const char *value, size
     }
 }
 
-/* RFC 3986 via RFC 9112 3.2: a target is visible ASCII, nothing else. */
+/* RFC 9112 3.2: a target is visible ASCII (RFC 3986), nothing else, in one of the four forms: origin
+ * ("/..."), absolute ("http://..."), asterisk ("*"); authority (CONNECT's "host:port") is refused
+ * with the rest, krun serving no tunnel. */
 int srv_framing_target_ok(const char *target)
 {
-    for (const char *t = target ? target : ""; *t; t++)
+    if (!target || !(*target == '/' || !strcmp(target, "*") || !strncasecmp(target, "http://", 7) ||
+                     !strncasecmp(target, "https://", 8)))
+        return 0;
+    for (const char *t = target; *t; t++)
         if ((unsigned char)*t <= 0x20 || (unsigned char)*t >= 0x7f) return 0;
     return 1;
 }

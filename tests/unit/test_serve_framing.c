@@ -107,7 +107,8 @@ int main(void)
         static const struct { const char *method, *target; int status; } lines[] = {
             {"GET", "/health?x=1", 0}, {"POST", "/v1/completions", 0}, {"M-SEARCH", "/a%20b", 0},
             {"GET", "/health?x/v1/models /tokenize", 400}, {"GET", "/health?\xe2=1", 400}, {"GET", "/\x7f", 400},
-            {"GET\x01", "/health", 400}, {"GE T", "/", 400}, {"", "/", 400}};
+            {"GET\x01", "/health", 400}, {"GE T", "/", 400}, {"", "/", 400},
+            {"OPTIONS", "*", 0}, {"GET", "http://x/health", 0}, {"POST", "prompt\":[1,2]/v1/completions", 400}, {"GET", "", 400}};
         int wrong = 0;
         for (size_t i = 0; i < sizeof lines / sizeof *lines; i++) {
             srv_framing f;
@@ -120,8 +121,8 @@ int main(void)
                 wrong++;
             }
         }
-        CHECK(!wrong, "framing: %zu request lines: a method that is not a token or a target with a space, a control "
-              "character or a byte past 0x7e refused 400, the rest accepted (%d wrong)", sizeof lines / sizeof *lines, wrong);
+        CHECK(!wrong, "framing: %zu request lines: a method that is not a token, a target in none of RFC 9112's forms or "
+              "with a space, a control character or a byte past 0x7e refused 400, the rest accepted (%d wrong)", sizeof lines / sizeof *lines, wrong);
     }
     return check_exit();
 }
