@@ -100,11 +100,16 @@ typedef struct {
     size_t n, at;
 } cursor;
 
-/* One line ending in CRLF (no bare CR or LF inside): its length, or -1. */
+/* One line ending in CRLF, or in a bare LF (RFC 9112 2.2: a recipient may take one, and
+ * libmicrohttpd does); no bare CR inside: its length, or -1. */
 static FUZZ_HARNESS_LOOP long line(cursor *c, const uint8_t **s)
 {
     for (size_t i = c->at; i < c->n; i++) {
-        if (c->p[i] == '\n') return -1;
+        if (c->p[i] == '\n') {
+            *s = c->p + c->at;
+            c->at = i + 1;
+            return (long)(c->p + i - *s);
+        }
         if (c->p[i] == '\r') {
             long len;
             if (i + 1 >= c->n || c->p[i + 1] != '\n') return -1;
