@@ -2,6 +2,7 @@
  * would use instead). */
 #include "kos.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/tcp.h>
@@ -72,6 +73,18 @@ long long kos_tcp_bytes_received(int fd)
     if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len)) return -1;
     if (len < offsetof(struct tcp_info, tcpi_bytes_received) + sizeof ti.tcpi_bytes_received) return -1;
     return (long long)(ti.tcpi_bytes_received & 0x7fffffffffffffffull);
+}
+
+int kos_open_fds(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    struct dirent *e;
+    int n = 0;
+    if (!d) return -1;
+    while ((e = readdir(d)))
+        n += e->d_name[0] != '.';
+    closedir(d);
+    return n - 1;                 /* the directory's own descriptor */
 }
 
 /* "KEY:   123 kB" of /proc/self/status.  open + read into the stack, not

@@ -73,6 +73,9 @@ int kos_rename_noreplace(int dirfd, const char *from, const char *to);
  * (not TCP, an old kernel). */
 long long kos_tcp_bytes_received(int fd);
 
+/* Descriptors this process has open now; -1 if it cannot say. */
+int kos_open_fds(void);
+
 /* This process's resident set and its peak; the memory the system could give
  * without swapping.  Bytes; 0 if unknown. */
 uint64_t kos_rss(void);

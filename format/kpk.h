@@ -40,6 +40,8 @@
 #define KPK_STRIPED 0xFFFFu           /* extent.member: stored in the stripe space (§7.3) */
 #define KPK_NO_STRIPE 0xFFFFu         /* member.stripe_index of a non-STRIPE member */
 #define KPK_META_PREFIX "meta/"       /* names of embedded files: "meta/config.json" */
+/* 1 if file ("config.json") is one of the files a meta extent may hold (§4). */
+int kpk_meta_name_known(const char *file);
 
 /* Reader limits (FORMAT.md §7.5, §12): a file beyond them is refused as implausible. */
 #define KPK_MAX_LAYERS 4096u          /* layer numbers are < this; K3 has 93 */
@@ -181,6 +183,8 @@ enum kpk_errcode {
     KPK_EMEMBER,      /* a member file of a set is missing, truncated, from another set,
                          renamed/swapped, duplicated or does not match (§7.4): the set
                          cannot be used as it is (exit 2) */
+    KPK_ECHANGED,     /* a file changed while it was in use (written, truncated, replaced in
+                         place: kpk_unchanged): nothing read from it since can be trusted (exit 1) */
 };
 
 typedef struct kpk_err {
@@ -190,8 +194,9 @@ typedef struct kpk_err {
 
 void kpk_err_set(kpk_err *e, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* 1 if the error means the bytes checked are damaged (kpack/krun exit 1):
- * KPK_EFORMAT or KPK_ECHECKSUM.  Every other code means "cannot run" (exit 2). */
-static inline int kpk_err_is_damage(int code) { return code == KPK_EFORMAT || code == KPK_ECHECKSUM; }
+ * KPK_EFORMAT, KPK_ECHECKSUM, or KPK_ECHANGED (the bytes changed while they were
+ * used).  Every other code means "cannot run" (exit 2). */
+static inline int kpk_err_is_damage(int code) { return code == KPK_EFORMAT || code == KPK_ECHECKSUM || code == KPK_ECHANGED; }
 
 /* ---- helpers ------------------------------------------------------------ */
 

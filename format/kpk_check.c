@@ -325,6 +325,14 @@ int kpk_check_extents(kpk_file *f, kpk_err *err)
 
 static int starts(const char *s, const char *prefix) { return strncmp(s, prefix, strlen(prefix)) == 0; }
 
+int kpk_meta_name_known(const char *file)
+{
+    static const char *const known[] = {"config.json", "tiktoken.model", "tokenizer_config.json"};
+    for (size_t k = 0; k < sizeof known / sizeof *known; k++)
+        if (!strcmp(file, known[k])) return 1;
+    return 0;
+}
+
 /* "A name agrees with its extent" (§5). */
 static int name_agrees(const kpk_extent *x, const char *name)
 {
@@ -368,6 +376,12 @@ int kpk_check_tensors(kpk_file *f, kpk_err *err)
             if (t.extent != e) BAD(KPK_EFORMAT, "tensor %s: listed under extent %llu (%s) but claims extent %u", t.name,
                                    (unsigned long long)e, d, t.extent);
             if (!name_agrees(x, t.name)) BAD(KPK_EFORMAT, "tensor %s: its name does not belong in the %s extent", t.name, d);
+            /* the meta extent holds the files the runtime reads, and no other (§4; issue 34.11: a re-sealed meta/evil.sh in
+             * the place of meta/tokenizer_config.json passed, and krun read special tokens as text): a later minor may name
+             * more, which this reader then ignores */
+            if (x->kind == KPK_KIND_META && V11 && !kpk_meta_name_known(t.name + strlen(KPK_META_PREFIX)))
+                BAD(KPK_EFORMAT, "tensor %s: the meta extent holds only meta/config.json, meta/tiktoken.model and "
+                    "meta/tokenizer_config.json (FORMAT.md section 4)", t.name);
             esz = kpk_dtype_size(t.dtype); /* known: kpk_check_known_values */
             if (t.ndim < 1 || t.ndim > 4) BAD(KPK_EFORMAT, "tensor %s: %u dimensions", t.name, t.ndim);
             for (int k = 0; k < 4; k++) {

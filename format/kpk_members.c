@@ -71,7 +71,8 @@ static int open_member(kpk_file *f, uint32_t m, struct stat *ids, kpk_err *err)
     snprintf(f->member_path[m], n, "%s/%s", f->dir, rel);
     f->member_fd[m] = open(f->member_path[m], O_RDONLY | O_CLOEXEC);
     if (f->member_fd[m] < 0) return member_fail(err, KPK_EMEMBER, f, m, "%s (missing member file)", strerror(errno));
-    if (fstat(f->member_fd[m], &st)) return member_fail(err, KPK_EIO, f, m, "%s", strerror(errno));
+    if (kpk_ident_take(f->member_fd[m], &f->ident[m]) || fstat(f->member_fd[m], &st))
+        return member_fail(err, KPK_EIO, f, m, "%s", strerror(errno));
     if (!S_ISREG(st.st_mode)) return member_fail(err, KPK_EMEMBER, f, m, "not a regular file (missing member file)");
     /* the same file as the entry or an earlier member (a symlink, a repeated path) */
     for (uint32_t k = 0; k < m; k++)
@@ -115,8 +116,10 @@ int kpk_open_members(kpk_file *f, kpk_err *err)
     int rc = 0;
     f->member_fd = malloc(sizeof *f->member_fd * n);
     f->member_path = calloc(n, sizeof *f->member_path);
+    f->ident = calloc(n, sizeof *f->ident);
     ids = calloc(n, sizeof *ids);
-    if (!f->member_fd || !f->member_path || !ids) { free(ids); return kpk_fail(err, KPK_ENOMEM, f, "out of memory"); }
+    if (!f->member_fd || !f->member_path || !f->ident || !ids) { free(ids); return kpk_fail(err, KPK_ENOMEM, f, "out of memory"); }
+    f->ident[0] = f->entry_ident;
     f->member_fd[0] = f->fd;
     f->member_path[0] = f->path;
     for (uint32_t m = 1; m < n; m++) f->member_fd[m] = -1;

@@ -361,7 +361,8 @@ int kpk_open(const char *path, kpk_file **out, kpk_err *err)
     f->path = strdup(path);
     if (!f->path) { kpk_err_set(err, KPK_ENOMEM, "%s: out of memory", path); goto bad; }
     f->fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (f->fd < 0 || (sz = kio_file_size(f->fd)) < 0) {
+    /* its identity first, before a byte is read (kpk_unchanged) */
+    if (f->fd < 0 || kpk_ident_take(f->fd, &f->entry_ident) || (sz = kio_file_size(f->fd)) < 0) {
         kpk_err_set(err, KPK_EIO, "%s: %s", path, strerror(errno));
         goto bad;
     }
@@ -404,6 +405,7 @@ void kpk_close(kpk_file *f)
     if (f->member_path)
         for (uint32_t m = 1; m < f->sb.member_count; m++) free(f->member_path[m]);
     free(f->member_fd);
+    free(f->ident);
     free(f->member_path);
     free(f->path);
     free(f->dir);

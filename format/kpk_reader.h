@@ -28,6 +28,24 @@ const kpk_superblock *kpk_super(const kpk_file *f);
  * `kpack verify` reports. */
 const char *kpk_warning(const kpk_file *f);
 
+/* ---- the files as they were opened (kpk_ident.c) ---- */
+/* A file's identity: taken right after open, before anything is read from it. */
+typedef struct kpk_ident {
+    uint64_t dev, ino, size;
+    int64_t mtime_s, mtime_ns, ctime_s, ctime_ns;
+} kpk_ident;
+int kpk_ident_take(int fd, kpk_ident *id);
+/* 1 (why says how) if the file at fd is no longer as id recorded it; 0 if it is. */
+int kpk_ident_differs(int fd, const kpk_ident *id, char *why, size_t len);
+/* 0 if every member file is as it was when kpk_open opened it (nothing was
+ * written to it, it was not truncated); else -1 with err (KPK_ECHANGED)
+ * naming the file and what changed.  One fstat(2) per member file: cheap
+ * enough to ask after every block of reads. */
+int kpk_unchanged(const kpk_file *f, kpk_err *err);
+/* fd is member m's file (the same device and inode; a file opened again by
+ * its path, e.g. with O_DIRECT, may be another one by now). */
+int kpk_member_same_file(const kpk_file *f, uint16_t m, int fd);
+
 /* ---- member files (§7) ---- */
 uint16_t kpk_member_count(const kpk_file *f);
 int kpk_member_fd(const kpk_file *f, uint16_t m);            /* 0 = the entry file */

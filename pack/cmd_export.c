@@ -68,7 +68,12 @@ struct item {
     const kr_file *f;
     const char *listed;      /* --sha256: the list's hash for it, or NULL */
     char sha[65];            /* computed */
-    int state;               /* 0 to do, 1 done now, 2 done before (journal), -1 failed */
+    int state;               /* 0 to do, 1 done now, 2 done before (journal), 3 done before but changed since: hash it
+                                again, -1 failed */
+    int have_ident;          /* the journal recorded the finished file's identity (journal version 2) */
+    unsigned long long ino;  /* the finished file: its inode, times (export_one; the journal's "done" line) */
+    long long mtime_s, ctime_s;
+    long mtime_ns, ctime_ns;
     int damage;              /* the failure is damage (exit 1) */
     char msg[700];
     double secs_pieces;      /* bookkeeping: the recipe's pieces */
@@ -181,46 +186,83 @@ static void *check_worker(void *arg)
 
 /* ---- export: files written one at a time, front to back ---------------------------- */
 
-/* The journal of an export into DIR: "kpack-export 1 SET_ID" then one line per
- * finished file, "done SIZE SHA256 NAME".  Opened below root as a file of its own
- * (never through a link); returns the open fd (locked), or -1. */
-static int journal_open(int root, const char *dir, uint64_t set_id, struct item *items, size_t n, char *err, size_t errlen)
+/* The journal of an export into DIR: "kpack-export 2 SET_ID", then one line per finished file,
+ * "done SIZE SHA256 INODE MTIME CTIME NAME" (the times as SECONDS.NANOSECONDS).  A rerun trusts a
+ * finished file only while it is the file this export wrote: the same inode, size and times (a
+ * write to it, or a byte changed and its times set back, moves its change time).  One that
+ * differs is hashed again and must give the recorded SHA-256 (issue 34.12: a byte changed after
+ * a kill -9 used to pass, exit 0).  A version 1 journal's lines ("done SIZE SHA256 NAME": no
+ * identity) have their files hashed again; lines appended to it are version 2's.  Opened below root as a file of its own (never through a link); returns the open
+ * fd (locked), or -1.  *done_lines: the finished files it records. */
+#define JOURNAL_HEAD "kpack-export %d %016llx\n"
+
+static int journal_open(int root, const char *dir, uint64_t set_id, struct item *items, size_t n, size_t *done_lines, char *err,
+                        size_t errlen)
 {
-    char *path, head[64], *text = NULL, *line, *save = NULL;
+    char *path, head[64], old_head[64], *text = NULL, *line, *save = NULL;
     int64_t len;
     int fd;
+    *done_lines = 0;
     if (asprintf(&path, "%s/" JOURNAL, dir) < 0) { snprintf(err, errlen, "out of memory"); return -1; }
     if ((fd = kb_open_rw(root, path, JOURNAL, err, errlen)) < 0) { free(path); return -1; }
     if (flock(fd, LOCK_EX | LOCK_NB)) {
         snprintf(err, errlen, "another kpack export is writing into %s (%s is locked); wait for it", dir, path);
         goto bad;
     }
-    snprintf(head, sizeof head, "kpack-export 1 %016llx\n", (unsigned long long)set_id);
+    snprintf(head, sizeof head, JOURNAL_HEAD, 2, (unsigned long long)set_id);
+    snprintf(old_head, sizeof old_head, JOURNAL_HEAD, 1, (unsigned long long)set_id);
     if ((len = kio_file_size(fd)) < 0 || len > (1 << 30) || !(text = malloc((size_t)len + 1)) ||
         (len && kio_pread_full(fd, text, (size_t)len, 0))) {
         snprintf(err, errlen, "%s: %s", path, len > (1 << 30) ? "larger than any journal of kpack export" : strerror(errno));
         goto bad;
     }
     text[len] = 0;
+    if (len && strncmp(text, head, strlen(head)) && strncmp(text, old_head, strlen(old_head))) {
+        /* another KPK file's: with nothing finished (a refused or killed start), it is taken over; with files
+         * finished, the way on is named (issue 34.12: "unfinished export of another KPK file", and no way out) */
+        size_t theirs = 0;
+        for (const char *p = strstr(text, "\ndone "); p; p = strstr(p + 1, "\ndone ")) theirs++;
+        if (strncmp(text, "kpack-export ", 13)) {
+            snprintf(err, errlen, "%s is not a journal of kpack export; remove it (or export into another directory)", path);
+            goto bad;
+        }
+        if (theirs) {
+            snprintf(err, errlen, "%s is the journal of an unfinished export of another KPK file, which finished %zu file%s "
+                     "here: finish it (run that export again), or abandon it: remove %s (the files it finished stay, and this "
+                     "export will not write over them), or export into another directory", path, theirs, theirs == 1 ? "" : "s",
+                     path);
+            goto bad;
+        }
+        len = 0;                  /* nothing finished: start it anew */
+        if (ftruncate(fd, 0)) { snprintf(err, errlen, "%s: %s", path, strerror(errno)); goto bad; }
+    }
     if (len == 0) {
         if (kio_pwrite_full(fd, head, strlen(head), 0) || fdatasync(fd)) { snprintf(err, errlen, "%s: %s", path, strerror(errno)); goto bad; }
-    } else if ((size_t)len < strlen(head) || memcmp(text, head, strlen(head)) != 0) {
-        snprintf(err, errlen, "%s is the journal of an unfinished export of another KPK file; finish that one, or export into "
-                 "another directory", path);
-        goto bad;
     } else {
         /* finished files: whole lines only (a torn last line is ignored) */
         char *end = strrchr(text, '\n');
         if (end) end[1] = 0;
         for (line = strtok_r(text + strlen(head), "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
-            unsigned long long size;
+            unsigned long long size, ino = 0;
+            long long ms = 0, cs = 0;
+            long mn = 0, cn = 0;
             char sha[65];
-            int at = 0;
-            if (sscanf(line, "done %llu %64s %n", &size, sha, &at) != 2 || !at) continue;
+            int at = 0, ident = 0;
+            /* a version 1 journal's lines (kpack before 2026-12) have no identity; lines appended to it have */
+            if (sscanf(line, "done %llu %64s %llu %lld.%ld %lld.%ld %n", &size, sha, &ino, &ms, &mn, &cs, &cn, &at) == 7 && at) ident = 1;
+            else if (sscanf(line, "done %llu %64s %n", &size, sha, &at) == 2 && at) ident = 0;
+            else continue;
+            (*done_lines)++;
             for (size_t i = 0; i < n; i++)
                 if (strcmp(items[i].f->name, line + at) == 0 && items[i].f->size == size) {
                     memcpy(items[i].sha, sha, 65);
                     items[i].state = 2;
+                    items[i].have_ident = ident;
+                    items[i].ino = ino;
+                    items[i].mtime_s = ms;
+                    items[i].mtime_ns = mn;
+                    items[i].ctime_s = cs;
+                    items[i].ctime_ns = cn;
                 }
         }
     }
@@ -239,9 +281,69 @@ static int journal_append(int fd, const struct item *it)
     char *line;
     int64_t end = kio_file_size(fd);
     int rc;
-    if (end < 0 || asprintf(&line, "done %llu %s %s\n", (unsigned long long)it->f->size, it->sha, it->f->name) < 0) return -1;
+    if (end < 0 || asprintf(&line, "done %llu %s %llu %lld.%09ld %lld.%09ld %s\n", (unsigned long long)it->f->size, it->sha, it->ino,
+                            it->mtime_s, it->mtime_ns, it->ctime_s, it->ctime_ns, it->f->name) < 0)
+        return -1;
     rc = kio_pwrite_full(fd, line, strlen(line), (uint64_t)end) || fdatasync(fd) ? -1 : 0;
     free(line);
+    return rc;
+}
+
+static void take_ident(struct item *it, const struct stat *st)
+{
+    it->ino = (unsigned long long)st->st_ino;
+    it->mtime_s = (long long)st->st_mtim.tv_sec;
+    it->mtime_ns = st->st_mtim.tv_nsec;
+    it->ctime_s = (long long)st->st_ctim.tv_sec;
+    it->ctime_ns = st->st_ctim.tv_nsec;
+}
+
+static int same_ident(const struct item *it, const struct stat *st)
+{
+    return it->have_ident && it->ino == (unsigned long long)st->st_ino && it->mtime_s == (long long)st->st_mtim.tv_sec &&
+           it->mtime_ns == st->st_mtim.tv_nsec && it->ctime_s == (long long)st->st_ctim.tv_sec && it->ctime_ns == st->st_ctim.tv_nsec;
+}
+
+/* A file an earlier run finished, changed since (or journaled without its identity): hashed again
+ * from DIR/NAME; it stays only if it is still what was recorded.  0 (it->state 2, its identity
+ * taken anew), or -1 with it->msg (damage: the file is not what the export wrote). */
+static int recheck_one(int root, const char *dir, struct item *it, uint8_t *buf)
+{
+    const char *base;
+    char want[65];
+    struct stat st;
+    EVP_MD_CTX *md = NULL;
+    int pfd = kb_parent(root, dir, it->f->name, 0, &base, it->msg, sizeof it->msg), fd = -1, rc = -1;
+    uint64_t off = 0;
+    memcpy(want, it->sha, sizeof want);
+    if (pfd < 0) goto out;
+    if ((fd = openat(pfd, base, O_RDONLY | O_NOFOLLOW | O_CLOEXEC)) < 0 || fstat(fd, &st)) {
+        snprintf(it->msg, sizeof it->msg, "%s/%s: %s", dir, it->f->name, strerror(errno));
+        goto out;
+    }
+    if (!(md = EVP_MD_CTX_new()) || EVP_DigestInit_ex(md, EVP_sha256(), NULL) != 1) { snprintf(it->msg, sizeof it->msg, "out of memory"); goto out; }
+    for (;;) {
+        ssize_t got = pread(fd, buf, BUF, (off_t)off);
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0) { snprintf(it->msg, sizeof it->msg, "reading %s/%s: %s", dir, it->f->name, strerror(errno)); goto out; }
+        if (!got) break;
+        if (EVP_DigestUpdate(md, buf, (size_t)got) != 1) { snprintf(it->msg, sizeof it->msg, "out of memory"); goto out; }
+        off += (uint64_t)got;
+    }
+    if (sha_hex(md, it->sha)) { snprintf(it->msg, sizeof it->msg, "hash failed"); goto out; }
+    if (off != it->f->size || strcmp(it->sha, want)) {
+        it->damage = 1;
+        snprintf(it->msg, sizeof it->msg, "%s/%s was changed after an earlier run of this export wrote it (SHA-256 %.16s..., "
+                 "written as %.16s...); kpack export never overwrites a file: remove it, and run the export again to write it anew",
+                 dir, it->f->name, it->sha, want);
+        goto out;
+    }
+    take_ident(it, &st);
+    rc = 0;
+out:
+    EVP_MD_CTX_free(md);
+    if (fd >= 0) close(fd);
+    if (pfd >= 0) close(pfd);
     return rc;
 }
 
@@ -280,6 +382,12 @@ static int export_one(kpk_file *f, int root, const char *dir, struct item *it, u
         goto out;
     }
     if (fsync(pfd)) { snprintf(it->msg, sizeof it->msg, "syncing the directory of %s: %s", path, strerror(errno)); goto out; }
+    {
+        /* its identity, for the journal: a rerun trusts the file while it is this one, unchanged */
+        struct stat st;
+        if (fstatat(pfd, base, &st, AT_SYMLINK_NOFOLLOW)) { snprintf(it->msg, sizeof it->msg, "%s: %s", path, strerror(errno)); goto out; }
+        take_ident(it, &st);
+    }
     rc = 0;
 out:
     if (s.fd >= 0) close(s.fd);
@@ -302,7 +410,9 @@ static int preflight(int root, const char *dir, struct item *items, size_t n)
         int r = kb_stat(root, dir, items[i].f->name, &st, err, sizeof err);
         if (r < 0) { kx_error("%s", err); bad = 1; continue; }
         if (items[i].state == 2 && (r != KB_PRESENT || !S_ISREG(st.st_mode) || (uint64_t)st.st_size != items[i].f->size))
-            items[i].state = 0; /* the journal says done, the file says otherwise: write it again */
+            items[i].state = r == KB_PRESENT ? 3 : 0; /* gone: write it again; changed: hash it again (export never overwrites it) */
+        else if (items[i].state == 2 && !same_ident(&items[i], &st))
+            items[i].state = 3;   /* the file is not as this export left it: hashed again before it is counted done */
         if (items[i].state == 0 && r == KB_PRESENT) {
             kx_error("%s/%s already exists; kpack export never overwrites a file (it is %s: remove it, or export into "
                      "another directory)", dir, items[i].f->name, kio_file_kind(&st));
@@ -451,6 +561,7 @@ int cmd_export(int argc, char **argv)
 {
     const char *path = NULL, *dir = NULL, *only = NULL, *sums = NULL, *v;
     int check = 0, json = 0, quiet = 0, threads = kx_cpus(), rc = KX_OK, damaged = 0, jfd = -1, root = -1;
+    size_t journaled = 0;        /* finished files the journal records (an earlier run's and this one's) */
     kpk_file *f = NULL;
     kpk_err e = {0};
     kr_recipe r = {0};
@@ -529,7 +640,7 @@ int cmd_export(int argc, char **argv)
     /* export into dir: nothing of the user's is overwritten, nothing is written outside
      * dir (beneath.h), there is room, one writer */
     if ((root = kb_open_root(dir, err, sizeof err)) < 0) { kx_error("%s", err); rc = KX_FAIL; goto out; }
-    if ((jfd = journal_open(root, dir, kpk_super(f)->set_id, items, n, err, sizeof err)) < 0) { kx_error("%s", err); rc = KX_FAIL; goto out; }
+    if ((jfd = journal_open(root, dir, kpk_super(f)->set_id, items, n, &journaled, err, sizeof err)) < 0) { kx_error("%s", err); rc = KX_FAIL; goto out; }
     if (preflight(root, dir, items, n)) { rc = KX_FAIL; goto out; }
     {
         struct statvfs vfs;
@@ -552,6 +663,17 @@ int cmd_export(int argc, char **argv)
         const char *kill_env = getenv("KPACK_TEST_EXPORT_KILL_AFTER"); /* test hook: SIGKILL after this many files */
         long kill_after = kill_env ? atol(kill_env) : 0, written = 0;
         for (size_t i = 0; i < n && buf; i++) {
+            if (items[i].state == 3) {
+                if (recheck_one(root, dir, &items[i], buf)) { items[i].state = -1; break; }
+                items[i].state = 2;
+                if (journal_append(jfd, &items[i])) {
+                    kx_error("writing %s/" JOURNAL ": %s", dir, strerror(errno));
+                    rc = KX_FAIL;
+                    break;
+                }
+                journaled++;
+                continue;
+            }
             if (items[i].state == 2) continue;
             if (export_one(f, root, dir, &items[i], buf, prog)) { items[i].state = -1; break; } /* stop at the first failure */
             items[i].state = 1;
@@ -560,6 +682,7 @@ int cmd_export(int argc, char **argv)
                 rc = KX_FAIL;
                 break;
             }
+            journaled++;
             if (kill_after > 0 && ++written == kill_after) raise(SIGKILL);
         }
         if (!buf) { kx_error("out of memory"); rc = KX_FAIL; }
@@ -574,6 +697,9 @@ int cmd_export(int argc, char **argv)
         kx_error("files written so far are kept; rerun the same command to resume");
     }
 out:
+    /* a journal that records nothing finished holds nothing to resume: an export refused before
+     * its first file (no space, a name taken) leaves no journal to stand in another's way */
+    if (jfd >= 0 && rc != KX_OK && !journaled) unlinkat(root, JOURNAL, 0);
     if (jfd >= 0) close(jfd);
     if (root >= 0) close(root);
     ks_sums_free(listed, n_listed);

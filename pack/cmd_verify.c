@@ -198,6 +198,38 @@ static int report_open_error(const char *path, const kpk_err *e, int json)
     return damage ? KX_BAD : KX_FAIL;
 }
 
+/* The meta extent's files against their copies in the archive (archive/files/NAME: the download's
+ * own, FORMAT.md §9): a runtime file removed from the meta extent, renamed, or changed, and the
+ * file re-sealed, disagrees with the download's copy (issue 34.11).  A file without an archive, or
+ * one whose archive did not keep the file, has nothing to compare with. */
+static void check_meta_files(struct vjob *j)
+{
+    static const char *const names[] = {"config.json", "tiktoken.model", "tokenizer_config.json"};
+    for (size_t k = 0; k < sizeof names / sizeof *names; k++) {
+        char full[96], msg[400], *meta = NULL, *kept;
+        size_t mlen = 0;
+        kpk_tensor a;
+        kpk_err e;
+        snprintf(full, sizeof full, "archive/files/%s", names[k]);
+        if (kpk_find_tensor(j->f, full, &a) < 0 || kpk_extent_at(j->f, a.extent)->kind != KPK_KIND_ARCHIVE) continue;
+        if (kpk_meta_file(j->f, names[k], &meta, &mlen, &e)) {
+            if (e.code != KPK_EINVAL) continue;                  /* unreadable: the extent's own check says so */
+            snprintf(msg, sizeof msg, "%s is in the archive (%s) but not in the meta extent: the file was edited after conversion",
+                     names[k], full);
+            add_problem(j, ORDER_FILE, "meta", msg);
+            continue;
+        }
+        if (!(kept = malloc(a.nbytes ? a.nbytes : 1))) { free(meta); continue; }
+        if (!kpk_extent_read_raw(j->f, a.extent, kept, a.nbytes, a.offset, &e) && (a.nbytes != mlen || memcmp(kept, meta, mlen))) {
+            snprintf(msg, sizeof msg, "meta/%s differs from the download's copy in the archive (%s): the file was edited after "
+                     "conversion", names[k], full);
+            add_problem(j, ORDER_FILE, "meta", msg);
+        }
+        free(kept);
+        free(meta);
+    }
+}
+
 /* One full check of an open file; the problems are in job (sorted). */
 static double verify_once(kpk_file *f, struct vjob *job, int threads, int progress)
 {
@@ -211,6 +243,7 @@ static double verify_once(kpk_file *f, struct vjob *job, int threads, int progre
     for (uint32_t i = 0; i < kpk_extent_count(f); i++) total += kpk_extent_padded_len(f, kpk_extent_at(f, i));
     job->prog = kprogress_start("verify", total, progress);
     check_contents(job);
+    check_meta_files(job);
     check_regions(job);
     tid = calloc((size_t)threads, sizeof *tid);
     for (int i = 1; tid && i < threads; i++)

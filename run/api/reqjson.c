@@ -60,10 +60,17 @@ json_t *kreq_body(const char *body, size_t len, oai_error *e)
 {
     if (!body && len) { oai_error_set(e, 400, NULL, NULL, "empty request body"); return NULL; }
     json_error_t je;
-    json_t *root = json_loadb(body ? body : "", len, JSON_ALLOW_NUL, &je);
+    /* a key twice in one object is refused: parsers disagree on which value counts (the first, the
+     * last, both), and a body one part of a system reads one way and another part the other way is
+     * a request smuggled past the first (krun serve and krun batch: one rule, issue 34.13) */
+    json_t *root = json_loadb(body ? body : "", len, JSON_ALLOW_NUL | JSON_REJECT_DUPLICATES, &je);
     if (!root) {
-        oai_error_set(e, 400, NULL, "invalid_json", "the request body is not valid JSON: %s (line %d, column %d)", je.text,
-                      je.line, je.column);
+        if (json_error_code(&je) == json_error_duplicate_key)
+            oai_error_set(e, 400, NULL, "invalid_json", "the request body has a key twice in one object (line %d, column %d): "
+                          "each key may appear once", je.line, je.column);
+        else
+            oai_error_set(e, 400, NULL, "invalid_json", "the request body is not valid JSON: %s (line %d, column %d)", je.text,
+                          je.line, je.column);
         return NULL;
     }
     if (!json_is_object(root)) {

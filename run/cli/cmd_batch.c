@@ -282,6 +282,7 @@ int krun_batch_main(int argc, char **argv)
     if (kbatch_read(o.in, &in, &e)) { fprintf(stderr, "krun batch: %s\n", e.msg); return e.code; }
     if (stat(o.model, &sb)) { fprintf(stderr, "krun batch: %s: %s\n", o.model, strerror(errno)); kbatch_input_free(&in); return KRUN_EINPUT; }
     if (krun_model_load(o.model, &m, &e)) { fprintf(stderr, "krun batch: %s\n", e.msg); kbatch_input_free(&in); return e.code; }
+    krun_cli_file_warning("krun batch", m);
     rc = KRUN_EINPUT;
     if (!krun_model_tokenizer(m)) {
         fprintf(stderr, "krun batch: %s has no tokenizer: a batch needs one to read requests and write text\n", o.model);

@@ -587,6 +587,7 @@ int krun_chat_main(int argc, char **argv)
     pthread_detach(sig_thread);
 
     if (krun_model_load(ch.o.model, &ch.m, &e)) { fprintf(stderr, "krun chat: %s\n", e.msg); return e.code; }
+    krun_cli_file_warning("krun chat", ch.m);
     ch.tk = krun_model_tokenizer(ch.m);
     if (!ch.tk) { fprintf(stderr, "krun chat: %s has no tokenizer: krun chat needs one (krun --ids takes token ids)\n", ch.o.model); goto out; }
     ch.conv.template = ktok_find_special(ch.tk, KCHAT_OPEN) >= 0 && ktok_find_special(ch.tk, KCHAT_CLOSE) >= 0 &&

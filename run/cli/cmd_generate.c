@@ -588,6 +588,7 @@ int krun_generate_main(int argc, char **argv)
     if (krun_ablation_from_env()) return KRUN_EINPUT;
     if (krun_cli_budget(&g.o.c, &budget)) return KRUN_EINPUT;
     if (krun_model_load(g.o.model, &g.m, &e)) { fprintf(stderr, "krun: %s\n", e.msg); return e.code; }
+    krun_cli_file_warning("krun", g.m);
     if (g.o.plan_only) {
         rc = plan_only(&g.o, g.m, budget);
     } else {

@@ -65,6 +65,9 @@ static const char usage[] =
     "                        budgets their state and says how many would fit)\n"
     "  --max-queue N         requests waiting for a sequence (default 16); more get 503 + Retry-After\n"
     "  --max-body SIZE       largest request body (default 8M)\n"
+    "  --request-memory SIZE memory for requests being read and prepared, in all: each reserves 32 x\n"
+    "                        its body + 1M before its body is read, and waits for room (default 1G,\n"
+    "                        or one --max-body request's share if larger; docs/SERVE.md, \"Memory\")\n"
     "  --max-connections N   open connections at most (default 4 x the per-address limit); the last\n"
     "                        eighth (at least 2) is kept free: past that, the connection that has\n"
     "                        waited longest for its request (half a second at least) is closed\n"
@@ -113,7 +116,7 @@ static const char usage[] =
     "file, no tokenizer in it, the address cannot be listened on; 3 out of memory.\n";
 
 struct serve_opts {
-    const char *model, *host, *api_key, *model_name, *max_body;
+    const char *model, *host, *api_key, *model_name, *max_body, *request_memory;
     long port, max_queue, max_connections, max_per_ip, idle_timeout;
     double shutdown_timeout, request_timeout, progress_every;
     int quiet, no_ui;
@@ -168,6 +171,7 @@ static void parse_args(int argc, char **argv, struct serve_opts *o)
         else if (OPT("--model-name")) o->model_name = v;
         else if (OPT("--max-queue")) o->max_queue = krun_cli_long(v, 0, 1L << 20, "--max-queue");
         else if (OPT("--max-body")) o->max_body = v;
+        else if (OPT("--request-memory")) o->request_memory = v;
         else if (OPT("--max-connections"))
             o->max_connections = krun_cli_long(v, 1, 1L << 16, "--max-connections");
         else if (OPT("--max-connections-per-ip"))
@@ -218,7 +222,7 @@ static int raise_fd_limit(long max_connections)
     if (getrlimit(RLIMIT_NOFILE, &rl) || rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= need) return 0;
     if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < need) {
         fprintf(stderr, "krun serve: --max-connections %ld needs %llu open files (%d for the model's files, the cache "
-                "and the listening socket), but the limit is %llu: raise it (ulimit -n in a shell, LimitNOFILE= in a "
+                "and the listening socket), but the limit is %llu at most (the hard limit): raise it (ulimit -n in a shell, LimitNOFILE= in a "
                 "systemd unit) or lower --max-connections\n", max_connections, (unsigned long long)need, SERVE_FD_RESERVE,
                 (unsigned long long)rl.rlim_max);
         return -1;
@@ -312,7 +316,7 @@ int krun_serve_main(int argc, char **argv)
     srv_engine_opts eo;
     srv_http_opts ho;
     uint64_t budget;
-    int64_t max_body;
+    int64_t max_body, request_memory;
     long port = 0;
     int fd = -1, rc = KRUN_EINPUT, sig = 0, damaged;
     char name[256];
@@ -323,6 +327,16 @@ int krun_serve_main(int argc, char **argv)
     if (raise_fd_limit(o.max_connections)) return KRUN_EINPUT;
     max_body = kargs_size(o.max_body);
     if (max_body <= 0) krun_cli_die("--max-body: expected a size like 8M, got %s", o.max_body);
+    if ((uint64_t)max_body > SIZE_MAX / 64) krun_cli_die("--max-body %s: too large", o.max_body);
+    request_memory = o.request_memory ? kargs_size(o.request_memory) : (int64_t)1 << 30;
+    if (request_memory <= 0) krun_cli_die("--request-memory: expected a size like 1G, got %s", o.request_memory);
+    if ((uint64_t)request_memory < srv_mem_share((size_t)max_body)) {
+        if (o.request_memory)
+            krun_cli_die("--request-memory %s cannot hold one request of --max-body (32 x the body + 1M): raise it or lower "
+                         "--max-body", o.request_memory);
+        request_memory = (int64_t)srv_mem_share((size_t)max_body);
+    }
+    srv_mem_install();                         /* before any thread parses JSON (serve_mem.c) */
     if (krun_cli_budget(&o.c, &budget)) return KRUN_EINPUT;
     if (o.model_name) snprintf(name, sizeof name, "%s", o.model_name);
     else krun_cli_model_name(o.model, name, sizeof name);
@@ -337,6 +351,7 @@ int krun_serve_main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
 
     if (krun_model_load(o.model, &m, &e)) { fprintf(stderr, "krun serve: %s\n", e.msg); return e.code; }
+    krun_cli_file_warning("krun serve", m);
     if (!krun_model_tokenizer(m)) {
         fprintf(stderr, "krun serve: %s has no tokenizer: the server needs one to read requests and write text\n", o.model);
         goto out;
@@ -350,7 +365,7 @@ int krun_serve_main(int argc, char **argv)
     if (krun_cli_pcache(&o.c, m, "krun serve", 1, 1, &cache, &e)) { fprintf(stderr, "krun serve: %s\n", e.msg); rc = e.code; goto out; }
     eo = (srv_engine_opts){(size_t)o.max_queue, name, o.quiet, o.progress_every, cache, 0, NULL, !o.ctx_strict, o.effort, o.effort_set};
     if (srv_engine_start(m, &eo, &eng, &e)) { fprintf(stderr, "krun serve: %s\n", e.msg); rc = e.code; goto out; }
-    ho = (srv_http_opts){o.api_key, (size_t)max_body, fd, (unsigned)o.max_connections, (unsigned)o.max_per_ip, (unsigned)o.idle_timeout,
+    ho = (srv_http_opts){o.api_key, (size_t)max_body, (size_t)request_memory, fd, (unsigned)o.max_connections, (unsigned)o.max_per_ip, (unsigned)o.idle_timeout,
                          o.request_timeout, o.cors, (size_t)o.n_cors, (size_t)o.responses_store, o.no_ui};
     if (srv_http_start(eng, &ho, &http, &e)) { fprintf(stderr, "krun serve: %s\n", e.msg); rc = e.code; goto out; }
     fd = -1;                                   /* the daemon's now */

@@ -203,6 +203,7 @@ static void totals_json(json_t *j, krun_model *m, const krun_stats *st)
     json_object_set_new(j, "bytes_head", json_integer((json_int_t)st->bytes_head));
     json_object_set_new(j, "member_bytes", members_json(m, st->member_bytes, 0));
     json_object_set_new(j, "notice", krun_model_notice(m) ? json_string(krun_model_notice(m)) : json_null());
+    json_object_set_new(j, "warning", krun_model_warning(m) ? json_string(krun_model_warning(m)) : json_null());
     json_object_set_new(j, "bytes_experts", json_integer((json_int_t)st->bytes_experts));
     json_object_set_new(j, "bytes_globals", json_integer((json_int_t)st->bytes_globals));
     json_object_set_new(j, "bytes_resident", json_integer((json_int_t)st->bytes_resident));

@@ -283,6 +283,14 @@ void krun_announce_prompt(krun_model *m, size_t n)
     }
 }
 
+void krun_cli_file_warning(const char *prog, const krun_model *m)
+{
+    if (krun_model_warning(m))
+        fprintf(stderr, "%s: warning: %s; the backup is intact and describes the same file, so krun goes on (FORMAT.md "
+                "section 3), but the file needs repair: copy it again or convert it again (kpack verify reports it, exit 1)\n", prog,
+                krun_model_warning(m));
+}
+
 /* The model's name in the API: the file's name without its directory and .kpk. */
 void krun_cli_model_name(const char *path, char *out, size_t len)
 {

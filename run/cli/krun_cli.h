@@ -56,6 +56,9 @@ int krun_cli_pcache(const krun_cli *c, krun_model *m, const char *prog, int ram,
 /* The model's name in the API (krun serve, krun batch): the file's name without its directory and
  * .kpk. */
 void krun_cli_model_name(const char *path, char *out, size_t len);
+/* The file's warning (a damaged primary superblock, the backup used: FORMAT.md §3 step 6), said
+ * once on stderr by every command whatever --quiet says: the file needs repair. */
+void krun_cli_file_warning(const char *prog, const krun_model *m);
 
 /* Argument helpers: print "krun: " + the message and exit with status 2. */
 _Noreturn void krun_cli_die(const char *fmt, const char *arg);

@@ -278,7 +278,7 @@ static int output(k3_run *r, const k3_block *b, size_t nsnap, krun_err *err)
     return 0;
 }
 
-int k3_forward(k3_run *r, const k3_seg *segs, size_t nseg, krun_err *err)
+static int forward_block(k3_run *r, const k3_seg *segs, size_t nseg, krun_err *err)
 {
     const k3_config *c = &r->model->cfg;
     const size_t E = (size_t)c->hidden;
@@ -369,6 +369,15 @@ int k3_forward(k3_run *r, const k3_seg *segs, size_t nseg, krun_err *err)
         r->j.seg_n[r->j.n_segs++] = segs[k].n;
     }
     return 0;
+}
+
+int k3_forward(k3_run *r, const k3_seg *segs, size_t nseg, krun_err *err)
+{
+    int rc = forward_block(r, segs, nseg, err);
+    /* after the block's last read, before anything computed in it is used: was every byte it read
+     * the file's as it was opened?  (A file changed under the process also explains a failure.) */
+    if (k3_weights_step_check(&r->w, err)) return -1;
+    return rc;
 }
 
 /* The journal entry of st's verification in the last block, or -1. */

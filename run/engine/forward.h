@@ -111,8 +111,10 @@ size_t k3_run_expert_batch(const k3_run *r);
 /* Process one block: segment k's positions follow the st->pos already in its
  * state, and the segments' states must be distinct.  The bits of each
  * segment's logits do not depend on the other segments in the block.  Every
- * logit computed is checked to be finite.  On error the states of the block
- * are unusable (reset them). */
+ * logit computed is checked to be finite, and the model file to be as it was
+ * opened once the block's last byte is read (KRUN_EDATA otherwise, whatever
+ * else went wrong: weights.h, k3_weights_step_check).  On error the states of
+ * the block are unusable (reset them). */
 int k3_forward(k3_run *r, const k3_seg *segs, size_t nseg, krun_err *err);
 
 /* Logits that are not finite (rows x V of them, the first at position pos)

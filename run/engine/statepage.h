@@ -16,9 +16,20 @@
  * on a resident state: the same floats, the same operations, the same bits.
  *
  * The file is layer-sectioned: layer L's regions of every slot follow each
- * other, each region a multiple of 4096 bytes at a 4096-aligned offset, so
- * it is read and written with O_DIRECT where the file system allows (the
- * page cache would otherwise hold what paging exists to keep out of RAM).
+ * other, each region a multiple of 4096 bytes at a 4096-aligned offset.  It
+ * is read and written through the page cache, and where the weights are
+ * read with O_DIRECT (direct) the write-back is bounded: each region written
+ * has its write-back started at once (dirty pages never pile up), and the
+ * states take at most a quarter of the memory available at the start in
+ * the page cache: the whole file while it fits; a larger file keeps that
+ * many bytes of the regions written last (at least a window's worth, at
+ * most four sweeps' regions), the oldest waited for and dropped beyond it,
+ * and rows that are only read are dropped once read.  So a write never
+ * waits in the disk's queue behind the weights' reads or anyone else's
+ * (issue 34.15: with O_DIRECT each write of a few pages did, up to half a
+ * job's time; tests/root/test_statepage_io.sh), and the page cache holds
+ * at most the bound of what paging keeps out of RAM.
+ * (KRUN_TEST_STATE_WINDOW_CACHE forces a window's bound, for the tests.)
  * A KDA layer's region (head states, then the ShortConv history) is read
  * and written whole; an MLA layer's holds the latent rows of positions
  * 0..pos: a block reads the rows before it and writes back only the pages
@@ -42,7 +53,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define K3_PAGE_ALIGN 4096         /* regions, their offsets and the window: O_DIRECT's unit */
+#define K3_PAGE_ALIGN 4096         /* regions, their offsets and the window: whole pages */
 #define K3_PAGE_WINDOW 3           /* layers of state in RAM: written back, computing, read ahead */
 #define K3_PAGE_FILE "krun-states" /* the file's name in the state directory */
 
@@ -61,9 +72,9 @@ void k3_page_sweep_bytes(const k3_config *c, size_t B, size_t pos, uint64_t *rea
 
 /* Create (or truncate: it is scratch) DIR/K3_PAGE_FILE for nslots slots of
  * ctx positions, lock it, allocate the window, start the I/O thread.
- * dir is created if missing (and removed at close if so).  direct: O_DIRECT
- * where the file system allows (the weights' --io direct); 0: buffered (the
- * page cache absorbs the writes: --io pread or mmap). */
+ * dir is created if missing (and removed at close if so).  direct: the
+ * write-back bounded as above (the weights' --io direct); 0: buffered, the
+ * page cache absorbs the writes (--io pread or mmap). */
 int k3_pager_open(k3_pager **out, const k3_config *c, size_t ctx, size_t nslots, const char *dir, int direct, krun_err *err);
 /* Stop the thread, remove the file (and the directory if it made it). */
 void k3_pager_close(k3_pager *p);

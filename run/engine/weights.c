@@ -235,6 +235,11 @@ int k3_weights_step_begin(k3_weights *w, krun_err *err)
     return ring_of(w) ? kstore_ring_step(w->store, err) : 0;
 }
 
+int k3_weights_step_check(const k3_weights *w, krun_err *err)
+{
+    return w->store ? kstore_file_changed(w->store, err) : 0;
+}
+
 int k3_weights_begin(k3_weights *w, int L, krun_err *err)
 {
     const size_t k = slot(w, L);

@@ -82,6 +82,10 @@ const k3_vecs *k3_weights_vecs(const k3_weights *w, int L);
 
 /* A forward block starts (the ring is at the first piece of a step). */
 int k3_weights_step_begin(k3_weights *w, krun_err *err);
+/* A forward block is over: were the bytes it read the file's as it was opened?  -1 with err
+ * (KRUN_EDATA) when the model file changed (written, truncated: store.h, kstore_file_changed),
+ * whatever err held; 0 otherwise, err untouched. */
+int k3_weights_step_check(const k3_weights *w, krun_err *err);
 /* Layer L's weights are about to be used: a held extent is fetched and
  * attached, a streamed one starts its pass (its first vectors read when not
  * yet bound).  K3_GLOBALS: lm_head's pass, when it streams. */

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <xxhash.h>
 
 /* IN at most (it is read whole; its outputs are kept in memory). */
@@ -22,6 +23,35 @@ static void bad(kbatch_item *it, const char *field, const char *why)
     snprintf(it->why, sizeof it->why, "%s", why);
 }
 
+/* The number of times the line's top-level object has the key "custom_id" (keys as JSON decodes
+ * them: "custom\u005fid" too), by a walk over the text that tracks depth outside strings. */
+static int custom_id_keys(const char *t, size_t n)
+{
+    int depth = 0, expect_key = 0, count = 0;
+    for (size_t i = 0; i < n; i++) {
+        char c = t[i];
+        if (c == '"') {
+            size_t b = i++;
+            while (i < n && t[i] != '"') i += t[i] == '\\' ? 2 : 1;
+            if (i >= n) break;                                   /* not JSON: counted no further */
+            if (depth == 1 && expect_key) {
+                json_t *k = json_loadb(t + b, i + 1 - b, JSON_DECODE_ANY | JSON_ALLOW_NUL, NULL);
+                count += json_is_string(k) && json_string_length(k) == 9 && !memcmp(json_string_value(k), "custom_id", 9);
+                json_decref(k);
+            }
+            expect_key = 0;
+        } else if (c == '{' || c == '[') {
+            depth++;
+            expect_key = c == '{' && depth == 1;
+        } else if (c == '}' || c == ']') {
+            depth--;
+        } else if (c == ',') {
+            expect_key = depth == 1;
+        }
+    }
+    return count;
+}
+
 /* One line (text, n bytes, no newline) into it.  -1: out of memory. */
 static int read_line(const char *text, size_t n, kbatch_item *it)
 {
@@ -29,6 +59,17 @@ static int read_line(const char *text, size_t n, kbatch_item *it)
     json_t *o = json_loadb(text, n, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &je), *v;
     const char *s;
     char why[300];
+    if (!o && json_error_code(&je) == json_error_duplicate_key && custom_id_keys(text, n) == 1) {
+        /* a key twice in one object: refused, as krun serve refuses such a body (reqjson.c: one rule);
+         * the output line still names the request when its custom_id is there once (issue 34.13) */
+        json_t *lenient = json_loadb(text, n, JSON_ALLOW_NUL, NULL);
+        v = json_object_get(lenient, "custom_id");
+        if (json_is_string(v) && !(it->custom_id = strndup(json_string_value(v), json_string_length(v)))) { json_decref(lenient); return -1; }
+        json_decref(lenient);
+        snprintf(why, sizeof why, "a key twice in one object (column %d): each key may appear once", je.column);
+        bad(it, "", why);
+        return 0;
+    }
     if (!o) {
         snprintf(why, sizeof why, "not JSON: %s (column %d)", je.text, je.column);
         bad(it, "", why);
@@ -103,10 +144,22 @@ int kbatch_read(const char *path, kbatch_input *in, krun_err *err)
 {
     char *text = NULL;
     size_t len = 0, line = 0;
+    struct stat st;
     memset(in, 0, sizeof *in);
+    /* a batch input is a file of JSON lines: a device (/dev/zero, whose size reads 0: an empty job, exit 0 before), a
+     * directory, or a file without a request is not one (issue 34.13) */
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode))
+        return krun_err_set(err, KRUN_EINPUT, "%s is %s, not a batch input: krun batch reads a file of JSON lines (OpenAI's batch "
+                            "input format)", path, kio_file_kind(&st));
     if (kio_read_file(path, KBATCH_IN_MAX, &text, &len))
         return krun_err_set(err, errno == ENOMEM ? KRUN_ENOMEM : KRUN_EINPUT, "cannot read %s: %s", path,
                             errno == EFBIG ? "larger than 4 GiB" : strerror(errno));
+    if (memchr(text, 0, len)) {
+        size_t at = (size_t)((char *)memchr(text, 0, len) - text);
+        free(text);
+        return krun_err_set(err, KRUN_EINPUT, "%s is not a batch input: it is not text (a NUL byte at offset %zu); krun batch reads "
+                            "a file of JSON lines", path, at);
+    }
     in->hash = XXH3_64bits(text, len);
     in->size = len;
     for (size_t at = 0; at < len;) {
@@ -129,6 +182,10 @@ int kbatch_read(const char *path, kbatch_input *in, krun_err *err)
         at = end + 1;
     }
     free(text);
+    if (!in->n) {
+        kbatch_input_free(in);
+        return krun_err_set(err, KRUN_EINPUT, "%s holds no request: a batch input has one JSON object a line", path);
+    }
     if (duplicates(in, path, err)) { kbatch_input_free(in); return -1; }
     return 0;
 oom:

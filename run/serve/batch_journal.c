@@ -143,8 +143,22 @@ int kbatch_journal_open(kbatch_journal *j, const char *out, const kbatch_input *
         krun_err_set(err, KRUN_EINPUT, "%s is %s, not a krun batch journal: move it away", j->path, kio_file_kind(&st));
         goto fail;
     }
-    j->fd = open(j->path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+    j->fd = open(j->path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (j->fd < 0) { krun_err_set(err, KRUN_EINPUT, "cannot open %s: %s", j->path, strerror(errno)); goto fail; }
+    /* The trust boundary (issue 34.13; docs/BATCH.md, "The journal"): a record's checksum finds a
+     * torn or damaged record, not a forged one -- whoever can write the journal can write records
+     * with checksums that hold, and krun copies them into OUT as they are.  So the journal must be
+     * writable by this user alone: made 0600, and one owned by another user or writable by its
+     * group or others is refused, since anyone who could write it could put outputs into OUT that
+     * this job never computed.  (A key held elsewhere would add nothing: whoever can write this
+     * user's files can read that key too, and can write OUT itself.) */
+    if (fstat(j->fd, &st) || st.st_uid != geteuid() || (st.st_mode & (S_IWGRP | S_IWOTH))) {
+        krun_err_set(err, KRUN_EINPUT, "%s is %s: anyone who can write a job's journal can put outputs into OUT that the job "
+                     "never computed; krun batch makes its journal writable by its owner alone: remove it (or chmod go-w it, if "
+                     "it is yours) and run the command again", j->path,
+                     st.st_uid != geteuid() ? "owned by another user" : "writable by its group or others");
+        goto fail;
+    }
     if (flock(j->fd, LOCK_EX | LOCK_NB)) {
         krun_err_set(err, KRUN_EINPUT, "%s is being written by another krun batch (its journal %s is locked): wait for it, or give "
                      "another OUT", out, j->path);

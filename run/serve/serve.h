@@ -11,6 +11,7 @@
  *   serve_store.c   stored responses (POST /v1/responses with store: previous_response_id, GET, DELETE)
  *   serve_ui.c      the page (GET /: run/serve/ui/, embedded)
  *   serve_machine.c GET /machine: the member files' reads and busy time, the expert cache
+ *   serve_mem.c     the memory requests take while they are read and prepared: per request, in all
  *
  * A request (sreq) is made by an HTTP connection thread (parsed, rendered, tokenized there),
  * handed to the engine, and read back by the same connection thread as its output grows.  One
@@ -222,21 +223,37 @@ int srv_engine_ctx_lenient(const srv_engine *e);
 int srv_engine_default_effort(const srv_engine *e);
 
 /* A request's framing (serve_framing.c): fed its header fields in order, says whether its body's
- * length is certain.  Refused (RFC 9112 6.1, 6.3; what a proxy in front may have read otherwise):
- * Content-Length values that disagree or are not one decimal number; Transfer-Encoding with
- * Content-Length; Transfer-Encoding whose last coding is not chunked, or chunked twice; any
- * Transfer-Encoding in HTTP/1.0.  Codings before chunked (gzip, chunked) are not implemented. */
+ * length is certain and its header sound.  Refused (RFC 9112 6.1, 6.3; what a proxy in front may
+ * have read otherwise): Content-Length values that disagree or are not one decimal number;
+ * Transfer-Encoding with Content-Length; Transfer-Encoding in HTTP/1.0; Transfer-Encoding that is
+ * not exactly one field "chunked" (libmicrohttpd decodes chunked only then, and otherwise reads the
+ * body to the connection's end); a field name that is not a token (whitespace before the colon,
+ * RFC 9112 5.1); a field value with a control character (RFC 9110 5.5); an HTTP/1.1 request
+ * without exactly one valid Host (RFC 9112 3.2).  Codings before chunked (gzip, chunked): 501. */
 typedef struct {
     unsigned long long cl;     /* the Content-Length value, when valid */
     int n_cl, cl_invalid, cl_differ;
     int n_te;                  /* Transfer-Encoding fields */
     int n_codings, n_chunked, last_chunked;
+    int te_exact;              /* the first Transfer-Encoding field is exactly "chunked" (any case) */
+    int n_host, host_invalid;
+    int bad_name, bad_value;   /* a field name that is not a token; a value with a control character */
+    int bad_line;              /* a method that is not a token, a target with a byte outside VCHAR */
+    char bad[48];              /* ... its name, for the message */
 } srv_framing;
 
 void srv_framing_init(srv_framing *f);
-void srv_framing_header(srv_framing *f, const char *key, const char *value);
-/* 0: the length is certain; else the HTTP status to refuse it with (400, or 501 for a coding
- * other than chunked), msg saying why. */
+/* A field: its name and value as libmicrohttpd holds them (value_len: its length, so that a NUL
+ * inside it is seen). */
+void srv_framing_header(srv_framing *f, const char *key, const char *value, size_t value_len);
+/* The request line: its method, and whether its target as sent (before libmicrohttpd decodes it)
+ * is sound, srv_framing_target_ok.  libmicrohttpd reads more than RFC 9112 3 allows (a target with
+ * spaces, up to the last one; bytes past 0x7e; a method with control characters): refused, as a
+ * proxy may have read the line otherwise (fuzz_http). */
+void srv_framing_request_line(srv_framing *f, const char *method, int target_ok);
+int  srv_framing_target_ok(const char *target);
+/* 0: the length is certain and the header sound; else the HTTP status to refuse it with (400, or
+ * 501 for a coding other than chunked), msg saying why. */
 int  srv_framing_verdict(const srv_framing *f, int http_1_0, char *msg, size_t len);
 
 /* The connections (serve_conns.c).  A request must arrive whole within request_timeout seconds
@@ -279,11 +296,39 @@ json_t *srv_store_conversation(srv_store *s, const char *id);
 json_t *srv_store_input(srv_store *s, const char *id);
 int srv_store_delete(srv_store *s, const char *id);                /* 1 if it was there */
 json_t *srv_store_json(srv_store *s);                              /* for /health */
+/* The memory requests take while they are read and prepared (serve_mem.c; docs/SERVE.md,
+ * "Memory"): a request's share is SRV_MEM_PER_BYTE bytes per byte of its body plus SRV_MEM_BASE,
+ * reserved from the server's limit before the body is read; of it, the JSON tree may take
+ * SRV_MEM_JSON_PER_BYTE per byte plus SRV_MEM_BASE / 2 (jansson's allocations on the thread are
+ * counted; past that they fail, and the request is refused 413). */
+#define SRV_MEM_PER_BYTE 32
+#define SRV_MEM_JSON_PER_BYTE 24
+#define SRV_MEM_BASE ((size_t)1 << 20)
+typedef struct srv_mem srv_mem;
+/* jansson's allocations through the counting functions: once, before any thread uses jansson. */
+void    srv_mem_install(void);
+size_t  srv_mem_share(size_t body);
+srv_mem *srv_mem_new(size_t cap);
+void    srv_mem_free(srv_mem *m);
+/* Reserve n bytes, waiting up to seconds for room; -1 when there is none by then (or n > the limit). */
+int     srv_mem_reserve(srv_mem *m, size_t n, double seconds);
+void    srv_mem_release(srv_mem *m, size_t n);
+/* {"limit", "reserved", "peak", "waited", "refused"} for /health. */
+json_t *srv_mem_json(srv_mem *m);
+/* This thread's jansson allocations counted from now, at most cap bytes; over: one failed. */
+void    srv_mem_scope_begin(size_t cap);
+int     srv_mem_scope_over(void);
+/* Not counted between pause and resume: what the server copies of its own (a stored conversation
+ * previous_response_id continues), whose size the request's body does not bound. */
+int     srv_mem_scope_pause(void);
+void    srv_mem_scope_resume(int was);
+void    srv_mem_scope_end(void);
 
 /* The HTTP side (serve_http.c). */
 typedef struct srv_http_opts {
     const char *api_key;       /* NULL: no auth */
     size_t max_body;           /* bytes */
+    size_t request_memory;     /* what requests being read and prepared may reserve in all (serve_mem.c) */
     int listen_fd;             /* a bound, listening socket */
     unsigned max_connections;
     unsigned max_connections_per_ip;   /* 0: no limit */

@@ -1291,13 +1291,21 @@ json_t *srv_engine_health(srv_engine *e, int *status)
     json_t *j = json_object(), *st = json_object();
     const kmemplan *p = krun_model_plan(e->m);
     size_t prefilling = 0;
+    krun_err ch;
+    int changed = krun_model_file_changed(e->m, &ch);      /* one fstat: the file may change while no sweep runs */
     pthread_mutex_lock(&e->mu);
+    if (changed && !e->damaged) {
+        /* the sweeps that run on it fail (k3_forward); new requests are refused from now on */
+        e->damaged = 1;
+        snprintf(e->damage, sizeof e->damage, "%s", ch.msg);
+    }
     for (size_t k = 0; k < e->n_active; k++) prefilling += e->active[k]->fed < e->active[k]->n_prompt;
     *status = e->damaged ? 503 : 200;
     json_object_set_new(j, "status", json_string(e->damaged ? "damaged" : e->draining ? "draining" : "ok"));
     json_object_set_new(j, "model", json_string(e->model_name));
     json_object_set_new(j, "file", json_string(krun_model_path(e->m)));
     json_object_set_new(j, "damage", e->damaged ? json_string(e->damage) : json_null());
+    json_object_set_new(j, "file_warning", krun_model_warning(e->m) ? json_string(krun_model_warning(e->m)) : json_null());
     json_object_set_new(j, "ctx", json_integer((json_int_t)e->ctx));
     json_object_set_new(j, "max_seqs", json_integer((json_int_t)e->max_seqs));
     json_object_set_new(j, "block", json_integer((json_int_t)e->block));

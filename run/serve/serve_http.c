@@ -22,12 +22,15 @@
 #include "run/grammar/kgram.h"
 #include "run/api/reqjson.h"
 
+#include <malloc.h>
 #include <microhttpd.h>
 #include <openssl/crypto.h>
 #include <stdio.h>
 #include <sys/stat.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -36,6 +39,7 @@ struct srv_http {
     srv_http_opts o;
     struct MHD_Daemon *d;
     srv_conns *conns;             /* every open connection: deadlines, the reserve */
+    srv_mem *mem;                 /* the memory requests being read and prepared take, in all */
     long long created;            /* the model's "created" in /v1/models: the server's start */
     int loopback;                 /* listening on a loopback address only (GET /machine says it) */
     unsigned long long next_id;   /* request ids */
@@ -48,6 +52,10 @@ typedef struct {
     kbuf body;
     int too_big;
     int answered;                 /* a response was queued before the body was read */
+    int early;                    /* route() on the headers alone: answer what needs no body, else go on reading it */
+    int takes_body;               /* a route that reads a body (POST): only then is the body kept */
+    size_t share;                 /* reserved from srv_http.mem while the request is read and prepared (0: none) */
+    size_t body_len;              /* the body's length as declared (--max-body when chunked) */
     int http_1_0;                 /* no interim responses may be sent */
     sreq *req;
     sreq *more[OAI_MAX_N - 1];    /* n > 1: the other choices' requests */
@@ -76,6 +84,16 @@ static const char *cors_origin(const srv_http *h, struct MHD_Connection *c)
     return NULL;
 }
 
+/* The request this connection's thread is reading (MHD runs a thread per connection): set when
+ * its request line is parsed (uri_logged), so that an error libmicrohttpd answers on its own
+ * before krun sees the request can be answered by krun instead (mhd_log, own_error). */
+static __thread struct {
+    struct MHD_Connection *c;     /* NULL: no request being read, or one krun has answered */
+    const char *last_fmt;         /* libmicrohttpd's last message about it */
+    int answered_here;            /* own_error answered it: MHD's own messages about it are noise */
+    int target_ok;                /* the request target as sent: srv_framing_target_ok */
+} cur;
+
 static enum MHD_Result queue(struct MHD_Connection *c, unsigned status, struct MHD_Response *r)
 {
     const char *origin = cors_origin(conn_h, c);
@@ -85,6 +103,7 @@ static enum MHD_Result queue(struct MHD_Connection *c, unsigned status, struct M
         MHD_add_response_header(r, MHD_HTTP_HEADER_VARY, "Origin");
         MHD_add_response_header(r, "Access-Control-Expose-Headers", "Retry-After");
     }
+    cur.c = NULL;                 /* a response of krun's: nothing of MHD's to replace */
     return MHD_queue_response(c, status, r);
 }
 
@@ -122,8 +141,28 @@ static enum MHD_Result reply(struct MHD_Connection *c, unsigned status, char *js
     return rc;
 }
 
+/* A body follows the headers: an answer given before it is read closes the connection (-1, as the
+ * retry_after of reply()), since what comes after it on the connection is that body, not a request. */
+static int body_follows(const srv_framing *f)
+{
+    return f->n_te || (f->n_cl && f->cl) ? -1 : 0;
+}
+
+/* A request whose JSON took more than its share of memory (serve_mem.c) fails somewhere in its
+ * parse with "out of memory": what it is refused for is its size. */
+static const oai_error *too_complex(const oai_error *e, oai_error *over)
+{
+    if (!srv_mem_scope_over()) return e;
+    oai_error_set(over, 413, NULL, "request_too_complex", "the request's JSON needs more memory than krun serve gives a request of "
+                  "its size (%d bytes per byte of the body): send fewer, larger values (docs/SERVE.md, \"Memory\")",
+                  SRV_MEM_JSON_PER_BYTE);
+    return over;
+}
+
 static enum MHD_Result reply_error(struct MHD_Connection *c, const oai_error *e, int retry_after)
 {
+    oai_error over;
+    e = too_complex(e, &over);
     return reply(c, (unsigned)e->status, oai_error_json(e), retry_after);
 }
 
@@ -351,11 +390,15 @@ static char *merge_choices(char **bodies, size_t n)
 
 static enum MHD_Result reply_anth_error(struct MHD_Connection *c, const oai_error *e, int retry_after)
 {
+    oai_error over;
+    e = too_complex(e, &over);
     return reply(c, (unsigned)e->status, anth_error_json(e), retry_after);
 }
 
 static enum MHD_Result reply_ollama_error(struct MHD_Connection *c, const oai_error *e)
 {
+    oai_error over;
+    e = too_complex(e, &over);
     return reply(c, (unsigned)e->status, ollama_error_json(e), 0);
 }
 
@@ -387,6 +430,20 @@ static enum MHD_Result reply_body(struct MHD_Connection *c, int status, char *bo
 
 static enum MHD_Result run_request_x(srv_http *h, struct MHD_Connection *c, conn *k, sreq *r, int api, xform *x);
 
+/* The request is prepared (or answered): its body, its JSON's accounting and its share of the
+ * request memory are given back.  A thread that held a large share returns the freed pages to
+ * the system (glibc keeps them in the thread's arena otherwise: issue 34.4's "kept afterwards"). */
+static void body_done(srv_http *h, conn *k)
+{
+    srv_mem_scope_end();
+    kbuf_free(&k->body);
+    if (k->share) {
+        srv_mem_release(h->mem, k->share);
+        if (k->share > 16 * SRV_MEM_BASE) malloc_trim(0);
+        k->share = 0;
+    }
+}
+
 /* Submit r (made by srv_prepare, with k->more its other choices) and answer when its output is
  * known.  anth: an Anthropic request (its errors in Anthropic's shape). */
 static enum MHD_Result run_request(srv_http *h, struct MHD_Connection *c, conn *k, sreq *r, int anth)
@@ -398,6 +455,7 @@ static enum MHD_Result run_request(srv_http *h, struct MHD_Connection *c, conn *
 static enum MHD_Result run_request_x(srv_http *h, struct MHD_Connection *c, conn *k, sreq *r, int api, xform *x)
 {
     oai_error err;
+    body_done(h, k);
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     sreq *all[OAI_MAX_N];
     size_t n = 1 + k->n_more;
@@ -520,7 +578,14 @@ static enum MHD_Result messages(srv_http *h, struct MHD_Connection *c, conn *k, 
 
 /* ---- the Responses API ---------------------------------------------------------------------------- */
 
-static json_t *store_lookup(void *ctx, const char *id) { return srv_store_conversation(((srv_http *)ctx)->store, id); }
+/* A stored conversation is the server's, not the request's: its copy is not the body's to pay for. */
+static json_t *store_lookup(void *ctx, const char *id)
+{
+    int was = srv_mem_scope_pause();
+    json_t *conv = srv_store_conversation(((srv_http *)ctx)->store, id);
+    srv_mem_scope_resume(was);
+    return conv;
+}
 
 /* A response's reply: the response object from the chat completion; kept when the request says store
  * (with its conversation: the one before it, its input, its output). */
@@ -800,6 +865,74 @@ static enum MHD_Result preflight(struct MHD_Connection *c)
     return rc;
 }
 
+/* /tokenize's answer, written as MHD sends it: {"tokens": [ids]} or, with pieces, [{"id", "piece"}]. */
+typedef struct {
+    const ktok *tk;
+    int32_t *ids;
+    size_t n, next;               /* tokens; the next one to write */
+    int pieces, opened, closed;
+    kbuf out;                     /* written, not sent yet: out.p[at, out.n) */
+    size_t at;
+} tokens_ctx;
+
+/* s[0, n) as a JSON string, as jansson writes one ('"', '\\' and control characters escaped). */
+static void json_str(kbuf *b, const char *s, size_t n)
+{
+    kbuf_add(b, "\"", 1);
+    for (size_t i = 0; i < n; i++) {
+        unsigned char ch = (unsigned char)s[i];
+        const char *esc = ch == '"' ? "\\\"" : ch == '\\' ? "\\\\" : ch == '\n' ? "\\n" : ch == '\r' ? "\\r" : ch == '\t' ? "\\t"
+                          : ch == '\b' ? "\\b" : ch == '\f' ? "\\f" : NULL;
+        if (esc) kbuf_puts(b, esc);
+        else if (ch < 0x20) kbuf_printf(b, "\\u%04x", ch);
+        else kbuf_add(b, s + i, 1);
+    }
+    kbuf_add(b, "\"", 1);
+}
+
+static ssize_t tokens_read(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    tokens_ctx *t = cls;
+    size_t n;
+    (void)pos;
+    if (t->at == t->out.n) {
+        /* the next 64 KB or so */
+        t->out.n = t->at = 0;
+        if (!t->opened) { kbuf_puts(&t->out, "{\"tokens\":["); t->opened = 1; }
+        while (t->next < t->n && t->out.n < 64 * 1024) {
+            int32_t id = t->ids[t->next];
+            if (t->next++) kbuf_add(&t->out, ",", 1);
+            if (!t->pieces) { kbuf_printf(&t->out, "%d", (int)id); continue; }
+            {
+                size_t len = 0;
+                const uint8_t *b = ktok_id_bytes(t->tk, id, &len);
+                kbuf clean = {0};
+                kutf8_sanitize((const char *)b, len, &clean);
+                kbuf_printf(&t->out, "{\"id\":%d,\"piece\":", (int)id);
+                json_str(&t->out, clean.p ? clean.p : "", clean.n);
+                kbuf_add(&t->out, "}", 1);
+                if (clean.oom) t->out.oom = 1;
+                kbuf_free(&clean);
+            }
+        }
+        if (t->next == t->n && !t->closed) { kbuf_puts(&t->out, "]}"); t->closed = 1; }
+        if (t->out.oom) return MHD_CONTENT_READER_END_WITH_ERROR;
+        if (t->at == t->out.n) return MHD_CONTENT_READER_END_OF_STREAM;
+    }
+    n = t->out.n - t->at < max ? t->out.n - t->at : max;
+    memcpy(buf, t->out.p + t->at, n);
+    t->at += n;
+    return (ssize_t)n;
+}
+
+static void tokens_free(void *cls)
+{
+    tokens_ctx *t = cls;
+    free(t->ids);
+    kbuf_free(&t->out);
+    free(t);
+}
+
 /* POST /tokenize {"content": TEXT, "add_special": bool, "with_pieces": bool} -> {"tokens": [...]}
  * (llama-server's shapes; with_pieces: [{"id", "piece"}]).  Special tokens' text is read as those
  * tokens only with "parse_special": true (llama-server's default is to read them, krun's is not:
@@ -808,32 +941,33 @@ static enum MHD_Result tokenize(srv_http *h, struct MHD_Connection *c, conn *k)
 {
     const ktok *tk = krun_model_tokenizer(srv_engine_model(h->e));
     oai_error err;
-    json_t *o = kreq_body(k->body.p, k->body.n, &err), *v, *out;
+    json_t *o = kreq_body(k->body.p, k->body.n, &err), *v;
     int pieces = 0, special = 0;
-    int32_t *ids = NULL;
-    size_t n = 0;
+    tokens_ctx *t;
+    struct MHD_Response *r;
+    enum MHD_Result rc;
     if (!o) return reply_error(c, &err, 0);
     v = kreq_field(o, "content");
     if (!json_is_string(v)) { kreq_wrong_type(&err, "content", "a string", v ? v : json_null()); json_decref(o); return reply_error(c, &err, 0); }
     if (kreq_bool(o, "with_pieces", &pieces, &err) || kreq_bool(o, "parse_special", &special, &err)) { json_decref(o); return reply_error(c, &err, 0); }
-    if (ktok_encode(tk, json_string_value(v), json_string_length(v), special, &ids, &n)) {
+    if (!(t = calloc(1, sizeof *t)) ||
+        ktok_encode(tk, json_string_value(v), json_string_length(v), special, &t->ids, &t->n)) {
+        free(t);
         json_decref(o);
         oai_error_set(&err, 500, NULL, NULL, "out of memory");
         return reply_error(c, &err, 0);
     }
     json_decref(o);
-    out = json_array();
-    for (size_t i = 0; out && i < n; i++) {
-        if (!pieces) { json_array_append_new(out, json_integer(ids[i])); continue; }
-        size_t len = 0;
-        const uint8_t *b = ktok_id_bytes(tk, ids[i], &len);
-        kbuf clean = {0};
-        kutf8_sanitize((const char *)b, len, &clean);
-        json_array_append_new(out, json_pack("{sisO}", "id", (int)ids[i], "piece", json_stringn(clean.p ? clean.p : "", clean.n)));
-        kbuf_free(&clean);
-    }
-    free(ids);
-    return reply_json(c, 200, out ? json_pack("{so}", "tokens", out) : NULL);
+    /* the answer is written as it is sent (tokens_read): 4 bytes per token are kept, not the
+     * whole text (issue 34.4: with pieces, 1.7 GB for an 8 MB body) */
+    t->tk = tk;
+    t->pieces = pieces;
+    r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 64 * 1024, tokens_read, t, tokens_free);
+    if (!r) { tokens_free(t); return MHD_NO; }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+    rc = queue(c, 200, r);
+    MHD_destroy_response(r);
+    return rc;
 }
 
 /* POST /detokenize {"tokens": [ids]} -> {"content": TEXT} (ill-formed UTF-8 as U+FFFD). */
@@ -911,9 +1045,10 @@ static int authorized(struct MHD_Connection *c, const char *key)
     const char *x = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-api-key");
     size_t n = strlen(key);
     if (x && strlen(x) == n && CRYPTO_memcmp(x, key, n) == 0) return 1;
-    if (!v || strncmp(v, "Bearer ", 7)) return 0;
-    v += 7;
-    while (*v == ' ') v++;
+    /* the scheme is case-insensitive (RFC 9110 11.1): "bearer KEY" too */
+    if (!v || strncasecmp(v, "Bearer", 6) || (v[6] != ' ' && v[6] != '\t')) return 0;
+    v += 6;
+    while (*v == ' ' || *v == '\t') v++;
     return strlen(v) == n && CRYPTO_memcmp(v, key, n) == 0;
 }
 
@@ -960,6 +1095,11 @@ static enum MHD_Result route(srv_http *h, struct MHD_Connection *c, const char *
                       h->o.max_body);
         return known == 4 || known == 5 ? reply_anth_error(c, &err, 0) : reply_error(c, &err, 0);
     }
+    if (k->early) {
+        /* the headers alone: a route that reads a body goes on to read it; the others answer now */
+        k->takes_body = !strcmp(routes[known].method, "POST");
+        if (k->takes_body) return MHD_YES;
+    }
     switch (known) {
     case 0: {
         /* open to all (a load balancer's probe has no key), but with --api-key only the status is
@@ -971,7 +1111,8 @@ static enum MHD_Result route(srv_http *h, struct MHD_Connection *c, const char *
             json_decref(j);
             j = brief;
         } else if (j && (json_object_set_new(j, "connections", srv_conns_json(h->conns)) ||
-                         json_object_set_new(j, "responses_store", srv_store_json(h->store)))) {
+                         json_object_set_new(j, "responses_store", srv_store_json(h->store)) ||
+                         json_object_set_new(j, "request_memory", srv_mem_json(h->mem)))) {
             json_decref(j);
             j = NULL;
         }
@@ -997,10 +1138,12 @@ static enum MHD_Result route(srv_http *h, struct MHD_Connection *c, const char *
     }
 }
 
-static enum MHD_Result framing_header(void *cls, enum MHD_ValueKind kind, const char *key, const char *value)
+static enum MHD_Result framing_header(void *cls, enum MHD_ValueKind kind, const char *key, size_t key_size, const char *value,
+                                     size_t value_size)
 {
     (void)kind;
-    srv_framing_header(cls, key, value);
+    (void)key_size;
+    srv_framing_header(cls, key, value, value_size);
     return MHD_YES;
 }
 
@@ -1021,11 +1164,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     client_gone = 0;
     if (!k) {
         /* the headers: refuse early what needs no body to refuse */
-        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         oai_error err;
         srv_framing fr;
-        char why[200];
+        char why[240];
         int bad;
+        enum MHD_Result rc;
         k = calloc(1, sizeof *k);
         if (!k) return MHD_NO;
         *con_cls = k;
@@ -1033,7 +1176,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         /* first: a request whose length is uncertain is answered and the connection closed, so
          * nothing after it is read as a request */
         srv_framing_init(&fr);
-        MHD_get_connection_values(c, MHD_HEADER_KIND, framing_header, &fr);
+        srv_framing_request_line(&fr, method, cur.c != c || cur.target_ok);
+        MHD_get_connection_values_n(c, MHD_HEADER_KIND, framing_header, &fr);
         if ((bad = srv_framing_verdict(&fr, k->http_1_0, why, sizeof why))) {
             k->answered = 1;
             oai_error_set(&err, bad, NULL, bad == 400 ? "bad_framing" : "unsupported_transfer_encoding", "%s", why);
@@ -1044,25 +1188,47 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             k->answered = 1;
             return preflight(c);
         }
-        if (h->o.api_key && (!strncmp(url, "/v1/", 4) || endpoint_of(url) != SRV_EP_OTHER) && strcmp(url, "/health") &&
-            !authorized(c, h->o.api_key)) {
+        /* then the key, on every path but /health and the page, before a byte of the body is read
+         * (issue 34.5): a client without it costs the server nothing but its headers.  The page
+         * (GET /) is open like any web server's files; what it shows comes from the API, with the key. */
+        if (h->o.api_key && strcmp(url, "/health") && strcmp(url, "/") && !authorized(c, h->o.api_key)) {
             k->answered = 1;
             oai_error_set(&err, 401, NULL, "invalid_api_key", "a valid API key is needed: send the header Authorization: Bearer KEY "
                           "(or x-api-key: KEY)");
-            if (!strncmp(url, "/v1/messages", 12)) return reply(c, 401, anth_error_json(&err), 0);
-            return reply_error(c, &err, 0);
+            if (!strncmp(url, "/v1/messages", 12)) return reply(c, 401, anth_error_json(&err), body_follows(&fr));
+            return reply_error(c, &err, body_follows(&fr));
         }
-        if (cl && strtoull(cl, NULL, 10) > h->o.max_body) {
+        if (fr.n_cl && fr.cl > h->o.max_body) {
             k->answered = 1;
-            oai_error_set(&err, 413, NULL, "request_too_large", "the request body is %s bytes, more than %zu (krun serve --max-body)", cl,
-                          h->o.max_body);
-            if (!strncmp(url, "/v1/messages", 12)) return reply_anth_error(c, &err, 0);
-            return reply_error(c, &err, 0);
+            oai_error_set(&err, 413, NULL, "request_too_large", "the request body is %llu bytes, more than %zu (krun serve --max-body)",
+                          fr.cl, h->o.max_body);
+            if (!strncmp(url, "/v1/messages", 12)) return reply_anth_error(c, &err, -1);
+            return reply_error(c, &err, -1);
         }
+        /* with a body following, what needs none is answered now (an unknown path, a wrong method,
+         * a GET): the body is never read, and the connection is closed after the answer (MHD
+         * closes a connection answered before its request was read whole; so a request without a
+         * body is routed as usual, once it is whole, and its connection kept) */
+        if (!body_follows(&fr)) return MHD_YES;
+        k->early = 1;
+        rc = route(h, c, url, method, k);
+        k->early = 0;
+        if (!k->takes_body) { k->answered = 1; return rc; }
+        /* its share of the request memory, before a byte of its body is read */
+        k->body_len = fr.n_cl ? (size_t)fr.cl : h->o.max_body;
+        /* waiting at most half the request's deadline: the 503 goes out before serve_conns.c would close it */
+        if (srv_mem_reserve(h->mem, srv_mem_share(k->body_len), h->o.request_timeout / 2)) {
+            k->answered = 1;
+            oai_error_set(&err, 503, NULL, "server_busy", "krun serve is reading and preparing as many requests as its "
+                          "--request-memory allows: retry shortly");
+            if (!strncmp(url, "/v1/messages", 12)) return reply_anth_error(c, &err, -1);
+            return reply_error(c, &err, -1);
+        }
+        k->share = srv_mem_share(k->body_len);
         return MHD_YES;
     }
     if (*upload_size) {
-        if (!k->answered && !k->too_big) {
+        if (!k->answered && !k->too_big && k->takes_body) {
             if (k->body.n + *upload_size > h->o.max_body) {
                 k->too_big = 1;            /* answered once the body is over (MHD reads it, we keep none of it) */
                 kbuf_free(&k->body);
@@ -1076,15 +1242,24 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     }
     srv_conn_busy(h->conns, conn_of(c));      /* the request arrived whole: its deadline is met */
     if (k->answered) return MHD_YES;
-    return route(h, c, url, method, k);
+    {
+        /* the body's JSON may take its share (serve_mem.c); an oversized one fails with 413 */
+        enum MHD_Result rc;
+        if (k->takes_body) srv_mem_scope_begin(SRV_MEM_JSON_PER_BYTE * k->body.n + SRV_MEM_BASE / 2);
+        rc = route(h, c, url, method, k);
+        body_done(h, k);
+        return rc;
+    }
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe)
 {
     srv_http *h = cls;
     conn *k = *con_cls;
+    cur.c = NULL;
     srv_conn_waiting(h->conns, conn_of(c));   /* for its next request, if it has one */
     if (!k) return;
+    body_done(h, k);
     if (k->req) {
         if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK) srv_cancel(h->e, k->req);
         srv_release(h->e, k->req);
@@ -1093,7 +1268,6 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
         if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK) srv_cancel(h->e, k->more[i]);
         srv_release(h->e, k->more[i]);
     }
-    kbuf_free(&k->body);
     free(k);
     *con_cls = NULL;
 }
@@ -1112,10 +1286,112 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
     }
 }
 
-static void mhd_log(void *cls, const char *fmt, va_list ap)
+/* A request line was parsed (MHD_OPTION_URI_LOG_CALLBACK), on the connection's own thread: the
+ * request from here on is this thread's (cur), until krun answers it or it completes. */
+static void *uri_logged(void *cls, const char *uri, struct MHD_Connection *c)
 {
     (void)cls;
-    if (client_gone) return;               /* the abort a client that left causes: not an error (the request's line says it) */
+    cur.c = c;
+    cur.last_fmt = NULL;
+    cur.answered_here = 0;
+    cur.target_ok = srv_framing_target_ok(uri);
+    return NULL;                  /* the request's con_cls: made on the first call (on_request) */
+}
+
+/* libmicrohttpd 0.9.75 answers some requests on its own, before krun sees them: a malformed or
+ * too large Content-Length, a malformed header line, a bad chunk.  Its answer is an HTML page,
+ * and for a bad Content-Length it is sent with two status lines (the state after its error is
+ * overwritten, and the header is built twice: the first one's Content-Length frames the second
+ * as its body; issue 34.8).  It says so in its log, on the connection's thread, before a byte of
+ * it is sent: krun then sends its own answer -- one status line, a JSON error, Connection: close
+ * -- and shuts the socket's sending side, so that MHD's answer is never sent (its write fails and
+ * it closes the connection). */
+static const char MHD_ERROR_FMT[] = "Error processing request (HTTP response code is %u ('%s')). Closing connection.\n";
+
+static void own_error(unsigned status, const char *mhd_says)
+{
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(cur.c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    oai_error err;
+    char *json, head[256];
+    kbuf why = {0};
+    const char *b = mhd_says ? strstr(mhd_says, "<body>") : NULL, *e = b ? strstr(b, "</body>") : NULL;
+    int n;
+    if (!ci) return;
+    /* MHD's reason, its HTML tags dropped */
+    for (const char *p = b ? b + 6 : ""; e && p < e; p++) {
+        if (*p == '<') { while (p < e && *p != '>') p++; continue; }
+        kbuf_add(&why, p, 1);
+    }
+    if (cur.last_fmt && strstr(cur.last_fmt, "Content-Length"))
+        oai_error_set(&err, (int)status, NULL, status == 413 ? "request_too_large" : "bad_framing",
+                      status == 413 ? "the request's Content-Length is too large" : "Content-Length must be one decimal number "
+                      "(RFC 9110 8.6): the request's length cannot be known");
+    else
+        oai_error_set(&err, (int)status, NULL, "bad_request", "the request could not be read: %.*s", why.n ? (int)why.n : 9,
+                      why.n ? why.p : "malformed");
+    kbuf_free(&why);
+    if (!(json = oai_error_json(&err))) return;
+    n = snprintf(head, sizeof head, "HTTP/1.1 %u %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n",
+                 status, MHD_get_reason_phrase_for(status), strlen(json));
+    if (count_e) srv_engine_count_response(count_e, SRV_EP_OTHER, (int)status);
+    /* a fresh connection's send buffer holds these few hundred bytes at once; what does not go
+     * is lost with the connection, which closes either way */
+    if (send(ci->connect_fd, head, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT) == n)
+        (void)!send(ci->connect_fd, json, strlen(json), MSG_NOSIGNAL | MSG_DONTWAIT);
+    shutdown(ci->connect_fd, SHUT_WR);
+    free(json);
+    cur.answered_here = 1;
+    cur.c = NULL;
+}
+
+/* libmicrohttpd's messages, each the same line at most once a second (with a count of those held
+ * back): a process out of descriptors gets "Error accepting connection" thousands of times a
+ * second (issue 34.9). */
+#define LOG_KINDS 16
+static struct { const char *fmt; double last; unsigned long held; } log_seen[LOG_KINDS];
+static pthread_mutex_t log_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void mhd_log(void *cls, const char *fmt, va_list ap)
+{
+    double now = know();
+    unsigned long held = 0;
+    int slot = -1;
+    (void)cls;
+    if (cur.answered_here) return;             /* MHD failing to send what own_error made it not send */
+    if (client_gone) return;                   /* the abort a client that left causes: not an error (the request's line says it) */
+    if (cur.c && !strcmp(fmt, MHD_ERROR_FMT)) {
+        va_list aq;
+        unsigned status;
+        const char *msg;
+        va_copy(aq, ap);
+        status = va_arg(aq, unsigned);
+        msg = va_arg(aq, const char *);
+        va_end(aq);
+        own_error(status, msg);
+        if (cur.answered_here) return;
+    }
+    if (cur.c) cur.last_fmt = fmt;
+    pthread_mutex_lock(&log_mu);
+    for (int i = 0; i < LOG_KINDS && slot < 0; i++)
+        if (log_seen[i].fmt == fmt) slot = i;
+    if (slot < 0) {                            /* a new kind replaces the one seen longest ago */
+        slot = 0;
+        for (int i = 1; i < LOG_KINDS; i++)
+            if (log_seen[i].last < log_seen[slot].last) slot = i;
+        log_seen[slot].fmt = fmt;
+        log_seen[slot].last = 0;
+        log_seen[slot].held = 0;
+    }
+    if (now - log_seen[slot].last < 1.0) {
+        log_seen[slot].held++;
+        pthread_mutex_unlock(&log_mu);
+        return;
+    }
+    held = log_seen[slot].held;
+    log_seen[slot].held = 0;
+    log_seen[slot].last = now;
+    pthread_mutex_unlock(&log_mu);
+    if (held) fprintf(stderr, "krun serve: http: (%lu more like the next line in the last second)\n", held);
     fprintf(stderr, "krun serve: http: ");
     vfprintf(stderr, fmt, ap);
 }
@@ -1128,11 +1404,17 @@ int srv_http_start(srv_engine *e, const srv_http_opts *o, srv_http **out, krun_e
     h->e = e;
     h->o = *o;
     h->created = (long long)time(NULL);
-    if (!(h->store = srv_store_new(o->responses_store))) { pthread_mutex_destroy(&h->id_mu); free(h); return krun_err_set(err, KRUN_ENOMEM, "out of memory"); }
+    if (!(h->mem = srv_mem_new(o->request_memory))) { pthread_mutex_destroy(&h->id_mu); free(h); return krun_err_set(err, KRUN_ENOMEM, "out of memory"); }
+    if (!(h->store = srv_store_new(o->responses_store))) {
+        srv_mem_free(h->mem);
+        pthread_mutex_destroy(&h->id_mu);
+        free(h);
+        return krun_err_set(err, KRUN_ENOMEM, "out of memory");
+    }
     h->loopback = srv_listen_loopback(o->listen_fd);
     {
         srv_conns_opts co = {o->max_connections, o->max_connections_per_ip, o->request_timeout};
-        if (srv_conns_start(&co, &h->conns, err)) { srv_store_free(h->store); pthread_mutex_destroy(&h->id_mu); free(h); return -1; }
+        if (srv_conns_start(&co, &h->conns, err)) { srv_store_free(h->store); srv_mem_free(h->mem); pthread_mutex_destroy(&h->id_mu); free(h); return -1; }
     }
     /* MHD_USE_POLL: without it every connection's thread waits in select(2), which cannot watch a
      * descriptor at or above FD_SETSIZE (1024): a --max-connections near that would fail */
@@ -1140,6 +1422,7 @@ int srv_http_start(srv_engine *e, const srv_http_opts *o, srv_http **out, krun_e
                             MHD_USE_ITC, 0,
                             NULL, NULL, on_request, h,
                             MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,      /* first, so that every message goes through it */
+                            MHD_OPTION_URI_LOG_CALLBACK, uri_logged, NULL,
                             MHD_OPTION_LISTEN_SOCKET, o->listen_fd,
                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
                             MHD_OPTION_NOTIFY_CONNECTION, on_connection, h,
@@ -1151,6 +1434,7 @@ int srv_http_start(srv_engine *e, const srv_http_opts *o, srv_http **out, krun_e
         krun_err_set(err, KRUN_EINPUT, "libmicrohttpd could not start on the listening socket");
         srv_conns_stop(h->conns);
         srv_store_free(h->store);
+        srv_mem_free(h->mem);
         pthread_mutex_destroy(&h->id_mu);
         free(h);
         return -1;
@@ -1171,6 +1455,7 @@ void srv_http_stop(srv_http *h)
     MHD_stop_daemon(h->d);             /* every connection closed: the table is empty */
     srv_conns_stop(h->conns);
     srv_store_free(h->store);
+    srv_mem_free(h->mem);
     pthread_mutex_destroy(&h->id_mu);
     free(h);
 }

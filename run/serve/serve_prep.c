@@ -8,6 +8,7 @@
 #include "run/text/chat.h"
 #include "run/grammar/chat_constrain.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -83,6 +84,40 @@ static int fit_context(srv_engine *e, sreq *r, long max_tokens, oai_error *err)
     return 0;
 }
 
+/* A text of `bytes` bytes is at least bytes / (the longest token) tokens: one that could not fit the
+ * context even so is refused before it is tokenized (an 8 MB prompt of one letter took the tokenizer
+ * 15 s, to be refused for its length afterwards).  The longest token is the tokenizer's, measured
+ * once: the bound is exact, never a guess. */
+static size_t longest_token(const ktok *tk)
+{
+    static const ktok *seen;
+    static size_t most;
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    size_t m;
+    pthread_mutex_lock(&mu);
+    if (seen != tk) {
+        most = 1;
+        for (size_t id = 0; id < ktok_vocab_size(tk); id++) {
+            size_t len = 0;
+            if (ktok_id_bytes(tk, (int32_t)id, &len) && len > most) most = len;
+        }
+        seen = tk;
+    }
+    m = most;
+    pthread_mutex_unlock(&mu);
+    return m;
+}
+
+static int text_cannot_fit(srv_engine *e, size_t bytes, const char *param, oai_error *err)
+{
+    const ktok *tk = krun_model_tokenizer(srv_engine_model(e));
+    size_t ctx = krun_model_ctx(srv_engine_model(e)), most = longest_token(tk);
+    if (bytes / most <= ctx) return 0;
+    oai_error_set(err, 400, param, "context_length_exceeded", "the prompt's text is %zu bytes: at least %zu tokens (the longest token "
+                  "is %zu bytes), more than the context of %zu positions (%s --ctx)", bytes, bytes / most, most, ctx, srv_engine_command(e));
+    return -1;
+}
+
 /* The output of r: go's stop strings, end ids and limits (copied by sgen_new). */
 int srv_prepare_output(krun_model *m, sreq *r, sgen_opts *go, oai_error *err)
 {
@@ -150,6 +185,9 @@ sreq *srv_prepare_chat(srv_engine *e, const kchat_message *msgs, size_t n_msgs, 
     kchat_rendering rend;
     kchat_options o = with_default(e, given), *chat = &o;
     sreq *r;
+    size_t bytes = 0;
+    for (size_t k = 0; k < n_msgs; k++) bytes += msgs[k].content_len + msgs[k].reasoning_len;
+    if (text_cannot_fit(e, bytes, "messages", err)) return NULL;
     if (render(e, msgs, n_msgs, chat, &rend, err)) return NULL;
     if (!(r = sreq_new())) { free(rend.ids); oai_error_set(err, 500, NULL, NULL, "out of memory"); return NULL; }
     r->prompt = rend.ids;
@@ -250,8 +288,9 @@ fail:
 static sreq *prompt_request(srv_engine *e, const int32_t *ids, size_t n_ids, const char *text, size_t len, const oai_sampling *s, oai_error *err)
 {
     krun_model *m = srv_engine_model(e);
-    sreq *r = sreq_new();
-    if (!r) { oai_error_set(err, 500, NULL, NULL, "out of memory"); return NULL; }
+    sreq *r;
+    if (!ids && text_cannot_fit(e, len, "prompt", err)) return NULL;
+    if (!(r = sreq_new())) { oai_error_set(err, 500, NULL, NULL, "out of memory"); return NULL; }
     if (ids) {
         r->prompt = malloc((n_ids ? n_ids : 1) * sizeof *r->prompt);
         if (r->prompt) memcpy(r->prompt, ids, n_ids * sizeof *r->prompt);

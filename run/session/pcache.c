@@ -242,20 +242,21 @@ static struct timespec now_real(void)
 
 static void touch(krun_pcache *c, const char *name) { set_used(c, name, now_real()); }
 
-/* Write session s's state as an entry file (not under the lock). */
+/* Write session s's state as an entry file (not under the lock), beneath the directory opened at
+ * start: never through its path, which may name another directory by now (issue 34.10: a cache
+ * directory replaced by a symbolic link, or removed and made again, took unbounded writes while
+ * scans and eviction went on in the old one). */
 static int write_entry(krun_pcache *c, krun_session *s, char *name, size_t len)
 {
-    char path[4096];
     size_t n;
     const int32_t *t = krun_session_tokens(s, &n);
     krun_err e;
     const size_t pos = krun_session_pos(s);
     const int logits = krun_session_logits(s) != NULL;
     file_name(name, len, hash_ids(t, pos), pos, logits);
-    snprintf(path, sizeof path, "%s/%s", c->dir, name);
     if (faccessat(c->dirfd, name, F_OK, 0) == 0) return 0;          /* another process wrote it: the same bytes */
-    if (krun_session_save(s, path, &e)) {
-        warn(c, "%s", e.msg);
+    if (krun_session_save_at(s, c->dirfd, name, &e)) {
+        warn(c, "in %s: %s", c->dir, e.msg);
         return -1;
     }
     return 1;
@@ -570,10 +571,9 @@ static void mark_preamble_locked(krun_pcache *c, krun_session *s, const int32_t 
         return;
     }
     if (c->dir && !c->file_marker && entry_bytes(c->m, preamble, 0) <= c->o.max_bytes) {
-        char path[4096];
         file_name(c->file_mark_name, sizeof c->file_mark_name, hash_ids(ids, preamble), preamble, 0);
-        snprintf(path, sizeof path, "%s/%s", c->dir, c->file_mark_name);
-        if (faccessat(c->dirfd, c->file_mark_name, F_OK, 0) && krun_session_mark_save(s, preamble, path, &e) == 0) c->file_marker = s;
+        if (faccessat(c->dirfd, c->file_mark_name, F_OK, 0) && krun_session_mark_save_at(s, preamble, c->dirfd, c->file_mark_name, &e) == 0)
+            c->file_marker = s;
     }
 }
 

@@ -54,6 +54,7 @@ struct krun_session {
     size_t mark_at;
     krun_session *mark_dst;    /* into this idle slot, or (NULL) into mark_path */
     char *mark_path;
+    int mark_dirfd;            /* the directory mark_path is a name in (AT_FDCWD: a path) */
     int mark_status;           /* KRUN_MARK_* */
     char mark_msg[160];        /* why it was dropped */
     k3_snap snap;              /* armed for the block that runs position mark_at - 1 (at 0: not armed) */
@@ -423,6 +424,8 @@ int krun_simd_parse(const char *name)
 
 const char *krun_simd_name(void) { return kern_simd_name(kern_simd_get()); }
 const char *krun_model_notice(const krun_model *m) { return m->store ? kstore_notice(m->store) : NULL; }
+int krun_model_file_changed(const krun_model *m, krun_err *err) { return m->store ? kstore_file_changed(m->store, err) : 0; }
+const char *krun_model_warning(const krun_model *m) { return kpk_warning(m->f); }
 
 void krun_model_memory(const krun_model *m, uint64_t *planned, uint64_t *allocated)
 {
@@ -1049,6 +1052,14 @@ int krun_session_save(const krun_session *s, const char *path, krun_err *err)
     return krun_state_write(path, &h, &s->m->m.cfg, s->tokens, &s->st, s->logits, err);
 }
 
+int krun_session_save_at(const krun_session *s, int dirfd, const char *name, krun_err *err)
+{
+    ksave w;
+    if (ksave_begin_at(&w, dirfd, name, err)) return -1;
+    if (krun_session_save_to(s, &w, err)) { ksave_abort(&w); return -1; }
+    return ksave_commit(&w, err);
+}
+
 int krun_session_save_to(const krun_session *s, ksave *out, krun_err *err)
 {
     krun_state_hdr h;
@@ -1217,11 +1228,17 @@ int krun_session_mark(krun_session *s, size_t at, krun_session *dst, krun_err *e
 
 int krun_session_mark_save(krun_session *s, size_t at, const char *path, krun_err *err)
 {
+    return krun_session_mark_save_at(s, at, AT_FDCWD, path, err);
+}
+
+int krun_session_mark_save_at(krun_session *s, size_t at, int dirfd, const char *path, krun_err *err)
+{
     krun_model *m = s->m;
     if (mark_check(s, at, err)) return -1;
     if (!m->mark_buf) return krun_err_set(err, KRUN_EINPUT, "snapshots to a file need a model prepared for them (krun_model_opts.cache)");
     if (m->mark_owner) return krun_err_set(err, KRUN_EINPUT, "another session's snapshot to a file is due (one at a time)");
     if (!(s->mark_path = strdup(path))) return krun_err_set(err, KRUN_ENOMEM, "out of memory");
+    s->mark_dirfd = dirfd;
     m->mark_owner = s;
     s->mark_at = at;
     s->mark_dst = NULL;
@@ -1290,7 +1307,7 @@ static void mark_arm(krun_session *s, k3_seg *seg)
         krun_state_hdr_for(&h, &m->m.cfg, kpk_super(m->f)->set_id, config_hash(m));
         h.pos = h.n_tokens = s->mark_at;
         h.flags = 0;                   /* the file is named before the blocks are known: never logits */
-        if (ksave_begin(&m->mark_save, s->mark_path, &e)) { mark_drop(s, e.msg); return; }
+        if (ksave_begin_at(&m->mark_save, s->mark_dirfd, s->mark_path, &e)) { mark_drop(s, e.msg); return; }
         if (krun_state_write_begin(&m->mark_w, &m->mark_save, &h, &m->m.cfg, s->tokens, &e)) {
             ksave_abort(&m->mark_save);
             mark_drop(s, e.msg);

@@ -128,6 +128,15 @@ void krun_model_stats(const krun_model *m, krun_stats *st);
 typedef struct krun_member_info { const char *path, *role; int stripe; uint64_t size; } krun_member_info;
 size_t krun_model_members(const krun_model *m);
 int krun_model_member(const krun_model *m, size_t k, krun_member_info *out);
+/* 0 while the model file is the one that was opened; -1 with err (KRUN_EDATA)
+ * once it changed (written, truncated, replaced in place: store.h,
+ * kstore_file_changed).  Every forward block asks it after its reads; a
+ * server's health check may ask it from any thread. */
+int krun_model_file_changed(const krun_model *m, krun_err *err);
+/* The file's own warning, or NULL: damage kpk_open found and worked around
+ * (a damaged primary superblock, the intact backup used: FORMAT.md §3 step 6).
+ * Every command says it once (the file needs repair), and goes on. */
+const char *krun_model_warning(const krun_model *m);
 /* Something the user should be told once about how the file is read (e.g.
  * O_DIRECT refused by a file system, buffered reads used instead), or NULL. */
 const char *krun_model_notice(const krun_model *m);
@@ -339,6 +348,9 @@ int krun_session_mark(krun_session *s, size_t at, krun_session *dst, krun_err *e
  * the logits.  Needs a model prepared with o.cache; one such mark at a time
  * per model. */
 int krun_session_mark_save(krun_session *s, size_t at, const char *path, krun_err *err);
+/* The same beneath the open directory dirfd (name: a name in it), never through its path
+ * (savefile.h, ksave_begin_at). */
+int krun_session_mark_save_at(krun_session *s, size_t at, int dirfd, const char *name, krun_err *err);
 /* KRUN_MARK_*: pending, taken, dropped (*why: the reason), or none. */
 int krun_session_mark_status(const krun_session *s, const char **why);
 void krun_session_unmark(krun_session *s);
@@ -383,6 +395,9 @@ int krun_step_batch_verify(krun_model *m, krun_session *const *ss, const int32_t
  * docs/STATE.md, through the one safe writer (savefile.h): path is new or an
  * earlier state file, which is replaced whole or not at all. */
 int krun_session_save(const krun_session *s, const char *path, krun_err *err);
+/* The same as a new file beneath the open directory dirfd (name: a name in it), never through its
+ * path (the prefix cache: whatever the directory's path names later gets nothing). */
+int krun_session_save_at(const krun_session *s, int dirfd, const char *name, krun_err *err);
 /* The same bytes into a save the caller began and will commit (krun chat's
  * /save writes a pair of files, docs/CHAT.md). */
 int krun_session_save_to(const krun_session *s, ksave *out, krun_err *err);

@@ -252,8 +252,12 @@ void kstore_close(kstore *s)
     free(s->eslots);
     if (s->map)
         for (uint16_t m = 0; m < s->nm; m++)
-            if (s->map[m]) munmap((void *)s->map[m], s->map_len[m]);
+            if (s->map[m]) {
+                kstore_ident_unwatch(s->map_watch[m]);
+                munmap((void *)s->map[m], s->map_len[m]);
+            }
     free(s->map);
+    free(s->map_watch);
     free(s->map_len);
     free_table(s->decoded, kpk_extent_count(s->f));
     free(s->role);

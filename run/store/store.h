@@ -118,6 +118,12 @@ int kstore_phase_now(const kstore *s);
  * bytes_discarded.) */
 void kstore_phase_next(kstore *s, int prefill);
 void kstore_close(kstore *s);
+/* 0 while every member file is the file that was opened; else -1 with err
+ * (KRUN_EDATA) saying how it changed: written, truncated or replaced in place,
+ * or a read from its mapping went past its end (a SIGBUS, caught: the page
+ * read as zeros).  Whatever was computed from bytes read since must not be
+ * used (store_ident.c).  One fstat per member file: ask after every block. */
+int kstore_file_changed(const kstore *s, krun_err *err);
 /* Something the user should know once (O_DIRECT refused by a file system):
  * NULL if nothing. */
 const char *kstore_notice(const kstore *s);

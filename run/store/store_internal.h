@@ -1,6 +1,6 @@
 /* The store's parts (store.c: held extents, experts, rows; store_ring.c: the
  * ring of pieces; store_io.c: member files and read requests; store_check.c:
- * what they all use) share this. */
+ * what they all use; store_ident.c: the file as it was opened) share this. */
 #ifndef KRUN_STORE_INTERNAL_H
 #define KRUN_STORE_INTERNAL_H
 
@@ -47,6 +47,7 @@ struct kstore {
     uint16_t nm;               /* member files */
     const uint8_t **map;       /* [nm]: each member's mapping (in place, --io mmap) */
     uint64_t *map_len;
+    int *map_watch;            /* [nm]: its entry in store_ident.c's SIGBUS watch (-1: none) */
     kiop_member *io_m;          /* [nm]: how each member is read */
     uint64_t *sync_bytes;      /* [nm]: read outside the queues (the prefix, embedding rows) */
     uint64_t stage_bytes;      /* a decode request's largest read */
@@ -140,5 +141,10 @@ void kstore_ring_close(kstore *s);
 /* Take the read-ahead back (unstarted reads cancelled, the rest waited for)
  * and start the step's sequence at piece q_first. */
 int kstore_ring_restart(kstore *s, uint32_t q_first, krun_err *err);
+
+/* store_ident.c: a member's mapping watched for reads past the file's end (SIGBUS); its entry,
+ * or -1 when none is free. */
+int  kstore_ident_watch(const void *p, size_t len);
+void kstore_ident_unwatch(int w);
 
 #endif

@@ -55,6 +55,13 @@ static int open_direct(kstore *s, uint16_t m)
 {
     int fd = kos_open_uncached(kpk_member_path(s->f, m));
     if (fd < 0) return -1;
+    if (!kpk_member_same_file(s->f, m, fd)) {
+        /* the path names another file than the one opened (replaced since): EINVAL is taken for
+         * "O_DIRECT refused", so ESTALE says it */
+        close(fd);
+        errno = ESTALE;
+        return -1;
+    }
     if (kio_pread_full(fd, s->window, KPIECE_ALIGN, 0)) {
         int e = errno;
         close(fd);
@@ -69,7 +76,9 @@ int kstore_map_members(kstore *s, krun_err *err)
     char label[600];
     s->map = calloc(s->nm, sizeof *s->map);
     s->map_len = calloc(s->nm, sizeof *s->map_len);
-    if (!s->map || !s->map_len) { krun_err_set(err, KRUN_ENOMEM, "out of memory setting up the store"); return -1; }
+    s->map_watch = malloc(s->nm * sizeof *s->map_watch);
+    if (!s->map || !s->map_len || !s->map_watch) { krun_err_set(err, KRUN_ENOMEM, "out of memory setting up the store"); return -1; }
+    for (uint16_t m = 0; m < s->nm; m++) s->map_watch[m] = -1;
     for (uint16_t m = 0; m < s->nm; m++) {
         void *p;
         s->map_len[m] = kpk_member_at(s->f, m)->file_size;
@@ -80,6 +89,7 @@ int kstore_map_members(kstore *s, krun_err *err)
             return -1;
         }
         s->map[m] = p;
+        s->map_watch[m] = kstore_ident_watch(p, s->map_len[m]);   /* a truncated file: SIGBUS caught, the block failed */
     }
     return 0;
 }
@@ -100,7 +110,11 @@ int kstore_io_open(kstore *s, krun_err *err)
             if (im->fd >= 0) continue;
             if (errno != EINVAL) {
                 member_label(s, m, label, sizeof label);
-                krun_err_set(err, KRUN_EINPUT, "%s: cannot open %s with O_DIRECT: %s", kpk_path(s->f), label, strerror(errno));
+                if (errno == ESTALE)
+                    krun_err_set(err, KRUN_EDATA, "%s: %s was replaced after it was opened: its path names another file now; "
+                                 "restart with the file intact", kpk_path(s->f), label);
+                else
+                    krun_err_set(err, KRUN_EINPUT, "%s: cannot open %s with O_DIRECT: %s", kpk_path(s->f), label, strerror(errno));
                 return -1;
             }
             /* the file system refuses O_DIRECT (tmpfs on older kernels, ramfs,

@@ -46,11 +46,16 @@ int ksave_target_ok(const char *path, int (*is_ours)(int fd), const char *what, 
     return 0;
 }
 
-int ksave_begin(ksave *s, const char *path, krun_err *err)
+int ksave_begin(ksave *s, const char *path, krun_err *err) { return ksave_begin_at(s, AT_FDCWD, path, err); }
+
+int ksave_begin_at(ksave *s, int dirfd, const char *path, krun_err *err)
 {
     static _Atomic unsigned seq;
     memset(s, 0, sizeof *s);
     s->fd = -1;
+    s->dirfd = dirfd;
+    if (dirfd != AT_FDCWD && strchr(path, '/'))
+        return krun_err_set(err, KRUN_EINPUT, "internal: a save beneath a directory takes a name, not the path %s", path);
     for (int attempt = 0; attempt < 100; attempt++) {
         free(s->tmp);
         s->tmp = NULL;
@@ -58,12 +63,12 @@ int ksave_begin(ksave *s, const char *path, krun_err *err)
             s->tmp = NULL;
             break;
         }
-        s->fd = open(s->tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+        s->fd = openat(dirfd, s->tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
         if (s->fd >= 0 || errno != EEXIST) break;
     }
     if (!s->tmp || !(s->path = strdup(path))) {
         krun_err_set(err, KRUN_ENOMEM, "saving %s: out of memory", path);
-        if (s->fd >= 0) { close(s->fd); unlink(s->tmp); }
+        if (s->fd >= 0) { close(s->fd); unlinkat(dirfd, s->tmp, 0); }
         free(s->tmp);
         s->tmp = NULL;
         s->fd = -1;
@@ -75,6 +80,7 @@ int ksave_begin(ksave *s, const char *path, krun_err *err)
         free(s->path);
         memset(s, 0, sizeof *s);
         s->fd = -1;
+        s->dirfd = AT_FDCWD;
         return -1;
     }
     return 0;
@@ -107,7 +113,7 @@ void ksave_abort(ksave *s)
 {
     if (s->fd >= 0) close(s->fd);
     s->fd = -1;
-    if (s->tmp) unlink(s->tmp);
+    if (s->tmp) unlinkat(s->dirfd, s->tmp, 0);
     free(s->tmp);
     free(s->path);
     s->tmp = s->path = NULL;
@@ -155,7 +161,8 @@ int ksave_rename(const char *from, const char *to, int dirfd, krun_err *err)
 int ksave_rename_to(ksave *s, const char *to, int dirfd, krun_err *err)
 {
     int rc;
-    if (rename(s->tmp, to)) {
+    if (s->dirfd != AT_FDCWD) dirfd = s->dirfd;           /* begun beneath it: renamed and synced there */
+    if (renameat(s->dirfd, s->tmp, s->dirfd, to)) {
         krun_err_set(err, KRUN_EINPUT, "cannot rename %s to %s: %s; %s is unchanged", s->tmp, to, strerror(errno), to);
         ksave_abort(s); /* nothing new is left behind */
         return -1;

@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 typedef struct ksave {
+    int dirfd;         /* AT_FDCWD, or the directory path and tmp are names in (ksave_begin_at) */
     char *path;        /* the file it replaces */
     char *tmp;         /* path.tmp-PID-N: the new bytes until they are complete */
     int fd;            /* the temporary file, -1 when closed */
@@ -30,6 +31,11 @@ int ksave_target_ok(const char *path, int (*is_ours)(int fd), const char *what, 
 
 /* Create the temporary file next to path.  0, or -1 with err. */
 int ksave_begin(ksave *s, const char *path, krun_err *err);
+/* The same beneath the open directory dirfd: name is a name in it (no '/'), and every step --
+ * the temporary file, the rename, the sync -- goes through dirfd, never through a path, so that
+ * whatever the directory's path names meanwhile (a symbolic link put in its place, another
+ * directory) gets nothing (krun serve's prefix cache, issue 34.10). */
+int ksave_begin_at(ksave *s, int dirfd, const char *name, krun_err *err);
 /* Append n bytes (a failure is kept and reported by ksave_finish). */
 void ksave_write(ksave *s, const void *p, size_t n);
 /* Every write done, the temporary file fsynced and closed: 0, or -1 with err

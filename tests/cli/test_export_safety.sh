@@ -90,6 +90,44 @@ rm "$T/d/sub"
 expect_exit 0 "the plant removed, the same export completes" "$BIN/kpack" export "$T/a.kpk" "$T/d" --quiet
 diff -r "$T/src" "$T/d" >/dev/null 2>&1 && ok "... every file identical" || notok "export after removing the plant differs"
 
+# 9. the journal is not trusted blindly (issue 34.12; docs/RELIABILITY.md "Export writes only inside DIR")
+J=.kpack-export.journal
+first=$(ls "$T/src" | sort | head -1)              # the first file export writes (name order)
+resumed() { # ROUND: an export killed after its first file; that file then as ROUND says
+    rm -rf "$T/d"; mkdir -p "$T/d"
+    ( KPACK_TEST_EXPORT_KILL_AFTER=1 exec "$BIN/kpack" export "$T/a.kpk" "$T/d" --quiet ) >/dev/null 2>&1
+    [ -f "$T/d/$first" ] && [ -f "$T/d/$J" ] || notok "the killed export left $first and its journal: $(ls -A "$T/d")"
+}
+resumed; printf 'X' | dd of="$T/d/$first" bs=1 seek=2 conv=notrunc 2>/dev/null; cp "$T/d/$first" "$T/changed"
+expect_exit 1 "a finished file changed (one byte, same size) after kill -9: the rerun refuses it (exit 1)" "$BIN/kpack" export "$T/a.kpk" "$T/d" --quiet
+grep -qE "d/$first was changed after an earlier run of this export wrote it .*remove it, and run the export again" "$T/last.out" \
+    && ok "  ... naming it and what to do" || notok "  ... wanted the file named: $(head -c 300 "$T/last.out")"
+cmp -s "$T/d/$first" "$T/changed" && [ -f "$T/d/$J" ] && ok "  ... the file left as it is, the journal kept" || notok "  changed file or journal: $(ls -A "$T/d")"
+rm "$T/d/$first"
+expect_exit 0 "  ... removed, the rerun writes it again" "$BIN/kpack" export "$T/a.kpk" "$T/d" --quiet
+diff -r "$T/src" "$T/d" >/dev/null 2>&1 && [ ! -e "$T/d/$J" ] && ok "  ... every file identical, no journal left" || notok "export after the changed file differs"
+resumed; touch -d '2001-01-01' "$T/d/$first"
+expect_exit 0 "a finished file only touched (its times changed, its bytes not): hashed again, kept" "$BIN/kpack" export "$T/a.kpk" "$T/d" --quiet
+diff -r "$T/src" "$T/d" >/dev/null 2>&1 && ok "  ... every file identical" || notok "export after touch differs"
+resumed; sed -i -e '1s/^kpack-export 2 /kpack-export 1 /' -e 's/^done \([0-9]*\) \([0-9a-f]*\) [0-9]* [0-9.]* [0-9.]* /done \1 \2 /' "$T/d/$J"
+expect_exit 0 "a journal of the earlier kpack (version 1, no identities): its files hashed again, the export completes" "$BIN/kpack" export "$T/a.kpk" "$T/d" --quiet
+diff -r "$T/src" "$T/d" >/dev/null 2>&1 && ok "  ... every file identical" || notok "export after a version 1 journal differs"
+# an export refused before its first file leaves no journal to stand in another's way (before: its header
+# stayed, and exporting another KPK into the directory failed: "unfinished export of another KPK file")
+"$BIN/k3synth" "$T/src2" --geometry tiny --shards 2 --seed 42 --quiet >/dev/null 2>&1 && "$BIN/kpack" convert "$T/src2" "$T/b.kpk" --quiet \
+    || notok "a second KPK file"
+rm -rf "$T/d"; mkdir -p "$T/d/sub"; mkfifo "$T/d/sub/generation_config.json.partial"
+expect_exit 2 "an export refused before its first file (a FIFO in its way)" "$BIN/kpack" export "$T/a.kpk" "$T/d" --quiet
+[ ! -e "$T/d/$J" ] && ok "  ... leaves no journal" || notok "  ... left $(cat "$T/d/$J")"
+expect_exit 0 "  ... and another KPK file exports into the directory" "$BIN/kpack" export "$T/b.kpk" "$T/d" --quiet
+rm -rf "$T/d"; mkdir -p "$T/d"
+( KPACK_TEST_EXPORT_KILL_AFTER=1 exec "$BIN/kpack" export "$T/b.kpk" "$T/d" --quiet ) >/dev/null 2>&1
+expect_exit 2 "another KPK file's journal with a file finished: refused" "$BIN/kpack" export "$T/a.kpk" "$T/d" --quiet
+expect_err "unfinished export of another KPK file, which finished 1 file here: finish it .*or abandon it: remove .*journal" "  ... naming the ways on"
+head -1 "$T/d/$J" >"$T/j1"; cp "$T/j1" "$T/d/$J"; rm -f "$T/d"/*.safetensors "$T/d"/*.json "$T/d"/*.model
+expect_exit 0 "another KPK file's journal with nothing finished: taken over" "$BIN/kpack" export "$T/a.kpk" "$T/d" --quiet
+diff -r "$T/src" "$T/d" >/dev/null 2>&1 && ok "  ... every file identical" || notok "export over an empty foreign journal differs"
+
 # 8. DIR itself may be a symbolic link (the user names it)
 rm -rf "$T/real" "$T/linkdir"; mkdir -p "$T/real"; ln -s "$T/real" "$T/linkdir"
 expect_exit 0 "DIR given as a symbolic link to a directory" "$BIN/kpack" export "$T/a.kpk" "$T/linkdir" --quiet

@@ -45,6 +45,15 @@ expect_exit 0 "check-source on a checkpoint with gaps, metadata and vision tenso
 expect_exit 0 "convert (the archive kept by default, --keep-max 200K)" "$BIN/kpack" convert "$T/src" "$T/a.kpk" --keep-max 200K --quiet
 expect_exit 0 "verify the file with its archive" "$BIN/kpack" verify "$T/a.kpk" --quiet
 expect_exit 0 "kpk.py check accepts it" $PY "$KPY" check "$T/a.kpk"
+# the meta extent's files against the download's copies in the archive (issue 34.11): one edited and
+# re-sealed is named by verify (before: OK, and krun read the edited file)
+for f in tokenizer_config.json config.json; do
+    $PY "$KPY" mutate "$T/a.kpk" "$T/meta.kpk" data-flip "meta/$f" >/dev/null
+    expect_exit 1 "verify: meta/$f edited and the file re-sealed" "$BIN/kpack" verify "$T/meta.kpk" --quiet
+    grep -q "^meta: meta/$f differs from the download's copy in the archive (archive/files/$f)" "$T/last.out" \
+        && ok "  ... named against archive/files/$f" || notok "  meta/$f: $(head -c 300 "$T/last.out")"
+done
+rm -f "$T/meta.kpk"
 expect_exit 0 "info" "$BIN/kpack" info "$T/a.kpk"
 grep -q "archive:   11 files of the download" "$T/last.out" && grep -qE "not kept: .*big.bin" "$T/last.out" \
     && ok "info lists what is kept (11 files) and what is not (big.bin)" || notok "info archive: $(cat "$T/last.out")"

@@ -61,6 +61,7 @@ drop-globals     S 1 1 no globals extent
 two-globals      S 1 1 a second globals extent
 name-wrong-layer S 1 1 layers.4095.input_layernorm.weight: its name does not belong in the layer 0 trunk extent
 expert-in-trunk  S 1 1 its name does not belong in the layer 0 trunk extent
+meta-unknown     S 1 1 tensor meta/evil.sh: the meta extent holds only meta/config.json, meta/tiktoken.model and meta/tokenizer_config.json
 grow-extent      S 1 1 layer [0-9]+ trunk \(extent [0-9]+\): [0-9]+ decoded bytes, but its tensors end at
 grow-strings     S 1 1 the string pool has [0-9]+ bytes, its names and paths take
 reserved-sb      S 1 1 superblock: reserved bytes 216..4087 are not zero

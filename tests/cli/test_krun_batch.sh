@@ -114,6 +114,12 @@ for v in "--max-seqs 4" "--max-seqs 3 --threads 1 --chunk 5" "--max-seqs 4 --mem
         || notok "--state-dir $v: $(head -c 400 "$T/err")"
 done
 [ ! -e "$T/sd" ] && ok "  the state file and the directory it made are removed at the end" || notok "state dir left: $(ls -la "$T/sd")"
+# the bounded write-back of a state file too large to stay cached (issue 34.15; forced by the test hook): the
+# same bytes (that paging's writes never wait behind other I/O: tests/root/test_statepage_io.sh)
+rm -rf "$T/b.jsonl" "$T/sd"
+KRUN_TEST_STATE_WINDOW_CACHE=1 "${B[@]}" "$T/b.jsonl" "${COMMON[@]}" --max-seqs 4 --state-dir "$T/sd" --quiet 2>"$T/err" && cmp -s "$T/a.jsonl" "$T/b.jsonl" \
+    && ok "--state-dir, a window's worth of write-back at most (its oldest regions waited for and dropped): OUT byte-identical" \
+    || notok "--state-dir, bounded write-back: $(head -c 400 "$T/err")"
 # a killed run's stale file is scratch: truncated and reused
 mkdir -p "$T/sd"; head -c 300000 /dev/urandom >"$T/sd/krun-states"
 rm -f "$T/b.jsonl"
@@ -204,6 +210,58 @@ expect_exit 2 "a sampling option is refused (sampling is each request's)" "${B[@
 expect_exit 0 "krun batch --help" "$BIN/krun" batch --help
 grep -q "^usage: krun batch MODEL.kpk IN.jsonl OUT.jsonl" "$T/last.out" && grep -q "^Exit: 0" "$T/last.out" \
     && ok "--help: usage and exit codes" || notok "--help"
+
+# ---- what is not a batch input, duplicate keys, the journal's trust boundary (issue 34.13) ---------------------------
+expect_exit 2 "/dev/zero as the input is refused (it was: exit 0, an empty OUT)" "$BIN/krun" batch "$M" /dev/zero "$T/z.jsonl"
+expect_err "/dev/zero is a character device, not a batch input" "  naming what it is"
+: >"$T/empty.jsonl"; printf '\n  \n' >"$T/blank.jsonl"; printf '{"custom_id":"a"}\0\n' >"$T/nul.jsonl"
+for f in empty blank nul; do
+    expect_exit 2 "an input that is $f is refused" "$BIN/krun" batch "$M" "$T/$f.jsonl" "$T/z.jsonl"
+done
+expect_exit 2 "a directory as the input is refused" "$BIN/krun" batch "$M" "$T" "$T/z.jsonl"
+[ ! -e "$T/z.jsonl" ] && [ ! -e "$T/z.jsonl.krun-journal" ] && ok "  and nothing is written for any of them" || notok "a refused input wrote something"
+python3 - "$T/dk.jsonl" <<'PY'
+import sys
+with open(sys.argv[1], "w") as f:
+    f.write('{"custom_id": "dup-in-body", "method": "POST", "url": "/v1/completions", "body": {"prompt": "a", "max_tokens": 1, "max_tokens": 2}}\n')
+    f.write('{"custom_id": "x", "custom_id": "y", "method": "POST", "url": "/v1/completions", "body": {"prompt": "a", "max_tokens": 1}}\n')
+    f.write('{"custom_id": "fine", "method": "POST", "url": "/v1/completions", "body": {"prompt": "a", "max_tokens": 1}}\n')
+PY
+rm -f "$T/dk.out"
+"$BIN/krun" batch "$M" "$T/dk.jsonl" "$T/dk.out" --quiet 2>"$T/err"
+python3 - "$T/dk.out" <<'PY' && ok "a key twice in one object: the line's error says so (krun serve's rule), and keeps its custom_id when that appears once (it was: custom_id null)" \
+    || notok "duplicate keys in a batch line: $(cat "$T/err")"
+import json, sys
+o = [json.loads(l) for l in open(sys.argv[1])]
+assert o[0]["custom_id"] == "dup-in-body" and o[0]["response"] is None and "a key twice in one object" in o[0]["error"]["message"], o[0]
+assert o[1]["custom_id"] is None and o[1]["error"], o[1]
+assert o[2]["custom_id"] == "fine" and o[2]["response"]["status_code"] == 200, o[2]
+PY
+# the journal: whoever could write it could put outputs into OUT that the job never computed (a record's
+# checksum finds damage, not forgery), so it is the owner's alone (0600), and one others can write is refused
+rm -f "$T/tj.jsonl" "$T/tj.jsonl.krun-journal"
+"${B[@]}" "$T/tj.jsonl" "${COMMON[@]}" --max-seqs 2 --quiet 2>/dev/null & pid=$!
+for _ in $(seq 400); do [ "$(grep -c '' "$T/tj.jsonl.krun-journal" 2>/dev/null || echo 0)" -ge 2 ] && break; sleep 0.01; done
+kill -9 $pid 2>/dev/null; wait $pid 2>/dev/null
+if [ -e "$T/tj.jsonl.krun-journal" ] && [ ! -e "$T/tj.jsonl" ]; then
+    [ "$(stat -c %a "$T/tj.jsonl.krun-journal")" = 600 ] && ok "the journal is made writable by its owner alone (0600)" || notok "journal mode $(stat -c %a "$T/tj.jsonl.krun-journal")"
+    chmod 666 "$T/tj.jsonl.krun-journal"
+    expect_exit 2 "a journal its group or others can write is refused" "${B[@]}" "$T/tj.jsonl" "${COMMON[@]}" --max-seqs 2
+    expect_err "writable by its group or others: anyone who can write a job's journal can put outputs into OUT .*chmod go-w" "  saying why and what to do"
+    if [ "$(id -u)" = 0 ] && id nobody >/dev/null 2>&1; then
+        chmod 600 "$T/tj.jsonl.krun-journal"; chown nobody "$T/tj.jsonl.krun-journal"
+        expect_exit 2 "a journal owned by another user is refused" "${B[@]}" "$T/tj.jsonl" "${COMMON[@]}" --max-seqs 2
+        expect_err "tj.jsonl.krun-journal is owned by another user" "  saying so"
+        chown 0 "$T/tj.jsonl.krun-journal"
+    else
+        skip "a journal owned by another user: not root here (chown)"
+    fi
+    chmod 600 "$T/tj.jsonl.krun-journal"
+    "${B[@]}" "$T/tj.jsonl" "${COMMON[@]}" --max-seqs 2 --quiet 2>"$T/err" && cmp -s "$T/a.jsonl" "$T/tj.jsonl" \
+        && ok "  made the owner's alone again, the same command continues to the same bytes" || notok "journal resume: $(head -c 300 "$T/err")"
+else
+    skip "the journal's mode: the job ended before it could be killed (a fast machine)"
+fi
 
 # ---- kill -9 at random moments: the same command continues to the same bytes --------------------------------
 python3 "$BT" make "$T/big.jsonl" $CHAT 2

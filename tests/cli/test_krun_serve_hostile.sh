@@ -67,6 +67,119 @@ assert h["status"] == "ok" and h["stats"]["requests"] == 3, h     # only the thr
 PY
 stopped framing
 
+# ---- framing, part two (issue 34.6-9) -------------------------------------------------------------
+# Shapes libmicrohttpd 0.9.75 frames its own way: a name with a space before its colon (not
+# Transfer-Encoding to MHD, which then frames by Content-Length), "chunked," (read to the connection's
+# end), a malformed Content-Length (MHD's HTML 400 sent with two status lines, the first framing the
+# second as its body).  Each must get krun's one-status-line JSON 400, the connection closed, and the
+# request smuggled behind it never answered.  A request without Host is 400 (RFC 9112 3.2).
+start framing2 "$T/m.kpk" --quiet --api-key sekrit || { finish; exit 1; }
+py <<'PY' && ok "obfuscated Transfer-Encoding (a space or tab before the colon, \"chunked,\", \"chunked \", a list), a malformed Content-Length (+N, 0xN, \"N 0\", empty, a list), no Host or two, a NUL or bare CR in a value: one status line, a JSON 400, the connection closed, the smuggled request never answered" \
+    || notok "framing, part two"
+import sys, re, json, serve_client as c
+port = int(sys.argv[1])
+body = b'{"prompt":[1,2],"max_tokens":1,"temperature":0}'
+n = len(body)
+chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (n, body)
+smuggled = b"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sekrit\r\nConnection: close\r\n\r\n"
+def req(fields, payload, host=b"Host: x\r\n"):
+    return (b"POST /v1/completions HTTP/1.1\r\n" + host + b"Authorization: Bearer sekrit\r\nContent-Type: application/json\r\n" +
+            fields + b"\r\n" + payload)
+refused = [
+    ("Transfer-Encoding with a space before the colon, and Content-Length", req(b"Transfer-Encoding : chunked\r\nContent-Length: %d\r\n" % len(chunked), chunked)),
+    ("Transfer-Encoding with a tab before the colon", req(b"Transfer-Encoding\t: chunked\r\nContent-Length: %d\r\n" % len(chunked), chunked)),
+    ("chunked, (a trailing comma)", req(b"Transfer-Encoding: chunked,\r\n", chunked)),
+    ("chunked and a trailing space", req(b"Transfer-Encoding: chunked \r\n", chunked)),
+    ("Content-Length +N", req(b"Content-Length: +%d\r\n" % n, body)),
+    ("Content-Length 0xN", req(b"Content-Length: 0x%x\r\n" % n, body)),
+    ("Content-Length N 0", req(b"Content-Length: %d 0\r\n" % n, body)),
+    ("Content-Length empty", req(b"Content-Length: \r\n", body)),
+    ("Content-Length a list", req(b"Content-Length: %d, %d\r\n" % (n, n), body)),
+    ("Content-Length beyond 2^64", req(b"Content-Length: 99999999999999999999999\r\n", body)),
+    ("no Host", req(b"Content-Length: %d\r\n" % n, body, host=b"")),
+    ("two Host fields", req(b"Content-Length: %d\r\n" % n, body, host=b"Host: a\r\nHost: b\r\n")),
+    ("a bare CR in a value", req(b"X-A: 1\r2\r\nContent-Length: %d\r\n" % n, body)),
+]
+for what, data in refused:
+    rs, rest, closed = c.raw(port, data + smuggled, timeout=10)
+    # one response, one status line: nothing after it (MHD's second status line would be left over)
+    assert len(rs) == 1 and rs[0][0] in (400, 413) and closed and not rest, (what, rs, rest, closed)
+    assert not re.search(rb"HTTP/1\.[01] \d\d\d ", rest + rs[0][2]), (what, rs)
+    e = json.loads(rs[0][2])["error"]
+    assert e["code"] in ("bad_framing", "request_too_large", "bad_request"), (what, e)
+    assert rs[0][1].get("connection", "").lower() == "close", (what, rs[0][1])
+# a HTTP/1.0 request without Host is fine; "bearer" in lower case is the same scheme (RFC 9110 11.1)
+rs, rest, closed = c.raw(port, b"GET /v1/models HTTP/1.0\r\nAuthorization: Bearer sekrit\r\n\r\n")
+assert [r[0] for r in rs] == [200], rs
+for scheme in (b"bearer", b"BEARER", b"BeArEr"):
+    rs, rest, closed = c.raw(port, b"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: " + scheme + b" sekrit\r\nConnection: close\r\n\r\n")
+    assert [r[0] for r in rs] == [200], (scheme, rs)
+rs, rest, closed = c.raw(port, b"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearersekrit\r\nConnection: close\r\n\r\n")
+assert [r[0] for r in rs] == [401], rs
+h = c.health(port, headers={"Authorization": "Bearer sekrit"})
+assert h["status"] == "ok" and h["stats"]["requests"] == 0, h["stats"]     # nothing reached the engine
+PY
+stopped framing2
+
+# ---- descriptors and the log (issue 34.9) ----------------------------------------------------------
+# --max-connections needs a descriptor each: the soft limit is raised to what it needs, or the server
+# refuses to start, naming both numbers and what to do.  Before: with ulimit -n 48, 45 idle sockets made
+# libmicrohttpd log "Error accepting connection" without end (4 GB of stderr a minute) and spin a core.
+( ulimit -n 48; exec timeout $((10 * SLOW)) "$BIN/krun" serve "$T/m.kpk" --port 0 --quiet ) >"$T/last.out" 2>"$T/last.err"; rc=$?
+[ $rc -eq 2 ] && grep -q "max-connections 208 needs .* open files .* the limit is 48 .*ulimit -n .* or lower --max-connections" "$T/last.err" \
+    && ok "a hard limit of 48 descriptors under --max-connections 208: refused at start (exit 2), naming both numbers, ulimit -n and --max-connections" \
+    || notok "descriptor limit: exit $rc: $(head -c 300 "$T/last.err")"
+if ( ulimit -Sn 48 ) 2>/dev/null && [ "$(ulimit -Hn)" = unlimited -o "$(ulimit -Hn)" -gt 400 ] 2>/dev/null; then
+    ( ulimit -Sn 48; exec "$BIN/krun" serve "$T/m.kpk" --port 0 --quiet --max-connections 64 --max-connections-per-ip 0 ) >"$T/fd.out" 2>"$T/fd.err" &
+    PID=$!; PORT=
+    for _ in $(seq $((100 * SLOW))); do PORT=$(sed -n 's/.*listening on port \([0-9]*\)$/\1/p' "$T/fd.err"); [ -n "$PORT" ] && break; sleep 0.1; done
+    SPID=$PID py <<'PY' && ok "a soft limit of 48 is raised to what --max-connections 64 needs: 60 idle sockets held, /health and a completion still answered, the log quiet" \
+        || notok "descriptor soft limit"
+import sys, time, os, serve_client as c
+port = int(sys.argv[1])
+pid = int(os.environ["SPID"])
+lim = [l for l in open("/proc/%d/limits" % pid) if l.startswith("Max open files")][0].split()
+assert int(lim[3]) >= 64 + 16, lim
+w = c.Swarm(port, 60, trickle=False)
+time.sleep(1)
+dt, st = c.timed(port, "GET", "/health")
+dt2, st2 = c.timed(port, "POST", "/v1/completions", {"prompt": [1, 2], "max_tokens": 2})
+w.stop()
+assert st == 200 and st2 == 200, (st, st2)
+PY
+    kill $PID 2>/dev/null; wait $PID 2>/dev/null
+    n=$(wc -c <"$T/fd.err")
+    [ "$n" -lt 4000 ] && ok "  its stderr: $n bytes" || notok "  its stderr grew to $n bytes: $(head -c 300 "$T/fd.err")"
+else
+    skip "descriptor soft limit: this shell cannot set ulimit -n (why: its hard limit is $(ulimit -Hn))"
+fi
+# and when descriptors run out anyway (the limit lowered under a running server, prlimit): accept(2) fails
+# with EMFILE again and again, and each failure is one log line of libmicrohttpd's: at most one a second
+if command -v prlimit >/dev/null; then
+    start fdlog "$T/m.kpk" --quiet --max-connections-per-ip 0 || { finish; exit 1; }
+    prlimit --pid "$PID" --nofile=40: && SPID=$PID py <<'PY' && ok "descriptors exhausted under a running server (prlimit 40, 60 sockets for 3 s): libmicrohttpd's repeated lines at most once a second, and once the sockets close it answers again" \
+        || notok "log lines rate-limited"
+import sys, os, time, socket, subprocess, serve_client as c
+port = int(sys.argv[1])
+socks = []
+for _ in range(60):
+    try: socks.append(socket.create_connection(("127.0.0.1", port), timeout=2))
+    except OSError: pass
+time.sleep(3)
+for s in socks: s.close()
+subprocess.run(["prlimit", "--pid", os.environ["SPID"], "--nofile=1024:"], check=True)
+time.sleep(1)
+dt, st = c.timed(port, "GET", "/health")
+assert st == 200, st
+PY
+    n=$(wc -c <"$T/fdlog.err"); lines=$(grep -c "Error accepting connection" "$T/fdlog.err")
+    [ "$n" -lt 20000 ] && [ "$lines" -le 8 ] && ok "  its stderr: $n bytes, $lines lines of \"Error accepting connection\" (the rest counted, not printed)" \
+        || notok "  its stderr: $n bytes, $lines lines of \"Error accepting connection\""
+    stopped fdlog
+else
+    skip "log lines rate-limited: prlimit is not installed (util-linux)"
+fi
+
 # ---- half-close and hang-ups (issue 25.4) --------------------------------------------------------
 # A client may shut its writing side down once its request is sent (nc -N, socat, shutdown(SHUT_WR))
 # and still read the answer: only a reset or a failed write means it left.

@@ -253,6 +253,40 @@ assert name(ids[0][:pre], 0) in have, ("the preamble's entry was evicted", have)
 assert name(ids[0], 1) not in have and name(ids[-1], 1) in have, have
 PY
 
+# ---- the directory replaced under a running server (issue 34.10) ---------------------------------------------
+# Entries are written beneath the directory opened at start, never through its path: a symbolic link put in
+# the path's place, or the directory removed and made again, gets nothing, and the old directory stays
+# within --cache-size.  Before: 24 files, 17 MB went to the link's target with --cache-size 1500K, 0 evicted.
+for how in symlink remake; do
+    rm -rf "$T/rdir" "$T/rdir.old" "$T/elsewhere"; mkdir -p "$T/elsewhere"
+    start "r_$how" "$T/rt.kpk" --max-seqs 2 --ctx 1024 --chunk 16 --cache-dir "$T/rdir" --cache-size $SIZE && {
+        T="$T" SIZE=$SIZE HOW=$how py <<'PY' && ok "the cache directory replaced under krun serve ($how): 12 requests write nothing where its path now leads; the directory opened at start stays within --cache-size" \
+            || notok "cache directory replaced ($how)"
+import sys, os, glob, json, time, serve_client as c
+port, d = int(sys.argv[1]), os.environ["T"]
+def ask(i):
+    st, _, b = c.request(port, "POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "Question %d: what is %d + %d?" % (i, i, i)}],
+                                                                 "max_tokens": 3, "temperature": 0, "reasoning_effort": "none"})
+    assert st == 200, (st, b)
+ask(0)
+time.sleep(0.5)
+sub = os.path.basename(glob.glob(d + "/rdir/k3-*")[0])      # the model's directory in it, made again where the path now leads
+if os.environ["HOW"] == "symlink":
+    os.rename(d + "/rdir", d + "/rdir.old"); os.symlink(d + "/elsewhere", d + "/rdir"); os.mkdir(d + "/elsewhere/" + sub)
+else:
+    os.rename(d + "/rdir", d + "/rdir.old"); os.mkdir(d + "/rdir"); os.mkdir(d + "/rdir/" + sub)
+for i in range(1, 13): ask(i)
+time.sleep(1)
+h = c.health(port)["prefix_cache"]
+stray = [f for f in glob.glob(d + "/elsewhere/**", recursive=True) + glob.glob(d + "/rdir/**", recursive=True) if os.path.isfile(f)]
+kept = sum(os.path.getsize(f) for f in glob.glob(d + "/rdir.old/k3-*/*.krs"))
+assert not stray, stray
+assert h["written"] >= 12 and h["evicted"] >= 8 and kept <= int(os.environ["SIZE"]) and h["bytes_disk"] == kept, (h, kept)
+PY
+        stop
+    }
+done
+
 # ---- two server processes on one directory ------------------------------------------------------------------------
 # Both share $T/pdir (room for about four entries, so both evict), and the requests -- two rounds of
 # the shared-preamble questions, in parallel, alternating between the servers -- share prefixes.

@@ -704,6 +704,9 @@ class Kpk:
         return [r for r in regs if r[1] < r[2]]
 
 
+META_FILES = ("meta/config.json", "meta/tiktoken.model", "meta/tokenizer_config.json")
+
+
 def recipe_name_ok(name):
     """§9.2: relative, '/'-separated, no empty, '.' or '..' component."""
     return bool(name) and all(c not in ("", ".", "..") for c in name.split("/"))
@@ -938,6 +941,9 @@ def load(path):
                 raise damage("tensor %s: extent %d, listed under %d" % (t["name"], t["extent"], i))
             if not _name_agrees(x, t["name"]):
                 raise damage("tensor %s: name does not belong in %s" % (t["name"], describe(x)))
+            # §4: the meta extent holds the runtime's files and no other (a later minor may add some)
+            if minor_known and x["kind"] == META and t["name"] not in META_FILES:
+                raise damage("tensor %s: not a file the meta extent may hold" % t["name"])
             if not 1 <= t["ndim"] <= 4 or any(t["shape"][t["ndim"]:]):
                 raise damage("tensor %s: ndim/shape" % t["name"])
             n = 1
@@ -1606,6 +1612,8 @@ MUTATIONS = {
     "expert-in-trunk": ("an expert tensor name in a trunk extent", lambda p, a: p.tensors[
         p.extents[_first(p, TRUNK)]["first_tensor"]].update(name="language_model.model.layers.%d.block_sparse_moe."
                                                              "experts.0.w9" % p.extents[_first(p, TRUNK)]["layer"])),
+    "meta-unknown": ("the meta extent's last file renamed meta/evil.sh (issue 34.11)", lambda p, a: p.tensors[
+        p.extents[_first(p, META)]["first_tensor"] + p.extents[_first(p, META)]["tensor_count"] - 1].update(name="meta/evil.sh")),
     "grow-extent": ("an extent's stored and decoded length grown into its padding", _grow_extent),
     "grow-strings": ("the string pool grown by a NUL", None),
     "reserved-sb": ("a reserved superblock byte set", lambda p, a: p.sb_patch.update({1000: b"\x01"})),

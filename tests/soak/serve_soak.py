@@ -19,12 +19,22 @@ What it does, per epoch (a server started, worked, stopped by a signal):
     too).  A request with a seed drawn again (a third of the requests repeat an earlier one,
     streamed or not) must give the same text, reasoning, tool calls, finish, logprobs and token
     count for every choice.
+  * Hostile clients among them (issue 34; `hostile` below): Anthropic content as thousands of text
+    blocks, /tokenize with_pieces of megabytes, bodies without the key on unknown paths and POST
+    /health (answered 401/405 before the body is sent), an obfuscated Transfer-Encoding or a
+    malformed Content-Length with a request smuggled behind it, a request without Host: each must
+    get its answer (one status line, JSON; the refused ones 400 and the connection closed, nothing
+    after it).  The server runs with an API key (--api-key), which the other requests carry.
   * A request not answered within --deadline seconds is hung.  The server dying, a sanitizer
     report on its stderr, or an exit status other than 0 is a crash.
   * Before the epoch's signal, /health must show nothing running or queued, every request
     accounted for (requests = completed + failed + cancelled) and no connection busy.
   * The epoch ends with SIGTERM while requests are in flight (they must finish: the drain), or
     SIGINT, or two signals (the rest cancelled: an error event and [DONE], or 503).
+  * The last epoch serves a copy of the model, and another model of the same size is copied over it
+    while requests run (cp other.kpk live.kpk, issue 34.1): no request sent after that is answered
+    200, each gets 500/503 model_damaged naming the file, /health says damaged, and the server exits
+    1 on SIGTERM.
 
 Prints the figures (requests, by status, by behaviour, disconnects, seconds, RSS) and, with
 --tap, TAP lines for tests/run_all.sh.  Exit 1 if a guarantee broke.
@@ -36,7 +46,9 @@ import argparse
 import json
 import os
 import random
+import re
 import select
+import shutil
 import signal
 import socket
 import struct
@@ -260,10 +272,14 @@ class Reader:
             yield rest[:size]
 
 
+KEY = "soak-key"
+AUTH = b"Authorization: Bearer %s\r\n" % KEY.encode()
+
+
 def request_bytes(path, body, close=False):
     b = json.dumps(body).encode()
-    return (b"POST %s HTTP/1.1\r\nHost: soak\r\nContent-Type: application/json\r\n%sContent-Length: %d\r\n\r\n"
-            % (path.encode(), b"Connection: close\r\n" if close else b"", len(b)) + b)
+    return (b"POST %s HTTP/1.1\r\nHost: soak\r\n%sContent-Type: application/json\r\n%sContent-Length: %d\r\n\r\n"
+            % (path.encode(), AUTH, b"Connection: close\r\n" if close else b"", len(b)) + b)
 
 
 def reset_close(s):
@@ -439,6 +455,132 @@ def check_answer(path, body, status, hdrs, raw, phase):
             "tokens": usage and usage["completion_tokens"]}
 
 
+# ---- hostile clients (issue 34) ------------------------------------------------------------------
+
+SMUGGLED = b"GET /v1/models HTTP/1.1\r\nHost: soak\r\n" + AUTH + b"\r\n"
+
+
+def _framed(fields, payload):
+    return b"POST /v1/completions HTTP/1.1\r\nHost: soak\r\n" + AUTH + fields + b"\r\n" + payload + SMUGGLED
+
+
+def _body(rng):
+    return json.dumps({"prompt": text(rng), "max_tokens": 1}).encode()
+
+
+def _chunked(b):
+    return b"%x\r\n%s\r\n0\r\n\r\n" % (len(b), b)
+
+
+# Each: (name, function of rng -> request bytes); all refused with one 400 and the connection closed.
+REFUSED = [
+    ("te-space-colon", lambda rng: (lambda c: _framed(b"Transfer-Encoding : chunked\r\nContent-Length: %d\r\n" % (len(c) + len(SMUGGLED)),
+                                                      c + SMUGGLED))(_chunked(_body(rng)))),
+    ("te-tab-colon", lambda rng: (lambda c: _framed(b"Transfer-Encoding\t: chunked\r\nContent-Length: %d\r\n" % len(c), c))(_chunked(_body(rng)))),
+    ("te-chunked-comma", lambda rng: _framed(b"Transfer-Encoding: chunked,\r\n", _chunked(_body(rng)))),
+    ("te-list", lambda rng: _framed(b"Transfer-Encoding: identity, chunked\r\nTransfer-Encoding: chunked\r\n", _chunked(_body(rng)))),
+    ("cl-plus", lambda rng: (lambda b: _framed(b"Content-Length: +%d\r\n" % len(b), b))(_body(rng))),
+    ("cl-hex", lambda rng: (lambda b: _framed(b"Content-Length: 0x%x\r\n" % len(b), b))(_body(rng))),
+    ("cl-two", lambda rng: (lambda b: _framed(b"Content-Length: %d 0\r\n" % len(b), b))(_body(rng))),
+    ("cl-empty", lambda rng: _framed(b"Content-Length: \r\n", _body(rng))),
+    ("cl-list", lambda rng: (lambda b: _framed(b"Content-Length: %d, %d\r\n" % (len(b), len(b)), b))(_body(rng))),
+    ("cl-differ", lambda rng: (lambda b: _framed(b"Content-Length: %d\r\nContent-Length: %d\r\n" % (len(b), len(b) + 1), b))(_body(rng))),
+    ("no-host", lambda rng: b"GET /v1/models HTTP/1.1\r\n" + AUTH + b"\r\n" + SMUGGLED),
+]
+HOSTILE = ["many_blocks", "pieces", "keyless", "refused"]
+ASCII_WORDS = [w for w in WORDS if w.isascii()]
+
+
+def read_all(s, deadline):
+    out = b""
+    while True:
+        left = deadline - time.time()
+        if left <= 0:
+            raise TimeoutError("deadline")
+        s.settimeout(left)
+        try:
+            d = s.recv(1 << 20)
+        except ConnectionResetError:
+            return out
+        if not d:
+            return out
+        out += d
+
+
+def hostile(rng, s, deadline, phase):
+    """One hostile client's request on socket s and the check of its answer; its kind.  Raises Bad."""
+    kind = rng.choice(HOSTILE)
+    if kind == "refused":
+        name, make = rng.choice(REFUSED)
+        s.sendall(make(rng))
+        raw = read_all(s, deadline)
+        head, _, rest = raw.partition(b"\r\n\r\n")
+        m = re.search(rb"\r\ncontent-length: *(\d+)(?:\r\n|$)", head, re.I)
+        check(m and int(m.group(1)) == len(rest), "%s: one answer, nothing after its body: %r" % (name, raw[:400]))
+        check(head.startswith(b"HTTP/1.1 400 ") or (head.startswith(b"HTTP/1.1 503 ") and phase != "serving"), "%s: 400: %r" % (name, raw[:300]))
+        check(b"connection: close" in head.lower(), "%s: the connection closed after the answer" % name)
+        e = json.loads(rest)["error"]
+        check(e["code"] in ("bad_framing", "bad_request", "server_shutting_down"), "%s: %r" % (name, e))
+        return "refused " + name
+    if kind == "keyless":
+        # a large body declared, only its start sent: the answer comes before the rest would be read
+        path = rng.choice(["/nope", "/health", "/v1/completions", "/v1/messages", "/tokenize"])
+        n = rng.randint(1 << 20, 4 << 20)
+        s.sendall(b"POST %s HTTP/1.1\r\nHost: soak\r\nContent-Length: %d\r\n\r\n" % (path.encode(), n) + b"x" * 4096)
+        r = Reader(s, deadline)
+        status, hdrs = r.head()
+        raw = r.body(hdrs)
+        want = 405 if path == "/health" else 401
+        check(status == want or (status == 503 and phase != "serving"), "keyless %s: %d, not %d: %r" % (path, status, want, raw[:200]))
+        check("close" in hdrs.get("connection", ""), "keyless %s: the connection closed, its body never read" % path)
+        json.loads(raw)
+        return "keyless"
+    if kind == "many_blocks":
+        n = rng.randint(500, 4000)
+        body = {"model": "rt", "max_tokens": 1, "messages": [{"role": "user", "content": [
+            {"type": "text", "text": text(rng, 1, 3)} for _ in range(n)]}]}
+        s.sendall(request_bytes("/v1/messages", body, close=True).replace(AUTH, b"x-api-key: %s\r\n" % KEY.encode()))
+        r = Reader(s, deadline)
+        status, hdrs = r.head()
+        o = json.loads(r.body(hdrs))
+        if status == 200:
+            check(o["type"] == "message" and o["usage"]["output_tokens"] == 1, "many blocks: %r" % o)
+        elif phase == "changed" and status in (500, 503):
+            check(o["type"] == "error" and "changed while it was in use" in o["error"]["message"], "many blocks: %r" % o)
+        else:
+            check(status in (400, 503) and o["type"] == "error", "many blocks: %d %r" % (status, o))
+            check(status == 503 or "context" in o["error"]["message"], "many blocks: %r" % o)
+        return "many_blocks"
+    # /tokenize with_pieces of up to 2 MB: the pieces are the text (ASCII words: a piece that is part
+    # of a UTF-8 sequence is sent as U+FFFD)
+    t = "".join(rng.choice(ASCII_WORDS) + " " for _ in range(rng.randint(20000, 300000)))
+    s.sendall(request_bytes("/tokenize", {"content": t, "with_pieces": True}, close=True))
+    r = Reader(s, deadline)
+    status, hdrs = r.head()
+    raw = r.body(hdrs)
+    if status == 503:
+        check(json.loads(raw)["error"]["code"] in ("server_busy", "server_shutting_down"), "pieces: %r" % raw[:200])
+        return "pieces"
+    check(status == 200, "pieces: %d %r" % (status, raw[:200]))
+    check("".join(p["piece"] for p in json.loads(raw)["tokens"]) == t, "pieces: the pieces are the text")
+    return "pieces"
+
+
+def changed_refusal(status, raw, stream):
+    """True if an answer is krun serve's refusal to serve from a model file that changed (issue 34.1)."""
+    if status == 200 and stream:
+        errs = [json.loads(l[5:])["error"] for l in raw.decode(errors="replace").split("\n")
+                if l.startswith("data:") and l[5:].strip().startswith("{") and "error" in json.loads(l[5:])]
+        return bool(errs) and all(e.get("code") == "model_damaged" and LIVE_NAME in e.get("message", "") for e in errs)
+    if status not in (500, 503):
+        return False
+    e = json.loads(raw)["error"]
+    return e.get("code") == "model_damaged" and LIVE_NAME in e.get("message", "")
+
+
+LIVE_NAME = "live/rt.kpk"      # the changed epoch's copy of the model (its name stays "rt")
+
+
 # ---- the soak --------------------------------------------------------------------------------------
 
 def die_with_parent():
@@ -452,7 +594,7 @@ def die_with_parent():
 
 ACTIONS = [  # (name, weight)
     ("full", 70), ("half_close", 8), ("drop_before_body", 3), ("drop_waiting", 6), ("drop_mid_stream", 6),
-    ("drop_mid_read", 3), ("keepalive", 4)]
+    ("drop_mid_read", 3), ("keepalive", 4), ("hostile", 5)]
 
 
 def draw_action(rng, body):
@@ -478,6 +620,8 @@ class Soak:
         self.rss = []                         # (epoch, MB)
         self.refused_after_signal = self.lost_after_signal = 0
         self.signal_time = None
+        self.hostile = {}                     # hostile kind -> answers checked
+        self.changed = None                   # the last epoch's model change: what was seen
 
     def count(self, d, k):
         d[k] = d.get(k, 0) + 1
@@ -543,6 +687,11 @@ class Soak:
             self.fail("connect: %s" % e)
             return
         try:
+            if action == "hostile":
+                kind = hostile(rng, s, deadline, phase_of())
+                with self.lock:
+                    self.count(self.hostile, kind)
+                return
             if action == "drop_before_body":
                 s.sendall(data[:rng.randint(1, len(data) - 1)])
                 time.sleep(rng.random() * 0.02)
@@ -585,12 +734,24 @@ class Soak:
             with self.lock:
                 self.count(self.by_status, status)
                 self.half_closes += action == "half_close"
+            if phase_of() == "changed":
+                # another model is being copied over the file: an answer is refused (500/503, or a
+                # stream's error event: model_damaged, naming the file) or, for a request sent before
+                # the copy ended, a whole answer from the first model (the repeats compare it)
+                refused = changed_refusal(status, raw, body.get("stream"))
+                after = self.changed["at"] is not None and t_sent > self.changed["at"]
+                check(refused or not after, "after the model file changed: %d %r" % (status, raw[:300]))
+                if refused:
+                    with self.lock:
+                        self.changed["refused"] += 1
+                        self.changed["refused_after"] += after
+                    return
             outcome = check_answer(path, body, status, hdrs, raw, phase_of())
             self.record(path, body, outcome, repeated)
             if status == 503:
                 # a client backs off as Retry-After says (jittered), so busy answers stay a minority
                 time.sleep(float(hdrs.get("retry-after", "1")) * (0.5 + rng.random()))
-            if action == "keepalive" and status == 200 and "close" not in hdrs.get("connection", ""):
+            if action == "keepalive" and status == 200 and "close" not in hdrs.get("connection", "") and phase_of() != "changed":
                 # a second request on the same connection
                 path2, body2 = draw_request(rng)
                 s.sendall(request_bytes(path2, body2, close=True))
@@ -625,11 +786,11 @@ class Soak:
 
     # -- the server --
 
-    def start_server(self, name, extra):
+    def start_server(self, name, extra, model=None):
         err = open(os.path.join(self.a.work, name + ".err"), "wb+")
         env = dict(os.environ)
         env.setdefault("ASAN_OPTIONS", "")
-        p = subprocess.Popen([self.a.krun, "serve", self.model, "--port", "0", "--quiet", "--ctx", "2048"] + extra,
+        p = subprocess.Popen([self.a.krun, "serve", model or self.model, "--port", "0", "--quiet", "--ctx", "2048", "--api-key", KEY] + extra,
                              stdout=subprocess.DEVNULL, stderr=err, env=env, preexec_fn=die_with_parent)
         port = None
         t0 = time.time()
@@ -648,8 +809,8 @@ class Soak:
             raise SystemExit("krun serve did not start: %s" % err.read().decode(errors="replace")[-2000:])
         return p, port, err
 
-    def end_server(self, p, err, what):
-        """Wait for the server to exit; a sanitizer report or an exit status other than 0 is a crash."""
+    def end_server(self, p, err, what, want_rc=0):
+        """Wait for the server to exit; a sanitizer report or an exit status other than want_rc is a crash."""
         try:
             rc = p.wait(timeout=120)
         except subprocess.TimeoutExpired:
@@ -663,7 +824,7 @@ class Soak:
         if san:
             self.sanitizer += 1
             self.crashes.append("%s: sanitizer: %s" % (what, " | ".join(san[:6])))
-        elif rc != 0:
+        elif rc != want_rc:
             self.crashes.append("%s: krun serve exited %s: %s" % (what, rc, log[-1500:]))
         return rc
 
@@ -678,7 +839,7 @@ class Soak:
 
     def health(self, port):
         s = socket.create_connection(("127.0.0.1", port), timeout=30)
-        s.sendall(b"GET /health HTTP/1.1\r\nHost: soak\r\nConnection: close\r\n\r\n")
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: soak\r\n" + AUTH + b"Connection: close\r\n\r\n")
         r = Reader(s, time.time() + 30)
         st, h = r.head()
         j = json.loads(r.body(h))
@@ -779,16 +940,75 @@ class Soak:
             self.a.workers, each, "yes" if ok else "NO", time.time() - t0), flush=True)
         return ok
 
+    def changed_epoch(self, n_requests):
+        """Another model of the same size copied over the served file while requests run (issue 34.1)."""
+        live = os.path.join(self.a.work, LIVE_NAME)
+        os.makedirs(os.path.dirname(live), exist_ok=True)
+        subprocess.run(["cp", self.model, live], check=True)
+        t0 = time.time()
+        p, port, err = self.start_server("changed", ["--max-seqs", "2", "--max-queue", "4"], model=live)
+        phase = ["serving"]
+        sent = [0]
+        stop = [False]
+        sent_lock = threading.Lock()
+
+        def worker(seed):
+            rng = random.Random(seed)
+            while True:
+                with sent_lock:
+                    if stop[0] or p.poll() is not None:
+                        return
+                    sent[0] += 1
+                self.one(rng, port, lambda: phase[0])
+
+        ws = [threading.Thread(target=worker, args=(self.rng.random(),)) for _ in range(min(4, self.a.workers))]
+        for w in ws:
+            w.start()
+        while True:
+            with sent_lock:
+                if sent[0] >= n_requests // 3:
+                    break
+            time.sleep(0.05)
+        phase[0] = "changed"
+        self.changed = {"at": None, "refused": 0, "refused_after": 0}
+        with open(self.model + ".other", "rb") as src, open(live, "r+b") as dst:   # in place, as cp does
+            shutil.copyfileobj(src, dst)
+        self.changed["at"] = time.time()
+        with sent_lock:
+            until = sent[0] + n_requests * 2 // 3          # as many again after the copy ended
+        while time.time() < self.changed["at"] + 120:
+            with sent_lock:
+                if sent[0] >= until:
+                    break
+            time.sleep(0.05)
+        stop[0] = True
+        for w in ws:
+            w.join()
+        h = self.health(port) if p.poll() is None else {"status": "(the server died)"}
+        if h.get("status") != "damaged" or LIVE_NAME not in h.get("damage", ""):
+            self.fail("after the model file changed, /health says %r" % {k: h.get(k) for k in ("status", "damage")})
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+        rc = self.end_server(p, err, "the epoch whose model changed", want_rc=1)
+        print("# model changed under the server: %d requests, %d refused (model_damaged), %d of them sent after the copy ended "
+              "(each refused); /health %s; exit %s; %.1f s" % (sent[0], self.changed["refused"], self.changed["refused_after"],
+                                                               h.get("status"), rc, time.time() - t0), flush=True)
+        if not self.changed["refused_after"]:
+            self.fail("no request was sent after the model file changed")
+
     def build_model(self):
         d = os.path.join(self.a.work, "rt")
         kpk = os.path.join(self.a.work, "rt.kpk")
         self.model = kpk
-        if os.path.exists(kpk):
-            return                                       # made by an earlier run in this --work
-        subprocess.run([os.path.join(self.a.tools, "k3synth"), d, "--geometry", "tiny", "--seed", "2", "--layers", "3",
-                        "--experts", "4", "--topk", "2", "--tokenizer", self.a.tokenizer, "--quiet"], check=True, stdout=subprocess.DEVNULL)
-        subprocess.run([os.path.join(self.a.tools, "kpack"), "convert", d, kpk, "--quiet"], check=True)
-        subprocess.run(["rm", "-rf", d], check=True)
+        for seed, out in (("2", kpk), ("3", kpk + ".other")):   # .other: the same size, other weights
+            if os.path.exists(out):
+                continue                                 # made by an earlier run in this --work
+            subprocess.run([os.path.join(self.a.tools, "k3synth"), d, "--geometry", "tiny", "--seed", seed, "--layers", "3",
+                            "--experts", "4", "--topk", "2", "--tokenizer", self.a.tokenizer, "--quiet"], check=True, stdout=subprocess.DEVNULL)
+            subprocess.run([os.path.join(self.a.tools, "kpack"), "convert", d, out, "--quiet"], check=True)
+            subprocess.run(["rm", "-rf", d], check=True)
+        if os.path.getsize(kpk) != os.path.getsize(kpk + ".other"):
+            raise SystemExit("the two models differ in size")
 
     def run(self):
         a = self.a
@@ -800,6 +1020,7 @@ class Soak:
         for k in range(a.epochs):
             end = ends[k % len(ends)] if k < a.epochs - 1 else "sigterm"
             self.epoch(k, per if k < a.epochs - 1 else a.requests - per * (a.epochs - 1), end)
+        self.changed_epoch(max(24, per // 4))
         secs = time.time() - t0
         return secs, accounted
 
@@ -834,6 +1055,7 @@ def main():
     print("  %d answers compared with an earlier identical request, %d differed" % (
         soak.repeat_checked, sum("repeated request" in f for f in soak.failures)))
     print("  RSS: %s" % rss)
+    print("  hostile clients answered as they must: {%s}" % ", ".join("%s: %d" % kv for kv in sorted(soak.hostile.items())))
     print("  %d crashes, %d sanitizer reports, %d hung requests, %d bad answers; accounting %s" % (
         len(soak.crashes), soak.sanitizer, soak.hung, len(soak.failures) - soak.hung, "exact" if accounted else "BROKEN"))
     for c in soak.crashes:
@@ -841,14 +1063,15 @@ def main():
     if a.json:
         json.dump({"seed": a.seed, "requests": soak.n, "seconds": secs, "by_status": soak.by_status, "by_action": soak.by_action,
                    "disconnects": soak.disconnects, "half_closes": soak.half_closes, "repeat_checked": soak.repeat_checked,
-                   "rss": soak.rss, "crashes": soak.crashes, "sanitizer_reports": soak.sanitizer, "hung": soak.hung,
+                   "rss": soak.rss, "hostile": soak.hostile, "changed": soak.changed, "crashes": soak.crashes, "sanitizer_reports": soak.sanitizer, "hung": soak.hung,
                    "failures": soak.failures[:100]}, open(a.json, "w"), indent=1)
     good = not soak.crashes and not soak.failures and accounted
     if a.tap:
         print("%s - request soak: %d random requests (chat and completions, streamed or not, every field), %d disconnects, "
-              "%d half-closes, %d epochs ended by signals: no crash, no sanitizer report, no hung request, every answer well formed, "
-              "%d repeats identical, every request accounted for" % ("ok" if good else "not ok", soak.n, soak.disconnects,
-                                                                       soak.half_closes, a.epochs, soak.repeat_checked))
+              "%d half-closes, %d epochs ended by signals, %d hostile clients (issue 34's shapes), a model file changed under it: "
+              "no crash, no sanitizer report, no hung request, every answer well formed, %d repeats identical, every request "
+              "accounted for" % ("ok" if good else "not ok", soak.n, soak.disconnects, soak.half_closes, a.epochs,
+                                 sum(soak.hostile.values()), soak.repeat_checked))
     if own_work and good:
         subprocess.run(["rm", "-rf", a.work])
     return 0 if good else 1
