@@ -33,6 +33,17 @@ ifneq ($(CC_IS_CLANG),1)
   override CFLAGS += -Wno-format-truncation
 endif
 LDLIBS  += -lzstd -lxxhash -lcrypto -ljansson -lpcre2-8 -lmicrohttpd -lpthread -lm
+# Open MPI (Debian: libopenmpi-dev): krun over several machines under mpirun
+# (run/cluster).  Found through pkg-config (ompi-c) in a native build; without
+# it krun still builds, and says what is missing when mpirun starts it.
+# KRUN_MPI=0 builds without it anyway.
+ifeq ($(CROSS)$(KRUN_MPI),)
+  MPI_CFLAGS := $(shell pkg-config --cflags ompi-c 2>/dev/null)
+  MPI_LIBS   := $(shell pkg-config --libs ompi-c 2>/dev/null)
+endif
+ifneq ($(MPI_LIBS),)
+  LDLIBS += $(MPI_LIBS)
+endif
 
 BUILD   ?= build
 # The ablation build (test only): every spec trap compiled in, selected at run
@@ -87,6 +98,9 @@ $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	@$(if $(V),true,echo "  CC      $<")
 	$(Q)$(CC) $(CFLAGS) -c $< -o $@
+
+# only the transport sees <mpi.h> (-isystem: its header is not held to our warnings)
+$(BUILD)/run/cluster/kcl_mpi.o: override CFLAGS += $(if $(MPI_LIBS),-DKRUN_MPI $(patsubst -I%,-isystem %,$(MPI_CFLAGS)))
 
 $(LIBFORMAT): $(call obj,$(FORMAT_SRC))
 	@mkdir -p $(dir $@)

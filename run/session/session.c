@@ -2,6 +2,7 @@
  * its sessions (session.h). */
 #include "session.h"
 
+#include "ranks.h"
 #include "spec.h"
 #include "statefile.h"
 #include "format/kio.h"
@@ -92,6 +93,7 @@ struct krun_model {
     krun_session *mark_owner;  /* the session whose file mark uses them, or NULL */
     ksave mark_save;
     krun_state_writer mark_w;
+    krun_ranks *ranks;         /* rank 0 of several machines (ranks.h), or NULL */
 };
 
 void krun_model_opts_init(krun_model_opts *o)
@@ -112,13 +114,14 @@ void krun_model_opts_init(krun_model_opts *o)
 
 /* ---- opening -------------------------------------------------------------------- */
 
-int krun_model_load(const char *path, krun_model **out, krun_err *err)
+/* here: a rank of several machines opens the members on its own disks (kpk_open_here). */
+static int model_load(const char *path, int here, krun_model **out, krun_err *err)
 {
     krun_model *m = calloc(1, sizeof *m);
     kpk_err e = {0};
     *out = NULL;
     if (!m) { krun_err_set(err, KRUN_ENOMEM, "out of memory"); return -1; }
-    if (kpk_open(path, &m->f, &e)) {
+    if (kpk_open_here(path, here, &m->f, &e)) {
         /* a file that is not KPK or not readable is "cannot run"; a damaged KPK file is damaged data */
         krun_err_kpk(err, &e);
         free(m);
@@ -147,7 +150,9 @@ int krun_model_load(const char *path, krun_model **out, krun_err *err)
     return 0;
 }
 
-static size_t session_carve(krun_session *s, const k3_config *c, size_t ctx, int paged, karena *a);
+int krun_model_load(const char *path, krun_model **out, krun_err *err) { return model_load(path, kcl_active(), out, err); }
+
+static size_t session_carve(krun_session *s, const k3_config *c, size_t ctx, int paged, const uint8_t *away, karena *a);
 static void mark_arm(krun_session *s, k3_seg *seg);
 static void mark_end(krun_session *s, const k3_seg *seg, const krun_err *failed);
 static void mark_drop(krun_session *s, const char *why);
@@ -181,21 +186,23 @@ static size_t mark_buf_bytes(const k3_config *c)
 size_t krun_session_bytes(const k3_config *c, size_t ctx)
 {
     karena a = {NULL, 0};
-    return session_carve(NULL, c, ctx, 0, &a);
+    return session_carve(NULL, c, ctx, 0, NULL, &a);
 }
 
-/* A slot whose state a pager holds: the tables, the history, logits and sampler only. */
-static size_t session_bytes_paged(const k3_config *c, size_t ctx)
+/* A slot of this model (paged: the tables, the history, logits and sampler
+ * only, the pager holds the state), without the layers other ranks compute
+ * (run/cluster). */
+static size_t slot_bytes(const krun_model *m, size_t ctx, int paged)
 {
     karena a = {NULL, 0};
-    return session_carve(NULL, c, ctx, 1, &a);
+    return session_carve(NULL, &m->m.cfg, ctx, paged, m->m.away, &a);
 }
 
 int krun_model_make_plan(const krun_model *m, const krun_model_opts *o, kmemplan *plan, krun_err *err)
 {
     kmemplan_req q = {o->budget, o->pin, o->expert_slots, o->head, o->piece, o->ctx, o->chunk, o->max_seqs, o->spec,
                       o->io_threads, kmem_base_bytes(&m->m) + o->extra_bytes + (o->cache ? mark_buf_bytes(&m->m.cfg) : 0), o->predict,
-                      o->state_dir ? session_bytes_paged(&m->m.cfg, o->ctx) : krun_session_bytes(&m->m.cfg, o->ctx),
+                      slot_bytes(m, o->ctx, o->state_dir != NULL),
                       o->prompt_tokens, o->state_dir != NULL};
     if (o->spec > KSPEC_MAX_DRAFT) {
         krun_err_set(err, KRUN_EINPUT, "spec %zu: at most %d drafts per verification", o->spec, KSPEC_MAX_DRAFT);
@@ -220,6 +227,8 @@ int krun_model_prepare(krun_model *m, const krun_model_opts *o, krun_err *err)
     if (opt.state_dir && (opt.spec || opt.cache))
         return krun_err_set(err, KRUN_EINPUT, "states paged to disk (--state-dir) do not go with %s in this version",
                             opt.spec ? "speculative decoding (--spec)" : "a prefix cache");
+    /* several machines: the other ranks open the file, and who computes what is settled (ranks.h) */
+    if (kcl_active() && kcl_rank() == 0 && !m->ranks && krun_ranks_hello(&m->ranks, m, m->f, &m->m, &opt, err)) return -1;
     /* A file that does not fit comfortably gets 80% of the available memory
      * as its budget rather than a mapping that pushes everything else out. */
     if (!opt.budget && kmem_available() && kpk_total_size(m->f) > kmem_available() / 10 * 8) {
@@ -267,7 +276,7 @@ int krun_model_prepare(krun_model *m, const krun_model_opts *o, krun_err *err)
     m->have_run = 1;
     if (m->planned && m->plan.predict && k3_predict_init(&m->run, m->plan.predict_buf_bytes, m->plan.predict_stage_bytes, err))
         return -1;
-    m->session_bytes = opt.state_dir ? session_bytes_paged(c, m->ctx) : krun_session_bytes(c, m->ctx);
+    m->session_bytes = slot_bytes(m, m->ctx, opt.state_dir != NULL);
     if (opt.state_dir && k3_pager_open(&m->pager, c, m->ctx, m->max_seqs, opt.state_dir, opt.io == KRUN_IO_DIRECT, err)) return -1;
     m->run.pager = m->pager;
     m->slots = aligned_alloc(KARENA_ALIGN, m->max_seqs * m->session_bytes);
@@ -279,7 +288,7 @@ int krun_model_prepare(krun_model *m, const krun_model_opts *o, krun_err *err)
     for (size_t k = 0; k < m->max_seqs; k++) {
         karena a = {m->slots + k * m->session_bytes, 0};
         krun_session *s = (krun_session *)(void *)a.base;
-        session_carve(s, c, m->ctx, m->pager != NULL, &a);
+        session_carve(s, c, m->ctx, m->pager != NULL, m->m.away, &a);
         s->m = m;
         s->live = 0;
         if (m->pager) k3_pager_attach(m->pager, &s->st, k);
@@ -288,6 +297,12 @@ int krun_model_prepare(krun_model *m, const krun_model_opts *o, krun_err *err)
         karena a = {aligned_alloc(KARENA_ALIGN, mark_buf_bytes(c)), 0};
         if (!a.base) return krun_err_set(err, KRUN_ENOMEM, "out of memory: %zu bytes for the prefix cache's layer buffer", mark_buf_bytes(c));
         mark_buf_carve(m, c, &a);
+    }
+    if (m->ranks) {
+        /* the forward pass's seams to the other ranks, and their word that they are ready */
+        k3_state *sts[K3_MAX_SEQS];
+        for (size_t k = 0; k < m->max_seqs; k++) sts[k] = &krun_model_slot(m, k)->st;
+        if (krun_ranks_ready(m->ranks, &m->m, &m->run, sts, m->max_seqs, m->ctx, err)) return -1;
     }
     return 0;
 }
@@ -306,6 +321,7 @@ int krun_model_open(const krun_model_opts *o, krun_model **out, krun_err *err)
 void krun_model_close(krun_model *m)
 {
     if (!m) return;
+    krun_ranks_free(m->ranks);     /* its seams out of the run first */
     if (m->have_run) k3_run_free(&m->run);
     k3_pager_close(m->pager);      /* removes the state file */
     free(m->slots);
@@ -412,7 +428,7 @@ void krun_model_memory(const krun_model *m, uint64_t *planned, uint64_t *allocat
     if (m->planned)
         *planned = m->plan.state_bytes + m->plan.vectors_bytes + m->plan.scratch_bytes + m->plan.flex_bytes;
     else
-        *planned = (uint64_t)m->max_seqs * (m->pager ? session_bytes_paged(c, m->ctx) : krun_session_bytes(c, m->ctx)) +
+        *planned = (uint64_t)m->max_seqs * slot_bytes(m, m->ctx, m->pager != NULL) +
                    (m->pager ? k3_page_window_bytes(c, m->ctx, m->max_seqs) : 0) + k3_run_bytes(c, m->block, m->max_seqs, m->ctx, m->spec);
     *allocated = (uint64_t)m->run.arena_bytes + (m->slots ? (uint64_t)m->max_seqs * m->session_bytes : 0) + (m->flex ? m->flex_bytes : 0) +
                  (m->pager ? k3_page_window_bytes(c, m->ctx, m->max_seqs) : 0);
@@ -423,14 +439,14 @@ void krun_model_memory(const krun_model *m, uint64_t *planned, uint64_t *allocat
 /* One session's slot: the struct, its sequential state, its history, its
  * logits and its sampler's scratch.  Returns the slot's size (a multiple of
  * the arena alignment, so slots follow each other). */
-static size_t session_carve(krun_session *s, const k3_config *c, size_t ctx, int paged, karena *a)
+static size_t session_carve(krun_session *s, const k3_config *c, size_t ctx, int paged, const uint8_t *away, karena *a)
 {
     const size_t V = (size_t)c->vocab;
     krun_session tmp, *x = s ? s : &tmp;
     karena_take(a, 1, sizeof *x);          /* the struct itself (s points at it) */
     memset(x, 0, sizeof *x);
     if (paged) k3_state_carve_tables(&x->st, c, ctx, a);   /* the layers live in the pager's window */
-    else k3_state_carve(&x->st, c, ctx, a);
+    else k3_state_carve_away(&x->st, c, ctx, away, a);
     KTAKE(a, x->tokens, ctx);
     KTAKE(a, x->logits, V);
     KTAKE(a, x->pick.order, V);
@@ -1312,4 +1328,85 @@ static void mark_end(krun_session *s, const k3_seg *seg, const krun_err *failed)
     }
     s->mark_status = KRUN_MARK_TAKEN;
     mark_clear(s);
+}
+
+/* ---- several machines (ranks.h) --------------------------------------------------- */
+
+static void cluster_exit(void) { kcl_node_leave(); }
+
+int krun_cluster_start(int *argc, char ***argv, krun_err *err)
+{
+    if (!kcl_launched()) return 0;
+    if (kcl_start(argc, argv, err)) return -1;
+    atexit(cluster_exit);
+    return kcl_rank();
+}
+
+int krun_cluster_rank(void) { return kcl_rank(); }
+int krun_cluster_size(void) { return kcl_size(); }
+
+int krun_cluster_follow(const krun_model_opts *own, krun_err *err)
+{
+    krun_follower fw;
+    krun_model *m = NULL;
+    krun_err e = {0, {0}};
+    int rc = krun_ranks_await(&fw, own, err);
+    if (rc) return rc < 0 ? -1 : 0;
+    if (model_load(fw.path, 1, &m, &e)) {
+        fw.code = e.code;
+        snprintf(fw.msg, sizeof fw.msg, "%s", e.msg);
+    }
+    rc = krun_ranks_report(&fw, m ? m->f : NULL, m ? &m->m.cfg : NULL, err);
+    if (rc == 0 && !fw.code) {
+        /* this rank's part: the layers others compute are away, and so are the globals (rank 0's) */
+        uint8_t away[K3_MAX_LAYERS];
+        for (int L = 0; L < m->m.cfg.n_layers; L++) away[L] = fw.owner[L] != kcl_rank();
+        if (k3_model_set_away(&m->m, away, 1, &e) || krun_model_prepare(m, &fw.o, &e)) {
+            fw.code = e.code;
+            snprintf(fw.msg, sizeof fw.msg, "%s", e.msg);
+        }
+        if (!fw.code) {
+            kcl_node *node = NULL;
+            k3_state *sts[K3_MAX_SEQS];
+            for (size_t k = 0; k < m->max_seqs; k++) sts[k] = &krun_model_slot(m, k)->st;
+            if (kcl_node_new(&m->m, &m->run, fw.have, fw.owner, sts, m->max_seqs, m->ctx, &node, &e)) {
+                fw.code = e.code;
+                snprintf(fw.msg, sizeof fw.msg, "%s", e.msg);
+            }
+            if (krun_ranks_say_ready(&fw, m->planned ? &m->plan : NULL, err)) rc = -1;
+            else if (!fw.code) {
+                kcl_node_attach(node);
+                rc = kcl_node_follow(node, err);
+            }
+            kcl_node_free(node);
+        } else if (krun_ranks_say_ready(&fw, NULL, err)) {
+            rc = -1;
+        }
+    }
+    /* a failure here was told to rank 0, which says it and stops us */
+    if (rc == 0 && fw.code) krun_ranks_await_stop();
+    krun_follower_free(&fw);
+    krun_model_close(m);
+    return rc < 0 ? -1 : 0;
+}
+
+int krun_model_ranks(krun_model *m, krun_rank_info *out, int max, krun_err *err)
+{
+    kcl_rank_stats *all;
+    int n = kcl_size();
+    if (!m->ranks) return 0;
+    if (!(all = calloc((size_t)n, sizeof *all))) return krun_err_set(err, KRUN_ENOMEM, "out of memory");
+    if (kcl_node_stats(krun_ranks_node(m->ranks), all, err)) { free(all); return -1; }
+    if (n > max) n = max;
+    for (int r = 0; r < n; r++) {
+        snprintf(out[r].who, sizeof out[r].who, "%s", kcl_who(r));
+        out[r].layers = all[r].layers;
+        out[r].st = all[r].st;
+        out[r].experts_served = all[r].experts_served;
+        out[r].experts_predicted = all[r].experts_predicted;
+        out[r].bytes_sent = all[r].bytes_sent;
+        out[r].bytes_received = all[r].bytes_received;
+    }
+    free(all);
+    return n;
 }

@@ -42,6 +42,7 @@ typedef struct krun_model krun_model;
 typedef struct krun_session krun_session;
 
 #define KRUN_MAX_SEQS 256          /* sessions live at once, and sequences in one forward block, at most */
+#define KRUN_MAX_RANKS 64          /* ranks of a cluster (mpirun -np), at most */
 
 /* Values of krun_model_opts.verify, .io and .cache_policy. */
 enum krun_verify { KRUN_VERIFY_OFF = 0, KRUN_VERIFY_FIRST = 1, KRUN_VERIFY_ALWAYS = 2 };
@@ -370,6 +371,40 @@ void krun_model_journal(const krun_model *m, size_t *rows, size_t *seqs);
 size_t krun_session_draft(krun_session *s, int32_t id, size_t max, krun_session *const *others, size_t n_others, int32_t *out);
 int krun_step_batch_verify(krun_model *m, krun_session *const *ss, const int32_t *ids, const int32_t *const *drafts,
                            const size_t *nd, size_t n, size_t *n_accepted, krun_err *err);
+
+/* ---- several machines (docs/RUNTIME.md §10) -------------------------------------
+ *
+ * `mpirun -np N krun ...` starts N processes (ranks), one per machine.  Rank 0
+ * runs the command as one process would (the tokenizer, sampling, HTTP, the
+ * journal); its model is computed by the cluster: the other ranks read and
+ * compute the experts on their own disks, and trunk layers in their own
+ * budgets (pipeline stages).  Every id and logit is bit-identical to one
+ * process. */
+
+/* First thing in main(): under mpirun with several ranks, join them (-1 with
+ * err when this build has no MPI: the message says what to install).
+ * Returns this process's rank: 0 runs the command, any other
+ * krun_cluster_follow.  One process: 0, nothing done. */
+int krun_cluster_start(int *argc, char ***argv, krun_err *err);
+int krun_cluster_rank(void);
+int krun_cluster_size(void);
+/* A rank other than 0: open the file rank 0 names and compute its part, with
+ * this rank's own budget, threads, I/O threads and SIMD path (own: from its
+ * own command line; everything the ranks must share comes from rank 0),
+ * until rank 0 stops.  Returns the exit status (0 after rank 0's stop, also
+ * when this rank failed and told rank 0 why). */
+int krun_cluster_follow(const krun_model_opts *own, krun_err *err);
+/* What each rank of the model's cluster did so far (rank 0 first): its
+ * host, the trunk layers it computes, its reads, the experts it computed for
+ * other ranks, the bytes it sent and received.  Returns how many ranks were
+ * written (at most max); 0 in one process; -1 with err. */
+typedef struct krun_rank_info {
+    char who[96];
+    int layers;
+    krun_stats st;
+    uint64_t experts_served, experts_predicted, bytes_sent, bytes_received;
+} krun_rank_info;
+int krun_model_ranks(krun_model *m, krun_rank_info *out, int max, krun_err *err);
 
 /* The session's state (KDA, ShortConv, MLA latent cache, position, history
  * with pending tokens, last logits, the sampler's seed and stream, the reply start) to a file, in the format of
