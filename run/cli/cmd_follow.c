@@ -9,6 +9,7 @@
 
 #include "krun_cli.h"
 
+#include <signal.h>
 #include <stdio.h>
 
 int krun_follow_main(int argc, char **argv)
@@ -17,6 +18,10 @@ int krun_follow_main(int argc, char **argv)
     krun_model_opts o;
     krun_err e = {0, {0}};
     uint64_t budget = 0;
+    /* mpirun passes a Ctrl-C or SIGTERM to every rank: rank 0 decides what happens (krun serve
+     * finishes its requests) and then stops the others */
+    signal(SIGINT, SIG_IGN);
+    signal(SIGTERM, SIG_IGN);
     krun_cli_init(&c);
     for (int i = 1; i < argc; i++) krun_cli_option(&c, argc, argv, &i);   /* the others are rank 0's */
     if (c.simd && (c.simd_level = krun_simd_parse(c.simd)) < 0) c.simd = NULL;

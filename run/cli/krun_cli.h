@@ -19,6 +19,9 @@ typedef struct krun_cli {
     long threads, ctx, chunk, pin, slots, io_threads, max_seqs;   /* chunk 0: auto */
     long head;                /* --head: 0 hold, 1 stream, -1 the planner chooses */
     long predict;             /* --predict: 1 on, 0 off, -1 auto (the default: on for a split layout) */
+    long stages;              /* --stages: 0 auto (several machines: trunk layers in the other ranks' budgets), -1 off,
+                                 1 the layers per rank given (stage_layers) */
+    int stage_layers[KRUN_MAX_RANKS];
     int io, policy, io_given, verify;
     int simd_level;           /* krun_simd_parse of --simd */
     /* the prefix cache (run/session/pcache.h) */

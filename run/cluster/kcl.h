@@ -46,6 +46,7 @@ enum kcl_tag {
     KCL_EXO = 6,           /* one expert's output rows, or the end of the answer (an error) */
     KCL_PRED = 7,
     KCL_STATE = 8,         /* one layer of a sequence's state (saving, loading) */
+    KCL_CTRL = 9,          /* rank 0's stop, or its giving a block up: interrupts any wait */
 };
 
 /* Was this process started by mpirun (or srun with PMI) with several ranks?
@@ -64,7 +65,7 @@ int kcl_rank(void);
 int kcl_size(void);
 /* "rank 2 (host node3, pid 4711)": for messages; known after kcl_start. */
 const char *kcl_who(int rank);
-/* The end: on rank 0 every other rank is sent stop[len] (its orders' stop),
+/* The end: on rank 0 every other rank is sent stop[len] (a KCL_CTRL stop),
  * then signs of life stopped, MPI finalized -- unless the cluster failed (a
  * rank is lost: finalizing would wait for it forever). */
 void kcl_finish(const void *stop, size_t len);
@@ -87,12 +88,14 @@ int kcl_post(int to, int tag, const void *buf, size_t len, krun_err *err);
 int kcl_flush(krun_err *err);
 /* Wait until a message with this tag is pending from one of the ranks in
  * `from` (a bit per rank), serving meanwhile; *src and *len say which.
- * Fails when one of them stops answering.  A rank other than 0 waiting for
- * anything but an order is interrupted by an order from rank 0 (KCL_OP
- * pending: rank 0 sends none while a block runs, so it gave the block up):
- * returns 1 then, and the caller gives up what it was doing; its loop takes
- * the order. */
+ * Fails when one of them stops answering.  On a rank other than 0 a control
+ * message from rank 0 (KCL_CTRL: stop, or a block given up) interrupts it:
+ * returns 1, and the caller gives up what it was doing; its loop takes the
+ * message. */
 int kcl_wait(uint64_t from, int tag, int *src, size_t *len, krun_err *err);
+/* A rank other than 0, idle: wait for rank 0's next order (KCL_OP) or
+ * control message (KCL_CTRL, first), serving meanwhile; *tag says which. */
+int kcl_wait_order(int *tag, size_t *len, krun_err *err);
 /* 1 when a wait was interrupted by an order from rank 0 since the flag was
  * last cleared (clear: clear it now). */
 int kcl_interrupted(int clear);

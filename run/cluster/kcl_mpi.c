@@ -60,6 +60,7 @@ int kcl_post(int to, int tag, const void *buf, size_t len, krun_err *err) { (voi
 int kcl_flush(krun_err *err) { (void)err; return 0; }
 void kcl_bytes(uint64_t *sent, uint64_t *received) { *sent = *received = 0; }
 int kcl_interrupted(int clear) { (void)clear; return 0; }
+int kcl_wait_order(int *tag, size_t *len, krun_err *err) { (void)tag; (void)len; return none(err); }
 
 #else
 
@@ -215,7 +216,7 @@ void kcl_finish(const void *stop, size_t len)
         MPI_Request q[KCL_MAX_RANKS];
         double t0 = now();
         int n = 0, done = 0;
-        for (int r = 1; r < K.size; r++) MPI_Isend(stop, (int)len, MPI_BYTE, r, KCL_OP, K.data, &q[n++]);
+        for (int r = 1; r < K.size; r++) MPI_Isend(stop, (int)len, MPI_BYTE, r, KCL_CTRL, K.data, &q[n++]);
         while (!done && now() - t0 < 1) {
             struct timespec ts = {0, 1000000};
             MPI_Testall(n, q, &done, MPI_STATUSES_IGNORE);
@@ -349,11 +350,23 @@ int kcl_wait(uint64_t from, int tag, int *src, size_t *len, krun_err *err)
         if (K.failed) { *err = K.why; return -1; }
         for (int r = 0; r < K.size; r++)
             if (from >> r & 1 && kcl_pending(r, tag, len)) { *src = r; return 0; }
-        /* an order from rank 0 while waiting for anything else: rank 0 gave the block up (it sends
-         * no order while a block runs), so what we wait for will not come */
-        if (K.rank != 0 && tag != KCL_OP && kcl_pending(0, KCL_OP, NULL)) { K.interrupted = 1; return 1; }
+        /* rank 0 stops, or gave the block up: what we wait for will not come */
+        if (K.rank != 0 && kcl_pending(0, KCL_CTRL, NULL)) { K.interrupted = 1; return 1; }
         if (serve_pending(err, &served)) return -1;
         if (lost(from | (K.rank ? 1 : 0), err)) return -1;
+        if (!served) nap(&us);
+    }
+}
+
+int kcl_wait_order(int *tag, size_t *len, krun_err *err)
+{
+    unsigned us = 0;
+    for (;;) {
+        int served;
+        if (K.failed) { *err = K.why; return -1; }
+        if (kcl_pending(0, KCL_CTRL, len)) { *tag = KCL_CTRL; return 0; }
+        if (kcl_pending(0, KCL_OP, len)) { *tag = KCL_OP; return 0; }
+        if (serve_pending(err, &served) || lost(1, err)) return -1;
         if (!served) nap(&us);
     }
 }

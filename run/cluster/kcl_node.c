@@ -154,7 +154,7 @@ static void block_abort(kcl_node *n, const krun_err *why)
     if (n->block_failed) return;
     n->block_failed = 1;
     n->why = *why;
-    for (int r = 1; r < n->nranks; r++) send_op(r, &h, NULL, 0, &e);
+    for (int r = 1; r < n->nranks; r++) kcl_send(r, KCL_CTRL, &h, sizeof h, &e);
 }
 
 static int r_block(void *ctx, k3_run *r, const k3_seg *segs, size_t nseg, krun_err *err)
@@ -489,14 +489,14 @@ int kcl_node_follow(kcl_node *n, krun_err *err)
     for (;;) {
         op_hdr *h = (op_hdr *)(void *)n->msg;
         size_t len;
-        int src, rc = 0;
+        int tag, rc = 0;
         krun_err e = {0, {0}};
-        if (kcl_wait(1, KCL_OP, &src, &len, err) || kcl_recv(0, KCL_OP, n->msg, n->msg_cap, len, err)) return -1;
+        if (kcl_wait_order(&tag, &len, err) || kcl_recv(0, tag, n->msg, n->msg_cap, len, err)) return -1;
         if (len < sizeof *h) return krun_err_set(err, KRUN_EINPUT, "cluster: a malformed order from rank 0");
         kcl_interrupted(1);
         switch (h->op) {
         case OP_STOP: return 0;
-        case OP_ABORT: break;          /* a block given up: whatever waited for it was interrupted */
+        case OP_ABORT: break;          /* a block given up (KCL_CTRL): whatever waited for it was interrupted */
         case OP_FORWARD:
             if (do_forward(n, h, &e) && !kcl_interrupted(0)) {
                 if (kcl_failed(NULL)) { *err = e; return -1; }

@@ -3,6 +3,7 @@
 
 #include "run/engine/forward.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,6 +38,7 @@ typedef struct ready_msg {
 } ready_msg;
 
 struct krun_ranks {
+    pthread_mutex_t mu;            /* rank 0's exchanges with the others, one at a time */
     int nranks;
     kcl_members have[KCL_MAX_RANKS];
     uint8_t *owner;                /* [n_layers] */
@@ -48,6 +50,7 @@ kcl_node *krun_ranks_node(const krun_ranks *x) { return x ? x->node : NULL; }
 void krun_ranks_free(krun_ranks *x)
 {
     if (!x) return;
+    pthread_mutex_destroy(&x->mu);
     kcl_node_free(x->node);
     free(x->owner);
     free(x);
@@ -113,14 +116,82 @@ static int check_coverage(const kpk_file *f, const k3_model *m, const krun_ranks
     return 0;
 }
 
-/* Which rank computes each trunk layer: rank 0 all of them (the trunk in
- * rank 0's budget, streamed as in one process; the other ranks read and
- * compute experts). */
-static int place_layers(const kpk_file *f, const k3_model *m, krun_ranks *x, krun_err *err)
+/* Does the set of layers (away[L] = 0) fit rank r's budget with every one of
+ * them pinned?  The rank's own planner, run here on its budget: each rank
+ * plans with the same code and numbers, so what fits here fits there. */
+static int fits(const krun_model *model, k3_model *m, const krun_model_opts *o, uint64_t budget, const uint8_t *away, int globals_away,
+                int last)
 {
-    (void)f;
-    (void)err;
-    memset(x->owner, 0, (size_t)m->cfg.n_layers);
+    uint8_t *keep = m->away;
+    const int keep_g = m->globals_away;
+    krun_model_opts q = *o;
+    kmemplan p;
+    krun_err e;
+    int ok;
+    if (!budget) return 1;         /* no budget: the file is used in place, from its mapping */
+    q.budget = budget;
+    q.pin = q.expert_slots = q.head = -1;
+    q.piece = 0;
+    m->away = (uint8_t *)away;
+    m->globals_away = globals_away;
+    ok = krun_model_make_plan(model, &q, &p, &e) == 0 && p.pin > last && p.total <= budget;
+    m->away = keep;
+    m->globals_away = keep_g;
+    return ok;
+}
+
+/* Which rank computes each trunk layer (pipeline stages): in file order,
+ * each rank from rank 0 on takes the longest run of layers its budget holds
+ * pinned (and its disks can read: the trunk of a set laid out for several
+ * machines is on one of them); what no budget holds goes to the last rank
+ * that took layers, which streams it as one process would.  Stages are off
+ * (every layer on rank 0, the others serve experts) with --stages off or
+ * states paged to disk. */
+static int place_layers(const krun_model *model, const kpk_file *f, k3_model *m, const krun_model_opts *o, const uint64_t *budget,
+                        krun_ranks *x, krun_err *err)
+{
+    const int NL = m->cfg.n_layers;
+    uint8_t away[K3_MAX_LAYERS];
+    int L = 0, last = 0;
+    memset(x->owner, 0, (size_t)NL);
+    if (o->stages < 0 || o->state_dir) return 0;
+    if (o->stages == 1) {
+        /* as given: stage_layers[r] layers to rank r, in order */
+        for (int r = 0; r < KRUN_MAX_RANKS; r++) {
+            if (o->stage_layers[r] && r >= x->nranks)
+                return krun_err_set(err, KRUN_EINPUT, "--stages gives layers to rank %d, and there are %d ranks", r, x->nranks);
+            for (int k = 0; k < o->stage_layers[r] && L < NL; k++) x->owner[L++] = (uint8_t)r;
+            last += o->stage_layers[r];
+        }
+        if (last != NL) return krun_err_set(err, KRUN_EINPUT, "--stages gives %d layers; the model has %d", last, NL);
+        return 0;
+    }
+    for (int r = 0; r < x->nranks && L < NL; r++) {
+        const int start = L;
+        int lo = start, hi = start;          /* [start, lo) fits; find the largest */
+        while (hi < NL && can_read(f, &x->have[r], m->trunk_extent[hi])) hi++;
+        while (lo < hi) {
+            const int mid = (lo + hi + 1) / 2;
+            for (int k = 0; k < NL; k++) away[k] = k < start || k >= mid;
+            if (fits(model, m, o, budget[r], away, r != 0, mid - 1)) lo = mid;
+            else hi = mid - 1;
+        }
+        for (int k = start; k < lo; k++) x->owner[k] = (uint8_t)r;
+        if (lo > start) last = r;
+        L = lo;
+    }
+    /* what no budget holds pinned streams, on a rank that can read it */
+    for (; L < NL; L++) {
+        int r = can_read(f, &x->have[last], m->trunk_extent[L]) ? last : -1;
+        for (int k = 0; k < x->nranks && r < 0; k++)
+            if (can_read(f, &x->have[k], m->trunk_extent[L])) r = k;
+        if (r < 0) {
+            char w[600];
+            where(f, m->trunk_extent[L], w, sizeof w);
+            return krun_err_set(err, KRUN_EINPUT, "cluster: no rank can read layer %d: %s", L, w);
+        }
+        x->owner[L] = (uint8_t)(last = r);
+    }
     return 0;
 }
 
@@ -129,9 +200,10 @@ int krun_ranks_hello(krun_ranks **out, const krun_model *model, kpk_file *f, k3_
     const k3_config *c = &m->cfg;
     krun_ranks *x = calloc(1, sizeof *x);
     hello_msg h;
-    (void)model;
+    uint64_t budget[KCL_MAX_RANKS];
     *out = NULL;
     if (!x || !(x->owner = calloc((size_t)c->n_layers, 1))) { free(x); return krun_err_set(err, KRUN_ENOMEM, "out of memory"); }
+    pthread_mutex_init(&x->mu, NULL);
     x->nranks = kcl_size();
     /* every rank lays out blocks of the same size: one prompt block (no prefill layout) */
     if (!o->chunk) o->chunk = KMEM_DECODE_BLOCK;
@@ -144,6 +216,7 @@ int krun_ranks_hello(krun_ranks **out, const krun_model *model, kpk_file *f, k3_
     for (int r = 1; r < x->nranks; r++)
         if (kcl_send(r, KCL_OP, &h, sizeof h, err)) { krun_ranks_free(x); return -1; }
     members_of(f, &x->have[0]);
+    budget[0] = o->budget;
     for (int r = 1; r < x->nranks; r++) {
         report_msg rep;
         if (kcl_get(r, KCL_REPLY, &rep, sizeof rep, NULL, err)) { krun_ranks_free(x); return -1; }
@@ -154,8 +227,9 @@ int krun_ranks_hello(krun_ranks **out, const krun_model *model, kpk_file *f, k3_
             return -1;
         }
         x->have[r] = rep.have;
+        budget[r] = rep.budget;
     }
-    if (place_layers(f, m, x, err) || check_coverage(f, m, x, err)) { krun_ranks_free(x); return -1; }
+    if (place_layers(model, f, m, o, budget, x, err) || check_coverage(f, m, x, err)) { krun_ranks_free(x); return -1; }
     {
         uint8_t away[K3_MAX_LAYERS];
         int rc;
@@ -195,23 +269,127 @@ int krun_ranks_ready(krun_ranks *x, k3_model *m, k3_run *run, k3_state **states,
     return 0;
 }
 
+/* ---- rank 0's blocks and states ---------------------------------------------------------------- */
+
+int krun_ranks_staged(const krun_ranks *x) { return x && x->node && kcl_node_staged(x->node); }
+
+int krun_ranks_forward(krun_ranks *x, k3_run *run, const k3_seg *segs, size_t n, krun_err *err)
+{
+    int rc;
+    if (!x) return k3_forward(run, segs, n, err);
+    pthread_mutex_lock(&x->mu);
+    rc = k3_forward(run, segs, n, err);
+    pthread_mutex_unlock(&x->mu);
+    return rc;
+}
+
+void krun_ranks_commit(krun_ranks *x, k3_run *run, k3_state *st, size_t keep)
+{
+    if (x) pthread_mutex_lock(&x->mu);
+    k3_commit(run, st, keep);     /* the other ranks' layers through the commit seam (remote.h) */
+    if (x) pthread_mutex_unlock(&x->mu);
+}
+
+void krun_ranks_reset(krun_ranks *x, k3_state *st)
+{
+    krun_err e;
+    k3_state_reset(st);
+    if (!krun_ranks_staged(x)) return;
+    pthread_mutex_lock(&x->mu);
+    kcl_node_reset(x->node, st, &e);      /* a failure here is the cluster's: every later exchange reports it */
+    pthread_mutex_unlock(&x->mu);
+}
+
+void krun_ranks_copy(krun_ranks *x, k3_state *dst, const k3_state *src)
+{
+    krun_err e;
+    k3_state_copy(dst, src);
+    if (!krun_ranks_staged(x)) return;
+    pthread_mutex_lock(&x->mu);
+    kcl_node_copy(x->node, dst, src, &e);
+    pthread_mutex_unlock(&x->mu);
+}
+
+int krun_ranks_state_new(krun_ranks *x, k3_state *st, size_t cap, krun_err *err)
+{
+    int rc;
+    if (!krun_ranks_staged(x)) return 0;
+    pthread_mutex_lock(&x->mu);
+    rc = kcl_node_state_new(x->node, st, cap, err);
+    pthread_mutex_unlock(&x->mu);
+    return rc;
+}
+
+void krun_ranks_state_free(krun_ranks *x, k3_state *st)
+{
+    if (!krun_ranks_staged(x)) return;
+    pthread_mutex_lock(&x->mu);
+    kcl_node_state_free(x->node, st);
+    pthread_mutex_unlock(&x->mu);
+}
+
+static int far_get(void *ctx, const k3_state *st, int L, float *S, float *conv, float *mla, krun_err *err)
+{
+    return kcl_node_layer_get(ctx, st, L, S, conv, mla, err);
+}
+
+static int far_put(void *ctx, const k3_state *st, int L, const float *S, const float *conv, const float *mla, size_t pos, krun_err *err)
+{
+    return kcl_node_layer_put(ctx, st, L, S, conv, mla, pos, err);
+}
+
+int krun_ranks_far_begin(krun_ranks *x, const k3_config *c, size_t ctx, krun_state_far *far, const krun_state_far **use,
+                         krun_err *err)
+{
+    const size_t n = krun_state_far_floats(c, ctx);
+    *use = NULL;
+    memset(far, 0, sizeof *far);
+    if (!krun_ranks_staged(x)) return 0;
+    /* one layer at a time passes through it: outside the plan, freed at once */
+    if (!(far->buf = malloc(n * sizeof *far->buf)))
+        return krun_err_set(err, KRUN_ENOMEM, "out of memory: %zu bytes for a layer of state on its way to or from another rank",
+                            n * sizeof *far->buf);
+    far->get = far_get;
+    far->put = far_put;
+    far->ctx = x->node;
+    pthread_mutex_lock(&x->mu);
+    *use = far;
+    return 0;
+}
+
+void krun_ranks_far_end(krun_ranks *x, krun_state_far *far)
+{
+    if (!far->buf) return;
+    pthread_mutex_unlock(&x->mu);
+    free(far->buf);
+    far->buf = NULL;
+}
+
 /* ---- the other ranks -------------------------------------------------------------------------- */
+
+/* Rank 0's next order (0, its length in *len), or its stop (1; a control message taken). */
+static int next_order(size_t *len, krun_err *err)
+{
+    for (;;) {
+        int tag;
+        uint8_t tmp[64];
+        int32_t op = 0;
+        if (kcl_wait_order(&tag, len, err)) return -1;
+        if (tag == KCL_OP) return 0;
+        if (*len > sizeof tmp || kcl_recv(0, KCL_CTRL, tmp, sizeof tmp, *len, err)) return -1;
+        memcpy(&op, tmp, sizeof op);
+        if (op == OP_STOPPED) return 1;         /* else a block given up: nothing to do here */
+    }
+}
 
 int krun_ranks_await(krun_follower *fw, const krun_model_opts *own, krun_err *err)
 {
     hello_msg h;
     size_t len;
-    int src;
+    int rc;
     memset(fw, 0, sizeof *fw);
-    if (kcl_wait(1, KCL_OP, &src, &len, err)) return -1;
-    if (len != sizeof h) {
-        int32_t op = 0;
-        uint8_t tmp[64];
-        if (kcl_recv(0, KCL_OP, tmp, sizeof tmp, len, err)) return -1;
-        memcpy(&op, tmp, sizeof op);
-        if (op == OP_STOPPED) return 1;
-        return krun_err_set(err, KRUN_EINPUT, "cluster: rank 0 sent something other than its model (krun versions differ?)");
-    }
+    if ((rc = next_order(&len, err))) return rc;
+    if (len != sizeof h) return krun_err_set(err, KRUN_EINPUT, "cluster: rank 0 sent something other than its model (krun versions differ?)");
     if (kcl_recv(0, KCL_OP, &h, sizeof h, len, err)) return -1;
     h.path[sizeof h.path - 1] = 0;
     strcpy(fw->path, h.path);
@@ -237,7 +415,7 @@ int krun_ranks_report(krun_follower *fw, const kpk_file *f, const k3_config *c, 
     report_msg rep;
     plan_hdr ph;
     size_t len;
-    int src;
+    int rc;
     memset(&rep, 0, sizeof rep);
     rep.code = fw->code;
     snprintf(rep.msg, sizeof rep.msg, "%s", fw->msg);
@@ -246,7 +424,7 @@ int krun_ranks_report(krun_follower *fw, const kpk_file *f, const k3_config *c, 
     if (f) members_of(f, &rep.have);
     if (kcl_send(0, KCL_REPLY, &rep, sizeof rep, err)) return -1;
     if (fw->code) return 0;
-    if (kcl_wait(1, KCL_OP, &src, &len, err)) return -1;
+    if ((rc = next_order(&len, err))) return rc;
     if (c && len == sizeof ph + (size_t)c->n_layers) {
         uint8_t *msg = malloc(len);
         if (!msg) return krun_err_set(err, KRUN_ENOMEM, "out of memory");
@@ -261,13 +439,7 @@ int krun_ranks_report(krun_follower *fw, const kpk_file *f, const k3_config *c, 
         free(msg);
         return 0;
     }
-    {
-        uint8_t tmp[64];
-        int32_t op = 0;
-        if (len > sizeof tmp || kcl_recv(0, KCL_OP, tmp, sizeof tmp, len, err)) return -1;
-        memcpy(&op, tmp, sizeof op);
-        return op == OP_STOPPED ? 1 : krun_err_set(err, KRUN_EINPUT, "cluster: an unexpected message from rank 0");
-    }
+    return krun_err_set(err, KRUN_EINPUT, "cluster: an unexpected message from rank 0 (krun versions differ?)");
 }
 
 int krun_ranks_say_ready(krun_follower *fw, const kmemplan *plan, krun_err *err)
@@ -287,23 +459,14 @@ int krun_ranks_say_ready(krun_follower *fw, const kmemplan *plan, krun_err *err)
 void krun_ranks_await_stop(void)
 {
     krun_err e;
-    for (;;) {
-        size_t len;
-        int src;
-        uint8_t buf[8192];
-        if (kcl_wait(1, KCL_OP, &src, &len, &e)) return;
-        if (len > sizeof buf) {   /* something large (an order meant for a working rank): taken and dropped */
-            uint8_t *big = malloc(len);
-            if (!big || kcl_recv(0, KCL_OP, big, len, len, &e)) { free(big); return; }
-            free(big);
-            continue;
-        }
-        if (kcl_recv(0, KCL_OP, buf, sizeof buf, len, &e)) return;
-        if (len >= 4) {
-            int32_t op;
-            memcpy(&op, buf, sizeof op);
-            if (op == OP_STOPPED) return;
-        }
+    size_t len;
+    int rc;
+    /* orders meant for a working rank are taken and dropped */
+    while ((rc = next_order(&len, &e)) == 0) {
+        uint8_t *big = malloc(len ? len : 1);
+        rc = !big || kcl_recv(0, KCL_OP, big, len, len, &e);
+        free(big);
+        if (rc) return;
     }
 }
 

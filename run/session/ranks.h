@@ -21,6 +21,7 @@
 
 #include "memplan.h"
 #include "session.h"
+#include "statefile.h"
 #include "run/cluster/kcl_node.h"
 
 typedef struct krun_ranks krun_ranks;
@@ -34,6 +35,26 @@ int krun_ranks_hello(krun_ranks **out, const krun_model *model, kpk_file *f, k3_
 int krun_ranks_ready(krun_ranks *x, k3_model *m, k3_run *run, k3_state **states, size_t n, size_t ctx, krun_err *err);
 void krun_ranks_free(krun_ranks *x);
 kcl_node *krun_ranks_node(const krun_ranks *x);
+/* 1 when other ranks compute trunk layers (they keep those layers' states). */
+int krun_ranks_staged(const krun_ranks *x);
+
+/* Rank 0's forward blocks and its sequences' state, with other ranks
+ * holding some layers: each is what one process does (x NULL: exactly
+ * that), and the other ranks' copies follow.  Every exchange with the other
+ * ranks is serialized (a save from the prefix cache's writer thread waits
+ * for a block to end). */
+int krun_ranks_forward(krun_ranks *x, k3_run *run, const k3_seg *segs, size_t n, krun_err *err);
+void krun_ranks_commit(krun_ranks *x, k3_run *run, k3_state *st, size_t keep);
+void krun_ranks_reset(krun_ranks *x, k3_state *st);
+void krun_ranks_copy(krun_ranks *x, k3_state *dst, const k3_state *src);
+int krun_ranks_state_new(krun_ranks *x, k3_state *st, size_t cap, krun_err *err);
+void krun_ranks_state_free(krun_ranks *x, k3_state *st);
+/* A state file written or read with layers on other ranks: far (NULL when
+ * none are) is set up for contexts of ctx positions, the exchange held
+ * until far_end. */
+int krun_ranks_far_begin(krun_ranks *x, const k3_config *c, size_t ctx, krun_state_far *far, const krun_state_far **use,
+                         krun_err *err);
+void krun_ranks_far_end(krun_ranks *x, krun_state_far *far);
 
 /* A rank other than 0: the handshake's first half.  Waits for HELLO (0: *o
  * and *path filled from it and the rank's own options; 1: rank 0 stopped

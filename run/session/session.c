@@ -489,7 +489,7 @@ void krun_session_free(krun_session *s)
 void krun_session_reset(krun_session *s)
 {
     if (s->mark_at) mark_drop(s, "the session was reset");
-    k3_state_reset(&s->st);
+    krun_ranks_reset(s->m->ranks, &s->st);
     s->n_tokens = 0;
     s->have_logits = 0;
     s->broken = 0;
@@ -611,7 +611,7 @@ int krun_session_feed(krun_session *s, const int32_t *ids, size_t n, float *all_
             kstore_phase_next(m->store, (rest < nxt ? rest : nxt) > m->block);
         }
         mark_arm(s, &seg);
-        if (k3_forward(&m->run, &seg, 1, err)) {
+        if (krun_ranks_forward(m->ranks, &m->run, &seg, 1, err)) {
             mark_end(s, &seg, err);
             s->broken = 1;
             s->have_logits = 0;
@@ -650,7 +650,7 @@ static int settle(krun_session *s, size_t k, int32_t *accepted, float *accepted_
         }
         if (a == k || pick_at(s, L + a * V, s->st.pos + a + 1) != draft[a]) break;
     }
-    k3_commit(&m->run, &s->st, a + 1);
+    krun_ranks_commit(m->ranks, &m->run, &s->st, a + 1);
     s->n_tokens += a;
     memcpy(s->logits, L + a * V, V * sizeof *s->logits);
     s->have_logits = 1;
@@ -671,7 +671,7 @@ static int verify(krun_session *s, size_t k, int32_t *accepted, float *accepted_
     k3_seg seg = {&s->st, s->tokens + s->st.pos, k + 1, NULL, 1, 1, NULL};
     mark_arm(s, &seg);                 /* a journaled block takes no snapshot: one it passes is dropped */
     s->spec.sweeps++;
-    if (set_phase(s->m, k + 1, err) || k3_forward(&s->m->run, &seg, 1, err)) {
+    if (set_phase(s->m, k + 1, err) || krun_ranks_forward(s->m->ranks, &s->m->run, &seg, 1, err)) {
         s->broken = 1;
         s->have_logits = 0;
         return -1;
@@ -832,7 +832,7 @@ int krun_step_batch_verify(krun_model *m, krun_session *const *ss, const int32_t
         mark_arm(s, &segs[k]);              /* a verification block takes no snapshot: one it passes is dropped */
         if (nd[k]) s->spec.sweeps++;
     }
-    if (k3_forward(&m->run, segs, n, err)) {
+    if (krun_ranks_forward(m->ranks, &m->run, segs, n, err)) {
         for (size_t k = 0; k < n; k++) {
             mark_end(ss[k], &segs[k], err);
             ss[k]->broken = 1;
@@ -909,9 +909,9 @@ static sess_view view_of_snapshot(krun_snapshot *x)
 }
 
 /* dst := src, everything a continuation depends on (the caller checked room). */
-static void view_copy(const sess_view *dst, const sess_view *src, size_t V)
+static void view_copy(krun_ranks *ranks, const sess_view *dst, const sess_view *src, size_t V)
 {
-    k3_state_copy(dst->st, src->st);
+    krun_ranks_copy(ranks, dst->st, src->st);
     memcpy(dst->tokens, src->tokens, *src->n_tokens * sizeof *dst->tokens);
     *dst->n_tokens = *src->n_tokens;
     if (*src->have_logits) memcpy(dst->logits, src->logits, V * sizeof *dst->logits);
@@ -927,7 +927,7 @@ static void copy_into_session(krun_session *dst, const sess_view *src, const ksa
     sess_view d = view_of_session(dst);
     krun_session_reset(dst);
     ksampler_init(&dst->sampler, so, &dst->pick, (size_t)dst->m->m.cfg.vocab);
-    view_copy(&d, src, (size_t)dst->m->m.cfg.vocab);
+    view_copy(dst->m->ranks, &d, src, (size_t)dst->m->m.cfg.vocab);
 }
 
 /* A paged state is on disk between blocks: copies, snapshots and saved states of it are refused. */
@@ -958,12 +958,13 @@ int krun_session_copy(krun_session *dst, const krun_session *src, krun_err *err)
     return 0;
 }
 
-static size_t snapshot_carve(krun_snapshot *x, const k3_config *c, size_t cap, karena *a)
+static size_t snapshot_carve(krun_snapshot *x, const k3_model *m, size_t cap, karena *a)
 {
+    const k3_config *c = &m->cfg;
     krun_snapshot tmp, *s = x ? x : &tmp;
     karena_take(a, 1, sizeof *s);
     memset(s, 0, sizeof *s);
-    k3_state_carve(&s->st, c, cap, a);
+    k3_state_carve_away(&s->st, c, cap, m->away, a);
     KTAKE(a, s->tokens, cap);
     KTAKE(a, s->logits, (size_t)c->vocab);
     return karena_round(a->used);
@@ -972,7 +973,7 @@ static size_t snapshot_carve(krun_snapshot *x, const k3_config *c, size_t cap, k
 size_t krun_snapshot_bytes(const krun_model *m, size_t cap)
 {
     karena a = {NULL, 0};
-    return snapshot_carve(NULL, &m->m.cfg, cap, &a);
+    return snapshot_carve(NULL, &m->m, cap, &a);
 }
 
 int krun_snapshot_new(krun_model *m, size_t cap, krun_snapshot **out, krun_err *err)
@@ -981,21 +982,31 @@ int krun_snapshot_new(krun_model *m, size_t cap, krun_snapshot **out, krun_err *
     karena a = {aligned_alloc(KARENA_ALIGN, n), 0};
     *out = NULL;
     if (!a.base) return krun_err_set(err, KRUN_ENOMEM, "out of memory: %zu bytes for a snapshot of %zu positions", n, cap);
-    snapshot_carve((krun_snapshot *)(void *)a.base, &m->m.cfg, cap, &a);
+    snapshot_carve((krun_snapshot *)(void *)a.base, &m->m, cap, &a);
     *out = (krun_snapshot *)(void *)a.base;
     (*out)->m = m;
     (*out)->cap = cap;
+    /* its layers on other ranks get a place there too */
+    if (krun_ranks_state_new(m->ranks, &(*out)->st, cap, err)) {
+        free(*out);
+        *out = NULL;
+        return -1;
+    }
     return 0;
 }
 
-void krun_snapshot_free(krun_snapshot *snap) { free(snap); }
+void krun_snapshot_free(krun_snapshot *snap)
+{
+    if (snap) krun_ranks_state_free(snap->m->ranks, &snap->st);
+    free(snap);
+}
 
 int krun_snapshot_take(krun_snapshot *snap, const krun_session *s, krun_err *err)
 {
     sess_view d = view_of_snapshot(snap), v = view_of_session((krun_session *)s);   /* s: read only */
     if (copy_check(s, snap->m, snap->cap, "the snapshot", err)) return -1;
     snap->so = s->sampler.o;
-    view_copy(&d, &v, (size_t)snap->m->m.cfg.vocab);
+    view_copy(snap->m->ranks, &d, &v, (size_t)snap->m->m.cfg.vocab);
     snap->taken = 1;
     return 0;
 }
@@ -1043,15 +1054,25 @@ static int session_hdr(const krun_session *s, const char *path, krun_state_hdr *
 int krun_session_save(const krun_session *s, const char *path, krun_err *err)
 {
     krun_state_hdr h;
-    if (session_hdr(s, path, &h, err)) return -1;
-    return krun_state_write(path, &h, &s->m->m.cfg, s->tokens, &s->st, s->logits, err);
+    krun_state_far far;
+    const krun_state_far *use;
+    int rc;
+    if (session_hdr(s, path, &h, err) || krun_ranks_far_begin(s->m->ranks, &s->m->m.cfg, s->st.ctx, &far, &use, err)) return -1;
+    rc = krun_state_write_far(path, &h, &s->m->m.cfg, s->tokens, &s->st, s->logits, use, err);   /* other ranks' layers: far */
+    krun_ranks_far_end(s->m->ranks, &far);
+    return rc;
 }
 
 int krun_session_save_to(const krun_session *s, ksave *out, krun_err *err)
 {
     krun_state_hdr h;
-    if (session_hdr(s, out->path, &h, err)) return -1;
-    return krun_state_write_to(out, &h, &s->m->m.cfg, s->tokens, &s->st, s->logits, err);
+    krun_state_far far;
+    const krun_state_far *use;
+    int rc;
+    if (session_hdr(s, out->path, &h, err) || krun_ranks_far_begin(s->m->ranks, &s->m->m.cfg, s->st.ctx, &far, &use, err)) return -1;
+    rc = krun_state_write_to_far(out, &h, &s->m->m.cfg, s->tokens, &s->st, s->logits, use, err);
+    krun_ranks_far_end(s->m->ranks, &far);
+    return rc;
 }
 
 /* The largest state file this model can have at the session's context. */
@@ -1130,7 +1151,13 @@ int krun_session_load_fd(krun_session *s, int fd, const char *name, krun_err *er
         return -1;
     }
     krun_session_reset(s);
-    rc = krun_state_read_payload(&r, &s->m->m.cfg, s->tokens, &s->st, s->logits, err);
+    {
+        krun_state_far far;
+        const krun_state_far *use;
+        rc = krun_ranks_far_begin(s->m->ranks, &s->m->m.cfg, s->st.ctx, &far, &use, err);
+        if (!rc) rc = krun_state_read_payload_far(&r, &s->m->m.cfg, s->tokens, &s->st, s->logits, use, err);   /* other ranks' layers: far */
+        krun_ranks_far_end(s->m->ranks, &far);
+    }
     krun_state_read_end(&r);
     /* the state now lives in the session: a second copy in the page cache is memory
      * the plan does not count (as krun's other reads, RUNTIME.md §4) */
@@ -1151,7 +1178,14 @@ int krun_session_load_mem(krun_session *s, const void *buf, size_t len, const ch
     if (krun_state_parse(buf, len, &h, err)) return krun_err_prefix(err, "%s: ", name);
     if (state_fits(s, &h, b + h.layer_types_at, name, err)) return -1;
     krun_session_reset(s);
-    krun_state_restore(buf, &h, &s->m->m.cfg, s->tokens, &s->st, s->logits);
+    {
+        krun_state_far far;
+        const krun_state_far *use;
+        int rc = krun_ranks_far_begin(s->m->ranks, &s->m->m.cfg, s->st.ctx, &far, &use, err);
+        if (!rc) rc = krun_state_restore_far(buf, &h, &s->m->m.cfg, s->tokens, &s->st, s->logits, use, err);
+        krun_ranks_far_end(s->m->ranks, &far);
+        if (rc) { krun_session_reset(s); return -1; }
+    }
     state_adopt(s, &h);
     return 0;
 }
@@ -1218,6 +1252,8 @@ int krun_session_mark_save(krun_session *s, size_t at, const char *path, krun_er
     krun_model *m = s->m;
     if (mark_check(s, at, err)) return -1;
     if (!m->mark_buf) return krun_err_set(err, KRUN_EINPUT, "snapshots to a file need a model prepared for them (krun_model_opts.cache)");
+    if (krun_ranks_staged(m->ranks))
+        return krun_err_set(err, KRUN_EINPUT, "snapshots to a file inside a block: not with trunk layers on other ranks in this version");
     if (m->mark_owner) return krun_err_set(err, KRUN_EINPUT, "another session's snapshot to a file is due (one at a time)");
     if (!(s->mark_path = strdup(path))) return krun_err_set(err, KRUN_ENOMEM, "out of memory");
     m->mark_owner = s;
@@ -1314,7 +1350,8 @@ static void mark_end(krun_session *s, const k3_seg *seg, const krun_err *failed)
     if (s->mark_dst) {
         krun_session *d = s->mark_dst;
         for (int L = 0; L < c->n_layers; L++)
-            if (c->layer_is_mla[L]) memcpy(d->st.mla_cache[L], s->st.mla_cache[L], s->mark_at * k3_mla_row(c) * sizeof(float));
+            if (c->layer_is_mla[L] && s->st.mla_cache[L])   /* (another rank's layers: copied there, run/cluster) */
+                memcpy(d->st.mla_cache[L], s->st.mla_cache[L], s->mark_at * k3_mla_row(c) * sizeof(float));
         memcpy(d->tokens, s->tokens, s->mark_at * sizeof *d->tokens);
         d->n_tokens = d->st.pos = s->mark_at;
         d->have_logits = logits != NULL;

@@ -84,6 +84,11 @@ typedef struct krun_model_opts {
                                   of one KDA layer that snapshots written to a file go through */
     int threads;               /* compute threads; 0: every core */
     int simd;                  /* -1: the best the CPU has; else a level of krun_simd_parse (process-wide) */
+    int stages;                /* several machines (mpirun): 0, the default, trunk layers rank 0's budget does not
+                                  hold pinned go to the other ranks' budgets (pipeline stages); -1 off, every
+                                  layer on rank 0 (the others read and compute experts); 1: stage_layers[r]
+                                  layers to rank r, in order (the placement given, as --pin overrides the plan) */
+    int stage_layers[KRUN_MAX_RANKS];
 } krun_model_opts;
 
 void krun_model_opts_init(krun_model_opts *o);
