@@ -19,6 +19,7 @@ struct kcl_moe {
     const k3_model *m;
     k3_run *run;
     int nranks, me, nm;
+    int n_stripe;                 /* stripe members: the disks an expert of the stripe space is spread over */
     uint64_t *holders;            /* [NL][Ne] */
     uint16_t *member;             /* [NL][Ne]: where each expert's bytes lie (KPK_STRIPED: the stripe space) */
     uint64_t *bytes;              /* [NL][Ne]: its stored bytes */
@@ -71,7 +72,7 @@ int kcl_moe_new(const k3_model *m, k3_run *run, const kcl_members *have, int nra
     x->nm = kpk_member_count(f);
     x->L = -1;
     x->pred_L = -1;
-    x->T = run->T_own;
+    x->T = run ? run->T_own : 1;   /* no run: a plan's cost model only (kcl_moe_expect) */
     x->msg_cap = rows_bytes(c, x->T);
     x->holders = calloc(NL * Ne, sizeof *x->holders);
     x->member = calloc(NL * Ne, sizeof *x->member);
@@ -90,6 +91,7 @@ int kcl_moe_new(const k3_model *m, k3_run *run, const kcl_members *have, int nra
         return krun_err_set(err, KRUN_ENOMEM, "out of memory for the cluster's expert tables");
     }
     memset(x->last, NONE, NL * Ne);
+    for (uint16_t k = 0; k < x->nm; k++) x->n_stripe += kpk_member_at(f, k)->role == KPK_ROLE_STRIPE;
     memset(x->pred, NONE, Ne);
     for (size_t L = 0; L < NL; L++) {
         if (!k3_layer_is_moe(c, (int)L)) continue;
@@ -196,14 +198,15 @@ static void assign(kcl_moe *x, int L, const int *ids, size_t n, const uint8_t *s
         const size_t ke = (size_t)L * Ne + (size_t)e;
         const uint16_t mb = x->member[ke];
         const size_t slot = mb == KPK_STRIPED ? W - 1 : mb;
-        /* a stripe spreads an expert over its disks: count its share on each */
+        /* a stripe spreads an expert over its disks: the cost is the bytes per disk */
+        const double width = mb == KPK_STRIPED && x->n_stripe ? (double)x->n_stripe : 1.0;
         int best = -1;
-        uint64_t best_cost = 0;
+        double best_cost = 0;
         for (int k = 0; k < x->nranks; k++) {
             const int r = (k + e + L) % x->nranks;          /* round the ranks, a different start per expert */
-            uint64_t cost;
+            double cost;
             if (!(x->holders[ke] >> r & 1)) continue;
-            cost = x->load[(size_t)r * W + slot] + x->bytes[ke];
+            cost = (double)(x->load[(size_t)r * W + slot] + x->bytes[ke]) / width;
             if (best < 0 || cost < best_cost ||
                 (cost == best_cost && (r == x->me ? best != x->me : best != x->me && r == x->last[ke] && best != x->last[ke]))) {
                 best = r;
@@ -391,6 +394,78 @@ size_t kcl_moe_predict(kcl_moe *x, k3_run *r, int L, const int *experts, size_t 
         if (kcl_send(k, KCL_PRED, x->q, (size_t)(2 + cnt) * sizeof *x->q, &e) == 0) started += (size_t)cnt;
     }
     return started + (nl ? kstore_experts_predict(r->store, local, nl) : 0);
+}
+
+/* ---- what a layer costs, expected (the cluster's plan) ------------------------------------- */
+
+static uint64_t mix(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+void kcl_moe_expect(kcl_moe *x, int requester, int L, size_t positions, double drive_bps, int samples, kcl_moe_cost *out)
+{
+    const k3_config *c = &x->m->cfg;
+    const size_t Ne = (size_t)c->n_experts, k = (size_t)c->topk, W = (size_t)x->nm + 1;
+    const int me = x->me;
+    uint64_t seed = 0x6b706b2d636c7573ull ^ (uint64_t)L;   /* the same draws on every run: a plan is reproducible */
+    uint8_t *used = calloc(Ne, 1), *pos_rank = calloc(positions * (size_t)x->nranks, 1);
+    int *chosen = malloc(positions * k * sizeof *chosen);
+    memset(out, 0, sizeof *out);
+    if (!used || !pos_rank || !chosen || samples < 1) { free(used); free(pos_rank); free(chosen); return; }
+    x->me = requester;
+    for (int smp = 0; smp < samples; smp++) {
+        size_t nd = 0;
+        double slowest = 0;
+        uint8_t asked[KCL_MAX_RANKS] = {0};
+        memset(used, 0, Ne);
+        memset(pos_rank, 0, positions * (size_t)x->nranks);
+        /* each position chooses k distinct experts, uniformly (the release's routing is balanced) */
+        for (size_t p = 0; p < positions; p++)
+            for (size_t j = 0; j < k; j++) {
+                int e, dup;
+                do {
+                    e = (int)(mix(&seed) % Ne);
+                    dup = 0;
+                    for (size_t q = 0; q < j; q++) dup |= chosen[p * k + q] == e;
+                } while (dup);
+                chosen[p * k + j] = e;
+                used[e] = 1;
+            }
+        for (size_t e = 0; e < Ne; e++)
+            if (used[e]) x->order[nd++] = (int)e;
+        memcpy(x->by_rank, x->order, nd * sizeof *x->by_rank);     /* assign reorders x->order */
+        assign(x, L, x->by_rank, nd, NULL, x->assign);
+        for (int r = 0; r < x->nranks; r++)
+            for (size_t sl = 0; sl < W; sl++) {
+                const double width = sl == W - 1 && x->n_stripe ? (double)x->n_stripe : 1.0;
+                const double t = (double)x->load[(size_t)r * W + sl] / (width * drive_bps);
+                out->bytes[r] += (double)x->load[(size_t)r * W + sl] / samples;
+                if (t > slowest) slowest = t;
+            }
+        out->seconds += slowest / samples;
+        for (size_t j = 0; j < nd; j++) {
+            const int rk = x->assign[x->by_rank[j]];
+            if (rk != requester) { out->remote_experts += 1.0 / samples; asked[rk] = 1; }
+        }
+        for (size_t p = 0; p < positions; p++)
+            for (size_t j = 0; j < k; j++) {
+                const int rk = x->assign[chosen[p * k + j]];
+                if (rk != requester && !pos_rank[p * (size_t)x->nranks + (size_t)rk]) {
+                    pos_rank[p * (size_t)x->nranks + (size_t)rk] = 1;
+                    out->remote_rows += 1.0 / samples;
+                }
+            }
+        for (int r = 0; r < x->nranks; r++) out->remote_ranks += asked[r] / (double)samples;
+        out->rows_per_expert += (double)(positions * k) / (double)nd / samples;
+    }
+    x->me = me;
+    free(used);
+    free(pos_rank);
+    free(chosen);
 }
 
 /* ---- the server -------------------------------------------------------------------------- */

@@ -40,7 +40,8 @@ typedef struct kcl_moe kcl_moe;
 
 /* have[r]: the member files rank r has (a bit per member, 256 members).
  * run: this rank's run state (its store reads the experts it computes, its
- * scratch computes them).  The holders of every expert are worked out once. */
+ * scratch computes them); NULL for a plan's cost model only.  The holders of
+ * every expert are worked out once. */
 typedef struct kcl_members { uint64_t bits[4]; } kcl_members;
 static inline int kcl_has(const kcl_members *h, int m) { return (int)(h->bits[m >> 6] >> (m & 63) & 1); }
 
@@ -59,6 +60,21 @@ int kcl_moe_begin(kcl_moe *x, k3_run *r, int L, int *distinct, size_t *nd, size_
 int kcl_moe_rows(kcl_moe *x, k3_run *r, int L, size_t T, krun_err *err);
 int kcl_moe_end(kcl_moe *x, k3_run *r, int L, size_t T, int failed, krun_err *err);
 size_t kcl_moe_predict(kcl_moe *x, k3_run *r, int L, const int *experts, size_t n);
+
+/* The expected cost of layer L's experts for a block of `positions`
+ * positions run by rank `requester`, each choosing top-k of the pool
+ * uniformly (the release's routing is balanced), given to ranks as
+ * kcl_moe_begin gives them (cache hits not counted): the slowest disk's
+ * seconds at drive_bps bytes/s per drive (a stripe reads at the sum of its
+ * drives), the bytes each rank reads, and what crosses the network: the
+ * experts computed elsewhere, the ranks asked, the (rank, position) rows
+ * sent.  The mean over `samples` draws, the same draws on every run. */
+typedef struct kcl_moe_cost {
+    double seconds;
+    double bytes[KCL_MAX_RANKS];
+    double remote_experts, remote_ranks, remote_rows, rows_per_expert;
+} kcl_moe_cost;
+void kcl_moe_expect(kcl_moe *x, int requester, int L, size_t positions, double drive_bps, int samples, kcl_moe_cost *out);
 
 /* Serving (kcl_serve_fn): an expert request or a prediction from another rank. */
 int kcl_moe_serve(void *x, int from, int tag, krun_err *err);

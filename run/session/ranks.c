@@ -195,40 +195,81 @@ static int place_layers(const krun_model *model, const kpk_file *f, k3_model *m,
     return 0;
 }
 
-int krun_ranks_hello(krun_ranks **out, const krun_model *model, kpk_file *f, k3_model *m, krun_model_opts *o, krun_err *err)
+static krun_ranks *ranks_new(int n_layers, int nranks)
 {
-    const k3_config *c = &m->cfg;
     krun_ranks *x = calloc(1, sizeof *x);
-    hello_msg h;
-    uint64_t budget[KCL_MAX_RANKS];
-    *out = NULL;
-    if (!x || !(x->owner = calloc((size_t)c->n_layers, 1))) { free(x); return krun_err_set(err, KRUN_ENOMEM, "out of memory"); }
+    if (!x || !(x->owner = calloc((size_t)n_layers, 1))) { free(x); return NULL; }
     pthread_mutex_init(&x->mu, NULL);
-    x->nranks = kcl_size();
-    /* every rank lays out blocks of the same size: one prompt block (no prefill layout) */
+    x->nranks = nranks;
+    return x;
+}
+
+/* What every rank lays out alike: blocks of one size (no prefill layout), the cluster's buffers. */
+static void shared_opts(const k3_config *c, krun_model_opts *o)
+{
     if (!o->chunk) o->chunk = KMEM_DECODE_BLOCK;
     o->extra_bytes += kcl_node_bytes(c, k3_block_positions(o->chunk, o->max_seqs, o->spec));
+}
+
+/* HELLO to every rank; their reports: the members each has, its budget. */
+static int gather(krun_ranks *x, kpk_file *f, const krun_model_opts *o, uint64_t *budget, krun_err *err)
+{
+    hello_msg h;
     memset(&h, 0, sizeof h);
     h = (hello_msg){OP_HELLO, x->nranks, o->ctx, o->chunk, o->max_seqs, o->spec, o->prompt_tokens, o->io, o->verify,
                     o->cache_policy, o->predict, o->cache, o->state_dir != NULL, o->trace, 0, {0}};
-    if (strlen(o->path) >= sizeof h.path) { krun_ranks_free(x); return krun_err_set(err, KRUN_EINPUT, "%s: path too long", o->path); }
+    if (strlen(o->path) >= sizeof h.path) return krun_err_set(err, KRUN_EINPUT, "%s: path too long", o->path);
     strcpy(h.path, o->path);
     for (int r = 1; r < x->nranks; r++)
-        if (kcl_send(r, KCL_OP, &h, sizeof h, err)) { krun_ranks_free(x); return -1; }
+        if (kcl_send(r, KCL_OP, &h, sizeof h, err)) return -1;
     members_of(f, &x->have[0]);
     budget[0] = o->budget;
     for (int r = 1; r < x->nranks; r++) {
         report_msg rep;
-        if (kcl_get(r, KCL_REPLY, &rep, sizeof rep, NULL, err)) { krun_ranks_free(x); return -1; }
+        if (kcl_get(r, KCL_REPLY, &rep, sizeof rep, NULL, err)) return -1;
         rep.msg[sizeof rep.msg - 1] = 0;
-        if (rep.code) {
-            krun_err_set(err, rep.code, "%s: %s", kcl_who(r), rep.msg);
-            krun_ranks_free(x);
-            return -1;
-        }
+        if (rep.code) return krun_err_set(err, rep.code, "%s: %s", kcl_who(r), rep.msg);
         x->have[r] = rep.have;
         budget[r] = rep.budget;
     }
+    return 0;
+}
+
+int krun_ranks_layout(const krun_model *model, kpk_file *f, k3_model *m, krun_model_opts *o, int hypothetical, krun_layout *out,
+                      krun_err *err)
+{
+    krun_ranks *x = ranks_new(m->cfg.n_layers, hypothetical ? hypothetical : kcl_size());
+    int rc;
+    if (!x) return krun_err_set(err, KRUN_ENOMEM, "out of memory");
+    if (x->nranks > KCL_MAX_RANKS) { krun_ranks_free(x); return krun_err_set(err, KRUN_EINPUT, "at most %d ranks", KCL_MAX_RANKS); }
+    shared_opts(&m->cfg, o);
+    if (hypothetical) {
+        /* N machines like this one: its budget and its members each */
+        members_of(f, &x->have[0]);
+        for (int r = 0; r < x->nranks; r++) { x->have[r] = x->have[0]; out->budget[r] = o->budget; }
+        rc = 0;
+    } else {
+        rc = gather(x, f, o, out->budget, err);
+    }
+    if (!rc) rc = place_layers(model, f, m, o, out->budget, x, err) || check_coverage(f, m, x, err) ? -1 : 0;
+    if (!rc) {
+        out->nranks = x->nranks;
+        memcpy(out->have, x->have, sizeof out->have);
+        memcpy(out->owner, x->owner, (size_t)m->cfg.n_layers);
+    }
+    krun_ranks_free(x);
+    return rc;
+}
+
+int krun_ranks_hello(krun_ranks **out, const krun_model *model, kpk_file *f, k3_model *m, krun_model_opts *o, krun_err *err)
+{
+    const k3_config *c = &m->cfg;
+    krun_ranks *x = ranks_new(c->n_layers, kcl_size());
+    uint64_t budget[KCL_MAX_RANKS];
+    *out = NULL;
+    if (!x) return krun_err_set(err, KRUN_ENOMEM, "out of memory");
+    shared_opts(c, o);
+    if (gather(x, f, o, budget, err)) { krun_ranks_free(x); return -1; }
     if (place_layers(model, f, m, o, budget, x, err) || check_coverage(f, m, x, err)) { krun_ranks_free(x); return -1; }
     {
         uint8_t away[K3_MAX_LAYERS];

@@ -30,6 +30,22 @@ typedef struct krun_ranks krun_ranks;
  * block size for every rank; the cluster's buffers counted), m->away set to
  * the layers other ranks compute. */
 int krun_ranks_hello(krun_ranks **out, const krun_model *model, kpk_file *f, k3_model *m, krun_model_opts *o, krun_err *err);
+/* Who computes what, without preparing anything (krun --plan): under
+ * mpirun the other ranks' reports (then they are stopped at exit), or
+ * `hypothetical` ranks like this one (its budget and members each).  o is
+ * adjusted as for preparing. */
+typedef struct krun_layout {
+    int nranks;
+    uint64_t budget[KCL_MAX_RANKS];
+    kcl_members have[KCL_MAX_RANKS];
+    uint8_t owner[K3_MAX_LAYERS];
+} krun_layout;
+int krun_ranks_layout(const krun_model *model, kpk_file *f, k3_model *m, krun_model_opts *o, int hypothetical, krun_layout *out,
+                      krun_err *err);
+/* The plan's cost (ranks_plan.c): each rank's own memory plan for its
+ * layers, and what a sweep reads and sends (session.h, krun_cluster_plan). */
+int krun_ranks_cost(const krun_model *model, k3_model *m, const krun_model_opts *o, const krun_layout *lay, int hypothetical,
+                    double disk_mbps, double net_mbps, krun_cluster_plan *out, krun_err *err);
 /* Rank 0, at the end of krun_model_prepare: the seams installed on run, the
  * other ranks' READY collected. */
 int krun_ranks_ready(krun_ranks *x, k3_model *m, k3_run *run, k3_state **states, size_t n, size_t ctx, krun_err *err);

@@ -1447,3 +1447,16 @@ int krun_model_ranks(krun_model *m, krun_rank_info *out, int max, krun_err *err)
     free(all);
     return n;
 }
+
+int krun_model_cluster_plan(krun_model *m, const krun_model_opts *o, int hypothetical, double disk_mbps, double net_mbps,
+                            krun_cluster_plan *out, krun_err *err)
+{
+    krun_model_opts q = *o;
+    krun_layout lay;
+    int rc;
+    if (!hypothetical && !kcl_active()) hypothetical = 1;
+    if (krun_ranks_layout(m, m->f, &m->m, &q, hypothetical, &lay, err)) return -1;
+    rc = krun_ranks_cost(m, &m->m, &q, &lay, hypothetical != 0, disk_mbps, net_mbps, out, err);
+    k3_model_set_away(&m->m, NULL, 0, err);
+    return rc;
+}

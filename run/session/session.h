@@ -411,6 +411,40 @@ typedef struct krun_rank_info {
 } krun_rank_info;
 int krun_model_ranks(krun_model *m, krun_rank_info *out, int max, krun_err *err);
 
+/* The cluster's plan (krun --plan under mpirun, or --ranks N: N machines
+ * like this one): who computes which trunk layers, each rank's memory plan,
+ * and what a decoding sweep of o->max_seqs sequences reads and sends,
+ * costed at disk_mbps per drive (MB/s; a stripe reads at the sum of its
+ * drives) and net_mbps (0: not costed): every rank's trunk streamed in turn,
+ * each MoE layer's experts at the pace of the slowest disk they are given
+ * to (the mean over random top-k choices, assigned as the runtime assigns
+ * them), the hidden state's hops and the experts' rows and outputs over the
+ * network.  Reading and sending only: compute is not counted. */
+typedef struct krun_rank_plan {
+    char who[96];
+    uint64_t budget;                  /* 0: none (the file in place) */
+    int layers, first, last;          /* the trunk layers it computes (first..last; 0 layers: first = last = -1) */
+    int pinned;                       /* of them held */
+    int expert_slots, drives;         /* its expert cache; the disks its trunk is read from */
+    uint64_t total;                   /* its plan's bytes */
+    double trunk_bytes, expert_bytes; /* read per sweep (lm_head's streamed pieces in rank 0's trunk) */
+    double sent, received;            /* over the network, per sweep */
+} krun_rank_plan;
+typedef struct krun_cluster_plan {
+    int nranks, hypothetical;
+    size_t seqs;                      /* sequences per sweep */
+    double disk_mbps, net_mbps;
+    int hops;                         /* the hidden state's moves between ranks per sweep */
+    krun_rank_plan rank[KRUN_MAX_RANKS];
+    double trunk_bytes, expert_bytes, net_bytes;  /* per sweep */
+    double s_trunk, s_experts, s_net, s_sweep;    /* seconds per sweep */
+    double s_token, tokens_per_hour;
+} krun_cluster_plan;
+int krun_model_cluster_plan(krun_model *m, const krun_model_opts *o, int hypothetical, double disk_mbps, double net_mbps,
+                            krun_cluster_plan *out, krun_err *err);
+void krun_cluster_plan_print(const krun_cluster_plan *p, FILE *out);
+json_t *krun_cluster_plan_json(const krun_cluster_plan *p);
+
 /* The session's state (KDA, ShortConv, MLA latent cache, position, history
  * with pending tokens, last logits, the sampler's seed and stream, the reply start) to a file, in the format of
  * docs/STATE.md, through the one safe writer (savefile.h): path is new or an
