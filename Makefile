@@ -185,7 +185,25 @@ $(KFAULT): tests/fault/kfault.c
 	@$(if $(V),true,echo "  SHLIB   $@")
 	$(Q)$(CC) -std=gnu11 -O2 -g -fPIC -shared -Wall -Wextra -Werror -Wvla -o $@ $<
 
-unit: $(UNIT_BIN) $(FUZZ_REPLAY) $(KFAULT)
+# The cluster's test tools (only where Open MPI is): a krun built without MPI
+# (kcl_mpi.c's stand-in, what a build without libopenmpi-dev says under
+# mpirun), and tests/fault/kmpifault.c, LD_PRELOADed: a rank's N-th send fails.
+KMPIFAULT  := $(BUILD)/tests/libkmpifault.so
+KRUN_NOMPI := $(BUILD)/tests/krun_nompi
+$(KMPIFAULT): tests/fault/kmpifault.c
+	@mkdir -p $(dir $@)
+	@$(if $(V),true,echo "  SHLIB   $@")
+	$(Q)$(CC) -std=gnu11 -O2 -g -fPIC -shared -Wall -Wextra -Werror $(MPI_CFLAGS) -o $@ $< $(MPI_LIBS)
+$(BUILD)/nompi/kcl_mpi.o: run/cluster/kcl_mpi.c
+	@mkdir -p $(dir $@)
+	@$(if $(V),true,echo "  CC      $< (without MPI)")
+	$(Q)$(CC) $(CFLAGS) -c $< -o $@
+$(KRUN_NOMPI): $(call obj,run/cli/main.c) $(BUILD)/nompi/kcl_mpi.o $(LIBRUN) $(LIBFORMAT)
+	@mkdir -p $(dir $@)
+	@$(if $(V),true,echo "  LINK    $@")
+	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(filter-out $(MPI_LIBS),$(LDLIBS))
+
+unit: $(UNIT_BIN) $(FUZZ_REPLAY) $(KFAULT) $(if $(MPI_LIBS),$(KMPIFAULT) $(KRUN_NOMPI))
 
 # Under this build's directory, so a sanitizer build's ablations are not mixed
 # with the plain build's.

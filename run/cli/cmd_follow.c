@@ -28,8 +28,9 @@ int krun_follow_main(int argc, char **argv)
     if (krun_cli_budget(&c, &budget)) budget = 0;
     krun_cli_model_opts(&c, "", budget, &o);
     if (krun_cluster_follow(&o, &e)) {
+        /* said here; rank 0 says it too, and stops the job */
         fprintf(stderr, "krun (rank %d): %s\n", krun_cluster_rank(), e.msg);
-        return e.code ? e.code : 2;
+        krun_cluster_linger();
     }
     return 0;
 }

@@ -65,10 +65,21 @@ int kcl_rank(void);
 int kcl_size(void);
 /* "rank 2 (host node3, pid 4711)": for messages; known after kcl_start. */
 const char *kcl_who(int rank);
-/* The end: on rank 0 every other rank is sent stop[len] (a KCL_CTRL stop),
- * then signs of life stopped, MPI finalized -- unless the cluster failed (a
- * rank is lost: finalizing would wait for it forever). */
-void kcl_finish(const void *stop, size_t len);
+/* The end (at exit, with the exit status): on rank 0 every other rank is
+ * sent a stop (KCL_CTRL, first word KCL_STOP, second whether the cluster
+ * failed), then the signs of life stop and MPI is finalized -- unless the
+ * cluster failed: then finalizing would wait forever for a lost rank, and
+ * the process leaves at once (_exit(status), stdio flushed). */
+#define KCL_STOP 1
+void kcl_finish(int status);
+/* A follower took rank 0's stop message: a failed cluster is marked so. */
+void kcl_stopped(const void *msg, size_t len);
+/* A rank other than 0 after its cluster failed: fall silent (no more signs
+ * of life, so rank 0 notices within its timeout and says which rank was
+ * lost) and wait for rank 0's stop, or until it must be gone too; then the
+ * process may exit 0 (a rank that exits non-zero makes plain mpirun end
+ * every rank before rank 0 can say what happened). */
+void kcl_linger(void);
 /* Mark the cluster failed (err says why); every later wait fails with it. */
 void kcl_fail(const krun_err *why);
 int kcl_failed(krun_err *why);

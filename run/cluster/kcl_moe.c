@@ -255,7 +255,7 @@ int kcl_moe_begin(kcl_moe *x, k3_run *r, int L, int *distinct, size_t *nd, size_
         x->q[0] = L;
         x->q[1] = cnt;
         memcpy(x->q + 2, x->by_rank + x->at[k], (size_t)cnt * sizeof *x->q);
-        if (kcl_send(k, KCL_EXQ, x->q, (size_t)(2 + cnt) * sizeof *x->q, err)) return krun_err_prefix(err, "layer %d: ", L);
+        if (kcl_send(k, KCL_EXQ, x->q, (size_t)(2 + cnt) * sizeof *x->q, err)) return -1;
         x->asked[k] = 1;
     }
     return 0;
@@ -294,9 +294,10 @@ static size_t build_rows(kcl_moe *x, k3_run *r, int k, size_t T)
 
 int kcl_moe_rows(kcl_moe *x, k3_run *r, int L, size_t T, krun_err *err)
 {
+    (void)L;                      /* (the layer in flight, x->L, is in the rows' header) */
     for (int k = 0; k < x->nranks; k++) {
         if (!x->asked[k]) continue;
-        if (kcl_send(k, KCL_EXROWS, x->msg, build_rows(x, r, k, T), err)) return krun_err_prefix(err, "layer %d: ", L);
+        if (kcl_send(k, KCL_EXROWS, x->msg, build_rows(x, r, k, T), err)) return -1;
         x->rows_sent[k] = 1;
     }
     return 0;
@@ -357,10 +358,7 @@ int kcl_moe_end(kcl_moe *x, k3_run *r, int L, size_t T, int failed, krun_err *er
             if (kcl_send(k, KCL_EXROWS, &cancel, sizeof cancel, e)) { bad = 1; continue; }
         }
         /* every answer is taken whole, kept or not, so that nothing of it is left for the next layer */
-        if (take_answer(x, r, k, T, !bad, e)) {
-            if (!bad) krun_err_prefix(err, "layer %d: ", L);
-            bad = 1;
-        }
+        if (take_answer(x, r, k, T, !bad, e)) bad = 1;
     }
     return bad ? -1 : 0;
 }

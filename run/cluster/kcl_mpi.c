@@ -34,8 +34,10 @@ int kcl_active(void) { return 0; }
 int kcl_rank(void) { return 0; }
 int kcl_size(void) { return 1; }
 const char *kcl_who(int rank) { (void)rank; return "rank 0"; }
-void kcl_finish(const void *stop, size_t len) { (void)stop; (void)len; }
+void kcl_finish(int status) { (void)status; }
+void kcl_stopped(const void *msg, size_t len) { (void)msg; (void)len; }
 void kcl_fail(const krun_err *why) { (void)why; }
+void kcl_linger(void) {}
 int kcl_failed(krun_err *why) { (void)why; return 0; }
 void kcl_set_server(kcl_serve_fn fn, void *ctx) { (void)fn; (void)ctx; }
 static int none(krun_err *err) { return krun_err_set(err, KRUN_EINPUT, "no cluster: this krun was built without MPI"); }
@@ -194,6 +196,29 @@ int kcl_start(int *argc, char ***argv, krun_err *err)
     return 0;
 }
 
+void kcl_linger(void)
+{
+    const double t0 = now();
+    if (!K.active || K.rank == 0) return;
+    atomic_store(&K.stop, 1);
+    if (K.beater_up) pthread_join(K.beater, NULL);
+    K.beater_up = 0;
+    while (now() - t0 < 2 * K.timeout + 5 && now() - atomic_load(&K.seen[0]) < 2 * K.timeout + 5) {
+        struct timespec ts = {0, 10000000};
+        int flag = 0;
+        MPI_Status st;
+        if (MPI_Iprobe(0, KCL_CTRL, K.data, &flag, &st) == MPI_SUCCESS && flag) {
+            char buf[64];
+            int n = 0;
+            MPI_Get_count(&st, MPI_BYTE, &n);
+            if (n <= (int)sizeof buf) MPI_Recv(buf, n, MPI_BYTE, 0, KCL_CTRL, K.data, MPI_STATUS_IGNORE);
+            if (n >= 4 && buf[0] == KCL_STOP) return;
+            continue;
+        }
+        nanosleep(&ts, NULL);
+    }
+}
+
 void kcl_fail(const krun_err *why)
 {
     if (K.failed) return;
@@ -207,29 +232,44 @@ int kcl_failed(krun_err *why)
     return K.failed;
 }
 
-void kcl_finish(const void *stop, size_t len)
+void kcl_finish(int status)
 {
     if (!K.active) return;
-    if (stop && K.rank == 0) {
-        /* every other rank is told to stop, even after a failure (the live ones are waiting for it);
-         * a lost rank never takes it: give up on it after a second */
+    if (K.rank == 0) {
+        /* every other rank is told to stop, and whether the cluster failed (the live ones are waiting
+         * for it); synchronous sends, done when taken: a lost rank never takes it (3 s at most) */
+        int32_t stop[8] = {KCL_STOP, K.failed};
         MPI_Request q[KCL_MAX_RANKS];
         double t0 = now();
         int n = 0, done = 0;
-        for (int r = 1; r < K.size; r++) MPI_Isend(stop, (int)len, MPI_BYTE, r, KCL_CTRL, K.data, &q[n++]);
-        while (!done && now() - t0 < 1) {
+        for (int r = 1; r < K.size; r++)
+            if (MPI_Issend(stop, (int)sizeof stop, MPI_BYTE, r, KCL_CTRL, K.data, &q[n++]) != MPI_SUCCESS) q[n - 1] = MPI_REQUEST_NULL;
+        while (!done && now() - t0 < 3) {
             struct timespec ts = {0, 1000000};
             MPI_Testall(n, q, &done, MPI_STATUSES_IGNORE);
             if (!done) nanosleep(&ts, NULL);
         }
-        if (!done) K.failed = 1;       /* someone did not take it: no MPI_Finalize fence */
+        if (!done) K.failed = 1;
     }
     atomic_store(&K.stop, 1);
     if (K.beater_up) pthread_join(K.beater, NULL);
     K.beater_up = 0;
     K.active = 0;
-    /* a lost rank never reaches MPI_Finalize's fence: after a failure, leave without it */
-    if (!K.failed) MPI_Finalize();
+    if (!K.failed) {
+        MPI_Finalize();
+        return;
+    }
+    /* a lost rank never reaches MPI_Finalize's fence, and Open MPI finalizes at exit itself:
+     * leave without either, what was written flushed */
+    fflush(NULL);
+    _exit(status);
+}
+
+void kcl_stopped(const void *msg, size_t len)
+{
+    int32_t v[2] = {0, 0};
+    memcpy(v, msg, len < sizeof v ? len : sizeof v);
+    if (v[0] == KCL_STOP && v[1]) K.failed = 1;
 }
 
 /* A rank that has been silent too long, among `who` (0: none). */

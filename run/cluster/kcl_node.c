@@ -7,7 +7,7 @@
 #include <string.h>
 
 /* rank 0's orders (tag OP) */
-enum { OP_STOP = 1, OP_ABORT, OP_FORWARD, OP_RESET, OP_COPY, OP_COMMIT, OP_NEW, OP_FREE, OP_LAYER_GET, OP_LAYER_PUT, OP_STATS };
+enum { OP_STOP = KCL_STOP, OP_ABORT, OP_FORWARD, OP_RESET, OP_COPY, OP_COMMIT, OP_NEW, OP_FREE, OP_LAYER_GET, OP_LAYER_PUT, OP_STATS };
 typedef struct op_hdr { int32_t op, n, a, b; int64_t x, y; } op_hdr;
 /* one segment of a forward block */
 typedef struct op_seg { int32_t id, n, journal, all_positions, snap_at, snap_dst; } op_seg;
@@ -43,6 +43,13 @@ uint64_t kcl_node_bytes(const k3_config *c, size_t T)
 
 int kcl_node_owner(const kcl_node *n, int L) { return L < 0 || L >= n->m->cfg.n_layers ? 0 : n->owner[L]; }
 int kcl_node_staged(const kcl_node *n) { return n->stage_ranks != 1; }
+
+int kcl_node_lost(const kcl_node *n, krun_err *why)
+{
+    if (kcl_failed(why)) return 1;
+    if (n->block_failed && why) *why = n->why;
+    return n->block_failed;
+}
 kcl_moe *kcl_node_moe(kcl_node *n) { return n->moe; }
 
 static long state_id(const kcl_node *n, const k3_state *st)
@@ -372,11 +379,7 @@ int kcl_node_stats(kcl_node *n, kcl_rank_stats *all, krun_err *err)
     return 0;
 }
 
-void kcl_node_leave(void)
-{
-    static const op_hdr stop = {OP_STOP, 0, 0, 0, 0, 0};
-    kcl_finish(&stop, sizeof stop);
-}
+void kcl_node_leave(int status) { kcl_finish(status); }
 
 /* ---- the other ranks -------------------------------------------------------------------------- */
 
@@ -495,7 +498,7 @@ int kcl_node_follow(kcl_node *n, krun_err *err)
         if (len < sizeof *h) return krun_err_set(err, KRUN_EINPUT, "cluster: a malformed order from rank 0");
         kcl_interrupted(1);
         switch (h->op) {
-        case OP_STOP: return 0;
+        case OP_STOP: kcl_stopped(n->msg, len); return 0;
         case OP_ABORT: break;          /* a block given up (KCL_CTRL): whatever waited for it was interrupted */
         case OP_FORWARD:
             if (do_forward(n, h, &e) && !kcl_interrupted(0)) {

@@ -38,6 +38,9 @@ kcl_moe *kcl_node_moe(kcl_node *n);
 /* 1 when some layer runs on a rank other than 0 (pipeline stages). */
 int kcl_node_staged(const kcl_node *n);
 int kcl_node_owner(const kcl_node *n, int L);
+/* 1 when nothing more can run on the cluster: a rank or the network to it
+ * was lost, or a block failed half way on the ranks (why: the first error). */
+int kcl_node_lost(const kcl_node *n, krun_err *why);
 /* Bytes of the buffers kcl_node_new allocates (the plan counts them). */
 uint64_t kcl_node_bytes(const k3_config *c, size_t T);
 
@@ -61,10 +64,9 @@ typedef struct kcl_rank_stats {
 } kcl_rank_stats;
 /* Every rank's (rank 0's own from its store), all[kcl_size()]. */
 int kcl_node_stats(kcl_node *n, kcl_rank_stats *all, krun_err *err);
-/* Rank 0, at the end: every other rank is told to stop (its loop returns
- * 0), and the process leaves the cluster (kcl_finish).  Any rank may call it
- * at exit. */
-void kcl_node_leave(void);
+/* At exit, any rank (status: the exit status): rank 0 tells every other to
+ * stop (its loop returns 0), and the process leaves the cluster (kcl_finish). */
+void kcl_node_leave(int status);
 
 /* ---- the other ranks ---- */
 /* Do what rank 0 orders until it says stop (0), or the cluster fails (-1, err). */

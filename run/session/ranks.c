@@ -10,7 +10,7 @@
 #include <unistd.h>
 
 /* The handshake's messages (tags OP and REPLY); the op codes are apart from kcl_node's orders. */
-enum { OP_STOPPED = 1 /* kcl_node's stop */, OP_HELLO = 100, OP_PLAN = 101 };
+enum { OP_STOPPED = KCL_STOP, OP_HELLO = 100, OP_PLAN = 101 };
 
 typedef struct hello_msg {
     int32_t op, nranks;
@@ -419,7 +419,7 @@ static int next_order(size_t *len, krun_err *err)
         if (tag == KCL_OP) return 0;
         if (*len > sizeof tmp || kcl_recv(0, KCL_CTRL, tmp, sizeof tmp, *len, err)) return -1;
         memcpy(&op, tmp, sizeof op);
-        if (op == OP_STOPPED) return 1;         /* else a block given up: nothing to do here */
+        if (op == OP_STOPPED) { kcl_stopped(tmp, *len); return 1; }   /* else a block given up: nothing to do here */
     }
 }
 

@@ -1369,17 +1369,22 @@ static void mark_end(krun_session *s, const k3_seg *seg, const krun_err *failed)
 
 /* ---- several machines (ranks.h) --------------------------------------------------- */
 
-static void cluster_exit(void) { kcl_node_leave(); }
+static void cluster_exit(int status, void *arg)
+{
+    (void)arg;
+    kcl_node_leave(status);
+}
 
 int krun_cluster_start(int *argc, char ***argv, krun_err *err)
 {
     if (!kcl_launched()) return 0;
     if (kcl_start(argc, argv, err)) return -1;
-    atexit(cluster_exit);
+    on_exit(cluster_exit, NULL);      /* (glibc's: the handler gets the exit status, kcl_finish may need it) */
     return kcl_rank();
 }
 
 int krun_cluster_rank(void) { return kcl_rank(); }
+void krun_cluster_linger(void) { kcl_linger(); }
 int krun_cluster_size(void) { return kcl_size(); }
 
 int krun_cluster_follow(const krun_model_opts *own, krun_err *err)
@@ -1459,4 +1464,9 @@ int krun_model_cluster_plan(krun_model *m, const krun_model_opts *o, int hypothe
     rc = krun_ranks_cost(m, &m->m, &q, &lay, hypothetical != 0, disk_mbps, net_mbps, out, err);
     k3_model_set_away(&m->m, NULL, 0, err);
     return rc;
+}
+
+int krun_model_cluster_lost(const krun_model *m, krun_err *why)
+{
+    return m->ranks && krun_ranks_node(m->ranks) ? kcl_node_lost(krun_ranks_node(m->ranks), why) : 0;
 }

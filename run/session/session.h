@@ -399,6 +399,9 @@ int krun_cluster_size(void);
  * until rank 0 stops.  Returns the exit status (0 after rank 0's stop, also
  * when this rank failed and told rank 0 why). */
 int krun_cluster_follow(const krun_model_opts *own, krun_err *err);
+/* After krun_cluster_follow failed: fall silent and wait for rank 0's stop
+ * (rank 0 notices within KRUN_CLUSTER_TIMEOUT and says which rank was lost). */
+void krun_cluster_linger(void);
 /* What each rank of the model's cluster did so far (rank 0 first): its
  * host, the trunk layers it computes, its reads, the experts it computed for
  * other ranks, the bytes it sent and received.  Returns how many ranks were
@@ -410,6 +413,10 @@ typedef struct krun_rank_info {
     uint64_t experts_served, experts_predicted, bytes_sent, bytes_received;
 } krun_rank_info;
 int krun_model_ranks(krun_model *m, krun_rank_info *out, int max, krun_err *err);
+/* 1 when the model's cluster can compute nothing more (a rank, or the
+ * network to it, was lost; a block failed half way on the ranks), with why;
+ * 0 in one process. */
+int krun_model_cluster_lost(const krun_model *m, krun_err *why);
 
 /* The cluster's plan (krun --plan under mpirun, or --ranks N: N machines
  * like this one): who computes which trunk layers, each rank's memory plan,
