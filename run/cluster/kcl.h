@@ -69,7 +69,10 @@ const char *kcl_who(int rank);
  * sent a stop (KCL_CTRL, first word KCL_STOP, second whether the cluster
  * failed), then the signs of life stop and MPI is finalized -- unless the
  * cluster failed: then finalizing would wait forever for a lost rank, and
- * the process leaves at once (_exit(status), stdio flushed). */
+ * the process leaves without it (_exit(status), stdio flushed): rank 0 at
+ * once, the others once rank 0 has gone (so that mpirun, which ends every
+ * rank when one leaves unfinalized, never cuts rank 0 off before its exit
+ * status and its error are out). */
 #define KCL_STOP 1
 void kcl_finish(int status);
 /* A follower took rank 0's stop message: a failed cluster is marked so. */

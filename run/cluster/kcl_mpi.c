@@ -232,6 +232,28 @@ int kcl_failed(krun_err *why)
     return K.failed;
 }
 
+/* A rank other than 0 of a failed cluster, leaving: rank 0 leaves first.  A
+ * rank that ends without MPI_Finalize makes mpirun end every other at once,
+ * so a follower that left before rank 0 could cut rank 0 off before its
+ * exit status is known: it waits here until rank 0's signs of life stop
+ * (rank 0 leaves right after its stop was taken), or as long as a lost
+ * rank 0 takes to be noticed. */
+static void after_rank0(void)
+{
+    const double t0 = now();
+    double heard = t0;
+    char in;
+    while (now() - heard < 3.0 * BEAT_NS * 1e-9 && now() - t0 < 2 * K.timeout + 5) {
+        struct timespec ts = {0, 10000000};
+        int flag = 0;
+        while (MPI_Iprobe(0, 0, K.beat, &flag, MPI_STATUS_IGNORE) == MPI_SUCCESS && flag) {
+            MPI_Recv(&in, 1, MPI_CHAR, 0, 0, K.beat, MPI_STATUS_IGNORE);
+            heard = now();
+        }
+        nanosleep(&ts, NULL);
+    }
+}
+
 void kcl_finish(int status)
 {
     if (!K.active) return;
@@ -262,6 +284,7 @@ void kcl_finish(int status)
     /* a lost rank never reaches MPI_Finalize's fence, and Open MPI finalizes at exit itself:
      * leave without either, what was written flushed */
     fflush(NULL);
+    if (K.rank != 0) after_rank0();
     _exit(status);
 }
 

@@ -163,6 +163,7 @@ wait_port() { # LOG: the port krun serve printed
 }
 "$BIN/krun" serve "$T/m.kpk" --port 0 --max-seqs 4 --ctx 256 >"$T/srv0.log" 2>&1 & SP=$!
 P=$(wait_port "$T/srv0.log"); [ -n "$P" ] && serve_texts "$P" "$T/sv0.txt"; kill $SP; wait $SP 2>/dev/null
+: >"$T/srv1.log"
 KRUN_TEST_TAG=serve1 "${MPI[@]}" -np 3 "$BIN/krun" serve "$T/m.kpk" --port 0 --max-seqs 4 --ctx 256 --stages 5,4,4 >"$T/srv1.log" 2>&1 & SP=$!
 P=$(wait_port "$T/srv1.log"); [ -n "$P" ] && serve_texts "$P" "$T/sv1.txt"
 R0=$(rank_pid serve1 0)
@@ -269,7 +270,7 @@ fi
 python3 -c "
 import json
 for i in range(12):
-    print(json.dumps({'custom_id':'r%d'%i,'method':'POST','url':'/v1/completions','body':{'model':'m','prompt':'n %d'%i,'max_tokens':24,'temperature':0.5}}))" >"$T/many.jsonl"
+    print(json.dumps({'custom_id':'r%d'%i,'method':'POST','url':'/v1/completions','body':{'model':'m','prompt':'n %d'%i,'max_tokens':16,'temperature':0.5}}))" >"$T/many.jsonl"
 "$BIN/krun" batch "$T/m.kpk" "$T/many.jsonl" "$T/m0.jsonl" --max-seqs 2 --ctx 128 --seed 3 --quiet 2>"$T/err"
 KRUN_TEST_TAG=batch "${MPI[@]}" -np 3 "$BIN/krun" batch "$T/m.kpk" "$T/many.jsonl" "$T/m1.jsonl" --max-seqs 2 --ctx 128 --seed 3 --mem 16M --quiet >/dev/null 2>&1 &
 MP=$!
@@ -289,6 +290,7 @@ else
         || notok "krun batch resume on a cluster: $(head -c 300 "$T/err")"
 fi
 # krun serve: a rank lost while serving: 503 naming it, /health unavailable
+: >"$T/srv2.log"
 KRUN_TEST_TAG=serve2 KRUN_CLUSTER_TIMEOUT=3 "${MPI[@]}" --enable-recovery -np 3 "$BIN/krun" serve "$T/m.kpk" --port 0 --max-seqs 2 --ctx 256 --mem 16M \
     >"$T/srv2.log" 2>&1 &
 SP=$!
