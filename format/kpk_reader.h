@@ -22,7 +22,8 @@ int kpk_open(const char *path, kpk_file **out, kpk_err *err);
  * kpk_member_here tells which; reading through an absent one fails with
  * KPK_EMEMBER naming it. */
 int kpk_open_here(const char *path, int absent_ok, kpk_file **out, kpk_err *err);
-int kpk_member_here(const kpk_file *f, uint16_t m);void kpk_close(kpk_file *f);
+int kpk_member_here(const kpk_file *f, uint16_t m);
+void kpk_close(kpk_file *f);
 
 const char *kpk_path(const kpk_file *f);
 int kpk_fd(const kpk_file *f);                 /* the entry file's */

@@ -63,6 +63,28 @@ static void members_of(const kpk_file *f, kcl_members *h)
         if (kpk_member_here(f, k)) h->bits[k >> 6] |= 1ull << (k & 63);
 }
 
+/* The machine member k was laid out for by kpack convert --machines: its
+ * file is named <entry name>.m<machine>.<disk> (docs/FORMAT.md §7.1); -1
+ * for any other member. */
+static int machine_of(const kpk_file *f, uint16_t k)
+{
+    const char *name = kpk_member_name(f, k), *entry = strrchr(kpk_path(f), '/'), *base;
+    size_t n;
+    char *end;
+    long mach;
+    entry = entry ? entry + 1 : kpk_path(f);
+    base = name ? strrchr(name, '/') : NULL;
+    base = base ? base + 1 : name;
+    n = strlen(entry);
+    if (!base || strncmp(base, entry, n) || strncmp(base + n, ".m", 2)) return -1;
+    mach = strtol(base + n + 2, &end, 10);
+    if (end == base + n + 2 || *end != '.' || mach < 0 || mach >= KCL_MAX_RANKS) return -1;
+    for (const char *d = end + 1; ; d++) {
+        if (!*d) return d > end + 1 ? (int)mach : -1;
+        if (*d < '0' || *d > '9') return -1;
+    }
+}
+
 /* A rank that can read extent i: all of its members present. */
 static int can_read(const kpk_file *f, const kcl_members *h, uint32_t i)
 {
@@ -244,9 +266,18 @@ int krun_ranks_layout(const krun_model *model, kpk_file *f, k3_model *m, krun_mo
     if (x->nranks > KCL_MAX_RANKS) { krun_ranks_free(x); return krun_err_set(err, KRUN_EINPUT, "at most %d ranks", KCL_MAX_RANKS); }
     shared_opts(&m->cfg, o);
     if (hypothetical) {
-        /* N machines like this one: its budget and its members each */
-        members_of(f, &x->have[0]);
-        for (int r = 0; r < x->nranks; r++) { x->have[r] = x->have[0]; out->budget[r] = o->budget; }
+        /* N machines like this one: its budget and its members each -- but of a set laid out for
+         * machines (kpack convert --machines), machine r's members only, as each would have them */
+        kcl_members here;
+        members_of(f, &here);
+        for (int r = 0; r < x->nranks; r++) {
+            x->have[r] = here;
+            out->budget[r] = o->budget;
+            for (uint16_t k = 1; k < kpk_member_count(f) && k < 256; k++) {
+                const int mach = machine_of(f, k);
+                if (mach >= 0 && mach != r) x->have[r].bits[k >> 6] &= ~(1ull << (k & 63));
+            }
+        }
         rc = 0;
     } else {
         rc = gather(x, f, o, out->budget, err);
