@@ -113,7 +113,12 @@ void krun_announce_prompt(krun_model *m, size_t n);
 
 #define KRUN_CLI_USAGE_EXECUTION \
     "  --threads N           worker threads (default: all cores); results are identical for any N\n" \
-    "  --simd auto|scalar|avx2|avx512|neon   kernel path (default auto); results are identical\n"
+    "  --simd auto|scalar|avx2|avx512|neon   kernel path (default auto); results are identical\n" \
+    "  --stages auto|off|N,N,...  under mpirun (several machines, no flag needed): which ranks compute\n" \
+    "                        the trunk layers -- auto: as the ranks' budgets hold them; off: rank 0\n" \
+    "                        all, the others experts only; N,N,...: each rank's layer count, in\n" \
+    "                        order.  Each rank's own --mem/--preset/--threads are its own; results\n" \
+    "                        are identical for any rank count\n"
 
 #define KRUN_CLI_USAGE_MEMORY \
     "Memory (without --mem or --preset a file that fits in memory is used in place from a\n" \
