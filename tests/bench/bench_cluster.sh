@@ -128,11 +128,12 @@ done
 # every expert, and each layer's experts are dealt evenly over the ranks
 copied() {
     local n=$1 r
-    rm -rf "$HDD_ROOT/e" "$HDD_ROOT/t" "$W"/view*
+    rm -rf "$HDD_ROOT/e" "$W"/view*
     for ((r = 0; r < NMAX; r++)); do rm -rf "$HDD_ROOT/d$r"/k.kpk* "$HDD_ROOT/d$r/t"; [ "$r" = 0 ] || rm -rf "$HDD_ROOT/d$r/e"; done
-    mkdir -p "$HDD_ROOT/t" "$HDD_ROOT/d0/e"
+    mkdir -p "$HDD_ROOT/d0/e"
     ln -s "$HDD_ROOT/t" "$HDD_ROOT/d0/t"
     if [ ! -f "$HDD_ROOT/d0/e/k.kpk" ]; then
+        rm -rf "$HDD_ROOT/t"; mkdir -p "$HDD_ROOT/t"
         nice -n 10 "$BIN/kpack" convert "$W/slice.kpk" "$HDD_ROOT/d0/e/k.kpk" --trunk-to "$HDD_ROOT/d0/t" --quiet ||
             { echo "FAILED: kpack convert --trunk-to"; rc=1; return 1; }
         [ -n "${BENCH_KEEP:-}" ] || rm -f "$W/slice.kpk"
