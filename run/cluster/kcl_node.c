@@ -296,22 +296,27 @@ int kcl_node_copy(kcl_node *n, const k3_state *dst, const k3_state *src, krun_er
     return to_stages(n, &h, err);
 }
 
+/* The state table twice as long (the new entries empty). */
+static int grow_states(kcl_node *n, krun_err *err)
+{
+    size_t c2 = n->cap_st * 2;
+    k3_state **s2 = realloc(n->st, c2 * sizeof *s2);
+    uint8_t **m2 = s2 ? realloc(n->mine, c2 * sizeof *m2) : NULL;
+    if (s2) n->st = s2;
+    if (!s2 || !m2) return krun_err_set(err, KRUN_ENOMEM, "out of memory");
+    n->mine = m2;
+    memset(n->st + n->cap_st, 0, (c2 - n->cap_st) * sizeof *s2);
+    memset(n->mine + n->cap_st, 0, (c2 - n->cap_st) * sizeof *m2);
+    n->cap_st = c2;
+    return 0;
+}
+
 int kcl_node_state_new(kcl_node *n, k3_state *st, size_t cap, krun_err *err)
 {
     size_t i = n->n_fixed;
     op_hdr h = {OP_NEW, 0, 0, 0, (int64_t)cap, 0};
     while (i < n->n_st && n->st[i]) i++;
-    if (i == n->cap_st) {
-        size_t c2 = n->cap_st * 2;
-        k3_state **s2 = realloc(n->st, c2 * sizeof *s2);
-        uint8_t **m2 = s2 ? realloc(n->mine, c2 * sizeof *m2) : NULL;
-        if (s2) n->st = s2;
-        if (!s2 || !m2) return krun_err_set(err, KRUN_ENOMEM, "out of memory");
-        n->mine = m2;
-        memset(n->st + n->cap_st, 0, (c2 - n->cap_st) * sizeof *s2);
-        memset(n->mine + n->cap_st, 0, (c2 - n->cap_st) * sizeof *m2);
-        n->cap_st = c2;
-    }
+    if (i == n->cap_st && grow_states(n, err)) return -1;
     n->st[i] = st;
     if (i == n->n_st) n->n_st++;
     h.a = (int32_t)i;
@@ -395,17 +400,8 @@ static int mirror_new(kcl_node *n, int32_t id, size_t cap, krun_err *err)
     karena a = {NULL, 0};
     k3_state tmp;
     if (id < (int32_t)n->n_fixed || (size_t)id > n->n_st + 1024) return krun_err_set(err, KRUN_EINPUT, "cluster: state %d", id);
-    while ((size_t)id >= n->cap_st) {
-        size_t c2 = n->cap_st * 2;
-        k3_state **s2 = realloc(n->st, c2 * sizeof *s2);
-        uint8_t **m2 = s2 ? realloc(n->mine, c2 * sizeof *m2) : NULL;
-        if (s2) n->st = s2;
-        if (!s2 || !m2) return krun_err_set(err, KRUN_ENOMEM, "out of memory");
-        n->mine = m2;
-        memset(n->st + n->cap_st, 0, (c2 - n->cap_st) * sizeof *s2);
-        memset(n->mine + n->cap_st, 0, (c2 - n->cap_st) * sizeof *m2);
-        n->cap_st = c2;
-    }
+    while ((size_t)id >= n->cap_st)
+        if (grow_states(n, err)) return -1;
     free(n->mine[id]);
     n->st[id] = NULL;
     k3_state_carve_away(&tmp, c, cap, n->m->away, &a);
