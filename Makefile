@@ -34,6 +34,17 @@ ifneq ($(CC_IS_CLANG),1)
 endif
 # CPPFLAGS and LDFLAGS as the caller gives them (Debian's hardening flags: debian/rules).
 LDLIBS  += -lzstd -lxxhash -lcrypto -ljansson -lpcre2-8 -lmicrohttpd -lpthread -lm
+# Open MPI (Debian: libopenmpi-dev): krun over several machines under mpirun
+# (run/cluster).  Found through pkg-config (ompi-c) in a native build; without
+# it krun still builds, and says what is missing when mpirun starts it.
+# KRUN_MPI=0 builds without it anyway.
+ifeq ($(CROSS)$(KRUN_MPI),)
+  MPI_CFLAGS := $(shell pkg-config --cflags ompi-c 2>/dev/null)
+  MPI_LIBS   := $(shell pkg-config --libs ompi-c 2>/dev/null)
+endif
+ifneq ($(MPI_LIBS),)
+  LDLIBS += $(MPI_LIBS)
+endif
 
 BUILD   ?= build
 # The ablation build (test only): every spec trap compiled in, selected at run
@@ -88,6 +99,9 @@ $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	@$(if $(V),true,echo "  CC      $<")
 	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) -c $< -o $@
+
+# only the transport sees <mpi.h> (-isystem: its header is not held to our warnings)
+$(BUILD)/run/cluster/kcl_mpi.o: override CFLAGS += $(if $(MPI_LIBS),-DKRUN_MPI $(patsubst -I%,-isystem %,$(MPI_CFLAGS)))
 
 $(LIBFORMAT): $(call obj,$(FORMAT_SRC))
 	@mkdir -p $(dir $@)
@@ -184,7 +198,25 @@ $(KFAULT): tests/fault/kfault.c
 	@$(if $(V),true,echo "  SHLIB   $@")
 	$(Q)$(CC) -std=gnu11 -O2 -g -fPIC -shared -Wall -Wextra -Werror -Wvla -o $@ $<
 
-unit: $(UNIT_BIN) $(FUZZ_REPLAY) $(KFAULT)
+# The cluster's test tools (only where Open MPI is): a krun built without MPI
+# (kcl_mpi.c's stand-in, what a build without libopenmpi-dev says under
+# mpirun), and tests/fault/kmpifault.c, LD_PRELOADed: a rank's N-th send fails.
+KMPIFAULT  := $(BUILD)/tests/libkmpifault.so
+KRUN_NOMPI := $(BUILD)/tests/krun_nompi
+$(KMPIFAULT): tests/fault/kmpifault.c
+	@mkdir -p $(dir $@)
+	@$(if $(V),true,echo "  SHLIB   $@")
+	$(Q)$(CC) -std=gnu11 -O2 -g -fPIC -shared -Wall -Wextra -Werror $(MPI_CFLAGS) -o $@ $< $(MPI_LIBS)
+$(BUILD)/nompi/kcl_mpi.o: run/cluster/kcl_mpi.c
+	@mkdir -p $(dir $@)
+	@$(if $(V),true,echo "  CC      $< (without MPI)")
+	$(Q)$(CC) $(CFLAGS) -c $< -o $@
+$(KRUN_NOMPI): $(call obj,run/cli/main.c) $(BUILD)/nompi/kcl_mpi.o $(LIBRUN) $(LIBFORMAT)
+	@mkdir -p $(dir $@)
+	@$(if $(V),true,echo "  LINK    $@")
+	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(filter-out $(MPI_LIBS),$(LDLIBS))
+
+unit: $(UNIT_BIN) $(FUZZ_REPLAY) $(KFAULT) $(if $(MPI_LIBS),$(KMPIFAULT) $(KRUN_NOMPI))
 
 # Under this build's directory, so a sanitizer build's ablations are not mixed
 # with the plain build's.

@@ -82,7 +82,8 @@ int kpk_unchanged(const kpk_file *f, kpk_err *err)
 {
     char why[200];
     for (uint32_t m = 0; m < f->sb.member_count; m++)
-        if (kpk_ident_differs(f->member_fd[m], &f->ident[m], why, sizeof why)) {
+        if (f->member_fd[m] >= 0 &&                /* -1: a member on another machine (kpk_open_here) */
+            kpk_ident_differs(f->member_fd[m], &f->ident[m], why, sizeof why)) {
             if (f->sb.member_count == 1)
                 kpk_err_set(err, KPK_ECHANGED, "%s changed while it was in use (%s)", f->path, why);
             else

@@ -24,9 +24,10 @@ struct kpk_file {
     char *manifest;              /* NUL-terminated */
     kpk_block *blocks;           /* block_count */
     kpk_member *members;         /* member_count; record 0 synthesized for a single file */
-    int *member_fd;              /* [0] = fd */
     kpk_ident entry_ident;       /* the entry file as it was opened, before a byte was read */
     kpk_ident *ident;            /* [member_count]: each file as it was opened (kpk_ident.c) */
+    int *member_fd;              /* [0] = fd; -1: a member not on this machine (kpk_open_here) */
+    int absent_ok;               /* kpk_open_here: a member file that does not exist is absent, not an error */
     char **member_path;          /* [0] = path */
     uint16_t *stripe_member;     /* stripe_index -> member index, stripe_count entries */
     uint32_t n_layers, n_experts;

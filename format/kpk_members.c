@@ -70,6 +70,7 @@ static int open_member(kpk_file *f, uint32_t m, struct stat *ids, kpk_err *err)
     if (!(f->member_path[m] = malloc(n))) return member_fail(err, KPK_ENOMEM, f, m, "out of memory");
     snprintf(f->member_path[m], n, "%s/%s", f->dir, rel);
     f->member_fd[m] = open(f->member_path[m], O_RDONLY | O_CLOEXEC);
+    if (f->member_fd[m] < 0 && errno == ENOENT && f->absent_ok) return 0;      /* on another machine */
     if (f->member_fd[m] < 0) return member_fail(err, KPK_EMEMBER, f, m, "%s (missing member file)", strerror(errno));
     if (kpk_ident_take(f->member_fd[m], &f->ident[m]) || fstat(f->member_fd[m], &st))
         return member_fail(err, KPK_EIO, f, m, "%s", strerror(errno));
@@ -183,6 +184,12 @@ size_t kpk_extent_segments(const kpk_file *f, uint32_t i, uint64_t pos, uint64_t
 static int read_segments(const kpk_file *f, const kpk_seg *seg, size_t n, uint8_t *buf, const char *what, kpk_err *err)
 {
     for (size_t s = 0; s < n; s++) {
+        if (f->member_fd[seg[s].member] < 0) {
+            char label[KPK_MAX_PATH + 32];
+            member_label(f, seg[s].member, label, sizeof label);
+            kpk_err_set(err, KPK_EMEMBER, "%s: %s: reading %s: the member file is not on this machine", f->path, label, what);
+            return -1;
+        }
         if (kio_pread_full(f->member_fd[seg[s].member], buf, seg[s].len, seg[s].off)) {
             int e = errno;
             char label[KPK_MAX_PATH + 32];

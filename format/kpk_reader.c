@@ -52,6 +52,7 @@ const char *kpk_manifest(const kpk_file *f, size_t *len)
 }
 uint16_t kpk_member_count(const kpk_file *f) { return f->sb.member_count; }
 int kpk_member_fd(const kpk_file *f, uint16_t m) { return m < f->sb.member_count ? f->member_fd[m] : -1; }
+int kpk_member_here(const kpk_file *f, uint16_t m) { return kpk_member_fd(f, m) >= 0; }
 const char *kpk_member_path(const kpk_file *f, uint16_t m) { return m < f->sb.member_count ? f->member_path[m] : NULL; }
 const kpk_member *kpk_member_at(const kpk_file *f, uint16_t m) { return m < f->sb.member_count ? &f->members[m] : NULL; }
 const char *kpk_member_name(const kpk_file *f, uint16_t m)
@@ -347,7 +348,9 @@ static char *entry_dir(const char *path)
     return real;
 }
 
-int kpk_open(const char *path, kpk_file **out, kpk_err *err)
+int kpk_open(const char *path, kpk_file **out, kpk_err *err) { return kpk_open_here(path, 0, out, err); }
+
+int kpk_open_here(const char *path, int absent_ok, kpk_file **out, kpk_err *err)
 {
     kpk_file *f = calloc(1, sizeof *f);
     const kpk_superblock *sb;
@@ -358,6 +361,7 @@ int kpk_open(const char *path, kpk_file **out, kpk_err *err)
     if (!f) { kpk_err_set(err, KPK_ENOMEM, "%s: out of memory", path); return -1; }
     f->fd = -1;
     f->meta = f->globals = -1;
+    f->absent_ok = absent_ok != 0;
     f->path = strdup(path);
     if (!f->path) { kpk_err_set(err, KPK_ENOMEM, "%s: out of memory", path); goto bad; }
     f->fd = open(path, O_RDONLY | O_CLOEXEC);

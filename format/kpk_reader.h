@@ -16,6 +16,13 @@ typedef struct kpk_file kpk_file;
  * KPK_ENOTKPK, KPK_EVERSION, KPK_EFORMAT, KPK_ECHECKSUM, KPK_ENOMEM,
  * KPK_EMEMBER; kpk_err_is_damage() tells exit 1 from exit 2). */
 int kpk_open(const char *path, kpk_file **out, kpk_err *err);
+/* The same, but with absent_ok a member file that does not exist is absent
+ * rather than an error (a set spread over several machines: each opens the
+ * members on its own disks; every other check is made on the ones present).
+ * kpk_member_here tells which; reading through an absent one fails with
+ * KPK_EMEMBER naming it. */
+int kpk_open_here(const char *path, int absent_ok, kpk_file **out, kpk_err *err);
+int kpk_member_here(const kpk_file *f, uint16_t m);
 void kpk_close(kpk_file *f);
 
 const char *kpk_path(const kpk_file *f);

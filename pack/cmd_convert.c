@@ -35,7 +35,7 @@
 #include <unistd.h>
 
 static const char usage_fmt[] =
-    "usage: kpack convert SRC OUT.kpk [--compress none|trunk|all] [--stripe DIR,DIR,...] [--stripe-unit SIZE]\n"
+    "usage: kpack convert SRC OUT.kpk [--compress none|trunk|all] [--stripe DIR,DIR,...] [--machines N] [--stripe-unit SIZE]\n"
     "                     [--trunk-to DIR] [--align N] [--order layer-major|trunk-first]\n"
     "                     [--keep-max SIZE | --no-archive] [--sha256 SUMS] [--threads N]\n"
     "                     [--consume | --consume-blobs] [--yes] [--force] [--dry-run] [--json] [--quiet]\n"
@@ -48,6 +48,11 @@ static const char usage_fmt[] =
     "  --stripe DIR,DIR,..  one stripe member per directory (OUT's name + .s0, .s1, ...):\n"
     "                  the globals, trunks and experts are striped over them in units,\n"
     "                  so every read keeps every disk busy; OUT keeps the directory\n"
+    "  --machines N    the --stripe directories are N machines' disks, in order (as many\n"
+    "                  on each): one member per directory (OUT's name + .m<machine>.<disk>)\n"
+    "                  holding whole extents -- the experts dealt over all of them, each\n"
+    "                  trunk layer on its machine's share, the globals on machine 0 -- so\n"
+    "                  every machine needs only OUT and its own members (krun under mpirun)\n"
     "  --stripe-unit SIZE  the stripe unit: a power of two, a multiple of the\n"
     "                  alignment, at most 64M (default 4M)\n"
     "  --trunk-to DIR  the globals and every trunk layer (read on every token) in one\n"
@@ -617,6 +622,10 @@ int cmd_convert(int argc, char **argv)
         else if (kx_flag(argc, argv, &i, "--yes", NULL)) yes = 1;
         else if (kx_flag(argc, argv, &i, "--stripe", &v)) stripe_list = (char *)v;
         else if (kx_flag(argc, argv, &i, "--trunk-to", &v)) opt.trunk_dir = v;
+        else if (kx_flag(argc, argv, &i, "--machines", &v)) {   /* a set laid out for N machines (plan.h) */
+            if (kargs_long(v, 1, KPK_MAX_MEMBERS - 2, &n)) { kx_error("--machines: expected 1..%u, got %s", KPK_MAX_MEMBERS - 2, v); return KX_FAIL; }
+            opt.machines = (uint16_t)n;
+        }
         else if (kx_flag(argc, argv, &i, "--sha256", &v)) sums = v;
         else if (kx_flag(argc, argv, &i, "--threads", &v)) {
             if (kargs_long(v, 1, 256, &n)) { kx_error("--threads: expected 1..256, got %s", v); return KX_FAIL; }
@@ -639,10 +648,15 @@ int cmd_convert(int argc, char **argv)
         return KX_FAIL;
     }
     opt.stripe_unit = (uint32_t)unit;
+    if (opt.machines && (!stripe_list || unit)) { kx_error("--machines N needs --stripe DIR,... (each machine's disks, in order) and no --stripe-unit"); return KX_FAIL; }
     if (stripe_list) {
         stripe_list = strdup(stripe_list);
         if (!stripe_list || parse_dirs(stripe_list, &stripe_dirs, &opt.n_stripe)) { free(stripe_list); return KX_FAIL; }
         opt.stripe_dirs = stripe_dirs;
+        if (opt.machines && opt.n_stripe % opt.machines) {
+            kx_error("--machines %u: the %u --stripe directories must be the machines' disks, as many on each", opt.machines, opt.n_stripe);
+            goto out;
+        }
     }
     if (opt.trunk_dir && !kx_is_dir(opt.trunk_dir)) goto out;
 

@@ -108,7 +108,7 @@ static int plan_members(kp_plan *p, const char *out, char *err, size_t errlen)
     uint16_t m = 0;
     int rc = -1;
     p->n_members = (uint16_t)(1 + (o->trunk_dir != NULL) + o->n_stripe);
-    p->n_stripe = o->n_stripe;
+    p->n_stripe = o->machines ? 0 : o->n_stripe;
     p->members = calloc(p->n_members, sizeof *p->members);
     if (!odir || !p->members) { snprintf(err, errlen, "out of memory"); goto out; }
     if (!real) { snprintf(err, errlen, "%s: %s", odir, strerror(errno)); goto out; }
@@ -127,15 +127,18 @@ static int plan_members(kp_plan *p, const char *out, char *err, size_t errlen)
         rc = -1;
     }
     for (uint16_t k = 0; k < o->n_stripe; k++) {
-        if (asprintf(&name, "%s.s%u", base, k) < 0) { snprintf(err, errlen, "out of memory"); goto out; }
-        p->members[m].role = KPK_ROLE_STRIPE;
-        p->members[m].stripe_index = k;
+        /* --machines: NAME.m<machine>.<disk>, whole extents in each (plain members) */
+        int rn = o->machines ? asprintf(&name, "%s.m%u.%u", base, k / (o->n_stripe / o->machines), k % (o->n_stripe / o->machines))
+                             : asprintf(&name, "%s.s%u", base, k);
+        if (rn < 0) { snprintf(err, errlen, "out of memory"); goto out; }
+        p->members[m].role = o->machines ? KPK_ROLE_PLAIN : KPK_ROLE_STRIPE;
+        p->members[m].stripe_index = o->machines ? KPK_NO_STRIPE : k;
         rc = set_member(&p->members[m++], o->stripe_dirs[k], name, real, err, errlen);
         free(name);
         if (rc) goto out;
         rc = -1;
     }
-    if (o->n_stripe) {
+    if (p->n_stripe) {
         p->stripe_unit = o->stripe_unit ? o->stripe_unit : KP_DEFAULT_STRIPE_UNIT;
         if (p->stripe_unit < o->align) p->stripe_unit = o->align;
     }
@@ -149,10 +152,17 @@ out:
 /* Which file an extent of this kind goes to (how kpack uses the roles, §7.1):
  * globals and trunks to the trunk member, else with the experts to the stripe
  * space, else the entry; meta and archive stay in the entry. */
-static uint16_t target_of(const kp_plan *p, int kind)
+static uint16_t target_of(const kp_plan *p, int kind, uint32_t layer, uint32_t expert, uint32_t n_layers)
 {
     int trunkish = kind == KPK_KIND_GLOBALS || kind == KPK_KIND_TRUNK;
     if (trunkish && p->opt.trunk_dir) return 1;
+    if (p->opt.machines && (trunkish || kind == KPK_KIND_EXPERT)) {
+        /* laid out for N machines: members first .. first + K - 1, machine m's disks m K/N .. */
+        const uint32_t K = p->opt.n_stripe, per = K / p->opt.machines, first = 1 + (p->opt.trunk_dir != NULL);
+        if (kind == KPK_KIND_EXPERT) return (uint16_t)(first + (expert + layer) % K);
+        if (kind == KPK_KIND_GLOBALS) return (uint16_t)first;
+        return (uint16_t)(first + (layer * p->opt.machines / n_layers) * per + layer % per);
+    }
     if ((trunkish || kind == KPK_KIND_EXPERT) && p->n_stripe) return KPK_STRIPED;
     return 0;
 }
@@ -209,7 +219,7 @@ static kpk_extent *begin_extent(struct builder *b, int kind, uint32_t layer, uin
     x->layer = layer;
     x->expert = expert;
     x->codec = KPK_CODEC_NONE;
-    x->member = target_of(p, kind);
+    x->member = target_of(p, kind, layer, expert, (uint32_t)b->in->cfg->n_layers);
     x->first_tensor = (uint32_t)p->n_tensors;
     return x;
 }

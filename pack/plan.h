@@ -24,6 +24,11 @@ typedef struct kp_options {
     uint16_t n_stripe;
     uint32_t stripe_unit;            /* 0: the default (4 MiB, or the alignment if larger) */
     const char *trunk_dir;           /* --trunk-to: a plain member for the globals and trunks, or NULL */
+    uint16_t machines;               /* --machines N: the --stripe directories are N machines' disks, in order (an
+                                        equal number each), one PLAIN member per directory holding whole extents:
+                                        the experts dealt over all of them, each trunk layer on a disk of the
+                                        machine whose share of the layers it is in, the globals on machine 0's
+                                        first (krun over several machines: docs/RUNTIME.md §10) */
     kp_codec_opts codec;             /* --compress and the codec's settings (blocks.h) */
 } kp_options;
 

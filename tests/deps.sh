@@ -17,6 +17,8 @@ PKGS="build-essential clang pkg-config bc libzstd-dev libxxhash-dev libssl-dev l
 PKGS="$PKGS mandoc"
 # chromium: krun serve's page is tested in it, headless (test_krun_serve_page.sh, through puppeteer-core from tests/node)
 PKGS="$PKGS chromium"
+# Open MPI: krun over several machines (run/cluster); test_krun_cluster runs mpirun on localhost
+PKGS="$PKGS libopenmpi-dev openmpi-bin"
 [ "${1:-}" = fuzz ] && PKGS="clang libclang-rt-14-dev"
 [ "${1:-}" = pkg ] && PKGS="dpkg-dev debhelper fakeroot lintian systemd systemd-container curl man-db"
 if [ "${1:-}" = arm64 ]; then

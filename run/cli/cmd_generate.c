@@ -75,6 +75,10 @@ static const char usage[] =
     "  --max-seqs N          sessions whose state the plan budgets (default 1; for --plan)\n"
     "  --state-dir DIR       with --plan: their states paged to disk, as krun batch --state-dir\n"
     "                        does (the window in RAM, the state bytes a sweep reads and writes)\n"
+    "  --ranks N             with --plan: the cluster plan of N machines like this one (its budget,\n"
+    "                        its disks each); under mpirun --plan gives the real cluster's\n"
+    "  --net-mbps X          with --plan on a cluster: the network's Mbit/s (and --disk-mbps each\n"
+    "                        drive's MB/s): seconds per token and tokens/hour\n"
     "  --recompute           recompute the whole sequence every step (testing; same result)\n"
     "Output:\n"
     "  --json FILE           prompt_ids, generated_ids, seconds_per_token, bytes_read, peak_rss_bytes, ...\n"
@@ -98,7 +102,8 @@ struct opts {
     long gen, spec;
     size_t prompt_tokens[16]; /* --plan --prompt-tokens P[,P2,...] */
     size_t n_prompt_tokens;
-    double disk_mbps;
+    double disk_mbps, net_mbps;
+    long ranks;               /* --plan --ranks N */
     int plan_only;
     const char *state_dir;    /* --plan --state-dir */
     int recompute, print_ids, quiet, ignore_eos;
@@ -149,6 +154,8 @@ static void parse_args(int argc, char **argv, struct opts *o)
             if (!o->n_prompt_tokens) krun_cli_die("%s", "--prompt-tokens: expected a token count, or several separated by commas");
         }
         else if (OPT("--disk-mbps")) o->disk_mbps = krun_cli_double(v, 0.001, 1e9, "--disk-mbps");
+        else if (OPT("--net-mbps")) o->net_mbps = krun_cli_double(v, 0.001, 1e9, "--net-mbps");
+        else if (OPT("--ranks")) o->ranks = krun_cli_long(v, 1, KRUN_MAX_RANKS, "--ranks (1..64)");
         else if (OPT("--json")) o->json = v;
         else if (OPT("--dump-logits")) o->dump_logits = v;
         else if (OPT("--dump-all-logits")) o->dump_all = v;
@@ -168,7 +175,9 @@ static void parse_args(int argc, char **argv, struct opts *o)
     krun_cli_check(&o->c, o->plan_only ? "--plan" : NULL);
     if ((o->n_prompt_tokens || o->disk_mbps > 0) && !o->plan_only) krun_cli_die("%s", "--prompt-tokens and --disk-mbps go with --plan");
     if (o->state_dir && !o->plan_only) krun_cli_die("%s", "--state-dir goes with --plan here (states on disk are krun batch's)");
-    if (o->disk_mbps > 0 && !o->n_prompt_tokens) krun_cli_die("%s", "--disk-mbps needs --prompt-tokens P (the prompt whose reads it times)");
+    if ((o->ranks || o->net_mbps > 0) && !o->plan_only) krun_cli_die("%s", "--ranks and --net-mbps go with --plan");
+    if (o->disk_mbps > 0 && !o->n_prompt_tokens && !o->ranks && krun_cluster_size() == 1)
+        krun_cli_die("%s", "--disk-mbps needs --prompt-tokens P (the prompt whose reads it times), or a cluster's plan (--ranks N)");
     if (!o->plan_only && !!o->prompt + !!o->prompt_file + !!o->ids > 1)
         krun_cli_die("%s", "give only one of --prompt, --prompt-file, --ids");
     if (!o->plan_only && !o->load_state && !!o->prompt + !!o->prompt_file + !!o->ids != 1)
@@ -255,6 +264,28 @@ static int read_prompt(const struct opts *o, krun_model *m, size_t max_tokens, i
     return 0;
 }
 
+/* Several machines (under mpirun, or --ranks N like this one): who computes what, and a sweep's cost. */
+static int cluster_plan(const struct opts *o, krun_model *m, const krun_model_opts *mo)
+{
+    krun_cluster_plan *p = malloc(sizeof *p);
+    krun_err e;
+    if (!p) { fprintf(stderr, "krun: out of memory\n"); return KRUN_ENOMEM; }
+    if (krun_model_cluster_plan(m, mo, (int)o->ranks, o->disk_mbps, o->net_mbps, p, &e)) {
+        fprintf(stderr, "krun: %s\n", e.msg);
+        free(p);
+        return e.code;
+    }
+    if (o->json) {
+        json_t *j = krun_cluster_plan_json(p);
+        int bad = json_dump_file(j, o->json, JSON_INDENT(1)) != 0;
+        json_decref(j);
+        if (bad) { fprintf(stderr, "krun: cannot write %s\n", o->json); free(p); return KRUN_EINPUT; }
+    }
+    krun_cluster_plan_print(p, stdout);
+    free(p);
+    return KRUN_OK;
+}
+
 static int plan_only(const struct opts *o, krun_model *m, uint64_t budget)
 {
     krun_model_opts mo;
@@ -272,6 +303,7 @@ static int plan_only(const struct opts *o, krun_model *m, uint64_t budget)
         fprintf(stderr, "krun: --prompt-tokens %zu does not fit --ctx %zu\n", most, mo.ctx);
         return KRUN_EINPUT;
     }
+    if (o->ranks || krun_cluster_size() > 1) return cluster_plan(o, m, &mo);
     if (krun_model_make_plan(m, &mo, &plan, &e)) { fprintf(stderr, "krun: %s\n", e.msg); return e.code; }
     if (o->json) {
         json_t *j = kmemplan_json(&plan);

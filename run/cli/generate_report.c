@@ -7,6 +7,7 @@
 
 #include <jansson.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 /* Bytes read and seconds of the decoding sweeps, per generated token after
  * the first (which comes from the prompt's logits). */
@@ -195,6 +196,36 @@ static json_t *routing_json(const krun_model *m)
     return a;
 }
 
+/* Several machines: what each rank did (null in one process). */
+static json_t *cluster_json(krun_model *m)
+{
+    krun_rank_info *ri = calloc(KRUN_MAX_RANKS, sizeof *ri);
+    krun_err e;
+    json_t *a;
+    int n = ri ? krun_model_ranks(m, ri, KRUN_MAX_RANKS, &e) : -1;
+    if (n <= 0) { free(ri); return json_null(); }
+    a = json_array();
+    for (int r = 0; r < n; r++) {
+        json_t *o = json_object(), *mb = json_array();
+        for (uint16_t k = 0; k < ri[r].st.n_members; k++) json_array_append_new(mb, json_integer((json_int_t)ri[r].st.member_bytes[k]));
+        json_object_set_new(o, "rank", json_integer(r));
+        json_object_set_new(o, "who", json_string(ri[r].who));
+        json_object_set_new(o, "layers", json_integer(ri[r].layers));
+        json_object_set_new(o, "bytes_read", json_integer((json_int_t)ri[r].st.bytes_read));
+        json_object_set_new(o, "bytes_trunk", json_integer((json_int_t)ri[r].st.bytes_trunk));
+        json_object_set_new(o, "bytes_experts", json_integer((json_int_t)ri[r].st.bytes_experts));
+        json_object_set_new(o, "bytes_resident", json_integer((json_int_t)ri[r].st.bytes_resident));
+        json_object_set_new(o, "member_bytes", mb);
+        json_object_set_new(o, "experts_served", json_integer((json_int_t)ri[r].experts_served));
+        json_object_set_new(o, "experts_predicted", json_integer((json_int_t)ri[r].experts_predicted));
+        json_object_set_new(o, "bytes_sent", json_integer((json_int_t)ri[r].bytes_sent));
+        json_object_set_new(o, "bytes_received", json_integer((json_int_t)ri[r].bytes_received));
+        json_array_append_new(a, o);
+    }
+    free(ri);
+    return json_pack("{s:i, s:o}", "ranks", n, "per_rank", a);
+}
+
 /* The whole run's reads (krun_model_stats), memory, kernels and plan, into j. */
 static void totals_json(json_t *j, krun_model *m, const krun_stats *st)
 {
@@ -223,6 +254,7 @@ static void totals_json(json_t *j, krun_model *m, const krun_stats *st)
     json_object_set_new(j, "simd", json_string(krun_simd_name()));
     json_object_set_new(j, "threads", json_integer(krun_model_threads(m)));
     if (krun_model_plan(m)) json_object_set_new(j, "plan", kmemplan_json(krun_model_plan(m)));
+    json_object_set_new(j, "cluster", cluster_json(m));
 }
 
 int gen_report_json(const char *path, krun_model *m, const krun_session *s, const gen_record *r)

@@ -97,6 +97,25 @@ int krun_cli_option(krun_cli *c, int argc, char **argv, int *i)
         else if (!strcmp(v, "auto")) c->predict = -1;
         else krun_cli_die("--predict: expected on, off or auto, got %s", v);
     }
+    else if (OPT("--stages")) {
+        if (!strcmp(v, "auto")) c->stages = 0;
+        else if (!strcmp(v, "off")) c->stages = -1;
+        else {
+            /* the layers of each rank, in rank order: N,N,... */
+            const char *p = v;
+            int k = 0;
+            memset(c->stage_layers, 0, sizeof c->stage_layers);
+            while (*p && k < KRUN_MAX_RANKS) {
+                char *end;
+                long n = strtol(p, &end, 10);
+                if (end == p || n < 0 || n > K3_MAX_LAYERS || (*end && *end != ',')) break;
+                c->stage_layers[k++] = (int)n;
+                p = *end ? end + 1 : end;
+            }
+            if (*p || !k) krun_cli_die("--stages: expected auto, off or the layers of each rank (N,N,...), got %s", v);
+            c->stages = 1;
+        }
+    }
     else if (OPT("--io-threads")) c->io_threads = krun_cli_long(v, 1, 256, "--io-threads");
     else if (OPT("--trace")) c->trace = v;
     else if (OPT("--cache-dir")) c->cache_dir = v;
@@ -174,6 +193,8 @@ void krun_cli_model_opts(const krun_cli *c, const char *path, uint64_t budget, k
     mo->threads = (int)c->threads;
     mo->cache = c->cache_dir != NULL && !c->no_cache;   /* snapshots to a file go through one KDA layer's buffer */
     mo->simd = c->simd && strcmp(c->simd, "auto") != 0 ? c->simd_level : -1;
+    mo->stages = (int)c->stages;
+    memcpy(mo->stage_layers, c->stage_layers, sizeof mo->stage_layers);
 }
 
 void krun_cli_sampler(const krun_cli *c, ksampler_opts *so)

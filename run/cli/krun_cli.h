@@ -19,6 +19,9 @@ typedef struct krun_cli {
     long threads, ctx, chunk, pin, slots, io_threads, max_seqs;   /* chunk 0: auto */
     long head;                /* --head: 0 hold, 1 stream, -1 the planner chooses */
     long predict;             /* --predict: 1 on, 0 off, -1 auto (the default: on for a split layout) */
+    long stages;              /* --stages: 0 auto (several machines: trunk layers in the other ranks' budgets), -1 off,
+                                 1 the layers per rank given (stage_layers) */
+    int stage_layers[KRUN_MAX_RANKS];
     int io, policy, io_given, verify;
     int simd_level;           /* krun_simd_parse of --simd */
     /* the prefix cache (run/session/pcache.h) */
@@ -113,7 +116,12 @@ void krun_announce_prompt(krun_model *m, size_t n);
 
 #define KRUN_CLI_USAGE_EXECUTION \
     "  --threads N           worker threads (default: all cores); results are identical for any N\n" \
-    "  --simd auto|scalar|avx2|avx512|neon   kernel path (default auto); results are identical\n"
+    "  --simd auto|scalar|avx2|avx512|neon   kernel path (default auto); results are identical\n" \
+    "  --stages auto|off|N,N,...  under mpirun (several machines, no flag needed): which ranks compute\n" \
+    "                        the trunk layers -- auto: as the ranks' budgets hold them; off: rank 0\n" \
+    "                        all, the others experts only; N,N,...: each rank's layer count, in\n" \
+    "                        order.  Each rank's own --mem/--preset/--threads are its own; results\n" \
+    "                        are identical for any rank count\n"
 
 #define KRUN_CLI_USAGE_MEMORY \
     "Memory (without --mem or --preset a file that fits in memory is used in place from a\n" \

@@ -10,6 +10,7 @@
 #include "layers.h"
 #include "ops.h"
 #include "predict.h"
+#include "remote.h"
 #include "run/util/ablate.h"
 
 #include <math.h>
@@ -87,6 +88,7 @@ int k3_run_init(k3_run *r, const k3_model *m, kstore *store, kpool *pool, size_t
     memset(r->routed, 0, (size_t)c->n_layers * (size_t)c->n_experts * sizeof *r->routed);
     k3_weights_setup(&r->w, m, store);
     /* the globals are held for the whole run: lm_head and the output vectors */
+    if (!k3_here(m, K3_GLOBALS)) return 0;                     /* another rank's (run/cluster) */
     g = kstore_get(store, m->globals_extent, &first, err);
     if (!g) {
         k3_run_free(r);
@@ -285,9 +287,9 @@ static int forward_block(k3_run *r, const k3_seg *segs, size_t nseg, krun_err *e
     k3_scratch *s = &r->s;
     k3_block b;
     size_t nsnap = 0;
-    int prefix_empty = 0;
+    int prefix_empty = 0, here;
 
-    if (make_block(r, segs, nseg, &b, err) || k3_weights_step_begin(&r->w, err)) return -1;
+    if (make_block(r, segs, nseg, &b, err) || k3_remote_block(r, segs, nseg, err) || k3_weights_step_begin(&r->w, err)) return -1;
     if (r->pager) {
         /* paged states: layer 0 of the block's sequences is read while the embedding rows are */
         k3_state *sts[K3_MAX_SEQS];
@@ -296,13 +298,18 @@ static int forward_block(k3_run *r, const k3_seg *segs, size_t nseg, krun_err *e
         if (k3_pager_block_begin(r->pager, sts, news, nseg, err)) return -1;
     }
 
-    /* §4.3: the embedding is the first hidden state; no scaling, no positions */
-    for (size_t t = 0; t < b.T; t++)
+    /* §4.3: the embedding is the first hidden state; no scaling, no positions (where the globals are) */
+    for (size_t t = 0; t < b.T && k3_here(r->model, K3_GLOBALS); t++)
         if (embed_row(r, s->ids[t], s->P + t * E, err)) return -1;
 
     for (int L = 0; L < c->n_layers; L++) {
         const k3_vecs *w;
         const float *f_attn, *f_mlp;
+        /* a layer another rank holds runs there, the block's hidden state with it (remote.h) */
+        if ((here = k3_remote_stage(r, L, &b, &nsnap, &prefix_empty, err)) <= 0) {
+            if (here < 0) return -1;
+            continue;
+        }
         /* layer L's weights: held whole, or streamed in pieces under the seam (weights.h) */
         if (k3_weights_begin(&r->w, L, err)) return -1;
         /* and, paged, the block's states of layer L (layer L+1's are read while it runs) */
@@ -357,7 +364,9 @@ static int forward_block(k3_run *r, const k3_seg *segs, size_t nseg, krun_err *e
         if (r->on_layer) r->on_layer(r->on_layer_ctx, L + 1, c->n_layers);
     }
 
-    if (output(r, &b, nsnap, err)) return -1;
+    /* the output where the globals are: the hidden state comes back there (remote.h) */
+    if ((here = k3_remote_stage(r, c->n_layers, &b, &nsnap, &prefix_empty, err)) < 0 || (here && output(r, &b, nsnap, err)))
+        return -1;
     /* the last layers' states are written while lm_head runs; the block is done when they are */
     if (r->pager && k3_pager_block_end(r->pager, err)) return -1;
     r->j.n_segs = 0;
@@ -400,7 +409,8 @@ void k3_commit(k3_run *r, k3_state *st, size_t keep)
     long i = journal_seg(r, st);
     if (i < 0 || keep < 1 || keep > r->j.seg_n[i]) abort();   /* a caller's bug: the state would be wrong */
     for (int L = 0; L < c->n_layers; L++)
-        if (!c->layer_is_mla[L]) kda_commit(r, L, st, r->j.seg_row[i], keep);
+        if (!c->layer_is_mla[L] && k3_here(r->model, L)) kda_commit(r, L, st, r->j.seg_row[i], keep);
+    if (r->remote) r->remote->commit(r->remote->ctx, r, st, keep);   /* the other ranks' layers (remote.h) */
     st->pos += keep;
     r->j.seg_st[i] = NULL;                                    /* committed once */
 }

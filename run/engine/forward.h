@@ -35,6 +35,8 @@ typedef struct k3_run {
     /* the sequences' states paged to disk (statepage.h): NULL, resident.  With a pager every
      * state of a block is one of its slots, and no segment is journaled or snapshots */
     k3_pager *pager;
+    /* several ranks (remote.h, run/cluster): where work goes to other processes; NULL: one process */
+    struct k3_remote *remote;
     /* the prediction (predict.h); NULL when it is off */
     uint8_t *predict_mem;
     uint64_t predict_router_bytes, predict_buf_bytes, predict_stage_bytes;

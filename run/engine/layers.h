@@ -30,6 +30,10 @@ void dense_ffn_forward(k3_run *r, int L, size_t T, const float *x, float *y);
 /* Stable LatentMoE (spec §4.7): each chosen expert is fetched once for the
  * whole block.  Fails only when the store cannot deliver an expert. */
 int moe_forward(k3_run *r, int L, size_t T, const float *x, float *y, krun_err *err);
+/* One routed expert (W) on the n rows xe [n][latent] of the positions that
+ * chose it, its output into xe: what moe_forward does for each expert, and
+ * what a rank computing another's experts does (run/cluster). */
+void moe_expert_apply(k3_run *r, const k3_expert_w *W, float *xe, size_t n);
 
 /* The router for one position: fills idx[topk] (descending selection score)
  * and weight[topk]; scratch holds 2 * n_experts floats. */

@@ -3,6 +3,7 @@
 
 #include "ablate_variants.h"
 #include "ops.h"
+#include "remote.h"
 #include "run/util/ablate.h"
 
 #include <string.h>
@@ -38,13 +39,55 @@ static void expert_matmul(kpool *pool, const kmat *W, const float *X, size_t ldx
     kmatmul(pool, W, X, ldx, n, Y, ldy);
 }
 
+void moe_expert_apply(k3_run *r, const k3_expert_w *W, float *xe, size_t n)
+{
+    const k3_config *c = &r->model->cfg;
+    const k3_moe_scratch *s = &r->s.moe;
+    const size_t Lt = (size_t)c->latent, I = (size_t)c->moe_inter;
+    const float b1 = (float)c->situ_beta1, b2 = (float)c->situ_beta2;
+    const kmat *g = ABLATED(EXPERT_W1_W3_SWAPPED) ? &W->w3 : &W->w1;
+    const kmat *u = ABLATED(EXPERT_W1_W3_SWAPPED) ? &W->w1 : &W->w3;
+    expert_matmul(r->pool, g, xe, Lt, n, s->a1, I);
+    expert_matmul(r->pool, u, xe, Lt, n, s->a3, I);
+    for (size_t i = 0; i < n * I; i++) s->a1[i] = op_situ(s->a1[i], s->a3[i], b1, b2);
+    expert_matmul(r->pool, &W->w2, s->a1, I, n, xe, Lt);
+}
+
+/* Step 3 for the experts computed here, distinct[0..nd): each for every
+ * position that chose it, as soon as its bytes are in, eb at a time (the
+ * first eb already requested); every requested one is given back. */
+static int experts_here(k3_run *r, int L, size_t T, size_t nd, size_t eb, krun_err *err)
+{
+    const k3_config *c = &r->model->cfg;
+    const k3_moe_scratch *s = &r->s.moe;
+    const size_t k = (size_t)c->topk, Lt = (size_t)c->latent;
+    for (size_t b0 = 0; b0 < nd; b0 += eb) {
+        size_t nb = nd - b0 < eb ? nd - b0 : eb;
+        if (b0 && k3_weights_experts_request(&r->w, L, s->distinct + b0, nb, s->extent, err)) return -1;
+        for (size_t q = 0; q < nb; q++) {
+            const int e = s->distinct[b0 + q];
+            if (k3_weights_expert_ready(&r->w, L, s->extent[q], &s->bound[q], err)) {
+                k3_weights_experts_release(&r->w, L, s->distinct + b0, nb);
+                return -1;
+            }
+            size_t n = 0;
+            for (size_t i = 0; i < T * k; i++)
+                if (s->idx[i] == e) { s->rows[n] = (int)i; memcpy(s->xe + n * Lt, s->zeta + (i / k) * Lt, Lt * sizeof *s->xe); n++; }
+            moe_expert_apply(r, &s->bound[q], s->xe, n);
+            for (size_t q2 = 0; q2 < n; q2++) memcpy(s->slots + (size_t)s->rows[q2] * Lt, s->xe + q2 * Lt, Lt * sizeof *s->xe);
+        }
+        k3_weights_experts_release(&r->w, L, s->distinct + b0, nb);
+    }
+    return 0;
+}
+
 int moe_forward(k3_run *r, int L, size_t T, const float *x, float *y, krun_err *err)
 {
     const k3_config *c = &r->model->cfg;
     const k3_vecs *w = k3_weights_vecs(&r->w, L);
     const k3_moe_scratch *s = &r->s.moe;
     const size_t E = (size_t)c->hidden, Ne = (size_t)c->n_experts, k = (size_t)c->topk;
-    const size_t Lt = (size_t)c->latent, I = (size_t)c->moe_inter, Is = (size_t)k3_shared_inter(c);
+    const size_t Lt = (size_t)c->latent, Is = (size_t)k3_shared_inter(c);
     const float b1 = (float)c->situ_beta1, b2 = (float)c->situ_beta2;
     const size_t eb = k3_run_expert_batch(r);   /* fewer while the store lends its slots (a prefill block) */
     size_t nd = 0;
@@ -60,34 +103,20 @@ int moe_forward(k3_run *r, int L, size_t T, const float *x, float *y, krun_err *
         r->routed[(size_t)L * Ne + (size_t)s->idx[i]]++;   /* the routing's histogram (krun --json "routing") */
     }
     for (size_t e = 0; e < Ne; e++) if (s->used[e]) s->distinct[nd++] = (int)e;
+    /* those other ranks read from their own disks go there (run/cluster): nd keeps this rank's */
+    if (k3_remote_experts_begin(r, L, s->distinct, &nd, T, err)) return -1;
     if (nd && k3_weights_experts_request(&r->w, L, s->distinct, nd < eb ? nd : eb, s->extent, err))
-        return -1;
+        return k3_remote_experts_end(r, L, T, 1, err);
     /* 2. into the latent space */
     wmatmul(r->pool, &r->w, L, K3T_MOE_DOWN, x, E, T, s->zeta, Lt);
 
-    /* 3. each expert for every position that chose it, as soon as its bytes are in */
-    for (size_t b0 = 0; b0 < nd; b0 += eb) {
-        size_t nb = nd - b0 < eb ? nd - b0 : eb;
-        if (b0 && k3_weights_experts_request(&r->w, L, s->distinct + b0, nb, s->extent, err)) return -1;
-        for (size_t q = 0; q < nb; q++) {
-            const int e = s->distinct[b0 + q];
-            if (k3_weights_expert_ready(&r->w, L, s->extent[q], &s->bound[q], err)) {
-                k3_weights_experts_release(&r->w, L, s->distinct + b0, nb);
-                return -1;
-            }
-            const kmat *g = ABLATED(EXPERT_W1_W3_SWAPPED) ? &s->bound[q].w3 : &s->bound[q].w1;
-            const kmat *u = ABLATED(EXPERT_W1_W3_SWAPPED) ? &s->bound[q].w1 : &s->bound[q].w3;
-            size_t n = 0;
-            for (size_t i = 0; i < T * k; i++)
-                if (s->idx[i] == e) { s->rows[n] = (int)i; memcpy(s->xe + n * Lt, s->zeta + (i / k) * Lt, Lt * sizeof *s->xe); n++; }
-            expert_matmul(r->pool, g, s->xe, Lt, n, s->a1, I);
-            expert_matmul(r->pool, u, s->xe, Lt, n, s->a3, I);
-            for (size_t i = 0; i < n * I; i++) s->a1[i] = op_situ(s->a1[i], s->a3[i], b1, b2);
-            expert_matmul(r->pool, &s->bound[q].w2, s->a1, I, n, s->xe, Lt);
-            for (size_t q2 = 0; q2 < n; q2++) memcpy(s->slots + (size_t)s->rows[q2] * Lt, s->xe + q2 * Lt, Lt * sizeof *s->xe);
-        }
-        k3_weights_experts_release(&r->w, L, s->distinct + b0, nb);
+    /* 3. each expert for every position that chose it, as soon as its bytes are in (the other
+     * ranks', with their rows sent now, at the same time) */
+    if (k3_remote_experts_rows(r, L, T, err)) {
+        if (nd) k3_weights_experts_release(&r->w, L, s->distinct, nd < eb ? nd : eb);
+        return k3_remote_experts_end(r, L, T, 1, err);
     }
+    if (k3_remote_experts_end(r, L, T, experts_here(r, L, T, nd, eb, err) != 0, err)) return -1;
     /* 4. the weighted sum in top-k order, then ONE RMSNorm of the aggregate */
     for (size_t t = 0; t < T; t++) {
         float *a = s->agg + t * Lt;

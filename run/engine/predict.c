@@ -2,6 +2,7 @@
 #include "predict.h"
 
 #include "ops.h"
+#include "remote.h"
 #include "run/store/store.h"
 
 #include <stdlib.h>
@@ -98,5 +99,7 @@ void k3_predict_experts(k3_run *r, int at, const k3_block *b, size_t nsnap)
         if (id < 0) return;
         ids[j] = (uint32_t)id;
     }
-    kstore_experts_predict(r->store, ids, k);
+    /* with several ranks, each guess is read by the rank that will compute it (remote.h) */
+    if (r->remote) r->remote->predict(r->remote->ctx, r, L, idx, k);
+    else kstore_experts_predict(r->store, ids, k);
 }

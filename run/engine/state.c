@@ -16,13 +16,17 @@ void k3_state_carve_tables(k3_state *s, const k3_config *c, size_t ctx, karena *
     KTAKE(a, s->mla_cache, NL);
 }
 
-void k3_state_carve(k3_state *s, const k3_config *c, size_t ctx, karena *a)
+void k3_state_carve(k3_state *s, const k3_config *c, size_t ctx, karena *a) { k3_state_carve_away(s, c, ctx, NULL, a); }
+
+void k3_state_carve_away(k3_state *s, const k3_config *c, size_t ctx, const uint8_t *away, karena *a)
 {
     const size_t NL = (size_t)c->n_layers;
     k3_state_carve_tables(s, c, ctx, a);
     for (size_t L = 0; L < NL; L++) {
         float *S = NULL, *conv = NULL, *cache = NULL;
-        if (c->layer_is_mla[L]) {
+        if (away && away[L]) {
+            /* another rank's layer: its state lives there (run/cluster) */
+        } else if (c->layer_is_mla[L]) {
             KTAKE(a, cache, ctx * k3_mla_row(c));
         } else {
             KTAKE(a, S, k3_kda_S_floats(c));
@@ -48,6 +52,7 @@ void k3_state_copy(k3_state *dst, const k3_state *src)
     const k3_config *c = src->cfg;
     if (dst->pager || src->pager) abort();    /* a caller's bug: refused above (session.c) */
     for (int L = 0; L < c->n_layers; L++) {
+        if (!src->mla_cache[L] && !src->kda_S[L]) continue;     /* another rank's layer (run/cluster) */
         if (c->layer_is_mla[L]) {
             memcpy(dst->mla_cache[L], src->mla_cache[L], src->pos * k3_mla_row(c) * sizeof(float));
         } else {

@@ -11,6 +11,7 @@
 #include "run/util/arena.h"
 
 #include <stddef.h>
+#include <stdint.h>
 
 typedef struct k3_state {
     const k3_config *cfg;
@@ -34,6 +35,10 @@ static inline size_t k3_kda_conv_floats(const k3_config *c)
 
 /* Lay the state for ctx positions out in a (see arena.h); reset before use. */
 void k3_state_carve(k3_state *s, const k3_config *c, size_t ctx, karena *a);
+/* The same without the layers another rank computes (away[L] = 1; NULL: all
+ * here): their tables' entries stay NULL, and reset, copy and the forward
+ * pass never touch them (run/cluster keeps them on their rank). */
+void k3_state_carve_away(k3_state *s, const k3_config *c, size_t ctx, const uint8_t *away, karena *a);
 /* The per-layer tables only, for a state whose layers a pager holds
  * (k3_pager_attach points them into its window). */
 void k3_state_carve_tables(k3_state *s, const k3_config *c, size_t ctx, karena *a);

@@ -30,7 +30,19 @@ void k3_model_close(k3_model *m)
     free(m->tokenizer_config);
     free(m->config_text);
     free(m->expert_off);
+    free(m->away);
     memset(m, 0, sizeof *m);
+}
+
+int k3_model_set_away(k3_model *m, const uint8_t *away, int globals_away, krun_err *err)
+{
+    free(m->away);
+    m->away = NULL;
+    m->globals_away = globals_away != 0;
+    if (!away) return 0;
+    if (!(m->away = malloc((size_t)m->cfg.n_layers))) return krun_err_set(err, KRUN_ENOMEM, "out of memory");
+    memcpy(m->away, away, (size_t)m->cfg.n_layers);
+    return 0;
 }
 
 int k3_model_open(kpk_file *f, k3_model *m, krun_err *err)

@@ -38,7 +38,23 @@ typedef struct k3_model {
     /* Where w1, w2, w3 (packed, scale) sit in an expert extent of layer L:
      * expert_off[L * 6 + k], the same for every expert of a layer (checked at open). */
     uint64_t *expert_off;
+    /* Several ranks (run/cluster): the part of the model this process does
+     * not compute.  away[L] = 1: trunk layer L runs on another rank, so its
+     * extent is never read, held, streamed or planned here; globals_away: the
+     * embedding, lm_head and the output vectors likewise.  NULL and 0 (one
+     * process): everything is here.  Routed experts are not in it: any rank
+     * computes the experts it can read (run/cluster/kcl_experts.c). */
+    uint8_t *away;                 /* [n_layers], or NULL */
+    int globals_away;
 } k3_model;
+
+/* Trunk layer L (K3_GLOBALS: the globals) is computed by this process. */
+static inline int k3_here(const k3_model *m, int L)
+{
+    return L == K3_GLOBALS ? !m->globals_away : !m->away || !m->away[L];
+}
+/* Set what is away (a copy of away[n_layers]; NULL: every layer here). */
+int k3_model_set_away(k3_model *m, const uint8_t *away, int globals_away, krun_err *err);
 
 /* Read the config and tokenizer, check that every tensor the config implies
  * is present with an accepted dtype and the right shape (errors name the

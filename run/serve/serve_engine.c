@@ -65,7 +65,7 @@ struct srv_engine {
     sreq **active;             /* [max_seqs], in the order they were admitted */
     size_t n_active;
     size_t n_open;             /* requests submitted and not yet freed: their output may still be on its way */
-    int draining, cancel_all, quit, damaged, quiet;
+    int draining, cancel_all, quit, damaged, quiet;   /* damaged 2: the cluster was lost (lost_locked) */
     size_t sweep_T;            /* positions of the running sweep (0: none) */
     int sweep_prefill;         /* ... in the prefill layout */
     int held;                  /* srv_engine_opts.held, until srv_engine_release: no sweep starts */
@@ -523,6 +523,23 @@ static void conclude_locked(srv_engine *e, sreq *r, int done)
     }
 }
 
+/* Every running and queued request fails with oe. */
+static void fail_all_locked(srv_engine *e, const oai_error *oe)
+{
+    while (e->n_active) {
+        sreq *r = e->active[e->n_active - 1];
+        e->n_active--;
+        fail_locked(e, r, oe);
+    }
+    while (e->qhead) {
+        sreq *r = e->qhead;
+        e->qhead = r->next_in_queue;
+        e->n_queued--;
+        fail_locked(e, r, oe);
+    }
+    e->qtail = NULL;
+}
+
 /* The model is damaged (a checksum mismatch, non-finite logits): nothing
  * computed from it may be served.  Every running and queued request fails
  * with 500 and the damage named; later ones get 503 (srv_submit). */
@@ -540,18 +557,20 @@ static void damaged_locked(srv_engine *e, const krun_err *err)
         oai_error_set(&oe, 500, NULL, "model_damaged",
                       "the model file is damaged: %s; this server serves nothing more computed from it (restart it with a good "
                       "file: kpack verify names every bad extent)", err->msg);
-    while (e->n_active) {
-        sreq *r = e->active[e->n_active - 1];
-        e->n_active--;
-        fail_locked(e, r, &oe);
-    }
-    while (e->qhead) {
-        sreq *r = e->qhead;
-        e->qhead = r->next_in_queue;
-        e->n_queued--;
-        fail_locked(e, r, &oe);
-    }
-    e->qtail = NULL;
+    fail_all_locked(e, &oe);
+}
+
+/* Several machines: a rank, or the network to it, was lost (or a block
+ * failed half way on the ranks): nothing more can be computed.  Every running
+ * and queued request fails with 503 and the rank named; later ones too
+ * (srv_submit), and /health says so. */
+static void lost_locked(srv_engine *e, const krun_err *err)
+{
+    oai_error oe;
+    e->damaged = 2;
+    snprintf(e->damage, sizeof e->damage, "%s", err->msg);
+    oai_error_set(&oe, 503, NULL, "cluster_unavailable", "%s; this server computes nothing more (restart the cluster: mpirun)", err->msg);
+    fail_all_locked(e, &oe);
 }
 
 /* A burst of requests that finds the engine idle starts in one sweep: wait
@@ -644,6 +663,7 @@ static void *engine_main(void *arg)
         }
         if (rc) {
             if (err.code == KRUN_EDATA) { damaged_locked(e, &err); continue; }
+            if (krun_model_cluster_lost(e->m, NULL)) { lost_locked(e, &err); continue; }
             /* not the model's fault (a bug): the sequences of this block fail, the rest go on */
             oai_error oe;
             oai_error_set(&oe, 500, NULL, NULL, "%s", err.msg);
@@ -965,7 +985,9 @@ int srv_submit_n(srv_engine *e, sreq *const *rs, size_t n, oai_error *err)
 {
     int rc = -1;
     pthread_mutex_lock(&e->mu);
-    if (e->damaged) {
+    if (e->damaged == 2) {
+        oai_error_set(err, 503, NULL, "cluster_unavailable", "%s; this server computes nothing more (restart the cluster: mpirun)", e->damage);
+    } else if (e->damaged) {
         oai_error_set(err, 503, NULL, "model_damaged", "the model file is damaged: %s; this server serves nothing computed from "
                       "it (restart it with a good file: kpack verify names every bad extent)", e->damage);
     } else if (e->draining) {
@@ -1301,7 +1323,7 @@ json_t *srv_engine_health(srv_engine *e, int *status)
     }
     for (size_t k = 0; k < e->n_active; k++) prefilling += e->active[k]->fed < e->active[k]->n_prompt;
     *status = e->damaged ? 503 : 200;
-    json_object_set_new(j, "status", json_string(e->damaged ? "damaged" : e->draining ? "draining" : "ok"));
+    json_object_set_new(j, "status", json_string(e->damaged == 2 ? "unavailable" : e->damaged ? "damaged" : e->draining ? "draining" : "ok"));
     json_object_set_new(j, "model", json_string(e->model_name));
     json_object_set_new(j, "file", json_string(krun_model_path(e->m)));
     json_object_set_new(j, "damage", e->damaged ? json_string(e->damage) : json_null());

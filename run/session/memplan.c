@@ -74,6 +74,7 @@ static int candidates(const k3_model *m, uint64_t forced, uint64_t *out)
     if (forced) { out[0] = forced; return 1; }
     for (int L = 0; L <= m->cfg.n_layers; L++) {
         uint64_t len = L < m->cfg.n_layers ? kpk_extent_at(f, m->trunk_extent[L])->raw_len : m->globals[K3T_LM_HEAD].nbytes;
+        if (!k3_here(m, L < m->cfg.n_layers ? L : K3_GLOBALS)) continue;     /* another rank's (run/cluster) */
         if (len > whole) whole = len;
         total += len;
     }
@@ -109,17 +110,17 @@ static int measure(const k3_model *m, const kmemplan_req *q, struct sizes *s, kr
             return -1;
         }
     }
-    /* the globals but the embedding, or but the embedding and lm_head */
+    /* the globals but the embedding, or but the embedding and lm_head (nothing when another rank has them) */
     kring_range(f, g, (uint64_t)first, kpk_extent_at(f, g)->raw_len, stage, &r);
-    s->globals_held[0] = r.buf_bytes;
-    s->head_streamable = kring_head_streamable(m);
+    s->globals_held[0] = k3_here(m, K3_GLOBALS) ? r.buf_bytes : 0;
+    s->head_streamable = k3_here(m, K3_GLOBALS) && kring_head_streamable(m);
     if (s->head_streamable) {
         kring_range(f, g, m->globals[K3T_LM_HEAD].offset + m->globals[K3T_LM_HEAD].nbytes, kpk_extent_at(f, g)->raw_len, stage, &r);
         s->globals_held[1] = r.buf_bytes;
     }
     for (int L = 0; L < c->n_layers; L++) {
         kring_range(f, m->trunk_extent[L], 0, kpk_extent_at(f, m->trunk_extent[L])->raw_len, stage, &r);
-        s->trunk[L] = r.buf_bytes;
+        s->trunk[L] = k3_here(m, L) ? r.buf_bytes : 0;
         if (k3_layer_is_moe(c, L)) {
             s->moe_layers++;
             for (int e = 0; e < c->n_experts; e++) {

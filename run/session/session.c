@@ -2,6 +2,7 @@
  * its sessions (session.h). */
 #include "session.h"
 
+#include "ranks.h"
 #include "spec.h"
 #include "statefile.h"
 #include "format/kio.h"
@@ -93,6 +94,7 @@ struct krun_model {
     krun_session *mark_owner;  /* the session whose file mark uses them, or NULL */
     ksave mark_save;
     krun_state_writer mark_w;
+    krun_ranks *ranks;         /* rank 0 of several machines (ranks.h), or NULL */
 };
 
 void krun_model_opts_init(krun_model_opts *o)
@@ -113,13 +115,14 @@ void krun_model_opts_init(krun_model_opts *o)
 
 /* ---- opening -------------------------------------------------------------------- */
 
-int krun_model_load(const char *path, krun_model **out, krun_err *err)
+/* here: a rank of several machines opens the members on its own disks (kpk_open_here). */
+static int model_load(const char *path, int here, krun_model **out, krun_err *err)
 {
     krun_model *m = calloc(1, sizeof *m);
     kpk_err e = {0};
     *out = NULL;
     if (!m) { krun_err_set(err, KRUN_ENOMEM, "out of memory"); return -1; }
-    if (kpk_open(path, &m->f, &e)) {
+    if (kpk_open_here(path, here, &m->f, &e)) {
         /* a file that is not KPK or not readable is "cannot run"; a damaged KPK file is damaged data */
         krun_err_kpk(err, &e);
         free(m);
@@ -155,7 +158,9 @@ int krun_model_load(const char *path, krun_model **out, krun_err *err)
     return 0;
 }
 
-static size_t session_carve(krun_session *s, const k3_config *c, size_t ctx, int paged, karena *a);
+int krun_model_load(const char *path, krun_model **out, krun_err *err) { return model_load(path, kcl_active(), out, err); }
+
+static size_t session_carve(krun_session *s, const k3_config *c, size_t ctx, int paged, const uint8_t *away, karena *a);
 static void mark_arm(krun_session *s, k3_seg *seg);
 static void mark_end(krun_session *s, const k3_seg *seg, const krun_err *failed);
 static void mark_drop(krun_session *s, const char *why);
@@ -189,21 +194,23 @@ static size_t mark_buf_bytes(const k3_config *c)
 size_t krun_session_bytes(const k3_config *c, size_t ctx)
 {
     karena a = {NULL, 0};
-    return session_carve(NULL, c, ctx, 0, &a);
+    return session_carve(NULL, c, ctx, 0, NULL, &a);
 }
 
-/* A slot whose state a pager holds: the tables, the history, logits and sampler only. */
-static size_t session_bytes_paged(const k3_config *c, size_t ctx)
+/* A slot of this model (paged: the tables, the history, logits and sampler
+ * only, the pager holds the state), without the layers other ranks compute
+ * (run/cluster). */
+static size_t slot_bytes(const krun_model *m, size_t ctx, int paged)
 {
     karena a = {NULL, 0};
-    return session_carve(NULL, c, ctx, 1, &a);
+    return session_carve(NULL, &m->m.cfg, ctx, paged, m->m.away, &a);
 }
 
 int krun_model_make_plan(const krun_model *m, const krun_model_opts *o, kmemplan *plan, krun_err *err)
 {
     kmemplan_req q = {o->budget, o->pin, o->expert_slots, o->head, o->piece, o->ctx, o->chunk, o->max_seqs, o->spec,
                       o->io_threads, kmem_base_bytes(&m->m) + o->extra_bytes + (o->cache ? mark_buf_bytes(&m->m.cfg) : 0), o->predict,
-                      o->state_dir ? session_bytes_paged(&m->m.cfg, o->ctx) : krun_session_bytes(&m->m.cfg, o->ctx),
+                      slot_bytes(m, o->ctx, o->state_dir != NULL),
                       o->prompt_tokens, o->state_dir != NULL};
     if (o->spec > KSPEC_MAX_DRAFT) {
         krun_err_set(err, KRUN_EINPUT, "spec %zu: at most %d drafts per verification", o->spec, KSPEC_MAX_DRAFT);
@@ -228,6 +235,8 @@ int krun_model_prepare(krun_model *m, const krun_model_opts *o, krun_err *err)
     if (opt.state_dir && (opt.spec || opt.cache))
         return krun_err_set(err, KRUN_EINPUT, "states paged to disk (--state-dir) do not go with %s in this version",
                             opt.spec ? "speculative decoding (--spec)" : "a prefix cache");
+    /* several machines: the other ranks open the file, and who computes what is settled (ranks.h) */
+    if (kcl_active() && kcl_rank() == 0 && !m->ranks && krun_ranks_hello(&m->ranks, m, m->f, &m->m, &opt, err)) return -1;
     /* A file that does not fit comfortably gets 80% of the available memory
      * as its budget rather than a mapping that pushes everything else out. */
     if (!opt.budget && kmem_available() && kpk_total_size(m->f) > kmem_available() / 10 * 8) {
@@ -275,7 +284,7 @@ int krun_model_prepare(krun_model *m, const krun_model_opts *o, krun_err *err)
     m->have_run = 1;
     if (m->planned && m->plan.predict && k3_predict_init(&m->run, m->plan.predict_buf_bytes, m->plan.predict_stage_bytes, err))
         return -1;
-    m->session_bytes = opt.state_dir ? session_bytes_paged(c, m->ctx) : krun_session_bytes(c, m->ctx);
+    m->session_bytes = slot_bytes(m, m->ctx, opt.state_dir != NULL);
     if (opt.state_dir && k3_pager_open(&m->pager, c, m->ctx, m->max_seqs, opt.state_dir, opt.io == KRUN_IO_DIRECT, err)) return -1;
     m->run.pager = m->pager;
     m->slots = aligned_alloc(KARENA_ALIGN, m->max_seqs * m->session_bytes);
@@ -287,7 +296,7 @@ int krun_model_prepare(krun_model *m, const krun_model_opts *o, krun_err *err)
     for (size_t k = 0; k < m->max_seqs; k++) {
         karena a = {m->slots + k * m->session_bytes, 0};
         krun_session *s = (krun_session *)(void *)a.base;
-        session_carve(s, c, m->ctx, m->pager != NULL, &a);
+        session_carve(s, c, m->ctx, m->pager != NULL, m->m.away, &a);
         s->m = m;
         s->live = 0;
         if (m->pager) k3_pager_attach(m->pager, &s->st, k);
@@ -296,6 +305,12 @@ int krun_model_prepare(krun_model *m, const krun_model_opts *o, krun_err *err)
         karena a = {aligned_alloc(KARENA_ALIGN, mark_buf_bytes(c)), 0};
         if (!a.base) return krun_err_set(err, KRUN_ENOMEM, "out of memory: %zu bytes for the prefix cache's layer buffer", mark_buf_bytes(c));
         mark_buf_carve(m, c, &a);
+    }
+    if (m->ranks) {
+        /* the forward pass's seams to the other ranks, and their word that they are ready */
+        k3_state *sts[K3_MAX_SEQS];
+        for (size_t k = 0; k < m->max_seqs; k++) sts[k] = &krun_model_slot(m, k)->st;
+        if (krun_ranks_ready(m->ranks, &m->m, &m->run, sts, m->max_seqs, m->ctx, err)) return -1;
     }
     return 0;
 }
@@ -314,6 +329,7 @@ int krun_model_open(const krun_model_opts *o, krun_model **out, krun_err *err)
 void krun_model_close(krun_model *m)
 {
     if (!m) return;
+    krun_ranks_free(m->ranks);     /* its seams out of the run first */
     if (m->have_run) k3_run_free(&m->run);
     k3_pager_close(m->pager);      /* removes the state file */
     free(m->slots);
@@ -433,7 +449,7 @@ void krun_model_memory(const krun_model *m, uint64_t *planned, uint64_t *allocat
     if (m->planned)
         *planned = m->plan.state_bytes + m->plan.vectors_bytes + m->plan.scratch_bytes + m->plan.flex_bytes;
     else
-        *planned = (uint64_t)m->max_seqs * (m->pager ? session_bytes_paged(c, m->ctx) : krun_session_bytes(c, m->ctx)) +
+        *planned = (uint64_t)m->max_seqs * slot_bytes(m, m->ctx, m->pager != NULL) +
                    (m->pager ? k3_page_window_bytes(c, m->ctx, m->max_seqs) : 0) + k3_run_bytes(c, m->block, m->max_seqs, m->ctx, m->spec);
     *allocated = (uint64_t)m->run.arena_bytes + (m->slots ? (uint64_t)m->max_seqs * m->session_bytes : 0) + (m->flex ? m->flex_bytes : 0) +
                  (m->pager ? k3_page_window_bytes(c, m->ctx, m->max_seqs) : 0);
@@ -444,14 +460,14 @@ void krun_model_memory(const krun_model *m, uint64_t *planned, uint64_t *allocat
 /* One session's slot: the struct, its sequential state, its history, its
  * logits and its sampler's scratch.  Returns the slot's size (a multiple of
  * the arena alignment, so slots follow each other). */
-static size_t session_carve(krun_session *s, const k3_config *c, size_t ctx, int paged, karena *a)
+static size_t session_carve(krun_session *s, const k3_config *c, size_t ctx, int paged, const uint8_t *away, karena *a)
 {
     const size_t V = (size_t)c->vocab;
     krun_session tmp, *x = s ? s : &tmp;
     karena_take(a, 1, sizeof *x);          /* the struct itself (s points at it) */
     memset(x, 0, sizeof *x);
     if (paged) k3_state_carve_tables(&x->st, c, ctx, a);   /* the layers live in the pager's window */
-    else k3_state_carve(&x->st, c, ctx, a);
+    else k3_state_carve_away(&x->st, c, ctx, away, a);
     KTAKE(a, x->tokens, ctx);
     KTAKE(a, x->logits, V);
     KTAKE(a, x->pick.order, V);
@@ -494,7 +510,7 @@ void krun_session_free(krun_session *s)
 void krun_session_reset(krun_session *s)
 {
     if (s->mark_at) mark_drop(s, "the session was reset");
-    k3_state_reset(&s->st);
+    krun_ranks_reset(s->m->ranks, &s->st);
     s->n_tokens = 0;
     s->have_logits = 0;
     s->broken = 0;
@@ -616,7 +632,7 @@ int krun_session_feed(krun_session *s, const int32_t *ids, size_t n, float *all_
             kstore_phase_next(m->store, (rest < nxt ? rest : nxt) > m->block);
         }
         mark_arm(s, &seg);
-        if (k3_forward(&m->run, &seg, 1, err)) {
+        if (krun_ranks_forward(m->ranks, &m->run, &seg, 1, err)) {
             mark_end(s, &seg, err);
             s->broken = 1;
             s->have_logits = 0;
@@ -655,7 +671,7 @@ static int settle(krun_session *s, size_t k, int32_t *accepted, float *accepted_
         }
         if (a == k || pick_at(s, L + a * V, s->st.pos + a + 1) != draft[a]) break;
     }
-    k3_commit(&m->run, &s->st, a + 1);
+    krun_ranks_commit(m->ranks, &m->run, &s->st, a + 1);
     s->n_tokens += a;
     memcpy(s->logits, L + a * V, V * sizeof *s->logits);
     s->have_logits = 1;
@@ -676,7 +692,7 @@ static int verify(krun_session *s, size_t k, int32_t *accepted, float *accepted_
     k3_seg seg = {&s->st, s->tokens + s->st.pos, k + 1, NULL, 1, 1, NULL};
     mark_arm(s, &seg);                 /* a journaled block takes no snapshot: one it passes is dropped */
     s->spec.sweeps++;
-    if (set_phase(s->m, k + 1, err) || k3_forward(&s->m->run, &seg, 1, err)) {
+    if (set_phase(s->m, k + 1, err) || krun_ranks_forward(s->m->ranks, &s->m->run, &seg, 1, err)) {
         s->broken = 1;
         s->have_logits = 0;
         return -1;
@@ -837,7 +853,7 @@ int krun_step_batch_verify(krun_model *m, krun_session *const *ss, const int32_t
         mark_arm(s, &segs[k]);              /* a verification block takes no snapshot: one it passes is dropped */
         if (nd[k]) s->spec.sweeps++;
     }
-    if (k3_forward(&m->run, segs, n, err)) {
+    if (krun_ranks_forward(m->ranks, &m->run, segs, n, err)) {
         for (size_t k = 0; k < n; k++) {
             mark_end(ss[k], &segs[k], err);
             ss[k]->broken = 1;
@@ -914,9 +930,9 @@ static sess_view view_of_snapshot(krun_snapshot *x)
 }
 
 /* dst := src, everything a continuation depends on (the caller checked room). */
-static void view_copy(const sess_view *dst, const sess_view *src, size_t V)
+static void view_copy(krun_ranks *ranks, const sess_view *dst, const sess_view *src, size_t V)
 {
-    k3_state_copy(dst->st, src->st);
+    krun_ranks_copy(ranks, dst->st, src->st);
     memcpy(dst->tokens, src->tokens, *src->n_tokens * sizeof *dst->tokens);
     *dst->n_tokens = *src->n_tokens;
     if (*src->have_logits) memcpy(dst->logits, src->logits, V * sizeof *dst->logits);
@@ -932,7 +948,7 @@ static void copy_into_session(krun_session *dst, const sess_view *src, const ksa
     sess_view d = view_of_session(dst);
     krun_session_reset(dst);
     ksampler_init(&dst->sampler, so, &dst->pick, (size_t)dst->m->m.cfg.vocab);
-    view_copy(&d, src, (size_t)dst->m->m.cfg.vocab);
+    view_copy(dst->m->ranks, &d, src, (size_t)dst->m->m.cfg.vocab);
 }
 
 /* A paged state is on disk between blocks: copies, snapshots and saved states of it are refused. */
@@ -963,12 +979,13 @@ int krun_session_copy(krun_session *dst, const krun_session *src, krun_err *err)
     return 0;
 }
 
-static size_t snapshot_carve(krun_snapshot *x, const k3_config *c, size_t cap, karena *a)
+static size_t snapshot_carve(krun_snapshot *x, const k3_model *m, size_t cap, karena *a)
 {
+    const k3_config *c = &m->cfg;
     krun_snapshot tmp, *s = x ? x : &tmp;
     karena_take(a, 1, sizeof *s);
     memset(s, 0, sizeof *s);
-    k3_state_carve(&s->st, c, cap, a);
+    k3_state_carve_away(&s->st, c, cap, m->away, a);
     KTAKE(a, s->tokens, cap);
     KTAKE(a, s->logits, (size_t)c->vocab);
     return karena_round(a->used);
@@ -977,7 +994,7 @@ static size_t snapshot_carve(krun_snapshot *x, const k3_config *c, size_t cap, k
 size_t krun_snapshot_bytes(const krun_model *m, size_t cap)
 {
     karena a = {NULL, 0};
-    return snapshot_carve(NULL, &m->m.cfg, cap, &a);
+    return snapshot_carve(NULL, &m->m, cap, &a);
 }
 
 int krun_snapshot_new(krun_model *m, size_t cap, krun_snapshot **out, krun_err *err)
@@ -986,21 +1003,31 @@ int krun_snapshot_new(krun_model *m, size_t cap, krun_snapshot **out, krun_err *
     karena a = {aligned_alloc(KARENA_ALIGN, n), 0};
     *out = NULL;
     if (!a.base) return krun_err_set(err, KRUN_ENOMEM, "out of memory: %zu bytes for a snapshot of %zu positions", n, cap);
-    snapshot_carve((krun_snapshot *)(void *)a.base, &m->m.cfg, cap, &a);
+    snapshot_carve((krun_snapshot *)(void *)a.base, &m->m, cap, &a);
     *out = (krun_snapshot *)(void *)a.base;
     (*out)->m = m;
     (*out)->cap = cap;
+    /* its layers on other ranks get a place there too */
+    if (krun_ranks_state_new(m->ranks, &(*out)->st, cap, err)) {
+        free(*out);
+        *out = NULL;
+        return -1;
+    }
     return 0;
 }
 
-void krun_snapshot_free(krun_snapshot *snap) { free(snap); }
+void krun_snapshot_free(krun_snapshot *snap)
+{
+    if (snap) krun_ranks_state_free(snap->m->ranks, &snap->st);
+    free(snap);
+}
 
 int krun_snapshot_take(krun_snapshot *snap, const krun_session *s, krun_err *err)
 {
     sess_view d = view_of_snapshot(snap), v = view_of_session((krun_session *)s);   /* s: read only */
     if (copy_check(s, snap->m, snap->cap, "the snapshot", err)) return -1;
     snap->so = s->sampler.o;
-    view_copy(&d, &v, (size_t)snap->m->m.cfg.vocab);
+    view_copy(snap->m->ranks, &d, &v, (size_t)snap->m->m.cfg.vocab);
     snap->taken = 1;
     return 0;
 }
@@ -1048,8 +1075,13 @@ static int session_hdr(const krun_session *s, const char *path, krun_state_hdr *
 int krun_session_save(const krun_session *s, const char *path, krun_err *err)
 {
     krun_state_hdr h;
-    if (session_hdr(s, path, &h, err)) return -1;
-    return krun_state_write(path, &h, &s->m->m.cfg, s->tokens, &s->st, s->logits, err);
+    krun_state_far far;
+    const krun_state_far *use;
+    int rc;
+    if (session_hdr(s, path, &h, err) || krun_ranks_far_begin(s->m->ranks, &s->m->m.cfg, s->st.ctx, &far, &use, err)) return -1;
+    rc = krun_state_write_far(path, &h, &s->m->m.cfg, s->tokens, &s->st, s->logits, use, err);   /* other ranks' layers: far */
+    krun_ranks_far_end(s->m->ranks, &far);
+    return rc;
 }
 
 int krun_session_save_at(const krun_session *s, int dirfd, const char *name, krun_err *err)
@@ -1063,8 +1095,13 @@ int krun_session_save_at(const krun_session *s, int dirfd, const char *name, kru
 int krun_session_save_to(const krun_session *s, ksave *out, krun_err *err)
 {
     krun_state_hdr h;
-    if (session_hdr(s, out->path, &h, err)) return -1;
-    return krun_state_write_to(out, &h, &s->m->m.cfg, s->tokens, &s->st, s->logits, err);
+    krun_state_far far;
+    const krun_state_far *use;
+    int rc;
+    if (session_hdr(s, out->path, &h, err) || krun_ranks_far_begin(s->m->ranks, &s->m->m.cfg, s->st.ctx, &far, &use, err)) return -1;
+    rc = krun_state_write_to_far(out, &h, &s->m->m.cfg, s->tokens, &s->st, s->logits, use, err);
+    krun_ranks_far_end(s->m->ranks, &far);
+    return rc;
 }
 
 /* The largest state file this model can have at the session's context. */
@@ -1143,7 +1180,13 @@ int krun_session_load_fd(krun_session *s, int fd, const char *name, krun_err *er
         return -1;
     }
     krun_session_reset(s);
-    rc = krun_state_read_payload(&r, &s->m->m.cfg, s->tokens, &s->st, s->logits, err);
+    {
+        krun_state_far far;
+        const krun_state_far *use;
+        rc = krun_ranks_far_begin(s->m->ranks, &s->m->m.cfg, s->st.ctx, &far, &use, err);
+        if (!rc) rc = krun_state_read_payload_far(&r, &s->m->m.cfg, s->tokens, &s->st, s->logits, use, err);   /* other ranks' layers: far */
+        krun_ranks_far_end(s->m->ranks, &far);
+    }
     krun_state_read_end(&r);
     /* the state now lives in the session: a second copy in the page cache is memory
      * the plan does not count (as krun's other reads, RUNTIME.md §4) */
@@ -1164,7 +1207,14 @@ int krun_session_load_mem(krun_session *s, const void *buf, size_t len, const ch
     if (krun_state_parse(buf, len, &h, err)) return krun_err_prefix(err, "%s: ", name);
     if (state_fits(s, &h, b + h.layer_types_at, name, err)) return -1;
     krun_session_reset(s);
-    krun_state_restore(buf, &h, &s->m->m.cfg, s->tokens, &s->st, s->logits);
+    {
+        krun_state_far far;
+        const krun_state_far *use;
+        int rc = krun_ranks_far_begin(s->m->ranks, &s->m->m.cfg, s->st.ctx, &far, &use, err);
+        if (!rc) rc = krun_state_restore_far(buf, &h, &s->m->m.cfg, s->tokens, &s->st, s->logits, use, err);
+        krun_ranks_far_end(s->m->ranks, &far);
+        if (rc) { krun_session_reset(s); return -1; }
+    }
     state_adopt(s, &h);
     return 0;
 }
@@ -1236,6 +1286,8 @@ int krun_session_mark_save_at(krun_session *s, size_t at, int dirfd, const char 
     krun_model *m = s->m;
     if (mark_check(s, at, err)) return -1;
     if (!m->mark_buf) return krun_err_set(err, KRUN_EINPUT, "snapshots to a file need a model prepared for them (krun_model_opts.cache)");
+    if (krun_ranks_staged(m->ranks))
+        return krun_err_set(err, KRUN_EINPUT, "snapshots to a file inside a block: not with trunk layers on other ranks in this version");
     if (m->mark_owner) return krun_err_set(err, KRUN_EINPUT, "another session's snapshot to a file is due (one at a time)");
     if (!(s->mark_path = strdup(path))) return krun_err_set(err, KRUN_ENOMEM, "out of memory");
     s->mark_dirfd = dirfd;
@@ -1333,7 +1385,8 @@ static void mark_end(krun_session *s, const k3_seg *seg, const krun_err *failed)
     if (s->mark_dst) {
         krun_session *d = s->mark_dst;
         for (int L = 0; L < c->n_layers; L++)
-            if (c->layer_is_mla[L]) memcpy(d->st.mla_cache[L], s->st.mla_cache[L], s->mark_at * k3_mla_row(c) * sizeof(float));
+            if (c->layer_is_mla[L] && s->st.mla_cache[L])   /* (another rank's layers: copied there, run/cluster) */
+                memcpy(d->st.mla_cache[L], s->st.mla_cache[L], s->mark_at * k3_mla_row(c) * sizeof(float));
         memcpy(d->tokens, s->tokens, s->mark_at * sizeof *d->tokens);
         d->n_tokens = d->st.pos = s->mark_at;
         d->have_logits = logits != NULL;
@@ -1347,4 +1400,108 @@ static void mark_end(krun_session *s, const k3_seg *seg, const krun_err *failed)
     }
     s->mark_status = KRUN_MARK_TAKEN;
     mark_clear(s);
+}
+
+/* ---- several machines (ranks.h) --------------------------------------------------- */
+
+static void cluster_exit(int status, void *arg)
+{
+    (void)arg;
+    kcl_node_leave(status);
+}
+
+int krun_cluster_start(int *argc, char ***argv, krun_err *err)
+{
+    if (!kcl_launched()) return 0;
+    if (kcl_start(argc, argv, err)) return -1;
+    on_exit(cluster_exit, NULL);      /* (glibc's: the handler gets the exit status, kcl_finish may need it) */
+    return kcl_rank();
+}
+
+int krun_cluster_rank(void) { return kcl_rank(); }
+void krun_cluster_linger(void) { kcl_linger(); }
+int krun_cluster_size(void) { return kcl_size(); }
+
+int krun_cluster_follow(const krun_model_opts *own, krun_err *err)
+{
+    krun_follower fw;
+    krun_model *m = NULL;
+    krun_err e = {0, {0}};
+    int rc = krun_ranks_await(&fw, own, err);
+    if (rc) return rc < 0 ? -1 : 0;
+    if (model_load(fw.path, 1, &m, &e)) {
+        fw.code = e.code;
+        snprintf(fw.msg, sizeof fw.msg, "%s", e.msg);
+    }
+    rc = krun_ranks_report(&fw, m ? m->f : NULL, m ? &m->m.cfg : NULL, err);
+    if (rc == 0 && !fw.code) {
+        /* this rank's part: the layers others compute are away, and so are the globals (rank 0's) */
+        uint8_t away[K3_MAX_LAYERS];
+        for (int L = 0; L < m->m.cfg.n_layers; L++) away[L] = fw.owner[L] != kcl_rank();
+        if (k3_model_set_away(&m->m, away, 1, &e) || krun_model_prepare(m, &fw.o, &e)) {
+            fw.code = e.code;
+            snprintf(fw.msg, sizeof fw.msg, "%s", e.msg);
+        }
+        if (!fw.code) {
+            kcl_node *node = NULL;
+            k3_state *sts[K3_MAX_SEQS];
+            for (size_t k = 0; k < m->max_seqs; k++) sts[k] = &krun_model_slot(m, k)->st;
+            if (kcl_node_new(&m->m, &m->run, fw.have, fw.owner, sts, m->max_seqs, m->ctx, &node, &e)) {
+                fw.code = e.code;
+                snprintf(fw.msg, sizeof fw.msg, "%s", e.msg);
+            }
+            if (krun_ranks_say_ready(&fw, m->planned ? &m->plan : NULL, err)) rc = -1;
+            else if (!fw.code) {
+                kcl_node_attach(node);
+                rc = kcl_node_follow(node, err);
+            }
+            kcl_node_free(node);
+        } else if (krun_ranks_say_ready(&fw, NULL, err)) {
+            rc = -1;
+        }
+    }
+    /* a failure here was told to rank 0, which says it and stops us */
+    if (rc == 0 && fw.code) krun_ranks_await_stop();
+    krun_follower_free(&fw);
+    krun_model_close(m);
+    return rc < 0 ? -1 : 0;
+}
+
+int krun_model_ranks(krun_model *m, krun_rank_info *out, int max, krun_err *err)
+{
+    kcl_rank_stats *all;
+    int n = kcl_size();
+    if (!m->ranks) return 0;
+    if (!(all = calloc((size_t)n, sizeof *all))) return krun_err_set(err, KRUN_ENOMEM, "out of memory");
+    if (kcl_node_stats(krun_ranks_node(m->ranks), all, err)) { free(all); return -1; }
+    if (n > max) n = max;
+    for (int r = 0; r < n; r++) {
+        snprintf(out[r].who, sizeof out[r].who, "%s", kcl_who(r));
+        out[r].layers = all[r].layers;
+        out[r].st = all[r].st;
+        out[r].experts_served = all[r].experts_served;
+        out[r].experts_predicted = all[r].experts_predicted;
+        out[r].bytes_sent = all[r].bytes_sent;
+        out[r].bytes_received = all[r].bytes_received;
+    }
+    free(all);
+    return n;
+}
+
+int krun_model_cluster_plan(krun_model *m, const krun_model_opts *o, int hypothetical, double disk_mbps, double net_mbps,
+                            krun_cluster_plan *out, krun_err *err)
+{
+    krun_model_opts q = *o;
+    krun_layout lay;
+    int rc;
+    if (!hypothetical && !kcl_active()) hypothetical = 1;
+    if (krun_ranks_layout(m, m->f, &m->m, &q, hypothetical, &lay, err)) return -1;
+    rc = krun_ranks_cost(m, &m->m, &q, &lay, hypothetical != 0, disk_mbps, net_mbps, out, err);
+    k3_model_set_away(&m->m, NULL, 0, err);
+    return rc;
+}
+
+int krun_model_cluster_lost(const krun_model *m, krun_err *why)
+{
+    return m->ranks && krun_ranks_node(m->ranks) ? kcl_node_lost(krun_ranks_node(m->ranks), why) : 0;
 }

@@ -42,6 +42,7 @@ typedef struct krun_model krun_model;
 typedef struct krun_session krun_session;
 
 #define KRUN_MAX_SEQS 256          /* sessions live at once, and sequences in one forward block, at most */
+#define KRUN_MAX_RANKS 64          /* ranks of a cluster (mpirun -np), at most */
 
 /* Values of krun_model_opts.verify, .io and .cache_policy. */
 enum krun_verify { KRUN_VERIFY_OFF = 0, KRUN_VERIFY_FIRST = 1, KRUN_VERIFY_ALWAYS = 2 };
@@ -83,6 +84,11 @@ typedef struct krun_model_opts {
                                   of one KDA layer that snapshots written to a file go through */
     int threads;               /* compute threads; 0: every core */
     int simd;                  /* -1: the best the CPU has; else a level of krun_simd_parse (process-wide) */
+    int stages;                /* several machines (mpirun): 0, the default, trunk layers rank 0's budget does not
+                                  hold pinned go to the other ranks' budgets (pipeline stages); -1 off, every
+                                  layer on rank 0 (the others read and compute experts); 1: stage_layers[r]
+                                  layers to rank r, in order (the placement given, as --pin overrides the plan) */
+    int stage_layers[KRUN_MAX_RANKS];
 } krun_model_opts;
 
 void krun_model_opts_init(krun_model_opts *o);
@@ -389,6 +395,81 @@ void krun_model_journal(const krun_model *m, size_t *rows, size_t *seqs);
 size_t krun_session_draft(krun_session *s, int32_t id, size_t max, krun_session *const *others, size_t n_others, int32_t *out);
 int krun_step_batch_verify(krun_model *m, krun_session *const *ss, const int32_t *ids, const int32_t *const *drafts,
                            const size_t *nd, size_t n, size_t *n_accepted, krun_err *err);
+
+/* ---- several machines (docs/RUNTIME.md §10) -------------------------------------
+ *
+ * `mpirun -np N krun ...` starts N processes (ranks), one per machine.  Rank 0
+ * runs the command as one process would (the tokenizer, sampling, HTTP, the
+ * journal); its model is computed by the cluster: the other ranks read and
+ * compute the experts on their own disks, and trunk layers in their own
+ * budgets (pipeline stages).  Every id and logit is bit-identical to one
+ * process. */
+
+/* First thing in main(): under mpirun with several ranks, join them (-1 with
+ * err when this build has no MPI: the message says what to install).
+ * Returns this process's rank: 0 runs the command, any other
+ * krun_cluster_follow.  One process: 0, nothing done. */
+int krun_cluster_start(int *argc, char ***argv, krun_err *err);
+int krun_cluster_rank(void);
+int krun_cluster_size(void);
+/* A rank other than 0: open the file rank 0 names and compute its part, with
+ * this rank's own budget, threads, I/O threads and SIMD path (own: from its
+ * own command line; everything the ranks must share comes from rank 0),
+ * until rank 0 stops.  Returns the exit status (0 after rank 0's stop, also
+ * when this rank failed and told rank 0 why). */
+int krun_cluster_follow(const krun_model_opts *own, krun_err *err);
+/* After krun_cluster_follow failed: fall silent and wait for rank 0's stop
+ * (rank 0 notices within KRUN_CLUSTER_TIMEOUT and says which rank was lost). */
+void krun_cluster_linger(void);
+/* What each rank of the model's cluster did so far (rank 0 first): its
+ * host, the trunk layers it computes, its reads, the experts it computed for
+ * other ranks, the bytes it sent and received.  Returns how many ranks were
+ * written (at most max); 0 in one process; -1 with err. */
+typedef struct krun_rank_info {
+    char who[96];
+    int layers;
+    krun_stats st;
+    uint64_t experts_served, experts_predicted, bytes_sent, bytes_received;
+} krun_rank_info;
+int krun_model_ranks(krun_model *m, krun_rank_info *out, int max, krun_err *err);
+/* 1 when the model's cluster can compute nothing more (a rank, or the
+ * network to it, was lost; a block failed half way on the ranks), with why;
+ * 0 in one process. */
+int krun_model_cluster_lost(const krun_model *m, krun_err *why);
+
+/* The cluster's plan (krun --plan under mpirun, or --ranks N: N machines
+ * like this one): who computes which trunk layers, each rank's memory plan,
+ * and what a decoding sweep of o->max_seqs sequences reads and sends,
+ * costed at disk_mbps per drive (MB/s; a stripe reads at the sum of its
+ * drives) and net_mbps (0: not costed): every rank's trunk streamed in turn,
+ * each MoE layer's experts at the pace of the slowest disk they are given
+ * to (the mean over random top-k choices, assigned as the runtime assigns
+ * them), the hidden state's hops and the experts' rows and outputs over the
+ * network.  Reading and sending only: compute is not counted. */
+typedef struct krun_rank_plan {
+    char who[96];
+    uint64_t budget;                  /* 0: none (the file in place) */
+    int layers, first, last;          /* the trunk layers it computes (first..last; 0 layers: first = last = -1) */
+    int pinned;                       /* of them held */
+    int expert_slots, drives;         /* its expert cache; the disks its trunk is read from */
+    uint64_t total;                   /* its plan's bytes */
+    double trunk_bytes, expert_bytes; /* read per sweep (lm_head's streamed pieces in rank 0's trunk) */
+    double sent, received;            /* over the network, per sweep */
+} krun_rank_plan;
+typedef struct krun_cluster_plan {
+    int nranks, hypothetical;
+    size_t seqs;                      /* sequences per sweep */
+    double disk_mbps, net_mbps;
+    int hops;                         /* the hidden state's moves between ranks per sweep */
+    krun_rank_plan rank[KRUN_MAX_RANKS];
+    double trunk_bytes, expert_bytes, net_bytes;  /* per sweep */
+    double s_trunk, s_experts, s_net, s_sweep;    /* seconds per sweep */
+    double s_token, tokens_per_hour;
+} krun_cluster_plan;
+int krun_model_cluster_plan(krun_model *m, const krun_model_opts *o, int hypothetical, double disk_mbps, double net_mbps,
+                            krun_cluster_plan *out, krun_err *err);
+void krun_cluster_plan_print(const krun_cluster_plan *p, FILE *out);
+json_t *krun_cluster_plan_json(const krun_cluster_plan *p);
 
 /* The session's state (KDA, ShortConv, MLA latent cache, position, history
  * with pending tokens, last logits, the sampler's seed and stream, the reply start) to a file, in the format of

@@ -242,7 +242,19 @@ static int read_section(krun_state_reader *r, void *dst, uint64_t n, krun_err *e
     return 0;
 }
 
+size_t krun_state_far_floats(const k3_config *c, size_t ctx)
+{
+    const size_t kda = k3_kda_S_floats(c) + k3_kda_conv_floats(c), mla = ctx * k3_mla_row(c);
+    return kda > mla ? kda : mla;
+}
+
 int krun_state_read_payload(krun_state_reader *r, const k3_config *c, int32_t *tokens, k3_state *st, float *logits, krun_err *err)
+{
+    return krun_state_read_payload_far(r, c, tokens, st, logits, NULL, err);
+}
+
+int krun_state_read_payload_far(krun_state_reader *r, const k3_config *c, int32_t *tokens, k3_state *st, float *logits,
+                                const krun_state_far *far, krun_err *err)
 {
     const krun_state_hdr *h = &r->h;
     const uint64_t row = (uint64_t)k3_mla_row(c) * 4, S = k3_kda_S_floats(c) * 4, conv = k3_kda_conv_floats(c) * 4;
@@ -253,13 +265,18 @@ int krun_state_read_payload(krun_state_reader *r, const k3_config *c, int32_t *t
     if (read_section(r, tokens, h->n_tokens * 4, err)) return -1;
     if (!tokens_in_vocab((const uint8_t *)tokens, h->n_tokens, h->vocab)) goto bad_tokens;
     for (int L = 0; L < c->n_layers; L++) {
+        /* a layer another rank holds passes through far's buffer on its way there */
+        const int away = far && !st->mla_cache[L] && !st->kda_S[L];
+        float *mla = away ? far->buf : st->mla_cache[L], *kS = away ? far->buf : st->kda_S[L];
+        float *kc = away ? far->buf + S / 4 : st->kda_conv[L];
         if (c->layer_is_mla[L]) {
-            if (read_section(r, st->mla_cache[L], h->pos * row, err)) return -1;
-            if (!all_finite((const uint8_t *)st->mla_cache[L], h->pos * row / 4)) goto bad_float;
+            if (read_section(r, mla, h->pos * row, err)) return -1;
+            if (!all_finite((const uint8_t *)mla, h->pos * row / 4)) goto bad_float;
         } else {
-            if (read_section(r, st->kda_S[L], S, err) || read_section(r, st->kda_conv[L], conv, err)) return -1;
-            if (!all_finite((const uint8_t *)st->kda_S[L], S / 4) || !all_finite((const uint8_t *)st->kda_conv[L], conv / 4)) goto bad_float;
+            if (read_section(r, kS, S, err) || read_section(r, kc, conv, err)) return -1;
+            if (!all_finite((const uint8_t *)kS, S / 4) || !all_finite((const uint8_t *)kc, conv / 4)) goto bad_float;
         }
+        if (away && far->put(far->ctx, st, L, kS, kc, mla, (size_t)h->pos, err)) return -1;
     }
     if (h->flags & KRUN_STATE_LOGITS) {
         if (read_section(r, logits, (uint64_t)h->vocab * 4, err)) return -1;
@@ -469,32 +486,68 @@ void krun_state_write_drop(krun_state_writer *w)
     w->x = NULL;
 }
 
-int krun_state_write_to(ksave *s, krun_state_hdr *h, const k3_config *c, const int32_t *tokens, const k3_state *st,
-                        const float *logits, krun_err *err)
+int krun_state_write_to_far(ksave *s, krun_state_hdr *h, const k3_config *c, const int32_t *tokens, const k3_state *st,
+                            const float *logits, const krun_state_far *far, krun_err *err)
 {
     krun_state_writer w;
     if (krun_state_write_begin(&w, s, h, c, tokens, err)) return -1;
-    for (int L = 0; L < c->n_layers; L++) krun_state_write_layer(&w, c, L, st->kda_S[L], st->kda_conv[L], st->mla_cache[L]);
+    for (int L = 0; L < c->n_layers; L++) {
+        if (far && !st->mla_cache[L] && !st->kda_S[L]) {
+            /* another rank's layer: fetched into far's buffer */
+            float *S = far->buf, *conv = far->buf + k3_kda_S_floats(c);
+            if (far->get(far->ctx, st, L, S, conv, far->buf, err)) { krun_state_write_drop(&w); return -1; }
+            krun_state_write_layer(&w, c, L, S, conv, far->buf);
+            continue;
+        }
+        krun_state_write_layer(&w, c, L, st->kda_S[L], st->kda_conv[L], st->mla_cache[L]);
+    }
     krun_state_write_end(&w, logits);
     return 0;
+}
+
+int krun_state_write_to(ksave *s, krun_state_hdr *h, const k3_config *c, const int32_t *tokens, const k3_state *st,
+                        const float *logits, krun_err *err)
+{
+    return krun_state_write_to_far(s, h, c, tokens, st, logits, NULL, err);
+}
+
+int krun_state_write_far(const char *path, krun_state_hdr *h, const k3_config *c, const int32_t *tokens, const k3_state *st,
+                         const float *logits, const krun_state_far *far, krun_err *err)
+{
+    ksave s;
+    if (ksave_target_ok(path, krun_state_is_file, "a krun state file", err) || ksave_begin(&s, path, err)) return -1;
+    if (krun_state_write_to_far(&s, h, c, tokens, st, logits, far, err)) { ksave_abort(&s); return -1; }
+    return ksave_commit(&s, err);
 }
 
 int krun_state_write(const char *path, krun_state_hdr *h, const k3_config *c, const int32_t *tokens, const k3_state *st,
                      const float *logits, krun_err *err)
 {
-    ksave s;
-    if (ksave_target_ok(path, krun_state_is_file, "a krun state file", err) || ksave_begin(&s, path, err)) return -1;
-    if (krun_state_write_to(&s, h, c, tokens, st, logits, err)) { ksave_abort(&s); return -1; }
-    return ksave_commit(&s, err);
+    return krun_state_write_far(path, h, c, tokens, st, logits, NULL, err);
 }
 
 void krun_state_restore(const void *buf, const krun_state_hdr *h, const k3_config *c, int32_t *tokens, k3_state *st,
                         float *logits)
 {
+    krun_err e;
+    krun_state_restore_far(buf, h, c, tokens, st, logits, NULL, &e);
+}
+
+int krun_state_restore_far(const void *buf, const krun_state_hdr *h, const k3_config *c, int32_t *tokens, k3_state *st,
+                           float *logits, const krun_state_far *far, krun_err *err)
+{
     const uint8_t *b = buf, *p = b + h->layers_at;
     const size_t row = k3_mla_row(c);
     memcpy(tokens, b + h->tokens_at, (size_t)h->n_tokens * 4);
     for (int L = 0; L < c->n_layers; L++) {
+        if (far && !st->mla_cache[L] && !st->kda_S[L]) {
+            /* another rank's layer: sent there from the image (copied: the image need not be aligned) */
+            const size_t n = c->layer_is_mla[L] ? (size_t)h->pos * row : k3_kda_S_floats(c) + k3_kda_conv_floats(c);
+            memcpy(far->buf, p, n * 4);
+            p += n * 4;
+            if (far->put(far->ctx, st, L, far->buf, far->buf + k3_kda_S_floats(c), far->buf, (size_t)h->pos, err)) return -1;
+            continue;
+        }
         if (c->layer_is_mla[L]) {
             memcpy(st->mla_cache[L], p, (size_t)h->pos * row * 4);
             p += (size_t)h->pos * row * 4;
@@ -507,4 +560,5 @@ void krun_state_restore(const void *buf, const krun_state_hdr *h, const k3_confi
     }
     if (h->flags & KRUN_STATE_LOGITS) memcpy(logits, b + h->logits_at, (size_t)h->vocab * 4);
     st->pos = (size_t)h->pos;
+    return 0;
 }

@@ -62,6 +62,21 @@ int krun_state_peek(const char *path, uint64_t *pos, uint64_t *n_tokens, krun_er
  * positions, and logits [vocab] when flagged.  Through the one safe writer
  * (savefile.h): path must be new or an earlier state file; the bytes go to
  * a temporary file, fsynced, renamed over path. */
+/* The layers of a state that another rank holds (several machines,
+ * run/cluster): a layer without arrays here is fetched from there (get)
+ * when the state is written, and sent there (put) as it is read, through
+ * buf (krun_state_far_floats of it).  NULL: every layer is here. */
+typedef struct krun_state_far {
+    int (*get)(void *ctx, const k3_state *st, int L, float *S, float *conv, float *mla, krun_err *err);
+    int (*put)(void *ctx, const k3_state *st, int L, const float *S, const float *conv, const float *mla, size_t pos, krun_err *err);
+    void *ctx;
+    float *buf;
+} krun_state_far;
+size_t krun_state_far_floats(const k3_config *c, size_t ctx);
+int krun_state_write_far(const char *path, krun_state_hdr *h, const k3_config *c, const int32_t *tokens, const k3_state *st,
+                         const float *logits, const krun_state_far *far, krun_err *err);
+int krun_state_write_to_far(ksave *s, krun_state_hdr *h, const k3_config *c, const int32_t *tokens, const k3_state *st,
+                            const float *logits, const krun_state_far *far, krun_err *err);
 int krun_state_write(const char *path, krun_state_hdr *h, const k3_config *c, const int32_t *tokens, const k3_state *st,
                      const float *logits, krun_err *err);
 /* The same bytes into a save begun by the caller (who commits it, or renames
@@ -112,6 +127,8 @@ typedef struct krun_state_reader {
 } krun_state_reader;
 int krun_state_read_begin(krun_state_reader *r, int fd, const char *name, krun_err *err);
 int krun_state_read_payload(krun_state_reader *r, const k3_config *c, int32_t *tokens, k3_state *st, float *logits, krun_err *err);
+int krun_state_read_payload_far(krun_state_reader *r, const k3_config *c, int32_t *tokens, k3_state *st, float *logits,
+                                const krun_state_far *far, krun_err *err);
 /* Instead of read_payload: the whole payload checked as read_payload checks
  * it, through a small buffer, into no destination; *tokens_hash (if not NULL)
  * the XXH3-64 of the history's bytes.  To check a file before replacing a
@@ -121,6 +138,8 @@ void krun_state_read_end(krun_state_reader *r);
 
 /* Copy a parsed image's sections into st / tokens / logits (the caller has
  * checked that they fit). */
+int krun_state_restore_far(const void *buf, const krun_state_hdr *h, const k3_config *c, int32_t *tokens, k3_state *st,
+                           float *logits, const krun_state_far *far, krun_err *err);
 void krun_state_restore(const void *buf, const krun_state_hdr *h, const k3_config *c, int32_t *tokens, k3_state *st,
                         float *logits);
 

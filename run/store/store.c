@@ -60,6 +60,7 @@ uint64_t kstore_lent_bytes(const kpk_file *f, const k3_model *m, const kstore_la
     uint64_t n = 0;
     krange r;
     for (int L = l->pin_prefill; L < l->pin && L < m->cfg.n_layers; L++) {
+        if (!k3_here(m, L)) continue;
         kring_range(f, m->trunk_extent[L], 0, kpk_extent_at(f, m->trunk_extent[L])->raw_len, stage_bytes, &r);
         n += r.buf_bytes;
     }
@@ -92,6 +93,11 @@ static int plan_roles(kstore *s, uint64_t *flex_used, krun_err *err)
         uint64_t r0 = 0;
         krange r;
         if (x->kind == KPK_KIND_EXPERT) { s->role[i] = ROLE_EXPERT; continue; }
+        /* another rank's trunk layer, or globals (run/cluster): never read here */
+        if ((x->kind == KPK_KIND_TRUNK && !k3_here(m, (int)x->layer)) || (i == m->globals_extent && !k3_here(m, K3_GLOBALS))) {
+            s->role[i] = ROLE_AWAY;
+            continue;
+        }
         if (x->kind == KPK_KIND_TRUNK && (int)x->layer >= p->pin) { s->role[i] = ROLE_RING; continue; }
         if (x->kind != KPK_KIND_TRUNK && i != m->globals_extent) continue;
         if (i == m->globals_extent) {
@@ -647,6 +653,10 @@ static const uint8_t *held_get(kstore *s, uint32_t i, uint64_t *first, krun_err 
 static const uint8_t *mapped_or_decoded(kstore *s, uint32_t i, krun_err *err)
 {
     const kpk_extent *x = kpk_extent_at(s->f, i);
+    if (x->member != KPK_STRIPED && !kpk_member_here(s->f, x->member)) {
+        kstore_err_extent(s, i, err, KRUN_EINPUT, "its member file is not on this machine");
+        return NULL;
+    }
     if (x->codec == KPK_CODEC_NONE && x->member != KPK_STRIPED) {
         const uint8_t *d = s->map[x->member] + x->offset;
         if (kstore_need_verify(s, i) && verify_mapped(s, i, d, err)) return NULL;
@@ -687,6 +697,7 @@ const uint8_t *kstore_get(kstore *s, uint32_t i, uint64_t *first, krun_err *err)
         const uint8_t *p;
         return kstore_get_many(s, &i, 1, &p, err) ? NULL : p;
     }
+    if (s->role[i] == ROLE_AWAY) { kstore_err_extent(s, i, err, KRUN_EINPUT, "computed by another rank, not read here"); return NULL; }
     if (s->role[i] == ROLE_RING || !s->map) { kstore_err_extent(s, i, err, KRUN_EDATA, "internal: streamed in pieces, not held whole"); return NULL; }
     return mapped_or_decoded(s, i, err);
 }
@@ -712,6 +723,7 @@ int kstore_phase(kstore *s, int prefill, krun_err *err)
     if (!p || prefill == s->phase || (p->pin_prefill >= p->pin && p->expert_slots_prefill >= p->expert_slots)) return 0;
     for (int L = p->pin_prefill; L < p->pin; L++) {
         uint32_t i = s->opt.model->trunk_extent[L];
+        if (!k3_here(s->opt.model, L)) continue;
         s->role[i] = prefill ? ROLE_RING : ROLE_HELD;
         s->held_loaded[i] = 0;         /* forgotten: its buffer is scratch now, or to be read again */
         s->reread[i] = !prefill;

@@ -16,7 +16,7 @@
  * its own budgeted buffer (the globals: without the embedding, and without
  * lm_head when it streams), ROLE_RING streams in pieces, ROLE_EXPERT goes
  * through the expert slots. */
-enum role { ROLE_MAPPED = 0, ROLE_RING = 1, ROLE_EXPERT = 2, ROLE_HELD = 3 };
+enum role { ROLE_MAPPED = 0, ROLE_RING = 1, ROLE_EXPERT = 2, ROLE_HELD = 3, ROLE_AWAY = 4 /* another rank's (run/cluster) */ };
 
 /* An expert slot. */
 struct slot {

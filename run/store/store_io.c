@@ -30,6 +30,7 @@ int kstore_io_threads(const kpk_file *f, int io_threads, int *per_member)
         if (x->member != KPK_STRIPED) { used[x->member] = 1; continue; }
         for (uint16_t m = 0; m < nm; m++) used[m] |= kpk_member_at(f, m)->role == KPK_ROLE_STRIPE;
     }
+    for (uint16_t m = 0; m < nm; m++) used[m] &= kpk_member_here(f, m);   /* a member on another machine: not read here */
     for (uint16_t m = 0; m < nm; m++) n_used += used[m];
     /* one file: all of them on its queue; a set: a share each, but at least
      * two per disk, so one request is always queued behind the one reading */
@@ -81,6 +82,7 @@ int kstore_map_members(kstore *s, krun_err *err)
     for (uint16_t m = 0; m < s->nm; m++) s->map_watch[m] = -1;
     for (uint16_t m = 0; m < s->nm; m++) {
         void *p;
+        if (!kpk_member_here(s->f, m)) continue;           /* on another machine: never read here */
         s->map_len[m] = kpk_member_at(s->f, m)->file_size;
         p = mmap(NULL, s->map_len[m], PROT_READ, MAP_SHARED, kpk_member_fd(s->f, m), 0);
         if (p == MAP_FAILED) {
@@ -105,6 +107,7 @@ int kstore_io_open(kstore *s, krun_err *err)
     for (uint16_t m = 0; m < s->nm; m++) s->io_m[m].fd = -1;
     for (uint16_t m = 0; m < s->nm; m++) {
         kiop_member *im = &s->io_m[m];
+        if (!kpk_member_here(s->f, m)) continue;           /* on another machine: never read here */
         if (s->opt.io == KSTORE_IO_DIRECT) {
             im->fd = open_direct(s, m);
             if (im->fd >= 0) continue;

@@ -257,7 +257,8 @@ int kring_build(kring *r, const k3_model *m, uint64_t piece_bytes, int pin, int 
         uint32_t i = s == NL ? m->globals_extent : m->trunk_extent[s];
         const kpk_extent *x = kpk_extent_at(m->file, i);
         uint64_t ra = 0, rb = x->raw_len;
-        if (s == NL && !head) break;
+        if (s == NL && (!head || !k3_here(m, K3_GLOBALS))) break;
+        if (!k3_here(m, L)) { r->slot_piece0[s] = r->n; continue; }     /* another rank's layer: nothing streams here */
         for (int k = 0; k < no; k++) {
             const kt_loc *l = L == K3_GLOBALS ? &m->globals[order[k].role] : &m->trunk[(size_t)s * K3T_COUNT + order[k].role];
             struct tens *t = &ts[nt++];

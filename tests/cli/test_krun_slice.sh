@@ -2,7 +2,9 @@
 # Streaming at full K3 widths: a small slice checkpoint (hidden 7168, 96 heads,
 # real 17.5 MB MXFP4 experts; 2 layers, 8 experts, ~2.4 GB) run at four
 # budgets and three I/O modes gives the same bits, and stays under a cgroup
-# memory limit at the smallest budget; speculative decoding at full width.
+# memory limit at the smallest budget; speculative decoding at full width;
+# over several ranks (mpirun on this machine: experts on the other ranks, a
+# layer on another).
 . "$(dirname "$0")/lib.sh"
 
 avail=$(df -Pk "$T" | awk 'NR==2 {print $4}')
@@ -104,5 +106,28 @@ elif [ -n "$d" ]; then
         || notok "slice cgroup: rc $rc peak $peak limit $limit: $(head -c 300 "$T/cg.err")"
 else
     skip "slice cgroup limit: no writable memory cgroup"
+fi
+
+# Several machines at full width (the rest is test_krun_cluster.sh): mpirun on this machine, the
+# experts computed by the other ranks, layer 1 on rank 1 (--stages 1,1), streaming budgets
+MPI=(mpirun --oversubscribe)
+[ "$(id -u)" = 0 ] && MPI+=(--allow-run-as-root)
+if ! command -v mpirun >/dev/null; then
+    skip "slice over several ranks: no mpirun here (tests/deps.sh installs openmpi-bin and libopenmpi-dev)"
+elif "${MPI[@]}" -np 2 "$BIN/krun" "$T/sl.kpk" --ids 5 --gen 1 --quiet 2>&1 | grep -q 'built without MPI'; then
+    skip "slice over several ranks: this krun was built without MPI"
+else
+    for v in "2|--mem 3G --pin 0 --expert-slots 2" "3|--mem 4G --stages 1,1,0 --threads 1"; do
+        KRUN_CLUSTER_TIMEOUT=60 "${MPI[@]}" -np "${v%%|*}" "$BIN/krun" "$T/sl.kpk" --ids $IDS --gen $GEN --dump-all-logits "$T/x.bin" \
+            --json "$T/x.json" --quiet ${v#*|} >/dev/null 2>"$T/x.err"
+        cmp -s "$T/ref.bin" "$T/x.bin" && python3 - "$T/ref.json" "$T/x.json" <<'PY' \
+            && ok "slice over ${v%%|*} ranks (${v#*|}): identical ids and logits bits, experts computed on the other ranks" \
+            || notok "slice over ${v%%|*} ranks (${v#*|}): $(head -c 300 "$T/x.err")"
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+assert a["generated_ids"] == b["generated_ids"]
+assert sum(r["experts_served"] for r in b["cluster"]["per_rank"][1:]) > 0, b["cluster"]
+PY
+    done
 fi
 finish
