@@ -71,7 +71,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     o.threads = 1;
     if (krun_model_open(&o, &m, &e)) die(path, e.msg);
     {
-        srv_engine_opts eo = {4, "fuzz", 1, 0, NULL, 0, NULL};
+        srv_engine_opts eo = {.max_queue = 4, .model_name = "fuzz", .quiet = 1, .ctx_lenient = 1};
         if (srv_engine_start(m, &eo, &eng, &e)) die("engine", e.msg);
     }
     sa.sin_family = AF_INET;
@@ -81,7 +81,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
         die("127.0.0.1", "cannot listen");
     port = ntohs(sa.sin_port);
     {
-        srv_http_opts ho = {KEY, MAX_BODY, srv_mem_share(MAX_BODY) * 4, fd, 256, 0, HTTP_WAIT, HTTP_WAIT};
+        srv_http_opts ho = {.api_key = KEY, .max_body = MAX_BODY, .request_memory = srv_mem_share(MAX_BODY) * 4, .listen_fd = fd,
+                            .max_connections = 256, .idle_timeout = HTTP_WAIT, .request_timeout = HTTP_WAIT};
         if (srv_http_start(eng, &ho, &http, &e)) die("http", e.msg);
     }
     return 0;
