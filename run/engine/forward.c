@@ -19,10 +19,10 @@
 
 /* ---- the run's memory: laid out once ------------------------------------------ */
 
-static void run_carve(k3_run *r, const k3_config *c, size_t T, size_t S, size_t ctx, size_t spec, karena *a)
+static void run_carve(k3_run *r, const k3_config *c, size_t T, size_t S, size_t ctx, size_t spec, size_t taps, karena *a)
 {
     k3_weights_carve(&r->w, c, a);
-    k3_scratch_carve(&r->s, c, T, S, ctx, a);
+    k3_scratch_carve(&r->s, c, T, S, ctx, taps, a);
     k3_journal_carve(&r->j, c, spec, a);
     KTAKE(a, r->routed, (size_t)c->n_layers * (size_t)c->n_experts);
 }
@@ -35,24 +35,24 @@ size_t k3_run_vectors_bytes(const k3_config *c)
     return karena_round(a.used);
 }
 
-size_t k3_run_scratch_bytes(const k3_config *c, size_t T, size_t S, size_t ctx)
+size_t k3_run_scratch_bytes(const k3_config *c, size_t T, size_t S, size_t ctx, size_t taps)
 {
     k3_scratch sc;
     karena a = {NULL, 0};
-    k3_scratch_carve(&sc, c, T, S, ctx, &a);
+    k3_scratch_carve(&sc, c, T, S, ctx, taps, &a);
     return karena_round(a.used);
 }
 
-size_t k3_run_bytes(const k3_config *c, size_t T, size_t S, size_t ctx, size_t spec)
+size_t k3_run_bytes(const k3_config *c, size_t T, size_t S, size_t ctx, size_t spec, size_t taps)
 {
     k3_run r;
     karena a = {NULL, 0};
-    run_carve(&r, c, T, S, ctx, spec, &a);
+    run_carve(&r, c, T, S, ctx, spec, taps, &a);
     return karena_round(a.used);
 }
 
 int k3_run_init(k3_run *r, const k3_model *m, kstore *store, kpool *pool, size_t T, size_t S, size_t ctx, size_t spec,
-                krun_err *err)
+                size_t taps, krun_err *err)
 {
     const k3_config *c = &m->cfg;
     karena a = {NULL, 0};
@@ -75,7 +75,7 @@ int k3_run_init(k3_run *r, const k3_model *m, kstore *store, kpool *pool, size_t
     r->S = S;
     r->ctx = ctx;
     r->scratch_off = k3_run_vectors_bytes(c);
-    r->arena_bytes = k3_run_bytes(c, T, S, ctx, spec);
+    r->arena_bytes = k3_run_bytes(c, T, S, ctx, spec, taps);
     r->arena = aligned_alloc(KARENA_ALIGN, r->arena_bytes);
     if (!r->arena) {
         krun_err_set(err, KRUN_ENOMEM, "out of memory: %zu bytes for the run state (activations of a %zu-position block)",
@@ -83,7 +83,7 @@ int k3_run_init(k3_run *r, const k3_model *m, kstore *store, kpool *pool, size_t
         return -1;
     }
     a.base = r->arena;
-    run_carve(r, c, T, S, ctx, spec, &a);
+    run_carve(r, c, T, S, ctx, spec, taps, &a);
     memset(r->routed, 0, (size_t)c->n_layers * (size_t)c->n_experts * sizeof *r->routed);
     k3_weights_setup(&r->w, m, store);
     /* the globals are held for the whole run: lm_head and the output vectors */
@@ -99,7 +99,7 @@ int k3_run_init(k3_run *r, const k3_model *m, kstore *store, kpool *pool, size_t
 void k3_run_use_block(k3_run *r, uint8_t *mem, size_t T)
 {
     karena a = {mem ? mem : (uint8_t *)r->arena, mem ? 0 : r->scratch_off};
-    k3_scratch_carve(&r->s, &r->model->cfg, mem ? T : r->T_own, r->S, r->ctx, &a);
+    k3_scratch_carve(&r->s, &r->model->cfg, mem ? T : r->T_own, r->S, r->ctx, r->s.tap_floats, &a);
 }
 
 size_t k3_run_expert_batch(const k3_run *r)
@@ -349,6 +349,8 @@ int k3_forward(k3_run *r, const k3_seg *segs, size_t nseg, krun_err *err)
         }
         /* step 8: the next layer's h is P */
         for (size_t i = 0; i < b.T * E; i++) s->P[i] = s->P[i] + s->y[i];
+        /* a drafter's taps: P as it leaves the layer (a hook: run/draft sets it, K3_EAGLE.md §2) */
+        if (r->tap) r->tap(r->tap_ctx, L, s->P, b.T, s->taps);
         /* fails when anything read for the layer was bad: its results must not be used */
         if (k3_weights_end(&r->w, L, err)) return -1;
         if (r->pager) k3_pager_layer_end(r->pager, L);          /* written back while layer L+1 runs */
@@ -377,6 +379,12 @@ static long journal_seg(const k3_run *r, const k3_state *st)
     for (size_t i = 0; i < r->j.n_segs; i++)
         if (r->j.seg_st[i] == st) return (long)i;
     return -1;
+}
+
+const float *k3_block_embedding(const k3_run *r, size_t row)
+{
+    /* §4.4: B[0] is the token embedding, pushed at layer 0 (a boundary) */
+    return r->s.snap + row * r->s.max_src * (size_t)r->model->cfg.hidden;
 }
 
 const float *k3_journal_logits(const k3_run *r, const k3_state *st)
