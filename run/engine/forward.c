@@ -199,9 +199,9 @@ static int make_block(k3_run *r, const k3_seg *segs, size_t nseg, k3_block *b, k
                          sg->journal ? "journaled" : "", sg->n);
             return -1;
         }
-        if (r->pager && (sg->journal || sg->snap))
-            return krun_err_set(err, KRUN_EINPUT, "a %s in a block whose states are paged to disk (not supported: statepage.h)",
-                                sg->journal ? "speculative verification" : "prefix-cache snapshot");
+        if (r->pager && sg->snap)
+            return krun_err_set(err, KRUN_EINPUT, "a prefix-cache snapshot in a block whose states are paged to disk (not supported: "
+                                "statepage.h)");
         if (sg->journal) {
             /* the block's verifications share the journal's rows, in block order */
             if (jn + 1 > r->j.max_segs || sg->n > r->j.cap - jrows) {
@@ -278,6 +278,44 @@ static int output(k3_run *r, const k3_block *b, size_t nsnap, krun_err *err)
     return 0;
 }
 
+/* ---- paged states' commits (journal.h) ---- */
+
+/* The deferred commits the block replays, in d (the journal's list emptied for the block's own):
+ * a state whose position moved since (reset) drops its commit; one the block does not hold has
+ * it replayed now, on its own pass of the pager over the layers (no rows computed). */
+static int take_deferred(k3_run *r, const k3_seg *segs, size_t nseg, k3_journal *d, krun_err *err)
+{
+    const k3_config *c = &r->model->cfg;
+    k3_journal *j = &r->j;
+    k3_state *alone[K3_JOURNAL_MAX_SEGS];
+    size_t none[K3_JOURNAL_MAX_SEGS] = {0}, row[K3_JOURNAL_MAX_SEGS], keep[K3_JOURNAL_MAX_SEGS], na = 0;
+    d->n_def = 0;
+    for (size_t i = 0; i < j->n_def; i++) {
+        k3_state *st = j->def_st[i];
+        size_t g = 0;
+        if (st->pos != j->def_pos[i]) continue;
+        while (g < nseg && segs[g].st != st) g++;
+        if (g < nseg) {
+            d->def_st[d->n_def] = st;
+            d->def_row[d->n_def] = j->def_row[i];
+            d->def_keep[d->n_def++] = j->def_keep[i];
+        } else {
+            alone[na] = st;
+            row[na] = j->def_row[i];
+            keep[na++] = j->def_keep[i];
+        }
+    }
+    j->n_def = 0;
+    if (!na) return 0;
+    if (k3_pager_block_begin(r->pager, alone, none, na, err)) return -1;
+    for (int L = 0; L < c->n_layers; L++) {
+        if (k3_pager_layer_begin(r->pager, L, err)) return -1;
+        for (size_t i = 0; i < na && !c->layer_is_mla[L]; i++) kda_commit(r, L, alone[i], row[i], keep[i]);
+        k3_pager_layer_end(r->pager, L);
+    }
+    return k3_pager_block_end(r->pager, err);
+}
+
 int k3_forward(k3_run *r, const k3_seg *segs, size_t nseg, krun_err *err)
 {
     const k3_config *c = &r->model->cfg;
@@ -286,8 +324,12 @@ int k3_forward(k3_run *r, const k3_seg *segs, size_t nseg, krun_err *err)
     k3_block b;
     size_t nsnap = 0;
     int prefix_empty = 0;
+    k3_journal def;            /* paged states' commits this block replays (journal.h) */
 
-    if (make_block(r, segs, nseg, &b, err) || k3_weights_step_begin(&r->w, err)) return -1;
+    def.n_def = 0;
+    if (make_block(r, segs, nseg, &b, err) || (r->j.n_def && take_deferred(r, segs, nseg, &def, err)) ||
+        k3_weights_step_begin(&r->w, err))
+        return -1;
     if (r->pager) {
         /* paged states: layer 0 of the block's sequences is read while the embedding rows are */
         k3_state *sts[K3_MAX_SEQS];
@@ -310,6 +352,7 @@ int k3_forward(k3_run *r, const k3_seg *segs, size_t nseg, krun_err *err)
             k3_weights_end(&r->w, L, &(krun_err){0, {0}});
             return -1;
         }
+        for (size_t i = 0; i < def.n_def && !c->layer_is_mla[L]; i++) kda_commit(r, L, def.def_st[i], def.def_row[i], def.def_keep[i]);
         w = k3_weights_vecs(&r->w, L);
         f_attn = ABLATED(ATTNRES_FOLDS_SWAPPED) ? w->f_mlp : w->f_attn;
         f_mlp = ABLATED(ATTNRES_FOLDS_SWAPPED) ? w->f_attn : w->f_mlp;
@@ -398,8 +441,16 @@ void k3_commit(k3_run *r, k3_state *st, size_t keep)
     const k3_config *c = &r->model->cfg;
     long i = journal_seg(r, st);
     if (i < 0 || keep < 1 || keep > r->j.seg_n[i]) abort();   /* a caller's bug: the state would be wrong */
-    for (int L = 0; L < c->n_layers; L++)
-        if (!c->layer_is_mla[L]) kda_commit(r, L, st, r->j.seg_row[i], keep);
     st->pos += keep;
+    if (st->pager) {
+        /* on disk: replayed as the next block brings its layers in (journal.h) */
+        r->j.def_st[r->j.n_def] = st;
+        r->j.def_row[r->j.n_def] = r->j.seg_row[i];
+        r->j.def_keep[r->j.n_def] = keep;
+        r->j.def_pos[r->j.n_def++] = st->pos;
+    } else {
+        for (int L = 0; L < c->n_layers; L++)
+            if (!c->layer_is_mla[L]) kda_commit(r, L, st, r->j.seg_row[i], keep);
+    }
     r->j.seg_st[i] = NULL;                                    /* committed once */
 }

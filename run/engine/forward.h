@@ -40,7 +40,8 @@ typedef struct k3_run {
     void (*tap)(void *ctx, int L, const float *P, size_t T, float *taps);
     void *tap_ctx;
     /* the sequences' states paged to disk (statepage.h): NULL, resident.  With a pager every
-     * state of a block is one of its slots, and no segment is journaled or snapshots */
+     * state of a block is one of its slots, and no segment snapshots (a journaled one's commit
+     * is deferred to the next block: journal.h) */
     k3_pager *pager;
     /* the prediction (predict.h); NULL when it is off */
     uint8_t *predict_mem;

@@ -211,18 +211,12 @@ size_t krun_session_bytes(const k3_config *c, size_t ctx)
     return session_carve(NULL, c, ctx, 0, NULL, 0, &a);
 }
 
-/* A slot whose state a pager holds: the tables, the history, logits and sampler only. */
-static size_t session_bytes_paged(const k3_config *c, size_t ctx)
+/* A slot: with its state paged, the tables, the history, logits and sampler only; with a
+ * drafter d, its state too (rows for dcap positions). */
+static size_t slot_bytes(const k3_config *c, size_t ctx, int paged, const kdraft *d, size_t dcap)
 {
     karena a = {NULL, 0};
-    return session_carve(NULL, c, ctx, 1, NULL, 0, &a);
-}
-
-/* A slot with a drafter's state too (its rows for dcap positions). */
-static size_t session_bytes_draft(const k3_config *c, size_t ctx, const k3_eagle_config *dc, size_t dcap)
-{
-    karena a = {NULL, 0};
-    return session_carve(NULL, c, ctx, 0, dc, dcap, &a);
+    return session_carve(NULL, c, ctx, paged, d ? kdraft_config(d) : NULL, dcap, &a);
 }
 
 void krun_draft_auto_path(const char *model_path, char *out, size_t n)
@@ -258,8 +252,7 @@ static int plan_with(const krun_model *m, const krun_model_opts *o, const kdraft
     const uint64_t dbytes = d ? kdraft_bytes(d, o->max_seqs, cap) : 0;
     kmemplan_req q = {o->budget, o->pin, o->expert_slots, o->head, o->piece, o->ctx, o->chunk, o->max_seqs, o->spec,
                       o->io_threads, kmem_base_bytes(&m->m) + o->extra_bytes + (o->cache ? mark_buf_bytes(c) : 0) + dbytes, o->predict,
-                      o->state_dir ? session_bytes_paged(c, o->ctx)
-                                   : d ? session_bytes_draft(c, o->ctx, kdraft_config(d), cap) : krun_session_bytes(c, o->ctx),
+                      slot_bytes(c, o->ctx, o->state_dir != NULL, d, cap),
                       o->prompt_tokens, o->state_dir != NULL, d ? kdraft_tap_floats(d) : 0};
     double a[KDRAFT_MAX_WIDTH], tok = 1, bpt;
     kdraft_cost cost;
@@ -348,10 +341,10 @@ int krun_model_prepare(krun_model *m, const krun_model_opts *o, krun_err *err)
         return -1;
     }
     /* states on disk are read and written only around a forward block's layers (statepage.h):
-     * what reads or copies a state between blocks is not supported with them yet */
-    if (opt.state_dir && (opt.spec || opt.cache))
-        return krun_err_set(err, KRUN_EINPUT, "states paged to disk (--state-dir) do not go with %s in this version",
-                            opt.spec ? "speculative decoding (--spec)" : "a prefix cache");
+     * what reads or copies a state between blocks is not supported with them yet (a
+     * verification's commit waits for the next block: journal.h) */
+    if (opt.state_dir && opt.cache)
+        return krun_err_set(err, KRUN_EINPUT, "states paged to disk (--state-dir) do not go with a prefix cache in this version");
     /* A file that does not fit comfortably gets 80% of the available memory
      * as its budget rather than a mapping that pushes everything else out. */
     if (!opt.budget && kmem_available() && kpk_total_size(m->f) > kmem_available() / 10 * 8) {
@@ -418,8 +411,7 @@ int krun_model_prepare(krun_model *m, const krun_model_opts *o, krun_err *err)
         m->run.tap_ctx = m->draft;
     }
     m->cost = m->planned ? plan_cost(&m->plan) : resident_cost(&m->m);
-    m->session_bytes = opt.state_dir ? session_bytes_paged(c, m->ctx)
-                     : m->draft ? session_bytes_draft(c, m->ctx, kdraft_config(m->draft), m->draft_cap) : krun_session_bytes(c, m->ctx);
+    m->session_bytes = slot_bytes(c, m->ctx, opt.state_dir != NULL, m->draft, m->draft_cap);
     if (opt.state_dir && k3_pager_open(&m->pager, c, m->ctx, m->max_seqs, opt.state_dir, opt.io == KRUN_IO_DIRECT, err)) return -1;
     m->run.pager = m->pager;
     m->slots = aligned_alloc(KARENA_ALIGN, m->max_seqs * m->session_bytes);
@@ -586,9 +578,7 @@ void krun_model_memory(const krun_model *m, uint64_t *planned, uint64_t *allocat
     if (m->planned)
         *planned = m->plan.state_bytes + m->plan.vectors_bytes + m->plan.scratch_bytes + m->plan.flex_bytes + m->plan.draft_bytes;
     else
-        *planned = (uint64_t)m->max_seqs * (m->pager ? session_bytes_paged(c, m->ctx)
-                                            : m->draft ? session_bytes_draft(c, m->ctx, kdraft_config(m->draft), m->draft_cap)
-                                                       : krun_session_bytes(c, m->ctx)) +
+        *planned = (uint64_t)m->max_seqs * slot_bytes(c, m->ctx, m->pager != NULL, m->draft, m->draft_cap) +
                    (m->pager ? k3_page_window_bytes(c, m->ctx, m->max_seqs) : 0) + k3_run_bytes(c, m->block, m->max_seqs, m->ctx, m->spec, m->taps) +
                    (m->draft ? kdraft_bytes(m->draft, m->max_seqs, m->draft_cap) : 0);
     *allocated = (uint64_t)m->run.arena_bytes + (m->slots ? (uint64_t)m->max_seqs * m->session_bytes : 0) + (m->flex ? m->flex_bytes : 0) +

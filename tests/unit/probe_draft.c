@@ -30,7 +30,7 @@
 static int fails;
 #define OK(cond, ...) do { int c_ = (cond); printf("%s - ", c_ ? "ok" : "not ok"); printf(__VA_ARGS__); printf("\n"); if (!c_) fails++; } while (0)
 
-static const char *g_mem, *g_draft;
+static const char *g_mem, *g_draft, *g_state_dir;
 static size_t g_spec = 6;
 
 static krun_model *open_model(const char *path, size_t chunk, size_t max_seqs)
@@ -46,6 +46,7 @@ static krun_model *open_model(const char *path, size_t chunk, size_t max_seqs)
     o.max_seqs = max_seqs;
     o.spec = g_spec;
     o.draft = g_draft;
+    o.state_dir = g_state_dir;
     if (krun_model_open(&o, &m, &e)) { fprintf(stderr, "probe_draft: %s\n", e.msg); exit(2); }
     if (!krun_model_draft(m)) { fprintf(stderr, "probe_draft: the model did not take the drafter\n"); exit(2); }
     return m;
@@ -131,9 +132,9 @@ static void check_against(krun_model *mr, const krun_session *s, const char *wha
     krun_session_free(r);
 }
 
-static void check_paths(const char *model)
+static void check_paths(const char *model, krun_model *m)
 {
-    krun_model *m = open_model(model, 64, 3), *m5 = open_model(model, 5, 1);
+    krun_model *m5 = open_model(model, 5, 1);
     krun_session *a, *b, *c;
     krun_snapshot *snap;
     krun_err e;
@@ -221,7 +222,60 @@ static void check_paths(const char *model)
     }
     krun_session_free(b);
     krun_model_close(m5);
-    krun_model_close(m);
+}
+
+static void verify_or_die(krun_session *s, int32_t id, const int32_t *d, size_t k, size_t *acc)
+{
+    int32_t out[64];
+    krun_err e;
+    if (krun_session_verify(s, id, d, k, out, NULL, acc, &e)) { fprintf(stderr, "probe_draft: %s\n", e.msg); exit(2); }
+}
+
+/* The same with the states paged to disk (krun batch --state-dir): a verification's commit waits
+ * for the next block that holds the state (journal.h), or is replayed alone when the next block
+ * does not; the logits and the drafter's rows as the resident reference's (mr). */
+static void check_paged(const char *model, krun_model *mr)
+{
+    char dir[] = "/tmp/probe_draft_pages_XXXXXX", sub[64];
+    krun_model *mp;
+    krun_session *a, *b, *r;
+    size_t pos = P_LEN, ok1, ok2, ok3;
+    int32_t d[4];
+    const size_t V = (size_t)krun_model_config(mr)->vocab;
+    if (!mkdtemp(dir)) { perror("mkdtemp"); exit(2); }
+    snprintf(sub, sizeof sub, "%s/sd", dir);
+    g_state_dir = sub;
+    mp = open_model(model, 64, 2);
+    g_state_dir = NULL;
+    a = new_session(mp);
+    b = new_session(mp);
+    feed(a, hist, P_LEN);
+    feed(b, hist, 5);
+    verify_or_die(a, hist[pos], hist + pos + 1, 4, &ok1);           /* all four kept */
+    pos += ok1 + 1;
+    feed(b, &hist[5], 1);                                           /* a block without a: its commit alone */
+    memcpy(d, hist + pos + 1, 3 * sizeof *d);
+    d[1] = (d[1] + 1) % (int32_t)V;
+    verify_or_die(a, hist[pos], d, 3, &ok2);                        /* one kept, two thrown away */
+    pos += ok2 + 1;
+    verify_or_die(a, hist[pos], hist + pos + 1, 3, &ok3);           /* replayed inside this block */
+    pos += ok3 + 1;
+    feed(a, &hist[pos], 1);
+    pos++;
+    feed(b, &hist[6], 2);
+    r = reference(mr, pos);
+    OK(ok1 == 4 && ok2 == 1 && ok3 == 3 && krun_session_pos(a) == pos && !memcmp(krun_session_logits(a), krun_session_logits(r), V * sizeof(float)),
+       "states paged to disk: verifications keeping 4 of 4 (its commit replayed alone), 1 of 3, 3 of 3 (replayed in the next "
+       "block), then a plain step: the logits of the history prefilled resident (%zu positions)", pos);
+    check_against(mr, a, "paged: the drafter's rows");
+    krun_session_free(r);
+    r = reference(mr, 8);
+    OK(!memcmp(krun_session_logits(b), krun_session_logits(r), V * sizeof(float)), "paged: the other sequence's logits too");
+    krun_session_free(r);
+    krun_session_free(a);
+    krun_session_free(b);
+    krun_model_close(mp);
+    rmdir(dir);
 }
 
 static int parse_ids(const char *s, int32_t *out, size_t max)
@@ -312,6 +366,11 @@ int main(int argc, char **argv)
     }
     if (!strcmp(argv[1], "ref")) return dump_ref(argv[2], argc, argv);
     if (strcmp(argv[1], "paths")) { fprintf(stderr, "probe_draft: unknown check %s\n", argv[1]); return 2; }
-    check_paths(argv[2]);
+    {
+        krun_model *m = open_model(argv[2], 64, 3);
+        check_paths(argv[2], m);
+        check_paged(argv[2], m);
+        krun_model_close(m);
+    }
     return fails ? 1 : 0;
 }
