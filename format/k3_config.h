@@ -11,6 +11,14 @@
 
 #define K3_MAX_LAYERS 1024
 
+/* The eps of the two MLA LoRA norms (q_a_layernorm, kv_a_layernorm), which is
+ * not rms_norm_eps: the release's own modeling_kimi_linear.py builds both as
+ * KimiRMSNorm(rank) with no eps argument, so they take that class's default
+ * 1e-6, while every other norm is given rms_norm_eps (1e-5).  krun follows the
+ * release's code (K3_MODEL.md §9; docs/NUMERICS.md "The MLA LoRA norms' eps":
+ * the sources, and what the choice changes). */
+#define K3_MLA_LORA_NORM_EPS 1e-6
+
 typedef struct k3_config {
     /* trunk */
     int hidden;            /* E */

@@ -5,7 +5,7 @@
 
 #include "run/text/chat.h"
 #include "run/text/jsontext.h"
-#include "run/text/oai.h"
+#include "run/api/oai.h"
 #include "run/text/tokenizer_kpk.h"
 
 #include <errno.h>

@@ -144,10 +144,11 @@ void mla_forward(k3_run *r, int L, const k3_block *b, const float *x, float *y)
     const size_t T = b->T, E = (size_t)c->hidden, Rq = (size_t)c->q_lora, Rkv = (size_t)c->kv_lora;
     const size_t dr = (size_t)c->qk_rope, dn = (size_t)c->qk_nope, dv = (size_t)c->v_head, H = (size_t)c->mla_heads;
     const size_t row = Rkv + dr;
+    const double lora_eps = ABLATED(MLA_LORA_EPS_CONFIG) ? c->rms_eps : K3_MLA_LORA_NORM_EPS;
 
-    /* 1. queries through the LoRA path */
+    /* 1. queries through the LoRA path (its norm's eps: K3_MLA_LORA_NORM_EPS, not rms_norm_eps) */
     wmatmul(r->pool, &r->w, L, K3T_MLA_QA, x, E, T, s->cq, Rq);
-    for (size_t t = 0; t < T; t++) op_rmsnorm(s->cq + t * Rq, s->cq + t * Rq, w->qa_ln, Rq, c->rms_eps);
+    for (size_t t = 0; t < T; t++) op_rmsnorm(s->cq + t * Rq, s->cq + t * Rq, w->qa_ln, Rq, lora_eps);
     wmatmul(r->pool, &r->w, L, K3T_MLA_QB, s->cq, Rq, T, s->qfull, H * (dn + dr));
     /* 2. the latent [c | k^R]: normalise the kv_lora part only, keep k^R raw,
      *    append to each segment's cache */
@@ -156,8 +157,8 @@ void mla_forward(k3_run *r, int L, const k3_block *b, const float *x, float *y)
         for (size_t i = 0; i < b->seg[g].n; i++) {
             const k3_state *st = b->seg[g].st;
             float *dst = st->mla_cache[L] + (st->pos + i) * row, *src = s->kv + (b->row0[g] + i) * row;
-            if (ABLATED(MLA_NORM_ROPE)) { abl_mla_norm_rope(dst, src, w->kva_ln, Rkv, row, c->rms_eps); continue; }
-            op_rmsnorm(dst, src, w->kva_ln, Rkv, c->rms_eps);
+            if (ABLATED(MLA_NORM_ROPE)) { abl_mla_norm_rope(dst, src, w->kva_ln, Rkv, row, lora_eps); continue; }
+            op_rmsnorm(dst, src, w->kva_ln, Rkv, lora_eps);
             memcpy(dst + Rkv, src + Rkv, dr * sizeof *dst);
         }
     /* 6. the output gate reads the normalised layer input x */

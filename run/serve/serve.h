@@ -20,7 +20,7 @@
 #include "run/session/sampler.h"
 #include "run/session/session.h"
 #include "run/text/jsontext.h"
-#include "run/text/oai.h"
+#include "run/api/oai.h"
 
 #include <jansson.h>
 #include <pthread.h>

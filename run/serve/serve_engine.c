@@ -28,8 +28,8 @@
 
 #include "format/kprogress.h"
 #include "run/session/memplan.h"
-#include "run/text/kgram.h"
-#include "run/text/tokmask.h"
+#include "run/grammar/kgram.h"
+#include "run/grammar/tokmask.h"
 
 #include <errno.h>
 #include <math.h>

@@ -1,7 +1,7 @@
 /* One request's output, token by token (serve_gen.h). */
 #include "serve_gen.h"
 
-#include "run/text/anth.h"
+#include "run/api/anth.h"
 #include "run/text/chat.h"
 #include "run/text/stopstr.h"
 #include "run/text/utf8_hold.h"

@@ -11,7 +11,7 @@
 #define KRUN_SERVE_GEN_H
 
 #include "run/text/jsontext.h"
-#include "run/text/oai.h"
+#include "run/api/oai.h"
 #include "run/text/tokenizer.h"
 
 #include <stddef.h>

@@ -15,10 +15,10 @@
 #include "serve.h"
 
 #include "format/kprogress.h"
-#include "run/text/anth.h"
+#include "run/api/anth.h"
 #include "run/text/chat.h"
-#include "run/text/kgram.h"
-#include "run/text/reqjson.h"
+#include "run/grammar/kgram.h"
+#include "run/api/reqjson.h"
 
 #include <microhttpd.h>
 #include <openssl/crypto.h>

@@ -6,7 +6,7 @@
 #include "serve.h"
 
 #include "run/text/chat.h"
-#include "run/text/kgram.h"
+#include "run/grammar/chat_constrain.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -137,11 +137,18 @@ int krun_model_load(const char *path, krun_model **out, krun_err *err)
             return -1;
         }
     }
-    if (m->m.eos_id >= 0) m->stop[m->n_stop++] = m->m.eos_id;
+    /* The end of a message (K3_MODEL.md §9): the config's eos_token_id (163586 in the release),
+     * <|end_of_msg|> (the same id in K3) and the tokenizer's eos_token [EOS] (163585), on which
+     * serving stacks stop too; each id once. */
+    int32_t cand[3] = {m->m.eos_id, -1, -1};
     if (m->tok) {
-        int32_t a = ktok_find_special(m->tok, "<|end_of_msg|>"), b = ktok_find_special(m->tok, "[EOS]");
-        if (a >= 0) m->stop[m->n_stop++] = a;
-        if (b >= 0) m->stop[m->n_stop++] = b;
+        cand[1] = ktok_find_special(m->tok, "<|end_of_msg|>");
+        cand[2] = ktok_find_special(m->tok, "[EOS]");
+    }
+    for (size_t i = 0; i < 3; i++) {
+        int dup = cand[i] < 0;
+        for (size_t j = 0; j < m->n_stop && !dup; j++) dup = m->stop[j] == cand[i];
+        if (!dup) m->stop[m->n_stop++] = cand[i];
     }
     *out = m;
     return 0;

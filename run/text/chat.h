@@ -106,21 +106,6 @@ int kchat_render(const ktok *tk, const kchat_message *msgs, size_t n, const kcha
 int kchat_render_continue(const ktok *tk, const kchat_message *msgs, size_t n, size_t from,
                           const kchat_options *o, kchat_rendering *out, krun_err *err);
 
-/* ---- the reply's constraint (chat_constrain.c) ------------------------------------------- */
-
-struct kgram;
-/* The grammar a reply must follow under these options (constrained decoding, docs/SERVE.md), from
- * the token after the generation prompt to <|end_of_msg|>, or NULL when nothing constrains it.
- * What constrains it: response_format json_object / json_schema (the response channel is one JSON
- * value, and nothing else), a named tool_choice (the reply is one call of that tool, its arguments
- * valid against its parameters), and tools declared "strict": true (unless tool_choice is none: a
- * call of a strict tool has valid arguments; with tool_choice required the reply calls tools).
- * With thinking on, the think channel is free text and the constraint begins with the response
- * channel.  Returns 0 with *out (NULL: unconstrained; else the caller frees it with kgram_free), or
- * -1 with msg and param (the request field: "response_format.json_schema.schema.properties.age",
- * "tools[1].function.parameters") naming what is refused or malformed. */
-int kchat_constraint(const kchat_options *o, struct kgram **out, char *param, size_t plen, char *msg, size_t mlen);
-
 /* ---- reading the reply ------------------------------------------------------------------- */
 
 /* Where a reply is.  A reply starts inside the channel the generation prompt opened. */

@@ -27,6 +27,7 @@ enum krun_ablation {
     ABL_MLA_SCALE_NOPE,          /* 7: 1/sqrt(128) instead of 1/sqrt(192) */
     ABL_MLA_NORM_ROPE,           /* 7: rope slice normalised with kv_a_layernorm */
     ABL_MLA_GATE_FROM_LATENT,    /* 8: gate fed the wrong input */
+    ABL_MLA_LORA_EPS_CONFIG,     /* §9: the LoRA norms given rms_norm_eps instead of 1e-6 */
     ABL_ROUTER_BIAS_IN_WEIGHTS,  /* 9 */
     ABL_ROUTER_SOFTMAX,          /* 9 */
     ABL_NO_RENORMALIZE,          /* 9 */

@@ -7,6 +7,9 @@
         copy a checkpoint directory and break it in one way:
         truncate | header-len | bad-json | offset-range | overlap | dtype | shape |
         drop NAME | extra | config-drop KEY | metadata JSON (the header's __metadata__)
+  st_tool.py scale DIR SUBSTR LOG2          multiply every BF16 tensor whose name contains SUBSTR
+        by 2^LOG2, in place (exact: only the exponents change; refuses what would leave
+        the normal range)
 """
 import json, os, shutil, struct, sys
 
@@ -155,6 +158,37 @@ def mutate(src, dst, kind, arg):
         write_file(path, hdr, data)
 
 
+def scale(d, substr, log2):
+    files, _ = shard_files(d)
+    hit = 0
+    for fn in files:
+        path = os.path.join(d, fn)
+        hdr, data = load_all(path)
+        names = [k for k in hdr if k != "__metadata__"]
+        touched = False
+        for k in names:
+            if substr not in k or hdr[k]["dtype"] != "BF16":
+                continue
+            b = bytearray(data[k])
+            for i in range(0, len(b), 2):
+                v = b[i] | (b[i + 1] << 8)
+                e = (v >> 7) & 0xFF
+                if e == 0:
+                    continue                      # a zero (or subnormal) stays as it is
+                e2 = e + log2
+                if not 0 < e2 < 255:
+                    raise SystemExit("scale: %s leaves the normal range" % k)
+                v = (v & 0x807F) | (e2 << 7)
+                b[i], b[i + 1] = v & 0xFF, v >> 8
+            data[k] = bytes(b)
+            touched = True
+            hit += 1
+        if touched:
+            write_file(path, hdr, data, order=sorted(names, key=lambda k: hdr[k]["data_offsets"][0]))
+    if not hit:
+        raise SystemExit("scale: no BF16 tensor name contains " + substr)
+
+
 def main():
     cmd = sys.argv[1]
     if cmd == "list":
@@ -171,6 +205,8 @@ def main():
         with open(sys.argv[2], "rb") as f:
             f.seek(8 + n + a)
             sys.stdout.buffer.write(f.read(b - a))
+    elif cmd == "scale":
+        scale(sys.argv[2], sys.argv[3], int(sys.argv[4]))
     elif cmd == "mutate":
         mutate(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5] if len(sys.argv) > 5 else None)
     else:

@@ -14,7 +14,11 @@ GEOMS=(
   "k7|--geometry tiny --seed 2 --layers 7 --full-attn 2,5,7 --attn-res-block 2 --experts 16 --topk 4|-|1,2,3,250,4"
   "k5|--geometry tiny --seed 3 --layers 5 --full-attn 1,5 --attn-res-block 1 --experts 4 --topk 1 --first-dense 2 --single-file --flat-config|-|17,17,17,200,201,202"
   "nonorm|--geometry tiny --seed 4 --layers 6 --full-attn 3,6 --experts 8 --topk 3|c['text_config']['latent_moe_use_norm']=False|9,8,7,6,5,4,3"
+  "loraeps|--geometry tiny --seed 5 --layers 4 --full-attn 2,4 --experts 4 --topk 2|-|5,6,7,8,9,10"
 )
+# The MLA LoRA norms' eps (1e-6, not rms_norm_eps; K3_MODEL.md §9) shows only where their inputs'
+# mean square is near it: "loraeps" has q_a_proj and kv_a_proj_with_mqa scaled by 2^-12 (exact).
+declare -A WEIGHT_EDIT=([loraeps]="q_a_proj.weight kv_a_proj_with_mqa.weight")
 names=()
 for g in "${GEOMS[@]}"; do
     IFS='|' read -r name opts edit ids <<<"$g"
@@ -22,6 +26,7 @@ for g in "${GEOMS[@]}"; do
     if [ "$edit" != "-" ]; then
         python3 -c "import json,sys; p=sys.argv[1]; c=json.load(open(p)); $edit; json.dump(c, open(p,'w'), indent=1)" "$T/$name/config.json"
     fi
+    for sub in ${WEIGHT_EDIT[$name]:-}; do python3 "$TOP/tests/cli/st_tool.py" scale "$T/$name" "$sub" -12; done
     "$BIN/kpack" convert "$T/$name" "$T/$name.kpk" --quiet || { notok "convert $name"; continue; }
     python3 "$CMP" "$BIN/krun" "$T/$name" "$T/$name.kpk" --ids "$ids" --gen 10 --label "$name" --ref-cache "$T/refcache"
     names+=("$g")

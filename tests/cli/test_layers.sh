@@ -36,6 +36,10 @@ planted "the store including the engine (upward)" 'run/store/store.h:[0-9]+: inc
     'sed -i "s|^#include \"store_pieces.h\"|&\n#include \"run/engine/weights.h\"|" run/store/store.h'
 planted "the text layer including the model" 'run/text/tokenizer.c:[0-9]+: includes run/model/model.h: text uses only util' \
     'echo "#include \"run/model/model.h\"" >>run/text/tokenizer.c'
+planted "the grammar including the APIs' JSON (upward)" 'run/grammar/kgram.c:[0-9]+: includes run/api/oai.h: grammar uses only text util' \
+    'echo "#include \"run/api/oai.h\"" >>run/grammar/kgram.c'
+planted "the chat format including the grammar (upward)" 'run/text/chat_render.c:[0-9]+: includes run/grammar/kgram.h: text uses only util' \
+    'echo "#include \"run/grammar/kgram.h\"" >>run/text/chat_render.c'
 planted "run/ including pack/" 'run/util/procmem.c:[0-9]+: includes pack/cli.h: nothing in run/ uses pack/' \
     'echo "#include \"pack/cli.h\"" >>run/util/procmem.c'
 planted "format/ including run/" 'format/kio.c:[0-9]+: includes run/util/krun_err.h: format/ uses nothing but itself' \

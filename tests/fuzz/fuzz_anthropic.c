@@ -1,4 +1,4 @@
-/* The Anthropic Messages request parser (run/text/anth_request.c) on arbitrary bytes, as bodies of
+/* The Anthropic Messages request parser (run/api/anth_request.c) on arbitrary bytes, as bodies of
  * /v1/messages and /v1/messages/count_tokens.  anth_fuzz_one (the parser, the renderer, the
  * constraint, the error objects) must find nothing; and beyond it:
  *  - what the parser accepts is within anth.h's ranges: a model, max_tokens 1 .. 2^31-1 (none for
@@ -12,7 +12,7 @@
  *  - parsing is deterministic: the same body twice gives the same result. */
 #include "fuzz.h"
 
-#include "run/text/anth.h"
+#include "run/api/anth.h"
 #include "run/text/jsontext.h"
 
 #include <jansson.h>

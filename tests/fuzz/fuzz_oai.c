@@ -1,8 +1,8 @@
-/* The OpenAI request parsers (run/text/oai_request.c) on arbitrary bytes, as
+/* The OpenAI request parsers (run/api/oai_request.c) on arbitrary bytes, as
  * bodies of /v1/chat/completions and /v1/completions.  oai_fuzz_one
- * (run/text/oai_fuzz.c: both parsers, the renderer, the error objects, the reply
+ * (run/api/oai_fuzz.c: both parsers, the renderer, the error objects, the reply
  * parser and its SSE chunks) must find nothing; and beyond it:
- *  - what a parser accepts is within the documented ranges (run/text/oai.h,
+ *  - what a parser accepts is within the documented ranges (run/api/oai.h,
  *    docs/CHAT.md): max_tokens absent (chat) / 16 (completions) or 1 ..
  *    2^31-1, temperature [0, 2], top_p, min_p [0, 1], top_k >= 0, at most 4
  *    stop strings, none empty, include_usage only with stream; a chat has
@@ -17,7 +17,7 @@
  *    result (fields, or error status, param, code and message). */
 #include "fuzz.h"
 
-#include "run/text/oai.h"
+#include "run/api/oai.h"
 
 #include <jansson.h>
 #include <string.h>

@@ -1,4 +1,4 @@
-/* The JSON Schema compiler and the grammar automaton (run/text/kschema.c, kgram.c) on arbitrary
+/* The JSON Schema compiler and the grammar automaton (run/grammar/kschema.c, kgram.c) on arbitrary
  * input: SCHEMA [0xff CHOICES].  The schema (any bytes: mostly not JSON, or not a schema) is
  * compiled twice, as a JSON document's grammar and as a K3 tool call's arguments; a refusal must
  * name a message.  A grammar that compiles is walked, the CHOICES picking each next byte (or
@@ -17,8 +17,8 @@
 
 #include "run/text/chat.h"
 #include "run/text/jsontext.h"
-#include "run/text/kgram.h"
-#include "run/text/kschema.h"
+#include "run/grammar/kgram.h"
+#include "run/grammar/kschema.h"
 
 #include <string.h>
 

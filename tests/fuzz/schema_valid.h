@@ -1,4 +1,4 @@
-/* A JSON Schema validator for the keywords constrained decoding supports (run/text/kschema.h),
+/* A JSON Schema validator for the keywords constrained decoding supports (run/grammar/kschema.h),
  * written from the JSON Schema specification (draft 2020-12, its validation vocabulary)
  * independently of the compiler: the fuzz harness and the unit tests check every document the
  * grammar produces against it.  Test code only (the node tests check with ajv, the reference). */

@@ -457,13 +457,19 @@ def kda_layer(W, cfg, x, st):
 # §4.6 Gated MLA with NoPE
 # ---------------------------------------------------------------------------------------
 
+# K3_MODEL.md §9: the release's modeling_kimi_linear.py builds q_a_layernorm and
+# kv_a_layernorm as KimiRMSNorm(rank) with no eps argument, so they take the class
+# default 1e-6; every other norm takes rms_norm_eps. This reference follows the release.
+MLA_LORA_NORM_EPS = 1e-6
+
+
 def mla_project(W, cfg, x):
     """Steps 1-2: per-head queries and the compressed latent of each position."""
     T, Hm, dn, dr = x.shape[0], cfg.mla_heads, cfg.d_nope, cfg.d_rope
-    cq = rms_norm(x @ W["q_a"].T, W["q_a_ln"], cfg.eps)
+    cq = rms_norm(x @ W["q_a"].T, W["q_a_ln"], MLA_LORA_NORM_EPS)
     q = (cq @ W["q_b"].T).reshape(T, Hm, dn + dr)        # per head: nope then rope
     kv = x @ W["kv_a"].T
-    c_hat = rms_norm(kv[:, :cfg.kv_lora], W["kv_a_ln"], cfg.eps)   # norm: latent only
+    c_hat = rms_norm(kv[:, :cfg.kv_lora], W["kv_a_ln"], MLA_LORA_NORM_EPS)   # norm: latent only
     k_rope = kv[:, cfg.kv_lora:]                                    # raw, shared by heads
     return q[:, :, :dn], q[:, :, dn:], c_hat, k_rope
 

@@ -220,8 +220,8 @@ def check_mla_peaked(model):
     x = rng.standard_normal((T, E))
     H, dn, dr, dv, R = cfg.mla_heads, cfg.d_nope, cfg.d_rope, cfg.d_v, cfg.kv_lora
 
-    def rms(v, w):
-        return [w[i] * v[i] / math.sqrt(sum(a * a for a in v) / len(v) + cfg.eps)
+    def rms(v, w):   # the MLA LoRA norms: eps 1e-6, not rms_norm_eps (K3_MODEL.md §9)
+        return [w[i] * v[i] / math.sqrt(sum(a * a for a in v) / len(v) + 1e-6)
                 for i in range(len(v))]
 
     def mv(M, v):

@@ -1,4 +1,4 @@
-/* Constrained decoding (run/text/kgram.c, kschema.c, tokmask.c, chat_constrain.c):
+/* Constrained decoding (run/grammar/kgram.c, kschema.c, tokmask.c, chat_constrain.c):
  *  - the text machine's first-byte sets equal what it takes, byte by byte;
  *  - schemas: documents accepted and refused as the JSON Schema rules say (a table of cases,
  *    each chosen so that a plausible bug flips it), refused keywords named with their path;
@@ -16,9 +16,10 @@
 
 #include "run/text/chat.h"
 #include "run/text/jsontext.h"
-#include "run/text/kgram.h"
-#include "run/text/kschema.h"
-#include "run/text/tokmask.h"
+#include "run/grammar/chat_constrain.h"
+#include "run/grammar/kgram.h"
+#include "run/grammar/kschema.h"
+#include "run/grammar/tokmask.h"
 
 #include <string.h>
 #include <time.h>

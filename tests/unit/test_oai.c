@@ -1,9 +1,9 @@
-/* OpenAI request parsing and response building (run/text/oai.h): every field, every error (status,
+/* OpenAI request parsing and response building (run/api/oai.h): every field, every error (status,
  * param, code), responses and SSE chunks read back with jansson, a client-side reassembly of a
  * stream, and random mutations of valid bodies (the parsers take arbitrary bytes). */
 #include "check.h"
 #include "run/text/jsontext.h"
-#include "run/text/oai.h"
+#include "run/api/oai.h"
 
 #include <jansson.h>
 #include <stdint.h>

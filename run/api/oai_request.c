@@ -1,7 +1,7 @@
 /* OpenAI request bodies -> krun requests (see oai.h). */
 #include "oai.h"
 
-#include "jsontext.h"
+#include "run/text/jsontext.h"
 #include "reqjson.h"
 
 #include <jansson.h>

@@ -1,7 +1,7 @@
 /* OpenAI response bodies and server-sent-event chunks (see oai.h). */
 #include "oai.h"
 
-#include "jsontext.h"
+#include "run/text/jsontext.h"
 
 #include <jansson.h>
 #include <stdlib.h>

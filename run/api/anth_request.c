@@ -1,7 +1,7 @@
 /* Anthropic Messages API request bodies -> krun requests (see anth.h). */
 #include "anth.h"
 
-#include "jsontext.h"
+#include "run/text/jsontext.h"
 #include "reqjson.h"
 
 #include <jansson.h>

@@ -1,7 +1,7 @@
 /* Anthropic Messages API responses, events and errors (see anth.h). */
 #include "anth.h"
 
-#include "jsontext.h"
+#include "run/text/jsontext.h"
 
 #include <jansson.h>
 #include <stdio.h>

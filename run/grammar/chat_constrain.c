@@ -1,4 +1,4 @@
-/* The grammar of a constrained K3 reply (chat.h: kchat_constraint; docs/SERVE.md, "Structured
+/* The grammar of a constrained K3 reply (chat_constrain.h: kchat_constraint; docs/SERVE.md, "Structured
  * output").  From the token after the generation prompt:
  *
  *   [thinking]  FREE <|close|>think<|sep|><|open|>response<|sep|>
@@ -15,7 +15,7 @@
  * FREE is any text (no marker); ARGUMENTS follow the tool's parameters when it is strict or named
  * (kschema_k3_args), else any arguments.  So reasoning is never constrained, and what follows it
  * always parses: the reply parser reads exactly one JSON value as the content, or the calls. */
-#include "chat.h"
+#include "chat_constrain.h"
 
 #include "kgram.h"
 #include "kschema.h"

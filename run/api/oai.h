@@ -10,7 +10,7 @@
  * errors rather than silently ignored. */
 #ifndef KRUN_OAI_H
 #define KRUN_OAI_H
-#include "chat.h"
+#include "run/text/chat.h"
 
 #include <stddef.h>
 #include <stdint.h>

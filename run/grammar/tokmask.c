@@ -1,7 +1,7 @@
 /* Token masks for constrained decoding (tokmask.h). */
 #include "tokmask.h"
 
-#include "chat.h"
+#include "run/text/chat.h"
 #include "run/util/krun_err.h"
 
 #include <stdlib.h>

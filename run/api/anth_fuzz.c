@@ -1,7 +1,7 @@
 /* anth_fuzz_one: the Anthropic request parser and what follows it on one input (see anth.h). */
 #include "anth.h"
 
-#include "kgram.h"
+#include "run/grammar/chat_constrain.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -1,7 +1,7 @@
 /* oai_fuzz_one: every parser of the OpenAI and chat layers on one input (see oai.h). */
 #include "oai.h"
 
-#include "kgram.h"
+#include "run/grammar/chat_constrain.h"
 
 #include <stdlib.h>
 #include <string.h>

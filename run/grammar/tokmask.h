@@ -22,7 +22,7 @@
 #define KRUN_TOKMASK_H
 
 #include "kgram.h"
-#include "tokenizer.h"
+#include "run/text/tokenizer.h"
 
 #include <stddef.h>
 #include <stdint.h>
