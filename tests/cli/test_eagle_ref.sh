@@ -35,6 +35,20 @@ assert c[1]["positions"] == [5, 6, 7, 8] and len(c[1]["top"]) == 4 and len(c[1][
 assert all(x["top"][j][0][0] == x["drafts"][j] for x in c for j in range(x["k"]))
 assert all(abs(x["top"][j][0][1] - x["top"][j][1][1] - x["margin"][j]) < 1e-12 for x in c for j in range(x["k"]))
 PY
+expect_exit 0 "run --next --drafts --logits-bin --kv-bin (the runtime's view: prefill, emitted token, K drafts)" \
+    $PY "$REF" run "$T/tgt" "$T/dr" --ids 5,6,7,8,200,3 --next 77 --drafts 3 --logits-bin "$T/l.f32" --kv-bin "$T/kv.f32" --out "$T/o2.json"
+$PY - "$T/o2.json" "$T/l.f32" "$T/kv.f32" <<'PY' && ok "... draft_ids, margins, logits [K][V] and kv rows + pending g as float32 equal OUT.json's" || notok "run --drafts outputs"
+import json, sys, numpy as np
+r = json.load(open(sys.argv[1]))
+c = r["chains"][-1]
+assert c["p0"] == 5 and c["u"] == 77 and r["draft_ids"] == c["drafts"] and r["margins"] == c["margin"]
+L = np.fromfile(sys.argv[2], "<f4").reshape(3, 256)
+assert np.array_equal(L, np.array(c["logits"], dtype=np.float32))
+assert [int(np.argmax(x)) for x in L] == c["drafts"]
+kv = np.fromfile(sys.argv[3], "<f4")
+want = np.concatenate([np.ravel(r["kv"]), r["pending_g"]]).astype(np.float32)
+assert kv.size == 5 * 40 + 128 and np.array_equal(kv, want)
+PY
 expect_exit 2 "run: an id outside the vocabulary" $PY "$REF" run "$T/tgt" "$T/dr" --ids 5,256 --out "$T/x.json"
 expect_exit 2 "run: a chain past the ids" $PY "$REF" run "$T/tgt" "$T/dr" --ids 5,6 --chains 2:1 --out "$T/x.json"
 expect_err "chains" "... naming --chains"

@@ -10,6 +10,7 @@ Command line
 ------------
     eagle_ref.py run TARGET_DIR DRAFTER_DIR --ids 3,7,11,... --out OUT.json
                  [--chains P:K[,P:K...] | --chains all:K] [--top N] [--taps]
+                 [--next N --drafts K [--logits-bin FILE]] [--kv-bin FILE]
         TARGET_DIR: a K3 checkpoint in the released safetensors layout (bin/k3synth);
         DRAFTER_DIR: config.json + model.safetensors in the released drafter layout
         (K3_EAGLE §1.3/§1.4, any geometry). The target runs ids[0..n-1] once, teacher
@@ -20,6 +21,12 @@ Command line
           token at P --, then rows (P+j-1, d_{j-1}, o_{j-1}) for j = 2..K (§3.2, §4.1).
           A C test that prefills ids[0..n-1] and drafts K tokens compares with "(n-1):K".
           "all:K" is every P in 0..n-1.
+        * --drafts K [--next N]: one more chain, at P = n-1, with u = N (the token the
+          target emitted after ids; default: its greedy token): what a runtime drafts
+          after a prefill of ids. Its ids and margins are also "draft_ids"/"margins";
+          --logits-bin writes its logits, float32 little-endian [K][V].
+        * --kv-bin: float32 little-endian, the n-1 committed rows [n-1][kv_lora + d_rope]
+          (as "kv"), then the pending row's fused g [E] (as "pending_g").
     eagle_ref.py write-random OUT_DIR --target TARGET_DIR [--seed N] [--heads H]
                  [--q-lora R] [--kv-lora R] [--nope N] [--rope N] [--v-dim N] [--inter F]
                  [--aux-ids A,B,C] [--nest] [--no-rope-scaling] [--force]
@@ -50,11 +57,13 @@ OUT.json of `run` (floats are float64, printed shortest round-trip):
     "target_argmax": [n]        argmax of the target's logits at every position
     "kv": [n-1][kv_lora + d_rope]   committed row q: ĉ (after kv_a_layernorm), then the
                                     ROTATED k^R (position q)
+    "pending_g": [E]            Fuse(T(n-1)), the g of the first draft at P = n-1
     "taps": [n][3][E]           (with --taps) T(q), in the config's tap order
     "chains": [{"p0", "k", "u",
                 "positions": [k], "drafts": [k] (argmax, first index on ties, §4.2),
                 "margin": [k] (top-1 minus top-2 logit),
                 "logits": [k][V] | "top": [k][N][id, logit] (with --top N)}]
+    "draft_ids": [K], "margins": [K]   (with --drafts) the chain at n-1
     "embed_matches_target": bool   the drafter's embed_tokens equals the target's, byte
                                    for byte (§1.3, §6.5); this reference uses the drafter's
 
@@ -63,7 +72,8 @@ Module API (sys.path.insert(0, "tests/ref"); import eagle_ref as ER):
     logits, taps = ER.target_taps(model, ids, D.tap_layers)   # [n,V], [n,3,E]
     kv = ER.committed_rows(D, taps, ids)       # list of (ĉ, k^R)
     ch = ER.chain(D, kv[:P], P, u, taps[P], K) # dict: drafts, logits, o, positions
-    ER.acceptance(D, model, seqs, K)           # §4.6 figures
+    m = ER.accepted_lengths(D, model, prompt, ids, K)   # §4.6: per anchor
+    ER.acceptance([m, ...], K)                 # a_j, tokens per pass
 
 The reference computes each row in the expanded per-head form of §3.3 step 4;
 `attend_absorbed` is the §3.8 form, checked equal by the self-test.
@@ -221,20 +231,20 @@ def parse_draft_config(raw):
 def tap_layers(aux_ids, n_layers):
     """Zero-based target layers after which P is tapped (K3_EAGLE §2.1, §6.1).
 
-    * The serving default (2, N//2, N-3) and TorchSpec's default (1, N//2-1, N-4) name the
-      same tensors: after zero-based 1, N//2-1, N-4 (N = 93: 1, 45, 89). Both are accepted
-      ("never add the +1 shift a second time").
-    * N = 93 (the released K3): the contract hard-codes 1/45/89 and only cross-checks the
-      config, so any other ids are refused.
-    * Otherwise the ids are the exported config's convention (§1.4): one-based
-      completed-layer ids, capture after zero-based layer id-1, each id in 1..N.
+    * N = 93 (the released K3): the contract hard-codes the taps after zero-based 1, 45,
+      89 and only cross-checks the config: [2, 46, 90] (the exported, one-based
+      completed-layer ids) and [1, 45, 89] (TorchSpec's zero-based form) are accepted,
+      anything else is refused ("never add the +1 shift a second time").
+    * Any other depth: the ids are the exported config's convention (§1.4), one-based
+      completed-layer ids: capture after zero-based layer id-1, each id in 1..N. (A
+      TorchSpec-native config at another depth would be read one too far; the released
+      layout is the export, so that is the reading its files need. t30's C side reads
+      them the same way: /work/notes/t30-t30r.md.)
     """
     ids, N = list(aux_ids), n_layers
-    zero = [1, N // 2 - 1, N - 4]
-    if len(set(zero)) == N_TAPS and 0 <= zero[0] < zero[1] < zero[2] < N:
-        if ids == [z + 1 for z in zero] or ids == zero:
-            return zero
     if N == 93:
+        if ids in ([2, 46, 90], [1, 45, 89]):
+            return [1, 45, 89]
         raise RefError(f"drafter config: aux layer ids {ids} for the 93-layer K3; the "
                        f"contract's are [2, 46, 90] (or TorchSpec's [1, 45, 89])")
     if any(not (1 <= i <= N) for i in ids):
@@ -642,10 +652,10 @@ def draft_config_json(c, aux_ids, nest=False, yarn=True):
     return top
 
 
-def write_drafter(out_dir, c, aux_ids, arrays, nest=False, yarn=True, raw_bf16=None,
-                  metadata=METADATA):
-    """arrays: name -> float array (rounded to BF16 here); raw_bf16: name -> uint16 bit
-    patterns written as they are (the target's embedding)."""
+def write_drafter(out_dir, c, arrays, nest=False, raw_bf16=None, metadata=METADATA):
+    """c: a parsed config (geometry, aux ids, YaRN or not); arrays: name -> float array
+    (rounded to BF16 here); raw_bf16: name -> uint16 bit patterns written as they are
+    (the target's embedding)."""
     want = roster(c)
     data = {}
     for n, shape in want.items():
@@ -661,7 +671,7 @@ def write_drafter(out_dir, c, aux_ids, arrays, nest=False, yarn=True, raw_bf16=N
         for n in order:
             f.write(data[n])
     with open(os.path.join(out_dir, "config.json"), "w") as f:
-        json.dump(draft_config_json(c, aux_ids, nest, yarn), f, indent=2)
+        json.dump(draft_config_json(c, c.aux_ids, nest, c.yarn is not None), f, indent=2)
         f.write("\n")
 
 
@@ -703,8 +713,11 @@ def random_weights(c, seed):
     return W
 
 
-def geometry(target_cfg, heads=None, q_lora=None, kv_lora=None, nope=None, rope_dim=None,
-             v_dim=None, inter=None):
+def geometry(target_cfg, aux_ids=None, yarn=True, heads=None, q_lora=None, kv_lora=None,
+             nope=None, rope_dim=None, v_dim=None, inter=None):
+    """The parsed config of a drafter for this target: its width and vocabulary, the
+    target's MLA widths unless given, --inter 18432 at E = 7168 else 2E, the §1.4 values
+    for the rest; aux ids default to the serving default of its depth."""
     c = DraftConfig()
     t = target_cfg
     c.hidden, c.vocab = t.hidden, t.vocab
@@ -712,7 +725,9 @@ def geometry(target_cfg, heads=None, q_lora=None, kv_lora=None, nope=None, rope_
     c.q_lora, c.kv_lora = q_lora or t.q_lora, kv_lora or t.kv_lora
     c.d_nope, c.d_rope, c.d_v = nope or t.d_nope, rope_dim or t.d_rope, v_dim or t.d_v
     c.inter = inter or (18432 if t.hidden == 7168 else 2 * t.hidden)
-    return c
+    aux = aux_ids or default_aux_ids(t.n_layers)
+    tap_layers(aux, t.n_layers)                          # refuse ids the reader would
+    return parse_draft_config(draft_config_json(c, aux, yarn=yarn))
 
 
 def default_aux_ids(n_layers):
@@ -723,9 +738,7 @@ def default_aux_ids(n_layers):
 def write_random(out_dir, target_dir, seed=1, aux_ids=None, nest=False, yarn=True, **geo):
     with open(os.path.join(target_dir, "config.json")) as f:
         tcfg = k3ref.parse_config(json.load(f))
-    c = geometry(tcfg, **geo)
-    aux = aux_ids or default_aux_ids(tcfg.n_layers)
-    tap_layers(aux, tcfg.n_layers)                       # refuse ids the reader would
+    c = geometry(tcfg, aux_ids, yarn, **geo)
     W = random_weights(c, seed)
     from safetensors_np import Checkpoint
     ck = Checkpoint(target_dir)
@@ -733,7 +746,7 @@ def write_random(out_dir, target_dir, seed=1, aux_ids=None, nest=False, yarn=Tru
     raw = {"embed_tokens.weight": ck.raw(name)} if ck.dtype(name) == "BF16" else None
     if raw is None:
         W["embed_tokens.weight"] = ck.float64(name)
-    write_drafter(out_dir, c, aux, W, nest=nest, yarn=yarn, raw_bf16=raw)
+    write_drafter(out_dir, c, W, nest=nest, raw_bf16=raw)
     return c
 
 
@@ -772,9 +785,9 @@ def selftest(report):
         report(False, "§2.1 tap ids [3,47,91] at 93 layers refused")
     except RefError:
         report(True, "§2.1 tap ids [3,47,91] at 93 layers refused")
-    report(tap_layers([2, 6, 9], 12) == [1, 5, 8] and tap_layers([1, 5, 8], 12) == [1, 5, 8]
+    report(tap_layers([2, 6, 9], 12) == [1, 5, 8] and tap_layers([1, 5, 8], 12) == [0, 4, 7]
            and tap_layers([3, 7, 12], 12) == [2, 6, 11],
-           "§2.1 tap ids at 12 layers: both defaults -> 1,5,8; others one-based")
+           "§2.1 tap ids at 12 layers: one-based completed-layer ids ([2,6,9] -> after 1,5,8)")
     # §1.2: the release's roster gives a 2,128-byte header and a 6,031,253,592-byte file.
     ents = [(n, "BF16", sh, 2 * int(np.prod(sh))) for n, sh in roster(c).items()]
     head, _ = safetensors_header(ents, METADATA)
@@ -828,29 +841,43 @@ def cmd_run(a):
     kv = committed_rows(D, taps, ids)
     specs = []
     if a.chains:
-        if a.chains.startswith("all:"):
-            k = int(a.chains[4:])
-            specs = [(p, k) for p in range(n)]
-        else:
-            for part in a.chains.split(","):
-                p, k = part.split(":")
-                specs.append((int(p), int(k)))
+        try:
+            if a.chains.startswith("all:"):
+                specs = [(p, int(a.chains[4:])) for p in range(n)]
+            else:
+                specs = [tuple(int(x) for x in part.split(":")) for part in a.chains.split(",")]
+        except ValueError:
+            raise RefError(f"--chains {a.chains!r}: expected P:K[,P:K...] or all:K") from None
+    if a.next is not None and not (0 <= a.next < model.cfg.vocab):
+        raise RefError(f"--next {a.next} outside 0..{model.cfg.vocab - 1}")
+    if a.drafts:
+        specs.append((n - 1, a.drafts))
     chains = []
-    for p, k in specs:
-        if not (0 <= p < n) or k < 1:
-            raise RefError(f"--chains {p}:{k}: need 0 <= P < {n} and K >= 1")
-        u = ids[p + 1] if p + 1 < n else targ[p]
-        ch = chain(D, kv[:p], p, u, taps[p], k)
+    for spec in specs:
+        if len(spec) != 2 or not (0 <= spec[0] < n) or spec[1] < 1:
+            raise RefError(f"--chains {spec}: need P:K with 0 <= P < {n} and K >= 1")
+        p, k = spec
+        u = ids[p + 1] if p + 1 < n else (a.next if a.next is not None else targ[p])
+        chains.append(chain(D, kv[:p], p, u, taps[p], k))
+    res = {"schema": SCHEMA, "ids": ids, "tap_layers": D.tap_layers, "target_argmax": targ,
+           "embed_matches_target": embed_matches(D, model),
+           "kv": [[float(x) for x in np.concatenate(e)] for e in kv],
+           "pending_g": [float(x) for x in fuse(D, taps[n - 1])], "chains": []}
+    for ch in chains:
         out = {x: ch[x] for x in ("p0", "k", "u", "positions", "drafts", "margin")}
         if a.top:
             out["top"] = [[[int(i), float(L[i])] for i in np.argsort(-L, kind="stable")[:a.top]]
                           for L in ch["logits"]]
         else:
             out["logits"] = [[float(x) for x in L] for L in ch["logits"]]
-        chains.append(out)
-    res = {"schema": SCHEMA, "ids": ids, "tap_layers": D.tap_layers, "target_argmax": targ,
-           "embed_matches_target": embed_matches(D, model),
-           "kv": [[float(x) for x in np.concatenate(e)] for e in kv], "chains": chains}
+        res["chains"].append(out)
+    if a.drafts:
+        res["draft_ids"], res["margins"] = chains[-1]["drafts"], chains[-1]["margin"]
+        if a.logits_bin:
+            np.asarray(chains[-1]["logits"], dtype="<f4").tofile(a.logits_bin)
+    if a.kv_bin:
+        rows = [np.concatenate(e) for e in kv] + [fuse(D, taps[n - 1])]
+        np.concatenate(rows).astype("<f4").tofile(a.kv_bin)
     if a.taps:
         res["taps"] = [[[float(x) for x in t] for t in tr] for tr in taps]
     if not res["embed_matches_target"]:
@@ -914,6 +941,10 @@ def main(argv=None):
     r.add_argument("--chains")
     r.add_argument("--top", type=int, default=0)
     r.add_argument("--taps", action="store_true")
+    r.add_argument("--next", type=int)
+    r.add_argument("--drafts", type=int, default=0)
+    r.add_argument("--logits-bin")
+    r.add_argument("--kv-bin")
     w = sub.add_parser("write-random")
     w.add_argument("out_dir")
     w.add_argument("--target", required=True)

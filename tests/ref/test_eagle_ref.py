@@ -471,7 +471,6 @@ def tap_closed_form(model, ids, layers):
 def ablations(D0, model):
     """name -> install(D) -> undo. Each is one §7 trap (or a plausible slip in the same
     place); eagle_ref.py itself has none of them."""
-    cfg = model.cfg
     A = {}
 
     def patch(mod, name, new):
