@@ -6,6 +6,7 @@
 #include "draft_internal.h"
 
 #include "run/engine/ops.h"
+#include "run/util/ablate.h"
 
 #include <string.h>
 
@@ -17,8 +18,9 @@
 static void x_row(const kdraft *d, const float *e, const float *g, float *x)
 {
     const size_t E = (size_t)d->cfg.hidden;
-    op_rmsnorm(x, e, d->in_ln, E, d->cfg.rms_eps);
-    op_rmsnorm(x + E, g, d->hid_norm, E, d->cfg.rms_eps);
+    const size_t he = ABLATED(DRAFT_HIDDEN_FIRST) ? E : 0;
+    op_rmsnorm(x + he, e, d->in_ln, E, d->cfg.rms_eps);
+    op_rmsnorm(x + E - he, g, d->hid_norm, E, d->cfg.rms_eps);
 }
 
 static void cache_row(const kdraft *d, const float *kv, size_t q, float *dst)
@@ -56,7 +58,7 @@ void kdraft_commit(kdraft *d, const k3_run *r, const kdraft_seg *segs, size_t ns
             const size_t last = i0 + cnt == s->n;      /* this chunk ends with the segment's newest row: pending */
             /* fusion, K3_EAGLE §3.3 step 0: g = W_fc [tap 1 | tap 2 | tap 3] */
             kmatmul(d->pool, &d->fc, r->s.taps + (s->row0 + i0) * w, w, cnt, d->cm.g, E);
-            if (cnt - last) commit_rows(d, r, st, s->pos + i0, cnt - last, d->cm.g, s->row0 + i0 + 1);
+            if (cnt - last) commit_rows(d, r, st, s->pos + i0, cnt - last, d->cm.g, s->row0 + i0 + 1 - ABLATED(DRAFT_PAIR_OWN_TOKEN));
             if (last) {
                 memcpy(st->pending, d->cm.g + (cnt - 1) * E, E * sizeof *st->pending);
                 st->has_pending = 1;
@@ -161,9 +163,9 @@ int kdraft_propose(kdraft *d, kdraft_state *const *st, const int32_t *first, con
         /* step 3: the row's latent into the cache at its position (scratch past the committed rows) */
         kmatmul(d->pool, &d->kva, d->ch.x, 2 * E, act, d->ch.kv, row);
         for (size_t a = 0; a < act; a++) {
-            const size_t i = d->ch.rows[a], q = st[i]->n + j;
-            for (size_t h = 0; h < H; h++) kdraft_rope(d->ch.q + a * QW + h * (dn + dr) + dn, dr, d->omega, d->cos_mult, q);
-            cache_row(d, d->ch.kv + a * row, q, st[i]->cache + q * row);
+            const size_t i = d->ch.rows[a], q = st[i]->n + j, qr = q + ABLATED(DRAFT_CHAIN_POSITION_PLUS_ONE);
+            for (size_t h = 0; h < H; h++) kdraft_rope(d->ch.q + a * QW + h * (dn + dr) + dn, dr, d->omega, d->cos_mult, qr);
+            cache_row(d, d->ch.kv + a * row, qr, st[i]->cache + q * row);
         }
         /* step 4: attention over the committed rows and the chain's rows up to this one */
         for (size_t a = 0; a < act; a++) {
@@ -174,7 +176,7 @@ int kdraft_propose(kdraft *d, kdraft_state *const *st, const int32_t *first, con
         /* step 5: a = W_o heads; r1 = g + a (no output gate) */
         kmatmul(d->pool, &d->o, d->ch.att, H * dv, act, d->ch.r, E);
         for (size_t a = 0; a < act; a++) {
-            const float *g = d->ch.g + d->ch.rows[a] * E;
+            const float *g = ABLATED(DRAFT_NORMED_RESIDUAL) ? d->ch.x + a * 2 * E + E : d->ch.g + d->ch.rows[a] * E;
             float *r = d->ch.r + a * E;
             for (size_t e = 0; e < E; e++) r[e] = g[e] + r[e];
             op_rmsnorm(d->ch.n + a * E, r, d->post_ln, E, c->rms_eps);
@@ -182,16 +184,17 @@ int kdraft_propose(kdraft *d, kdraft_state *const *st, const int32_t *first, con
         /* step 6: SwiGLU, r2 = r1 + down(SiLU(gate) * up) */
         kmatmul(d->pool, &d->gate, d->ch.n, E, act, d->ch.gate, F);
         kmatmul(d->pool, &d->up, d->ch.n, E, act, d->ch.up, F);
-        for (size_t i = 0; i < act * F; i++) d->ch.gate[i] = op_silu(d->ch.gate[i]) * d->ch.up[i];
+        for (size_t i = 0; i < act * F; i++)
+            d->ch.gate[i] = ABLATED(DRAFT_SILU_OF_UP) ? op_silu(d->ch.up[i]) * d->ch.gate[i] : op_silu(d->ch.gate[i]) * d->ch.up[i];
         kmatmul(d->pool, &d->down, d->ch.gate, F, act, d->ch.f, E);
         /* step 7: o = norm(r2), logits = lm_head o, the draft their argmax; step 8: o is the next g */
         for (size_t a = 0; a < act; a++) {
             float *r = d->ch.r + a * E, *f = d->ch.f + a * E;
             for (size_t e = 0; e < E; e++) r[e] = r[e] + f[e];
             op_rmsnorm(d->ch.n + a * E, r, d->norm, E, c->rms_eps);
-            memcpy(d->ch.g + d->ch.rows[a] * E, d->ch.n + a * E, E * sizeof *d->ch.g);
+            memcpy(d->ch.g + d->ch.rows[a] * E, ABLATED(DRAFT_FEED_R2) ? r : d->ch.n + a * E, E * sizeof *d->ch.g);
         }
-        kmatmul(d->pool, &d->lm, d->ch.n, E, act, d->ch.logits, V);
+        kmatmul(d->pool, &d->lm, ABLATED(DRAFT_HEAD_NO_NORM) ? d->ch.r : d->ch.n, E, act, d->ch.logits, V);
         for (size_t a = 0; a < act; a++) out[d->ch.rows[a]][j] = argmax(d->ch.logits + a * V, V);
         if (d->dump && act && d->ch.rows[0] == 0) memcpy(d->dump + j * V, d->ch.logits, V * sizeof *d->dump);
     }

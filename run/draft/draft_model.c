@@ -3,8 +3,10 @@
 #include "draft_internal.h"
 
 #include "run/engine/ops.h"
+#include "run/util/ablate.h"
 
 #include <jansson.h>
+#include <math.h>
 #include <xxhash.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,6 +51,8 @@ int kdraft_open(const char *path, const k3_model *target, kdraft **out, krun_err
         json_decref(j);
     }
     k3e_rope(&d->cfg, d->omega, &d->tau, &d->cos_mult);
+    if (ABLATED(DRAFT_PLAIN_ROPE)) k3e_rope(&(k3_eagle_config){.qk_rope = d->cfg.qk_rope, .rope_theta = d->cfg.rope_theta}, d->omega, &(double){0}, &(double){0});
+    if (ABLATED(DRAFT_SCALE_PLAIN)) d->tau = 1.0 / sqrt((double)(d->cfg.qk_nope + d->cfg.qk_rope));
     {
         char *text = NULL;
         size_t len;
@@ -231,9 +235,13 @@ void kdraft_tap(void *ctx, int L, const float *P, size_t T, float *taps)
     kdraft *d = ctx;
     const size_t E = (size_t)d->cfg.hidden, w = kdraft_tap_floats(d);
     for (int k = 0; k < d->cfg.n_taps; k++) {
-        if (d->taps[k] != L) continue;
+        if (d->taps[k] + ABLATED(DRAFT_TAP_OFF_BY_ONE) != L) continue;
         /* K3_EAGLE §3.3 step 0: each tap normalised on its own, in layer order */
-        for (size_t t = 0; t < T; t++) op_rmsnorm(taps + t * w + (size_t)k * E, P + t * E, d->fc_norm[k], E, d->cfg.rms_eps);
+        for (size_t t = 0; t < T; t++) {
+            float *dst = taps + t * w + (size_t)(ABLATED(DRAFT_TAPS_OUT_OF_ORDER) ? d->cfg.n_taps - 1 - k : k) * E;
+            if (ABLATED(DRAFT_TAPS_UNNORMED)) memcpy(dst, P + t * E, E * sizeof *dst);
+            else op_rmsnorm(dst, P + t * E, d->fc_norm[k], E, d->cfg.rms_eps);
+        }
     }
 }
 

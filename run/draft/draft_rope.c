@@ -12,6 +12,8 @@
  * far under the float the result is rounded to. */
 #include "draft.h"
 
+#include "run/util/ablate.h"
+
 #include <math.h>
 
 #define PIO2_1 1.57079632673412561417e+00   /* first 33 bits of pi/2 */
@@ -63,13 +65,14 @@ void kdraft_sincos(double x, double *s, double *c)
 
 void kdraft_rope(float *v, size_t dr, const double *omega, double mult, size_t pos)
 {
-    for (size_t i = 0; i < dr / 2; i++) {
+    for (size_t i = 0; i < dr / 2 && !ABLATED(DRAFT_NO_ROPE); i++) {
+        const size_t i0 = ABLATED(DRAFT_ROPE_HALF_SPLIT) ? i : 2 * i, i1 = ABLATED(DRAFT_ROPE_HALF_SPLIT) ? i + dr / 2 : 2 * i + 1;
         double s, c;
-        float fs, fc, a = v[2 * i], b = v[2 * i + 1];
+        float fs, fc, a = v[i0], b = v[i1];
         kdraft_sincos((double)pos * omega[i], &s, &c);
         fs = (float)(s * mult);
         fc = (float)(c * mult);
-        v[2 * i] = a * fc - b * fs;
-        v[2 * i + 1] = b * fc + a * fs;
+        v[i0] = a * fc - b * fs;
+        v[i1] = b * fc + a * fs;
     }
 }

@@ -391,9 +391,10 @@ int k3_forward(k3_run *r, const k3_seg *segs, size_t nseg, krun_err *err)
             return krun_err_prefix(err, "layer %d: ", L);
         }
         /* step 8: the next layer's h is P */
+        if (r->tap && ABLATED(DRAFT_TAP_BEFORE_FFN)) r->tap(r->tap_ctx, L, s->P, b.T, s->taps);
         for (size_t i = 0; i < b.T * E; i++) s->P[i] = s->P[i] + s->y[i];
         /* a drafter's taps: P as it leaves the layer (a hook: run/draft sets it, K3_EAGLE.md §2) */
-        if (r->tap) r->tap(r->tap_ctx, L, s->P, b.T, s->taps);
+        if (r->tap && !ABLATED(DRAFT_TAP_BEFORE_FFN)) r->tap(r->tap_ctx, L, ABLATED(DRAFT_TAP_MIXTURE) ? s->a : s->P, b.T, s->taps);
         /* fails when anything read for the layer was bad: its results must not be used */
         if (k3_weights_end(&r->w, L, err)) return -1;
         if (r->pager) k3_pager_layer_end(r->pager, L);          /* written back while layer L+1 runs */
