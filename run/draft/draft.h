@@ -165,26 +165,38 @@ size_t kdraft_cheapest(const kdraft_cost *c, const double *a, size_t kmax, doubl
 
 /* Acceptance, tracked online per request: at depth j, how many drafts were
  * verified with every draft before them accepted, and how many of those
- * were accepted, plus a weak prior (KDRAFT_PRIOR_WEIGHT observations at
- * KDRAFT_PRIOR_ACCEPT), so a drafter that is never right stops drafting
- * after a few rejections and one that is right widens as its record grows.
+ * were accepted -- kept apart for the passes that follow a pass which took
+ * every draft it had and for the others, since text comes in easy and hard
+ * stretches (after a miss the next drafts are likelier to miss).  A depth's
+ * rate is shrunk towards its context's rate over every depth
+ * (KDRAFT_DEPTH_WEIGHT passes' worth), that one towards every pass's
+ * (KDRAFT_CTX_WEIGHT), that one towards a weak prior (KDRAFT_PRIOR_WEIGHT
+ * observations at KDRAFT_PRIOR_ACCEPT): a drafter that is never right stops
+ * drafting after a few rejections, one that is right widens as its record
+ * grows, and a depth few passes have reached is expected to do as the
+ * others do until it has a record of its own.
  * Where no width pays, a probe of one draft every `probe` passes (sized so
  * probes cost at most KDRAFT_PROBE_COST of the bytes) keeps the record
  * current: never worse than 1.03 x the bytes per token of no drafter. */
 #define KDRAFT_PRIOR_ACCEPT 0.5
 #define KDRAFT_PRIOR_WEIGHT 1.0
+#define KDRAFT_CTX_WEIGHT 4.0
+#define KDRAFT_DEPTH_WEIGHT 4.0
 #define KDRAFT_PROBE_COST 0.01
+#define KDRAFT_EXPLORE 16             /* every 16th pass with drafts has one more than pays (at most a row's experts in 16 passes) */
 typedef struct kdraft_width {
-    double seen[KDRAFT_MAX_WIDTH], took[KDRAFT_MAX_WIDTH];
-    size_t grown;          /* the most drafts a pass may have now: 2 at first, doubled by a pass that accepts them all */
+    /* [context][depth]: context 1 after a pass that took all its drafts, else 0 */
+    double seen[2][KDRAFT_MAX_WIDTH], took[2][KDRAFT_MAX_WIDTH];
+    int ctx;               /* the next pass's context */
     uint64_t since_probe;  /* passes without a draft since the last one */
+    uint64_t since_deeper; /* passes with drafts since the last one a draft deeper than paid */
 } kdraft_width;
 void kdraft_width_init(kdraft_width *w);
 /* The width of the next pass, at most kmax (fixed > 0: that width). */
 size_t kdraft_width_next(kdraft_width *w, const kdraft_cost *c, size_t kmax, size_t fixed);
 /* What a pass of `drafted` drafts accepted. */
 void kdraft_width_result(kdraft_width *w, size_t drafted, size_t accepted);
-/* The current estimates a[0 .. n). */
+/* The current estimates a[0 .. n), for the next pass's context. */
 void kdraft_width_accept(const kdraft_width *w, double *a, size_t n);
 
 /* ---- RoPE (draft_rope.c) ------------------------------------------------------ */

@@ -39,16 +39,26 @@ size_t kdraft_cheapest(const kdraft_cost *c, const double *a, size_t kmax, doubl
     return best;
 }
 
-void kdraft_width_init(kdraft_width *w)
+void kdraft_width_init(kdraft_width *w) { memset(w, 0, sizeof *w); }
+
+/* took / seen over every depth of the contexts [c0, c1), shrunk towards prior by weight. */
+static double rate(const kdraft_width *w, int c0, int c1, double prior, double weight)
 {
-    memset(w, 0, sizeof *w);
-    w->grown = 2;
+    double took = 0, seen = 0;
+    for (int c = c0; c < c1; c++)
+        for (size_t j = 0; j < KDRAFT_MAX_WIDTH; j++) {
+            took += w->took[c][j];
+            seen += w->seen[c][j];
+        }
+    return (took + prior * weight) / (seen + weight);
 }
 
 void kdraft_width_accept(const kdraft_width *w, double *a, size_t n)
 {
+    const double all = rate(w, 0, 2, KDRAFT_PRIOR_ACCEPT, KDRAFT_PRIOR_WEIGHT);
+    const double ctx = rate(w, w->ctx, w->ctx + 1, all, KDRAFT_CTX_WEIGHT);
     for (size_t j = 0; j < n && j < KDRAFT_MAX_WIDTH; j++)
-        a[j] = (w->took[j] + KDRAFT_PRIOR_ACCEPT * KDRAFT_PRIOR_WEIGHT) / (w->seen[j] + KDRAFT_PRIOR_WEIGHT);
+        a[j] = (w->took[w->ctx][j] + ctx * KDRAFT_DEPTH_WEIGHT) / (w->seen[w->ctx][j] + KDRAFT_DEPTH_WEIGHT);
 }
 
 size_t kdraft_width_next(kdraft_width *w, const kdraft_cost *c, size_t kmax, size_t fixed)
@@ -59,8 +69,17 @@ size_t kdraft_width_next(kdraft_width *w, const kdraft_cost *c, size_t kmax, siz
     if (fixed) return fixed < kmax ? fixed : kmax;
     if (!kmax) return 0;
     kdraft_width_accept(w, a, kmax);
-    k = kdraft_cheapest(c, a, kmax < w->grown ? kmax : w->grown, NULL, NULL);
-    if (k) { w->since_probe = 0; return k; }
+    k = kdraft_cheapest(c, a, kmax, NULL, NULL);
+    if (k) {
+        w->since_probe = 0;
+        /* one draft more than pays now and then: a depth the estimates undervalue would otherwise
+         * never be verified again, and its record never corrected */
+        if (k < kmax && ++w->since_deeper >= KDRAFT_EXPLORE) {
+            w->since_deeper = 0;
+            k++;
+        }
+        return k;
+    }
     /* nothing pays now: a probe of one draft now and then keeps the record current, at most
      * KDRAFT_PROBE_COST of the bytes (its extra row over a plain pass's) */
     one = kdraft_pass_bytes(c, 1);
@@ -76,11 +95,8 @@ void kdraft_width_result(kdraft_width *w, size_t drafted, size_t accepted)
 {
     /* draft j was judged only when every one before it was accepted */
     for (size_t j = 0; j < drafted && j <= accepted && j < KDRAFT_MAX_WIDTH; j++) {
-        w->seen[j] += 1;
-        w->took[j] += j < accepted;
+        w->seen[w->ctx][j] += 1;
+        w->took[w->ctx][j] += j < accepted;
     }
-    if (!drafted) return;
-    if (accepted == drafted) w->grown = drafted * 2 > w->grown ? drafted * 2 : w->grown;
-    else w->grown = accepted + 1 > 2 ? accepted + 1 : 2;
-    if (w->grown > KDRAFT_MAX_WIDTH) w->grown = KDRAFT_MAX_WIDTH;
+    w->ctx = drafted && accepted == drafted;
 }

@@ -509,7 +509,7 @@ void kmemplan_print(const kmemplan *p, FILE *out)
     kfmt_bytes(p->budget, b, sizeof b);
     fprintf(out, "memory plan: budget %s%s%s%s (%llu bytes)\n", b, p->preset ? " (preset " : "", p->preset ? p->preset : "",
             p->preset ? ")" : "", (unsigned long long)p->budget);
-    ROW("process base", p->base, "code, threads, KPK directory, tokenizer");
+    ROW("process base", p->base - p->draft_bytes, "code, threads, KPK directory, tokenizer");   /* the drafter: its own row */
     if (p->head_streamed) ROW("held globals", p->globals_resident, "global vectors (lm_head streams; embedding rows read on demand)");
     else ROW("held globals", p->globals_resident, "lm_head and global vectors (embedding rows read on demand)");
     if (p->pin && two && p->pin_prefill < p->pin)

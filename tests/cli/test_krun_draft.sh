@@ -117,6 +117,32 @@ import json, sys; s = json.load(open(sys.argv[1]))["spec"]; assert s["drafter"][
 check "--draft off: none, and --spec stays 0" "$PY" -c 'import json, sys; assert json.load(open(sys.argv[1]))["spec"] is None' "$T/off.json"
 rm -f "$T/m.draft.kpk"
 
+# ---- the bytes: a drafter that is (almost) never right costs at most 3% (draft.h: width by cost) ------------
+# (this random drafter proposes what the model takes about once in 256; streamed, nothing pinned, at the
+# minimum budget: every pass reads the trunk, and each draft verified costs its row's experts)
+"$BIN/krun" "$T/m.kpk" --ids $IDS --gen 96 --ignore-eos --quiet --draft off --spec 0 --mem "$MIN" --pin 0 --json "$T/by0.json" >/dev/null 2>&1
+"$BIN/krun" "$T/m.kpk" --ids $IDS --gen 96 --ignore-eos --quiet --draft "$T/d.kpk" --mem "$MIN" --pin 0 --json "$T/by1.json" >/dev/null 2>&1
+check "a drafter that is never right, streamed: at most 1.03x the bytes per generated token of none, and it drafted" "$PY" -c '
+import json, sys
+a, b = (json.load(open(f)) for f in sys.argv[1:])
+pa, pb = (x["bytes_read"] / len(x["generated_ids"]) for x in (a, b))
+d = b["spec"]["drafter"]
+assert d["drafted"] > 0 and d["acceptance"] < 0.2 and pb <= 1.03 * pa, (pa, pb, d)
+print(pb / pa, file=sys.stderr)' "$T/by0.json" "$T/by1.json"
+if [ -z "$NOT_KRUNS_MEMORY" ]; then
+    cg_run "$MIN" "$BIN/krun" "$T/m.kpk" --ids $IDS --gen 24 --ignore-eos --quiet --draft "$T/d.kpk" --mem "$MIN" --json "$T/cg.json" \
+        --dump-gen-logits "$T/cg.bin" >/dev/null 2>"$T/cg.err"; rc=$?
+    if [ $rc -eq 99 ]; then skip "peak RSS with the drafter: no writable cgroup v1/v2 memory controller here"
+    else
+        peak=$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["peak_rss_bytes"])' "$T/cg.json" 2>/dev/null || echo 0)
+        [ $rc -eq 0 ] && [ "$peak" -gt 0 ] && [ "$peak" -le "$MIN" ] \
+            && ok "the drafter planned at the minimum budget, under a cgroup limit of it: peak RSS $peak <= $MIN" \
+            || notok "the drafter under a cgroup limit of $MIN: exit $rc, peak $peak: $(head -c 300 "$T/cg.err")"
+    fi
+else
+    skip "peak RSS with the drafter: $NOT_KRUNS_MEMORY"
+fi
+
 # ---- a drafter for another model, a damaged one, not a drafter: refused, named ------------------------
 refused() {
     local code=$1 label=$2 pat=$3; shift 3
@@ -126,6 +152,9 @@ refused() {
 "$BIN/k3synth" "$T/v512" --single-file --vocab 512 --seed 5 --quiet && "$BIN/k3synth" "$T/dv" --drafter --target "$T/v512" --seed 5 --quiet \
     && "$BIN/kpack" convert "$T/dv" "$T/dv.kpk" --quiet
 refused 2 "a drafter for another vocabulary" "a drafter for another model: its hidden size 128 and vocabulary 512" --draft "$T/dv.kpk"
+"$BIN/k3synth" "$T/h32" --geometry micro --vocab 256 --seed 5 --quiet && "$BIN/k3synth" "$T/dh" --drafter --target "$T/h32" --seed 5 --quiet \
+    && "$BIN/kpack" convert "$T/dh" "$T/dh.kpk" --quiet
+refused 2 "a drafter for another width" "a drafter for another model: its hidden size 32" --draft "$T/dh.kpk"
 "$BIN/k3synth" "$T/dt" --drafter --target "$T/m" --seed 5 --taps 2,6,13 --quiet && "$PY" - "$T/dt/config.json" <<'PY'
 import json, sys; c = json.load(open(sys.argv[1])); c["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [2, 6, 14]; json.dump(c, open(sys.argv[1], "w"))
 PY
