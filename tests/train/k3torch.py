@@ -65,8 +65,8 @@ class Target:
                  if k not in ("experts", "expert_prefix")}
             if W["ffn"] == "moe":
                 ex = [k3ref.expert(m, L, e) for e in range(c.n_experts)]
-                # every expert at once: gate and up rows stacked [Ne*I, Lt], the down
-                # matrices side by side [Lt, Ne*I] (the routing weight scales each block)
+                # gate and up rows stacked [Ne*I, Lt], the down matrices side by side
+                # [Lt, Ne*I]: expert e is block e*I..(e+1)*I of each
                 T["w1"] = t32(np.concatenate([x[0] for x in ex]))
                 T["w3"] = t32(np.concatenate([x[2] for x in ex]))
                 T["w2"] = t32(np.concatenate([x[1] for x in ex], axis=1))
@@ -134,9 +134,17 @@ class Target:
             w = w / (w.sum(-1, keepdim=True) + 1e-20)
         weight = torch.zeros_like(sc).scatter(-1, idx, w * c.routed_scale)
         z = lin(x, W["lat_down"])                                    # [B, T, Lt]
-        a = situ(lin(z, W["w1"]), lin(z, W["w3"]), c.beta1, c.beta2)     # [B, T, Ne*I]
-        a = (a.view(*a.shape[:-1], c.n_experts, -1) * weight.unsqueeze(-1)).flatten(-2)
-        agg = lin(a, W["w2"])
+        zf, wf = z.reshape(-1, z.shape[-1]), weight.reshape(-1, c.n_experts)
+        agg = torch.zeros_like(zf)
+        I = W["w1"].shape[0] // c.n_experts
+        for e in range(c.n_experts):                                 # routed rows only
+            rows = torch.nonzero(wf[:, e]).squeeze(-1)
+            if rows.numel() == 0:
+                continue
+            sl = slice(e * I, (e + 1) * I)
+            a = situ(lin(zf[rows], W["w1"][sl]), lin(zf[rows], W["w3"][sl]), c.beta1, c.beta2)
+            agg.index_add_(0, rows, lin(a, W["w2"][:, sl]) * wf[rows, e].unsqueeze(-1))
+        agg = agg.view(z.shape)
         n = rms(agg, W["lat_norm"], c.eps) if c.latent_norm else agg
         out = lin(n, W["lat_up"])
         if "sh_gate" in W:

@@ -2,9 +2,12 @@
 """Checks the training side (tests/train) against the float64 references; needs torch.
 
     /usr/bin/python3 tests/train/test_train.py --k3synth BIN/k3synth --krun BIN/krun --kpack BIN/kpack
+                                               [--quick] [--make-pair tests/train/make_pair.sh --bin BIN]
 
 Prints ok/not ok/skip lines; exits non-zero on a failure. Without python3-torch it prints
-one skip line and exits 0.
+one skip line and exits 0. --quick runs checks 1-3 only (the float32 ports against the
+float64 references: what `make test` runs, well under a minute); the rest (minutes of
+training) runs in `make bench` (tests/bench/bench_train.sh).
 
 1. k3torch.Target (float32) against k3ref (float64): logits and taps on every position.
 2. k3torch.Drafter.ttt against eagle_ref: each of K teacher-fed chained steps at every
@@ -17,6 +20,10 @@ one skip line and exits 0.
    four tensors' bytes change in the shard.
 5. train_drafter end to end at a toy size, twice: the same bytes both times (seeded,
    fixed threads), a file eagle_ref loads, a loss that falls.
+6. make_pair.sh --quick end to end (with --make-pair): TARGET.kpk, drafter/ that
+   eagle_ref loads with the target's embedding, report.json with the acceptance of the
+   trained and of the untrained drafter; a second run into the same OUTDIR without
+   --force is refused (exit 2) and leaves it as it was.
 """
 import argparse
 import hashlib
@@ -51,6 +58,9 @@ def main():
     ap.add_argument("--k3synth", required=True)
     ap.add_argument("--krun", required=True)
     ap.add_argument("--kpack", required=True)
+    ap.add_argument("--quick", action="store_true", help="checks 1-3 only")
+    ap.add_argument("--make-pair", help="tests/train/make_pair.sh: check 6")
+    ap.add_argument("--bin", help="the binaries make_pair.sh uses (--bin)")
     a = ap.parse_args()
     try:
         import torch
@@ -137,6 +147,11 @@ def main():
         report(kvw < 2e-4 and lw < 5e-4 and same,
                f"float32 taps + float32 drafter vs eagle_ref (float64): committed rows {kvw:.1e}, "
                f"chain logits {lw:.1e} of max|row|, the same {K} drafts")
+
+        if a.quick:
+            print("skip - checks 4-6 (fit_head, train_drafter twice, make_pair.sh: minutes of "
+                  "training): make bench runs them (tests/bench/bench_train.sh)")
+            return 1 if failures else 0
 
         # 4. fit_head: a tiny corpus, the bits fall, only the four tensors change
         corpus = os.path.join(tmp, "corpus.txt")
