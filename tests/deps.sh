@@ -11,6 +11,9 @@ set -eu
 # zstd: the command line tool; tests/ref/kpk.py codes and decodes zstd frames with it
 # strace: test_save_pair injects ENOSPC at the system call, where stdio's own writes are
 PKGS="build-essential clang pkg-config bc libzstd-dev libxxhash-dev libssl-dev libjansson-dev libpcre2-dev libmicrohttpd-dev python3-numpy zstd strace"
+# python3-torch: tests/train (the drafter trained for issue 30; test_train.sh, make bench); the
+# tests that use it skip visibly without it
+PKGS="$PKGS python3-torch"
 [ "${1:-}" = fuzz ] && PKGS="clang libclang-rt-14-dev"
 if [ "${1:-}" = arm64 ]; then
     PKGS="gcc-aarch64-linux-gnu qemu-user-static"
