@@ -7,7 +7,8 @@
 #       tests/bench/bench_batch.sh's header).  A synthetic drafter for it is made here (k3synth
 #       --drafter --target on the pool's own config.json, kpack convert; ~4.7 GB in BENCH_DIR) or
 #       given (BENCH_DRAFT_POOL_DRAFTER).  krun streams the trunk (--pin 0) at --mem 5G with
-#       --draft-width fixed at each width; the random drafter is almost never right, so every pass
+#       --draft-width fixed at each width (lm_head streamed and 16 expert slots in every run, so the
+#       runs differ only in their rows); the random drafter is almost never right, so every pass
 #       has width + 1 rows and yields one token.  Per pass (the --json steps, page cache dropped
 #       before every run): trunk, lm_head and expert bytes, the experts read against the union
 #       model's N (1 - (1 - k/N)^rows) (draft.h kdraft_pass_bytes; the expert cache's few hits
@@ -75,7 +76,7 @@ if [[ "$PARTS" == *" pool "* ]]; then
                 [ -f "$o" ] && continue
                 if [ "$w" = 0 ]; then d=(--draft off --spec 0); else d=(--draft "$PD" --draft-width "$w"); fi
                 dropped_run "$o" "$POOL" --ids 11,22,33,44,55,66,77,88 --gen $((4 + w)) --ignore-eos --quiet \
-                    --mem 5G --pin 0 "${d[@]}" || FAILED=1
+                    --mem 5G --pin 0 --head stream --expert-slots 16 "${d[@]}" || FAILED=1
             done
         done
         "$PY" - "$W" <<'PY'
