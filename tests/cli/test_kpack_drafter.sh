@@ -145,17 +145,7 @@ rm -rf "$T/bad"; "$PY" "$ST" mutate "$T/d" "$T/bad" truncate
 expect_exit 1 "a truncated model.safetensors is refused" "$BIN/kpack" check-source "$T/bad"
 
 # ---- a damaged drafter file: kpack verify names the extent (exit 1) ----------------------------------
-"$PY" - "$T/d.kpk" "$T/dmg.kpk" <<'PY'
-import struct, sys
-d = bytearray(open(sys.argv[1], "rb").read())
-off, n = struct.unpack_from("<QQ", d, 56)
-for i in range(n):
-    kind, codec, member, layer = struct.unpack_from("<BBHI", d, off + 64 * i)
-    o, stored = struct.unpack_from("<QQ", d, off + 64 * i + 16)
-    if kind == 6 and layer == 0:
-        d[o + stored // 2] ^= 0x08
-open(sys.argv[2], "wb").write(d)
-PY
+"$PY" "$TOP/tests/cli/flip_drafter.py" "$T/d.kpk" "$T/dmg.kpk"
 expect_exit 1 "kpack verify: a flipped bit in the drafter's weights" "$BIN/kpack" verify "$T/dmg.kpk"
 grep -q "drafter weights" "$T/last.out" "$T/last.err" && ok "...named: drafter weights" || notok "...named: $(head -c 300 "$T/last.err")"
 

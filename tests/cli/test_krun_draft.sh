@@ -162,17 +162,7 @@ PY
 refused 2 "a drafter tapping a layer the model does not have" "taps completed layer 14 .*the model has 13 layers" --draft "$T/dt.kpk"
 "$BIN/k3synth" "$T/de" --drafter --target "$T/m" --seed 6 --quiet && "$BIN/kpack" convert "$T/de" "$T/de.kpk" --quiet
 refused 2 "a drafter whose embedding is another model's" "its token embedding differs from the model's" --draft "$T/de.kpk"
-"$PY" - "$T/d.kpk" "$T/dmg.kpk" <<'PY'
-import struct, sys
-d = bytearray(open(sys.argv[1], "rb").read())
-off, n = struct.unpack_from("<QQ", d, 56)
-for i in range(n):
-    kind, codec, member, layer = struct.unpack_from("<BBHI", d, off + 64 * i)
-    o, stored = struct.unpack_from("<QQ", d, off + 64 * i + 16)
-    if kind == 6 and layer == 0:
-        d[o + stored // 2] ^= 0x08
-open(sys.argv[2], "wb").write(d)
-PY
+"$PY" "$TOP/tests/cli/flip_drafter.py" "$T/d.kpk" "$T/dmg.kpk"
 refused 1 "a damaged drafter (a flipped bit in its weights)" "drafter weights .*checksum" --draft "$T/dmg.kpk"
 refused 2 "a model file given as the drafter" "not a drafter" --draft "$T/m.kpk"
 refused 2 "a drafter file that does not exist" "no-such.kpk: No such file" --draft "$T/no-such.kpk"
