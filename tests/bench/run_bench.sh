@@ -133,5 +133,13 @@ if [[ "$ONLY" == *" draft "* ]]; then
     echo
 fi
 
+# train (tests/bench/bench_train.sh): the drafter trained for issue 30 and its acceptance; in
+# the default run and with BENCH_ONLY=train
+if [ -z "${BENCH_ONLY:-}" ] || [[ "$ONLY" == *" train "* ]]; then
+    echo "################ the trained drafter (tests/bench/bench_train.sh)"
+    BENCH_DIR="$TMP/train" bash tests/bench/bench_train.sh || { echo "FAILED: bench_train.sh"; rc=1; }
+    echo
+fi
+
 echo "make bench: $(( $(date +%s) - start )) s in all"
 exit "$rc"

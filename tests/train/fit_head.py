@@ -7,14 +7,14 @@
 Why: a random K3 (k3synth) emits text no model could predict. Its greedy continuation
 does not repeat (0-6 repeated trigrams in 300 tokens at 2 to 12 layers), the best bigram
 table predicts 9-18 % of it, and a drafter trained on it accepted 3 % of its first
-drafts (tests/train/README.md). --logit-gain cannot change that: scaling lm_head leaves
+drafts (docs/DRAFTER-TRAINING.md §1). --logit-gain cannot change that: scaling lm_head leaves
 every greedy argmax where it was. A trained model's text is predictable, and a drafter's
 acceptance measures that predictability, so here the output head is trained on bytes of
-real text (the project's own docs): the output AttnRes vector f_out, the final norm's
+real text (make_pair.sh: the license texts of Debian's base-files): the output AttnRes vector f_out, the final norm's
 weight and lm_head (§4.9: logits = lm_head RMSNorm_norm(AR(B, h; f_out))), by Adam on
 the next byte's cross-entropy, over the aggregator's sources (the block snapshots and h)
 of the unchanged random trunk, computed once. The target then continues text as a small
-byte-level language model does (about 3.9 bits per byte; repeats included); the trunk,
+byte-level language model does (3.5 bits per byte on make_pair's corpus); the trunk,
 the experts and the layout stay k3synth's.
 
 The vocabulary must be bytes only (k3synth's tiny vocab 256): id r of tiktoken.model is

@@ -10,8 +10,9 @@
 #   TARGET.kpk     the same, converted by kpack (what krun streams)
 #   drafter/       config.json + model.safetensors (BF16, K3_EAGLE §1.3/§1.4 at this
 #                  geometry): `kpack convert OUTDIR/drafter DRAFT.kpk`, then krun --draft
-#   report.json    the set-up, the training curve, the offline acceptance (per-depth a_j,
-#                  tokens per pass at 1..7 drafts; eagle_ref, float64, held-out prompts)
+#   report.json    the set-up, the training curve, the offline acceptance of the trained
+#                  and of the untrained drafter (per-depth a_j, tokens per pass at 1..7
+#                  drafts; eagle_ref, float64, held-out prompts, greedy and sampled)
 #   work/          the continuations krun batch wrote (train.jsonl, heldout.jsonl)
 #   corpus.sha256  the text the head and the prompts come from, with its digests
 # and prints the acceptance. Same options, same bytes (seeded; threads fixed at 2).
@@ -106,11 +107,14 @@ $PY "$TOP/tests/train/train_drafter.py" --target "$out/target" --kpk "$out/TARGE
 $PY - "$out/report.json" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
-a = r["acceptance"]
-print("offline acceptance (held-out greedy, %d anchors): a_j %s" %
-      (a["anchors"], " ".join("%.3f" % x for x in a["a"])))
-print("tokens per pass at 1..%d drafts: %s" %
-      (len(a["a"]), " ".join("%.2f" % x for x in a["tokens_per_pass_simulated"])))
+for name, acc in (("trained", r["acceptance"]), ("untrained", r["acceptance_untrained"])):
+    for kind in ("sampled", "greedy"):
+        a = acc[kind]
+        print("%-9s held-out %-7s (%4d anchors): a_j %s; tokens per pass at 1..%d drafts %s" %
+              (name, kind, a["anchors"], " ".join("%.3f" % x for x in a["a"]), len(a["a"]),
+               " ".join("%.2f" % x for x in a["tokens_per_pass_simulated"])))
+print("held-out greedy text: %.0f %% of its tokens repeat the one before" %
+      (100 * r["heldout_greedy_repeats"]))
 print("wall seconds: %s" % r["seconds"])
 PY
 echo "make_pair: done: $out/TARGET.kpk and $out/drafter/" >&2

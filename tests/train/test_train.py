@@ -15,7 +15,7 @@ training) runs in `make bench` (tests/bench/bench_train.sh).
    arithmetic alone).
 3. A float32 pipeline end to end -- taps from the float32 target, committed rows and a
    chain from the float32 drafter -- against eagle_ref's float64 one: the gap a C
-   engine's comparison must tolerate (docs/DRAFTER-REFERENCE.md quotes it).
+   engine's comparison must tolerate (docs/DRAFTER-TRAINING.md §5 quotes it).
 4. fit_head on a tiny corpus: the refitted head lowers the bits per byte, and only the
    four tensors' bytes change in the shard.
 5. train_drafter end to end at a toy size, twice: the same bytes both times (seeded,
@@ -199,10 +199,34 @@ def main():
             D2 = ER.load_drafter(os.path.join(tmp, "run0", "drafter"), tg.model.cfg)
             acc = reps[0]["acceptance"]
             report(cur[-1]["loss"] < cur[0]["loss"] - 0.5 and D2.tap_layers == [1, 5, 8]
-                   and ER.embed_matches(D2, tg.model) and len(acc["a"]) == 4,
+                   and ER.embed_matches(D2, tg.model) and len(acc["sampled"]["a"]) == 4,
                    f"train_drafter: loss {cur[0]['loss']} -> {cur[-1]['loss']}, eagle_ref loads "
                    f"the file (taps after 1,5,8, the target's embedding), acceptance a_j "
-                   f"{[round(x, 2) for x in acc['a']]}")
+                   f"{[round(x, 2) for x in acc['sampled']['a']]}")
+
+        # 6. the one command, end to end at a toy size
+        if a.make_pair:
+            out = os.path.join(tmp, "pair")
+            cmd = [a.make_pair, out, "--quick"] + (["--bin", a.bin] if a.bin else [])
+            r = subprocess.run(cmd, capture_output=True, text=True)
+            ok = r.returncode == 0
+            why = r.stderr.strip()[-300:]
+            if ok:
+                rep = json.load(open(os.path.join(out, "report.json")))
+                D3 = ER.load_drafter(os.path.join(out, "drafter"), KT.Target(os.path.join(out, "target")).model.cfg)
+                t, u = rep["acceptance"]["sampled"], rep["acceptance_untrained"]["sampled"]
+                ok = (os.path.getsize(os.path.join(out, "TARGET.kpk")) > 0 and D3.tap_layers == [1, 5, 8]
+                      and t["anchors"] > 0 and t["anchors"] == u["anchors"]
+                      and "trained   held-out sampled" in r.stdout)
+                why = (f"taps after {D3.tap_layers}, first-draft acceptance (held-out sampled) "
+                       f"{t['a'][0]:.2f} trained vs {u['a'][0]:.2f} untrained")
+            report(ok, f"make_pair.sh --quick: TARGET.kpk, drafter/ eagle_ref loads, report.json ({why})")
+            snap = {n: os.path.getmtime(os.path.join(out, n)) for n in os.listdir(out)} if ok else {}
+            r2 = subprocess.run(cmd, capture_output=True, text=True)
+            report(r2.returncode == 2 and "--force" in r2.stderr and
+                   snap == {n: os.path.getmtime(os.path.join(out, n)) for n in os.listdir(out)},
+                   "make_pair.sh into a non-empty OUTDIR without --force: exit 2, names --force, "
+                   "touches nothing")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return 1 if failures else 0

@@ -10,7 +10,8 @@
    from the corpus' last 20 %), or random ids (lengths 4..16) without one, each
    continued by `krun batch` (the C runtime, from TARGET.kpk) --gen tokens greedily and
    once more sampled at temperature 1 (seed = the prompt's index): the target's own text.
-   Held-out prompts come from another stream of the seed and are continued greedily only.
+   Held-out prompts come from another stream of the seed (the corpus' last 20 %) and are
+   continued both ways too.
 2. Taps and labels: one teacher-forced pass of k3torch.Target (float32 port of
    tests/ref/k3ref.py) over each continuation gives the taps T(p) (K3_EAGLE §2.2) and the
    target's logits at every position.
@@ -25,8 +26,12 @@
    writer: the 20 names, `__metadata__`, config.json with §1.4's keys and the aux ids of
    the serving convention for this depth).
 5. Offline acceptance (K3_EAGLE §4.6) of the written file, measured by eagle_ref (float64)
-   on the held-out greedy continuations: per-depth a_j and tokens per pass at 1..K drafts.
-   --report writes the set-up and the figures as JSON.
+   on the held-out continuations, greedy and sampled apart: per-depth a_j and tokens per
+   pass at 1..K drafts. A draft is accepted when it equals the token the target emitted:
+   on the sampled ones that is exactly krun's rule at temperature 1 with that seed (its
+   draw depends on the position only). The same figures for the untrained drafter (the
+   initial weights, BF16, the same file layout) are the baseline. --report writes the
+   set-up and the figures as JSON.
 
 Exit status: 0 done, 1 a step failed (krun, a refused file), 2 bad options.
 """
@@ -197,6 +202,30 @@ def train(a, dr, data, held):
     return curve
 
 
+def offline_acceptance(a, drafter_dir, target, ho):
+    """eagle_ref's §4.6 figures of the drafter file on the held-out continuations, greedy
+    and sampled apart."""
+    D = ER.load_drafter(drafter_dir, target.model.cfg)
+    out = {}
+    for kind, flag in (("greedy", False), ("sampled", True)):
+        seqs = [s for s in ho if s["sampled"] == flag]
+        per_seq = [ER.accepted_lengths(D, target.model, s["prompt"], s["ids"], a.max_drafts)
+                   for s in seqs]
+        out[kind] = ER.acceptance(per_seq, a.max_drafts)
+    return out
+
+
+def repeats(seqs):
+    """The fraction of generated tokens equal to the one before: how far greedy text has
+    fallen into a loop of one token (which makes any drafter look good)."""
+    n = same = 0
+    for s in seqs:
+        g = s["ids"][len(s["prompt"]) - 1:]
+        n += len(g) - 1
+        same += sum(1 for x, y in zip(g, g[1:]) if x == y)
+    return round(same / n, 4) if n else 0.0
+
+
 # ---------------------------------------------------------------------------------------
 
 def main(argv=None):
@@ -212,7 +241,7 @@ def main(argv=None):
     ap.add_argument("--train-prompts", type=int, default=256)
     ap.add_argument("--heldout-prompts", type=int, default=32)
     ap.add_argument("--gen", type=int, default=64)
-    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--ttt", type=int, default=4, help="chained steps in training")
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--lr", type=float, default=3e-3)
@@ -240,7 +269,7 @@ def main(argv=None):
         tr = continue_with_krun(a, a.kpk, prompts(a.seed, "train", a.train_prompts, V, cor["train"]),
                                 True, os.path.join(work, "train.jsonl"))
         ho = continue_with_krun(a, a.kpk, prompts(a.seed, "heldout", a.heldout_prompts, V, cor["heldout"]),
-                                False, os.path.join(work, "heldout.jsonl"))
+                                True, os.path.join(work, "heldout.jsonl"))
         t_gen = time.time() - t0
         log(a, f"{len(tr)} training and {len(ho)} held-out continuations from krun batch "
                f"({t_gen:.0f} s)")
@@ -252,29 +281,34 @@ def main(argv=None):
         log(a, f"taps and labels of {len(tr) + len(ho)} sequences ({t_taps:.0f} s)")
         emb = Checkpoint(a.target).raw("language_model.model.embed_tokens.weight")
         dr = KT.Drafter(c, emb, a.seed)
+        untrained = KT.Drafter(c, emb, a.seed)            # the baseline: the initial weights
+        untrained.round_bf16_()
+        untrained.export(os.path.join(work, "untrained"))
         t0 = time.time()
         curve = train(a, dr, data, held)
         t_train = time.time() - t0
         dr.round_bf16_()
         dr.export(a.out)
         t0 = time.time()
-        D = ER.load_drafter(a.out, target.model.cfg)
-        per_seq = [ER.accepted_lengths(D, target.model, s["prompt"], s["ids"], a.max_drafts) for s in ho]
-        acc = ER.acceptance(per_seq, a.max_drafts)
+        acc, base = (offline_acceptance(a, d, target, ho)
+                     for d in (a.out, os.path.join(work, "untrained")))
         t_acc = time.time() - t0
     except (RuntimeError, OSError, ValueError, KeyError) as e:
         print(f"train_drafter: error: {e}", file=sys.stderr)
         return 1
-    log(a, "offline acceptance (eagle_ref, held-out greedy): a_j " +
-        " ".join(f"{x:.3f}" for x in acc["a"]) + "; tokens per pass at 1..%d drafts " % a.max_drafts +
-        " ".join(f"{x:.2f}" for x in acc["tokens_per_pass_simulated"]))
+    for name, r in (("trained", acc), ("untrained", base)):
+        for kind in ("greedy", "sampled"):
+            log(a, f"offline acceptance, {name}, held-out {kind}: a_j " +
+                " ".join(f"{x:.3f}" for x in r[kind]["a"]) + "; tokens per pass at 1..%d drafts " %
+                a.max_drafts + " ".join(f"{x:.2f}" for x in r[kind]["tokens_per_pass_simulated"]))
     rep = {"target": os.path.abspath(a.target), "drafter": os.path.abspath(a.out),
            "tap_layers": taps_at, "aux_ids": c.aux_ids,
            "setup": {k: getattr(a, k) for k in ("seed", "train_prompts", "heldout_prompts", "gen",
                                                 "steps", "ttt", "batch", "lr", "threads")},
            "train_sequences": len(tr), "train_positions": int(data[1].sum()),
            "parameters": sum(p.numel() for p in dr.parameters()),
-           "curve": curve, "acceptance": acc,
+           "curve": curve, "acceptance": acc, "acceptance_untrained": base,
+           "heldout_greedy_repeats": repeats([s for s in ho if not s["sampled"]]),
            "seconds": {"continuations": round(t_gen, 1), "taps": round(t_taps, 1),
                        "training": round(t_train, 1), "acceptance": round(t_acc, 1),
                        "total": round(time.time() - t_all, 1)},
