@@ -29,6 +29,9 @@
 #
 # Env: BENCH_DRAFT_PARTS ("pool pair plan"), BENCH_DRAFT_WIDTHS ("0 1 2 3 5 8"), BENCH_RUNS (3),
 #      BENCH_SETTLE (3), BENCH_LOCK (flock file around each run and its drop), BENCH_DIR, BENCH_KEEP.
+#      BENCH_DRAFT_PAIR_OPTS: krun options for the pair's runs, e.g. "--temperature 0.7 --seed 3"
+#      (greedy, the full pair's target falls into a loop of one byte that prompt-lookup drafts
+#      take; sampled text measures the drafter).
 set -eu
 cd "$(dirname "$0")/../.."
 . tests/bench/bench_lib.sh
@@ -143,7 +146,7 @@ if [[ "$PARTS" == *" pair "* ]]; then
                     o="$W/pair-$i-$d-r$r.json"
                     [ -f "$o" ] && continue
                     if [ "$d" = off ]; then a=(--draft off --spec 0); else a=(--draft "$PK"); fi
-                    dropped_run "$o" "$PAIR/TARGET.kpk" --ids "$ids" --gen 160 --ignore-eos --quiet --mem "$MIN" --pin 0 --expert-slots 8 "${a[@]}" || FAILED=1
+                    dropped_run "$o" "$PAIR/TARGET.kpk" --ids "$ids" --gen 160 --ignore-eos --quiet --mem "$MIN" --pin 0 --expert-slots 8 ${BENCH_DRAFT_PAIR_OPTS:-} "${a[@]}" || FAILED=1
                 done
             done
         done
