@@ -29,7 +29,7 @@
 #
 # Env: BENCH_DRAFT_PARTS ("pool pair plan"), BENCH_DRAFT_WIDTHS ("0 1 2 3 5 8"), BENCH_RUNS (3),
 #      BENCH_SETTLE (3), BENCH_LOCK (flock file around each run and its drop), BENCH_DIR, BENCH_KEEP.
-#      BENCH_DRAFT_PAIR_OPTS: krun options for the pair's runs, e.g. "--temperature 0.7 --seed 3"
+#      BENCH_DRAFT_PAIR_OPTS: krun options for the pair's runs, e.g. "--temp 0.7 --seed 3"
 #      (greedy, the full pair's target falls into a loop of one byte that prompt-lookup drafts
 #      take; sampled text measures the drafter).
 set -eu
