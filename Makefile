@@ -221,7 +221,7 @@ unit: $(UNIT_BIN) $(FUZZ_REPLAY) $(KFAULT) $(if $(MPI_LIBS),$(KMPIFAULT) $(KRUN_
 # Under this build's directory, so a sanitizer build's ablations are not mixed
 # with the plain build's.
 ablate:
-	@$(MAKE) --no-print-directory BUILD=$(BUILD)/ablate ABLATIONS=1 $(BUILD)/ablate/bin/krun
+	@$(MAKE) --no-print-directory BUILD=$(BUILD)/ablate ABLATIONS=1 $(BUILD)/ablate/bin/krun $(BUILD)/ablate/tests/probe_draft
 
 # The layers of run/ (run/LAYERS): every include of the sources and every call
 # between the objects go only the way the rules allow, with no cycle between

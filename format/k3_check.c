@@ -125,6 +125,11 @@ int k3_check_kpk(const kpk_file *f, k3_config *cfg, char *err, size_t errlen)
     size_t len;
     kpk_err e = {0};
     int rc;
+    if (kpk_super(f)->incompat & KPK_INCOMPAT_DRAFTER) {
+        errbuf_set(err, errlen, "%s is a drafter file (an EAGLE drafter, not a Kimi K3 model): give it to krun with --draft FILE, "
+                   "next to the model", kpk_path(f));
+        return -1;
+    }
     if (kpk_meta_file(f, "config.json", &text, &len, &e)) { errbuf_set(err, errlen, "%s", e.msg); return -1; }
     rc = k3_config_parse(text, len, cfg, cerr, sizeof cerr);
     free(text);

@@ -23,7 +23,7 @@
 #define KPK_MAGIC "\x89KPK\r\n\x1a\n"
 #define KPK_MAGIC_LEN 8
 #define KPK_VERSION_MAJOR 1
-#define KPK_VERSION_MINOR 1
+#define KPK_VERSION_MINOR 2
 #define KPK_VERSION_END 12u           /* magic, major, minor: the bytes every version keeps in place */
 
 #define KPK_SUPERBLOCK_SIZE 4096u     /* both copies; the file size is a multiple of this */
@@ -66,8 +66,13 @@ static inline uint64_t kpk_block_stored_max(uint64_t raw_len) { return 2 * raw_l
 #define KPK_INCOMPAT_MEMBERS 0x2u     /* 1.1: the file has several member files */
 #define KPK_INCOMPAT_BLOCKS  0x4u     /* 1.1: some extent has codec 2 (blocks) */
 #define KPK_INCOMPAT_ARCHIVE 0x8u     /* 1.1: some extent has kind 5 */
-#define KPK_INCOMPAT_KNOWN   (KPK_INCOMPAT_CODECS | KPK_INCOMPAT_MEMBERS | KPK_INCOMPAT_BLOCKS | KPK_INCOMPAT_ARCHIVE)
+#define KPK_INCOMPAT_DRAFTER 0x10u    /* 1.2: a drafter file: its model is an EAGLE drafter in kind-6 extents (§15) */
+#define KPK_INCOMPAT_KNOWN   (KPK_INCOMPAT_CODECS | KPK_INCOMPAT_MEMBERS | KPK_INCOMPAT_BLOCKS | KPK_INCOMPAT_ARCHIVE | KPK_INCOMPAT_DRAFTER)
 #define KPK_INCOMPAT_SINCE_1_1 (KPK_INCOMPAT_MEMBERS | KPK_INCOMPAT_BLOCKS | KPK_INCOMPAT_ARCHIVE) /* need minor >= 1 */
+#define KPK_INCOMPAT_SINCE_1_2 KPK_INCOMPAT_DRAFTER /* needs minor >= 2 */
+/* The minor version a writer gives a file: the lowest that defines every
+ * feature it uses (a model file stays 1.1, readable by every 1.1 reader). */
+static inline uint16_t kpk_minor_for(uint32_t incompat) { return (incompat & KPK_INCOMPAT_SINCE_1_2) ? 2 : 1; }
 /* Compatible-feature bits: informational; unknown ones are ignored. */
 #define KPK_COMPAT_SPARSE    0x1u     /* the writer left all-zero blocks as holes */
 
@@ -79,8 +84,9 @@ enum kpk_kind {
     KPK_KIND_TRUNK = 3,    /* every non-routed-expert tensor of one layer */
     KPK_KIND_EXPERT = 4,   /* one routed expert: w1, w2, w3 packed + scales */
     KPK_KIND_ARCHIVE = 5,  /* 1.1: bytes of the download a runtime never reads (§9) */
+    KPK_KIND_DRAFTER = 6,  /* 1.2: a part of a drafter model (§15); `layer` is the part */
 };
-#define KPK_KIND_MAX KPK_KIND_ARCHIVE
+#define KPK_KIND_MAX KPK_KIND_DRAFTER
 
 enum kpk_codec { KPK_CODEC_NONE = 0, KPK_CODEC_ZSTD = 1, KPK_CODEC_BLOCKS = 2 };
 

@@ -189,7 +189,8 @@ int kpk_check_extents(kpk_file *f, kpk_err *err)
     const uint64_t A = sb->align;
     uint64_t next_tensor = 0, next_block = 0, data_bytes = 0, *target_end;
     uint32_t max_layer = 0, max_expert = 0, n_expert = 0;
-    int any_layer = 0, any_expert = 0, uses[3] = {0};
+    int any_layer = 0, any_expert = 0, uses[4] = {0};
+    const int drafter_file = (sb->incompat & KPK_INCOMPAT_DRAFTER) != 0;
     /* per target, the end of the previous extent: members, then the stripe space */
     target_end = malloc(sizeof *target_end * ((size_t)sb->member_count + 1));
     if (!target_end) return kpk_fail(err, KPK_ENOMEM, f, "out of memory");
@@ -205,6 +206,11 @@ int kpk_check_extents(kpk_file *f, kpk_err *err)
         if (x->codec == KPK_CODEC_ZSTD) uses[0] = 1;
         if (x->codec == KPK_CODEC_BLOCKS) uses[1] = 1;
         if (x->kind == KPK_KIND_ARCHIVE) uses[2] = 1;
+        if (x->kind == KPK_KIND_DRAFTER) uses[3] = 1;
+        /* 1.2: a drafter file holds a drafter and nothing of a target model (§15) */
+        if (drafter_file && (x->kind == KPK_KIND_GLOBALS || x->kind == KPK_KIND_TRUNK || x->kind == KPK_KIND_EXPERT))
+            BAD(KPK_EFORMAT, "a %s extent in a drafter file (DRAFTER feature bit)", kpk_kind_name(x->kind));
+        if (x->kind == KPK_KIND_DRAFTER && !drafter_file) BAD(KPK_EFORMAT, "a drafter extent without the DRAFTER feature bit");
         /* where: a member holding extents, or the stripe space */
         if (x->member == KPK_STRIPED) {
             if (!sb->stripe_count) BAD(KPK_EFORMAT, "striped, but the file has no stripe members");
@@ -261,6 +267,13 @@ int kpk_check_extents(kpk_file *f, kpk_err *err)
         case KPK_KIND_TRUNK:
             if (x->layer >= KPK_MAX_LAYERS || x->expert != KPK_NONE) BAD(KPK_EFORMAT, "bad trunk layer number %u", x->layer);
             break;
+        case KPK_KIND_DRAFTER:
+            if (x->layer > 1 || x->expert != KPK_NONE) BAD(KPK_EFORMAT, "bad drafter part %u (0 weights, 1 embedding; no expert)", x->layer);
+            if (f->drafter[x->layer] >= 0)
+                BAD(KPK_EFORMAT, "a second drafter %s extent (the first is extent %lld)", x->layer ? "embedding" : "weights",
+                    (long long)f->drafter[x->layer]);
+            f->drafter[x->layer] = (int64_t)i;
+            break;
         case KPK_KIND_EXPERT:
             if (x->layer >= KPK_MAX_LAYERS || x->expert >= KPK_MAX_EXPERTS)
                 BAD(KPK_EFORMAT, "bad expert numbers (layer %u, expert %u; limits %u, %u)", x->layer, x->expert,
@@ -286,12 +299,14 @@ int kpk_check_extents(kpk_file *f, kpk_err *err)
         return kpk_fail(err, KPK_EFORMAT, f, "extent sizes add up to %llu bytes, the superblock says %llu",
                         (unsigned long long)data_bytes, (unsigned long long)sb->data_bytes);
     if (f->meta < 0) return kpk_fail(err, KPK_EFORMAT, f, "no meta extent (a KPK file has exactly one)");
-    if (f->globals < 0) return kpk_fail(err, KPK_EFORMAT, f, "no globals extent (a KPK file has exactly one)");
+    if (f->globals < 0 && !drafter_file) return kpk_fail(err, KPK_EFORMAT, f, "no globals extent (a KPK file has exactly one)");
+    if (drafter_file && (f->drafter[0] < 0 || f->drafter[1] < 0))
+        return kpk_fail(err, KPK_EFORMAT, f, "a drafter file without its drafter %s extent", f->drafter[0] < 0 ? "weights" : "embedding");
     {
-        static const struct { uint32_t bit; const char *name, *what; } feat[3] = {
+        static const struct { uint32_t bit; const char *name, *what; } feat[4] = {
             {KPK_INCOMPAT_CODECS, "CODECS", "codec 1"}, {KPK_INCOMPAT_BLOCKS, "BLOCKS", "codec 2"},
-            {KPK_INCOMPAT_ARCHIVE, "ARCHIVE", "archive"}};
-        for (int k = 0; k < 3; k++)
+            {KPK_INCOMPAT_ARCHIVE, "ARCHIVE", "archive"}, {KPK_INCOMPAT_DRAFTER, "DRAFTER", "a drafter extent"}};
+        for (int k = 0; k < 4; k++)
             if (!!(sb->incompat & feat[k].bit) != uses[k])
                 return kpk_fail(err, KPK_EFORMAT, f, "the %s feature bit is set but no extent uses %s", feat[k].name, feat[k].what);
     }
@@ -347,6 +362,7 @@ static int name_agrees(const kpk_extent *x, const char *name)
         snprintf(pre, sizeof pre, "language_model.model.layers.%u.block_sparse_moe.experts.%u.", x->layer, x->expert);
         return starts(name, pre);
     case KPK_KIND_ARCHIVE: return !starts(name, KPK_META_PREFIX) && !starts(name, "language_model.model.layers.");
+    case KPK_KIND_DRAFTER: return !starts(name, KPK_META_PREFIX) && !starts(name, "language_model.");
     default: return 0;
     }
 }

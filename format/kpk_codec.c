@@ -124,6 +124,11 @@ int kpk_superblock_decode(const uint8_t in[KPK_SUPERBLOCK_SIZE], kpk_superblock 
                     sb->incompat & KPK_INCOMPAT_SINCE_1_1);
         return -1;
     }
+    if (sb->minor < 2 && (sb->incompat & KPK_INCOMPAT_SINCE_1_2)) {
+        kpk_err_set(err, KPK_EFORMAT, "superblock: a version 1.%u file with the 1.2 DRAFTER feature bit (incompat 0x%x)", sb->minor,
+                    sb->incompat & KPK_INCOMPAT_SINCE_1_2);
+        return -1;
+    }
     sb->align = get32(in + 24);
     sb->order = get32(in + 28);
     sb->file_size = get64(in + 32);
@@ -329,7 +334,7 @@ static const char *name_of(const char *const *names, size_t n, int v)
 static const char *const dtype_names[] = {[KPK_DT_F32] = "F32", [KPK_DT_BF16] = "BF16", [KPK_DT_F16] = "F16",
                                           [KPK_DT_U8] = "U8", [KPK_DT_BYTES] = "BYTES"};
 static const char *const kind_names[] = {[KPK_KIND_META] = "meta", [KPK_KIND_GLOBALS] = "globals", [KPK_KIND_TRUNK] = "trunk",
-                                         [KPK_KIND_EXPERT] = "expert", [KPK_KIND_ARCHIVE] = "archive"};
+                                         [KPK_KIND_EXPERT] = "expert", [KPK_KIND_ARCHIVE] = "archive", [KPK_KIND_DRAFTER] = "drafter"};
 static const char *const codec_names[] = {[KPK_CODEC_NONE] = "none", [KPK_CODEC_ZSTD] = "zstd", [KPK_CODEC_BLOCKS] = "blocks"};
 static const char *const method_names[] = {[KPK_METHOD_RAW] = "raw", [KPK_METHOD_ZSTD] = "zstd", [KPK_METHOD_SPLIT2] = "split2"};
 static const char *const role_names[] = {[KPK_ROLE_ENTRY] = "entry", [KPK_ROLE_PLAIN] = "plain", [KPK_ROLE_STRIPE] = "stripe"};
@@ -356,6 +361,7 @@ void kpk_extent_describe(const kpk_extent *x, char *buf, size_t n)
     case KPK_KIND_TRUNK: snprintf(buf, n, "layer %u trunk", x->layer); break;
     case KPK_KIND_EXPERT: snprintf(buf, n, "layer %u expert %u", x->layer, x->expert); break;
     case KPK_KIND_META: case KPK_KIND_GLOBALS: case KPK_KIND_ARCHIVE: snprintf(buf, n, "%s", kpk_kind_name(x->kind)); break;
+    case KPK_KIND_DRAFTER: snprintf(buf, n, "drafter %s", x->layer == 0 ? "weights" : x->layer == 1 ? "embedding" : "part ?"); break;
     default: snprintf(buf, n, "extent of kind %u", x->kind); break;
     }
 }

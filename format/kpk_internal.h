@@ -32,6 +32,7 @@ struct kpk_file {
     uint16_t *stripe_member;     /* stripe_index -> member index, stripe_count entries */
     uint32_t n_layers, n_experts;
     int64_t meta, globals;
+    int64_t drafter[2];          /* 1.2: the drafter extents of a drafter file, by part; -1 */
     int64_t *trunk;              /* [n_layers] */
     struct kpk_expert_key *experts; /* sorted by (layer, expert) */
     uint32_t n_expert_extents;

@@ -28,6 +28,7 @@ const kpk_extent *kpk_extent_at(const kpk_file *f, uint32_t i)
 }
 int64_t kpk_find_meta(const kpk_file *f) { return f->meta; }
 int64_t kpk_find_globals(const kpk_file *f) { return f->globals; }
+int64_t kpk_find_drafter(const kpk_file *f, uint32_t part) { return part < 2 ? f->drafter[part] : -1; }
 int64_t kpk_find_trunk(const kpk_file *f, uint32_t L) { return L < f->n_layers ? f->trunk[L] : -1; }
 int64_t kpk_find_expert(const kpk_file *f, uint32_t L, uint32_t e)
 {
@@ -362,6 +363,7 @@ int kpk_open_here(const char *path, int absent_ok, kpk_file **out, kpk_err *err)
     f->fd = -1;
     f->meta = f->globals = -1;
     f->absent_ok = absent_ok != 0;
+    f->drafter[0] = f->drafter[1] = -1;
     f->path = strdup(path);
     if (!f->path) { kpk_err_set(err, KPK_ENOMEM, "%s: out of memory", path); goto bad; }
     f->fd = open(path, O_RDONLY | O_CLOEXEC);

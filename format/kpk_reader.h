@@ -89,6 +89,8 @@ const kpk_extent *kpk_extent_at(const kpk_file *f, uint32_t i);
 /* Extent lookups; return the extent index, or -1 if there is none. */
 int64_t kpk_find_meta(const kpk_file *f);
 int64_t kpk_find_globals(const kpk_file *f);
+/* 1.2: a drafter file's extent of part 0 (the weights) or 1 (the token embedding); -1. */
+int64_t kpk_find_drafter(const kpk_file *f, uint32_t part);
 int64_t kpk_find_trunk(const kpk_file *f, uint32_t layer);
 int64_t kpk_find_expert(const kpk_file *f, uint32_t layer, uint32_t expert);
 /* 1 + the largest layer / expert number present (0 if none). */

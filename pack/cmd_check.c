@@ -1,5 +1,6 @@
 /* kpack check-source DIR: is this download complete and intact? */
 #include "cli.h"
+#include "drafter.h"
 #include "report.h"
 #include "source.h"
 #include "format/kargs.h"
@@ -55,6 +56,7 @@ int cmd_check_source(int argc, char **argv)
     if (!dir) { fputs(usage, stderr); return KX_FAIL; }
 
     if (!kx_is_dir(dir)) return KX_FAIL;
+    if (kd_is_drafter_dir(dir)) return kd_check_source(dir, sums, json, quiet);
     t0 = know();
     /* The directory is readable; failing to index it means the download is
      * bad, unless a file could not be read at all (exit 2, as for any I/O error). */

@@ -8,6 +8,7 @@
 #include "consume.h"
 #include "copy.h"
 #include "directory.h"
+#include "drafter.h"
 #include "estimate.h"
 #include "guard.h"
 #include "journal.h"
@@ -574,7 +575,8 @@ int cmd_convert(int argc, char **argv)
     char err[2000], *journal = NULL;
     uint64_t *cursor = NULL, written = 0;
     uint32_t first = 0;
-    int rc = KX_FAIL, have_src = 0, have_plan = 0;
+    int rc = KX_FAIL, have_src = 0, have_plan = 0, drafter = 0, have_drafter = 0;
+    kd_source dsrc;
     kprogress *prog = NULL;
     kp_copy_stats stats = {0};
     double t0 = know(), t_copy;
@@ -663,6 +665,13 @@ int cmd_convert(int argc, char **argv)
     kind = is_kpk_file(src_path);
     if (kind < 0) { kx_error("%s: %s", src_path, strerror(errno)); goto out; }
     if (!kind && !kx_is_dir(src_path)) goto out;
+    /* a drafter checkpoint (drafter.h): one uncompressed file, its weights held in memory by krun */
+    drafter = !kind && kd_is_drafter_dir(src_path);
+    if (drafter && (stripe_list || opt.trunk_dir || opt.codec.compress != KP_COMPRESS_NONE || opt.order != KPK_ORDER_LAYER_MAJOR)) {
+        kx_error("%s is a drafter checkpoint: it converts to one uncompressed file (krun holds its weights in memory); --stripe, "
+                 "--trunk-to, --compress and --order apply to a model", src_path);
+        goto out;
+    }
     if (kind && sums) { kx_error("--sha256 checks a checkpoint directory; a KPK source is checked by its own checksums"); goto out; }
     if (kind && (no_archive || keep_max >= 0)) {
         kx_error("%s applies to a checkpoint directory; a re-layout keeps what the KPK source keeps", no_archive ? "--no-archive" : "--keep-max");
@@ -703,6 +712,36 @@ int cmd_convert(int argc, char **argv)
         in.kpk = kpk;
         in.cfg = &kcfg;
         in.schema = &kschema;
+    } else if (drafter) {
+        if (kd_open(src_path, sums, !quiet, &dsrc, err, sizeof err)) {
+            kx_error("%s; nothing was written", err);
+            rc = ks_io_errno(&dsrc.src) ? KX_FAIL : KX_BAD;
+            kd_free(&dsrc);
+            goto out;
+        }
+        have_drafter = 1;
+        if (ks_io_errno(&dsrc.src) || !ks_ok(&dsrc.src)) {
+            kx_error("%s is not a complete, intact K3 EAGLE-3.1 drafter checkpoint; nothing was written:", src_path);
+            kd_print(&dsrc, stderr);
+            rc = ks_io_errno(&dsrc.src) ? KX_FAIL : KX_BAD;
+            goto out;
+        }
+        if (!no_archive) {
+            if (ka_scan(&dsrc.src, out, keep_max >= 0 ? (uint64_t)keep_max : KA_KEEP_MAX_DEFAULT, sums, &arch, err, sizeof err)) {
+                kx_error("listing the files to keep: %s", err);
+                goto out;
+            }
+            have_arch = 1;
+            kd_archive_pins(&dsrc, &arch);
+            if (ka_check_sha256(&arch, err, sizeof err)) {
+                kx_error("%s; nothing was written", err);
+                rc = arch.io_errno ? KX_FAIL : KX_BAD;
+                goto out;
+            }
+            in.arch = &arch;
+        }
+        in.src = &dsrc.src;
+        in.drafter = &dsrc;
     } else {
         const ks_gone *gone;
         size_t n_gone;
@@ -973,6 +1012,7 @@ out:
     if (have_plan) kp_plan_free(&plan);
     if (have_arch) ka_free(&arch);
     if (have_src) ks_free(&src);
+    if (have_drafter) kd_free(&dsrc);
     kpk_close(kpk);
     free(stripe_dirs);
     free(stripe_list);

@@ -1,6 +1,7 @@
 /* kpack info FILE.kpk and kpack cat FILE.kpk TENSOR. */
 #include "cli.h"
 #include "format/k3_config.h"
+#include "format/k3_eagle.h"
 #include "format/kio.h"
 #include "format/kpk_reader.h"
 #include "format/kprogress.h"
@@ -129,7 +130,8 @@ int cmd_info(int argc, char **argv)
     char *cfg_text = NULL, cfg_err[600] = "";
     size_t cfg_len;
     k3_config cfg;
-    int have_cfg = 0;
+    k3_eagle_config dcfg;
+    int have_cfg = 0, drafter;
     json_t *manifest;
     json_error_t je;
     kpk_err e = {0};
@@ -156,8 +158,10 @@ int cmd_info(int argc, char **argv)
         k[x->kind].raw += x->raw_len;
         k[x->kind].compressed += x->codec != KPK_CODEC_NONE;
     }
+    drafter = k3e_is_drafter_file(f);
     if (kpk_meta_file(f, "config.json", &cfg_text, &cfg_len, &e) == 0)
-        have_cfg = k3_config_parse(cfg_text, cfg_len, &cfg, cfg_err, sizeof cfg_err) == 0;
+        have_cfg = (drafter ? k3e_config_parse(cfg_text, cfg_len, &dcfg, cfg_err, sizeof cfg_err)
+                            : k3_config_parse(cfg_text, cfg_len, &cfg, cfg_err, sizeof cfg_err)) == 0;
     else snprintf(cfg_err, sizeof cfg_err, "%s", e.msg);
     mtext = kpk_manifest(f, &mlen);
     manifest = json_loadb(mtext, mlen, 0, &je);
@@ -196,7 +200,19 @@ int cmd_info(int argc, char **argv)
             json_array_append_new(files, json_string(t.name + strlen(KPK_META_PREFIX)));
         }
         json_object_set_new(j, "embedded_files", files);
-        if (have_cfg) {
+        json_object_set_new(j, "kind", json_string(drafter ? "drafter" : "model"));
+        if (have_cfg && drafter) {
+            json_t *c = json_object(), *taps = json_array();
+            for (int t = 0; t < dcfg.n_taps; t++) json_array_append_new(taps, json_integer(dcfg.tap_ids[t]));
+            json_object_set_new(c, "hidden", json_integer(dcfg.hidden));
+            json_object_set_new(c, "vocab", json_integer(dcfg.vocab));
+            json_object_set_new(c, "heads", json_integer(dcfg.heads));
+            json_object_set_new(c, "intermediate", json_integer(dcfg.inter));
+            json_object_set_new(c, "yarn_factor", dcfg.yarn ? json_real(dcfg.yarn_factor) : json_null());
+            json_object_set_new(c, "tap_ids", taps);
+            json_object_set_new(c, "weights_bytes", json_integer((json_int_t)k3e_bytes(&dcfg, 0)));
+            json_object_set_new(j, "drafter", c);
+        } else if (have_cfg) {
             json_t *c = json_object();
             json_object_set_new(c, "layers", json_integer(cfg.n_layers));
             json_object_set_new(c, "mla_layers", json_integer(k3_config_mla_layer_count(&cfg)));
@@ -218,7 +234,13 @@ int cmd_info(int argc, char **argv)
         kfmt_bytes(kpk_total_size(f), b, sizeof b);
         printf("file:      %s (%s), KPK %u.%u, extents aligned to %u, order %s\n", path, b, sb->major, sb->minor,
                sb->align, sb->order == KPK_ORDER_TRUNK_FIRST ? "trunk-first" : "layer-major");
-        if (have_cfg)
+        if (have_cfg && drafter) {
+            kfmt_bytes(k3e_bytes(&dcfg, 0), r, sizeof r);
+            printf("drafter:   %s, one MLA layer of %d heads, MLP %d, hidden %d, vocab %d, rope theta %g%s; taps [", dcfg.architecture,
+                   dcfg.heads, dcfg.inter, dcfg.hidden, dcfg.vocab, dcfg.rope_theta, dcfg.yarn ? " with YaRN" : "");
+            for (int t = 0; t < dcfg.n_taps; t++) printf("%s%d", t ? "," : "", dcfg.tap_ids[t]);
+            printf("]; %s of weights held by krun (the embedding read by rows)\n", r);
+        } else if (have_cfg)
             printf("model:     %d layers (%d MLA, %d KDA), hidden %d, vocab %d, %d routed experts top-%d + %d shared, latent %d\n",
                    cfg.n_layers, k3_config_mla_layer_count(&cfg), cfg.n_layers - k3_config_mla_layer_count(&cfg), cfg.hidden,
                    cfg.vocab, cfg.n_experts, cfg.topk, cfg.n_shared, cfg.latent);
@@ -227,7 +249,7 @@ int cmd_info(int argc, char **argv)
         printf("extents:   %u in all, %llu tensors%s\n", kpk_extent_count(f), (unsigned long long)kpk_tensor_count(f),
                sb->block_count ? "; stored / decoded (ratio)" : "");
         for (int kind = KPK_KIND_META; kind <= KPK_KIND_MAX; kind++) {
-            if (kind == KPK_KIND_ARCHIVE && !k[kind].count) continue;
+            if ((kind == KPK_KIND_ARCHIVE || kind == KPK_KIND_DRAFTER || (drafter && kind != KPK_KIND_META)) && !k[kind].count) continue;
             kfmt_bytes(k[kind].stored, b, sizeof b);
             if (!k[kind].compressed) { printf("  %-8s %7u  %s\n", kpk_kind_name(kind), k[kind].count, b); continue; }
             kfmt_bytes(k[kind].raw, r, sizeof r);

@@ -7,6 +7,7 @@
 #include "rebuild.h"
 #include "repair.h"
 #include "format/k3_check.h"
+#include "format/k3_eagle.h"
 #include "format/kargs.h"
 #include "format/kio.h"
 #include "format/kpk_reader.h"
@@ -159,7 +160,9 @@ static void check_contents(struct vjob *j)
         add_problem(j, ORDER_FILE, "manifest", msg);
     }
     json_decref(root);
-    if (k3_check_kpk(j->f, &cfg, err, sizeof err)) {
+    k3_eagle_config dcfg;
+    /* a drafter file holds a drafter's roster (FORMAT.md §15), a model file its model */
+    if (k3e_is_drafter_file(j->f) ? k3e_check_kpk(j->f, &dcfg, err, sizeof err) : k3_check_kpk(j->f, &cfg, err, sizeof err)) {
         const char *p = strncmp(err, kpk_path(j->f), strlen(kpk_path(j->f))) == 0 ? err + strlen(kpk_path(j->f)) + 2 : err;
         add_problem(j, ORDER_FILE, "model", p);
     }

@@ -18,12 +18,13 @@ static void shared_fields(const kp_plan *p, const kp_layout *l, uint64_t set_id,
 {
     memset(sb, 0, sizeof *sb);
     sb->major = KPK_VERSION_MAJOR;
-    sb->minor = KPK_VERSION_MINOR;
     sb->incompat = p->n_members > 1 ? KPK_INCOMPAT_MEMBERS : 0;
     for (uint32_t i = 0; i < p->n_extents; i++) {
         if (p->extents[i].kind == KPK_KIND_ARCHIVE) sb->incompat |= KPK_INCOMPAT_ARCHIVE;
+        if (p->extents[i].kind == KPK_KIND_DRAFTER) sb->incompat |= KPK_INCOMPAT_DRAFTER;
         if (p->extents[i].codec == KPK_CODEC_BLOCKS) sb->incompat |= KPK_INCOMPAT_BLOCKS;
     }
+    sb->minor = kpk_minor_for(sb->incompat);
     sb->compat = KPK_COMPAT_SPARSE;
     sb->align = p->opt.align;
     sb->order = (uint32_t)p->opt.order;

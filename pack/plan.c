@@ -2,6 +2,7 @@
 #include "plan.h"
 
 #include "archive.h"
+#include "drafter.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -342,6 +343,26 @@ static int add_experts(struct builder *b, int L)
     return 0;
 }
 
+/* A drafter (FORMAT.md §15): its weights, then its embedding, each in roster order. */
+static int add_drafter(struct builder *b)
+{
+    const kd_source *d = b->in->drafter;
+    const st_file *st = &d->src.shards[0].st;
+    for (uint32_t part = 0; part < 2; part++) {
+        kpk_extent *x = begin_extent(b, KPK_KIND_DRAFTER, part, KPK_NONE);
+        if (!x) return -1;
+        for (int i = 0; i < k3e_count(&d->cfg); i++) {
+            const st_tensor *t = &st->t[d->loc[i]];
+            k3e_spec s;
+            k3e_at(&d->cfg, i, &s);
+            if (s.part != (int)part) continue;
+            if (add_tensor(b, x, s.name, t->dtype, t->ndim, t->shape, t->end - t->begin, (kp_source_ref){0, 0, t->begin})) return -1;
+        }
+        end_extent(b, x);
+    }
+    return 0;
+}
+
 /* The meta extent: the small files, verbatim (a KPK source: its meta extent's). */
 static int add_meta(struct builder *b)
 {
@@ -427,7 +448,8 @@ static int add_shard_archive(struct builder *b, uint32_t si)
         }
         if (!t) break;
         if (t->end > covered) covered = t->end;
-        if (k3_schema_classify(b->in->cfg, t->name, &(k3_tensor_spec){0}, NULL, 0) == K3_CLASS_DROPPED) {
+        /* a drafter's every tensor is in its roster (drafter.c checked it): nothing else to keep */
+        if (!b->in->drafter && k3_schema_classify(b->in->cfg, t->name, &(k3_tensor_spec){0}, NULL, 0) == K3_CLASS_DROPPED) {
             kp_source_ref from = {.shard = si, .extra = 0, .offset = t->begin};
             uint64_t nbytes = t->end - t->begin, flat[1] = {nbytes};
             /* its dtype and shape when a KPK tensor can say them (F32, BF16, F16, U8 in 1 to 4
@@ -587,7 +609,8 @@ static char *build_manifest(const kp_input *in, const kp_plan *p, const char *pr
             json_object_set_new(m, "dropped", d);
         }
     }
-    json_object_set_new(m, "format", json_string("KPK 1.1"));
+    if (in->drafter) json_object_set_new(m, "drafter", kd_manifest_json(in->drafter));
+    json_object_set_new(m, "format", json_string(in->drafter ? "KPK 1.2" : "KPK 1.1"));
     json_object_set_new(m, "producer", json_string(producer));
     json_object_set_new(m, "options", options_json(p));
     text = json_dumps(m, JSON_INDENT(1) | JSON_SORT_KEYS);
@@ -717,32 +740,37 @@ static int plan_blocks(kp_plan *p, char *err, size_t errlen)
 
 /* ---- building ------------------------------------------------------------------ */
 
+/* The model's extents: the globals, then the layers in the order asked for (§6). */
+static int add_model(struct builder *b)
+{
+    const k3_config *c = b->in->cfg;
+    static const k3_role globals[] = {K3T_EMBED, K3T_LM_HEAD, K3T_FINAL_NORM, K3T_OUT_RES_NORM, K3T_OUT_RES_PROJ};
+    kpk_extent *x = begin_extent(b, KPK_KIND_GLOBALS, KPK_NONE, KPK_NONE);
+    if (!x) return -1;
+    for (size_t i = 0; i < sizeof globals / sizeof globals[0]; i++)
+        if (add_schema_tensor(b, x, globals[i], -1, -1)) return -1;
+    end_extent(b, x);
+    if (b->p->opt.order == KPK_ORDER_TRUNK_FIRST) {
+        for (int L = 0; L < c->n_layers; L++) if (add_trunk(b, L)) return -1;
+        for (int L = 0; L < c->n_layers; L++) if (add_experts(b, L)) return -1;
+    } else {
+        for (int L = 0; L < c->n_layers; L++)
+            if (add_trunk(b, L) || add_experts(b, L)) return -1;
+    }
+    return 0;
+}
+
 int kp_plan_build(const kp_input *in, const kp_options *opt, const char *out, const char *producer, kp_plan *p,
                   char *err, size_t errlen)
 {
-    const k3_config *c = in->cfg;
     struct builder b = {.in = in, .p = p};
-    static const k3_role globals[] = {K3T_EMBED, K3T_LM_HEAD, K3T_FINAL_NORM, K3T_OUT_RES_NORM, K3T_OUT_RES_PROJ};
 
     memset(p, 0, sizeof *p);
     p->opt = *opt;
     if (in->src && !ks_ok(in->src)) { snprintf(err, errlen, "the source has problems; run kpack check-source"); return -1; }
     if (plan_members(p, out, err, errlen)) { kp_plan_free(p); return -1; }
     if (add_meta(&b)) goto oom;
-    {
-        kpk_extent *x = begin_extent(&b, KPK_KIND_GLOBALS, KPK_NONE, KPK_NONE);
-        if (!x) goto oom;
-        for (size_t i = 0; i < sizeof globals / sizeof globals[0]; i++)
-            if (add_schema_tensor(&b, x, globals[i], -1, -1)) goto oom;
-        end_extent(&b, x);
-    }
-    if (opt->order == KPK_ORDER_TRUNK_FIRST) {
-        for (int L = 0; L < c->n_layers; L++) if (add_trunk(&b, L)) goto oom;
-        for (int L = 0; L < c->n_layers; L++) if (add_experts(&b, L)) goto oom;
-    } else {
-        for (int L = 0; L < c->n_layers; L++)
-            if (add_trunk(&b, L) || add_experts(&b, L)) goto oom;
-    }
+    if (in->drafter ? add_drafter(&b) : add_model(&b)) goto oom;
     if (add_archive(&b)) goto oom;
     for (uint64_t i = 0; i < p->n_tensors; i++) p->tensors[i].name = p->names + p->name_off[i];
     if (plan_blocks(p, err, errlen)) { kp_plan_free(p); return -1; }

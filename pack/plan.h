@@ -34,6 +34,7 @@ typedef struct kp_options {
 
 struct ka_archive;
 struct kc_state;
+struct kd_source;
 
 /* What a conversion reads: a checked checkpoint directory, or a KPK file or set. */
 typedef struct kp_input {
@@ -42,6 +43,7 @@ typedef struct kp_input {
     const k3_config *cfg;
     const k3_schema *schema;
     const struct ka_archive *arch;   /* what of the download is kept besides the model (NULL: nothing) */
+    const struct kd_source *drafter; /* a drafter checkpoint (drafter.h; src is its one file; cfg, schema NULL), or NULL */
     int threads;                     /* encoder threads */
     struct kc_state *consume;        /* shards deleted as the conversion goes (consume.h), or NULL */
 } kp_input;

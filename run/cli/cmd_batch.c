@@ -64,6 +64,11 @@ static const char usage[] =
     "                        budget, in OUT.jsonl.krun-states/; docs/BATCH.md, \"States on disk\")\n"
     "  --json                a summary on stdout at the end (requests, tokens, sweeps, bytes, seconds)\n"
     "  --quiet               no progress line and no summary on stderr\n"
+    "Speculative decoding (the output is the same bits with and without):\n"
+    "  --spec N              a sequence verifies up to N drafts in a sweep: the drafter's, or its own\n"
+    "                        text's where it repeats (default 8 with a drafter, else 0; a request's\n"
+    "                        \"speculative\" lowers it)\n"
+    KRUN_CLI_USAGE_DRAFT
     "Execution:\n"
     KRUN_CLI_USAGE_EXECUTION
     KRUN_CLI_USAGE_MEMORY
@@ -82,6 +87,7 @@ struct batch_opts {
     const char *state_dir;     /* --state-dir: states paged there always; NULL: paged beside OUT when they do not fit */
     char state_default[4096];
     int force, json, quiet, seed_given, created_given, auto_seqs;
+    long spec;                 /* --spec; -1: 8 with a drafter, else 0 */
     unsigned long long seed;
     long long created;
     krun_cli c;
@@ -92,6 +98,7 @@ static void parse_args(int argc, char **argv, struct batch_opts *o)
     memset(o, 0, sizeof *o);
     krun_cli_init(&o->c);
     o->auto_seqs = 1;
+    o->spec = -1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
 #define OPT(name) krun_cli_value(argc, argv, &i, name, &v)
@@ -104,6 +111,7 @@ static void parse_args(int argc, char **argv, struct batch_opts *o)
             o->auto_seqs = !strcmp(v, "auto");
             if (!o->auto_seqs) o->c.max_seqs = krun_cli_long(v, 1, KRUN_MAX_SEQS, "--max-seqs");
         }
+        else if (OPT("--spec")) o->spec = krun_cli_long(v, 0, 64, "--spec (0..64)");
         else if (!strcmp(a, "--force")) o->force = 1;
         else if (!strcmp(a, "--json")) o->json = 1;
         else if (!strcmp(a, "--quiet")) o->quiet = 1;
@@ -121,6 +129,10 @@ static void parse_args(int argc, char **argv, struct batch_opts *o)
         o->c.presence_penalty != 0 || o->c.frequency_penalty != 0)
         krun_cli_die("%s", "krun batch takes sampling from each request's body (temperature, top_p, top_k, min_p, seed)");
     if (!o->c.ctx) o->c.ctx = BATCH_CTX_DEFAULT;
+    if (o->spec < 0) {
+        char buf[4096];
+        o->spec = krun_cli_draft_file(&o->c, o->model, buf, sizeof buf) ? KRUN_DRAFT_SPEC : 0;
+    }
     if (!strcmp(o->in, o->out)) krun_cli_die("%s: IN and OUT are the same file", o->in);
     if ((size_t)snprintf(o->state_default, sizeof o->state_default, "%s.krun-states", o->out) >= sizeof o->state_default)
         krun_cli_die("%s: the path is too long", o->out);
@@ -182,11 +194,12 @@ static void choose_seqs(krun_model *m, krun_model_opts *mo, const struct batch_o
     for (size_t B = 1; B <= top; B++) {
         kmemplan p;
         krun_err e;
-        double sweep, cost;
+        double sweep, cost, tokens;
+        size_t w;
         mo->max_seqs = B;
         if (plan_seqs(m, mo, o, &p, &e)) break;                  /* B sequences' state no longer fits, even paged */
-        sweep = ksweep_bytes(&p, c, B) + (double)(p.page_read_bytes + p.page_write_bytes);
-        cost = sweep / (double)B;
+        /* with a drafter, each sequence's rows and tokens at the width the union model prefers */
+        cost = ksweep_draft(&p, c, B, mo->spec, mo->draft_width, (double)(p.page_read_bytes + p.page_write_bytes), &w, &tokens, &sweep);
         if (B == 1) one = cost;
         if (B == 1 || cost <= best_cost) { best = B; best_cost = cost; best_sweep = sweep; best_dir = mo->state_dir; }
     }
@@ -237,6 +250,16 @@ static void summary_json(const struct batch_opts *o, const kbatch_stats *st, con
                           "state_bytes_read", (json_int_t)sr, "state_bytes_written", (json_int_t)sw,
                           "state_wait_seconds", swait,
                           "peak_rss_bytes", (json_int_t)kmem_peak_rss());
+    /* speculation: drafts verified and kept, and the EAGLE drafter's part (null without one) */
+    if (j)
+        json_object_set_new(j, "spec", json_pack("{s:I, s:I, s:o}", "drafted", (json_int_t)st->drafted, "accepted", (json_int_t)st->accepted,
+                                                 "drafter", krun_model_draft(m) ? json_pack("{s:s, s:I, s:I}", "file", krun_model_draft(m),
+                                                                                            "drafted", (json_int_t)st->drafter_drafted,
+                                                                                            "accepted", (json_int_t)st->drafter_accepted)
+                                                                                : json_null()));
+    if (j)
+        json_object_set_new(j, "tokens_per_sweep", st->decode_sweeps ? json_real((double)st->decode_generated / (double)st->decode_sweeps)
+                                                                      : json_null());
     /* what a generated token costs: the decoding-only sweeps (the prompts' sweeps and the model's first
      * reads apart); null when none ran */
     if (j && !json_object_set_new(j, "decode", json_pack("{s:I, s:I, s:I, s:f}", "sweeps", (json_int_t)st->decode_sweeps, "bytes_read",
@@ -289,6 +312,7 @@ int krun_batch_main(int argc, char **argv)
         goto out;
     }
     krun_cli_model_opts(&o.c, o.model, budget, &mo);
+    mo.spec = (size_t)o.spec;
     if (wants_echo_logits(&in)) mo.extra_bytes += srv_echo_bytes(krun_model_config(m));   /* echo's prompt logits (serve.h) */
     if (o.auto_seqs) {
         size_t runnable = 0;

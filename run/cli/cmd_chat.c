@@ -63,6 +63,10 @@ static const char usage[] =
     "  --show-thinking       show the reasoning (default: dimmed on a terminal, hidden in a pipe)\n"
     "  --hide-thinking       hide it on a terminal too\n"
     "  --gen N               tokens per reply at most (default: until the reply ends)\n"
+    "  --spec N              speculative decoding: verify up to N drafts (the drafter's, or the text's where\n"
+    "                        it repeats) in one forward block; the replies are the same bits (default 8\n"
+    "                        with a drafter, else 0)\n"
+    KRUN_CLI_USAGE_DRAFT
     "  --json FILE           one JSON line per turn: ids fed and generated, seconds, bytes read\n"
     "Prefix cache (off unless --cache-dir; shared with krun and krun serve):\n"
     KRUN_CLI_USAGE_CACHE("")
@@ -88,7 +92,7 @@ struct chat_opts {
     const char *model, *system, *json;
     int thinking, show_thinking, hide_thinking, quiet;
     kchat_effort effort;
-    long gen;
+    long gen, spec;            /* spec: drafts per verification (-1: 8 with a drafter, else 0) */
     krun_cli c;
 };
 
@@ -142,6 +146,7 @@ static void parse_args(int argc, char **argv, struct chat_opts *o)
     o->thinking = 1;
     o->effort = KCHAT_EFFORT_MAX;
     o->gen = -1;
+    o->spec = -1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
 #define OPT(name) krun_cli_value(argc, argv, &i, name, &v)
@@ -157,6 +162,7 @@ static void parse_args(int argc, char **argv, struct chat_opts *o)
         else if (!strcmp(a, "--show-thinking")) o->show_thinking = 1;
         else if (!strcmp(a, "--hide-thinking")) o->hide_thinking = 1;
         else if (OPT("--gen")) o->gen = krun_cli_long(v, 1, 1L << 30, "--gen");
+        else if (OPT("--spec")) o->spec = krun_cli_long(v, 0, 64, "--spec (0..64)");
         else if (OPT("--json")) o->json = v;
         else if (!strcmp(a, "--quiet")) o->quiet = 1;
         else if (a[0] == '-') krun_cli_die("unknown option %s (see krun chat --help)", a);
@@ -168,6 +174,10 @@ static void parse_args(int argc, char **argv, struct chat_opts *o)
     if (o->show_thinking && o->hide_thinking) krun_cli_die("%s", "give --show-thinking or --hide-thinking, not both");
     krun_cli_check(&o->c, NULL);
     if (!o->c.ctx) o->c.ctx = CHAT_CTX_DEFAULT;
+    if (o->spec < 0) {
+        char buf[4096];
+        o->spec = krun_cli_draft_file(&o->c, o->model, buf, sizeof buf) ? KRUN_DRAFT_SPEC : 0;
+    }
 }
 
 /* ---- the conversation ---------------------------------------------------------------------- */
@@ -337,6 +347,15 @@ static void log_turn(chat *ch, const turn_log *t)
     json_object_set_new(j, "prefill_bytes_read", json_integer((json_int_t)t->bytes_prefill));
     json_object_set_new(j, "reply_bytes_read", json_integer((json_int_t)t->bytes_reply));
     {
+        /* speculation so far in the conversation: what was drafted (and by the drafter) and kept */
+        krun_spec_stats sp;
+        krun_session_spec_stats(ch->s, &sp);
+        json_object_set_new(j, "spec", json_pack("{sIsIsIsIsIsI}", "sweeps", (json_int_t)sp.sweeps, "drafted", (json_int_t)sp.drafted,
+                                                 "accepted", (json_int_t)sp.accepted, "drafter_verifications",
+                                                 (json_int_t)sp.drafter_verifications, "drafter_drafted", (json_int_t)sp.drafter_drafted,
+                                                 "drafter_accepted", (json_int_t)sp.drafter_accepted));
+    }
+    {
         krun_stats st;   /* the prefill layout's switches so far (--chunk auto: a long turn runs in large blocks) */
         krun_model_stats(ch->m, &st);
         json_object_set_new(j, "phase_switches", json_integer((json_int_t)st.phase_switches));
@@ -395,6 +414,34 @@ static int from_cache(chat *ch, turn_log *t, size_t preamble, krun_err *err)
     return 0;
 }
 
+/* One token of the reply: recorded, parsed, shown.  1 when the reply ends with it (its finish
+ * in t), 0 when it goes on, -1 out of memory.  ran: the token has run already (a draft the
+ * model accepted): the context check counts it, and Ctrl-C waits for the next token sampled
+ * (the accepted tokens after it have run too: they are the reply's). */
+static int reply_token(chat *ch, turn_log *t, kchat_parser *p, int32_t id, const int32_t *stop, size_t n_stop, size_t ctx, int ran,
+                       krun_err *err)
+{
+    int end = 0;
+    size_t hist;
+    kbuf_add(&t->reply, &id, sizeof id);
+    if (t->reply.oom) return krun_err_set(err, KRUN_ENOMEM, "out of memory");
+    t->n_reply++;
+    if (p) end = kchat_parser_feed_id(p, id, on_event, ch) == 1;
+    for (size_t k = 0; k < n_stop; k++) end |= id == stop[k];
+    if (!p && !end) {
+        size_t len;
+        const uint8_t *b = ktok_id_bytes(ch->tk, id, &len);
+        if (b) show_bytes(ch, b, len, 0);
+    }
+    krun_session_tokens(ch->s, &hist);
+    if (ran && hist) hist--;
+    if (end) t->finish = "stop";
+    else if (!ran && atomic_load(&interrupted)) { t->finish = "interrupted"; end = 1; }
+    else if (ch->o.gen > 0 && (long)t->n_reply >= ch->o.gen) end = 1;
+    else if (hist + 1 + CHAT_CLOSE_RESERVE >= ctx) { t->finish = "context full"; end = 1; }
+    return end;
+}
+
 /* Generate the reply, streaming it.  Every generated token but the last is
  * run; the last joins the history as pending, followed by the tokens that
  * close the reply if it was cut short, so the state always ends at a whole
@@ -419,33 +466,40 @@ static int reply(chat *ch, turn_log *t, krun_err *err)
     ch->in_reasoning_shown = 0;
     t->finish = "length";
     for (;;) {
-        int32_t id;
-        int end = 0;
-        size_t hist;
+        int32_t id, acc[65];
+        int end;
+        size_t n_acc = 0, room;
         if (atomic_load(&interrupted) && !t->n_reply) { t->finish = "interrupted"; break; }   /* Ctrl-C during the prompt */
         id = krun_session_sample(ch->s);
         if (id < 0) { krun_err_set(err, KRUN_EINPUT, "no logits to sample from"); rc = -1; break; }
-        kbuf_add(&t->reply, &id, sizeof id);
-        if (t->reply.oom) { krun_err_set(err, KRUN_ENOMEM, "out of memory"); rc = -1; break; }
-        t->n_reply++;
-        if (p) end = kchat_parser_feed_id(p, id, on_event, ch) == 1;
-        for (size_t k = 0; k < n_stop; k++) end |= id == stop[k];
-        if (!p && !end) {
-            size_t len;
-            const uint8_t *b = ktok_id_bytes(ch->tk, id, &len);
-            if (b) show_bytes(ch, b, len, 0);
-        }
-        krun_session_tokens(ch->s, &hist);
-        if (end) t->finish = "stop";
-        else if (atomic_load(&interrupted)) { t->finish = "interrupted"; end = 1; }
-        else if (ch->o.gen > 0 && (long)t->n_reply >= ch->o.gen) end = 1;
-        else if (hist + 1 + CHAT_CLOSE_RESERVE >= ctx) { t->finish = "context full"; end = 1; }
+        if ((end = reply_token(ch, t, p, id, stop, n_stop, ctx, 0, err)) < 0) { rc = -1; break; }
         if (end) {
             /* the last token is not run: it joins the history as pending */
             if (krun_session_append(ch->s, &id, 1, err)) rc = -1;
             break;
         }
-        if (krun_session_feed(ch->s, &id, 1, NULL, err)) { rc = -1; break; }
+        /* speculative decoding (--spec; the drafter's or the text's drafts): the drafts the
+         * model agrees with are the reply's next tokens, run; never past --gen or the context */
+        room = ch->o.gen > 0 ? (size_t)ch->o.gen - t->n_reply - 1 : SIZE_MAX;
+        {
+            /* and the closing tokens' reserve stays free */
+            size_t hist;
+            krun_session_tokens(ch->s, &hist);
+            if (hist + 2 + CHAT_CLOSE_RESERVE >= ctx) room = 0;
+            else if (room > ctx - hist - 2 - CHAT_CLOSE_RESERVE) room = ctx - hist - 2 - CHAT_CLOSE_RESERVE;
+        }
+        if (ch->o.spec && room) {
+            if (krun_session_feed_spec(ch->s, id, room < (size_t)ch->o.spec ? room : (size_t)ch->o.spec, acc, NULL, &n_acc, err)) {
+                rc = -1;
+                break;
+            }
+        } else if (krun_session_feed(ch->s, &id, 1, NULL, err)) {
+            rc = -1;
+            break;
+        }
+        for (size_t k = 0; k < n_acc && !end; k++)
+            if ((end = reply_token(ch, t, p, acc[k], stop, n_stop, ctx, 1, err)) < 0) rc = -1;
+        if (rc || end) break;
     }
     if (p) {
         int32_t *close = NULL;
@@ -593,6 +647,7 @@ int krun_chat_main(int argc, char **argv)
     ch.conv.template = ktok_find_special(ch.tk, KCHAT_OPEN) >= 0 && ktok_find_special(ch.tk, KCHAT_CLOSE) >= 0 &&
                   ktok_find_special(ch.tk, KCHAT_SEP) >= 0 && ktok_find_special(ch.tk, KCHAT_END_OF_MSG) >= 0;
     krun_cli_model_opts(&ch.o.c, ch.o.model, budget, &mo);
+    mo.spec = (size_t)ch.o.spec;
     mo.max_seqs = 1;
     if (krun_model_prepare(ch.m, &mo, &e)) { fprintf(stderr, "krun chat: %s\n", e.msg); rc = e.code; goto out; }
     if (!ch.o.quiet && krun_model_plan(ch.m)) kmemplan_print(krun_model_plan(ch.m), stderr);

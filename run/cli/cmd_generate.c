@@ -52,7 +52,9 @@ static const char usage[] =
     KRUN_CLI_USAGE_SAMPLING
     "  --spec N              speculative decoding: draft up to N tokens (1..64) from the text so far\n"
     "                        (where it repeats) and verify them in one forward block; the output is\n"
-    "                        bit-identical to --spec 0 at every sampling setting and seed\n"
+    "                        bit-identical to --spec 0 at every sampling setting and seed (default 0;\n"
+    "                        8 with a drafter)\n"
+    KRUN_CLI_USAGE_DRAFT
     "Prefix cache (off unless --cache-dir; shared with krun chat and krun serve; kept: the\n"
     "state at the end of the prompt and at the end of the run):\n"
     KRUN_CLI_USAGE_CACHE("")
@@ -124,6 +126,7 @@ static void parse_args(int argc, char **argv, struct opts *o)
     memset(o, 0, sizeof *o);
     krun_cli_init(&o->c);
     o->gen = 32;
+    o->spec = -1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
 #define OPT(name) krun_cli_value(argc, argv, &i, name, &v)
@@ -173,6 +176,12 @@ static void parse_args(int argc, char **argv, struct opts *o)
     }
     if (!o->model) { fputs(usage, stderr); exit(KRUN_EINPUT); }
     krun_cli_check(&o->c, o->plan_only ? "--plan" : NULL);
+    if (o->recompute && o->spec < 0) o->c.draft = "off";
+    if (o->spec < 0) {
+        /* speculative decoding on when a drafter is at hand (it drafts nothing without it) */
+        char buf[4096];
+        o->spec = krun_cli_draft_file(&o->c, o->model, buf, sizeof buf) ? KRUN_DRAFT_SPEC : 0;
+    }
     if ((o->n_prompt_tokens || o->disk_mbps > 0) && !o->plan_only) krun_cli_die("%s", "--prompt-tokens and --disk-mbps go with --plan");
     if (o->state_dir && !o->plan_only) krun_cli_die("%s", "--state-dir goes with --plan here (states on disk are krun batch's)");
     if ((o->ranks || o->net_mbps > 0) && !o->plan_only) krun_cli_die("%s", "--ranks and --net-mbps go with --plan");

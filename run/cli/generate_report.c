@@ -85,6 +85,11 @@ void gen_report_summary(krun_model *m, const krun_session *s, const gen_record *
                 (unsigned long long)sp.accepted, sp.drafted ? 100.0 * (double)sp.accepted / (double)sp.drafted : 0.0,
                 (unsigned long long)sp.rollbacks, d.sweeps, d.tokens, d.sweeps ? (double)d.tokens / (double)d.sweeps : 0.0, b1,
                 d.tokens ? d.seconds / (double)d.tokens * 1e3 : 0.0);
+        if (krun_model_draft(m))
+            fprintf(stderr, "krun: drafter %s: %llu of its %llu drafts accepted (%.0f%%) in %llu verifications\n", krun_model_draft(m),
+                    (unsigned long long)sp.drafter_accepted, (unsigned long long)sp.drafter_drafted,
+                    sp.drafter_drafted ? 100.0 * (double)sp.drafter_accepted / (double)sp.drafter_drafted : 0.0,
+                    (unsigned long long)sp.drafter_verifications);
     }
 }
 
@@ -149,7 +154,7 @@ static json_t *decode_json(const struct decode_totals *d)
 }
 
 /* --spec: the drafts, and [drafted, accepted] of each verification; null without. */
-static json_t *spec_json(const gen_record *r, const krun_session *s)
+static json_t *spec_json(const gen_record *r, krun_model *m, const krun_session *s)
 {
     krun_spec_stats spec;
     json_t *o, *rounds;
@@ -172,6 +177,18 @@ static json_t *spec_json(const gen_record *r, const krun_session *s)
     json_object_set_new(o, "rollbacks", json_integer((json_int_t)spec.rollbacks));
     json_object_set_new(o, "acceptance", spec.drafted ? json_real((double)spec.accepted / (double)spec.drafted) : json_null());
     json_object_set_new(o, "rounds", rounds);
+    if (krun_model_draft(m)) {
+        json_t *d = json_object();
+        json_object_set_new(d, "file", json_string(krun_model_draft(m)));
+        json_object_set_new(d, "verifications", json_integer((json_int_t)spec.drafter_verifications));
+        json_object_set_new(d, "drafted", json_integer((json_int_t)spec.drafter_drafted));
+        json_object_set_new(d, "accepted", json_integer((json_int_t)spec.drafter_accepted));
+        json_object_set_new(d, "acceptance", spec.drafter_drafted ? json_real((double)spec.drafter_accepted / (double)spec.drafter_drafted)
+                                                                  : json_null());
+        json_object_set_new(o, "drafter", d);
+    } else {
+        json_object_set_new(o, "drafter", json_null());
+    }
     return o;
 }
 
@@ -279,7 +296,7 @@ int gen_report_json(const char *path, krun_model *m, const krun_session *s, cons
     json_object_set_new(j, "steps", sa);
     json_object_set_new(j, "prefill_seconds", json_real(r->t_prefill));
     json_object_set_new(j, "decode", decode_json(&d));
-    json_object_set_new(j, "spec", spec_json(r, s));
+    json_object_set_new(j, "spec", spec_json(r, m, s));
     if (r->cache) {
         json_t *c = json_object();
         json_object_set_new(c, "cached_positions", json_integer((json_int_t)r->cached));

@@ -53,6 +53,7 @@ void krun_cli_init(krun_cli *c)
     c->max_seqs = 1;
     c->io = KRUN_IO_DIRECT;
     c->predict = -1;
+    c->draft = "auto";
 }
 
 int krun_cli_option(krun_cli *c, int argc, char **argv, int *i)
@@ -116,6 +117,9 @@ int krun_cli_option(krun_cli *c, int argc, char **argv, int *i)
             c->stages = 1;
         }
     }
+    else if (OPT("--draft")) c->draft = v;
+    else if (OPT("--draft-width")) c->draft_width = krun_cli_long(v, 1, 64, "--draft-width (1..64)");
+    else if (OPT("--draft-accept")) c->draft_accept = krun_cli_double(v, 0.001, 0.999, "--draft-accept (0.001..0.999)");
     else if (OPT("--io-threads")) c->io_threads = krun_cli_long(v, 1, 256, "--io-threads");
     else if (OPT("--trace")) c->trace = v;
     else if (OPT("--cache-dir")) c->cache_dir = v;
@@ -195,6 +199,23 @@ void krun_cli_model_opts(const krun_cli *c, const char *path, uint64_t budget, k
     mo->simd = c->simd && strcmp(c->simd, "auto") != 0 ? c->simd_level : -1;
     mo->stages = (int)c->stages;
     memcpy(mo->stage_layers, c->stage_layers, sizeof mo->stage_layers);
+    mo->draft = c->draft;
+    mo->draft_width = (size_t)c->draft_width;
+    mo->draft_accept = c->draft_accept;
+}
+
+const char *krun_cli_draft_file(const krun_cli *c, const char *model, char *buf, size_t n)
+{
+    if (!c->draft || !strcmp(c->draft, "off")) return NULL;
+    if (strcmp(c->draft, "auto")) {
+        if (access(c->draft, R_OK)) {
+            fprintf(stderr, "krun: --draft %s: %s (a drafter file: kpack convert DRAFTER_DIR OUT.kpk)\n", c->draft, strerror(errno));
+            exit(KRUN_EINPUT);
+        }
+        return c->draft;
+    }
+    krun_draft_auto_path(model, buf, n);
+    return access(buf, F_OK) == 0 ? buf : NULL;
 }
 
 void krun_cli_sampler(const krun_cli *c, ksampler_opts *so)

@@ -33,6 +33,10 @@ typedef struct krun_cli {
     long top_k;
     unsigned long long seed;
     int seed_given;
+    /* the EAGLE drafter (docs/RUNTIME.md §11) */
+    const char *draft;        /* "auto" (the default), "off" or a drafter file */
+    long draft_width;         /* 0: chosen each pass by cost */
+    double draft_accept;      /* the acceptance a plan assumes (0: the published figures') */
 } krun_cli;
 
 /* Defaults: chunk auto, one session, top-p 1, --verify first, --io direct, greedy. */
@@ -45,6 +49,9 @@ int krun_cli_option(krun_cli *c, int argc, char **argv, int *i);
  * --simd's value); needs_budget: the caller has its own option that needs one
  * (its name, or NULL).  Exits with status 2 on a conflict. */
 void krun_cli_check(krun_cli *c, const char *needs_budget);
+/* The drafter file the options name, or NULL: --draft off, or auto and no MODEL.draft.kpk
+ * beside the model.  A named file that does not exist exits with status 2. */
+const char *krun_cli_draft_file(const krun_cli *c, const char *model, char *buf, size_t n);
 /* The budget of --mem / --preset in bytes (0: none given).  -1 with a message
  * on stderr when malformed. */
 int krun_cli_budget(const krun_cli *c, uint64_t *budget);
@@ -113,6 +120,19 @@ void krun_announce_prompt(krun_model *m, size_t n);
     "  --cache-size SIZE     the kept states of this model in DIR, at most (default 32G; least\n" \
     "                        recently used out)\n" \
     "  --no-cache            keep nothing" ram "\n"
+
+#define KRUN_DRAFT_SPEC 8      /* --spec with a drafter, unless given */
+
+#define KRUN_CLI_USAGE_DRAFT \
+    "  --draft auto|off|FILE  the EAGLE drafter (a drafter file made by kpack convert from its checkpoint):\n" \
+    "                        it proposes the next tokens from the model's own hidden states and one\n" \
+    "                        forward sweep verifies them; the output is the same bits as without it.\n" \
+    "                        auto (the default): MODEL.draft.kpk beside MODEL.kpk, when the plan\n" \
+    "                        predicts fewer bytes per generated token with it (--plan says)\n" \
+    "  --draft-width N       drafts per verification (default: chosen each pass by cost and the\n" \
+    "                        acceptance measured so far; at most --spec)\n" \
+    "  --draft-accept A      the acceptance per draft --plan assumes (default 0.85, the published\n" \
+    "                        figures'); at run time it is measured per request\n"
 
 #define KRUN_CLI_USAGE_EXECUTION \
     "  --threads N           worker threads (default: all cores); results are identical for any N\n" \

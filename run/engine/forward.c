@@ -20,10 +20,10 @@
 
 /* ---- the run's memory: laid out once ------------------------------------------ */
 
-static void run_carve(k3_run *r, const k3_config *c, size_t T, size_t S, size_t ctx, size_t spec, karena *a)
+static void run_carve(k3_run *r, const k3_config *c, size_t T, size_t S, size_t ctx, size_t spec, size_t taps, karena *a)
 {
     k3_weights_carve(&r->w, c, a);
-    k3_scratch_carve(&r->s, c, T, S, ctx, a);
+    k3_scratch_carve(&r->s, c, T, S, ctx, taps, a);
     k3_journal_carve(&r->j, c, spec, a);
     KTAKE(a, r->routed, (size_t)c->n_layers * (size_t)c->n_experts);
 }
@@ -36,24 +36,24 @@ size_t k3_run_vectors_bytes(const k3_config *c)
     return karena_round(a.used);
 }
 
-size_t k3_run_scratch_bytes(const k3_config *c, size_t T, size_t S, size_t ctx)
+size_t k3_run_scratch_bytes(const k3_config *c, size_t T, size_t S, size_t ctx, size_t taps)
 {
     k3_scratch sc;
     karena a = {NULL, 0};
-    k3_scratch_carve(&sc, c, T, S, ctx, &a);
+    k3_scratch_carve(&sc, c, T, S, ctx, taps, &a);
     return karena_round(a.used);
 }
 
-size_t k3_run_bytes(const k3_config *c, size_t T, size_t S, size_t ctx, size_t spec)
+size_t k3_run_bytes(const k3_config *c, size_t T, size_t S, size_t ctx, size_t spec, size_t taps)
 {
     k3_run r;
     karena a = {NULL, 0};
-    run_carve(&r, c, T, S, ctx, spec, &a);
+    run_carve(&r, c, T, S, ctx, spec, taps, &a);
     return karena_round(a.used);
 }
 
 int k3_run_init(k3_run *r, const k3_model *m, kstore *store, kpool *pool, size_t T, size_t S, size_t ctx, size_t spec,
-                krun_err *err)
+                size_t taps, krun_err *err)
 {
     const k3_config *c = &m->cfg;
     karena a = {NULL, 0};
@@ -76,7 +76,7 @@ int k3_run_init(k3_run *r, const k3_model *m, kstore *store, kpool *pool, size_t
     r->S = S;
     r->ctx = ctx;
     r->scratch_off = k3_run_vectors_bytes(c);
-    r->arena_bytes = k3_run_bytes(c, T, S, ctx, spec);
+    r->arena_bytes = k3_run_bytes(c, T, S, ctx, spec, taps);
     r->arena = aligned_alloc(KARENA_ALIGN, r->arena_bytes);
     if (!r->arena) {
         krun_err_set(err, KRUN_ENOMEM, "out of memory: %zu bytes for the run state (activations of a %zu-position block)",
@@ -84,7 +84,7 @@ int k3_run_init(k3_run *r, const k3_model *m, kstore *store, kpool *pool, size_t
         return -1;
     }
     a.base = r->arena;
-    run_carve(r, c, T, S, ctx, spec, &a);
+    run_carve(r, c, T, S, ctx, spec, taps, &a);
     memset(r->routed, 0, (size_t)c->n_layers * (size_t)c->n_experts * sizeof *r->routed);
     k3_weights_setup(&r->w, m, store);
     /* the globals are held for the whole run: lm_head and the output vectors */
@@ -101,7 +101,7 @@ int k3_run_init(k3_run *r, const k3_model *m, kstore *store, kpool *pool, size_t
 void k3_run_use_block(k3_run *r, uint8_t *mem, size_t T)
 {
     karena a = {mem ? mem : (uint8_t *)r->arena, mem ? 0 : r->scratch_off};
-    k3_scratch_carve(&r->s, &r->model->cfg, mem ? T : r->T_own, r->S, r->ctx, &a);
+    k3_scratch_carve(&r->s, &r->model->cfg, mem ? T : r->T_own, r->S, r->ctx, r->s.tap_floats, &a);
 }
 
 size_t k3_run_expert_batch(const k3_run *r)
@@ -201,9 +201,9 @@ static int make_block(k3_run *r, const k3_seg *segs, size_t nseg, k3_block *b, k
                          sg->journal ? "journaled" : "", sg->n);
             return -1;
         }
-        if (r->pager && (sg->journal || sg->snap))
-            return krun_err_set(err, KRUN_EINPUT, "a %s in a block whose states are paged to disk (not supported: statepage.h)",
-                                sg->journal ? "speculative verification" : "prefix-cache snapshot");
+        if (r->pager && sg->snap)
+            return krun_err_set(err, KRUN_EINPUT, "a prefix-cache snapshot in a block whose states are paged to disk (not supported: "
+                                "statepage.h)");
         if (sg->journal) {
             /* the block's verifications share the journal's rows, in block order */
             if (jn + 1 > r->j.max_segs || sg->n > r->j.cap - jrows) {
@@ -280,6 +280,44 @@ static int output(k3_run *r, const k3_block *b, size_t nsnap, krun_err *err)
     return 0;
 }
 
+/* ---- paged states' commits (journal.h) ---- */
+
+/* The deferred commits the block replays, in d (the journal's list emptied for the block's own):
+ * a state whose position moved since (reset) drops its commit; one the block does not hold has
+ * it replayed now, on its own pass of the pager over the layers (no rows computed). */
+static int take_deferred(k3_run *r, const k3_seg *segs, size_t nseg, k3_journal *d, krun_err *err)
+{
+    const k3_config *c = &r->model->cfg;
+    k3_journal *j = &r->j;
+    k3_state *alone[K3_JOURNAL_MAX_SEGS];
+    size_t none[K3_JOURNAL_MAX_SEGS] = {0}, row[K3_JOURNAL_MAX_SEGS], keep[K3_JOURNAL_MAX_SEGS], na = 0;
+    d->n_def = 0;
+    for (size_t i = 0; i < j->n_def; i++) {
+        k3_state *st = j->def_st[i];
+        size_t g = 0;
+        if (st->pos != j->def_pos[i]) continue;
+        while (g < nseg && segs[g].st != st) g++;
+        if (g < nseg) {
+            d->def_st[d->n_def] = st;
+            d->def_row[d->n_def] = j->def_row[i];
+            d->def_keep[d->n_def++] = j->def_keep[i];
+        } else {
+            alone[na] = st;
+            row[na] = j->def_row[i];
+            keep[na++] = j->def_keep[i];
+        }
+    }
+    j->n_def = 0;
+    if (!na) return 0;
+    if (k3_pager_block_begin(r->pager, alone, none, na, err)) return -1;
+    for (int L = 0; L < c->n_layers; L++) {
+        if (k3_pager_layer_begin(r->pager, L, err)) return -1;
+        for (size_t i = 0; i < na && !c->layer_is_mla[L]; i++) kda_commit(r, L, alone[i], row[i], keep[i]);
+        k3_pager_layer_end(r->pager, L);
+    }
+    return k3_pager_block_end(r->pager, err);
+}
+
 static int forward_block(k3_run *r, const k3_seg *segs, size_t nseg, krun_err *err)
 {
     const k3_config *c = &r->model->cfg;
@@ -288,8 +326,12 @@ static int forward_block(k3_run *r, const k3_seg *segs, size_t nseg, krun_err *e
     k3_block b;
     size_t nsnap = 0;
     int prefix_empty = 0, here;
+    k3_journal def;            /* paged states' commits this block replays (journal.h) */
 
-    if (make_block(r, segs, nseg, &b, err) || k3_remote_block(r, segs, nseg, err) || k3_weights_step_begin(&r->w, err)) return -1;
+    def.n_def = 0;
+    if (make_block(r, segs, nseg, &b, err) || (r->j.n_def && take_deferred(r, segs, nseg, &def, err)) ||
+        k3_remote_block(r, segs, nseg, err) || k3_weights_step_begin(&r->w, err))
+        return -1;
     if (r->pager) {
         /* paged states: layer 0 of the block's sequences is read while the embedding rows are */
         k3_state *sts[K3_MAX_SEQS];
@@ -317,6 +359,7 @@ static int forward_block(k3_run *r, const k3_seg *segs, size_t nseg, krun_err *e
             k3_weights_end(&r->w, L, &(krun_err){0, {0}});
             return -1;
         }
+        for (size_t i = 0; i < def.n_def && !c->layer_is_mla[L]; i++) kda_commit(r, L, def.def_st[i], def.def_row[i], def.def_keep[i]);
         w = k3_weights_vecs(&r->w, L);
         f_attn = ABLATED(ATTNRES_FOLDS_SWAPPED) ? w->f_mlp : w->f_attn;
         f_mlp = ABLATED(ATTNRES_FOLDS_SWAPPED) ? w->f_attn : w->f_mlp;
@@ -355,7 +398,10 @@ static int forward_block(k3_run *r, const k3_seg *segs, size_t nseg, krun_err *e
             return krun_err_prefix(err, "layer %d: ", L);
         }
         /* step 8: the next layer's h is P */
+        if (r->tap && ABLATED(DRAFT_TAP_BEFORE_FFN)) r->tap(r->tap_ctx, L, s->P, b.T, s->taps);
         for (size_t i = 0; i < b.T * E; i++) s->P[i] = s->P[i] + s->y[i];
+        /* a drafter's taps: P as it leaves the layer (a hook: run/draft sets it, K3_EAGLE.md §2) */
+        if (r->tap && !ABLATED(DRAFT_TAP_BEFORE_FFN)) r->tap(r->tap_ctx, L, ABLATED(DRAFT_TAP_MIXTURE) ? s->a : s->P, b.T, s->taps);
         /* fails when anything read for the layer was bad: its results must not be used */
         if (k3_weights_end(&r->w, L, err)) return -1;
         if (r->pager) k3_pager_layer_end(r->pager, L);          /* written back while layer L+1 runs */
@@ -397,6 +443,12 @@ static long journal_seg(const k3_run *r, const k3_state *st)
     return -1;
 }
 
+const float *k3_block_embedding(const k3_run *r, size_t row)
+{
+    /* §4.4: B[0] is the token embedding, pushed at layer 0 (a boundary) */
+    return r->s.snap + row * r->s.max_src * (size_t)r->model->cfg.hidden;
+}
+
 const float *k3_journal_logits(const k3_run *r, const k3_state *st)
 {
     long i = journal_seg(r, st);
@@ -408,9 +460,18 @@ void k3_commit(k3_run *r, k3_state *st, size_t keep)
     const k3_config *c = &r->model->cfg;
     long i = journal_seg(r, st);
     if (i < 0 || keep < 1 || keep > r->j.seg_n[i]) abort();   /* a caller's bug: the state would be wrong */
-    for (int L = 0; L < c->n_layers; L++)
-        if (!c->layer_is_mla[L] && k3_here(r->model, L)) kda_commit(r, L, st, r->j.seg_row[i], keep);
     if (r->remote) r->remote->commit(r->remote->ctx, r, st, keep);   /* the other ranks' layers (remote.h) */
     st->pos += keep;
+    if (st->pager) {
+        /* on disk: replayed as the next block brings its layers in (journal.h; paged states keep
+         * every layer on this rank: ranks.c) */
+        r->j.def_st[r->j.n_def] = st;
+        r->j.def_row[r->j.n_def] = r->j.seg_row[i];
+        r->j.def_keep[r->j.n_def] = keep;
+        r->j.def_pos[r->j.n_def++] = st->pos;
+    } else {
+        for (int L = 0; L < c->n_layers; L++)
+            if (!c->layer_is_mla[L] && k3_here(r->model, L)) kda_commit(r, L, st, r->j.seg_row[i], keep);
+    }
     r->j.seg_st[i] = NULL;                                    /* committed once */
 }

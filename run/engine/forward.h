@@ -15,6 +15,7 @@
 #include "run/util/threadpool.h"
 
 #define K3_MAX_SEQS 256            /* sequences in one forward block, at most */
+#define K3_RUN_TAPS 1              /* k3_run_init takes the taps' width (a drafter's; bench_attn.c builds against older trees) */
 
 /* The run: what one model needs to compute, laid out once at open. */
 typedef struct k3_run {
@@ -32,8 +33,15 @@ typedef struct k3_run {
     /* called after each layer of a block (layers done, of n_layers): progress within a long block */
     void (*on_layer)(void *ctx, int done, int total);
     void *on_layer_ctx;
+    /* called after step 8 of every layer L of a block with the block-local prefix P [T][E] the
+     * layer leaves (K3_MODEL §4.4) and the scratch's tap rows [T][tap_floats] to keep what it
+     * wants of it in (a drafter's taps, K3_EAGLE.md §2): valid until the next block.  NULL: none.
+     * The run must have been laid out with tap_floats > 0 (k3_run_init's taps). */
+    void (*tap)(void *ctx, int L, const float *P, size_t T, float *taps);
+    void *tap_ctx;
     /* the sequences' states paged to disk (statepage.h): NULL, resident.  With a pager every
-     * state of a block is one of its slots, and no segment is journaled or snapshots */
+     * state of a block is one of its slots, and no segment snapshots (a journaled one's commit
+     * is deferred to the next block: journal.h) */
     k3_pager *pager;
     /* several ranks (remote.h, run/cluster): where work goes to other processes; NULL: one process */
     struct k3_remote *remote;
@@ -92,14 +100,15 @@ static inline size_t k3_block_positions(size_t chunk, size_t max_seqs, size_t sp
  * segments with ctx positions per sequence, a journal for verification
  * blocks of spec drafts (0: none) and the routing histogram: what
  * k3_run_init allocates. */
-size_t k3_run_bytes(const k3_config *c, size_t T, size_t S, size_t ctx, size_t spec);
+size_t k3_run_bytes(const k3_config *c, size_t T, size_t S, size_t ctx, size_t spec, size_t taps);
 /* The part of it that holds the bound vectors (the rest is activations and the journal). */
 size_t k3_run_vectors_bytes(const k3_config *c);
 /* The activations of a block of T positions alone (no vectors, no journal): what
  * k3_run_use_block carves over memory of its own (the planner's prefill layout). */
-size_t k3_run_scratch_bytes(const k3_config *c, size_t T, size_t S, size_t ctx);
+size_t k3_run_scratch_bytes(const k3_config *c, size_t T, size_t S, size_t ctx, size_t taps);
+/* taps: floats per position the tap hook keeps in the scratch (0: none). */
 int k3_run_init(k3_run *r, const k3_model *m, kstore *store, kpool *pool, size_t T, size_t S, size_t ctx, size_t spec,
-                krun_err *err);
+                size_t taps, krun_err *err);
 void k3_run_free(k3_run *r);
 /* Blocks of up to T positions from now on, their activations carved over mem
  * (k3_run_scratch_bytes(T) of it, 64-byte aligned; the caller's, e.g. memory
@@ -124,6 +133,12 @@ int k3_forward(k3_run *r, const k3_seg *segs, size_t nseg, krun_err *err);
  * computes except a journaled segment's, whose caller checks the rows it
  * keeps. */
 int k3_check_finite(const k3_run *r, const float *logits, size_t rows, size_t pos, krun_err *err);
+
+/* The segments of a block occupy its rows in order: segment k's n positions
+ * are rows [n of the segments before it, + n).  After a block: the token
+ * embedding of its row `row` (AttnRes source 0, K3_MODEL §4.4) [E], valid until
+ * the next block. */
+const float *k3_block_embedding(const k3_run *r, size_t row);
 
 /* After a block in which st's segment was journaled (n positions): the
  * logits of its n positions [n][V], valid until the next block; NULL if st

@@ -31,6 +31,14 @@
  * state copies (at most cap / 2 segments: a verification is a token and at
  * least one draft).
  *
+ * A state paged to disk (statepage.h) is not in RAM between blocks, so its
+ * commit is deferred: k3_commit moves its position and keeps the entry, and
+ * the next block replays it on each KDA layer as the pager brings the layer
+ * in, before the layer computes (a layer's rows of the journal are rewritten
+ * only while that layer runs).  A state the next block does not hold is
+ * brought in alone for it first; one whose position changed since (reset)
+ * drops it.  The same float operations, in the same order: the same bits.
+ *
  * Laid out once with the run state (arena.h), by this carve function, which
  * the planner calls too. */
 #ifndef KRUN_JOURNAL_H
@@ -54,6 +62,11 @@ typedef struct k3_journal {
     size_t n_segs;
     const void *seg_st[K3_JOURNAL_MAX_SEGS];
     size_t seg_row[K3_JOURNAL_MAX_SEGS], seg_n[K3_JOURNAL_MAX_SEGS];
+    /* commits of paged states (statepage.h), replayed as the next block brings each KDA layer
+     * in: the state, its first row, the positions kept and its position after the commit */
+    size_t n_def;
+    void *def_st[K3_JOURNAL_MAX_SEGS];
+    size_t def_row[K3_JOURNAL_MAX_SEGS], def_keep[K3_JOURNAL_MAX_SEGS], def_pos[K3_JOURNAL_MAX_SEGS];
 } k3_journal;
 
 /* Offsets inside one position's record: pre-conv q | k | v, then alpha, then beta. */

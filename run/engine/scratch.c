@@ -66,7 +66,7 @@ static void dense_carve(k3_dense_scratch *d, const k3_config *c, size_t T, karen
     KTAKE(a, d->u, T * (size_t)c->dense_inter);
 }
 
-void k3_scratch_carve(k3_scratch *s, const k3_config *c, size_t T, size_t S, size_t ctx, karena *a)
+void k3_scratch_carve(k3_scratch *s, const k3_config *c, size_t T, size_t S, size_t ctx, size_t taps, karena *a)
 {
     const size_t E = (size_t)c->hidden, V = (size_t)c->vocab;
     size_t start, end = 0;
@@ -85,6 +85,8 @@ void k3_scratch_carve(k3_scratch *s, const k3_config *c, size_t T, size_t S, siz
     KTAKE(a, s->embed_row, E * 4);
     KTAKE(a, s->xg, S * E);
     KTAKE(a, s->lg, S * V);
+    if (taps) KTAKE(a, s->taps, T * taps);
+    s->tap_floats = taps;
     /* one region, four tenants */
     start = a->used;
 #define TENANT(call) do { a->used = start; call; if (a->used > end) end = a->used; } while (0)

@@ -78,12 +78,15 @@ typedef struct k3_scratch {
     uint8_t *embed_row;            /* [E * 4] one embedding row as stored */
     float *xg;                     /* [S][E] rows whose logits are wanted, gathered */
     float *lg;                     /* [S][V] their logits */
+    float *taps;                   /* [T][taps]: what the run's tap hook keeps of each position (forward.h), or NULL */
+    size_t tap_floats;             /* per position */
     k3_kda_scratch kda;
     k3_mla_scratch mla;
     k3_moe_scratch moe;
     k3_dense_scratch dense;
 } k3_scratch;
 
-void k3_scratch_carve(k3_scratch *s, const k3_config *c, size_t T, size_t S, size_t ctx, karena *a);
+/* taps: floats per position the run's tap hook keeps (0: no hook). */
+void k3_scratch_carve(k3_scratch *s, const k3_config *c, size_t T, size_t S, size_t ctx, size_t taps, karena *a);
 
 #endif

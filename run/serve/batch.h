@@ -96,6 +96,8 @@ typedef struct {
      * costs, without the prompts' sweeps and the model's first reads */
     uint64_t decode_sweeps, decode_bytes_read, decode_generated;
     double decode_seconds;
+    /* speculation (--spec): drafts verified and kept; of them, the EAGLE drafter's (--draft) */
+    uint64_t drafted, accepted, drafter_drafted, drafter_accepted;
 } kbatch_stats;
 
 typedef struct {

@@ -62,6 +62,12 @@ static void engine_counters(srv_engine *e, uint64_t *sweeps, uint64_t *bytes, kb
         st->decode_bytes_read = C("bytes_read") - C("prefill_bytes_read");
         st->decode_generated = C("generated_tokens") - C("prefill_generated_tokens");
         st->decode_seconds = json_real_value(json_object_get(s, "sweep_seconds")) - json_real_value(json_object_get(s, "prefill_seconds"));
+        s = json_object_get(s, "speculation");
+        st->drafted = C("drafted");
+        st->accepted = C("accepted");
+        s = json_object_get(s, "drafter");
+        st->drafter_drafted = C("drafted");
+        st->drafter_accepted = C("accepted");
     }
 #undef C
     json_decref(h);

@@ -72,6 +72,8 @@ typedef struct sreq {
     size_t mask_at;
     uint64_t verifications, drafted, accepted;   /* speculation: sweeps with drafts, drafts, drafts kept */
     size_t acc_last;           /* drafts kept in the last sweep */
+    krun_spec_stats seen;      /* the session's speculation counters as last read: the drafter's share of a sweep */
+    uint64_t dr_last[3];       /* of the last sweep, the EAGLE drafter's verifications, drafts and drafts kept */
     size_t emitted;            /* tokens handed to the output in the last sweep */
     int leader_ref;            /* a reference on leader is held (taken at srv_submit) */
     size_t copied;             /* prompt positions copied from the leader's state (0: none) */

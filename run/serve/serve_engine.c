@@ -76,6 +76,7 @@ struct srv_engine {
     struct {
         uint64_t requests, completed, failed, cancelled, prompt_tokens, cached_tokens, generated, sweeps, positions, bytes_read, phase_switches;
         uint64_t verifications, drafted, accepted;   /* speculation: blocks with drafts, drafts, drafts kept */
+        uint64_t dr_verifications, dr_drafted, dr_accepted;   /* of them, the EAGLE drafter's (--draft) */
         uint64_t copied_tokens;    /* n > 1: prompt positions copied from choice 0's state instead of run */
         double sweep_seconds, request_seconds;
         double prefill_seconds;    /* of sweep_seconds: sweeps that ran prompt positions */
@@ -308,6 +309,7 @@ static void admit_locked(srv_engine *e)
         }
         krun_session_set_sampler(r->s, &r->sampling);
         krun_session_set_reply_start(r->s, r->n_prompt);
+        krun_session_spec_stats(r->s, &r->seen);   /* a kept state's counters are not this request's */
         if (r->gram) {
             if (!(r->mask = kmask_new(r->mask_index, r->gram))) {
                 oai_error oe;
@@ -336,27 +338,47 @@ static void admit_locked(srv_engine *e)
     }
 }
 
-/* Drafts for the decoding sequence r (sweep slot k) to verify in this sweep: at most its
- * request's limit, the journal rows left and the block positions left, and no further than
- * max_tokens (a draft past it would be thrown away).  None for a request with logprobs: a
- * draft kept is emitted without a sampling step, so its log-probability (from its own row of
- * the block's logits) is not at hand here; such a request decodes one token a sweep.  A
- * constrained request drafts: the session checks each draft with the pick plain decoding makes,
- * mask included, and reply_mask is a function of the history tokens[n_prompt..pos) only. */
-static size_t draft_locked(srv_engine *e, sreq *r, size_t k, size_t rows, size_t budget)
+/* How many drafts the decoding sequence r may verify in this sweep: at most its request's
+ * limit, the journal rows left and the block positions left, and no further than max_tokens
+ * (a draft past it would be thrown away).  None for a request with logprobs: a draft kept is
+ * emitted without a sampling step, so its log-probability (from its own row of the block's
+ * logits) is not at hand here; such a request decodes one token a sweep.  A constrained request
+ * drafts: the session checks each draft with the pick plain decoding makes, mask included, and
+ * reply_mask is a function of the history tokens[n_prompt..pos) only. */
+static size_t draft_limit(const sreq *r, size_t rows, size_t budget)
 {
-    krun_session *others[KRUN_MAX_SEQS];
     size_t max = r->spec, left = (size_t)r->max_tokens - sgen_n_tokens(r->gen);
     if (r->logprobs) return 0;
     if (!max || rows < 2 || !budget || (size_t)r->max_tokens <= sgen_n_tokens(r->gen)) return 0;
     if (max > rows - 1) max = rows - 1;
     if (max > budget) max = budget;
     if (max > left) max = left;
+    return max;
+}
+
+/* The drafts of the sweep's n decoding sequences sw[0..n), each within max[k], into nd[k]: from
+ * their text or another's (the live requests', and the conversations the prefix cache keeps in
+ * RAM: idle slots, active + idle <= max_seqs), else the EAGLE drafter's chains, all of them in
+ * lockstep (krun_sessions_draft).  Runs without the lock: the drafter computes (a chain step
+ * reads its weights), and the active list changes only on this thread.  A drafter that cannot
+ * read an embedding row drafts nothing; the sweep reads the same file and reports it. */
+static void draft_sweep(srv_engine *e, sreq **sw, const size_t *max, size_t n, size_t *nd)
+{
+    krun_session *others[KRUN_MAX_SEQS], *ss[KRUN_MAX_SEQS];
+    int32_t ids[KRUN_MAX_SEQS], *out[KRUN_MAX_SEQS];
     size_t n_others = 0;
+    krun_err err;
     for (size_t j = 0; j < e->n_active; j++) others[n_others++] = e->active[j]->s;
-    /* and the conversations the prefix cache keeps in RAM (idle slots: active + idle <= max_seqs) */
     if (e->cache) n_others += krun_pcache_ram_entries(e->cache, others + n_others, KRUN_MAX_SEQS - n_others);
-    return krun_session_draft(r->s, r->next, max, others, n_others, e->drafts + k * e->spec);
+    for (size_t k = 0; k < n; k++) {
+        ss[k] = sw[k]->s;
+        ids[k] = sw[k]->next;
+        out[k] = e->drafts + k * e->spec;
+    }
+    pthread_mutex_unlock(&e->mu);
+    if (krun_sessions_draft(e->m, ss, ids, max, n, others, n_others, out, nd, &err))
+        for (size_t k = 0; k < n; k++) nd[k] = 0;
+    pthread_mutex_lock(&e->mu);
 }
 
 /* The sweep: every decoding sequence's next token, then its drafts (while the journal has
@@ -379,12 +401,21 @@ static size_t plan_sweep_locked(srv_engine *e, sreq **sw, size_t *take, size_t *
         take[n++] = 0;
         budget--;
     }
-    for (size_t k = 0; k < n && seqs; k++) {
-        nd[k] = draft_locked(e, sw[k], k, rows, budget);
-        if (!nd[k]) continue;
-        rows -= nd[k] + 1;
-        seqs--;
-        budget -= nd[k];
+    {
+        /* every decoding sequence drafts within what the sweep could give it alone (the drafter's
+         * chains in lockstep); then, in admission order, each keeps what the journal's rows and
+         * sequences and the block still hold of its drafts (a prefix of a draft is a draft) */
+        size_t max[KRUN_MAX_SEQS];
+        for (size_t k = 0; k < n; k++) max[k] = seqs ? draft_limit(sw[k], rows, budget) : 0;
+        if (n) draft_sweep(e, sw, max, n, nd);
+        for (size_t k = 0; k < n; k++) {
+            size_t lim = seqs ? draft_limit(sw[k], rows, budget) : 0;
+            if (nd[k] > lim) nd[k] = lim;
+            if (!nd[k]) continue;
+            rows -= nd[k] + 1;
+            seqs--;
+            budget -= nd[k];
+        }
     }
     for (size_t k = 0; k < e->n_active && budget; k++) {
         sreq *r = e->active[k];
@@ -464,6 +495,15 @@ static int run_sweep(srv_engine *e, sreq **sw, const size_t *take, const size_t 
             r->drafted += nd[k];
             r->accepted += acc[k];
             r->acc_last = acc[k];
+            {
+                /* the drafter's part of it (its counters are the session's, since the request began) */
+                krun_spec_stats now;
+                krun_session_spec_stats(r->s, &now);
+                r->dr_last[0] = now.drafter_verifications - r->seen.drafter_verifications;
+                r->dr_last[1] = now.drafter_drafted - r->seen.drafter_drafted;
+                r->dr_last[2] = now.drafter_accepted - r->seen.drafter_accepted;
+                r->seen = now;
+            }
             for (size_t i = nt - acc[k]; i < nt && rc == 0; i++, r->emitted++) rc = sgen_token(r->gen, h[i]);
             if (rc) { done[k] = rc < 0 ? -1 : rc; continue; }
         }
@@ -681,6 +721,9 @@ static void *engine_main(void *arg)
                 e->st.verifications++;
                 e->st.drafted += nd[k];
                 e->st.accepted += r->acc_last;
+                e->st.dr_verifications += r->dr_last[0];
+                e->st.dr_drafted += r->dr_last[1];
+                e->st.dr_accepted += r->dr_last[2];
             }
             conclude_locked(e, r, done[k]);
         }
@@ -1222,6 +1265,14 @@ char *srv_engine_metrics(srv_engine *e)
     metric(&b, "speculation_verifications_total", "counter", "Sequences that verified drafts in a sweep.", (double)e->st.verifications);
     metric(&b, "speculation_drafted_total", "counter", "Draft tokens verified.", (double)e->st.drafted);
     metric(&b, "speculation_accepted_total", "counter", "Draft tokens kept (part of generated_tokens_total).", (double)e->st.accepted);
+    metric(&b, "speculation_drafter_verifications_total", "counter", "Sequences that verified the EAGLE drafter's drafts in a sweep.",
+           (double)e->st.dr_verifications);
+    metric(&b, "speculation_drafter_drafted_total", "counter", "The EAGLE drafter's draft tokens verified.", (double)e->st.dr_drafted);
+    metric(&b, "speculation_drafter_accepted_total", "counter", "The EAGLE drafter's draft tokens kept.", (double)e->st.dr_accepted);
+    metric(&b, "tokens_per_sweep", "gauge", "Tokens generated per sweep (speculation makes it exceed the sequences decoding).",
+           e->st.sweeps ? (double)e->st.generated / (double)e->st.sweeps : 0.0);
+    metric(&b, "bytes_per_generated_token", "gauge", "Bytes read per token generated (prompts included).",
+           e->st.generated ? (double)e->st.bytes_read / (double)e->st.generated : 0.0);
     pthread_mutex_unlock(&e->mu);
     if (e->cache) {
         krun_pcache_stats cs;
@@ -1373,6 +1424,20 @@ json_t *srv_engine_health(srv_engine *e, int *status)
         json_object_set_new(sp, "drafted", json_integer((json_int_t)e->st.drafted));
         json_object_set_new(sp, "accepted", json_integer((json_int_t)e->st.accepted));
         json_object_set_new(sp, "acceptance", e->st.drafted ? json_real((double)e->st.accepted / (double)e->st.drafted) : json_null());
+        json_object_set_new(sp, "tokens_per_sweep", e->st.sweeps ? json_real((double)e->st.generated / (double)e->st.sweeps) : json_null());
+        json_object_set_new(sp, "bytes_per_generated_token", e->st.generated ? json_real((double)e->st.bytes_read / (double)e->st.generated)
+                                                                                : json_null());
+        if (krun_model_draft(e->m)) {
+            json_t *d = json_object();
+            json_object_set_new(d, "file", json_string(krun_model_draft(e->m)));
+            json_object_set_new(d, "verifications", json_integer((json_int_t)e->st.dr_verifications));
+            json_object_set_new(d, "drafted", json_integer((json_int_t)e->st.dr_drafted));
+            json_object_set_new(d, "accepted", json_integer((json_int_t)e->st.dr_accepted));
+            json_object_set_new(d, "acceptance", e->st.dr_drafted ? json_real((double)e->st.dr_accepted / (double)e->st.dr_drafted) : json_null());
+            json_object_set_new(sp, "drafter", d);
+        } else {
+            json_object_set_new(sp, "drafter", json_null());
+        }
         json_object_set_new(st, "speculation", sp);
     }
     json_object_set_new(st, "uptime_seconds", json_real(know() - e->t0));

@@ -227,7 +227,8 @@ static void fixed_parts(kmemplan *p, const kmemplan_req *q, const struct sizes *
     }
     p->state_bytes = (uint64_t)q->max_seqs * p->session_bytes + p->page_window_bytes;
     p->vectors_bytes = k3_run_vectors_bytes(c);
-    p->scratch_bytes = k3_run_bytes(c, p->block, q->max_seqs, q->ctx, q->spec) - p->vectors_bytes;
+    p->taps = q->taps;
+    p->scratch_bytes = k3_run_bytes(c, p->block, q->max_seqs, q->ctx, q->spec, q->taps) - p->vectors_bytes;
     p->spec_bytes = k3_journal_bytes(c, q->spec);
     p->expert_slot_bytes = s->expert_slot;
     p->io_threads = s->io_threads;
@@ -354,7 +355,7 @@ static size_t largest_block(const k3_config *c, const kmemplan *p, size_t lo, si
 {
     while (lo < hi) {
         size_t mid = lo + (hi - lo + 1) / 2;
-        if (k3_run_scratch_bytes(c, mid, p->max_seqs, p->ctx) <= F) lo = mid;
+        if (k3_run_scratch_bytes(c, mid, p->max_seqs, p->ctx, p->taps) <= F) lo = mid;
         else hi = mid - 1;
     }
     return lo;
@@ -418,7 +419,7 @@ static void choose_prefill(kmemplan *p, const struct sizes *s, const struct choi
             t.trunk_stream_bytes = 0;
             for (int L = p->pin; L < p->n_layers; L++) t.trunk_stream_bytes += cd->slot_read[L];
             t.head_stream_bytes = ch->head ? cd->slot_read[p->n_layers] : 0;
-            t.scratch_prefill_bytes = k3_run_scratch_bytes(c, B, p->max_seqs, p->ctx);
+            t.scratch_prefill_bytes = k3_run_scratch_bytes(c, B, p->max_seqs, p->ctx, p->taps);
             /* what the block leaves (a block capped by the context) keeps expert slots in the prefill layout too */
             keep = slot ? (F - t.scratch_prefill_bytes) / slot : 0;
             Sp = Smin + (keep < (uint64_t)(slots - Smin) ? (int)keep : slots - Smin);
@@ -509,7 +510,7 @@ void kmemplan_print(const kmemplan *p, FILE *out)
     kfmt_bytes(p->budget, b, sizeof b);
     fprintf(out, "memory plan: budget %s%s%s%s (%llu bytes)\n", b, p->preset ? " (preset " : "", p->preset ? p->preset : "",
             p->preset ? ")" : "", (unsigned long long)p->budget);
-    ROW("process base", p->base, "code, threads, KPK directory, tokenizer");
+    ROW("process base", p->base - p->draft_bytes, "code, threads, KPK directory, tokenizer");   /* the drafter: its own row */
     if (p->head_streamed) ROW("held globals", p->globals_resident, "global vectors (lm_head streams; embedding rows read on demand)");
     else ROW("held globals", p->globals_resident, "lm_head and global vectors (embedding rows read on demand)");
     if (p->pin && two && p->pin_prefill < p->pin)
@@ -548,6 +549,11 @@ void kmemplan_print(const kmemplan *p, FILE *out)
         ROW("state", p->state_bytes, "%zu session%s x %s (KDA + ShortConv state, MLA latent cache for --ctx %zu); %llu would fit",
             p->max_seqs, p->max_seqs == 1 ? "" : "s", c2, p->ctx, (unsigned long long)p->sessions_fit);
     }
+    if (p->draft_path[0]) {
+        kfmt_bytes(p->draft_weight_bytes, c2, sizeof c2);
+        kfmt_bytes(p->draft_state_bytes, c3, sizeof c3);
+        ROW("drafter", p->draft_bytes, "%s: its weights (%s) held, its chains' scratch (in state: %s per session)", p->draft_path, c2, c3);
+    }
     ROW("bound vectors", p->vectors_bytes, "norms, AttnRes folds, conv taps, biases of every layer, widened once");
     if (p->spec) {
         kfmt_bytes(p->spec_bytes, c2, sizeof c2);
@@ -567,6 +573,16 @@ void kmemplan_print(const kmemplan *p, FILE *out)
     kfmt_bytes(p->head_stream_bytes, c3, sizeof c3);
     fprintf(out, "reads per decoding step: trunk %s (every unpinned layer)%s%s%s, experts up to %s (top-k of every MoE layer, less cache hits)\n",
             b, p->head_streamed ? ", lm_head " : "", p->head_streamed ? c3 : "", p->head_streamed ? " (streamed)" : "", c2);
+    if (p->draft_path[0]) {
+        kfmt_bytes(p->bytes_per_token, b, sizeof b);
+        kfmt_bytes(p->bytes_per_token_nodraft, c2, sizeof c2);
+        fprintf(out, "drafter: at an acceptance of %.2f per draft it pays to verify %zu drafts a pass: %.2f tokens per pass, %s per "
+                "generated token%s%s%s (the width and acceptance are measured again per request as it runs)\n", p->draft_accept,
+                p->draft_width, p->draft_tokens_per_pass, b, p->bytes_per_token_nodraft ? " (without it, its memory given to the "
+                "model: " : "", p->bytes_per_token_nodraft ? c2 : "", p->bytes_per_token_nodraft ? ")" : "");
+    } else if (p->draft_note) {
+        fprintf(out, "drafter: none (%s)\n", p->draft_note);
+    }
     if (p->paged) {
         char r[32], w[32], f[32];
         const double st = (double)(p->page_read_bytes + p->page_write_bytes);
@@ -688,6 +704,23 @@ json_t *kmemplan_json(const kmemplan *p)
     json_object_set_new(j, "trunk_stream_bytes_prefill", json_integer((json_int_t)p->trunk_stream_prefill_bytes));
     json_object_set_new(j, "switch_bytes", json_integer((json_int_t)p->switch_bytes));
     json_object_set_new(j, "prompt_ref", json_integer((json_int_t)p->prompt_ref));
+    json_object_set_new(j, "bytes_per_token", json_integer((json_int_t)p->bytes_per_token));
+    if (p->draft_path[0]) {
+        json_t *d = json_object();
+        json_object_set_new(d, "file", json_string(p->draft_path));
+        json_object_set_new(d, "bytes", json_integer((json_int_t)p->draft_bytes));
+        json_object_set_new(d, "weight_bytes", json_integer((json_int_t)p->draft_weight_bytes));
+        json_object_set_new(d, "state_bytes_per_session", json_integer((json_int_t)p->draft_state_bytes));
+        json_object_set_new(d, "accept", json_real(p->draft_accept));
+        json_object_set_new(d, "width", json_integer((json_int_t)p->draft_width));
+        json_object_set_new(d, "tokens_per_pass", json_real(p->draft_tokens_per_pass));
+        json_object_set_new(d, "bytes_per_token_without", p->bytes_per_token_nodraft ? json_integer((json_int_t)p->bytes_per_token_nodraft)
+                                                                                      : json_null());
+        json_object_set_new(j, "drafter", d);
+    } else {
+        json_object_set_new(j, "drafter", json_null());
+        json_object_set_new(j, "drafter_note", p->draft_note ? json_string(p->draft_note) : json_null());
+    }
     json_object_set_new(j, "cost_model", json_pack("{sisisisIsi}", "moe_layers", p->moe_layers, "n_experts", p->n_experts, "topk", p->topk,
                                                    "expert_bytes", (json_int_t)p->expert_slot_bytes, "max_slots", p->max_slots));
     return j;

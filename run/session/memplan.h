@@ -132,6 +132,18 @@ typedef struct kmemplan {
     size_t prompt_ref;             /* the prompt length the lent pins were chosen for (--prompt-tokens, or ctx) */
     /* the cost model's inputs */
     int moe_layers, n_experts, topk, max_slots;
+    size_t taps;                   /* floats per position a drafter's taps keep in the scratch (0: none) */
+    /* the EAGLE drafter (run/draft/draft.h), counted in base and state: what --plan says of it */
+    char draft_path[1024];         /* "": none */
+    uint64_t draft_bytes;          /* its weights and scratch (part of base) */
+    uint64_t draft_weight_bytes;
+    uint64_t draft_state_bytes;    /* per session (part of session_bytes) */
+    double draft_accept;           /* the acceptance the choice assumed (per draft, given the ones before it) */
+    size_t draft_width;            /* the width it predicts is cheapest at that acceptance */
+    double draft_tokens_per_pass;  /* then: expected tokens per verification pass */
+    uint64_t bytes_per_token;      /* predicted bytes per generated token, with the drafter when there is one */
+    uint64_t bytes_per_token_nodraft; /* without (this budget's plan for no drafter), when a drafter was weighed */
+    const char *draft_note;        /* why --draft auto left it out, or NULL */
 } kmemplan;
 
 /* What a prompt of n positions costs (kmemplan_prompt), in the layout the
@@ -179,6 +191,7 @@ typedef struct kmemplan_req {
     size_t prompt_hint;            /* chunk auto: the prompt expected (krun knows it); 0: ctx */
     int paged;                     /* the states paged to disk: session_bytes is a slot without its state,
                                       and the plan counts the window */
+    size_t taps;                   /* a drafter's taps: floats per position of a block's scratch (0: none) */
 } kmemplan_req;
 
 /* 1 when the trunk is stored in another member file than the experts (kpack

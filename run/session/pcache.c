@@ -104,14 +104,7 @@ static int parse_name(const char *name, pc_file *f)
 }
 
 /* Bytes of an entry of pos positions as a file (its size in RAM counted alike). */
-static uint64_t entry_bytes(const krun_model *m, size_t pos, int logits)
-{
-    krun_state_hdr h;
-    krun_state_hdr_for(&h, krun_model_config(m), 0, 0);
-    h.pos = h.n_tokens = pos;
-    h.flags = logits ? KRUN_STATE_LOGITS : 0;
-    return KRUN_STATE_HEADER + krun_state_payload_len(&h, NULL) + KRUN_STATE_TRAILER;
-}
+static uint64_t entry_bytes(const krun_model *m, size_t pos, int logits) { return krun_model_state_bytes(m, pos, logits); }
 
 static pc_slot *slot_of(krun_pcache *c, const krun_session *s)
 {
@@ -346,8 +339,8 @@ int krun_pcache_open(krun_model *m, const krun_pcache_opts *o, krun_pcache **out
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv, NULL);
     if (o->dir) {
-        /* one directory per model file: DIR may be shared by several models */
-        const char *id = krun_model_identity(m);
+        /* one directory per model file (and drafter: its rows are in the files): DIR may be shared by several models */
+        const char *id = krun_model_cache_identity(m);
         if (mkdir(o->dir, 0755) && errno != EEXIST) {
             krun_err_set(err, KRUN_EINPUT, "--cache-dir %s: cannot create it: %s", o->dir, strerror(errno));
             krun_pcache_close(c);

@@ -7,6 +7,7 @@
 #include "statefile.h"
 #include "format/kio.h"
 #include "format/kos.h"
+#include "run/draft/draft.h"
 #include "run/engine/forward.h"
 #include "run/engine/predict.h"
 #include "run/kernels/kernels.h"
@@ -49,7 +50,10 @@ struct krun_session {
     void *mask_ctx;
     krun_progress_fn progress;
     void *progress_ctx;
-    kspec drafter;             /* speculative decoding: what and how much to draft (spec.h) */
+    kspec drafter;             /* speculative decoding: what and how much to draft from the text (spec.h) */
+    kdraft_state eagle;        /* the EAGLE drafter's rows and pending taps, when the model has one (draft.h) */
+    kdraft_width wctl;         /* its widths and acceptance, per request */
+    int draft_src;             /* where the drafts of the pending verification came from: 0 the text, 1 the drafter */
     krun_spec_stats spec;
     /* a snapshot to take inside a later block (krun_session_mark): 0 none */
     size_t mark_at;
@@ -80,6 +84,11 @@ struct krun_model {
     k3_run run;
     int have_run;
     size_t ctx, chunk, max_seqs, block, spec;
+    size_t taps;               /* floats per position a drafter keeps of a block (0: no drafter) */
+    kdraft *draft;             /* the EAGLE drafter (krun_model_opts.draft), or NULL */
+    size_t draft_cap;          /* its states' rows: ctx + spec */
+    size_t draft_width;        /* krun_model_opts.draft_width */
+    kdraft_cost cost;          /* what a verification pass reads (the plan's, or in place: what it touches) */
     size_t block_prefill;      /* 0: one layout */
     int phase;                 /* 1: the prefill layout (the flex region holds a large block's activations) */
     uint8_t *flex;             /* the plan's flex region (memplan.h) */
@@ -88,6 +97,7 @@ struct krun_model {
     size_t session_bytes, live;
     k3_pager *pager;           /* the sessions' states paged to disk (krun_model_opts.state_dir), or NULL */
     char identity[40];         /* set_id-config hash (krun_model_identity) */
+    char cache_identity[64];   /* and -d<drafter set_id> (krun_model_cache_identity) */
     /* snapshots written to a file as their block runs (krun_model_opts.cache): one at a time */
     float *mark_buf;           /* one KDA layer's head states, then its ShortConv history */
     float **mark_S, **mark_conv;   /* [n_layers]: every entry the buffer's two parts */
@@ -128,6 +138,12 @@ static int model_load(const char *path, int here, krun_model **out, krun_err *er
         free(m);
         return -1;
     }
+    if (kpk_super(m->f)->incompat & KPK_INCOMPAT_DRAFTER) {
+        krun_err_set(err, KRUN_EINPUT, "%s is a drafter file (an EAGLE drafter, not a Kimi K3 model): give it with --draft FILE, "
+                     "and the model as MODEL.kpk", path);
+        krun_model_close(m);
+        return -1;
+    }
     if (k3_model_open(m->f, &m->m, err)) {
         krun_model_close(m);
         return -1;
@@ -160,10 +176,14 @@ static int model_load(const char *path, int here, krun_model **out, krun_err *er
 
 int krun_model_load(const char *path, krun_model **out, krun_err *err) { return model_load(path, kcl_active(), out, err); }
 
-static size_t session_carve(krun_session *s, const k3_config *c, size_t ctx, int paged, const uint8_t *away, karena *a);
+static size_t session_carve(krun_session *s, const k3_config *c, size_t ctx, int paged, const uint8_t *away, const k3_eagle_config *dc,
+                            size_t dcap, karena *a);
 static void mark_arm(krun_session *s, k3_seg *seg);
-static void mark_end(krun_session *s, const k3_seg *seg, const krun_err *failed);
+static void mark_end(krun_session *s, const k3_seg *seg, size_t row0, const krun_err *failed);
 static void mark_drop(krun_session *s, const char *why);
+static void draft_hdr(const krun_model *m, krun_state_hdr *h);
+static int eagle_drafts(krun_model *m, krun_session *const *ss, const int32_t *ids, const size_t *max, size_t n, size_t share,
+                        int32_t *const *out, size_t *nd, krun_err *err);
 
 
 /* The buffer snapshots written to a file go through (krun_session_mark_save):
@@ -194,31 +214,128 @@ static size_t mark_buf_bytes(const k3_config *c)
 size_t krun_session_bytes(const k3_config *c, size_t ctx)
 {
     karena a = {NULL, 0};
-    return session_carve(NULL, c, ctx, 0, NULL, &a);
+    return session_carve(NULL, c, ctx, 0, NULL, NULL, 0, &a);
 }
 
-/* A slot of this model (paged: the tables, the history, logits and sampler
- * only, the pager holds the state), without the layers other ranks compute
- * (run/cluster). */
-static size_t slot_bytes(const krun_model *m, size_t ctx, int paged)
+/* A slot of this model: with its state paged, the tables, the history, logits and sampler only;
+ * without the layers other ranks compute (run/cluster); with a drafter d, its state too (rows
+ * for dcap positions). */
+static size_t slot_bytes(const krun_model *m, size_t ctx, int paged, const kdraft *d, size_t dcap)
 {
     karena a = {NULL, 0};
-    return session_carve(NULL, &m->m.cfg, ctx, paged, m->m.away, &a);
+    return session_carve(NULL, &m->m.cfg, ctx, paged, m->m.away, d ? kdraft_config(d) : NULL, dcap, &a);
+}
+
+void krun_draft_auto_path(const char *model_path, char *out, size_t n)
+{
+    size_t len = strlen(model_path);
+    if (len > 4 && strcmp(model_path + len - 4, ".kpk") == 0) len -= 4;
+    snprintf(out, n, "%.*s.draft.kpk", (int)len, model_path);
+}
+
+/* The drafter file the options name, or NULL: none asked for ("off", NULL), or
+ * "auto" and no MODEL.draft.kpk beside the model. */
+static const char *draft_path_of(const krun_model *m, const krun_model_opts *o, char *buf, size_t n)
+{
+    if (!o->draft || strcmp(o->draft, "off") == 0) return NULL;
+    if (strcmp(o->draft, "auto")) return o->draft;
+    krun_draft_auto_path(kpk_path(m->f), buf, n);
+    return access(buf, F_OK) == 0 ? buf : NULL;
+}
+
+/* What a pass costs under a plan (draft.h): the bytes every pass reads, and the experts' union. */
+static kdraft_cost plan_cost(const kmemplan *p)
+{
+    return (kdraft_cost){(double)(p->trunk_stream_bytes + p->head_stream_bytes), (double)p->expert_slot_bytes, p->moe_layers,
+                         p->n_experts, p->topk, 1, 0};
+}
+
+/* The plan of one budget without a drafter (d NULL) or with d's memory counted: its weights and
+ * scratch in the base, its rows in every session's slot, its taps in the block's scratch. */
+static int plan_with(const krun_model *m, const krun_model_opts *o, const kdraft *d, kmemplan *plan, krun_err *err)
+{
+    const k3_config *c = &m->m.cfg;
+    const size_t cap = o->ctx + o->spec;
+    const uint64_t dbytes = d ? kdraft_bytes(d, o->max_seqs, cap) : 0;
+    kmemplan_req q = {o->budget, o->pin, o->expert_slots, o->head, o->piece, o->ctx, o->chunk, o->max_seqs, o->spec,
+                      o->io_threads, kmem_base_bytes(&m->m) + o->extra_bytes + (o->cache ? mark_buf_bytes(c) : 0) + dbytes, o->predict,
+                      slot_bytes(m, o->ctx, o->state_dir != NULL, d, cap),
+                      o->prompt_tokens, o->state_dir != NULL, d ? kdraft_tap_floats(d) : 0};
+    double a[KDRAFT_MAX_WIDTH], tok = 1, bpt;
+    kdraft_cost cost;
+    if (kmemplan_make(&m->m, &q, plan, err)) return -1;
+    plan->preset = o->preset;
+    cost = plan_cost(plan);
+    plan->bytes_per_token = (uint64_t)kdraft_pass_bytes(&cost, 1);
+    if (!d) return 0;
+    snprintf(plan->draft_path, sizeof plan->draft_path, "%s", kdraft_path(d));
+    plan->draft_bytes = dbytes;
+    plan->draft_weight_bytes = kdraft_weight_bytes(d);
+    plan->draft_state_bytes = kdraft_state_bytes(kdraft_config(d), cap);
+    /* predicted with the acceptance assumed (--draft-accept, else the published figures') */
+    plan->draft_accept = o->draft_accept > 0 ? o->draft_accept : KDRAFT_PLAN_ACCEPT;
+    for (size_t j = 0; j < KDRAFT_MAX_WIDTH; j++) a[j] = plan->draft_accept;
+    plan->draft_width = o->draft_width ? o->draft_width : kdraft_cheapest(&cost, a, o->spec, &tok, &bpt);
+    if (plan->draft_width > o->spec) plan->draft_width = o->spec;
+    tok = kdraft_expected_tokens(a, plan->draft_width);
+    plan->draft_tokens_per_pass = tok;
+    plan->bytes_per_token = (uint64_t)(kdraft_pass_bytes(&cost, plan->draft_width + 1) / tok);
+    return 0;
+}
+
+/* In place (no plan): a pass touches every trunk layer and lm_head once and each row's experts:
+ * the cost of resident weights, in bytes of memory read. */
+static kdraft_cost resident_cost(const k3_model *m)
+{
+    const k3_config *c = &m->cfg;
+    kdraft_cost k = {(double)m->globals[K3T_LM_HEAD].nbytes, 0, 0, c->n_experts, c->topk, 1, 0};
+    for (int L = 0; L < c->n_layers; L++) {
+        k.c0 += (double)kpk_extent_at(m->file, m->trunk_extent[L])->raw_len;
+        if (!k3_layer_is_moe(c, L)) continue;
+        k.moe_layers++;
+        if (k3_expert_extent(m, L, 0) >= 0) k.expert_bytes = (double)kpk_extent_at(m->file, (uint32_t)k3_expert_extent(m, L, 0))->raw_len;
+    }
+    return k;
 }
 
 int krun_model_make_plan(const krun_model *m, const krun_model_opts *o, kmemplan *plan, krun_err *err)
 {
-    kmemplan_req q = {o->budget, o->pin, o->expert_slots, o->head, o->piece, o->ctx, o->chunk, o->max_seqs, o->spec,
-                      o->io_threads, kmem_base_bytes(&m->m) + o->extra_bytes + (o->cache ? mark_buf_bytes(&m->m.cfg) : 0), o->predict,
-                      slot_bytes(m, o->ctx, o->state_dir != NULL),
-                      o->prompt_tokens, o->state_dir != NULL};
+    char buf[4096];
+    const char *path = draft_path_of(m, o, buf, sizeof buf);
+    const int automatic = o->draft && strcmp(o->draft, "auto") == 0;
+    kdraft *own = NULL;
+    const kdraft *d = m->draft;
+    kmemplan without;
+    int rc;
     if (o->spec > KSPEC_MAX_DRAFT) {
         krun_err_set(err, KRUN_EINPUT, "spec %zu: at most %d drafts per verification", o->spec, KSPEC_MAX_DRAFT);
         return -1;
     }
-    if (kmemplan_make(&m->m, &q, plan, err)) return -1;
-    plan->preset = o->preset;
-    return 0;
+    if (!path || (automatic && !o->spec)) {
+        if (plan_with(m, o, NULL, plan, err)) return -1;
+        if (automatic) plan->draft_note = path ? "--spec 0 (no verification, nothing to draft for)" : "no MODEL.draft.kpk beside the model";
+        return 0;
+    }
+    if (!d && kdraft_open(path, &m->m, &own, err)) return -1;
+    if (own) d = own;
+    if (!automatic) {
+        rc = plan_with(m, o, d, plan, err);
+    } else {
+        /* --draft auto: the drafter's memory against what it would buy the model (pinned layers,
+         * expert slots), by the predicted bytes per generated token of each plan */
+        krun_err e2;
+        rc = plan_with(m, o, NULL, &without, err);
+        if (!rc && (plan_with(m, o, d, plan, &e2) || plan->bytes_per_token >= without.bytes_per_token)) {
+            const char *why = plan->draft_path[0] && plan->bytes_per_token >= without.bytes_per_token
+                                  ? "its memory saves more bytes per token given to the model" : "the budget cannot hold it";
+            *plan = without;
+            plan->draft_note = why;
+        } else if (!rc) {
+            plan->bytes_per_token_nodraft = without.bytes_per_token;
+        }
+    }
+    kdraft_close(own);
+    return rc;
 }
 
 int krun_model_prepare(krun_model *m, const krun_model_opts *o, krun_err *err)
@@ -231,12 +348,23 @@ int krun_model_prepare(krun_model *m, const krun_model_opts *o, krun_err *err)
         return -1;
     }
     /* states on disk are read and written only around a forward block's layers (statepage.h):
-     * what reads or copies a state between blocks is not supported with them yet */
-    if (opt.state_dir && (opt.spec || opt.cache))
-        return krun_err_set(err, KRUN_EINPUT, "states paged to disk (--state-dir) do not go with %s in this version",
-                            opt.spec ? "speculative decoding (--spec)" : "a prefix cache");
-    /* several machines: the other ranks open the file, and who computes what is settled (ranks.h) */
-    if (kcl_active() && kcl_rank() == 0 && !m->ranks && krun_ranks_hello(&m->ranks, m, m->f, &m->m, &opt, err)) return -1;
+     * what reads or copies a state between blocks is not supported with them yet (a
+     * verification's commit waits for the next block: journal.h) */
+    if (opt.state_dir && opt.cache)
+        return krun_err_set(err, KRUN_EINPUT, "states paged to disk (--state-dir) do not go with a prefix cache in this version");
+    /* several machines: the other ranks open the file, and who computes what is settled (ranks.h).
+     * A drafter reads the hidden state after its tapped layers on rank 0 (taps: forward.h), so with
+     * one every trunk layer stays on rank 0 and the other ranks serve experts. */
+    if (kcl_active() && kcl_rank() == 0 && !m->ranks) {
+        char dbuf[4096];
+        if (opt.spec && draft_path_of(m, &opt, dbuf, sizeof dbuf)) {
+            if (opt.stages == 1)
+                return krun_err_set(err, KRUN_EINPUT, "--stages with a drafter (--draft): the drafter reads the trunk's hidden "
+                                    "state on rank 0, so every trunk layer stays there: use --stages off (or auto)");
+            opt.stages = -1;
+        }
+        if (krun_ranks_hello(&m->ranks, m, m->f, &m->m, &opt, err)) return -1;
+    }
     /* A file that does not fit comfortably gets 80% of the available memory
      * as its budget rather than a mapping that pushes everything else out. */
     if (!opt.budget && kmem_available() && kpk_total_size(m->f) > kmem_available() / 10 * 8) {
@@ -272,6 +400,18 @@ int krun_model_prepare(krun_model *m, const krun_model_opts *o, krun_err *err)
             m->block_prefill = m->plan.block_prefill;
         }
     }
+    {
+        /* the drafter: the plan's choice, or (in place) the one the options name */
+        char buf[4096];
+        const char *path = m->planned ? (m->plan.draft_path[0] ? m->plan.draft_path : NULL) : draft_path_of(m, &opt, buf, sizeof buf);
+        if (path && !opt.spec && !m->planned) path = NULL;
+        if (path && !m->draft && kdraft_open(path, &m->m, &m->draft, err)) return -1;
+        if (m->draft) {
+            m->taps = kdraft_tap_floats(m->draft);
+            m->draft_cap = opt.ctx + opt.spec;
+            m->draft_width = opt.draft_width;
+        }
+    }
     if (kstore_open(m->f, &so, &m->store, err)) return -1;
     m->pool = kpool_create(opt.threads ? opt.threads : kpool_ncpu());
     if (!m->pool) { krun_err_set(err, KRUN_ENOMEM, "cannot start %d threads", opt.threads ? opt.threads : kpool_ncpu()); return -1; }
@@ -280,11 +420,18 @@ int krun_model_prepare(krun_model *m, const krun_model_opts *o, krun_err *err)
     m->max_seqs = opt.max_seqs;
     m->spec = opt.spec;
     m->block = k3_block_positions(m->chunk, opt.max_seqs, opt.spec);
-    if (k3_run_init(&m->run, &m->m, m->store, m->pool, m->block, m->max_seqs, m->ctx, m->spec, err)) return -1;
+    if (k3_run_init(&m->run, &m->m, m->store, m->pool, m->block, m->max_seqs, m->ctx, m->spec, m->taps, err)) return -1;
     m->have_run = 1;
     if (m->planned && m->plan.predict && k3_predict_init(&m->run, m->plan.predict_buf_bytes, m->plan.predict_stage_bytes, err))
         return -1;
-    m->session_bytes = slot_bytes(m, m->ctx, opt.state_dir != NULL);
+    if (m->draft) {
+        if (kdraft_load(m->draft, m->store, m->m.globals_extent, m->pool, m->max_seqs, m->draft_cap, opt.verify != KRUN_VERIFY_OFF, err))
+            return -1;
+        m->run.tap = kdraft_tap;
+        m->run.tap_ctx = m->draft;
+    }
+    m->cost = m->planned ? plan_cost(&m->plan) : resident_cost(&m->m);
+    m->session_bytes = slot_bytes(m, m->ctx, opt.state_dir != NULL, m->draft, m->draft_cap);
     if (opt.state_dir && k3_pager_open(&m->pager, c, m->ctx, m->max_seqs, opt.state_dir, opt.io == KRUN_IO_DIRECT, err)) return -1;
     m->run.pager = m->pager;
     m->slots = aligned_alloc(KARENA_ALIGN, m->max_seqs * m->session_bytes);
@@ -296,7 +443,7 @@ int krun_model_prepare(krun_model *m, const krun_model_opts *o, krun_err *err)
     for (size_t k = 0; k < m->max_seqs; k++) {
         karena a = {m->slots + k * m->session_bytes, 0};
         krun_session *s = (krun_session *)(void *)a.base;
-        session_carve(s, c, m->ctx, m->pager != NULL, m->m.away, &a);
+        session_carve(s, c, m->ctx, m->pager != NULL, m->m.away, m->draft ? kdraft_config(m->draft) : NULL, m->draft_cap, &a);
         s->m = m;
         s->live = 0;
         if (m->pager) k3_pager_attach(m->pager, &s->st, k);
@@ -331,6 +478,7 @@ void krun_model_close(krun_model *m)
     if (!m) return;
     krun_ranks_free(m->ranks);     /* its seams out of the run first */
     if (m->have_run) k3_run_free(&m->run);
+    kdraft_close(m->draft);
     k3_pager_close(m->pager);      /* removes the state file */
     free(m->slots);
     free(m->mark_buf);
@@ -354,9 +502,30 @@ const char *krun_model_identity(const krun_model *m)
                  (unsigned long long)config_hash(m));
     return m->identity;
 }
+const char *krun_model_cache_identity(const krun_model *m)
+{
+    krun_model *w = (krun_model *)m;      /* filled on first use */
+    if (w->cache_identity[0]) return m->cache_identity;
+    if (m->draft) snprintf(w->cache_identity, sizeof w->cache_identity, "%s-d%016llx", krun_model_identity(m),
+                           (unsigned long long)kdraft_set_id(m->draft));
+    else snprintf(w->cache_identity, sizeof w->cache_identity, "%s", krun_model_identity(m));
+    return m->cache_identity;
+}
+
+uint64_t krun_model_state_bytes(const krun_model *m, size_t pos, int logits)
+{
+    krun_state_hdr h;
+    krun_state_hdr_for(&h, &m->m.cfg, 0, 0);
+    h.pos = h.n_tokens = pos;
+    h.flags = logits ? KRUN_STATE_LOGITS : 0;
+    draft_hdr(m, &h);
+    return KRUN_STATE_HEADER + krun_state_payload_len(&h, NULL) + KRUN_STATE_TRAILER;
+}
+
 const char *krun_model_path(const krun_model *m) { return kpk_path(m->f); }
 ktok *krun_model_tokenizer(const krun_model *m) { return m->tok; }
 const kmemplan *krun_model_plan(const krun_model *m) { return m->planned ? &m->plan : NULL; }
+const char *krun_model_draft(const krun_model *m) { return m->draft ? kdraft_path(m->draft) : NULL; }
 const char *krun_model_state_file(const krun_model *m) { return m->pager ? k3_pager_path(m->pager) : NULL; }
 void krun_model_state_io(const krun_model *m, uint64_t *read, uint64_t *written, double *wait_seconds)
 {
@@ -447,12 +616,13 @@ void krun_model_memory(const krun_model *m, uint64_t *planned, uint64_t *allocat
 {
     const k3_config *c = &m->m.cfg;
     if (m->planned)
-        *planned = m->plan.state_bytes + m->plan.vectors_bytes + m->plan.scratch_bytes + m->plan.flex_bytes;
+        *planned = m->plan.state_bytes + m->plan.vectors_bytes + m->plan.scratch_bytes + m->plan.flex_bytes + m->plan.draft_bytes;
     else
-        *planned = (uint64_t)m->max_seqs * slot_bytes(m, m->ctx, m->pager != NULL) +
-                   (m->pager ? k3_page_window_bytes(c, m->ctx, m->max_seqs) : 0) + k3_run_bytes(c, m->block, m->max_seqs, m->ctx, m->spec);
+        *planned = (uint64_t)m->max_seqs * slot_bytes(m, m->ctx, m->pager != NULL, m->draft, m->draft_cap) +
+                   (m->pager ? k3_page_window_bytes(c, m->ctx, m->max_seqs) : 0) + k3_run_bytes(c, m->block, m->max_seqs, m->ctx, m->spec, m->taps) +
+                   (m->draft ? kdraft_bytes(m->draft, m->max_seqs, m->draft_cap) : 0);
     *allocated = (uint64_t)m->run.arena_bytes + (m->slots ? (uint64_t)m->max_seqs * m->session_bytes : 0) + (m->flex ? m->flex_bytes : 0) +
-                 (m->pager ? k3_page_window_bytes(c, m->ctx, m->max_seqs) : 0);
+                 (m->pager ? k3_page_window_bytes(c, m->ctx, m->max_seqs) : 0) + (m->draft ? kdraft_held(m->draft) : 0);
 }
 
 /* ---- sessions ------------------------------------------------------------------- */
@@ -460,7 +630,8 @@ void krun_model_memory(const krun_model *m, uint64_t *planned, uint64_t *allocat
 /* One session's slot: the struct, its sequential state, its history, its
  * logits and its sampler's scratch.  Returns the slot's size (a multiple of
  * the arena alignment, so slots follow each other). */
-static size_t session_carve(krun_session *s, const k3_config *c, size_t ctx, int paged, const uint8_t *away, karena *a)
+static size_t session_carve(krun_session *s, const k3_config *c, size_t ctx, int paged, const uint8_t *away, const k3_eagle_config *dc,
+                            size_t dcap, karena *a)
 {
     const size_t V = (size_t)c->vocab;
     krun_session tmp, *x = s ? s : &tmp;
@@ -475,6 +646,7 @@ static size_t session_carve(krun_session *s, const k3_config *c, size_t ctx, int
     KTAKE(a, x->pick.work, V);
     KTAKE(a, x->pick.count, V);
     KTAKE(a, x->allowed, (V + 63) / 64);
+    if (dc) kdraft_state_carve(&x->eagle, dc, dcap, a);
     return karena_round(a->used);
 }
 
@@ -519,6 +691,8 @@ void krun_session_reset(krun_session *s)
     s->all_rows = 0;
     kspec_init(&s->drafter, s->m->spec);
     memset(&s->spec, 0, sizeof s->spec);
+    if (s->m->draft) kdraft_state_reset(&s->eagle);
+    kdraft_width_init(&s->wctl);
 }
 
 const float *krun_session_logits(const krun_session *s) { return s->have_logits ? s->logits : NULL; }
@@ -609,6 +783,14 @@ static int push_tokens(krun_session *s, const int32_t *ids, size_t n, krun_err *
 
 int krun_session_append(krun_session *s, const int32_t *ids, size_t n, krun_err *err) { return push_tokens(s, ids, n, err); }
 
+/* After a block: the drafter's rows of the n positions s kept of it, its rows [row0, row0 + n)
+ * (s->st.pos has moved past them). */
+static void draft_commit(krun_session *s, size_t row0, size_t n)
+{
+    kdraft_seg seg = {&s->eagle, row0, n, s->st.pos - n};
+    if (s->m->draft) kdraft_commit(s->m->draft, &s->m->run, &seg, 1);
+}
+
 int krun_session_feed(krun_session *s, const int32_t *ids, size_t n, float *all_logits, krun_err *err)
 {
     krun_model *m = s->m;
@@ -633,12 +815,13 @@ int krun_session_feed(krun_session *s, const int32_t *ids, size_t n, float *all_
         }
         mark_arm(s, &seg);
         if (krun_ranks_forward(m->ranks, &m->run, &seg, 1, err)) {
-            mark_end(s, &seg, err);
+            mark_end(s, &seg, 0, err);
             s->broken = 1;
             s->have_logits = 0;
             return -1;
         }
-        mark_end(s, &seg, NULL);
+        draft_commit(s, 0, nb);
+        mark_end(s, &seg, 0, NULL);
         if (all_logits) memcpy(s->logits, all_logits + (done + nb - 1) * V, V * sizeof *s->logits);
         s->have_logits = 1;
         if (s->progress) s->progress(s->progress_ctx, done + nb, total);
@@ -647,9 +830,9 @@ int krun_session_feed(krun_session *s, const int32_t *ids, size_t n, float *all_
 }
 
 /* After a block in which s verified id (pushed) and the k drafts at
- * s->tokens[n_tokens..) (journaled): keep what the sampler agrees with
- * (speculative decoding). */
-static int settle(krun_session *s, size_t k, int32_t *accepted, float *accepted_logits, size_t *n_accepted, krun_err *err)
+ * s->tokens[n_tokens..) (journaled, from row0 of the block): keep what the
+ * sampler agrees with (speculative decoding). */
+static int settle(krun_session *s, size_t k, size_t row0, int32_t *accepted, float *accepted_logits, size_t *n_accepted, krun_err *err)
 {
     krun_model *m = s->m;
     const size_t V = (size_t)m->m.cfg.vocab;
@@ -672,6 +855,7 @@ static int settle(krun_session *s, size_t k, int32_t *accepted, float *accepted_
         if (a == k || pick_at(s, L + a * V, s->st.pos + a + 1) != draft[a]) break;
     }
     krun_ranks_commit(m->ranks, &m->run, &s->st, a + 1);
+    draft_commit(s, row0, a + 1);
     s->n_tokens += a;
     memcpy(s->logits, L + a * V, V * sizeof *s->logits);
     s->have_logits = 1;
@@ -681,6 +865,15 @@ static int settle(krun_session *s, size_t k, int32_t *accepted, float *accepted_
     s->spec.drafted += k;
     s->spec.accepted += a;
     s->spec.rollbacks += a < k;
+    if (s->draft_src == 1) {
+        s->spec.drafter_verifications++;
+        s->spec.drafter_drafted += k;
+        s->spec.drafter_accepted += a;
+        kdraft_width_result(&s->wctl, k, a);
+    } else if (s->draft_src == 0) {
+        kspec_result(&s->drafter, k, a);
+    }
+    s->draft_src = 0;
     *n_accepted = a;
     return 0;
 }
@@ -697,7 +890,7 @@ static int verify(krun_session *s, size_t k, int32_t *accepted, float *accepted_
         s->have_logits = 0;
         return -1;
     }
-    return settle(s, k, accepted, accepted_logits, n_accepted, err);
+    return settle(s, k, 0, accepted, accepted_logits, n_accepted, err);
 }
 
 /* The checks before a verification, then id pushed (the pending tokens before it run first). */
@@ -718,15 +911,19 @@ int krun_session_feed_spec(krun_session *s, int32_t id, size_t max_draft, int32_
     size_t room, k;
     *n_accepted = 0;
     if (verify_begin(s, id, &room, err)) return -1;
-    k = kspec_draft(&s->drafter, s->tokens, s->n_tokens, max_draft < room ? max_draft : room, m->stop, m->n_stop,
-                    s->tokens + s->n_tokens);
+    if (max_draft > room) max_draft = room;
+    s->draft_src = 0;
+    k = kspec_draft(&s->drafter, s->tokens, s->n_tokens, max_draft, m->stop, m->n_stop, s->tokens + s->n_tokens);
+    if (!k && m->draft && max_draft) {
+        /* nothing in the text: the drafter's chain after id (pushed, at position st.pos) */
+        int32_t *out = s->tokens + s->n_tokens;
+        if (eagle_drafts(m, &s, &id, &max_draft, 1, 1, &out, &k, err)) return -1;
+    }
     if (k == 0) {
         s->spec.sweeps++;
         return krun_session_feed(s, NULL, 0, NULL, err);
     }
-    if (verify(s, k, accepted, accepted_logits, n_accepted, err)) return -1;
-    kspec_result(&s->drafter, k, *n_accepted);
-    return 0;
+    return verify(s, k, accepted, accepted_logits, n_accepted, err);
 }
 
 int krun_session_verify(krun_session *s, int32_t id, const int32_t *draft, size_t k, int32_t *accepted, float *accepted_logits,
@@ -755,14 +952,41 @@ int krun_session_verify(krun_session *s, int32_t id, const int32_t *draft, size_
         return krun_session_feed(s, NULL, 0, NULL, err);
     }
     memcpy(s->tokens + s->n_tokens, draft, k * sizeof *draft);
+    s->draft_src = 2;                  /* the caller's: neither drafter learns from them */
     return verify(s, k, accepted, accepted_logits, n_accepted, err);
 }
 
 void krun_session_spec_stats(const krun_session *s, krun_spec_stats *st) { *st = s->spec; }
 
+const float *krun_session_draft_rows(const krun_session *s, size_t *start, size_t *n, size_t *width, const float **pending)
+{
+    const kdraft *d = s->m->draft;
+    if (!d) return NULL;
+    *start = s->eagle.start;
+    *n = s->eagle.n;
+    *width = (size_t)(kdraft_config(d)->kv_lora + kdraft_config(d)->qk_rope);
+    *pending = s->eagle.has_pending ? s->eagle.pending : NULL;
+    return s->eagle.cache;
+}
+
+long krun_session_propose(krun_session *s, int32_t id, size_t k, int32_t *out, float *logits, krun_err *err)
+{
+    krun_model *m = s->m;
+    kdraft_state *st = &s->eagle;
+    int rc;
+    if (!m->draft || s->n_tokens != s->st.pos || !kdraft_ready(st, s->st.pos)) return 0;
+    if (k > s->eagle.cap - st->n) k = s->eagle.cap - st->n;
+    if (id < 0 || id >= m->m.cfg.vocab) return krun_err_set(err, KRUN_EINPUT, "token id %d is outside the vocabulary", id);
+    kdraft_set_dump(m->draft, logits);
+    rc = kdraft_propose(m->draft, &st, &id, &k, 1, &out, err);
+    kdraft_set_dump(m->draft, NULL);
+    return rc ? -1 : (long)k;
+}
+
 void krun_session_spec_restart(krun_session *s)
 {
     kspec_init(&s->drafter, s->m->spec);
+    kdraft_width_init(&s->wctl);
     memset(&s->spec, 0, sizeof s->spec);
 }
 
@@ -772,13 +996,56 @@ void krun_model_journal(const krun_model *m, size_t *rows, size_t *seqs)
     *seqs = m->run.j.cap ? m->run.j.max_segs : 0;
 }
 
-size_t krun_session_draft(krun_session *s, int32_t id, size_t max, krun_session *const *others, size_t n_others, int32_t *out)
+static int is_stop(const krun_model *m, int32_t id)
+{
+    for (size_t i = 0; i < m->n_stop; i++)
+        if (m->stop[i] == id) return 1;
+    return 0;
+}
+
+/* The EAGLE drafter's chains, in lockstep, for the n sessions given: session k's token ids[k]
+ * (sampled, at position ss[k]->st.pos) is followed by up to max[k] drafts, as many as the width
+ * controller says pay (share: the sequences of the sweep), cut before a stop id.  nd[k] = 0 for a
+ * session the drafter cannot draft for (no pending row: a state that began without it). */
+static int eagle_drafts(krun_model *m, krun_session *const *ss, const int32_t *ids, const size_t *max, size_t n, size_t share,
+                        int32_t *const *out, size_t *nd, krun_err *err)
+{
+    kdraft_state *st[K3_MAX_SEQS];
+    int32_t first[K3_MAX_SEQS], *dst[K3_MAX_SEQS];
+    size_t kk[K3_MAX_SEQS], idx[K3_MAX_SEQS], c = 0;
+    kdraft_cost cost = m->cost;
+    cost.share = (double)share;
+    cost.rows_else = share > 1 ? (double)(share - 1) : 0;
+    for (size_t k = 0; k < n; k++) {
+        krun_session *s = ss[k];
+        size_t w;
+        nd[k] = 0;
+        if (!max[k] || !kdraft_ready(&s->eagle, s->st.pos)) continue;
+        if (!(w = kdraft_width_next(&s->wctl, &cost, max[k], m->draft_width))) continue;
+        st[c] = &s->eagle;
+        first[c] = ids[k];
+        kk[c] = w;
+        dst[c] = out[k];
+        idx[c++] = k;
+    }
+    if (!c) return 0;
+    if (kdraft_propose(m->draft, st, first, kk, c, dst, err)) return -1;
+    for (size_t i = 0; i < c; i++) {
+        size_t k = idx[i], j = 0;
+        /* a stop token is only ever the model's own pick (as the text's drafts) */
+        while (j < kk[i] && !is_stop(m, dst[i][j])) j++;
+        nd[k] = j;
+        ss[k]->draft_src = j ? 1 : 0;
+    }
+    return 0;
+}
+
+/* Drafts from the text: the session's own history, else the longest continuation another
+ * conversation offers (krun_session_draft). */
+static size_t text_draft(krun_session *s, int32_t id, size_t max, krun_session *const *others, size_t n_others, int32_t *out)
 {
     krun_model *m = s->m;
     size_t n = s->n_tokens, k, best = 0;
-    if (s->broken || n + 1 >= s->st.ctx || id < 0 || id >= m->m.cfg.vocab) return 0;
-    if (max > m->spec) max = m->spec;
-    if (max > s->st.ctx - n - 1) max = s->st.ctx - n - 1;
     s->tokens[n] = id;             /* the history as it will be once id runs (the slot is id's) */
     k = kspec_draft(&s->drafter, s->tokens, n + 1, max, m->stop, m->n_stop, out);
     if (k) return k;
@@ -792,6 +1059,45 @@ size_t krun_session_draft(krun_session *s, int32_t id, size_t max, krun_session 
         if (k > best) { best = k; memcpy(out, tmp, k * sizeof *out); }
     }
     return best;
+}
+
+int krun_sessions_draft(krun_model *m, krun_session *const *ss, const int32_t *ids, const size_t *max, size_t n,
+                        krun_session *const *others, size_t n_others, int32_t *const *out, size_t *nd, krun_err *err)
+{
+    krun_session *need[K3_MAX_SEQS];
+    int32_t nid[K3_MAX_SEQS], *nout[K3_MAX_SEQS];
+    size_t nmax[K3_MAX_SEQS], ndr[K3_MAX_SEQS], at[K3_MAX_SEQS], c = 0;
+    if (n > K3_MAX_SEQS) return krun_err_set(err, KRUN_EINPUT, "%zu sessions drafting at once (at most %d)", n, K3_MAX_SEQS);
+    for (size_t k = 0; k < n; k++) {
+        krun_session *s = ss[k];
+        size_t h = s->n_tokens, lim = max[k];
+        nd[k] = 0;
+        s->draft_src = 0;
+        if (s->m != m || s->broken || h + 1 >= s->st.ctx || ids[k] < 0 || ids[k] >= m->m.cfg.vocab) continue;
+        if (lim > m->spec) lim = m->spec;
+        if (lim > s->st.ctx - h - 1) lim = s->st.ctx - h - 1;
+        if (!lim) continue;
+        if ((nd[k] = text_draft(s, ids[k], lim, others, n_others, out[k]))) continue;
+        /* nothing in any text: the drafter's turn (every pending token run: the drafts follow ids[k]) */
+        if (m->draft && h == s->st.pos) {
+            need[c] = s;
+            nid[c] = ids[k];
+            nmax[c] = lim;
+            nout[c] = out[k];
+            at[c++] = k;
+        }
+    }
+    if (c && eagle_drafts(m, need, nid, nmax, c, n, nout, ndr, err)) return -1;
+    for (size_t i = 0; i < c; i++) nd[at[i]] = ndr[i];
+    return 0;
+}
+
+size_t krun_session_draft(krun_session *s, int32_t id, size_t max, krun_session *const *others, size_t n_others, int32_t *out)
+{
+    size_t nd;
+    krun_err e;
+    /* a drafter that cannot read an embedding row drafts nothing; the verification reads the same file */
+    return krun_sessions_draft(s->m, &s, &id, &max, 1, others, n_others, &out, &nd, &e) ? 0 : nd;
 }
 
 int krun_step_batch_verify(krun_model *m, krun_session *const *ss, const int32_t *ids, const int32_t *const *drafts,
@@ -855,16 +1161,17 @@ int krun_step_batch_verify(krun_model *m, krun_session *const *ss, const int32_t
     }
     if (krun_ranks_forward(m->ranks, &m->run, segs, n, err)) {
         for (size_t k = 0; k < n; k++) {
-            mark_end(ss[k], &segs[k], err);
+            mark_end(ss[k], &segs[k], 0, err);
             ss[k]->broken = 1;
             ss[k]->have_logits = 0;
             ss[k]->all_logits = NULL;
         }
         return -1;
     }
-    for (size_t k = 0; k < n; k++) {
+    for (size_t k = 0, row0 = 0; k < n; row0 += segs[k++].n) {
         krun_session *s = ss[k];
-        mark_end(s, &segs[k], NULL);
+        if (!nd[k]) draft_commit(s, row0, segs[k].n);   /* a journaled one: once settled */
+        mark_end(s, &segs[k], row0, NULL);
         if (!s->all_logits) continue;
         /* every row went to the caller's buffer: the last is the session's logits; the buffer is
          * the caller's again */
@@ -873,11 +1180,10 @@ int krun_step_batch_verify(krun_model *m, krun_session *const *ss, const int32_t
         s->all_rows = 0;
     }
     /* every journaled segment is settled (committed), even after another failed */
-    for (size_t k = 0; k < n; k++) {
+    for (size_t k = 0, row0 = 0; k < n; row0 += segs[k++].n) {
         krun_err e2;
         if (!nd[k]) { ss[k]->have_logits = 1; continue; }
-        if (settle(ss[k], nd[k], NULL, NULL, &n_accepted[k], rc ? &e2 : err)) { rc = -1; continue; }
-        kspec_result(&ss[k]->drafter, nd[k], n_accepted[k]);
+        if (settle(ss[k], nd[k], row0, NULL, NULL, &n_accepted[k], rc ? &e2 : err)) rc = -1;
     }
     return rc;
 }
@@ -904,6 +1210,7 @@ struct krun_snapshot {
     ksampler_opts so;          /* the sampler: options (its seed and stream key the draw) */
     size_t reply_from;         /* where the reply begins (the penalties) */
     kspec drafter;
+    kdraft_state eagle;        /* the EAGLE drafter's rows, when the model has one */
 };
 
 /* What a session is, in one place: its state, history, logits, sampler and
@@ -917,21 +1224,28 @@ typedef struct sess_view {
     ksampler_opts *so;         /* NULL for a session: its sampler is re-initialised */
     size_t *reply_from;
     kspec *drafter;
+    kdraft_state *eagle;       /* the EAGLE drafter's state, when the model has one */
+    const k3_eagle_config *dc;
 } sess_view;
 
 static sess_view view_of_session(krun_session *s)
 {
-    return (sess_view){&s->st, s->tokens, &s->n_tokens, s->logits, &s->have_logits, NULL, &s->reply_from, &s->drafter};
+    const kdraft *d = s->m->draft;
+    return (sess_view){&s->st, s->tokens, &s->n_tokens, s->logits, &s->have_logits, NULL, &s->reply_from, &s->drafter,
+                       d ? &s->eagle : NULL, d ? kdraft_config(d) : NULL};
 }
 
 static sess_view view_of_snapshot(krun_snapshot *x)
 {
-    return (sess_view){&x->st, x->tokens, &x->n_tokens, x->logits, &x->have_logits, &x->so, &x->reply_from, &x->drafter};
+    const kdraft *d = x->m->draft;
+    return (sess_view){&x->st, x->tokens, &x->n_tokens, x->logits, &x->have_logits, &x->so, &x->reply_from, &x->drafter,
+                       d ? &x->eagle : NULL, d ? kdraft_config(d) : NULL};
 }
 
 /* dst := src, everything a continuation depends on (the caller checked room). */
 static void view_copy(krun_ranks *ranks, const sess_view *dst, const sess_view *src, size_t V)
 {
+    if (dst->eagle && src->eagle) kdraft_state_copy(dst->eagle, src->eagle, src->dc);
     krun_ranks_copy(ranks, dst->st, src->st);
     memcpy(dst->tokens, src->tokens, *src->n_tokens * sizeof *dst->tokens);
     *dst->n_tokens = *src->n_tokens;
@@ -979,7 +1293,7 @@ int krun_session_copy(krun_session *dst, const krun_session *src, krun_err *err)
     return 0;
 }
 
-static size_t snapshot_carve(krun_snapshot *x, const k3_model *m, size_t cap, karena *a)
+static size_t snapshot_carve(krun_snapshot *x, const k3_model *m, const k3_eagle_config *dc, size_t cap, karena *a)
 {
     const k3_config *c = &m->cfg;
     krun_snapshot tmp, *s = x ? x : &tmp;
@@ -988,13 +1302,14 @@ static size_t snapshot_carve(krun_snapshot *x, const k3_model *m, size_t cap, ka
     k3_state_carve_away(&s->st, c, cap, m->away, a);
     KTAKE(a, s->tokens, cap);
     KTAKE(a, s->logits, (size_t)c->vocab);
+    if (dc) kdraft_state_carve(&s->eagle, dc, cap, a);
     return karena_round(a->used);
 }
 
 size_t krun_snapshot_bytes(const krun_model *m, size_t cap)
 {
     karena a = {NULL, 0};
-    return snapshot_carve(NULL, &m->m, cap, &a);
+    return snapshot_carve(NULL, &m->m, m->draft ? kdraft_config(m->draft) : NULL, cap, &a);
 }
 
 int krun_snapshot_new(krun_model *m, size_t cap, krun_snapshot **out, krun_err *err)
@@ -1003,7 +1318,7 @@ int krun_snapshot_new(krun_model *m, size_t cap, krun_snapshot **out, krun_err *
     karena a = {aligned_alloc(KARENA_ALIGN, n), 0};
     *out = NULL;
     if (!a.base) return krun_err_set(err, KRUN_ENOMEM, "out of memory: %zu bytes for a snapshot of %zu positions", n, cap);
-    snapshot_carve((krun_snapshot *)(void *)a.base, &m->m, cap, &a);
+    snapshot_carve((krun_snapshot *)(void *)a.base, &m->m, m->draft ? kdraft_config(m->draft) : NULL, cap, &a);
     *out = (krun_snapshot *)(void *)a.base;
     (*out)->m = m;
     (*out)->cap = cap;
@@ -1069,7 +1384,45 @@ static int session_hdr(const krun_session *s, const char *path, krun_state_hdr *
     h->seed = s->sampler.o.seed;
     h->stream = s->sampler.o.stream;
     h->reply_from = s->reply_from;
+    draft_hdr(m, h);
     return 0;
+}
+
+/* With a drafter, a state carries its section (STATE.md 1.2), named by the drafter file's identity. */
+static void draft_hdr(const krun_model *m, krun_state_hdr *h)
+{
+    const k3_eagle_config *dc;
+    if (!m->draft) return;
+    dc = kdraft_config(m->draft);
+    h->minor = 2;
+    h->flags |= KRUN_STATE_DRAFTER;
+    h->draft_width = (uint32_t)(dc->kv_lora + dc->qk_rope);
+    h->draft_hidden = (uint32_t)dc->hidden;
+    h->draft_set_id = kdraft_set_id(m->draft);
+    h->draft_config_xxh3 = kdraft_config_xxh3(m->draft);
+}
+
+/* The session's drafter section to write, or to read into (NULL: none, or another drafter's). */
+static krun_state_draft *draft_section(const krun_session *s, const krun_state_hdr *h, krun_state_draft *d)
+{
+    krun_state_hdr mine;
+    if (!s->m->draft) return NULL;
+    memset(&mine, 0, sizeof mine);
+    draft_hdr(s->m, &mine);
+    if (h && (!(h->flags & KRUN_STATE_DRAFTER) || h->draft_set_id != mine.draft_set_id || h->draft_config_xxh3 != mine.draft_config_xxh3 ||
+              h->draft_width != mine.draft_width || h->draft_hidden != mine.draft_hidden))
+        return NULL;
+    *d = (krun_state_draft){s->eagle.cache, s->eagle.pending, s->eagle.cap, s->eagle.start, s->eagle.has_pending};
+    return d;
+}
+
+/* What a load read of the drafter (d, or none: its context starts at the state's position). */
+static void draft_adopt(krun_session *s, const krun_state_draft *d, size_t pos)
+{
+    if (!s->m->draft) return;
+    s->eagle.start = d ? (size_t)d->start : pos;
+    s->eagle.has_pending = d && d->has_pending;
+    s->eagle.n = s->eagle.has_pending ? pos - 1 : s->eagle.start;
 }
 
 int krun_session_save(const krun_session *s, const char *path, krun_err *err)
@@ -1077,9 +1430,10 @@ int krun_session_save(const krun_session *s, const char *path, krun_err *err)
     krun_state_hdr h;
     krun_state_far far;
     const krun_state_far *use;
+    krun_state_draft d;
     int rc;
     if (session_hdr(s, path, &h, err) || krun_ranks_far_begin(s->m->ranks, &s->m->m.cfg, s->st.ctx, &far, &use, err)) return -1;
-    rc = krun_state_write_far(path, &h, &s->m->m.cfg, s->tokens, &s->st, s->logits, use, err);   /* other ranks' layers: far */
+    rc = krun_state_write_far(path, &h, &s->m->m.cfg, s->tokens, &s->st, s->logits, draft_section(s, NULL, &d), use, err);   /* other ranks' layers: far */
     krun_ranks_far_end(s->m->ranks, &far);
     return rc;
 }
@@ -1097,9 +1451,10 @@ int krun_session_save_to(const krun_session *s, ksave *out, krun_err *err)
     krun_state_hdr h;
     krun_state_far far;
     const krun_state_far *use;
+    krun_state_draft d;
     int rc;
     if (session_hdr(s, out->path, &h, err) || krun_ranks_far_begin(s->m->ranks, &s->m->m.cfg, s->st.ctx, &far, &use, err)) return -1;
-    rc = krun_state_write_to_far(out, &h, &s->m->m.cfg, s->tokens, &s->st, s->logits, use, err);
+    rc = krun_state_write_to_far(out, &h, &s->m->m.cfg, s->tokens, &s->st, s->logits, draft_section(s, NULL, &d), use, err);
     krun_ranks_far_end(s->m->ranks, &far);
     return rc;
 }
@@ -1112,6 +1467,15 @@ static uint64_t state_most(const krun_session *s)
     krun_state_hdr_for(&want, &m->m.cfg, kpk_super(m->f)->set_id, config_hash(m));
     want.pos = want.n_tokens = s->st.ctx;
     want.flags = KRUN_STATE_LOGITS;
+    /* and a drafter section (STATE.md 1.2), its rows as wide as a latent row of the model, or its own drafter's */
+    want.minor = 2;
+    want.flags |= KRUN_STATE_DRAFTER;
+    want.draft_width = (uint32_t)k3_mla_row(&m->m.cfg);
+    want.draft_hidden = (uint32_t)m->m.cfg.hidden;
+    if (m->draft) {
+        const k3_eagle_config *dc = kdraft_config(m->draft);
+        if ((uint32_t)(dc->kv_lora + dc->qk_rope) > want.draft_width) want.draft_width = (uint32_t)(dc->kv_lora + dc->qk_rope);
+    }
     return KRUN_STATE_HEADER + krun_state_payload_len(&want, NULL) + KRUN_STATE_TRAILER;
 }
 
@@ -1183,9 +1547,11 @@ int krun_session_load_fd(krun_session *s, int fd, const char *name, krun_err *er
     {
         krun_state_far far;
         const krun_state_far *use;
+        krun_state_draft dd, *d = draft_section(s, &r.h, &dd);
         rc = krun_ranks_far_begin(s->m->ranks, &s->m->m.cfg, s->st.ctx, &far, &use, err);
-        if (!rc) rc = krun_state_read_payload_far(&r, &s->m->m.cfg, s->tokens, &s->st, s->logits, use, err);   /* other ranks' layers: far */
+        if (!rc) rc = krun_state_read_payload_far(&r, &s->m->m.cfg, s->tokens, &s->st, s->logits, d, use, err);   /* other ranks' layers: far */
         krun_ranks_far_end(s->m->ranks, &far);
+        if (!rc) draft_adopt(s, d, (size_t)r.h.pos);
     }
     krun_state_read_end(&r);
     /* the state now lives in the session: a second copy in the page cache is memory
@@ -1210,10 +1576,12 @@ int krun_session_load_mem(krun_session *s, const void *buf, size_t len, const ch
     {
         krun_state_far far;
         const krun_state_far *use;
+        krun_state_draft dd, *d = draft_section(s, &h, &dd);
         int rc = krun_ranks_far_begin(s->m->ranks, &s->m->m.cfg, s->st.ctx, &far, &use, err);
-        if (!rc) rc = krun_state_restore_far(buf, &h, &s->m->m.cfg, s->tokens, &s->st, s->logits, use, err);
+        if (!rc) rc = krun_state_restore_far(buf, &h, &s->m->m.cfg, s->tokens, &s->st, s->logits, d, use, err);
         krun_ranks_far_end(s->m->ranks, &far);
         if (rc) { krun_session_reset(s); return -1; }
+        draft_adopt(s, d, (size_t)h.pos);
     }
     state_adopt(s, &h);
     return 0;
@@ -1247,6 +1615,7 @@ int krun_session_claim(krun_session *s, krun_err *err)
     krun_session_set_mask(s, NULL, NULL);
     s->mark_at = 0;
     memset(&s->spec, 0, sizeof s->spec);
+    kdraft_width_init(&s->wctl);
     return 0;
 }
 
@@ -1359,6 +1728,7 @@ static void mark_arm(krun_session *s, k3_seg *seg)
         krun_state_hdr_for(&h, &m->m.cfg, kpk_super(m->f)->set_id, config_hash(m));
         h.pos = h.n_tokens = s->mark_at;
         h.flags = 0;                   /* the file is named before the blocks are known: never logits */
+        draft_hdr(m, &h);
         if (ksave_begin_at(&m->mark_save, s->mark_dirfd, s->mark_path, &e)) { mark_drop(s, e.msg); return; }
         if (krun_state_write_begin(&m->mark_w, &m->mark_save, &h, &m->m.cfg, s->tokens, &e)) {
             ksave_abort(&m->mark_save);
@@ -1372,7 +1742,22 @@ static void mark_arm(krun_session *s, k3_seg *seg)
 
 /* After the block: the snapshot completed (the MLA rows, history and logits
  * added, or the file finished and renamed into place), or dropped. */
-static void mark_end(krun_session *s, const k3_seg *seg, const krun_err *failed)
+/* The drafter's state at the snapshot's position q + 1: its rows before q, and row q pending
+ * (its g fused again from the block's taps: row `row` of the block). */
+static void mark_draft(krun_session *s, krun_session *d, size_t q, size_t row)
+{
+    krun_model *m = s->m;
+    const kdraft_state *se = &s->eagle;
+    kdraft_state *de = &d->eagle;
+    kdraft_state_copy(de, se, kdraft_config(m->draft));
+    /* rows [start, q): committed by now (q is in the block, before or at its last row) */
+    if (de->start > q) de->start = q;
+    de->n = q;
+    kdraft_fuse_row(m->draft, &m->run, row, de->pending);
+    de->has_pending = 1;
+}
+
+static void mark_end(krun_session *s, const k3_seg *seg, size_t row0, const krun_err *failed)
 {
     krun_model *m = s->m;
     const k3_config *c = &m->m.cfg;
@@ -1394,8 +1779,17 @@ static void mark_end(krun_session *s, const k3_seg *seg, const krun_err *failed)
         d->broken = 0;
         d->reply_from = 0;             /* as in a file's header: the one who claims it says where its reply begins */
         kspec_init(&d->drafter, m->spec);
+        if (m->draft) mark_draft(s, d, s->mark_at - 1, row0 + at - 1);
     } else {
-        krun_state_write_end(&m->mark_w, logits);
+        krun_state_draft dd, *dp = NULL;
+        if (m->draft) {
+            /* the drafter's rows before the position, and its row fused again from the block's taps */
+            float *g = kdraft_spare_row(m->draft);
+            kdraft_fuse_row(m->draft, &m->run, row0 + at - 1, g);
+            dd = (krun_state_draft){s->eagle.cache, g, s->eagle.cap, s->eagle.start < s->mark_at - 1 ? s->eagle.start : s->mark_at - 1, 1};
+            dp = &dd;
+        }
+        krun_state_write_end(&m->mark_w, logits, dp);
         if (ksave_commit(&m->mark_save, &e)) { s->snap.at = 0; mark_drop(s, e.msg); return; }
     }
     s->mark_status = KRUN_MARK_TAKEN;

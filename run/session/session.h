@@ -82,6 +82,14 @@ typedef struct krun_model_opts {
                                   copied, snapshot, saved or loaded (KRUN_EINPUT) */
     int cache;                 /* 1: the model serves a prefix cache (pcache.h): the plan counts the buffer
                                   of one KDA layer that snapshots written to a file go through */
+    const char *draft;         /* the EAGLE drafter (docs/RUNTIME.md §11): a drafter KPK file (kpack convert of the drafter
+                                  checkpoint), "auto" (MODEL.draft.kpk next to MODEL.kpk, when it exists and the plan
+                                  predicts fewer bytes per generated token with it than with its memory given to the
+                                  model), or NULL / "off": none.  Needs spec > 0 to draft (the verification's journal) */
+    size_t draft_width;        /* drafts per verification from it: 0 (the default) chosen each pass by cost and
+                                  acceptance (draft_width.c); N: always N (tests, measurements) */
+    double draft_accept;       /* the acceptance per draft the plan assumes when it weighs the drafter (0: 0.85,
+                                  the published figures'); at run time it is measured */
     int threads;               /* compute threads; 0: every core */
     int simd;                  /* -1: the best the CPU has; else a level of krun_simd_parse (process-wide) */
     int stages;                /* several machines (mpirun): 0, the default, trunk layers rank 0's budget does not
@@ -101,6 +109,9 @@ int krun_model_prepare(krun_model *m, const krun_model_opts *o, krun_err *err);
 int krun_model_open(const krun_model_opts *o, krun_model **out, krun_err *err);
 void krun_model_close(krun_model *m);
 
+/* Where --draft auto looks for a drafter: MODEL.kpk -> MODEL.draft.kpk. */
+void krun_draft_auto_path(const char *model_path, char *out, size_t n);
+
 /* The plan a budget would give (krun --plan), without preparing anything. */
 int krun_model_make_plan(const krun_model *m, const krun_model_opts *o, kmemplan *plan, krun_err *err);
 
@@ -108,12 +119,20 @@ const k3_config *krun_model_config(const krun_model *m);
 /* What a saved state must have been computed with: the file's set_id and the
  * XXH3-64 of its config.json, as "%016x-%016x" (docs/STATE.md). */
 const char *krun_model_identity(const krun_model *m);
+/* The same, and with a drafter its file's ("...-d%016x"): the prefix cache's directory, whose
+ * state files carry the drafter's rows (docs/STATE.md 1.2). */
+const char *krun_model_cache_identity(const krun_model *m);
+/* Bytes of a state file of pos positions (no pending token) of this model, with its logits or
+ * not: with a drafter, its section (docs/STATE.md 1.2) included. */
+uint64_t krun_model_state_bytes(const krun_model *m, size_t pos, int logits);
 const char *krun_model_path(const krun_model *m);
 ktok *krun_model_tokenizer(const krun_model *m);            /* NULL: the file has none (ids only) */
 /* Ids that end a generated message: eos_token_id, <|end_of_msg|>, [EOS]
  * (those that exist); returns how many were written to out[3]. */
 size_t krun_model_stop_ids(const krun_model *m, int32_t out[3]);
 const kmemplan *krun_model_plan(const krun_model *m);       /* NULL: in place, no plan */
+/* The EAGLE drafter in use (its file), or NULL: none. */
+const char *krun_model_draft(const krun_model *m);
 /* The file the states are paged to (krun_model_opts.state_dir), or NULL: resident. */
 const char *krun_model_state_file(const krun_model *m);
 /* Bytes read from and written to it so far, and the seconds the forward
@@ -283,6 +302,8 @@ typedef struct krun_spec_stats {
     uint64_t drafted;          /* draft tokens verified */
     uint64_t accepted;         /* of them, accepted */
     uint64_t rollbacks;        /* verifications that rejected a draft: the state kept only a prefix of the block */
+    /* of them, the EAGLE drafter's (the rest came from the text: prompt lookup) */
+    uint64_t drafter_verifications, drafter_drafted, drafter_accepted;
 } krun_spec_stats;
 /* Counted since the session was created or reset. */
 void krun_session_spec_stats(const krun_session *s, krun_spec_stats *st);
@@ -392,6 +413,14 @@ void krun_session_drop_pending(krun_session *s);
  * model's spec + 1, seqs = rows / 2), and every position counts against the
  * block (krun_model_block).  Beyond them: KRUN_EINPUT, nothing run. */
 void krun_model_journal(const krun_model *m, size_t *rows, size_t *seqs);
+/* krun_session_draft for n sessions of one sweep at once (ss[k] will step ids[k], up to max[k]
+ * drafts into out[k], nd[k] of them): from each one's text, else another's; where no text has
+ * evidence, from the model's EAGLE drafter (krun_model_opts.draft), the chains of every such
+ * session run in lockstep (its weights read once per step for all of them), each as wide as
+ * its acceptance so far and the sweep's costs say pays (n sequences share the trunk's bytes).
+ * -1 with err when the drafter cannot read an embedding row (the model file). */
+int krun_sessions_draft(krun_model *m, krun_session *const *ss, const int32_t *ids, const size_t *max, size_t n,
+                        krun_session *const *others, size_t n_others, int32_t *const *out, size_t *nd, krun_err *err);
 size_t krun_session_draft(krun_session *s, int32_t id, size_t max, krun_session *const *others, size_t n_others, int32_t *out);
 int krun_step_batch_verify(krun_model *m, krun_session *const *ss, const int32_t *ids, const int32_t *const *drafts,
                            const size_t *nd, size_t n, size_t *n_accepted, krun_err *err);
@@ -470,6 +499,15 @@ int krun_model_cluster_plan(krun_model *m, const krun_model_opts *o, int hypothe
                             krun_cluster_plan *out, krun_err *err);
 void krun_cluster_plan_print(const krun_cluster_plan *p, FILE *out);
 json_t *krun_cluster_plan_json(const krun_cluster_plan *p);
+/* The EAGLE drafter of a session, for tests and tools.  Its committed rows [*start, *n) (row q at
+ * rows + q * *width: the normalised kv latent, then the rotated rope key) and the pending row's
+ * fused taps (*pending [hidden], NULL when none); NULL when the model has no drafter. */
+const float *krun_session_draft_rows(const krun_session *s, size_t *start, size_t *n, size_t *width, const float **pending);
+/* The drafter's chain for the token id the session would run next (its pending tokens run,
+ * nothing verified, its state unchanged): up to k drafts into out, every step's logits into
+ * logits [k][vocab] (may be NULL).  Returns how many it drafted (0: it cannot: no drafter, or
+ * no pending row), -1 with err. */
+long krun_session_propose(krun_session *s, int32_t id, size_t k, int32_t *out, float *logits, krun_err *err);
 
 /* The session's state (KDA, ShortConv, MLA latent cache, position, history
  * with pending tokens, last logits, the sampler's seed and stream, the reply start) to a file, in the format of

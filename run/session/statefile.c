@@ -43,11 +43,19 @@ static uint64_t kda_floats(const krun_state_hdr *h)
 
 static uint64_t types_bytes(const krun_state_hdr *h) { return ((uint64_t)h->n_layers + 7) / 8 * 8; }
 
+/* 1.2: the drafter section's rows (positions 0 .. pos - 2) and its bytes, descriptor and pending row included. */
+static uint64_t draft_rows(const krun_state_hdr *h) { return h->pos ? h->pos - 1 : 0; }
+static uint64_t draft_bytes(const krun_state_hdr *h)
+{
+    if (!(h->flags & KRUN_STATE_DRAFTER)) return 0;
+    return KRUN_STATE_DRAFT_DESC + (draft_rows(h) * h->draft_width + h->draft_hidden) * 4;
+}
+
 void krun_state_hdr_for(krun_state_hdr *h, const k3_config *c, uint64_t set_id, uint64_t config_xxh3)
 {
     memset(h, 0, sizeof *h);
     h->major = KRUN_STATE_MAJOR;
-    h->minor = KRUN_STATE_MINOR;
+    h->minor = 1;                      /* 1.2 only with a drafter section: a state without one is the same bytes as before */
     h->sampler = KRUN_STATE_SAMPLER_PHILOX;
     h->set_id = set_id;
     h->config_xxh3 = config_xxh3;
@@ -71,7 +79,9 @@ static int geometry_sane(const krun_state_hdr *h)
            h->vocab >= 1 && h->vocab <= (1u << 26) && h->kda_heads <= (1u << 12) && h->kda_head_dim <= (1u << 12) &&
            h->conv_width >= 1 && h->conv_width <= 256 && h->kv_lora <= (1u << 16) && h->qk_rope <= (1u << 16) &&
            (uint64_t)h->n_kda + h->n_mla == h->n_layers && h->pos <= ((uint64_t)1 << 40) &&
-           h->n_tokens <= ((uint64_t)1 << 40) && h->n_tokens >= h->pos;
+           h->n_tokens <= ((uint64_t)1 << 40) && h->n_tokens >= h->pos &&
+           (!(h->flags & KRUN_STATE_DRAFTER) || (h->draft_width >= 1 && h->draft_width <= (1u << 16) && h->draft_hidden >= 1 &&
+                                                  h->draft_hidden <= (1u << 20)));
 }
 
 uint64_t krun_state_payload_len(const krun_state_hdr *h, const uint8_t *layer_types)
@@ -86,7 +96,7 @@ uint64_t krun_state_payload_len(const krun_state_hdr *h, const uint8_t *layer_ty
         __builtin_mul_overflow(x, (uint64_t)h->n_mla, &x) || __builtin_add_overflow(n, x, &n))
         return 0;
     if (h->flags & KRUN_STATE_LOGITS) n += (uint64_t)h->vocab * 4;
-    return n;
+    return n + draft_bytes(h);
 }
 
 static int bad(krun_err *err, const char *what)
@@ -138,10 +148,18 @@ static int parse_header(const uint8_t *b, uint64_t len, krun_state_hdr *h, krun_
     h->n_tokens = get64(b + H_N_TOKENS);
     h->flags = get32(b + H_FLAGS);
     h->payload_len = get64(b + H_PAYLOAD);
-    /* a later minor may use the reserved space for additions this reader can ignore (docs/STATE.md) */
-    if (h->minor <= KRUN_STATE_MINOR && (get32(b + H_RESERVED1) || get64(b + H_RESERVED2) || get64(b + H_RESERVED2 + 8) ||
-                                         (h->minor >= 1 && get32(b + H_RESERVED3))))
+    /* a later minor may use the reserved space for additions this reader can ignore (docs/STATE.md);
+     * 1.2's drafter flag gives four of them a meaning */
+    if (h->minor <= KRUN_STATE_MINOR && !(h->flags & KRUN_STATE_DRAFTER) &&
+        (get32(b + H_RESERVED1) || get64(b + H_RESERVED2) || get64(b + H_RESERVED2 + 8) || (h->minor >= 1 && get32(b + H_RESERVED3))))
         return bad(err, "reserved fields are not zero");
+    if (h->flags & KRUN_STATE_DRAFTER) {
+        if (h->minor < 2) return bad(err, "a version 1.0 or 1.1 file with the drafter flag (1.2)");
+        h->draft_width = get32(b + H_RESERVED1);
+        h->draft_hidden = get32(b + H_RESERVED3);
+        h->draft_set_id = get64(b + H_RESERVED2);
+        h->draft_config_xxh3 = get64(b + H_RESERVED2 + 8);
+    }
     if (h->minor == 0) {
         /* 1.0 held a xoshiro256** state there: its sampler cannot be resumed; its first word
          * seeds the one of 1.1, and the whole history counts as prompt */
@@ -154,10 +172,10 @@ static int parse_header(const uint8_t *b, uint64_t len, krun_state_hdr *h, krun_
         h->stream = get64(b + H_STREAM);
         h->reply_from = get64(b + H_REPLY);
         h->sampler = get32(b + H_SAMPLER);
-        if (h->minor == 1 && h->sampler != KRUN_STATE_SAMPLER_PHILOX) return bad(err, "unknown sampler");
+        if (h->minor <= KRUN_STATE_MINOR && h->sampler != KRUN_STATE_SAMPLER_PHILOX) return bad(err, "unknown sampler");
         if (h->reply_from > h->n_tokens) return bad(err, "the reply starts after the end of the history");
     }
-    if (h->flags & ~KRUN_STATE_LOGITS) return bad(err, "unknown flags");
+    if (h->flags & ~(KRUN_STATE_LOGITS | KRUN_STATE_DRAFTER)) return bad(err, "unknown flags");
     if ((h->flags & KRUN_STATE_LOGITS) && h->pos == 0) return bad(err, "logits saved at position 0");
     if (!geometry_sane(h)) return bad(err, "impossible geometry or position in the header");
     want = krun_state_payload_len(h, NULL);
@@ -171,7 +189,20 @@ static int parse_header(const uint8_t *b, uint64_t len, krun_state_hdr *h, krun_
     h->layer_types_at = KRUN_STATE_HEADER;
     h->tokens_at = h->layer_types_at + (size_t)types_bytes(h);
     h->layers_at = h->tokens_at + (size_t)h->n_tokens * 4;
-    h->logits_at = (size_t)(KRUN_STATE_HEADER + h->payload_len - ((h->flags & KRUN_STATE_LOGITS) ? (uint64_t)h->vocab * 4 : 0));
+    h->draft_at = (size_t)(KRUN_STATE_HEADER + h->payload_len - draft_bytes(h));
+    h->logits_at = h->draft_at - (size_t)((h->flags & KRUN_STATE_LOGITS) ? (uint64_t)h->vocab * 4 : 0);
+    return 0;
+}
+
+/* The drafter section's descriptor (KRUN_STATE_DRAFT_DESC bytes at p) against the header. */
+static int draft_desc(const uint8_t *p, const krun_state_hdr *h, uint64_t *start, int *has_pending, krun_err *err)
+{
+    const uint32_t pend = get32(p + 8);
+    *start = get64(p);
+    *has_pending = pend == 1;
+    if (pend > 1 || get32(p + 12)) return bad(err, "the drafter section's descriptor is damaged");
+    /* rows [start, pos - 1) and pending row pos - 1, or no row at all from pos on */
+    if (pend ? h->pos < 1 || *start > h->pos - 1 : *start != h->pos) return bad(err, "the drafter section's rows disagree with the position");
     return 0;
 }
 
@@ -204,8 +235,14 @@ int krun_state_parse(const void *buf, size_t len, krun_state_hdr *h, krun_err *e
         return bad(err, "payload checksum mismatch (damaged)");
     if (check_types(b + h->layer_types_at, h, err)) return -1;
     if (!tokens_in_vocab(b + h->tokens_at, h->n_tokens, h->vocab)) return bad(err, "a token id is outside the vocabulary");
-    if (!all_finite(b + h->layers_at, (KRUN_STATE_HEADER + h->payload_len - h->layers_at) / 4))
-        return bad(err, "it holds values that are not finite");
+    if (!all_finite(b + h->layers_at, (h->draft_at - h->layers_at) / 4)) return bad(err, "it holds values that are not finite");
+    if (h->flags & KRUN_STATE_DRAFTER) {
+        uint64_t start;
+        int pend;
+        if (draft_desc(b + h->draft_at, h, &start, &pend, err)) return -1;
+        if (!all_finite(b + h->draft_at + KRUN_STATE_DRAFT_DESC, (draft_bytes(h) - KRUN_STATE_DRAFT_DESC) / 4))
+            return bad(err, "it holds values that are not finite");
+    }
     return 0;
 }
 
@@ -248,13 +285,40 @@ size_t krun_state_far_floats(const k3_config *c, size_t ctx)
     return kda > mla ? kda : mla;
 }
 
-int krun_state_read_payload(krun_state_reader *r, const k3_config *c, int32_t *tokens, k3_state *st, float *logits, krun_err *err)
+/* The drafter section into d (NULL, or rows it cannot hold: read through a small buffer, checked, dropped). */
+static int read_draft(krun_state_reader *r, krun_state_draft *d, krun_err *err)
 {
-    return krun_state_read_payload_far(r, c, tokens, st, logits, NULL, err);
+    const krun_state_hdr *h = &r->h;
+    const uint64_t rows = draft_rows(h) * h->draft_width, total = rows + h->draft_hidden;
+    uint8_t desc[KRUN_STATE_DRAFT_DESC];
+    uint64_t start;
+    int pend, keep = d && d->cap >= draft_rows(h);
+    if (read_section(r, desc, sizeof desc, err)) return -1;
+    if (draft_desc(desc, h, &start, &pend, err)) return krun_err_prefix(err, "%s: ", r->name);
+    for (uint64_t done = 0; done < total;) {
+        float tmp[1024], *dst = tmp;
+        uint64_t n = total - done < 1024 ? total - done : 1024;
+        if (keep && done < rows) { dst = d->rows + done; n = rows - done; }
+        else if (keep) { dst = d->pending + (done - rows); n = total - done; }
+        if (read_section(r, dst, n * 4, err)) return -1;
+        if (!all_finite((const uint8_t *)dst, n)) { bad(err, "it holds values that are not finite"); return krun_err_prefix(err, "%s: ", r->name); }
+        done += n;
+    }
+    if (d) {
+        d->start = keep ? start : h->pos;
+        d->has_pending = keep && pend;
+    }
+    return 0;
+}
+
+int krun_state_read_payload(krun_state_reader *r, const k3_config *c, int32_t *tokens, k3_state *st, float *logits,
+                            krun_state_draft *d, krun_err *err)
+{
+    return krun_state_read_payload_far(r, c, tokens, st, logits, d, NULL, err);
 }
 
 int krun_state_read_payload_far(krun_state_reader *r, const k3_config *c, int32_t *tokens, k3_state *st, float *logits,
-                                const krun_state_far *far, krun_err *err)
+                                krun_state_draft *d, const krun_state_far *far, krun_err *err)
 {
     const krun_state_hdr *h = &r->h;
     const uint64_t row = (uint64_t)k3_mla_row(c) * 4, S = k3_kda_S_floats(c) * 4, conv = k3_kda_conv_floats(c) * 4;
@@ -282,6 +346,12 @@ int krun_state_read_payload_far(krun_state_reader *r, const k3_config *c, int32_
         if (read_section(r, logits, (uint64_t)h->vocab * 4, err)) return -1;
         if (!all_finite((const uint8_t *)logits, h->vocab)) goto bad_float;
     }
+    if (h->flags & KRUN_STATE_DRAFTER) {
+        if (read_draft(r, d, err)) return -1;
+    } else if (d) {
+        d->start = h->pos;             /* no drafter row before the file's position */
+        d->has_pending = 0;
+    }
     if (r->at != KRUN_STATE_HEADER + h->payload_len || kio_pread_full(r->fd, tail, sizeof tail, r->at))
         return krun_err_set(err, KRUN_EINPUT, "cannot read %s: %s", r->name, errno == ENODATA ? "truncated" : strerror(errno));
     if (XXH3_64bits_digest(r->x) != get64(tail)) { bad(err, "payload checksum mismatch (damaged)"); return krun_err_prefix(err, "%s: ", r->name); }
@@ -305,8 +375,8 @@ int krun_state_read_check(krun_state_reader *r, uint64_t *tokens_hash, krun_err 
     int rc = -1;
     if (!b || !th) { krun_err_set(err, KRUN_ENOMEM, "reading %s: out of memory", r->name); goto out; }
     XXH3_64bits_reset(th);
-    for (uint64_t at = h->tokens_at; at < end;) {
-        const size_t n = end - at < CHUNK ? (size_t)(end - at) : CHUNK;
+    for (uint64_t at = h->tokens_at; at < h->draft_at;) {
+        const size_t n = h->draft_at - at < CHUNK ? (size_t)(h->draft_at - at) : CHUNK;
         const uint64_t tok_end = h->layers_at;
         if (kio_pread_full(r->fd, b, n, at)) {
             krun_err_set(err, KRUN_EINPUT, "cannot read %s: %s", r->name, errno == ENODATA ? "truncated" : strerror(errno));
@@ -323,6 +393,8 @@ int krun_state_read_check(krun_state_reader *r, uint64_t *tokens_hash, krun_err 
         }
         at += n;
     }
+    r->at = h->draft_at;
+    if ((h->flags & KRUN_STATE_DRAFTER) && read_draft(r, NULL, err)) goto out;
     if (kio_pread_full(r->fd, tail, sizeof tail, end)) {
         krun_err_set(err, KRUN_EINPUT, "cannot read %s: %s", r->name, errno == ENODATA ? "truncated" : strerror(errno));
         goto out;
@@ -448,6 +520,12 @@ int krun_state_write_begin(krun_state_writer *w, ksave *s, krun_state_hdr *h, co
     put64(hd + H_STREAM, h->stream);
     put64(hd + H_REPLY, h->reply_from);
     put32(hd + H_SAMPLER, KRUN_STATE_SAMPLER_PHILOX);
+    if (h->flags & KRUN_STATE_DRAFTER) {
+        put32(hd + H_RESERVED1, h->draft_width);
+        put32(hd + H_RESERVED3, h->draft_hidden);
+        put64(hd + H_RESERVED2, h->draft_set_id);
+        put64(hd + H_RESERVED2 + 8, h->draft_config_xxh3);
+    }
     put64(hd + H_PAYLOAD, h->payload_len);
     put64(hd + H_XXH3, XXH3_64bits(hd, H_XXH3));
 
@@ -471,10 +549,27 @@ void krun_state_write_layer(krun_state_writer *w, const k3_config *c, int L, con
     }
 }
 
-void krun_state_write_end(krun_state_writer *w, const float *logits)
+void krun_state_write_end(krun_state_writer *w, const float *logits, const krun_state_draft *d)
 {
     uint8_t tail[8];
     if (w->h.flags & KRUN_STATE_LOGITS) emit(w, logits, (size_t)w->h.vocab * 4);
+    if (w->h.flags & KRUN_STATE_DRAFTER) {
+        /* rows 0 .. pos - 2 (zeros before start: a state whose drafter began later), then the pending row */
+        const krun_state_hdr *h = &w->h;
+        const uint64_t start = d ? d->start : h->pos;
+        const int pend = d && d->has_pending;
+        uint8_t desc[KRUN_STATE_DRAFT_DESC] = {0};
+        static const float zeros[1024];
+        put64(desc, start);
+        put32(desc + 8, (uint32_t)pend);
+        emit(w, desc, sizeof desc);
+        for (uint64_t q = 0; q < draft_rows(h); q++) {
+            if (q >= start) { emit(w, d->rows + q * h->draft_width, (size_t)h->draft_width * 4); continue; }
+            for (uint64_t k = 0; k < h->draft_width; k += 1024) emit(w, zeros, (size_t)(h->draft_width - k < 1024 ? h->draft_width - k : 1024) * 4);
+        }
+        if (pend) emit(w, d->pending, (size_t)h->draft_hidden * 4);
+        else for (uint64_t k = 0; k < h->draft_hidden; k += 1024) emit(w, zeros, (size_t)(h->draft_hidden - k < 1024 ? h->draft_hidden - k : 1024) * 4);
+    }
     put64(tail, XXH3_64bits_digest(w->x));
     ksave_write(w->s, tail, sizeof tail);
     krun_state_write_drop(w);
@@ -487,7 +582,7 @@ void krun_state_write_drop(krun_state_writer *w)
 }
 
 int krun_state_write_to_far(ksave *s, krun_state_hdr *h, const k3_config *c, const int32_t *tokens, const k3_state *st,
-                            const float *logits, const krun_state_far *far, krun_err *err)
+                            const float *logits, const krun_state_draft *d, const krun_state_far *far, krun_err *err)
 {
     krun_state_writer w;
     if (krun_state_write_begin(&w, s, h, c, tokens, err)) return -1;
@@ -501,40 +596,40 @@ int krun_state_write_to_far(ksave *s, krun_state_hdr *h, const k3_config *c, con
         }
         krun_state_write_layer(&w, c, L, st->kda_S[L], st->kda_conv[L], st->mla_cache[L]);
     }
-    krun_state_write_end(&w, logits);
+    krun_state_write_end(&w, logits, d);
     return 0;
 }
 
 int krun_state_write_to(ksave *s, krun_state_hdr *h, const k3_config *c, const int32_t *tokens, const k3_state *st,
-                        const float *logits, krun_err *err)
+                        const float *logits, const krun_state_draft *d, krun_err *err)
 {
-    return krun_state_write_to_far(s, h, c, tokens, st, logits, NULL, err);
+    return krun_state_write_to_far(s, h, c, tokens, st, logits, d, NULL, err);
 }
 
 int krun_state_write_far(const char *path, krun_state_hdr *h, const k3_config *c, const int32_t *tokens, const k3_state *st,
-                         const float *logits, const krun_state_far *far, krun_err *err)
+                         const float *logits, const krun_state_draft *d, const krun_state_far *far, krun_err *err)
 {
     ksave s;
     if (ksave_target_ok(path, krun_state_is_file, "a krun state file", err) || ksave_begin(&s, path, err)) return -1;
-    if (krun_state_write_to_far(&s, h, c, tokens, st, logits, far, err)) { ksave_abort(&s); return -1; }
+    if (krun_state_write_to_far(&s, h, c, tokens, st, logits, d, far, err)) { ksave_abort(&s); return -1; }
     return ksave_commit(&s, err);
 }
 
 int krun_state_write(const char *path, krun_state_hdr *h, const k3_config *c, const int32_t *tokens, const k3_state *st,
-                     const float *logits, krun_err *err)
+                     const float *logits, const krun_state_draft *d, krun_err *err)
 {
-    return krun_state_write_far(path, h, c, tokens, st, logits, NULL, err);
+    return krun_state_write_far(path, h, c, tokens, st, logits, d, NULL, err);
 }
 
 void krun_state_restore(const void *buf, const krun_state_hdr *h, const k3_config *c, int32_t *tokens, k3_state *st,
-                        float *logits)
+                        float *logits, krun_state_draft *d)
 {
     krun_err e;
-    krun_state_restore_far(buf, h, c, tokens, st, logits, NULL, &e);
+    krun_state_restore_far(buf, h, c, tokens, st, logits, d, NULL, &e);
 }
 
 int krun_state_restore_far(const void *buf, const krun_state_hdr *h, const k3_config *c, int32_t *tokens, k3_state *st,
-                           float *logits, const krun_state_far *far, krun_err *err)
+                           float *logits, krun_state_draft *d, const krun_state_far *far, krun_err *err)
 {
     const uint8_t *b = buf, *p = b + h->layers_at;
     const size_t row = k3_mla_row(c);
@@ -560,5 +655,16 @@ int krun_state_restore_far(const void *buf, const krun_state_hdr *h, const k3_co
     }
     if (h->flags & KRUN_STATE_LOGITS) memcpy(logits, b + h->logits_at, (size_t)h->vocab * 4);
     st->pos = (size_t)h->pos;
+    if (!d) return 0;
+    d->start = h->pos;
+    d->has_pending = 0;
+    if ((h->flags & KRUN_STATE_DRAFTER) && d->cap >= draft_rows(h)) {
+        const uint8_t *q = b + h->draft_at;
+        const size_t rows = (size_t)(draft_rows(h) * h->draft_width) * 4;
+        d->start = get64(q);
+        d->has_pending = get32(q + 8) == 1;
+        memcpy(d->rows, q + KRUN_STATE_DRAFT_DESC, rows);
+        memcpy(d->pending, q + KRUN_STATE_DRAFT_DESC + rows, (size_t)h->draft_hidden * 4);
+    }
     return 0;
 }

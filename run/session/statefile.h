@@ -17,10 +17,12 @@ typedef struct k3_state k3_state;   /* state.h: a sequence's state, written and 
 
 #define KRUN_STATE_MAGIC "\x89KRS\r\n\x1a\n"
 #define KRUN_STATE_MAJOR 1
-#define KRUN_STATE_MINOR 1             /* 1.1: the sampler is its seed, stream and reply start (docs/STATE.md) */
+#define KRUN_STATE_MINOR 2             /* 1.1: the sampler is its seed, stream and reply start; 1.2: a drafter's state (docs/STATE.md) */
 #define KRUN_STATE_HEADER 160          /* bytes of the header, its checksum included */
 #define KRUN_STATE_TRAILER 8           /* the payload checksum */
 #define KRUN_STATE_LOGITS 1u           /* flags: the last logits are saved */
+#define KRUN_STATE_DRAFTER 2u          /* flags (1.2): the EAGLE drafter's rows and pending row follow (docs/STATE.md §2) */
+#define KRUN_STATE_DRAFT_DESC 16       /* the drafter section's descriptor: start, has_pending, reserved */
 #define KRUN_STATE_SAMPLER_PHILOX 1u   /* the sampler field of 1.1: draws by (seed, stream, position), sampler.h */
 
 typedef struct krun_state_hdr {
@@ -36,10 +38,24 @@ typedef struct krun_state_hdr {
     uint64_t seed, stream;             /* the draw's key (sampler.h) */
     uint64_t reply_from;               /* where the reply begins in the history (<= n_tokens) */
     uint32_t sampler;                  /* KRUN_STATE_SAMPLER_PHILOX (0: read from a 1.0 file) */
+    /* 1.2, with KRUN_STATE_DRAFTER: the drafter the section belongs to and its row geometry */
+    uint64_t draft_set_id, draft_config_xxh3;
+    uint32_t draft_width, draft_hidden;
     uint64_t payload_len;
     /* where the sections are in the file image (filled by krun_state_parse) */
-    size_t layer_types_at, tokens_at, layers_at, logits_at;
+    size_t layer_types_at, tokens_at, layers_at, logits_at, draft_at;
 } krun_state_hdr;
+
+/* A drafter's state, written with a session's state or read into it (1.2): its
+ * rows [start, pos - 1) of width floats (row q at rows + q * width; the file holds
+ * rows 0 .. pos - 2, zeros before start) and, with has_pending, row pos - 1's
+ * fused taps pending [hidden].  Reading fills start and has_pending. */
+typedef struct krun_state_draft {
+    float *rows, *pending;
+    size_t cap;                        /* rows room, for reading */
+    uint64_t start;
+    int has_pending;
+} krun_state_draft;
 
 /* The header of this model, geometry and identity filled in. */
 void krun_state_hdr_for(krun_state_hdr *h, const k3_config *c, uint64_t set_id, uint64_t config_xxh3);
@@ -74,15 +90,15 @@ typedef struct krun_state_far {
 } krun_state_far;
 size_t krun_state_far_floats(const k3_config *c, size_t ctx);
 int krun_state_write_far(const char *path, krun_state_hdr *h, const k3_config *c, const int32_t *tokens, const k3_state *st,
-                         const float *logits, const krun_state_far *far, krun_err *err);
+                         const float *logits, const krun_state_draft *d, const krun_state_far *far, krun_err *err);
 int krun_state_write_to_far(ksave *s, krun_state_hdr *h, const k3_config *c, const int32_t *tokens, const k3_state *st,
-                            const float *logits, const krun_state_far *far, krun_err *err);
+                            const float *logits, const krun_state_draft *d, const krun_state_far *far, krun_err *err);
 int krun_state_write(const char *path, krun_state_hdr *h, const k3_config *c, const int32_t *tokens, const k3_state *st,
-                     const float *logits, krun_err *err);
+                     const float *logits, const krun_state_draft *d, krun_err *err);
 /* The same bytes into a save begun by the caller (who commits it, or renames
  * it in a protocol of its own: krun chat's /save). */
 int krun_state_write_to(ksave *s, krun_state_hdr *h, const k3_config *c, const int32_t *tokens, const k3_state *st,
-                        const float *logits, krun_err *err);
+                        const float *logits, const krun_state_draft *d, krun_err *err);
 /* 1 if the open file begins with the state file's magic (a save may replace it). */
 int krun_state_is_file(int fd);
 /* The history of the state file at path (header checked, payload not): its
@@ -105,7 +121,8 @@ typedef struct krun_state_writer {
 int krun_state_write_begin(krun_state_writer *w, ksave *s, krun_state_hdr *h, const k3_config *c, const int32_t *tokens,
                            krun_err *err);
 void krun_state_write_layer(krun_state_writer *w, const k3_config *c, int L, const float *S, const float *conv, const float *mla);
-void krun_state_write_end(krun_state_writer *w, const float *logits);
+/* d: the drafter section when h flags it (d NULL: zeros, no row known). */
+void krun_state_write_end(krun_state_writer *w, const float *logits, const krun_state_draft *d);
 void krun_state_write_drop(krun_state_writer *w);
 
 /* A state file read straight into its destination (a session's own
@@ -126,9 +143,12 @@ typedef struct krun_state_reader {
     uint8_t types[K3_MAX_LAYERS + 8];
 } krun_state_reader;
 int krun_state_read_begin(krun_state_reader *r, int fd, const char *name, krun_err *err);
-int krun_state_read_payload(krun_state_reader *r, const k3_config *c, int32_t *tokens, k3_state *st, float *logits, krun_err *err);
+/* d: where the drafter section goes (NULL: checked, not kept); d->start and has_pending are set
+ * when the file has one (else d->start = pos, has_pending 0). */
+int krun_state_read_payload(krun_state_reader *r, const k3_config *c, int32_t *tokens, k3_state *st, float *logits,
+                            krun_state_draft *d, krun_err *err);
 int krun_state_read_payload_far(krun_state_reader *r, const k3_config *c, int32_t *tokens, k3_state *st, float *logits,
-                                const krun_state_far *far, krun_err *err);
+                                krun_state_draft *d, const krun_state_far *far, krun_err *err);
 /* Instead of read_payload: the whole payload checked as read_payload checks
  * it, through a small buffer, into no destination; *tokens_hash (if not NULL)
  * the XXH3-64 of the history's bytes.  To check a file before replacing a
@@ -139,8 +159,8 @@ void krun_state_read_end(krun_state_reader *r);
 /* Copy a parsed image's sections into st / tokens / logits (the caller has
  * checked that they fit). */
 int krun_state_restore_far(const void *buf, const krun_state_hdr *h, const k3_config *c, int32_t *tokens, k3_state *st,
-                           float *logits, const krun_state_far *far, krun_err *err);
+                           float *logits, krun_state_draft *d, const krun_state_far *far, krun_err *err);
 void krun_state_restore(const void *buf, const krun_state_hdr *h, const k3_config *c, int32_t *tokens, k3_state *st,
-                        float *logits);
+                        float *logits, krun_state_draft *d);
 
 #endif

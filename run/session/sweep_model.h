@@ -16,4 +16,13 @@
 /* Predicted bytes read by a decoding sweep of B sequences under plan p. */
 double ksweep_bytes(const kmemplan *p, const k3_config *c, size_t B);
 
+/* With the plan's EAGLE drafter (p->draft_path set; its acceptance p->draft_accept per draft): a
+ * sweep of B sequences each verifying w drafts runs B (w + 1) rows and yields B times the expected
+ * tokens of a pass (run/draft/draft.h); the w in 0..max_width (fixed > 0: that one) with the
+ * fewest bytes per generated token, extra bytes (the states' paging) added to each sweep.  Its
+ * width, tokens per sweep and bytes per sweep; returns bytes per generated token.  Without a
+ * drafter: width 0, B tokens. */
+double ksweep_draft(const kmemplan *p, const k3_config *c, size_t B, size_t max_width, size_t fixed, double extra, size_t *width,
+                    double *tokens, double *bytes);
+
 #endif

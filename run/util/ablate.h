@@ -45,6 +45,24 @@ enum krun_ablation {
     ABL_ATTNRES_FOLDS_SWAPPED,   /* 13/4.4: f_attn and f_mlp swapped */
     ABL_NO_OUTPUT_AGGREGATOR,    /* 13 */
     ABL_LM_HEAD_TIED,            /* 15 */
+    /* the EAGLE drafter's traps (K3_EAGLE.md §7; run/draft): the target's output stays right, the
+     * drafts go wrong -- tests/cli/test_draft_ref.sh, against tests/ref/eagle_ref.py */
+    ABL_DRAFT_TAP_MIXTURE,       /* 1: the AttnRes mixture m, not P */
+    ABL_DRAFT_TAP_OFF_BY_ONE,    /* 2: after zero-based id + 1 */
+    ABL_DRAFT_TAP_BEFORE_FFN,    /* 3: P before z_L is added */
+    ABL_DRAFT_TAPS_OUT_OF_ORDER, /* 4: concatenated last first */
+    ABL_DRAFT_TAPS_UNNORMED,     /* 4: no fc_norm */
+    ABL_DRAFT_NORMED_RESIDUAL,   /* 5: norm(g) as the residual */
+    ABL_DRAFT_HIDDEN_FIRST,      /* 6: the hidden half first in x */
+    ABL_DRAFT_NO_ROPE,           /* 7 */
+    ABL_DRAFT_ROPE_HALF_SPLIT,   /* 7: pairs (i, i + dr/2) */
+    ABL_DRAFT_PLAIN_ROPE,        /* 7: no YaRN */
+    ABL_DRAFT_SCALE_PLAIN,       /* 7: 1/sqrt(dn + dr), not tau */
+    ABL_DRAFT_FEED_R2,           /* 8: r2 fed back, not o */
+    ABL_DRAFT_HEAD_NO_NORM,      /* 9: lm_head on r2 */
+    ABL_DRAFT_CHAIN_POSITION_PLUS_ONE, /* 10: a chain row rotated at q + 1 */
+    ABL_DRAFT_PAIR_OWN_TOKEN,    /* 10: T(q) paired with token q, not q + 1 */
+    ABL_DRAFT_SILU_OF_UP,        /* 11: SiLU(up) * gate */
     ABL_COUNT
 };
 

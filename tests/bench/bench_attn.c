@@ -31,7 +31,9 @@
 
 /* Builds against trees before speculative decoding too (BENCH_OLD_BUILD in
  * bench_seq.sh): they have no journal and no spec argument. */
-#ifdef KRUN_JOURNAL_H
+#if defined(K3_RUN_TAPS)
+#define RUN_INIT(r, m, st, p, T, S, ctx, e) k3_run_init(r, m, st, p, T, S, ctx, 0, 0, e)
+#elif defined(KRUN_JOURNAL_H)
 #define RUN_INIT(r, m, st, p, T, S, ctx, e) k3_run_init(r, m, st, p, T, S, ctx, 0, e)
 #else
 #define RUN_INIT(r, m, st, p, T, S, ctx, e) k3_run_init(r, m, st, p, T, S, ctx, e)

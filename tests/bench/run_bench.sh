@@ -31,11 +31,14 @@
 #            release-geometry pool in BENCH_BATCH_KPK (the same pool; skipped without): bytes and
 #            seconds per generated token against the union model's prediction (BENCH_LOCK: a
 #            file every measured run holds a flock on, for a disk another bench shares)
+#   draft    tests/bench/bench_draft.sh: the EAGLE drafter (issue 30): bytes per pass against its
+#            width on the same pool (BENCH_DRAFT_KPK or BENCH_BATCH_KPK), the trained small pair
+#            with and without (tests/train/make_pair.sh; python3-torch), the full-scale projection
 #
 # Everything is generated under a temporary directory in build/ (the repo's
 # disk) and deleted at the end.
 #
-# Env: BENCH_ONLY       a subset of "kpack codec export consume kernels krun seq spec serve prompt prefix batch" (default: all)
+# Env: BENCH_ONLY       a subset of "kpack codec export consume kernels krun seq spec serve prompt prefix batch draft" (default: all)
 #      KPK_VIRTUAL_OUT  keep the converted virtual .kpk at this path (the
 #                       runtime's scale test uses it); otherwise it is deleted
 #      BENCH_RUNS, BENCH_SLICE, BENCH_SETTLE, BENCH_SKIP: see bench_kpack.sh
@@ -46,7 +49,7 @@ mkdir -p "$TOP/build"
 TMP=$(mktemp -d "$TOP/build/bench.XXXXXX")
 trap 'rm -rf "$TMP"' EXIT
 trap 'exit 130' INT TERM
-ONLY=" ${BENCH_ONLY:-kpack codec export consume kernels krun seq spec serve prompt prefix batch} "
+ONLY=" ${BENCH_ONLY:-kpack codec export consume kernels krun seq spec serve prompt prefix batch draft} "
 VIRT=${KPK_VIRTUAL_OUT:-$TMP/k3-virtual.kpk}
 rc=0
 start=$(date +%s)
@@ -122,6 +125,21 @@ fi
 if [[ "$ONLY" == *" batch "* ]]; then
     echo "################ krun batch: sequences per sweep (tests/bench/bench_batch.sh)"
     BENCH_DIR="$TMP/batch" bash tests/bench/bench_batch.sh "${BENCH_BATCH_KPK:-}" || { echo "FAILED: bench_batch.sh"; rc=1; }
+    echo
+fi
+
+if [[ "$ONLY" == *" draft "* ]]; then
+    echo "################ the EAGLE drafter (tests/bench/bench_draft.sh)"
+    if [ -f "$VIRT" ]; then export KPK_VIRTUAL="$VIRT"; fi
+    BENCH_DIR="$TMP/draft" bash tests/bench/bench_draft.sh || { echo "FAILED: bench_draft.sh"; rc=1; }
+    echo
+fi
+
+# train (tests/bench/bench_train.sh): the drafter trained for issue 30 and its acceptance; in
+# the default run and with BENCH_ONLY=train
+if [ -z "${BENCH_ONLY:-}" ] || [[ "$ONLY" == *" train "* ]]; then
+    echo "################ the trained drafter (tests/bench/bench_train.sh)"
+    BENCH_DIR="$TMP/train" bash tests/bench/bench_train.sh || { echo "FAILED: bench_train.sh"; rc=1; }
     echo
 fi
 

@@ -6,7 +6,8 @@
   st_tool.py mutate SRC_DIR DST_DIR KIND [ARG]
         copy a checkpoint directory and break it in one way:
         truncate | header-len | bad-json | offset-range | overlap | dtype | shape |
-        drop NAME | extra | config-drop KEY | metadata JSON (the header's __metadata__)
+        drop NAME | extra | config-drop KEY | metadata JSON (the header's __metadata__) |
+        add NAME (a BF16 [4] tensor of that name) | config-set KEY JSON (at the root)
   st_tool.py scale DIR SUBSTR LOG2          multiply every BF16 tensor whose name contains SUBSTR
         by 2^LOG2, in place (exact: only the exponents change; refuses what would leave
         the normal range)
@@ -84,6 +85,13 @@ def first_shard_with(d, pred):
 def mutate(src, dst, kind, arg):
     shutil.copytree(src, dst, symlinks=False)
     files, wm = shard_files(dst)
+    if kind == "config-set":
+        p = os.path.join(dst, "config.json")
+        cfg = json.load(open(p))
+        key, val = arg.split("=", 1)
+        cfg[key] = json.loads(val)
+        json.dump(cfg, open(p, "w"), indent=1)
+        return
     if kind == "config-drop":
         p = os.path.join(dst, "config.json")
         cfg = json.load(open(p))
@@ -145,6 +153,9 @@ def mutate(src, dst, kind, arg):
                 j = json.load(open(idx))
                 del j["weight_map"][arg]
                 json.dump(j, open(idx, "w"))
+        elif kind == "add":
+            hdr[arg] = {"dtype": "BF16", "shape": [4]}
+            data[arg] = b"\0" * 8
         elif kind == "extra":
             hdr["language_model.model.layers.0.self_attn.bogus.weight"] = {"dtype": "F32", "shape": [4]}
             data["language_model.model.layers.0.self_attn.bogus.weight"] = b"\0" * 16

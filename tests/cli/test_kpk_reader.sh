@@ -42,7 +42,7 @@ variant arch "archive extents (kind 5), codec-2 archive" --archive --codec2 arch
     && { grep -q "archive:   1 file of the download" "$T/last.out" && ok "info shows what the archive keeps" || notok "info archive: $(cat "$T/last.out")"; } \
     && { "$BIN/kpack" cat "$T/arch.kpk" archive/files/README.md | grep -q "a file of the download" \
          && ok "cat reads an archive tensor" || notok "cat of an archive tensor"; }
-variant minor2 "a newer minor version (2) whose reserved superblock bytes are set: ignored" --minor 2 --codec2 globals
+variant minor3 "a newer minor version (3) whose reserved superblock bytes are set: ignored" --minor 3 --codec2 globals
 variant archplain "archive extents without blocks" --archive
 expect_exit 0 "kpk.py check accepts the 3-member set" $PY "$KPY" check "$T/set3.kpk"
 "$BIN/kpack" verify "$T/blocks.kpk" --json >"$T/v.json"
@@ -78,13 +78,13 @@ gap-nonzero      S 1 1 non-zero byte at decoded offset [0-9]+, between tensors
 manifest-garbage S 1 1 ^manifest: not a JSON object
 block-tamper     B 1 1 block [0-9]+: (zstd|decoded)
 raw-block-flip   B 1 1 block [0-9]+: decoded checksum mismatch
-unknown-kind     S 2 2 unsupported: newer format \(unknown kind 6\)
+unknown-kind     S 2 2 unsupported: newer format \(unknown kind 7\)
 unknown-codec    S 2 2 unsupported: newer format \(unknown codec 3\)
 unknown-dtype    S 2 2 unsupported: newer format \(unknown dtype 9\)
 unknown-method   B 2 2 unsupported: newer format \(unknown method 3\)
 unknown-incompat S 2 2 unsupported: newer format .*incompat flags 0x100
 unknown-role     M 2 2 unsupported: newer format \(member 1 has role 3\)
-newer-and-damaged S 2 2 unsupported: newer format \(unknown kind 6\)
+newer-and-damaged S 2 2 unsupported: newer format \(unknown kind 7\)
 minor0-features  P 1 1 a version 1.0 file \(minor 0\) with 1.1 feature bits
 member-path-dot  M 1 1 member 1: path \./.* has an empty or '\.' component
 member-path-empty M 1 1 member 1: path .*//.* has an empty or '\.' component
@@ -191,7 +191,7 @@ $PY "$KPY" relayout "$T/s8.kpk" "$T/other/e/m.kpk" --stripe "$T/other/d1,$T/othe
 mkset; cp "$T/other/d3/m.kpk.s2" "$T/set/d3/m.kpk.s2"
 setcase "a member of another set" "member 4 \(\.\./d3/m\.kpk\.s2\): belongs to another set"
 mkdir -p "$T/v2/e" "$T/v2/d1" "$T/v2/d2" "$T/v2/d3" "$T/v2/fast"
-$PY "$KPY" relayout "$S" "$T/v2/e/m.kpk" --stripe "$T/v2/d1,$T/v2/d2,$T/v2/d3" --unit 8192 --trunk-to "$T/v2/fast" --minor 2
+$PY "$KPY" relayout "$S" "$T/v2/e/m.kpk" --stripe "$T/v2/d1,$T/v2/d2,$T/v2/d3" --unit 8192 --trunk-to "$T/v2/fast" --minor 3
 mkset; cp "$T/v2/d1/m.kpk.s0" "$T/set/d1/m.kpk.s0"
 setcase "a member that does not match the set (same set id, another minor version)" "member 2 \(\.\./d1/m\.kpk\.s0\): does not match the set: its minor version differs"
 mkset; expect_exit 2 "opening a member file directly" "$BIN/kpack" verify "$T/set/d2/m.kpk.s1" --quiet

@@ -13,6 +13,8 @@ Module API:
     logits = forward(model, ids)                 # [T][V] float64, teacher forcing
     gen = generate(model, ids, n, incremental=True)   # greedy ids (list of int)
     state = new_state(model); logits = step(model, state, ids)   # carried-state decode
+    forward(model, ids, tap=fn) / step(..., tap=fn): fn(L, P) sees each layer's
+                                 block-local prefix P after §4.4 step 8 (drafter taps)
 
 Two ways to run: `forward` evaluates §4 over the whole sequence with no carried state
 (MLA with expanded per-head keys/values, §4.6); `step` carries the §5 decode state (KDA
@@ -578,7 +580,10 @@ def dense_ffn(W, cfg, x):
 # §4.3, §4.4, §4.9: the decoder stack with AttnRes; mixer(L, x) is the attention module
 # ---------------------------------------------------------------------------------------
 
-def run_stack(model, ids, mixer):
+def run_stack(model, ids, mixer, tap=None):
+    """tap(L, P), when given, sees the block-local prefix P of every layer L after step 8
+    (the h handed to layer L+1): the drafter's taps (K3_EAGLE.md §2.2). It must not
+    modify P."""
     cfg = model.cfg
     eps = cfg.eps
     h = model.embed[np.asarray(ids, dtype=np.int64)].astype(np.float64)   # §4.3
@@ -595,6 +600,8 @@ def run_stack(model, ids, mixer):
         xf = rms_norm(m, W["post_ln"], eps)                            # 7.
         z = dense_ffn(W, cfg, xf) if W["ffn"] == "dense" else latent_moe(model, L, xf)
         h = P + z                                                      # 8.
+        if tap is not None:
+            tap(L, h)
     h_out = attn_res(B + [h], model.f_out, eps)                        # §4.9.1
     return rms_norm(h_out, model.final_norm, eps) @ model.lm_head.T    # §4.9.2
 
@@ -608,8 +615,9 @@ def check_ids(model, ids):
     return ids
 
 
-def forward(model, ids):
-    """Teacher-forced forward over a whole sequence: logits [T, V] (float64)."""
+def forward(model, ids, tap=None):
+    """Teacher-forced forward over a whole sequence: logits [T, V] (float64).
+    tap: see run_stack."""
     ids = check_ids(model, ids)
 
     def mixer(L, x):
@@ -617,7 +625,7 @@ def forward(model, ids):
         if W["type"] == "kda":
             return kda_layer(W, model.cfg, x, new_kda_state(model.cfg))
         return mla_full(W, model.cfg, x)
-    return run_stack(model, ids, mixer)
+    return run_stack(model, ids, mixer, tap)
 
 
 # ---------------------------------------------------------------------------------------
@@ -631,9 +639,9 @@ def new_state(model):
                        for t in cfg.layer_type]}
 
 
-def step(model, state, ids):
+def step(model, state, ids, tap=None):
     """Feed new ids (the prompt for prefill, then one id per step); returns their logits
-    [T_new, V] and advances state."""
+    [T_new, V] and advances state. tap: see run_stack."""
     ids = check_ids(model, ids)
 
     def mixer(L, x):
@@ -641,7 +649,7 @@ def step(model, state, ids):
         if W["type"] == "kda":
             return kda_layer(W, model.cfg, x, st)
         return mla_cached(W, model.cfg, x, st)
-    logits = run_stack(model, ids, mixer)
+    logits = run_stack(model, ids, mixer, tap)
     state["pos"] += len(ids)
     return logits
 

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""An independent implementation of the KPK file format, version 1.1, written
+"""An independent implementation of the KPK file format, version 1.2, written
 from docs/FORMAT.md alone: read and check (every rule of §3-§8, §11, §12),
 write (single files and sets of member files, plain and striped, extents
 stored plain or as codec-2 blocks with every method, archive extents), and
@@ -280,11 +280,12 @@ MAGIC = b"\x89KPK\r\n\x1a\n"
 SB = 4096
 NONE32 = 0xFFFFFFFF
 STRIPED = 0xFFFF
-KINDS = {1: "meta", 2: "globals", 3: "trunk", 4: "expert", 5: "archive"}
-META, GLOBALS, TRUNK, EXPERT, ARCHIVE = 1, 2, 3, 4, 5
+KINDS = {1: "meta", 2: "globals", 3: "trunk", 4: "expert", 5: "archive", 6: "drafter"}
+META, GLOBALS, TRUNK, EXPERT, ARCHIVE, DRAFTER = 1, 2, 3, 4, 5, 6
 DTYPE_SIZE = {1: 4, 2: 2, 3: 2, 4: 1, 5: 1}
 DTYPE_NAME = {1: "F32", 2: "BF16", 3: "F16", 4: "U8", 5: "BYTES"}
-F_CODECS, F_MEMBERS, F_BLOCKS, F_ARCHIVE = 1, 2, 4, 8
+F_CODECS, F_MEMBERS, F_BLOCKS, F_ARCHIVE, F_DRAFTER = 1, 2, 4, 8, 0x10
+MINOR = 2  # the newest minor version this reader knows (1.2: drafter files, FORMAT.md §15)
 RAW, ZSTD, SPLIT2 = 0, 1, 2
 ENTRY, PLAIN, STRIPE = 0, 1, 2
 MAX_MEMBERS, MAX_PATH, MAX_NAME, MAX_UNIT, MAX_BLOCK = 256, 4096, 1024, 64 << 20, 64 << 20
@@ -298,6 +299,8 @@ def describe(x):
         return "layer %d trunk" % x["layer"]
     if x["kind"] == EXPERT:
         return "layer %d expert %d" % (x["layer"], x["expert"])
+    if x["kind"] == DRAFTER:
+        return "drafter part %d" % x["layer"]
     return KINDS.get(x["kind"], "kind %d" % x["kind"])
 
 
@@ -390,13 +393,15 @@ def read_superblocks(path, what):
         if _r64(b, 4088) != xxh3(b[:4088]):
             return None, "superblock checksum mismatch", "damage"
         f = sb_decode(b)
-        if f["incompat"] & ~0xF:  # an unknown feature first: the rest may mean something else
+        if f["incompat"] & ~0x1F:  # an unknown feature first: the rest may mean something else
             return None, "unsupported: newer format (incompat 0x%x)" % f["incompat"], "version"
         if f["superblock_size"] != SB:
             return None, "superblock size %d" % f["superblock_size"], "damage"
         if f["minor"] == 0 and f["incompat"] & (F_MEMBERS | F_BLOCKS | F_ARCHIVE):
             return None, "a 1.0 file with 1.1 feature bits", "damage"
-        if f["minor"] <= 1:
+        if f["minor"] < 2 and f["incompat"] & F_DRAFTER:
+            return None, "a file of minor %d with the 1.2 DRAFTER bit" % f["minor"], "damage"
+        if f["minor"] <= MINOR:
             for a, e in SB_RESERVED + ([(160, 216)] if f["minor"] == 0 else []):
                 if any(b[a:e]):
                     return None, "reserved superblock bytes %d..%d are not zero" % (a, e - 1), "damage"
@@ -722,6 +727,8 @@ def _name_agrees(x, name):
         return name.startswith("language_model.model.layers.%d." % x["layer"]) and ".experts." not in name
     if k == EXPERT:
         return name.startswith("language_model.model.layers.%d.block_sparse_moe.experts.%d." % (x["layer"], x["expert"]))
+    if k == DRAFTER:
+        return not name.startswith("meta/") and not name.startswith("language_model.")
     return not name.startswith("meta/") and not name.startswith("language_model.model.layers.")
 
 
@@ -769,7 +776,7 @@ def load(path):
     k.sections = [(off, ln) for _, off, ln, _ in secs]
     k.manifest = data["manifest"]
     pool = data["string pool"]
-    minor_known = sb["minor"] <= 1
+    minor_known = sb["minor"] <= MINOR
     # members
     k.members = []
     reserved_member = None
@@ -867,14 +874,19 @@ def load(path):
                              plane0_len=p0, raw_xxh3=h))
     ends = {m: A for m in range(M)}
     ends[STRIPED] = 0
-    uses = {F_CODECS: False, F_BLOCKS: False, F_ARCHIVE: False}
+    uses = {F_CODECS: False, F_BLOCKS: False, F_ARCHIVE: False, F_DRAFTER: False}
+    drafter_file = bool(sb["incompat"] & F_DRAFTER)
+    seen_parts = set()
     seen_meta = seen_glob = 0
     seen_trunk, seen_exp = set(), set()
     nt = nb = total = 0
     k.nblocks = []
     for i, x in enumerate(k.extents):
         d = describe(x)
-        for bit, used in ((F_CODECS, x["codec"] == 1), (F_BLOCKS, x["codec"] == 2), (F_ARCHIVE, x["kind"] == ARCHIVE)):
+        if drafter_file and x["kind"] in (GLOBALS, TRUNK, EXPERT):
+            raise damage("%s in a drafter file" % d)
+        for bit, used in ((F_CODECS, x["codec"] == 1), (F_BLOCKS, x["codec"] == 2), (F_ARCHIVE, x["kind"] == ARCHIVE),
+                          (F_DRAFTER, x["kind"] == DRAFTER)):
             if used:
                 uses[bit] = True
                 if not sb["incompat"] & bit:
@@ -909,6 +921,10 @@ def load(path):
                 raise damage("%s: layer/expert number" % d)
             seen_meta += x["kind"] == META
             seen_glob += x["kind"] == GLOBALS
+        elif x["kind"] == DRAFTER:
+            if x["layer"] > 1 or x["expert"] != NONE32 or x["layer"] in seen_parts:
+                raise damage("%s: drafter part numbering" % d)
+            seen_parts.add(x["layer"])
         elif x["kind"] == TRUNK:
             if x["expert"] != NONE32 or x["layer"] >= 4096 or x["layer"] in seen_trunk:
                 raise damage("%s: trunk numbering" % d)
@@ -922,8 +938,10 @@ def load(path):
         raise damage("extents cover %d tensors of %d" % (nt, n_ten))
     if nb != n_blk:
         raise damage("extents cover %d blocks of %d" % (nb, n_blk))
-    if seen_meta != 1 or seen_glob != 1:
-        raise damage("%d meta and %d globals extents (one each)" % (seen_meta, seen_glob))
+    if seen_meta != 1 or seen_glob != (0 if drafter_file else 1):
+        raise damage("%d meta and %d globals extents (one each; a drafter file: no globals)" % (seen_meta, seen_glob))
+    if drafter_file and seen_parts != {0, 1}:
+        raise damage("a drafter file without both drafter extents (weights and embedding)")
     if total != sb["data_bytes"]:
         raise damage("data_bytes %d, extents add up to %d" % (sb["data_bytes"], total))
     for bit, used in uses.items():
@@ -1369,8 +1387,9 @@ def relayout(src, out, align=None, stripe=None, unit=4 << 20, trunk_to=None, cod
         p.stored.append(stored)
     p.incompat = (F_MEMBERS if len(members) > 1 else 0) | (F_BLOCKS if p.blocks else 0) | \
                  (F_ARCHIVE if any(x["kind"] == ARCHIVE for x in p.extents) else 0) | \
-                 (F_CODECS if any(x["codec"] == 1 for x in p.extents) else 0)
-    if minor > 1:  # fields reserved at 1.1 that a later minor might use: a 1.1 reader ignores them
+                 (F_CODECS if any(x["codec"] == 1 for x in p.extents) else 0) | \
+                 (F_DRAFTER if any(x["kind"] == DRAFTER for x in p.extents) else 0)
+    if minor > MINOR:  # fields reserved at our minor that a later one might use: this reader ignores them
         p.sb_patch = {300: b"\x01\x02\x03"}
     serialize(p, out)
     return p
@@ -1576,8 +1595,8 @@ def _newer_and_damaged(p, a):
     extent of an unknown kind (newer format): the unknown value decides (§3, order of the checks)."""
     i = next(i for i in range(1, len(p.extents)) if p.extents[i]["member"] == p.extents[i - 1]["member"])
     p.extents[i]["offset"] = p.extents[i - 1]["offset"]
-    p.extents[-1]["kind"] = 6
-    return "extent %d moved onto extent %d, and extent %d of kind 6" % (i, i - 1, len(p.extents) - 1)
+    p.extents[-1]["kind"] = 7
+    return "extent %d moved onto extent %d, and extent %d of kind 7" % (i, i - 1, len(p.extents) - 1)
 
 
 def _member_path(p, a):
@@ -1635,13 +1654,13 @@ MUTATIONS = {
     "block-tamper": ("a byte of a zstd block changed (stored checksum re-sealed)", _block_tamper),
     "raw-block-flip": ("a byte of a raw block changed (stored checksum re-sealed)", _raw_block_flip),
     # values of a newer format (exit 2)
-    "unknown-kind": ("an extent of kind 6", lambda p, a: p.extents[-1].update(kind=6)),
+    "unknown-kind": ("an extent of kind 7", lambda p, a: p.extents[-1].update(kind=7)),
     "unknown-codec": ("an extent with codec 3", lambda p, a: p.extents[_first(p, EXPERT)].update(codec=3)),
     "unknown-dtype": ("a tensor of dtype 9", lambda p, a: p.tensors[5].update(dtype=9)),
     "unknown-method": ("a block with method 3", lambda p, a: p.blocks[0].update(method=3)),
     "unknown-incompat": ("an unknown incompat bit", lambda p, a: setattr(p, "incompat", p.incompat | 0x100)),
     "unknown-role": ("a member with role 3", lambda p, a: p.members[1].update(record=dict(role=3))),
-    "newer-and-damaged": ("an overlapping extent, then one of kind 6: newer format wins", _newer_and_damaged),
+    "newer-and-damaged": ("an overlapping extent, then one of kind 7: newer format wins", _newer_and_damaged),
     # FORMAT 1.1 points settled by issue 25
     "minor0-features": ("a version 1.0 (minor 0) file that uses 1.1 features", lambda p, a: setattr(p, "minor", 0)),
     "member-path-dot": ("a member path with a '.' component", lambda p, a: _member_path(p, "dot")),
@@ -1717,7 +1736,7 @@ def main(argv):
     c.add_argument("--codec2", default="", help="kinds stored as blocks: meta,globals,trunk,expert,archive or all")
     c.add_argument("--block-size", type=int, default=16384)
     c.add_argument("--archive", action="store_true", help="add archive extents and the manifest recipe")
-    c.add_argument("--minor", type=int, default=1, help="minor version to write (>1: with reserved bytes set)")
+    c.add_argument("--minor", type=int, default=1, help="minor version to write (>2, newer than this reader: with reserved bytes set)")
     c = sub.add_parser("mutate")
     c.add_argument("src")
     c.add_argument("out")

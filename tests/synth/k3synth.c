@@ -2,6 +2,8 @@
  * See tests/synth/README.md and `k3synth --help`. */
 #include "synth.h"
 
+#include "format/kio.h"
+
 #include <dirent.h>
 #include <errno.h>
 #include <fnmatch.h>
@@ -60,6 +62,20 @@ static const char USAGE[] =
     "                         expert chosen about equally often, as the release's balanced\n"
     "                         routing (for prompt-block and batch measurements)\n"
     "  --threads N            generator threads (default: online CPUs; output is identical)\n"
+    "\n"
+    "A drafter (Kimi K3's EAGLE-3.1 MLA drafter, ../shared/spec/K3_EAGLE.md) instead of a model:\n"
+    "  --drafter              write config.json + model.safetensors of a drafter in the released\n"
+    "                         layout, for the target given by --target DIR (its config.json: hidden\n"
+    "                         size, vocabulary, layers) or by --geometry tiny|slice|release (release:\n"
+    "                         the full-size drafter, 20 tensors, 6,031,253,592 bytes); its embedding\n"
+    "                         is the target's with the same --seed, as the release's is\n"
+    "  --heads N --q-lora N --kv-lora N --nope N --rope N --v-head N --inter N\n"
+    "                         its widths (default: the release's at hidden 7168, else 3, 48, 40, 16,\n"
+    "                         8, 24, 160)\n"
+    "  --taps 2,46,90         the target layers it reads, one-based completed-layer ids as exported\n"
+    "                         (default: [2,46,90] for 93 layers, else vLLM's (2, N/2, N-3))\n"
+    "  --rope-theta X --yarn-factor X --yarn-orig N   its rope (default 50000, 32, 32768; factor 0:\n"
+    "                         plain RoPE, no rope_scaling)\n"
     "  --force                write into a non-empty OUTDIR (replacing earlier k3synth files)\n"
     "  --quiet                no progress and no summary\n"
     "  --help                 this text\n";
@@ -78,6 +94,12 @@ typedef struct opts {
     int routing;            /* SYNTH_ROUTING_* */
     int logit_gain;         /* --logit-gain */
     int end_weight;         /* --end-weight */
+    /* --drafter */
+    int drafter, release;
+    const char *target, *taps;
+    int d_heads, d_qlora, d_kvlora, d_nope, d_rope, d_vhead, d_inter;   /* 0: default */
+    double rope_theta, yarn_factor;   /* -1: default */
+    int yarn_orig;
 } opts;
 
 static void die_usage(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
@@ -121,6 +143,7 @@ static void parse_args(int argc, char **argv, opts *o)
     memset(o, 0, sizeof *o);
     o->seed = 1;
     o->layers = o->experts = o->topk = o->block = o->first_dense = o->vocab = -1;
+    o->rope_theta = o->yarn_factor = -1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *val = NULL;
         char name[64];
@@ -149,12 +172,14 @@ static void parse_args(int argc, char **argv, opts *o)
         FLAG("--vision", vision)
         FLAG("--force", force)
         FLAG("--quiet", quiet)
+        FLAG("--drafter", drafter)
         if (strcmp(name, "--geometry") == 0) {
             const char *g = VALUE();
             if (strcmp(g, "tiny") == 0) o->geometry = 0;
             else if (strcmp(g, "slice") == 0) o->geometry = 1;
             else if (strcmp(g, "micro") == 0) o->geometry = 2;
-            else die_usage("--geometry must be tiny, slice or micro (got '%s')", g);
+            else if (strcmp(g, "release") == 0) o->release = 1;
+            else die_usage("--geometry must be tiny, slice or micro (or release, for --drafter; got '%s')", g);
             o->geometry_set = 1;
         } else if (strcmp(name, "--seed") == 0) {
             const char *s = VALUE();
@@ -192,6 +217,30 @@ static void parse_args(int argc, char **argv, opts *o)
             o->logit_gain = (int)parse_ll(name, VALUE(), 1, 64);
         } else if (strcmp(name, "--end-weight") == 0) {
             o->end_weight = (int)parse_ll(name, VALUE(), 1, 64);
+        } else if (strcmp(name, "--target") == 0) {
+            o->target = VALUE();
+        } else if (strcmp(name, "--taps") == 0) {
+            o->taps = VALUE();
+        } else if (strcmp(name, "--heads") == 0) {
+            o->d_heads = (int)parse_ll(name, VALUE(), 1, 1024);
+        } else if (strcmp(name, "--q-lora") == 0) {
+            o->d_qlora = (int)parse_ll(name, VALUE(), 1, 65536);
+        } else if (strcmp(name, "--kv-lora") == 0) {
+            o->d_kvlora = (int)parse_ll(name, VALUE(), 1, 65536);
+        } else if (strcmp(name, "--nope") == 0) {
+            o->d_nope = (int)parse_ll(name, VALUE(), 1, 1024);
+        } else if (strcmp(name, "--rope") == 0) {
+            o->d_rope = (int)parse_ll(name, VALUE(), 2, 1024);
+        } else if (strcmp(name, "--v-head") == 0) {
+            o->d_vhead = (int)parse_ll(name, VALUE(), 1, 1024);
+        } else if (strcmp(name, "--inter") == 0) {
+            o->d_inter = (int)parse_ll(name, VALUE(), 1, 1 << 20);
+        } else if (strcmp(name, "--rope-theta") == 0) {
+            o->rope_theta = (double)parse_ll(name, VALUE(), 2, 1000000000);
+        } else if (strcmp(name, "--yarn-factor") == 0) {
+            o->yarn_factor = (double)parse_ll(name, VALUE(), 0, 1 << 20);
+        } else if (strcmp(name, "--yarn-orig") == 0) {
+            o->yarn_orig = (int)parse_ll(name, VALUE(), 1, 1 << 30);
         } else if (strcmp(name, "--routing") == 0) {
             const char *m = VALUE();
             if (strcmp(m, "skewed") == 0) o->routing = SYNTH_ROUTING_SKEWED;
@@ -204,7 +253,11 @@ static void parse_args(int argc, char **argv, opts *o)
 #undef VALUE
     }
     if (!o->outdir) die_usage("missing OUTDIR");
-    if (o->virt) {
+    if (!o->drafter && (o->target || o->taps || o->release || o->d_heads || o->d_inter || o->rope_theta >= 0 || o->yarn_factor >= 0))
+        die_usage("--target, --taps, --geometry release and the drafter's widths go with --drafter");
+    if (o->drafter && o->target && (o->geometry_set || o->release))
+        die_usage("--drafter takes its target from --target DIR or --geometry, not both");
+    if (o->virt && !o->drafter) {
         const char *bad = o->geometry_set ? "--geometry" : o->layers >= 0 ? "--layers" : o->experts >= 0 ? "--experts"
                         : o->topk >= 0 ? "--topk" : o->block >= 0 ? "--attn-res-block"
                         : o->first_dense >= 0 ? "--first-dense" : o->vocab >= 0 ? "--vocab"
@@ -408,6 +461,74 @@ static char *dupf(const char *fmt, ...)
     return p;
 }
 
+/* --drafter: the target's widths and depth, the drafter's own widths, its taps. */
+static int drafter_main(const opts *o)
+{
+    synth_drafter_geom d;
+    int layers, threads = o->threads;
+    memset(&d, 0, sizeof d);
+    if (o->target) {
+        char p[PATH_MAX], err[800], *text = NULL;
+        size_t len;
+        k3_config *c = calloc(1, sizeof *c);
+        if (!c) die("out of memory");
+        snprintf(p, sizeof p, "%s/config.json", o->target);
+        if (kio_read_file(p, (size_t)1 << 20, &text, &len)) die("--target: %s: %s", p, strerror(errno));
+        if (k3_config_parse(text, len, c, err, sizeof err)) die("--target: %s: %s", p, err);
+        d.hidden = c->hidden; d.vocab = c->vocab; layers = c->n_layers;
+        free(text);
+        free(c);
+    } else if (o->release) {
+        d.hidden = 7168; d.vocab = 163840; layers = 93;
+    } else if (o->geometry_set) {
+        synth_geom *g = calloc(1, sizeof *g);
+        if (!g) die("out of memory");
+        build_geometry(o, g);
+        d.hidden = g->hidden; d.vocab = g->vocab; layers = g->layers;
+        free(g);
+    } else {
+        die_usage("--drafter needs its target: --target DIR or --geometry tiny|slice|release");
+    }
+    if (d.hidden == 7168) { d.heads = 64; d.q_lora = 1536; d.kv_lora = 512; d.nope = 128; d.rope = 64; d.vdim = 128; d.inter = 18432; }
+    else { d.heads = 3; d.q_lora = 48; d.kv_lora = 40; d.nope = 16; d.rope = 8; d.vdim = 24; d.inter = 160; }
+    if (o->d_heads) d.heads = o->d_heads;
+    if (o->d_qlora) d.q_lora = o->d_qlora;
+    if (o->d_kvlora) d.kv_lora = o->d_kvlora;
+    if (o->d_nope) d.nope = o->d_nope;
+    if (o->d_rope) d.rope = o->d_rope;
+    if (o->d_vhead) d.vdim = o->d_vhead;
+    if (o->d_inter) d.inter = o->d_inter;
+    d.rope_theta = o->rope_theta >= 0 ? o->rope_theta : 50000.0;
+    d.yarn_factor = o->yarn_factor >= 0 ? o->yarn_factor : 32.0;
+    d.yarn_orig = o->yarn_orig ? o->yarn_orig : 32768;
+    d.beta_fast = 32;
+    d.beta_slow = 1;
+    if (o->taps) {
+        const char *p = o->taps;
+        while (*p) {
+            char *end;
+            long v = strtol(p, &end, 10);
+            if (end == p || v < 1 || v > layers || (*end && *end != ',') || d.n_taps == 8 || (d.n_taps && v <= d.taps[d.n_taps - 1]))
+                die_usage("--taps '%s': ascending one-based layer ids 1..%d, at most 8", o->taps, layers);
+            d.taps[d.n_taps++] = (int)v;
+            p = *end ? end + 1 : end;
+        }
+    } else {
+        /* vLLM's default (2, N/2, N - 3) (K3_EAGLE §2.1), kept within 1..N and ascending */
+        const int want[3] = {2, layers / 2, layers - 3};
+        for (int i = 0; i < 3; i++) {
+            int v = want[i] < 1 ? 1 : want[i] > layers ? layers : want[i];
+            if (!d.n_taps || v > d.taps[d.n_taps - 1]) d.taps[d.n_taps++] = v;
+        }
+    }
+    if (!threads) {
+        long nc = sysconf(_SC_NPROCESSORS_ONLN);
+        threads = nc < 1 ? 1 : (nc > 16 ? 16 : (int)nc);
+    }
+    prepare_outdir(o);
+    return synth_drafter_write(o->outdir, &d, o->seed, o->virt, threads, !o->quiet && isatty(2), o->quiet) ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
     opts o;
@@ -428,6 +549,11 @@ int main(int argc, char **argv)
 
     if (!g || !cfg) die("out of memory");
     parse_args(argc, argv, &o);
+    if (o.drafter) {
+        free(g);
+        free(cfg);
+        return drafter_main(&o);
+    }
     build_geometry(&o, g);
 
     /* tokenizer decides the vocabulary when a real rank file is given */

@@ -72,10 +72,19 @@ static inline float synth_bf16_to_f32(uint16_t b)
 
 /* ---- tensors ------------------------------------------------------------- */
 
-/* One tensor to write.  role is a k3_role, or -1 for an invented vision tensor
- * (--virtual only: never generated, its bytes are a hole). */
+/* One tensor to write.  role is a k3_role, -1 for an invented vision tensor
+ * (--virtual only: never generated, its bytes are a hole), or SYNTH_ROLE_GIVEN:
+ * drawn as `given` says (the drafter's tensors, synth_drafter.c). */
+#define SYNTH_ROLE_GIVEN 1000
+typedef struct synth_given {
+    int gain;             /* 1: U(0.8, 1.2) (a norm's gain); 0: normal */
+    double s1, s2;        /* normal: the std of rows (r % period) < split, and of the others */
+    uint64_t period, split;
+} synth_given;
 typedef struct synth_tensor {
     char name[K3_NAME_MAX];
+    const char *seed_name;  /* the name the bytes are drawn for, when not name (the drafter's embedding is the target's) */
+    synth_given given;      /* role SYNTH_ROLE_GIVEN */
     int role, layer, expert;
     int dtype;            /* stored dtype (KPK_DT_F32 / BF16 / U8) */
     int release_dtype;    /* the release dtype of the role: decides BF16 rounding */
@@ -124,6 +133,8 @@ uint64_t synth_layout(synth_tensor *t, size_t n);
 /* The released header: compact JSON, keys dtype/shape/data_offsets, space-padded
  * to a multiple of 8.  *json is malloc'd; *len is the padded length N. */
 int synth_header(const synth_tensor *t, size_t n, char **json, size_t *len);
+/* The same with a "__metadata__" entry first (its JSON object text, compact). */
+int synth_header_meta(const synth_tensor *t, size_t n, const char *metadata, char **json, size_t *len);
 
 typedef struct synth_writer {
     const k3_config *cfg;
@@ -132,6 +143,7 @@ typedef struct synth_writer {
     int progress;         /* print progress to stderr */
     int virt;             /* headers only, data left as holes */
     synth_draw draw;      /* --mxfp4, --routing */
+    const char *metadata; /* the header's __metadata__ object (compact JSON), or NULL: none, as released */
     /* totals, for the summary */
     uint64_t bytes_written, files_written, tensors_written;
     uint64_t apparent_bytes;  /* file sizes, holes included */
@@ -200,6 +212,23 @@ int synth_vision_shard(int idx, uint64_t file_size, synth_tensor **t, size_t *n,
  * SYNTH_VISION_SMALL), written at t; returns how many. */
 #define SYNTH_VISION_SMALL 8
 size_t synth_vision_small(synth_tensor *t);
+
+/* ---- the EAGLE drafter (synth_drafter.c) ----------------------------------- */
+
+/* k3synth --drafter: config.json + model.safetensors of a K3 EAGLE-3.1 drafter
+ * in the released layout (K3_EAGLE.md §1.2-1.4) at any geometry.  The
+ * embedding is drawn as the target's (`language_model.model.embed_tokens.weight`
+ * of the same seed), so with the target's --seed it is byte-identical to the
+ * target's, as the release's is. */
+typedef struct synth_drafter_geom {
+    int hidden, vocab, heads, q_lora, kv_lora, nope, rope, vdim, inter;
+    int n_taps, taps[8];            /* one-based completed-layer ids, as exported */
+    double rope_theta, yarn_factor; /* yarn_factor 0: no rope_scaling (plain RoPE) */
+    int yarn_orig;
+    double beta_fast, beta_slow;
+} synth_drafter_geom;
+int synth_drafter_write(const char *outdir, const synth_drafter_geom *g, uint64_t seed, int virt, int threads, int progress,
+                        int quiet);
 
 /* ---- small helpers ------------------------------------------------------- */
 double synth_now(void);

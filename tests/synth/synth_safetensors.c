@@ -99,12 +99,18 @@ uint64_t synth_layout(synth_tensor *t, size_t n)
     return off;
 }
 
-int synth_header(const synth_tensor *t, size_t n, char **json, size_t *len)
+int synth_header(const synth_tensor *t, size_t n, char **json, size_t *len) { return synth_header_meta(t, n, NULL, json, len); }
+
+int synth_header_meta(const synth_tensor *t, size_t n, const char *metadata, char **json, size_t *len)
 {
     sbuf b = {0};
     sb_put(&b, "{", 1);
+    if (metadata) {
+        sb_str(&b, "\"__metadata__\":");
+        sb_str(&b, metadata);
+    }
     for (size_t i = 0; i < n; i++) {
-        if (i) sb_put(&b, ",", 1);
+        if (i || metadata) sb_put(&b, ",", 1);
         sb_jstr(&b, t[i].name);
         sb_str(&b, ":{\"dtype\":");
         sb_jstr(&b, kpk_dtype_name(t[i].dtype));
@@ -236,7 +242,7 @@ int synth_write_safetensors(synth_writer *w, const char *path, synth_tensor *t, 
     size_t nunits = 0, maxb = 0;
     uint64_t total;
 
-    if (synth_header(t, n, &hdr, &hlen) != 0) {
+    if (synth_header_meta(t, n, w->metadata, &hdr, &hlen) != 0) {
         errbuf_set(err, errlen, "%s: cannot build the header: %s", path, strerror(errno));
         return -1;
     }

@@ -244,13 +244,20 @@ static void row_rng(synth_rng *rng, uint64_t tseed, uint64_t r)
     synth_rng_seed(rng, tseed ^ ((r + 1) * 0xD1B54A32D192ED03ull));
 }
 
+static struct dist given_dist(const synth_given *g)
+{
+    struct dist d = {D_NORMAL, g->s1, g->s2, g->period ? g->period : 1, g->period ? g->split : 1, 0, 0, 0, 0};
+    if (g->gain) { d.kind = D_GAIN; d.lo = 0.8; d.hi = 1.2; }
+    return d;
+}
+
 void synth_fill_rows(const k3_config *cfg, uint64_t seed, const synth_draw *draw, const synth_tensor *t, uint64_t row0,
                      uint64_t nrows, uint8_t *out)
 {
-    const struct dist d = role_dist(cfg, t->role, draw);
+    const struct dist d = t->role == SYNTH_ROLE_GIVEN ? given_dist(&t->given) : role_dist(cfg, t->role, draw);
     const int mxfp4 = draw->mxfp4;
     const uint64_t rb = synth_row_bytes(t), esz = kpk_dtype_size(t->dtype), n = rb / esz;
-    const uint64_t tseed = tensor_seed(seed, t->name);
+    const uint64_t tseed = tensor_seed(seed, t->seed_name ? t->seed_name : t->name);
     uint64_t pseed = tseed; /* --mxfp4 quantized: the seed of the packed tensor of the pair */
     uint16_t tab[2][SYNTH_ZTAB_N];
     const int bf16_normal = d.kind == D_NORMAL && t->dtype == KPK_DT_BF16;

@@ -162,7 +162,7 @@ static void check_memory(const char *path, const char *mem)
         {
             const k3_config *c = krun_model_config(m);
             size_t block = k3_block_positions(chunk, seqs, g_spec);
-            arena = k3_run_bytes(c, block, seqs, ctx, g_spec);
+            arena = k3_run_bytes(c, block, seqs, ctx, g_spec, 0);
             slots = (uint64_t)seqs * krun_session_bytes(c, ctx);
             if (krun_model_plan(m)) {
                 const kmemplan *p = krun_model_plan(m);
@@ -1086,7 +1086,7 @@ static void check_phases(const char *path, const char *mem)
     krun_model_memory(m, &planned, &allocated);
     OK(planned == allocated && p->flex_bytes > 0, "--mem %s: planned %llu bytes == allocated %llu, a flex region of %llu included",
        mem, (unsigned long long)planned, (unsigned long long)allocated, (unsigned long long)p->flex_bytes);
-    OK(p->scratch_prefill_bytes == k3_run_scratch_bytes(krun_model_config(m), B, 2, g_ctx) && p->scratch_prefill_bytes <= p->flex_bytes &&
+    OK(p->scratch_prefill_bytes == k3_run_scratch_bytes(krun_model_config(m), B, 2, g_ctx, 0) && p->scratch_prefill_bytes <= p->flex_bytes &&
        p->lent_bytes <= p->flex_bytes && (p->flex_bytes == p->lent_bytes || p->flex_bytes == p->scratch_prefill_bytes) && p->total <= p->budget,
        "--mem %s: the flex region (%llu) holds the decoding layout's lent layers %d..%d and %d expert slots (%llu) or a %zu-position "
        "block's activations (%llu); total %llu <= budget", mem, (unsigned long long)p->flex_bytes, p->pin_prefill, p->pin - 1,

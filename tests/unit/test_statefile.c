@@ -82,7 +82,7 @@ static int reader(const uint8_t *b, size_t len)
         rc[way] = krun_state_read_begin(&r, rd_fd, "image", &e);
         /* the session checks the context first: the history must fit the buffers */
         if (!rc[way] && r.h.n_tokens > 10) rc[way] = krun_err_set(&e, KRUN_EINPUT, "too long");
-        if (!rc[way]) rc[way] = way ? krun_state_read_check(&r, NULL, &e) : krun_state_read_payload(&r, rd_c, rd_tokens, rd_st, rd_logits, &e);
+        if (!rc[way]) rc[way] = way ? krun_state_read_check(&r, NULL, &e) : krun_state_read_payload(&r, rd_c, rd_tokens, rd_st, rd_logits, NULL, &e);
         krun_state_read_end(&r);
         if (rc[way] && e.code != KRUN_EINPUT) return 1;
     }
@@ -154,7 +154,7 @@ int main(void)
     h.n_tokens = 9;
     h.flags = KRUN_STATE_LOGITS;
     h.seed = 0x0123456789abcdefULL; h.stream = 2; h.reply_from = 5;
-    OK(krun_state_write(path, &h, &c, tokens, &st, logits, &e) == 0, "a state is written (%s)", e.msg);
+    OK(krun_state_write(path, &h, &c, tokens, &st, logits, NULL, &e) == 0, "a state is written (%s)", e.msg);
     buf = read_all(path, &len);
     if (!buf) { printf("not ok - cannot read back %s\n", path); return 1; }
     /* the reader's file: the same path, rewritten for every image */
@@ -168,7 +168,7 @@ int main(void)
     OK(p.set_id == h.set_id && p.config_xxh3 == h.config_xxh3 && p.pos == 7 && p.n_tokens == 9 && p.n_mla == 1 && p.n_kda == 2 &&
        p.vocab == 16 && p.flags == KRUN_STATE_LOGITS && p.seed == h.seed && p.stream == 2 && p.reply_from == 5 &&
        p.sampler == KRUN_STATE_SAMPLER_PHILOX && p.minor == 1, "the header reads back (1.1: seed, stream, reply start, sampler)");
-    krun_state_restore(buf, &p, &c, tokens2, &back, logits2);
+    krun_state_restore(buf, &p, &c, tokens2, &back, logits2, NULL);
     {
         int same = back.pos == 7 && !memcmp(tokens, tokens2, 9 * sizeof *tokens) && !memcmp(logits, logits2, sizeof logits) &&
                    same_layers(&c, &st, &back, 7);
@@ -214,9 +214,9 @@ int main(void)
     memcpy(mut, buf, len); mut[93] = 1; mut[10] = (uint8_t)(KRUN_STATE_MINOR + 1); mut[11] = 0; reseal(mut, len);
     OK(krun_state_parse(mut, len, &p, &e) == 0 && p.minor == KRUN_STATE_MINOR + 1,
        "the same reserved byte in a file of a later minor is read, as 1.1 (docs/STATE.md: additions only in reserved space)");
-    memcpy(mut, buf, len); put32(mut + 88, 3); mut[10] = (uint8_t)(KRUN_STATE_MINOR + 1); mut[11] = 0; reseal(mut, len);
+    memcpy(mut, buf, len); put32(mut + 88, 5); mut[10] = (uint8_t)(KRUN_STATE_MINOR + 1); mut[11] = 0; reseal(mut, len);
     refused(mut, len, "flags", "an unknown flag, even in a later minor");
-    memcpy(mut, buf, len); put32(mut + 88, 3); reseal(mut, len);
+    memcpy(mut, buf, len); put32(mut + 88, 5); reseal(mut, len);
     refused(mut, len, "flags", "an unknown flag");
     /* 1.1's sampler fields */
     memcpy(mut, buf, len); mut[124] = 1; reseal(mut, len);
