@@ -220,7 +220,8 @@ static kpk_extent *begin_extent(struct builder *b, int kind, uint32_t layer, uin
     x->layer = layer;
     x->expert = expert;
     x->codec = KPK_CODEC_NONE;
-    x->member = target_of(p, kind, layer, expert, (uint32_t)b->in->cfg->n_layers);
+    /* a drafter (no model config) has no trunk or experts: its extents stay in the entry file */
+    x->member = target_of(p, kind, layer, expert, b->in->cfg ? (uint32_t)b->in->cfg->n_layers : 1);
     x->first_tensor = (uint32_t)p->n_tensors;
     return x;
 }
