@@ -6,6 +6,7 @@
 #include "format/kargs.h"
 #include "format/kprogress.h"
 
+#include <errno.h>
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
@@ -56,7 +57,10 @@ int cmd_check_source(int argc, char **argv)
     if (!dir) { fputs(usage, stderr); return KX_FAIL; }
 
     if (!kx_is_dir(dir)) return KX_FAIL;
-    if (kd_is_drafter_dir(dir)) return kd_check_source(dir, sums, json, quiet);
+    switch (kd_is_drafter_dir(dir)) {
+    case 1: return kd_check_source(dir, sums, json, quiet);
+    case -1: kx_error("%s/config.json: %s", dir, strerror(errno)); return KX_FAIL;
+    }
     t0 = know();
     /* The directory is readable; failing to index it means the download is
      * bad, unless a file could not be read at all (exit 2, as for any I/O error). */

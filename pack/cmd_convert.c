@@ -666,7 +666,8 @@ int cmd_convert(int argc, char **argv)
     if (kind < 0) { kx_error("%s: %s", src_path, strerror(errno)); goto out; }
     if (!kind && !kx_is_dir(src_path)) goto out;
     /* a drafter checkpoint (drafter.h): one uncompressed file, its weights held in memory by krun */
-    drafter = !kind && kd_is_drafter_dir(src_path);
+    drafter = !kind ? kd_is_drafter_dir(src_path) : 0;
+    if (drafter < 0) { kx_error("%s/config.json: %s", src_path, strerror(errno)); goto out; }
     if (drafter && (stripe_list || opt.trunk_dir || opt.codec.compress != KP_COMPRESS_NONE || opt.order != KPK_ORDER_LAYER_MAJOR)) {
         kx_error("%s is a drafter checkpoint: it converts to one uncompressed file (krun holds its weights in memory); --stripe, "
                  "--trunk-to, --compress and --order apply to a model", src_path);

@@ -27,8 +27,17 @@ int kd_is_drafter_dir(const char *dir)
     size_t len;
     json_t *root, *tc, *arch;
     int yes = 0;
-    if (!p) return 0;
-    if (kio_read_file(p, KD_CONFIG_MAX, &text, &len) == 0 && (root = json_loadb(text, len, 0, NULL))) {
+    if (!p) { errno = ENOMEM; return -1; }
+    if (kio_read_file(p, KD_CONFIG_MAX, &text, &len) != 0) {
+        /* none, or too large for a drafter's: a model's problem to name; anything else is the
+         * disk's, said here (a second read might succeed and hide it) */
+        int e = errno;
+        free(p);
+        if (e == ENOENT || e == EFBIG || e == ENOTDIR) return 0;
+        errno = e;
+        return -1;
+    }
+    if ((root = json_loadb(text, len, 0, NULL))) {
         tc = json_object_get(root, "text_config");
         arch = json_object_get(root, "architectures");
         yes = json_object_get(root, "eagle_config") || (json_is_object(tc) && json_object_get(tc, "eagle_config"));

@@ -29,7 +29,8 @@ typedef struct kd_source {
 } kd_source;
 
 /* Does dir hold a drafter checkpoint: a config.json with `eagle_config` or
- * an EAGLE architecture?  (A model's config has neither.) */
+ * an EAGLE architecture?  (A model's config has neither.)  1, 0, or -1 with
+ * errno when config.json exists but cannot be read (an I/O error). */
 int kd_is_drafter_dir(const char *dir);
 
 /* Index and check the directory: config, header, roster, size; the SHA-256
