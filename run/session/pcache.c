@@ -48,9 +48,11 @@ struct krun_pcache {
     size_t n_slots;
     pc_file *files;            /* the directory at the last look */
     size_t n_files, cap_files;
+    uint64_t writing_bytes;      /* entries this process is writing now (room made for them, no file yet) */
     uint64_t clock;
     krun_session *file_marker; /* whose snapshot goes straight to a file (no free slot) */
     char file_mark_name[64];
+    uint64_t file_mark_bytes;  /* its entry's size, counted in writing_bytes until it is settled */
     char **warned;             /* files warned about and not removable: not again */
     size_t n_warned;
     pthread_mutex_t mu;        /* the slots' and files' records, the queue, the stats */
@@ -181,12 +183,14 @@ static void scan_locked(krun_pcache *c)
     c->st.entries_disk = c->n_files;
 }
 
-/* The directory within max_bytes, with room for `incoming` more: the least
+/* The directory within max_bytes, with room for `incoming` more besides the
+ * entries being written (the writer thread's and a request's own may run at
+ * once: each made room for itself, neither file is there yet): the least
  * recently used files out.  Under the directory's lock, so that two processes
  * do not both count the same files. */
 static void evict_locked(krun_pcache *c, uint64_t incoming)
 {
-    uint64_t total = 0;
+    uint64_t total = c->writing_bytes;
     flock(c->lockfd, LOCK_EX);
     scan_locked(c);
     for (size_t i = 0; i < c->n_files; i++) total += c->files[i].bytes;
@@ -207,7 +211,7 @@ static void evict_locked(krun_pcache *c, uint64_t incoming)
         c->files[old] = c->files[--c->n_files];
     }
     c->st.entries_disk = c->n_files;
-    c->st.bytes_disk = total;
+    c->st.bytes_disk = total - c->writing_bytes;
     flock(c->lockfd, LOCK_UN);
 }
 
@@ -308,9 +312,11 @@ static void *writer_main(void *arg)
         c->qn--;
         bytes = entry_bytes(c->m, krun_session_pos(p->s), krun_session_logits(p->s) != NULL);
         evict_locked(c, bytes);
+        c->writing_bytes += bytes;
         pthread_mutex_unlock(&c->mu);
         rc = write_entry(c, p->s, name, sizeof name);      /* the slot stays as it is while `writing` */
         pthread_mutex_lock(&c->mu);
+        c->writing_bytes -= bytes;
         written_locked(c, p, rc, name);
     }
     pthread_mutex_unlock(&c->mu);
@@ -564,9 +570,15 @@ static void mark_preamble_locked(krun_pcache *c, krun_session *s, const int32_t 
         return;
     }
     if (c->dir && !c->file_marker && entry_bytes(c->m, preamble, 0) <= c->o.max_bytes) {
+        const uint64_t bytes = entry_bytes(c->m, preamble, 0);
         file_name(c->file_mark_name, sizeof c->file_mark_name, hash_ids(ids, preamble), preamble, 0);
-        if (faccessat(c->dirfd, c->file_mark_name, F_OK, 0) && krun_session_mark_save_at(s, preamble, c->dirfd, c->file_mark_name, &e) == 0)
+        if (faccessat(c->dirfd, c->file_mark_name, F_OK, 0) == 0) return;
+        evict_locked(c, bytes);            /* room first: the file is written as the block runs */
+        if (krun_session_mark_save_at(s, preamble, c->dirfd, c->file_mark_name, &e) == 0) {
             c->file_marker = s;
+            c->file_mark_bytes = bytes;
+            c->writing_bytes += bytes;
+        }
     }
 }
 
@@ -589,6 +601,8 @@ static void settle_mark_locked(krun_pcache *c, krun_session *s)
     }
     if (c->file_marker == s) {
         c->file_marker = NULL;
+        c->writing_bytes -= c->file_mark_bytes;
+        c->file_mark_bytes = 0;
         if (st == KRUN_MARK_TAKEN) {
             c->st.made++;
             c->st.written++;
@@ -724,9 +738,11 @@ void krun_pcache_keep(krun_pcache *c, krun_session *s)
         if (bytes <= c->o.max_bytes) {
             int rc;
             evict_locked(c, bytes);
+            c->writing_bytes += bytes;
             pthread_mutex_unlock(&c->mu);
             rc = write_entry(c, s, name, sizeof name);          /* s is this thread's */
             pthread_mutex_lock(&c->mu);
+            c->writing_bytes -= bytes;
             c->st.made += rc >= 0;
             c->st.written += rc > 0;
             c->st.write_failed += rc < 0;
