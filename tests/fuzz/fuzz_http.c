@@ -145,8 +145,8 @@ static FUZZ_HARNESS_LOOP int is_health(const uint8_t *t, size_t n)
     return !strcmp(path, "/health");
 }
 
-/* A request line from c (method SP target SP HTTP/1.x): 1, and r's method and path, or 0 (not one).
- * *http10: its version 1.0. */
+/* A request line from c (method SP target SP HTTP/1.x, x a digit): 1, and r's method and path, or
+ * 0 (not one).  *http10: its version 1.0. */
 static FUZZ_HARNESS_LOOP int request_line(cursor *c, ref_req *r, int *http10)
 {
     const uint8_t *s, *sp1, *sp2;
@@ -158,7 +158,9 @@ static FUZZ_HARNESS_LOOP int request_line(cursor *c, ref_req *r, int *http10)
     for (const uint8_t *q = s; q < sp1; q++) if (!tchar(*q)) return 0;
     for (const uint8_t *q = sp1 + 1; q < sp2; q++) if (*q <= 0x20 || *q >= 0x7f) return 0;
     if (sp1[1] != '/') return 0;                         /* origin-form only */
-    if (s + len - sp2 - 1 != 8 || memcmp(sp2 + 1, "HTTP/1.", 7) || (sp2[8] != '0' && sp2[8] != '1')) return 0;
+    /* HTTP/1.2 .. 1.9 are HTTP/1.1 to a 1.1 server (RFC 9110 2.5: a higher minor version is
+     * processed as the highest it conforms to; libmicrohttpd does so) */
+    if (s + len - sp2 - 1 != 8 || memcmp(sp2 + 1, "HTTP/1.", 7) || !isdigit(sp2[8])) return 0;
     *http10 = sp2[8] == '0';
     r->key = 0;
     r->head = sp1 - s == 4 && !memcmp(s, "HEAD", 4);
