@@ -112,6 +112,9 @@ static int same_model(const krun_state_hdr *h, const uint8_t *b)
 static void put64(uint8_t *p, uint64_t v) { for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i)); }
 static uint64_t get64(const uint8_t *p) { uint64_t v = 0; for (int i = 7; i >= 0; i--) v = v << 8 | p[i]; return v; }
 
+/* What a session without a drafter saves: 1.1 (1.2 only adds the drafter's section; statefile.c) */
+#define SAVED_MINOR 1
+
 /* 1 if the session loaded the state */
 static int check_state(const uint8_t *data, size_t size)
 {
@@ -128,7 +131,12 @@ static int check_state(const uint8_t *data, size_t size)
         FUZZ_CHECK(h.pos <= h.n_tokens && h.n_kda + h.n_mla == h.n_layers);
         FUZZ_CHECK(h.layer_types_at == KRUN_STATE_HEADER && h.tokens_at == h.layer_types_at + (h.n_layers + 7) / 8 * 8);
         FUZZ_CHECK(h.layers_at == h.tokens_at + h.n_tokens * 4 && h.layers_at <= h.logits_at);
-        FUZZ_CHECK(h.logits_at + ((h.flags & KRUN_STATE_LOGITS) ? (uint64_t)h.vocab * 4 : 0) == KRUN_STATE_HEADER + h.payload_len);
+        /* the logits end the payload, or (1.2) the drafter's section follows them */
+        if (!(h.flags & KRUN_STATE_DRAFTER))
+            FUZZ_CHECK(h.logits_at + ((h.flags & KRUN_STATE_LOGITS) ? (uint64_t)h.vocab * 4 : 0) == KRUN_STATE_HEADER + h.payload_len);
+        else
+            FUZZ_CHECK(h.draft_at == h.logits_at + ((h.flags & KRUN_STATE_LOGITS) ? (uint64_t)h.vocab * 4 : 0) &&
+                       h.draft_at < KRUN_STATE_HEADER + h.payload_len);
         FUZZ_CHECK(!(h.flags & KRUN_STATE_LOGITS) || h.pos >= 1);
         for (uint64_t i = 0; i < h.n_tokens; i++) {
             int32_t t;
@@ -181,10 +189,22 @@ static int check_state(const uint8_t *data, size_t size)
          * at the end of the history and the sampler of 1.1 */
         FUZZ_CHECK(krun_session_save(sess, save_path, &le) == 0);
         FUZZ_CHECK(kio_read_file(save_path, (size_t)1 << 30, &again, &again_len) == 0);
+        if (h.flags & KRUN_STATE_DRAFTER) {
+            /* this session has no drafter: the drafter's section was checked and dropped, and the
+             * state is saved as 1.1 without it (STATE.md §7): the same history, position, logits */
+            krun_state_hdr h2;
+            FUZZ_CHECK(krun_state_parse(again, again_len, &h2, &e) == 0);
+            FUZZ_CHECK(h2.minor == SAVED_MINOR && !(h2.flags & KRUN_STATE_DRAFTER) && h2.pos == h.pos && h2.n_tokens == h.n_tokens);
+            FUZZ_CHECK(memcmp(again + h2.tokens_at, data + h.tokens_at, (size_t)h.n_tokens * 4) == 0);
+            free(again);
+            FUZZ_CHECK(krun_session_load(sess, base_path, &le) == 0);
+            check_baseline();
+            return 1;
+        }
         FUZZ_CHECK(again_len == size);
-        if (h.minor != KRUN_STATE_MINOR) {
+        if (h.minor != SAVED_MINOR) {
             uint8_t *a = (uint8_t *)again;
-            FUZZ_CHECK(again[10] == KRUN_STATE_MINOR && again[11] == 0);
+            FUZZ_CHECK(again[10] == SAVED_MINOR && again[11] == 0);
             again[10] = data[10];
             again[11] = data[11];
             for (size_t i = 92; i < 96; i++) { FUZZ_CHECK(again[i] == 0); again[i] = data[i]; }   /* reserved */
