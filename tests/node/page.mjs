@@ -193,6 +193,10 @@ try {
   await page.select("#window", "60");
   await page.waitForFunction(() => +document.querySelector("#drives svg[data-member='1']")?.dataset.points >= 4 &&
     +document.getElementById("plot-spt").dataset.points >= 3, { timeout: T(30000) });
+  // the table is redrawn at every sample: wait for one that lists the request generating (the
+  // request runs until stopped below; a sample taken between its tokens may list it as it was)
+  const running = await page.waitForFunction(() => [...document.querySelectorAll("#requests tbody tr")].some((tr) => tr.children[1]?.textContent === "generating"),
+    { timeout: T(10000) }).then(() => true, () => false);
   const plots = await page.evaluate(() => {
     const d = (s) => ({ points: +s.dataset.points, max: +s.dataset.max, lines: s.querySelectorAll("polyline:not(.limit)").length,
                         level: s.querySelectorAll("polyline.limit").length });
@@ -215,7 +219,7 @@ try {
      `bytes per generated token plotted (max ${(plots.bpt.max / 1e6).toFixed(1)} MB; the server's decoding sweeps: ${(bpt / 1e6).toFixed(1)} MB)`, plots.bpt);
   ok(plots.spt.points >= 3 && plots.spt.max > 0, "seconds per generated token plotted", plots.spt);
   ok(plots.hits.points >= 3 && plots.batch.points >= 3 && plots.batch.max >= 1, "expert cache hit rate and positions per sweep plotted", [plots.hits, plots.batch]);
-  ok(plots.rows.some((r) => r[1] === "generating"), "the running request listed with its state", plots.rows);
+  ok(running, "the running request listed with its state", { rows: plots.rows, health: during.requests });
   ok(plots.plan >= 4 && plots.layers.join(" ") === "pinned pinned pinned head streamed",
      "the memory plan drawn: the budget's parts, 3 pinned layers and lm_head streamed", plots);
   await page.screenshot({ path: join(outDir, "machine.png") });
