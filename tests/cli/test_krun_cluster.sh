@@ -4,7 +4,7 @@
 # process's at several budgets, thread counts and rank counts, with the experts
 # computed where they are read and trunk layers on other ranks (pipeline
 # stages: chosen by the ranks' budgets, or given); speculative decoding, state
-# files, krun chat, krun serve and krun batch across stages; a set laid out for
+# files, krun chat, krun serve and krun batch across stages; the EAGLE drafter; a set laid out for
 # two machines (kpack convert --machines), each rank with only its own members;
 # the cluster plan; and the faults: a damaged expert read on another rank, a
 # rank killed, a failed send, a member on no machine, krun batch resumed after
@@ -110,6 +110,26 @@ cmp -s "$T/s0.ids" "$T/s1.ids" && cmp -s "$T/s0.bin" "$T/s1.bin" && cmp -s "$T/s
     --print-ids --stages 1,1 >"$T/c1.ids" 2>"$T/err"
 cmp -s "$T/c0.ids" "$T/c1.ids" && cmp -s "$T/c0.bin" "$T/c1.bin" \
     && ok "--load-state over 2 stages (layer 1 sent to rank 1) continues as one process" || notok "--load-state across stages: $(head -c 300 "$T/err")"
+
+# the EAGLE drafter under mpirun: its taps read the trunk's hidden state on rank 0, so every trunk
+# layer stays there (the other ranks compute experts) and the drafts, ids and logits are one process's;
+# --stages N,N with a drafter is refused, naming --stages off
+"$BIN/k3synth" "$T/dm" --single-file --seed 5 --logit-gain 4 --quiet && "$BIN/kpack" convert "$T/dm" "$T/dm.kpk" --quiet \
+    && "$BIN/k3synth" "$T/dd" --drafter --target "$T/dm" --seed 5 --quiet && "$BIN/kpack" convert "$T/dd" "$T/dd.kpk" --quiet \
+    || notok "the drafter pair"
+D_IDS=3,7,11,5,9,4,4,31,2
+"$BIN/krun" "$T/dm.kpk" --ids $D_IDS --gen 40 --ignore-eos --print-ids --quiet --dump-gen-logits "$T/d0.bin" --draft off >"$T/d0.ids"
+"${MPI[@]}" -np 2 "$BIN/krun" "$T/dm.kpk" --ids $D_IDS --gen 40 --ignore-eos --print-ids --quiet --dump-gen-logits "$T/d1.bin" \
+    --draft "$T/dd.kpk" --spec 4 --json "$T/d1.json" >"$T/d1.ids" 2>"$T/err"
+cmp -s "$T/d0.ids" "$T/d1.ids" && cmp -s "$T/d0.bin" "$T/d1.bin" \
+    && python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); assert j["spec"]["drafted"] > 0, j["spec"]' "$T/d1.json" \
+    && ok "--draft over 2 ranks (every trunk layer on rank 0, experts on both) == one process without it: ids and every generated token's logits" \
+    || notok "--draft under mpirun: $(head -c 300 "$T/err")"
+"${MPI[@]}" -np 2 "$T/run.sh" "$T/rc" "$BIN/krun" "$T/dm.kpk" --ids $D_IDS --gen 4 --quiet --draft "$T/dd.kpk" --spec 4 --stages 3,3 \
+    >/dev/null 2>"$T/err"
+[ "$(cat "$T/rc" 2>/dev/null)" = 2 ] && grep -q -- "--stages with a drafter.*--stages off" "$T/err" \
+    && ok "--draft with --stages 3,3: refused (exit 2), naming --stages off" \
+    || notok "--draft with --stages N,N: rc $(cat "$T/rc" 2>/dev/null): $(head -c 300 "$T/err")"
 
 # krun chat, krun serve, krun batch across three stages
 printf 'hello there\n/save %s\nhow are you\n/quit\n' "$T/ch0" >"$T/chat0.in"
