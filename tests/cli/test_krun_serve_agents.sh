@@ -251,7 +251,7 @@ EOF
         && ok "opencode $("$AGENTS/opencode" --version 2>/dev/null | tail -1) (opencode run, @ai-sdk/openai-compatible: streamed chat completions with tools): a turn completed ($((a - ${b:-0})) requests)" \
         || notok "opencode: exit $rc: $(tail -3 "$T/opencode.err")"
 else
-    skip "the coding-agent CLIs: not installed (npm install --prefix tests/agents --ignore-scripts --no-save; .ci/run does it)"
+    skip "the coding-agent CLIs: not installed (bash tests/agents/install.sh; .ci/run does it)"
 fi
 
 stop
