@@ -205,19 +205,8 @@ int ollama_stream_feed(ollama_stream *s, const char *p, size_t n, double now, kb
 {
     kbuf_add(&s->in, p, n);
     if (s->in.oom) return -1;
-    for (;;) {
-        char *end;
-        size_t len, blank = 0;
-        /* blank lines between events are no event (SSE): a block begins at its first line */
-        while (blank < s->in.n && s->in.p[blank] == '\n') blank++;
-        memmove(s->in.p, s->in.p + blank, s->in.n - blank);
-        s->in.n -= blank;
-        if (!(end = s->in.n ? memmem(s->in.p, s->in.n, "\n\n", 2) : NULL)) break;
-        len = (size_t)(end - s->in.p);
+    for (size_t len; kbuf_sse_block(&s->in, &len); kbuf_drop(&s->in, len + 2))
         if (!s->over && len >= 6 && !memcmp(s->in.p, "data: ", 6)) chunk(s, s->in.p + 6, len - 6, now, out);
-        memmove(s->in.p, end + 2, s->in.n - len - 2);
-        s->in.n -= len + 2;
-    }
     return out->oom ? -1 : s->over;
 }
 

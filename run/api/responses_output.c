@@ -369,15 +369,7 @@ int oresp_stream_feed(oresp_stream *s, const char *p, size_t n, kbuf *out)
 {
     kbuf_add(&s->in, p, n);
     if (s->in.oom) return -1;
-    for (;;) {
-        char *end;
-        size_t len, blank = 0;
-        /* blank lines between events are no event (SSE): a block begins at its first line */
-        while (blank < s->in.n && s->in.p[blank] == '\n') blank++;
-        memmove(s->in.p, s->in.p + blank, s->in.n - blank);
-        s->in.n -= blank;
-        if (!(end = s->in.n ? memmem(s->in.p, s->in.n, "\n\n", 2) : NULL)) break;
-        len = (size_t)(end - s->in.p);
+    for (size_t len; kbuf_sse_block(&s->in, &len); kbuf_drop(&s->in, len + 2)) {
         if (s->over) {
             /* nothing more: what follows the end is the chat's [DONE] */
         } else if (len >= 6 && !memcmp(s->in.p, "data: ", 6)) {
@@ -385,8 +377,6 @@ int oresp_stream_feed(oresp_stream *s, const char *p, size_t n, kbuf *out)
         } else if (len && s->in.p[0] == ':') {
             kbuf_add(out, s->in.p, len + 2);            /* a progress comment: passed on */
         }
-        memmove(s->in.p, end + 2, s->in.n - len - 2);
-        s->in.n -= len + 2;
     }
     if (s->oom || out->oom) return -1;
     return s->over;

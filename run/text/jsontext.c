@@ -51,6 +51,26 @@ void kbuf_free(kbuf *b)
     memset(b, 0, sizeof *b);
 }
 
+void kbuf_drop(kbuf *b, size_t n)
+{
+    if (n > b->n) n = b->n;
+    memmove(b->p, b->p + n, b->n - n);
+    b->n -= n;
+    if (b->p) b->p[b->n] = 0;
+}
+
+int kbuf_sse_block(kbuf *b, size_t *len)
+{
+    size_t blank = 0;
+    const char *end;
+    /* blank lines between events are no event (SSE): a block begins at its first line */
+    while (blank < b->n && b->p[blank] == '\n') blank++;
+    kbuf_drop(b, blank);
+    if (!(end = b->n ? memmem(b->p, b->n, "\n\n", 2) : NULL)) return 0;
+    *len = (size_t)(end - b->p);
+    return 1;
+}
+
 /* ------------------------------------------------------------------------------------------ */
 
 void kjson_py_float(double x, kbuf *out)

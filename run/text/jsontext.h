@@ -20,6 +20,12 @@ void kbuf_add(kbuf *b, const void *p, size_t n);
 void kbuf_puts(kbuf *b, const char *s);
 void kbuf_printf(kbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void kbuf_free(kbuf *b);
+/* Removes the first n bytes (all of them if n is more). */
+void kbuf_drop(kbuf *b, size_t n);
+/* Server-sent events read from b: drops the blank lines at its head, then returns 1 with *len the
+ * length of the block at b->p that a blank line ends (the caller drops len + 2 once it has read
+ * it), or 0 while no block is whole yet. */
+int kbuf_sse_block(kbuf *b, size_t *len);
 
 /* Python json.dumps(v, ensure_ascii=False, sort_keys=sort_keys, separators=(",", ":") if compact
  * else (", ", ": ")): floats as Python's repr (shortest round trip, "1e+16", "1e-05", "2.0"),
