@@ -736,28 +736,66 @@ typedef struct {
     size_t words, cap_words;
     uint32_t *at, *len;          /* per subset: where in sets, how many */
     uint8_t *flags;
-    size_t n;
-    uint32_t *hash;              /* open addressing over the subsets */
+    uint32_t *table;             /* [cap * 256]: the subsets' byte table */
+    size_t n, cap;
+    uint32_t *hash;              /* open addressing over the subsets, at most half full */
     size_t hcap;
 } subsets;
+
+static uint64_t subset_hash(const uint32_t *buf, size_t n, int acc)
+{
+    uint64_t h = 1469598103934665603ull ^ (uint64_t)acc;
+    for (size_t i = 0; i < n; i++) h = (h ^ buf[i]) * 1099511628211ull;
+    return h;
+}
+
+/* Room for one more subset: the arrays grown by doubling (most patterns need a few dozen subsets;
+ * allocating for SUBSET_MAX up front cost more than the construction), the hash table rebuilt. */
+static int subsets_grow(subsets *z)
+{
+    size_t cap = z->cap ? 2 * z->cap : 64, hcap = 4 * cap + 1;
+    uint32_t *at, *len, *table, *hash;
+    uint8_t *flags;
+    if (cap > SUBSET_MAX) cap = SUBSET_MAX;
+    if ((at = realloc(z->at, cap * sizeof *at))) z->at = at;
+    if ((len = realloc(z->len, cap * sizeof *len))) z->len = len;
+    if ((flags = realloc(z->flags, cap))) z->flags = flags;
+    if ((table = realloc(z->table, cap * 256 * sizeof *table))) z->table = table;
+    if (!at || !len || !flags || !table || !(hash = malloc(hcap * sizeof *hash))) return -1;
+    memset(hash, 0xff, hcap * sizeof *hash);
+    for (size_t k = 0; k < z->n; k++) {
+        size_t h = (size_t)(subset_hash(z->sets + z->at[k], z->len[k], z->flags[k] & KDFA_ACCEPT) % hcap);
+        while (hash[h] != 0xffffffffu) h = (h + 1) % hcap;
+        hash[h] = (uint32_t)k;
+    }
+    free(z->hash);
+    z->hash = hash;
+    z->hcap = hcap;
+    z->cap = cap;
+    return 0;
+}
 
 /* The subset (buf[0..n), acc) numbered: its number, or KDFA_DEAD when out of room or memory. */
 static uint32_t intern(subsets *z, const nfa *a, const uint32_t *buf, size_t n, int acc)
 {
-    uint64_t h = 1469598103934665603ull ^ (uint64_t)acc;
+    uint64_t h = subset_hash(buf, n, acc ? KDFA_ACCEPT : 0);
     size_t at;
-    for (size_t i = 0; i < n; i++) h = (h ^ buf[i]) * 1099511628211ull;
-    at = (size_t)(h % z->hcap);
-    while (z->hash[at] != 0xffffffffu) {
-        uint32_t k = z->hash[at];
-        if (z->len[k] == n && (z->flags[k] & KDFA_ACCEPT) == (acc ? KDFA_ACCEPT : 0) && !memcmp(z->sets + z->at[k], buf, n * sizeof *buf))
-            return k;
-        at = (at + 1) % z->hcap;
+    if (z->hcap) {
+        at = (size_t)(h % z->hcap);
+        while (z->hash[at] != 0xffffffffu) {
+            uint32_t k = z->hash[at];
+            if (z->len[k] == n && (z->flags[k] & KDFA_ACCEPT) == (acc ? KDFA_ACCEPT : 0) && !memcmp(z->sets + z->at[k], buf, n * sizeof *buf))
+                return k;
+            at = (at + 1) % z->hcap;
+        }
     }
     if (z->n == SUBSET_MAX) {
         refuse(a->p, "the pattern is too complex for constrained decoding (more than %d states)", KDFA_MAX_STATES);
         return KDFA_DEAD;
     }
+    if (z->n == z->cap && subsets_grow(z)) { a->p->oom = 1; return KDFA_DEAD; }
+    at = (size_t)(h % z->hcap);
+    while (z->hash[at] != 0xffffffffu) at = (at + 1) % z->hcap;
     if (z->words + n > z->cap_words) {
         size_t cap = z->cap_words ? 2 * z->cap_words : 4096;
         uint32_t *v;
@@ -783,7 +821,7 @@ static kdfa *determinize(nfa *a, int32_t lo, int32_t hi, int *empty)
     parser *p = a->p;
     closer c = {0};
     subsets z = {0};
-    uint32_t *table = NULL, *buf = NULL, *seeds = NULL, zero = 0;
+    uint32_t *buf = NULL, *seeds = NULL, zero = 0;
     uint8_t reps[256];
     int n_reps = 0, acc;
     size_t n_buf;
@@ -795,14 +833,7 @@ static kdfa *determinize(nfa *a, int32_t lo, int32_t hi, int *empty)
     c.stack = malloc((4 * a->n + a->ne + 8) * sizeof *c.stack);
     buf = malloc((a->n + 1) * sizeof *buf);
     seeds = malloc((a->ne + 1) * sizeof *seeds);
-    z.hcap = 2 * SUBSET_MAX + 1;
-    z.hash = malloc(z.hcap * sizeof *z.hash);
-    z.at = malloc(SUBSET_MAX * sizeof *z.at);
-    z.len = malloc(SUBSET_MAX * sizeof *z.len);
-    z.flags = malloc(SUBSET_MAX);
-    table = malloc((size_t)SUBSET_MAX * 256 * sizeof *table);
-    if (!c.first || !c.order || !c.mark || !c.stack || !buf || !seeds || !z.hash || !z.at || !z.len || !z.flags || !table) { p->oom = 1; goto out; }
-    memset(z.hash, 0xff, z.hcap * sizeof *z.hash);
+    if (!c.first || !c.order || !c.mark || !c.stack || !buf || !seeds) { p->oom = 1; goto out; }
     /* the edges by the state they leave */
     for (size_t i = 0; i < a->ne; i++) c.first[a->e_from[i] + 1]++;
     for (size_t s = 0; s < a->n; s++) { c.first[s + 1] += c.first[s]; a->s[s].ne = c.first[s + 1] - c.first[s]; }
@@ -842,10 +873,10 @@ static kdfa *determinize(nfa *a, int32_t lo, int32_t hi, int *empty)
                     if (target == KDFA_DEAD) goto out;
                 }
             }
-            for (int x = b; x < b_end; x++) table[s * 256 + (size_t)x] = target;
+            for (int x = b; x < b_end; x++) z.table[s * 256 + (size_t)x] = target;
         }
     }
-    d = kdfa_from_table((uint32_t)z.n, table, z.flags, a->enc, lo, hi, empty);
+    d = kdfa_from_table((uint32_t)z.n, z.table, z.flags, a->enc, lo, hi, empty);
     if (!d && !*empty) p->oom = 1;
     else if (d && d->n > KDFA_MAX_STATES) {
         kdfa_free(d);
@@ -854,8 +885,8 @@ static kdfa *determinize(nfa *a, int32_t lo, int32_t hi, int *empty)
     }
 out:
     free(c.first); free(c.order); free(c.mark); free(c.stack);
-    free(buf); free(seeds); free(table);
-    free(z.sets); free(z.at); free(z.len); free(z.flags); free(z.hash);
+    free(buf); free(seeds);
+    free(z.sets); free(z.at); free(z.len); free(z.flags); free(z.table); free(z.hash);
     return d;
 }
 
