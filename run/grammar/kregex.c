@@ -815,8 +815,12 @@ static uint32_t intern(subsets *z, const nfa *a, const uint32_t *buf, size_t n, 
     return (uint32_t)z->n++;
 }
 
-/* The deterministic automaton of a (start state 0) as a full byte table, then minimized. */
-static kdfa *determinize(nfa *a, int32_t lo, int32_t hi, int *empty)
+/* The raw subset table, when asked for (kregex_table) instead of the minimized automaton. */
+typedef struct { uint32_t n, *next; uint8_t *flags; } raw_table;
+
+/* The deterministic automaton of a (start state 0) as a full byte table, then minimized (or, with
+ * raw, that table handed over). */
+static kdfa *determinize(nfa *a, int32_t lo, int32_t hi, int *empty, raw_table *raw)
 {
     parser *p = a->p;
     closer c = {0};
@@ -876,6 +880,11 @@ static kdfa *determinize(nfa *a, int32_t lo, int32_t hi, int *empty)
             for (int x = b; x < b_end; x++) z.table[s * 256 + (size_t)x] = target;
         }
     }
+    if (raw) {
+        raw->n = (uint32_t)z.n; raw->next = z.table; raw->flags = z.flags;
+        z.table = NULL; z.flags = NULL;
+        goto out;
+    }
     d = kdfa_from_table((uint32_t)z.n, z.table, z.flags, a->enc, lo, hi, empty);
     if (!d && !*empty) p->oom = 1;
     else if (d && d->n > KDFA_MAX_STATES) {
@@ -907,8 +916,8 @@ static size_t utf8_decode(const char *s, size_t len, uint32_t *out)
     return n;
 }
 
-kdfa *kregex_compile(const char *re, size_t len, int flags, int enc, int32_t lo, int32_t hi, int *empty, int *oom,
-                     char *msg, size_t mlen)
+static kdfa *compile(const char *re, size_t len, int flags, int enc, int32_t lo, int32_t hi, int *empty, int *oom,
+                     char *msg, size_t mlen, raw_table *raw)
 {
     parser p = {0};
     atree t = {0};
@@ -949,7 +958,7 @@ kdfa *kregex_compile(const char *re, size_t len, int flags, int enc, int32_t lo,
                 a.s[post].out = acc;
                 a.s[post].out1 = more;
                 spell_any(&a, more, post);
-                if (!p.bad && !p.oom) d = determinize(&a, lo, hi, empty);
+                if (!p.bad && !p.oom) d = determinize(&a, lo, hi, empty, raw);
             }
         }
     }
@@ -963,6 +972,22 @@ kdfa *kregex_compile(const char *re, size_t len, int flags, int enc, int32_t lo,
     free(a.e_from);
     free(p.cp);
     return d;
+}
+
+kdfa *kregex_compile(const char *re, size_t len, int flags, int enc, int32_t lo, int32_t hi, int *empty, int *oom,
+                     char *msg, size_t mlen)
+{
+    return compile(re, len, flags, enc, lo, hi, empty, oom, msg, mlen, NULL);
+}
+
+int kregex_table(const char *re, size_t len, int flags, int enc, uint32_t *n, uint32_t **next, uint8_t **fl, int *oom, char *msg, size_t mlen)
+{
+    raw_table raw = {0};
+    int empty;
+    compile(re, len, flags, enc, 0, 0, &empty, oom, msg, mlen, &raw);
+    if (!raw.next) { free(raw.flags); return -1; }
+    *n = raw.n; *next = raw.next; *fl = raw.flags;
+    return 0;
 }
 
 /* ---- formats -------------------------------------------------------------------------------- */
