@@ -151,11 +151,21 @@ static int feasible(const kdfa *d, uint32_t t, int32_t ca)
 
 /* ---- building ------------------------------------------------------------------------------ */
 
+/* An automaton as kdfa_from_columns takes it: n states, next[s * w + col[b]] after byte b. */
+typedef struct {
+    uint32_t n, w;
+    const uint8_t *col;
+    const uint32_t *next;
+    const uint8_t *flags;
+} table;
+
 /* live[s]: s is reachable from the start and an accepting state is reachable from it.  One search
  * forwards from the start, then one backwards over the reverse edges from the accepting states.
  * -1 when out of memory. */
-static int live_states(uint32_t n, const uint32_t *next, const uint8_t *flags, uint8_t *live)
+static int live_states(const table *tb, uint8_t *live)
 {
+    uint32_t n = tb->n, w = tb->w;
+    const uint32_t *next = tb->next;
     uint8_t *reach = calloc(n, 1);
     uint32_t *stack = malloc((size_t)n * sizeof *stack), *first = calloc((size_t)n + 1, sizeof *first), *pred = NULL;
     size_t sp = 0, edges = 0;
@@ -165,18 +175,18 @@ static int live_states(uint32_t n, const uint32_t *next, const uint8_t *flags, u
     stack[sp++] = 0;
     while (sp) {
         uint32_t s = stack[--sp];
-        for (int b = 0; b < 256; b++) {
-            uint32_t t = next[(size_t)s * 256 + b];
+        for (uint32_t c = 0; c < w; c++) {
+            uint32_t t = next[(size_t)s * w + c];
             if (t != KDFA_DEAD && !reach[t]) { reach[t] = 1; stack[sp++] = t; }
         }
     }
-    /* the reverse edges of the reachable states (a run of bytes to the same state: one edge) */
+    /* the reverse edges of the reachable states (a run of columns to the same state: one edge) */
     for (int pass = 0; pass < 2; pass++) {
         for (uint32_t s = 0; s < n; s++) {
             uint32_t prev = KDFA_DEAD;
             if (!reach[s]) continue;
-            for (int b = 0; b < 256; b++) {
-                uint32_t t = next[(size_t)s * 256 + b];
+            for (uint32_t c = 0; c < w; c++) {
+                uint32_t t = next[(size_t)s * w + c];
                 if (t == KDFA_DEAD || t == prev) continue;
                 prev = t;
                 if (!pass) { first[t + 1]++; edges++; }
@@ -193,7 +203,7 @@ static int live_states(uint32_t n, const uint32_t *next, const uint8_t *flags, u
         }
     }
     for (uint32_t s = 0; s < n; s++) {
-        live[s] = reach[s] && (flags[s] & KDFA_ACCEPT);
+        live[s] = reach[s] && (tb->flags[s] & KDFA_ACCEPT);
         if (live[s]) stack[sp++] = s;
     }
     while (sp) {
@@ -207,37 +217,48 @@ out:
     return rc;
 }
 
-/* A transition over the live states: a dead one, or one to a state that is not live, is KDFA_DEAD. */
-static uint32_t live_next(const uint32_t *next, const uint8_t *live, uint32_t s, int b)
+/* A transition (column c) over the live states: a dead one, or one to a state that is not live, is
+ * KDFA_DEAD. */
+static uint32_t live_next(const table *tb, const uint8_t *live, uint32_t s, uint32_t c)
 {
-    uint32_t t = next[(size_t)s * 256 + b];
+    uint32_t t = tb->next[(size_t)s * tb->w + c];
     return t != KDFA_DEAD && live[t] ? t : KDFA_DEAD;
 }
 
 /* Byte classes: bytes whose columns (over the live states) are equal, numbered in the order of their
- * first byte.  The bytes' partition refined by one row after another (the table read in its order):
- * bytes stay together while their class and their target in the row agree, each new class numbered
- * at its first byte.  Returns the count. */
-static uint32_t byte_classes(uint32_t n, const uint32_t *next, const uint8_t *live, uint8_t cls[256])
+ * first byte.  The columns' partition refined by one row after another (the table read in its
+ * order): columns stay together while their class and their target in the row agree; then each
+ * byte takes its column's class.  Returns the count. */
+static uint32_t byte_classes(const table *tb, const uint8_t *live, uint8_t cls[256])
 {
-    uint32_t n_cls = 1;
-    memset(cls, 0, 256);
-    for (uint32_t s = 0; s < n && n_cls < 256; s++) {
+    uint32_t w = tb->w, n_cls = 1, count = 0, num[256];
+    uint8_t ccls[256];
+    memset(ccls, 0, w);
+    for (uint32_t s = 0; s < tb->n && n_cls < w; s++) {
         /* (class, target) -> new class, open addressing over the row's at most 256 pairs */
-        uint32_t key_cls[512], key_t[512], count = 0;
+        uint32_t key_cls[512], key_t[512];
         uint8_t val[512], fresh[256];
         if (!live[s]) continue;
+        count = 0;
         memset(key_cls, 0xff, sizeof key_cls);
-        for (int b = 0; b < 256; b++) {
-            uint32_t t = live_next(next, live, s, b), h = (cls[b] * 0x9E3779B1u ^ t * 0x85EBCA77u) >> 23;
-            while (key_cls[h] != 0xffffffffu && !(key_cls[h] == cls[b] && key_t[h] == t)) h = (h + 1) & 511;
-            if (key_cls[h] == 0xffffffffu) { key_cls[h] = cls[b]; key_t[h] = t; val[h] = (uint8_t)count++; }
-            fresh[b] = val[h];
+        for (uint32_t c = 0; c < w; c++) {
+            uint32_t t = live_next(tb, live, s, c), h = (ccls[c] * 0x9E3779B1u ^ t * 0x85EBCA77u) >> 23;
+            while (key_cls[h] != 0xffffffffu && !(key_cls[h] == ccls[c] && key_t[h] == t)) h = (h + 1) & 511;
+            if (key_cls[h] == 0xffffffffu) { key_cls[h] = ccls[c]; key_t[h] = t; val[h] = (uint8_t)count++; }
+            fresh[c] = val[h];
         }
-        memcpy(cls, fresh, 256);
+        memcpy(ccls, fresh, w);
         n_cls = count;
     }
-    return n_cls;
+    /* numbered by first byte (the columns need not be in byte order) */
+    for (uint32_t k = 0; k < 256; k++) num[k] = KDFA_DEAD;
+    count = 0;
+    for (int b = 0; b < 256; b++) {
+        uint8_t k = ccls[tb->col[b]];
+        if (num[k] == KDFA_DEAD) num[k] = count++;
+        cls[b] = (uint8_t)num[k];
+    }
+    return count;
 }
 
 /* Equivalent live states merged: Hopcroft's refinement over the byte classes, starting from the
@@ -289,24 +310,24 @@ static void part_split(partition *p)
     }
 }
 
-static uint32_t refine(uint32_t n, const uint32_t *next, const uint8_t *flags, const uint8_t *live, const uint8_t cls[256], uint32_t n_cls,
-                       uint32_t *block, uint32_t *rep)
+static uint32_t refine(const table *tb, const uint8_t *live, const uint8_t cls[256], uint32_t n_cls, uint32_t *block, uint32_t *rep)
 {
+    uint32_t n = tb->n;
     partition p = {0};
     uint32_t m = 0, *idx = malloc((size_t)n * sizeof *idx), *orig = malloc((size_t)n * sizeof *orig), *first = NULL, *src = NULL, *snap = NULL;
     uint32_t *cnt = NULL, *bucket = NULL, *num = NULL, result = KDFA_DEAD, sink;
-    uint8_t *pcls = NULL, rep_byte[256];
+    uint8_t *pcls = NULL, rep_col[256];
     size_t edges = 0;
     if (!idx || !orig) goto out;
     for (uint32_t s = 0; s < n; s++) if (live[s]) { idx[s] = m; orig[m++] = s; }
     sink = m;
-    for (int b = 255; b >= 0; b--) rep_byte[cls[b]] = (uint8_t)b;
+    for (int b = 255; b >= 0; b--) rep_col[cls[b]] = tb->col[b];
     /* the predecessors of each state (and the sink) by class: (src, pcls)[first[t] .. first[t + 1]) */
     if (!(first = calloc((size_t)m + 2, sizeof *first))) goto out;
     for (int pass = 0; pass < 2; pass++) {
         for (uint32_t i = 0; i < m; i++)
             for (uint32_t c = 0; c < n_cls; c++) {
-                uint32_t t = live_next(next, live, orig[i], rep_byte[c]);
+                uint32_t t = live_next(tb, live, orig[i], rep_col[c]);
                 t = t == KDFA_DEAD ? sink : idx[t];
                 if (!pass) first[t + 1]++;
                 else { src[first[t]] = i; pcls[first[t]++] = (uint8_t)c; }
@@ -340,7 +361,7 @@ static uint32_t refine(uint32_t n, const uint32_t *next, const uint8_t *flags, c
         for (int key = 0; key < 5; key++) {
             of_key[key] = KDFA_DEAD;
             for (uint32_t i = 0; i <= m; i++) {
-                if ((i == sink ? 4 : flags[orig[i]] & (KDFA_ACCEPT | KDFA_BOUNDARY)) != key) continue;
+                if ((i == sink ? 4 : tb->flags[orig[i]] & (KDFA_ACCEPT | KDFA_BOUNDARY)) != key) continue;
                 if (of_key[key] == KDFA_DEAD) {
                     of_key[key] = p.n_blocks++;
                     p.bfirst[of_key[key]] = p.bmid[of_key[key]] = at;
@@ -387,10 +408,13 @@ out:
     return result;
 }
 
-/* Minimize the automaton given by a full byte table (states that cannot reach an accepting one, or
- * cannot be reached, dropped; equivalent states merged), into d. */
-kdfa *kdfa_from_table(uint32_t n, const uint32_t *next, const uint8_t *flags, int enc, int32_t lo, int32_t hi, int *empty)
+/* Minimize the automaton (states that cannot reach an accepting one, or cannot be reached, dropped;
+ * equivalent states merged), into d. */
+static kdfa *from_table(const table *tb, int enc, int32_t lo, int32_t hi, int *empty)
 {
+    uint32_t n = tb->n;
+    const uint32_t *next = tb->next;
+    const uint8_t *flags = tb->flags;
     kdfa *d = NULL;
     uint8_t *live = calloc(n ? n : 1, 1);
     uint32_t *block = malloc((size_t)(n ? n : 1) * sizeof *block), *rep = malloc((size_t)(n ? n : 1) * sizeof *rep);
@@ -399,10 +423,10 @@ kdfa *kdfa_from_table(uint32_t n, const uint32_t *next, const uint8_t *flags, in
     *empty = 0;
     if (!live || !block || !rep) goto fail;
     if (!n) { *empty = 1; goto fail; }
-    if (live_states(n, next, flags, live)) goto fail;
+    if (live_states(tb, live)) goto fail;
     if (!live[0]) { *empty = 1; goto fail; }
-    n_cls = byte_classes(n, next, live, col_cls);
-    if ((n_blocks = refine(n, next, flags, live, col_cls, n_cls, block, rep)) == KDFA_DEAD) goto fail;
+    n_cls = byte_classes(tb, live, col_cls);
+    if ((n_blocks = refine(tb, live, col_cls, n_cls, block, rep)) == KDFA_DEAD) goto fail;
     d = calloc(1, sizeof *d);
     if (!d) goto fail;
     d->n = n_blocks;
@@ -421,7 +445,7 @@ kdfa *kdfa_from_table(uint32_t n, const uint32_t *next, const uint8_t *flags, in
         uint32_t s = rep[k];
         d->flags[k] = flags[s] & (KDFA_ACCEPT | KDFA_BOUNDARY);
         for (int b = 0; b < 256; b++) {
-            uint32_t t = next[(size_t)s * 256 + b];
+            uint32_t t = next[(size_t)s * tb->w + tb->col[b]];
             uint32_t v = t != KDFA_DEAD && live[t] ? block[t] : KDFA_DEAD;
             d->next[(size_t)k * n_cls + col_cls[b]] = v;
             if (v != KDFA_DEAD) d->first[k][b >> 3] |= (uint8_t)(1u << (b & 7));
@@ -435,6 +459,21 @@ fail:
     kdfa_free(d);
     free(live); free(block); free(rep);
     return NULL;
+}
+
+kdfa *kdfa_from_table(uint32_t n, const uint32_t *next, const uint8_t *flags, int enc, int32_t lo, int32_t hi, int *empty)
+{
+    uint8_t identity[256];
+    table tb = {n, 256, identity, next, flags};
+    for (int b = 0; b < 256; b++) identity[b] = (uint8_t)b;
+    return from_table(&tb, enc, lo, hi, empty);
+}
+
+kdfa *kdfa_from_columns(uint32_t n, uint32_t w, const uint8_t col[256], const uint32_t *next, const uint8_t *flags, int enc, int32_t lo, int32_t hi,
+                        int *empty)
+{
+    table tb = {n, w, col, next, flags};
+    return from_table(&tb, enc, lo, hi, empty);
 }
 
 kdfa *kdfa_intersect(const kdfa *a, const kdfa *b, int32_t lo, int32_t hi, int *empty, int *too_big)

@@ -736,8 +736,8 @@ typedef struct {
     size_t words, cap_words;
     uint32_t *at, *len;          /* per subset: where in sets, how many */
     uint8_t *flags;
-    uint32_t *table;             /* [cap * 256]: the subsets' byte table */
-    size_t n, cap;
+    uint32_t *table;             /* [cap * w]: the subsets' table, a column per run of bytes no edge tells apart */
+    size_t n, cap, w;
     uint32_t *hash;              /* open addressing over the subsets, at most half full */
     size_t hcap;
 } subsets;
@@ -760,7 +760,7 @@ static int subsets_grow(subsets *z)
     if ((at = realloc(z->at, cap * sizeof *at))) z->at = at;
     if ((len = realloc(z->len, cap * sizeof *len))) z->len = len;
     if ((flags = realloc(z->flags, cap))) z->flags = flags;
-    if ((table = realloc(z->table, cap * 256 * sizeof *table))) z->table = table;
+    if ((table = realloc(z->table, cap * z->w * sizeof *table))) z->table = table;
     if (!at || !len || !flags || !table || !(hash = malloc(hcap * sizeof *hash))) return -1;
     memset(hash, 0xff, hcap * sizeof *hash);
     for (size_t k = 0; k < z->n; k++) {
@@ -815,7 +815,8 @@ static uint32_t intern(subsets *z, const nfa *a, const uint32_t *buf, size_t n, 
     return (uint32_t)z->n++;
 }
 
-/* The raw subset table, when asked for (kregex_table) instead of the minimized automaton. */
+/* The subset table spelled out byte by byte, when asked for (kregex_table) instead of the minimized
+ * automaton. */
 typedef struct { uint32_t n, *next; uint8_t *flags; } raw_table;
 
 /* The deterministic automaton of a (start state 0) as a full byte table, then minimized (or, with
@@ -826,7 +827,7 @@ static kdfa *determinize(nfa *a, int32_t lo, int32_t hi, int *empty, raw_table *
     closer c = {0};
     subsets z = {0};
     uint32_t *buf = NULL, *seeds = NULL, zero = 0;
-    uint8_t reps[256];
+    uint8_t reps[256], col[256];
     int n_reps = 0, acc;
     size_t n_buf;
     kdfa *d = NULL;
@@ -852,7 +853,11 @@ static kdfa *determinize(nfa *a, int32_t lo, int32_t hi, int *empty, raw_table *
         uint8_t cut[257] = {0};
         cut[0] = 1;
         for (size_t i = 0; i < a->ne; i++) { cut[a->e[i].lo] = 1; cut[a->e[i].hi + 1] = 1; }
-        for (int b = 0; b < 256; b++) if (cut[b]) reps[n_reps++] = (uint8_t)b;
+        for (int b = 0; b < 256; b++) {
+            if (cut[b]) reps[n_reps++] = (uint8_t)b;
+            col[b] = (uint8_t)(n_reps - 1);
+        }
+        z.w = (size_t)n_reps;
     }
     n_buf = closure(&c, &zero, 1, 1, buf, &acc);
     if (intern(&z, a, buf, n_buf, acc) == KDFA_DEAD) goto out;
@@ -860,7 +865,6 @@ static kdfa *determinize(nfa *a, int32_t lo, int32_t hi, int *empty, raw_table *
     for (size_t s = 0; s < z.n; s++) {
         for (int k = 0; k < n_reps; k++) {
             uint8_t b = reps[k];
-            int b_end = k + 1 < n_reps ? reps[k + 1] : 256;
             size_t n_seeds = 0;
             uint32_t target = KDFA_DEAD;
             for (uint32_t i = 0; i < z.len[s]; i++) {
@@ -877,15 +881,18 @@ static kdfa *determinize(nfa *a, int32_t lo, int32_t hi, int *empty, raw_table *
                     if (target == KDFA_DEAD) goto out;
                 }
             }
-            for (int x = b; x < b_end; x++) z.table[s * 256 + (size_t)x] = target;
+            z.table[s * z.w + (size_t)k] = target;
         }
     }
     if (raw) {
-        raw->n = (uint32_t)z.n; raw->next = z.table; raw->flags = z.flags;
-        z.table = NULL; z.flags = NULL;
+        if (!(raw->next = malloc(z.n * 256 * sizeof *raw->next))) { p->oom = 1; goto out; }
+        for (size_t s = 0; s < z.n; s++)
+            for (int b = 0; b < 256; b++) raw->next[s * 256 + (size_t)b] = z.table[s * z.w + col[b]];
+        raw->n = (uint32_t)z.n; raw->flags = z.flags;
+        z.flags = NULL;
         goto out;
     }
-    d = kdfa_from_table((uint32_t)z.n, z.table, z.flags, a->enc, lo, hi, empty);
+    d = kdfa_from_columns((uint32_t)z.n, (uint32_t)z.w, col, z.table, z.flags, a->enc, lo, hi, empty);
     if (!d && !*empty) p->oom = 1;
     else if (d && d->n > KDFA_MAX_STATES) {
         kdfa_free(d);

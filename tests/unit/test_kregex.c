@@ -396,11 +396,13 @@ static int same_kdfa(const kdfa *a, const kdfa *b)
            (!a->most || !memcmp(a->most, b->most, (size_t)a->n * sizeof *a->most));
 }
 
-/* Both minimizations of one table, compared; 1 when they agree.  *nonempty counts the automata built. */
-static int minimize_both(uint32_t n, const uint32_t *next, const uint8_t *flags, int enc, int32_t lo, int32_t hi, const char *what, long *built)
+/* a (NULL: *empty e1), built from the byte table next, against the reference's minimization of it; 1
+ * when they agree (a freed).  *built counts the automata built. */
+static int against_reference(kdfa *a, int e1, uint32_t n, const uint32_t *next, const uint8_t *flags, int enc, int32_t lo, int32_t hi, const char *what,
+                             long *built)
 {
-    int e1, e2, ok;
-    kdfa *a = kdfa_from_table(n, next, flags, enc, lo, hi, &e1), *b = ref_kdfa_from_table(n, next, flags, enc, lo, hi, &e2);
+    int e2, ok;
+    kdfa *b = ref_kdfa_from_table(n, next, flags, enc, lo, hi, &e2);
     ok = e1 == e2 && same_kdfa(a, b) && (a || e1);
     if (!ok) printf("# %s (%u states, %d..%d): new %u states/%u classes (empty %d), reference %u/%u (empty %d)\n", what, n, lo, hi,
                     a ? a->n : 0, a ? a->n_classes : 0, e1, b ? b->n : 0, b ? b->n_classes : 0, e2);
@@ -408,6 +410,24 @@ static int minimize_both(uint32_t n, const uint32_t *next, const uint8_t *flags,
     kdfa_free(a);
     kdfa_free(b);
     return ok;
+}
+
+static int minimize_both(uint32_t n, const uint32_t *next, const uint8_t *flags, int enc, int32_t lo, int32_t hi, const char *what, long *built)
+{
+    int e1;
+    kdfa *a = kdfa_from_table(n, next, flags, enc, lo, hi, &e1);
+    return against_reference(a, e1, n, next, flags, enc, lo, hi, what, built);
+}
+
+/* kregex_compile's automaton (its subset table in columns, kdfa_from_columns) against the reference's
+ * minimization of the same table spelled out byte by byte. */
+static int compile_both(const char *re, size_t len, int enc, int32_t lo, int32_t hi, uint32_t n, const uint32_t *next, const uint8_t *flags,
+                        const char *what, long *built)
+{
+    char msg[400];
+    int e1, oom;
+    kdfa *a = kregex_compile(re, len, 0, enc, lo, hi, &e1, &oom, msg, sizeof msg);
+    return against_reference(a, e1, n, next, flags, enc, lo, hi, what, built);
 }
 
 /* Random lengths: none, a maxLength, both, or a minLength alone. */
@@ -526,7 +546,8 @@ static int fuzz_corpus_patterns(const char *dir, long *tried, long *built, int *
             if (!kregex_table(re, rlen, 0, enc, &n, &next, &flags, &oom, msg, sizeof msg)) {
                 *bad += !minimize_both(n, next, flags, enc, b == 2 ? lo : 0, b ? hi : NO_MAX, path, built);
                 *bad += !minimize_both(n, next, flags, enc, 0, NO_MAX, path, built);
-                (*tried) += 2;
+                *bad += !compile_both(re, rlen, enc, b == 2 ? lo : 0, b ? hi : NO_MAX, n, next, flags, path, built);
+                (*tried) += 3;
                 free(next); free(flags);
             }
         }
@@ -557,7 +578,8 @@ static void test_minimize_reference(void)
             for (int b = 0; b < 4; b++) {
                 int32_t lo = b >= 2 ? 2 : 0, hi = b == 1 || b == 2 ? 7 : NO_MAX;
                 bad += !minimize_both(n, next, flags, enc, lo, hi, re, &built);
-                tried++;
+                bad += !compile_both(re, strlen(re), enc, lo, hi, n, next, flags, re, &built);
+                tried += 2;
             }
             free(next); free(flags);
         }
@@ -582,7 +604,7 @@ static void test_minimize_reference(void)
             }
             kdfa_free(d);
         }
-    /* random tables: plain, copies of a small core, chains */
+    /* random tables: plain, copies of a small core, chains; some given in columns */
     for (int t = 0; t < 3000; t++) {
         int kind = t % 3;
         uint32_t n = kind == 2 ? 2 + (uint32_t)(rnd() % 300) : 1 + (uint32_t)(rnd() % 80), k = kind == 1 ? 1 + (uint32_t)(rnd() % 8) : 0;
@@ -593,10 +615,26 @@ static void test_minimize_reference(void)
         random_bounds(&lo, &hi);
         bad += !minimize_both(n, next, flags, (int)(rnd() % 2), lo, hi, kind == 2 ? "a random chain" : kind ? "random copies" : "a random table", &built);
         tried++;
+        if (t % 2) {
+            /* the same rows read through a random column map of w columns: kdfa_from_columns */
+            uint32_t w = 1 + (uint32_t)(rnd() % 40), *cnext = xmalloc((size_t)n * w * sizeof *cnext);
+            uint8_t col[256];
+            int enc = (int)(rnd() % 2), e1;
+            kdfa *a;
+            for (int b = 0; b < 256; b++) col[b] = (uint8_t)(rnd() % w);
+            for (uint32_t s = 0; s < n; s++)
+                for (uint32_t c = 0; c < w; c++) cnext[(size_t)s * w + c] = next[(size_t)s * 256 + rnd() % 256];
+            for (uint32_t s = 0; s < n; s++)
+                for (int b = 0; b < 256; b++) next[(size_t)s * 256 + b] = cnext[(size_t)s * w + col[b]];
+            a = kdfa_from_columns(n, w, col, cnext, flags, enc, lo, hi, &e1);
+            bad += !against_reference(a, e1, n, next, flags, enc, lo, hi, "a random column table", &built);
+            tried++;
+            free(cnext);
+        }
         free(next); free(flags);
     }
-    CHECK(!bad && built > tried / 3, "%ld tables (the patterns', %ld of fuzz_regex's corpus, inflated formats, random ones; %ld not empty) minimized exactly "
-          "as the reference does: same states, numbering, classes, transitions, flags, first bytes, length tables (%d differ)", tried, corpus, built, bad);
+    CHECK(!bad && built > tried / 3, "%ld tables (the patterns' and kregex_compile's, %ld of fuzz_regex's corpus, inflated formats, random ones, in bytes and in columns; "
+          "%ld not empty) minimized exactly as the reference does: same states, numbering, classes, transitions, flags, first bytes, length tables (%d differ)", tried, corpus, built, bad);
 }
 
 int main(void)
