@@ -826,10 +826,10 @@ static kdfa *determinize(nfa *a, int32_t lo, int32_t hi, int *empty, raw_table *
     parser *p = a->p;
     closer c = {0};
     subsets z = {0};
-    uint32_t *buf = NULL, *seeds = NULL, zero = 0;
-    uint8_t reps[256], col[256];
+    uint32_t *buf = NULL, *seeds = NULL, zero = 0, at_col[257], fill[256];
+    uint8_t col[256];
     int n_reps = 0, acc;
-    size_t n_buf;
+    size_t n_buf, seeds_cap = 0;
     kdfa *d = NULL;
     c.a = a;
     c.first = calloc(a->n + 1, sizeof *c.first);
@@ -837,8 +837,7 @@ static kdfa *determinize(nfa *a, int32_t lo, int32_t hi, int *empty, raw_table *
     c.mark = calloc(2 * a->n, sizeof *c.mark);
     c.stack = malloc((4 * a->n + a->ne + 8) * sizeof *c.stack);
     buf = malloc((a->n + 1) * sizeof *buf);
-    seeds = malloc((a->ne + 1) * sizeof *seeds);
-    if (!c.first || !c.order || !c.mark || !c.stack || !buf || !seeds) { p->oom = 1; goto out; }
+    if (!c.first || !c.order || !c.mark || !c.stack || !buf) { p->oom = 1; goto out; }
     /* the edges by the state they leave */
     for (size_t i = 0; i < a->ne; i++) c.first[a->e_from[i] + 1]++;
     for (size_t s = 0; s < a->n; s++) { c.first[s + 1] += c.first[s]; a->s[s].ne = c.first[s + 1] - c.first[s]; }
@@ -848,13 +847,13 @@ static kdfa *determinize(nfa *a, int32_t lo, int32_t hi, int *empty, raw_table *
         for (size_t i = 0; i < a->ne; i++) c.order[c.first[a->e_from[i]] + fill[a->e_from[i]]++] = (uint32_t)i;
         free(fill);
     }
-    /* the first byte of each run of bytes no edge tells apart */
+    /* the runs of bytes no edge tells apart: a column each */
     {
         uint8_t cut[257] = {0};
         cut[0] = 1;
         for (size_t i = 0; i < a->ne; i++) { cut[a->e[i].lo] = 1; cut[a->e[i].hi + 1] = 1; }
         for (int b = 0; b < 256; b++) {
-            if (cut[b]) reps[n_reps++] = (uint8_t)b;
+            n_reps += cut[b];
             col[b] = (uint8_t)(n_reps - 1);
         }
         z.w = (size_t)n_reps;
@@ -863,19 +862,38 @@ static kdfa *determinize(nfa *a, int32_t lo, int32_t hi, int *empty, raw_table *
     if (intern(&z, a, buf, n_buf, acc) == KDFA_DEAD) goto out;
     z.flags[0] |= KDFA_BOUNDARY;
     for (size_t s = 0; s < z.n; s++) {
-        for (int k = 0; k < n_reps; k++) {
-            uint8_t b = reps[k];
-            size_t n_seeds = 0;
-            uint32_t target = KDFA_DEAD;
-            for (uint32_t i = 0; i < z.len[s]; i++) {
-                uint32_t st = z.sets[z.at[s] + i];
-                for (uint32_t j = c.first[st]; j < c.first[st + 1]; j++) {
-                    const edge *e = &a->e[c.order[j]];
-                    if (e->lo <= b && b <= e->hi) seeds[n_seeds++] = e->to;
-                }
+        /* the targets of the subset's edges, bucketed by the columns each edge covers: seeds[at_col[k] ..
+         * at_col[k + 1]) for column k */
+        size_t total = 0;
+        memset(at_col, 0, ((size_t)n_reps + 1) * sizeof *at_col);
+        for (uint32_t i = 0; i < z.len[s]; i++) {
+            uint32_t st = z.sets[z.at[s] + i];
+            for (uint32_t j = c.first[st]; j < c.first[st + 1]; j++) {
+                const edge *e = &a->e[c.order[j]];
+                for (int k = col[e->lo]; k <= col[e->hi]; k++) at_col[k + 1]++;
+                total += (size_t)(col[e->hi] - col[e->lo]) + 1;
             }
+        }
+        if (total > seeds_cap) {
+            size_t cap = total > 2 * seeds_cap ? total : 2 * seeds_cap;
+            uint32_t *v = realloc(seeds, cap * sizeof *v);
+            if (!v) { p->oom = 1; goto out; }
+            seeds = v;
+            seeds_cap = cap;
+        }
+        for (int k = 0; k < n_reps; k++) { at_col[k + 1] += at_col[k]; fill[k] = at_col[k]; }
+        for (uint32_t i = 0; i < z.len[s]; i++) {
+            uint32_t st = z.sets[z.at[s] + i];
+            for (uint32_t j = c.first[st]; j < c.first[st + 1]; j++) {
+                const edge *e = &a->e[c.order[j]];
+                for (int k = col[e->lo]; k <= col[e->hi]; k++) seeds[fill[k]++] = e->to;
+            }
+        }
+        for (int k = 0; k < n_reps; k++) {
+            size_t n_seeds = at_col[k + 1] - at_col[k];
+            uint32_t target = KDFA_DEAD;
             if (n_seeds) {
-                n_buf = closure(&c, seeds, n_seeds, 0, buf, &acc);
+                n_buf = closure(&c, seeds + at_col[k], n_seeds, 0, buf, &acc);
                 if (n_buf || acc) {
                     target = intern(&z, a, buf, n_buf, acc);
                     if (target == KDFA_DEAD) goto out;
