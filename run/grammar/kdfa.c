@@ -55,15 +55,16 @@ static int predecessors(const kdfa *d, uint32_t **first, uint32_t **pred, uint32
 {
     uint32_t n = d->n, nc = d->n_classes;
     uint32_t *f = calloc((size_t)n + 1, sizeof *f), *o = calloc((size_t)n + 1, sizeof *o), *fill = calloc((size_t)n + 1, sizeof *fill), *p = NULL;
+    uint32_t *seen = malloc((size_t)(n ? n : 1) * sizeof *seen);   /* the last (pass, s) with an edge to t */
     size_t edges = 0;
-    if (!f || !o || !fill) goto fail;
+    if (!f || !o || !fill || !seen) goto fail;
+    memset(seen, 0xff, (size_t)n * sizeof *seen);
     for (int pass = 0; pass < 2; pass++) {
         for (uint32_t s = 0; s < n; s++)
             for (uint32_t c = 0; c < nc; c++) {
-                uint32_t t = d->next[(size_t)s * nc + c], c2;
-                if (t == KDFA_DEAD) continue;
-                for (c2 = 0; c2 < c && d->next[(size_t)s * nc + c2] != t; c2++) {}
-                if (c2 < c) continue;
+                uint32_t t = d->next[(size_t)s * nc + c];
+                if (t == KDFA_DEAD || seen[t] == (uint32_t)pass * n + s) continue;
+                seen[t] = (uint32_t)pass * n + s;
                 if (!pass) { f[t + 1]++; o[s]++; edges++; }
                 else p[f[t] + fill[t]++] = s;
             }
@@ -72,11 +73,11 @@ static int predecessors(const kdfa *d, uint32_t **first, uint32_t **pred, uint32
             if (!(p = malloc((edges ? edges : 1) * sizeof *p))) goto fail;
         }
     }
-    free(fill);
+    free(fill); free(seen);
     *first = f; *pred = p; *out = o;
     return 0;
 fail:
-    free(f); free(o); free(fill); free(p);
+    free(f); free(o); free(fill); free(p); free(seen);
     return -1;
 }
 
@@ -355,9 +356,11 @@ static uint32_t refine(const table *tb, const uint8_t *live, const uint8_t cls[2
         if (!p.elems || !p.loc || !p.blk || !p.bfirst || !p.bend || !p.bmid || !p.touched || !p.work || !p.queued || !snap || !cnt || !bucket || !num)
             goto out;
     }
-    /* the initial blocks: the live states by their flags (0..3), the sink (4) */
+    /* the initial blocks: the live states by their flags (0..3), the sink (4); all but the largest
+     * queued (the partition is stable with respect to all the states, so with respect to that one
+     * once with respect to the others) */
     {
-        uint32_t of_key[5], at = 0;
+        uint32_t of_key[5], at = 0, largest = 0;
         for (int key = 0; key < 5; key++) {
             of_key[key] = KDFA_DEAD;
             for (uint32_t i = 0; i <= m; i++) {
@@ -369,8 +372,9 @@ static uint32_t refine(const table *tb, const uint8_t *live, const uint8_t cls[2
                 p.elems[at] = i; p.loc[i] = at++; p.blk[i] = of_key[key];
                 p.bend[of_key[key]] = at;
             }
-            if (of_key[key] != KDFA_DEAD) part_queue(&p, of_key[key]);
         }
+        for (uint32_t b = 1; b < p.n_blocks; b++) if (p.bend[b] - p.bfirst[b] > p.bend[largest] - p.bfirst[largest]) largest = b;
+        for (uint32_t b = 0; b < p.n_blocks; b++) if (b != largest) part_queue(&p, b);
     }
     while (p.n_work) {
         uint32_t b = p.work[--p.n_work], ns = 0;
@@ -418,7 +422,7 @@ static kdfa *from_table(const table *tb, int enc, int32_t lo, int32_t hi, int *e
     kdfa *d = NULL;
     uint8_t *live = calloc(n ? n : 1, 1);
     uint32_t *block = malloc((size_t)(n ? n : 1) * sizeof *block), *rep = malloc((size_t)(n ? n : 1) * sizeof *rep);
-    uint8_t col_cls[256];
+    uint8_t col_cls[256], rep_col[256];
     uint32_t n_cls, n_blocks;
     *empty = 0;
     if (!live || !block || !rep) goto fail;
@@ -440,15 +444,19 @@ static kdfa *from_table(const table *tb, int enc, int32_t lo, int32_t hi, int *e
     d->first = calloc(n_blocks, sizeof *d->first);
     d->class_bytes = calloc(n_cls, sizeof *d->class_bytes);
     if (!d->next || !d->flags || !d->first || !d->class_bytes) goto fail;
-    for (int b = 0; b < 256; b++) d->class_bytes[col_cls[b]][b >> 3] |= (uint8_t)(1u << (b & 7));
+    for (int b = 255; b >= 0; b--) {
+        d->class_bytes[col_cls[b]][b >> 3] |= (uint8_t)(1u << (b & 7));
+        rep_col[col_cls[b]] = tb->col[b];
+    }
     for (uint32_t k = 0; k < n_blocks; k++) {
         uint32_t s = rep[k];
         d->flags[k] = flags[s] & (KDFA_ACCEPT | KDFA_BOUNDARY);
-        for (int b = 0; b < 256; b++) {
-            uint32_t t = next[(size_t)s * tb->w + tb->col[b]];
+        for (uint32_t c = 0; c < n_cls; c++) {
+            uint32_t t = next[(size_t)s * tb->w + rep_col[c]];
             uint32_t v = t != KDFA_DEAD && live[t] ? block[t] : KDFA_DEAD;
-            d->next[(size_t)k * n_cls + col_cls[b]] = v;
-            if (v != KDFA_DEAD) d->first[k][b >> 3] |= (uint8_t)(1u << (b & 7));
+            d->next[(size_t)k * n_cls + c] = v;
+            if (v != KDFA_DEAD)
+                for (int x = 0; x < 32; x++) d->first[k][x] |= d->class_bytes[c][x];
         }
     }
     if (lengths(d)) goto fail;
