@@ -484,44 +484,84 @@ kdfa *kdfa_from_columns(uint32_t n, uint32_t w, const uint8_t col[256], const ui
     return from_table(&tb, enc, lo, hi, empty);
 }
 
+/* The product's states so far: pairs (pa, pb), their flags and rows of w columns, and an open-addressing
+ * table of the pairs (at most a quarter full); grown by doubling. */
+typedef struct {
+    uint32_t *pa, *pb, *next, *hash;
+    uint8_t *flags;
+    size_t n, cap, hcap, w;
+} product;
+
+static size_t pair_slot(const product *z, uint32_t x, uint32_t y)
+{
+    uint64_t key = (uint64_t)x * 0x9E3779B97F4A7C15ull ^ ((uint64_t)y + 0x632BE59BD9B4E019ull);
+    size_t h = (size_t)(key % z->hcap);
+    while (z->hash[h] != 0xffffffffu && !(z->pa[z->hash[h]] == x && z->pb[z->hash[h]] == y)) h = (h + 1) % z->hcap;
+    return h;
+}
+
+static int product_grow(product *z)
+{
+    size_t cap = z->cap ? 2 * z->cap : 64, hcap = 4 * cap + 1;
+    uint32_t *pa, *pb, *next, *hash;
+    uint8_t *flags;
+    if (cap > PRODUCT_MAX) cap = PRODUCT_MAX;
+    if ((pa = realloc(z->pa, cap * sizeof *pa))) z->pa = pa;
+    if ((pb = realloc(z->pb, cap * sizeof *pb))) z->pb = pb;
+    if ((flags = realloc(z->flags, cap))) z->flags = flags;
+    if ((next = realloc(z->next, cap * z->w * sizeof *next))) z->next = next;
+    if (!pa || !pb || !flags || !next || !(hash = malloc(hcap * sizeof *hash))) return -1;
+    memset(hash, 0xff, hcap * sizeof *hash);
+    free(z->hash);
+    z->hash = hash;
+    z->hcap = hcap;
+    z->cap = cap;
+    for (size_t k = 0; k < z->n; k++) z->hash[pair_slot(z, z->pa[k], z->pb[k])] = (uint32_t)k;
+    return 0;
+}
+
+/* The pair's state, made when new: KDFA_DEAD when there is no room (*too_big) or memory. */
+static uint32_t pair_state(product *z, uint32_t x, uint32_t y, int *too_big)
+{
+    size_t h = z->hcap ? pair_slot(z, x, y) : 0;
+    if (z->hcap && z->hash[h] != 0xffffffffu) return z->hash[h];
+    if (z->n == PRODUCT_MAX) { *too_big = 1; return KDFA_DEAD; }
+    if (z->n == z->cap) {
+        if (product_grow(z)) return KDFA_DEAD;
+        h = pair_slot(z, x, y);
+    }
+    z->pa[z->n] = x;
+    z->pb[z->n] = y;
+    z->hash[h] = (uint32_t)z->n;
+    return (uint32_t)z->n++;
+}
+
 kdfa *kdfa_intersect(const kdfa *a, const kdfa *b, int32_t lo, int32_t hi, int *empty, int *too_big)
 {
-    uint32_t *pa = malloc(PRODUCT_MAX * sizeof *pa), *pb = malloc(PRODUCT_MAX * sizeof *pb), *next = NULL;
-    uint8_t *flags = malloc(PRODUCT_MAX);
-    uint32_t n = 0;
+    product z = {0};
+    uint8_t col[256], rep[256];  /* the product's columns: bytes of one class in a and one in b; a byte of each */
     kdfa *d = NULL;
-    /* an open-addressing table of the pairs seen */
-    size_t hcap = 2 * PRODUCT_MAX;
-    uint32_t *hash = malloc(hcap * sizeof *hash);
     *empty = *too_big = 0;
-    if (!pa || !pb || !flags || !hash) goto out;
-    memset(hash, 0xff, hcap * sizeof *hash);
-    next = malloc((size_t)PRODUCT_MAX * 256 * sizeof *next);
-    if (!next) goto out;
-    pa[0] = 0; pb[0] = 0; n = 1;
-    hash[0 % hcap] = 0;
-    for (uint32_t s = 0; s < n; s++) {
-        flags[s] = (uint8_t)((a->flags[pa[s]] & b->flags[pb[s]] & KDFA_ACCEPT) | (a->flags[pa[s]] & KDFA_BOUNDARY));
-        for (int c = 0; c < 256; c++) {
-            uint32_t x = a->next[(size_t)pa[s] * a->n_classes + a->cls[c]], y = b->next[(size_t)pb[s] * b->n_classes + b->cls[c]];
-            uint64_t key;
-            size_t h;
-            if (x == KDFA_DEAD || y == KDFA_DEAD) { next[(size_t)s * 256 + c] = KDFA_DEAD; continue; }
-            key = (uint64_t)x * 0x9E3779B97F4A7C15ull ^ ((uint64_t)y + 0x632BE59BD9B4E019ull);
-            h = (size_t)(key % hcap);
-            while (hash[h] != 0xffffffffu && !(pa[hash[h]] == x && pb[hash[h]] == y)) h = (h + 1) % hcap;
-            if (hash[h] == 0xffffffffu) {
-                if (n == PRODUCT_MAX) { *too_big = 1; goto out; }
-                pa[n] = x; pb[n] = y;
-                hash[h] = n++;
-            }
-            next[(size_t)s * 256 + c] = hash[h];
+    for (int c = 0; c < 256; c++) {
+        size_t k = 0;
+        while (k < z.w && !(a->cls[rep[k]] == a->cls[c] && b->cls[rep[k]] == b->cls[c])) k++;
+        if (k == z.w) rep[z.w++] = (uint8_t)c;
+        col[c] = (uint8_t)k;
+    }
+    if (pair_state(&z, 0, 0, too_big) == KDFA_DEAD) goto out;
+    for (size_t s = 0; s < z.n; s++) {
+        uint32_t sa = z.pa[s], sb = z.pb[s];
+        z.flags[s] = (uint8_t)((a->flags[sa] & b->flags[sb] & KDFA_ACCEPT) | (a->flags[sa] & KDFA_BOUNDARY));
+        for (size_t k = 0; k < z.w; k++) {
+            uint32_t x = a->next[(size_t)sa * a->n_classes + a->cls[rep[k]]], y = b->next[(size_t)sb * b->n_classes + b->cls[rep[k]]], t = KDFA_DEAD;
+            if (x != KDFA_DEAD && y != KDFA_DEAD && (t = pair_state(&z, x, y, too_big)) == KDFA_DEAD) goto out;
+            z.next[s * z.w + k] = t;
         }
     }
-    d = kdfa_from_table(n, next, flags, a->enc, lo, hi, empty);
+    d = kdfa_from_columns((uint32_t)z.n, (uint32_t)z.w, col, z.next, z.flags, a->enc, lo, hi, empty);
     if (d && d->n > KDFA_MAX_STATES) { kdfa_free(d); d = NULL; *too_big = 1; }
 out:
-    free(pa); free(pb); free(next); free(flags); free(hash);
+    free(z.pa); free(z.pb); free(z.next); free(z.flags); free(z.hash);
     return d;
 }
 

@@ -1,7 +1,8 @@
 /* The reference for tests/unit/test_kregex.c: kdfa_from_table as it was before Hopcroft's
  * refinement replaced Moore's (commit bd2f00e's run/grammar/kdfa.c, its building half, renamed
  * ref_*): a naive fixed point for liveness, byte classes by comparing columns, Moore's rounds, and
- * the length tables.  The test checks that the library builds exactly the same automaton. */
+ * the length tables; and kdfa_intersect with its product table of 16,384 x 256 entries allocated
+ * up front.  The test checks that the library builds exactly the same automata. */
 #ifndef KRUN_TEST_KDFA_REF_H
 #define KRUN_TEST_KDFA_REF_H
 
@@ -276,6 +277,49 @@ fail:
     kdfa_free(d);
     free(live); free(reach); free(block); free(nb); free(stack); free(sig); free(rep);
     return NULL;
+}
+
+#define REF_PRODUCT_MAX (4 * KDFA_MAX_STATES)
+
+static kdfa *ref_kdfa_intersect(const kdfa *a, const kdfa *b, int32_t lo, int32_t hi, int *empty, int *too_big)
+{
+    uint32_t *pa = malloc(REF_PRODUCT_MAX * sizeof *pa), *pb = malloc(REF_PRODUCT_MAX * sizeof *pb), *next = NULL;
+    uint8_t *flags = malloc(REF_PRODUCT_MAX);
+    uint32_t n = 0;
+    kdfa *d = NULL;
+    /* an open-addressing table of the pairs seen */
+    size_t hcap = 2 * REF_PRODUCT_MAX;
+    uint32_t *hash = malloc(hcap * sizeof *hash);
+    *empty = *too_big = 0;
+    if (!pa || !pb || !flags || !hash) goto out;
+    memset(hash, 0xff, hcap * sizeof *hash);
+    next = malloc((size_t)REF_PRODUCT_MAX * 256 * sizeof *next);
+    if (!next) goto out;
+    pa[0] = 0; pb[0] = 0; n = 1;
+    hash[0 % hcap] = 0;
+    for (uint32_t s = 0; s < n; s++) {
+        flags[s] = (uint8_t)((a->flags[pa[s]] & b->flags[pb[s]] & KDFA_ACCEPT) | (a->flags[pa[s]] & KDFA_BOUNDARY));
+        for (int c = 0; c < 256; c++) {
+            uint32_t x = a->next[(size_t)pa[s] * a->n_classes + a->cls[c]], y = b->next[(size_t)pb[s] * b->n_classes + b->cls[c]];
+            uint64_t key;
+            size_t h;
+            if (x == KDFA_DEAD || y == KDFA_DEAD) { next[(size_t)s * 256 + c] = KDFA_DEAD; continue; }
+            key = (uint64_t)x * 0x9E3779B97F4A7C15ull ^ ((uint64_t)y + 0x632BE59BD9B4E019ull);
+            h = (size_t)(key % hcap);
+            while (hash[h] != 0xffffffffu && !(pa[hash[h]] == x && pb[hash[h]] == y)) h = (h + 1) % hcap;
+            if (hash[h] == 0xffffffffu) {
+                if (n == REF_PRODUCT_MAX) { *too_big = 1; goto out; }
+                pa[n] = x; pb[n] = y;
+                hash[h] = n++;
+            }
+            next[(size_t)s * 256 + c] = hash[h];
+        }
+    }
+    d = ref_kdfa_from_table(n, next, flags, a->enc, lo, hi, empty);
+    if (d && d->n > KDFA_MAX_STATES) { kdfa_free(d); d = NULL; *too_big = 1; }
+out:
+    free(pa); free(pb); free(next); free(flags); free(hash);
+    return d;
 }
 
 #endif

@@ -633,6 +633,59 @@ static void test_minimize_reference(void)
         }
         free(next); free(flags);
     }
+    /* intersections: each format with each pattern, and random automata with each other */
+    {
+        kdfa *pool[64];
+        int n_pool = 0, n_pairs = 0;
+        for (int i = 0; kregex_format_names[i]; i++) {
+            int known, empty, oom;
+            pool[n_pool] = kregex_format(kregex_format_names[i], KDFA_JSON, 0, NO_MAX, &known, &empty, &oom, msg, sizeof msg);
+            n_pool += pool[n_pool] != NULL;
+        }
+        for (size_t k = 0; k < sizeof CASES / sizeof *CASES && n_pool < 64; k++) {
+            int empty, oom;
+            pool[n_pool] = kregex_compile(CASES[k].re, strlen(CASES[k].re), 0, KDFA_JSON, 0, NO_MAX, &empty, &oom, msg, sizeof msg);
+            n_pool += pool[n_pool] != NULL;
+        }
+        for (int t = 0; t < 400; t++) {
+            uint32_t n = 1 + (uint32_t)(rnd() % 30);
+            uint32_t *next = xmalloc((size_t)n * 256 * sizeof *next);
+            uint8_t *flags = xmalloc(n);
+            int empty;
+            kdfa *r[2];
+            for (int j = 0; j < 2; j++) {
+                random_table(n, t % 2 && n > 4 ? 4 : 0, 0, next, flags);
+                r[j] = kdfa_from_table(n, next, flags, KDFA_JSON, 0, NO_MAX, &empty);
+            }
+            if (r[0] && r[1]) {
+                int32_t lo, hi;
+                int e1, e2, big1, big2;
+                kdfa *x, *y;
+                random_bounds(&lo, &hi);
+                x = kdfa_intersect(r[0], r[1], lo, hi, &e1, &big1);
+                y = ref_kdfa_intersect(r[0], r[1], lo, hi, &e2, &big2);
+                if (!same_kdfa(x, y) || e1 != e2 || big1 != big2) { bad++; printf("# random intersection %d differs from the reference\n", t); }
+                built += x != NULL;
+                n_pairs++;
+                kdfa_free(x); kdfa_free(y);
+            }
+            kdfa_free(r[0]); kdfa_free(r[1]);
+            free(next); free(flags);
+        }
+        for (int i = 0; i < n_pool; i++)
+            for (int j = 0; j < n_pool; j++) {
+                int32_t lo = j % 3 ? 0 : 2, hi = i % 2 ? 40 : NO_MAX;
+                int e1, e2, big1, big2;
+                kdfa *x = kdfa_intersect(pool[i], pool[j], lo, hi, &e1, &big1), *y = ref_kdfa_intersect(pool[i], pool[j], lo, hi, &e2, &big2);
+                if (!same_kdfa(x, y) || e1 != e2 || big1 != big2) { bad++; printf("# intersection %d x %d differs from the reference\n", i, j); }
+                built += x != NULL;
+                n_pairs++;
+                kdfa_free(x); kdfa_free(y);
+            }
+        for (int i = 0; i < n_pool; i++) kdfa_free(pool[i]);
+        tried += n_pairs;
+        CHECK(!bad, "%d intersections (formats and patterns pairwise, random automata) built exactly as the reference builds them", n_pairs);
+    }
     CHECK(!bad && built > tried / 3, "%ld tables (the patterns' and kregex_compile's, %ld of fuzz_regex's corpus, inflated formats, random ones, in bytes and in columns; "
           "%ld not empty) minimized exactly as the reference does: same states, numbering, classes, transitions, flags, first bytes, length tables (%d differ)", tried, corpus, built, bad);
 }
