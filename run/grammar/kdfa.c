@@ -262,13 +262,7 @@ static uint32_t byte_classes(const table *tb, const uint8_t *live, uint8_t cls[2
     return count;
 }
 
-/* Equivalent live states merged: Hopcroft's refinement over the byte classes, starting from the
- * states' flags (KDFA_ACCEPT, KDFA_BOUNDARY), with one more state standing for every dead transition.
- * A block taken as splitter splits, class by class, every block that holds both predecessors of its
- * states by that class and others; of two halves only the smaller is queued (both when the split
- * block was queued still), so each state is in O(log n) splitters: O(k n log n) for k classes.
- * block[s] for each live state: blocks numbered in the order of their first state (the start's is
- * 0), rep[k] that first state.  Returns the count, or KDFA_DEAD when out of memory. */
+/* A refinable partition of the states (Valmari and Lehtinen's layout) and Hopcroft's queue of splitters. */
 typedef struct {
     uint32_t *elems, *loc, *blk;     /* the states, each block a run of elems; where each is; its block */
     uint32_t *bfirst, *bend, *bmid;  /* per block: its run [bfirst, bend), marked states [bfirst, bmid) */
@@ -311,6 +305,13 @@ static void part_split(partition *p)
     }
 }
 
+/* Equivalent live states merged: Hopcroft's refinement over the byte classes, starting from the
+ * states' flags (KDFA_ACCEPT, KDFA_BOUNDARY), with one more state standing for every dead transition.
+ * A block taken as splitter splits, class by class, every block that holds both predecessors of its
+ * states by that class and others; of two halves only the smaller is queued (both when the split
+ * block was queued still), so each state is in O(log n) splitters: O(k n log n) for k classes.
+ * block[s] for each live state: blocks numbered in the order of their first state (the start's is
+ * 0), rep[k] that first state.  Returns the count, or KDFA_DEAD when out of memory. */
 static uint32_t refine(const table *tb, const uint8_t *live, const uint8_t cls[256], uint32_t n_cls, uint32_t *block, uint32_t *rep)
 {
     uint32_t n = tb->n;
