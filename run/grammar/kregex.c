@@ -727,20 +727,37 @@ static size_t closure(closer *c, const uint32_t *seeds, size_t n_seeds, int at_s
         case N_ACCEPT: *accept = 1; break;
         }
     }
-    qsort(out, n_out, sizeof *out, u32_cmp);      /* sorted, so that equal sets compare equal */
+    /* sorted, so that equal sets compare equal (most closures are a few dozen states: inserted) */
+    if (n_out > 64) qsort(out, n_out, sizeof *out, u32_cmp);
+    else
+        for (size_t i = 1; i < n_out; i++) {
+            uint32_t v = out[i];
+            size_t j = i;
+            for (; j && out[j - 1] > v; j--) out[j] = out[j - 1];
+            out[j] = v;
+        }
     return n_out;
 }
 
+/* The subsets' states and table live in chunks of at most 64 KiB that are never moved: a pattern
+ * that reaches SUBSET_MAX subsets fills megabytes, and growing one array by doubling copied them
+ * into fresh pages (page faults, and under ASan fresh mappings) -- the most of such a pattern's time. */
+#define SET_CHUNK 16384          /* words of subset states per chunk (a larger subset: a chunk of its own) */
+#define ROW_CHUNK 64             /* table rows per chunk (at most 256 columns of 4 bytes) */
+
 typedef struct {
-    uint32_t *sets;              /* the subsets' states, one after another */
-    size_t words, cap_words;
-    uint32_t *at, *len;          /* per subset: where in sets, how many */
+    uint32_t **chunk;            /* the chunks of subset states; the last one filled to `used` of `size` */
+    size_t n_chunks, cap_chunks, used, size;
+    uint32_t **set, *len;        /* per subset: its states (sorted), how many */
     uint8_t *flags;
-    uint32_t *table;             /* [cap * w]: the subsets' table, a column per run of bytes no edge tells apart */
+    uint32_t *rows[SUBSET_MAX / ROW_CHUNK];  /* the table: ROW_CHUNK rows of w columns per chunk, a column per
+                                              * run of bytes no edge tells apart */
     size_t n, cap, w;
-    uint32_t *hash;              /* open addressing over the subsets, at most half full */
+    uint32_t *hash;              /* open addressing over the subsets, at most a quarter full */
     size_t hcap;
 } subsets;
+
+static uint32_t *table_row(const subsets *z, size_t s) { return z->rows[s / ROW_CHUNK] + (s % ROW_CHUNK) * z->w; }
 
 static uint64_t subset_hash(const uint32_t *buf, size_t n, int acc)
 {
@@ -749,42 +766,67 @@ static uint64_t subset_hash(const uint32_t *buf, size_t n, int acc)
     return h;
 }
 
-/* Room for one more subset: the arrays grown by doubling (most patterns need a few dozen subsets;
- * allocating for SUBSET_MAX up front cost more than the construction), the hash table rebuilt. */
+/* Room for one more subset: the per-subset arrays grown by doubling (most patterns need a few dozen
+ * subsets), the hash table rebuilt, a chunk of rows added when the last is full. */
 static int subsets_grow(subsets *z)
 {
-    size_t cap = z->cap ? 2 * z->cap : 64, hcap = 4 * cap + 1;
-    uint32_t *at, *len, *table, *hash;
-    uint8_t *flags;
-    if (cap > SUBSET_MAX) cap = SUBSET_MAX;
-    if ((at = realloc(z->at, cap * sizeof *at))) z->at = at;
-    if ((len = realloc(z->len, cap * sizeof *len))) z->len = len;
-    if ((flags = realloc(z->flags, cap))) z->flags = flags;
-    if ((table = realloc(z->table, cap * z->w * sizeof *table))) z->table = table;
-    if (!at || !len || !flags || !table || !(hash = malloc(hcap * sizeof *hash))) return -1;
-    memset(hash, 0xff, hcap * sizeof *hash);
-    for (size_t k = 0; k < z->n; k++) {
-        size_t h = (size_t)(subset_hash(z->sets + z->at[k], z->len[k], z->flags[k] & KDFA_ACCEPT) % hcap);
-        while (hash[h] != 0xffffffffu) h = (h + 1) % hcap;
-        hash[h] = (uint32_t)k;
+    if (z->n == z->cap) {
+        size_t cap = z->cap ? 2 * z->cap : 64, hcap = 4 * cap + 1;
+        uint32_t **set, *len, *hash;
+        uint8_t *flags;
+        if (cap > SUBSET_MAX) cap = SUBSET_MAX;
+        if ((set = realloc(z->set, cap * sizeof *set))) z->set = set;
+        if ((len = realloc(z->len, cap * sizeof *len))) z->len = len;
+        if ((flags = realloc(z->flags, cap))) z->flags = flags;
+        if (!set || !len || !flags || !(hash = malloc(hcap * sizeof *hash))) return -1;
+        memset(hash, 0xff, hcap * sizeof *hash);
+        for (size_t k = 0; k < z->n; k++) {
+            size_t h = (size_t)(subset_hash(z->set[k], z->len[k], z->flags[k] & KDFA_ACCEPT) % hcap);
+            while (hash[h] != 0xffffffffu) h = (h + 1) % hcap;
+            hash[h] = (uint32_t)k;
+        }
+        free(z->hash);
+        z->hash = hash;
+        z->hcap = hcap;
+        z->cap = cap;
     }
-    free(z->hash);
-    z->hash = hash;
-    z->hcap = hcap;
-    z->cap = cap;
+    if (z->n % ROW_CHUNK == 0 && !(z->rows[z->n / ROW_CHUNK] = malloc(ROW_CHUNK * z->w * sizeof **z->rows))) return -1;
     return 0;
+}
+
+/* Where n more subset states go: the last chunk, or a new one. */
+static uint32_t *set_room(subsets *z, size_t n)
+{
+    if (!z->n_chunks || z->used + n > z->size) {
+        size_t size = n > SET_CHUNK ? n : SET_CHUNK;
+        uint32_t *c;
+        if (z->n_chunks == z->cap_chunks) {
+            size_t cap = z->cap_chunks ? 2 * z->cap_chunks : 16;
+            uint32_t **v = realloc(z->chunk, cap * sizeof *v);
+            if (!v) return NULL;
+            z->chunk = v;
+            z->cap_chunks = cap;
+        }
+        if (!(c = malloc(size * sizeof *c))) return NULL;
+        z->chunk[z->n_chunks++] = c;
+        z->used = 0;
+        z->size = size;
+    }
+    z->used += n;
+    return z->chunk[z->n_chunks - 1] + z->used - n;
 }
 
 /* The subset (buf[0..n), acc) numbered: its number, or KDFA_DEAD when out of room or memory. */
 static uint32_t intern(subsets *z, const nfa *a, const uint32_t *buf, size_t n, int acc)
 {
     uint64_t h = subset_hash(buf, n, acc ? KDFA_ACCEPT : 0);
+    uint32_t *set;
     size_t at;
     if (z->hcap) {
         at = (size_t)(h % z->hcap);
         while (z->hash[at] != 0xffffffffu) {
             uint32_t k = z->hash[at];
-            if (z->len[k] == n && (z->flags[k] & KDFA_ACCEPT) == (acc ? KDFA_ACCEPT : 0) && !memcmp(z->sets + z->at[k], buf, n * sizeof *buf))
+            if (z->len[k] == n && (z->flags[k] & KDFA_ACCEPT) == (acc ? KDFA_ACCEPT : 0) && !memcmp(z->set[k], buf, n * sizeof *buf))
                 return k;
             at = (at + 1) % z->hcap;
         }
@@ -793,21 +835,12 @@ static uint32_t intern(subsets *z, const nfa *a, const uint32_t *buf, size_t n, 
         refuse(a->p, "the pattern is too complex for constrained decoding (more than %d states)", KDFA_MAX_STATES);
         return KDFA_DEAD;
     }
-    if (z->n == z->cap && subsets_grow(z)) { a->p->oom = 1; return KDFA_DEAD; }
+    if (subsets_grow(z) || !(set = set_room(z, n))) { a->p->oom = 1; return KDFA_DEAD; }
     at = (size_t)(h % z->hcap);
     while (z->hash[at] != 0xffffffffu) at = (at + 1) % z->hcap;
-    if (z->words + n > z->cap_words) {
-        size_t cap = z->cap_words ? 2 * z->cap_words : 4096;
-        uint32_t *v;
-        while (cap < z->words + n) cap *= 2;
-        if (!(v = realloc(z->sets, cap * sizeof *v))) { a->p->oom = 1; return KDFA_DEAD; }
-        z->sets = v;
-        z->cap_words = cap;
-    }
-    memcpy(z->sets + z->words, buf, n * sizeof *buf);
-    z->at[z->n] = (uint32_t)z->words;
+    if (n) memcpy(set, buf, n * sizeof *buf);
+    z->set[z->n] = set;
     z->len[z->n] = (uint32_t)n;
-    z->words += n;
     /* a subset holds states at a character boundary or states inside one: never both (the
      * encodings are prefix-free) */
     z->flags[z->n] = (uint8_t)((acc ? KDFA_ACCEPT : 0) | (n && a->s[buf[0]].mid ? 0 : KDFA_BOUNDARY));
@@ -826,7 +859,7 @@ static kdfa *determinize(nfa *a, int32_t lo, int32_t hi, int *empty, raw_table *
     parser *p = a->p;
     closer c = {0};
     subsets z = {0};
-    uint32_t *buf = NULL, *seeds = NULL, zero = 0, at_col[257], fill[256];
+    uint32_t *buf = NULL, *seeds = NULL, *table = NULL, zero = 0, at_col[257], fill[256];
     uint8_t col[256];
     int n_reps = 0, acc;
     size_t n_buf, seeds_cap = 0;
@@ -867,7 +900,7 @@ static kdfa *determinize(nfa *a, int32_t lo, int32_t hi, int *empty, raw_table *
         size_t total = 0;
         memset(at_col, 0, ((size_t)n_reps + 1) * sizeof *at_col);
         for (uint32_t i = 0; i < z.len[s]; i++) {
-            uint32_t st = z.sets[z.at[s] + i];
+            uint32_t st = z.set[s][i];
             for (uint32_t j = c.first[st]; j < c.first[st + 1]; j++) {
                 const edge *e = &a->e[c.order[j]];
                 for (int k = col[e->lo]; k <= col[e->hi]; k++) at_col[k + 1]++;
@@ -883,7 +916,7 @@ static kdfa *determinize(nfa *a, int32_t lo, int32_t hi, int *empty, raw_table *
         }
         for (int k = 0; k < n_reps; k++) { at_col[k + 1] += at_col[k]; fill[k] = at_col[k]; }
         for (uint32_t i = 0; i < z.len[s]; i++) {
-            uint32_t st = z.sets[z.at[s] + i];
+            uint32_t st = z.set[s][i];
             for (uint32_t j = c.first[st]; j < c.first[st + 1]; j++) {
                 const edge *e = &a->e[c.order[j]];
                 for (int k = col[e->lo]; k <= col[e->hi]; k++) seeds[fill[k]++] = e->to;
@@ -899,18 +932,22 @@ static kdfa *determinize(nfa *a, int32_t lo, int32_t hi, int *empty, raw_table *
                     if (target == KDFA_DEAD) goto out;
                 }
             }
-            z.table[s * z.w + (size_t)k] = target;
+            table_row(&z, s)[k] = target;
         }
     }
     if (raw) {
         if (!(raw->next = malloc(z.n * 256 * sizeof *raw->next))) { p->oom = 1; goto out; }
         for (size_t s = 0; s < z.n; s++)
-            for (int b = 0; b < 256; b++) raw->next[s * 256 + (size_t)b] = z.table[s * z.w + col[b]];
+            for (int b = 0; b < 256; b++) raw->next[s * 256 + (size_t)b] = table_row(&z, s)[col[b]];
         raw->n = (uint32_t)z.n; raw->flags = z.flags;
         z.flags = NULL;
         goto out;
     }
-    d = kdfa_from_columns((uint32_t)z.n, (uint32_t)z.w, col, z.table, z.flags, a->enc, lo, hi, empty);
+    /* the table in one piece */
+    if (!(table = malloc(z.n * z.w * sizeof *table))) { p->oom = 1; goto out; }
+    for (size_t s = 0; s < z.n; s += ROW_CHUNK)
+        memcpy(table + s * z.w, z.rows[s / ROW_CHUNK], (z.n - s < ROW_CHUNK ? z.n - s : ROW_CHUNK) * z.w * sizeof *table);
+    d = kdfa_from_columns((uint32_t)z.n, (uint32_t)z.w, col, table, z.flags, a->enc, lo, hi, empty);
     if (!d && !*empty) p->oom = 1;
     else if (d && d->n > KDFA_MAX_STATES) {
         kdfa_free(d);
@@ -920,7 +957,10 @@ static kdfa *determinize(nfa *a, int32_t lo, int32_t hi, int *empty, raw_table *
 out:
     free(c.first); free(c.order); free(c.mark); free(c.stack);
     free(buf); free(seeds);
-    free(z.sets); free(z.at); free(z.len); free(z.flags); free(z.table); free(z.hash);
+    free(table);
+    for (size_t i = 0; i < z.n_chunks; i++) free(z.chunk[i]);
+    for (size_t i = 0; i < SUBSET_MAX / ROW_CHUNK; i++) free(z.rows[i]);
+    free(z.chunk); free(z.set); free(z.len); free(z.flags); free(z.hash);
     return d;
 }
 
