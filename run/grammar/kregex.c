@@ -852,8 +852,8 @@ static uint32_t intern(subsets *z, const nfa *a, const uint32_t *buf, size_t n, 
  * automaton. */
 typedef struct { uint32_t n, *next; uint8_t *flags; } raw_table;
 
-/* The deterministic automaton of a (start state 0) as a full byte table, then minimized (or, with
- * raw, that table handed over). */
+/* The deterministic automaton of a (start state 0) as a table of byte columns, then minimized (or,
+ * with raw, that table spelled out byte by byte and handed over). */
 static kdfa *determinize(nfa *a, int32_t lo, int32_t hi, int *empty, raw_table *raw)
 {
     parser *p = a->p;
@@ -861,7 +861,7 @@ static kdfa *determinize(nfa *a, int32_t lo, int32_t hi, int *empty, raw_table *
     subsets z = {0};
     uint32_t *buf = NULL, *seeds = NULL, *table = NULL, zero = 0, at_col[257], fill[256];
     uint8_t col[256];
-    int n_reps = 0, acc;
+    int n_cols = 0, acc;
     size_t n_buf, seeds_cap = 0;
     kdfa *d = NULL;
     c.a = a;
@@ -886,10 +886,10 @@ static kdfa *determinize(nfa *a, int32_t lo, int32_t hi, int *empty, raw_table *
         cut[0] = 1;
         for (size_t i = 0; i < a->ne; i++) { cut[a->e[i].lo] = 1; cut[a->e[i].hi + 1] = 1; }
         for (int b = 0; b < 256; b++) {
-            n_reps += cut[b];
-            col[b] = (uint8_t)(n_reps - 1);
+            n_cols += cut[b];
+            col[b] = (uint8_t)(n_cols - 1);
         }
-        z.w = (size_t)n_reps;
+        z.w = (size_t)n_cols;
     }
     n_buf = closure(&c, &zero, 1, 1, buf, &acc);
     if (intern(&z, a, buf, n_buf, acc) == KDFA_DEAD) goto out;
@@ -898,7 +898,7 @@ static kdfa *determinize(nfa *a, int32_t lo, int32_t hi, int *empty, raw_table *
         /* the targets of the subset's edges, bucketed by the columns each edge covers: seeds[at_col[k] ..
          * at_col[k + 1]) for column k */
         size_t total = 0;
-        memset(at_col, 0, ((size_t)n_reps + 1) * sizeof *at_col);
+        memset(at_col, 0, ((size_t)n_cols + 1) * sizeof *at_col);
         for (uint32_t i = 0; i < z.len[s]; i++) {
             uint32_t st = z.set[s][i];
             for (uint32_t j = c.first[st]; j < c.first[st + 1]; j++) {
@@ -914,7 +914,7 @@ static kdfa *determinize(nfa *a, int32_t lo, int32_t hi, int *empty, raw_table *
             seeds = v;
             seeds_cap = cap;
         }
-        for (int k = 0; k < n_reps; k++) { at_col[k + 1] += at_col[k]; fill[k] = at_col[k]; }
+        for (int k = 0; k < n_cols; k++) { at_col[k + 1] += at_col[k]; fill[k] = at_col[k]; }
         for (uint32_t i = 0; i < z.len[s]; i++) {
             uint32_t st = z.set[s][i];
             for (uint32_t j = c.first[st]; j < c.first[st + 1]; j++) {
@@ -922,7 +922,7 @@ static kdfa *determinize(nfa *a, int32_t lo, int32_t hi, int *empty, raw_table *
                 for (int k = col[e->lo]; k <= col[e->hi]; k++) seeds[fill[k]++] = e->to;
             }
         }
-        for (int k = 0; k < n_reps; k++) {
+        for (int k = 0; k < n_cols; k++) {
             size_t n_seeds = at_col[k + 1] - at_col[k];
             uint32_t target = KDFA_DEAD;
             if (n_seeds) {
