@@ -53,6 +53,11 @@ void kdfa_free(kdfa *d);
  * for lo..hi characters.  NULL when out of memory; *empty = 1 (and NULL) when no text of lo..hi
  * characters is accepted. */
 kdfa *kdfa_from_table(uint32_t n, const uint32_t *next, const uint8_t *flags, int enc, int32_t lo, int32_t hi, int *empty);
+/* The same from a table whose bytes share columns: next[s * w + col[b]] (w 1..256), as the
+ * subset construction builds it (bytes no edge tells apart, one column); the result is exactly
+ * kdfa_from_table's on the table spelled out byte by byte. */
+kdfa *kdfa_from_columns(uint32_t n, uint32_t w, const uint8_t col[256], const uint32_t *next, const uint8_t *flags, int enc, int32_t lo, int32_t hi,
+                        int *empty);
 /* The texts both accept (same encoding), with lo..hi characters.  NULL as above, or when the product
  * has more than KDFA_MAX_STATES states (*too_big = 1). */
 kdfa *kdfa_intersect(const kdfa *a, const kdfa *b, int32_t lo, int32_t hi, int *empty, int *too_big);

@@ -727,49 +727,120 @@ static size_t closure(closer *c, const uint32_t *seeds, size_t n_seeds, int at_s
         case N_ACCEPT: *accept = 1; break;
         }
     }
-    qsort(out, n_out, sizeof *out, u32_cmp);      /* sorted, so that equal sets compare equal */
+    /* sorted, so that equal sets compare equal (most closures are a few dozen states: inserted) */
+    if (n_out > 64) qsort(out, n_out, sizeof *out, u32_cmp);
+    else
+        for (size_t i = 1; i < n_out; i++) {
+            uint32_t v = out[i];
+            size_t j = i;
+            for (; j && out[j - 1] > v; j--) out[j] = out[j - 1];
+            out[j] = v;
+        }
     return n_out;
 }
 
+/* The subsets' states and table live in chunks of at most 64 KiB that are never moved: a pattern
+ * that reaches SUBSET_MAX subsets fills megabytes, and growing one array by doubling copied them
+ * into fresh pages (page faults, and under ASan fresh mappings) -- the most of such a pattern's time. */
+#define SET_CHUNK 16384          /* words of subset states per chunk (a larger subset: a chunk of its own) */
+#define ROW_CHUNK 64             /* table rows per chunk (at most 256 columns of 4 bytes) */
+
 typedef struct {
-    uint32_t *sets;              /* the subsets' states, one after another */
-    size_t words, cap_words;
-    uint32_t *at, *len;          /* per subset: where in sets, how many */
+    uint32_t **chunk;            /* the chunks of subset states; the last one filled to `used` of `size` */
+    size_t n_chunks, cap_chunks, used, size;
+    uint32_t **set, *len;        /* per subset: its states (sorted), how many */
     uint8_t *flags;
-    size_t n;
-    uint32_t *hash;              /* open addressing over the subsets */
+    uint32_t *rows[SUBSET_MAX / ROW_CHUNK];  /* the table: ROW_CHUNK rows of w columns per chunk, a column per
+                                              * run of bytes no edge tells apart */
+    size_t n, cap, w;
+    uint32_t *hash;              /* open addressing over the subsets, at most a quarter full */
     size_t hcap;
 } subsets;
+
+static uint32_t *table_row(const subsets *z, size_t s) { return z->rows[s / ROW_CHUNK] + (s % ROW_CHUNK) * z->w; }
+
+static uint64_t subset_hash(const uint32_t *buf, size_t n, int acc)
+{
+    uint64_t h = 1469598103934665603ull ^ (uint64_t)acc;
+    for (size_t i = 0; i < n; i++) h = (h ^ buf[i]) * 1099511628211ull;
+    return h;
+}
+
+/* Room for one more subset: the per-subset arrays grown by doubling (most patterns need a few dozen
+ * subsets), the hash table rebuilt, a chunk of rows added when the last is full. */
+static int subsets_grow(subsets *z)
+{
+    if (z->n == z->cap) {
+        size_t cap = z->cap ? 2 * z->cap : 64, hcap = 4 * cap + 1;
+        uint32_t **set, *len, *hash;
+        uint8_t *flags;
+        if (cap > SUBSET_MAX) cap = SUBSET_MAX;
+        if ((set = realloc(z->set, cap * sizeof *set))) z->set = set;
+        if ((len = realloc(z->len, cap * sizeof *len))) z->len = len;
+        if ((flags = realloc(z->flags, cap))) z->flags = flags;
+        if (!set || !len || !flags || !(hash = malloc(hcap * sizeof *hash))) return -1;
+        memset(hash, 0xff, hcap * sizeof *hash);
+        for (size_t k = 0; k < z->n; k++) {
+            size_t h = (size_t)(subset_hash(z->set[k], z->len[k], z->flags[k] & KDFA_ACCEPT) % hcap);
+            while (hash[h] != 0xffffffffu) h = (h + 1) % hcap;
+            hash[h] = (uint32_t)k;
+        }
+        free(z->hash);
+        z->hash = hash;
+        z->hcap = hcap;
+        z->cap = cap;
+    }
+    if (z->n % ROW_CHUNK == 0 && !(z->rows[z->n / ROW_CHUNK] = malloc(ROW_CHUNK * z->w * sizeof **z->rows))) return -1;
+    return 0;
+}
+
+/* Where n more subset states go: the last chunk, or a new one. */
+static uint32_t *set_room(subsets *z, size_t n)
+{
+    if (!z->n_chunks || z->used + n > z->size) {
+        size_t size = n > SET_CHUNK ? n : SET_CHUNK;
+        uint32_t *c;
+        if (z->n_chunks == z->cap_chunks) {
+            size_t cap = z->cap_chunks ? 2 * z->cap_chunks : 16;
+            uint32_t **v = realloc(z->chunk, cap * sizeof *v);
+            if (!v) return NULL;
+            z->chunk = v;
+            z->cap_chunks = cap;
+        }
+        if (!(c = malloc(size * sizeof *c))) return NULL;
+        z->chunk[z->n_chunks++] = c;
+        z->used = 0;
+        z->size = size;
+    }
+    z->used += n;
+    return z->chunk[z->n_chunks - 1] + z->used - n;
+}
 
 /* The subset (buf[0..n), acc) numbered: its number, or KDFA_DEAD when out of room or memory. */
 static uint32_t intern(subsets *z, const nfa *a, const uint32_t *buf, size_t n, int acc)
 {
-    uint64_t h = 1469598103934665603ull ^ (uint64_t)acc;
+    uint64_t h = subset_hash(buf, n, acc ? KDFA_ACCEPT : 0);
+    uint32_t *set;
     size_t at;
-    for (size_t i = 0; i < n; i++) h = (h ^ buf[i]) * 1099511628211ull;
-    at = (size_t)(h % z->hcap);
-    while (z->hash[at] != 0xffffffffu) {
-        uint32_t k = z->hash[at];
-        if (z->len[k] == n && (z->flags[k] & KDFA_ACCEPT) == (acc ? KDFA_ACCEPT : 0) && !memcmp(z->sets + z->at[k], buf, n * sizeof *buf))
-            return k;
-        at = (at + 1) % z->hcap;
+    if (z->hcap) {
+        at = (size_t)(h % z->hcap);
+        while (z->hash[at] != 0xffffffffu) {
+            uint32_t k = z->hash[at];
+            if (z->len[k] == n && (z->flags[k] & KDFA_ACCEPT) == (acc ? KDFA_ACCEPT : 0) && !memcmp(z->set[k], buf, n * sizeof *buf))
+                return k;
+            at = (at + 1) % z->hcap;
+        }
     }
     if (z->n == SUBSET_MAX) {
         refuse(a->p, "the pattern is too complex for constrained decoding (more than %d states)", KDFA_MAX_STATES);
         return KDFA_DEAD;
     }
-    if (z->words + n > z->cap_words) {
-        size_t cap = z->cap_words ? 2 * z->cap_words : 4096;
-        uint32_t *v;
-        while (cap < z->words + n) cap *= 2;
-        if (!(v = realloc(z->sets, cap * sizeof *v))) { a->p->oom = 1; return KDFA_DEAD; }
-        z->sets = v;
-        z->cap_words = cap;
-    }
-    memcpy(z->sets + z->words, buf, n * sizeof *buf);
-    z->at[z->n] = (uint32_t)z->words;
+    if (subsets_grow(z) || !(set = set_room(z, n))) { a->p->oom = 1; return KDFA_DEAD; }
+    at = (size_t)(h % z->hcap);
+    while (z->hash[at] != 0xffffffffu) at = (at + 1) % z->hcap;
+    if (n) memcpy(set, buf, n * sizeof *buf);
+    z->set[z->n] = set;
     z->len[z->n] = (uint32_t)n;
-    z->words += n;
     /* a subset holds states at a character boundary or states inside one: never both (the
      * encodings are prefix-free) */
     z->flags[z->n] = (uint8_t)((acc ? KDFA_ACCEPT : 0) | (n && a->s[buf[0]].mid ? 0 : KDFA_BOUNDARY));
@@ -777,16 +848,21 @@ static uint32_t intern(subsets *z, const nfa *a, const uint32_t *buf, size_t n, 
     return (uint32_t)z->n++;
 }
 
-/* The deterministic automaton of a (start state 0) as a full byte table, then minimized. */
-static kdfa *determinize(nfa *a, int32_t lo, int32_t hi, int *empty)
+/* The subset table spelled out byte by byte, when asked for (kregex_table) instead of the minimized
+ * automaton. */
+typedef struct { uint32_t n, *next; uint8_t *flags; } raw_table;
+
+/* The deterministic automaton of a (start state 0) as a table of byte columns, then minimized (or,
+ * with raw, that table spelled out byte by byte and handed over). */
+static kdfa *determinize(nfa *a, int32_t lo, int32_t hi, int *empty, raw_table *raw)
 {
     parser *p = a->p;
     closer c = {0};
     subsets z = {0};
-    uint32_t *table = NULL, *buf = NULL, *seeds = NULL, zero = 0;
-    uint8_t reps[256];
-    int n_reps = 0, acc;
-    size_t n_buf;
+    uint32_t *buf = NULL, *seeds = NULL, *table = NULL, zero = 0, at_col[257], fill[256];
+    uint8_t col[256];
+    int n_cols = 0, acc;
+    size_t n_buf, seeds_cap = 0;
     kdfa *d = NULL;
     c.a = a;
     c.first = calloc(a->n + 1, sizeof *c.first);
@@ -794,15 +870,7 @@ static kdfa *determinize(nfa *a, int32_t lo, int32_t hi, int *empty)
     c.mark = calloc(2 * a->n, sizeof *c.mark);
     c.stack = malloc((4 * a->n + a->ne + 8) * sizeof *c.stack);
     buf = malloc((a->n + 1) * sizeof *buf);
-    seeds = malloc((a->ne + 1) * sizeof *seeds);
-    z.hcap = 2 * SUBSET_MAX + 1;
-    z.hash = malloc(z.hcap * sizeof *z.hash);
-    z.at = malloc(SUBSET_MAX * sizeof *z.at);
-    z.len = malloc(SUBSET_MAX * sizeof *z.len);
-    z.flags = malloc(SUBSET_MAX);
-    table = malloc((size_t)SUBSET_MAX * 256 * sizeof *table);
-    if (!c.first || !c.order || !c.mark || !c.stack || !buf || !seeds || !z.hash || !z.at || !z.len || !z.flags || !table) { p->oom = 1; goto out; }
-    memset(z.hash, 0xff, z.hcap * sizeof *z.hash);
+    if (!c.first || !c.order || !c.mark || !c.stack || !buf) { p->oom = 1; goto out; }
     /* the edges by the state they leave */
     for (size_t i = 0; i < a->ne; i++) c.first[a->e_from[i] + 1]++;
     for (size_t s = 0; s < a->n; s++) { c.first[s + 1] += c.first[s]; a->s[s].ne = c.first[s + 1] - c.first[s]; }
@@ -812,40 +880,74 @@ static kdfa *determinize(nfa *a, int32_t lo, int32_t hi, int *empty)
         for (size_t i = 0; i < a->ne; i++) c.order[c.first[a->e_from[i]] + fill[a->e_from[i]]++] = (uint32_t)i;
         free(fill);
     }
-    /* the first byte of each run of bytes no edge tells apart */
+    /* the runs of bytes no edge tells apart: a column each */
     {
         uint8_t cut[257] = {0};
         cut[0] = 1;
         for (size_t i = 0; i < a->ne; i++) { cut[a->e[i].lo] = 1; cut[a->e[i].hi + 1] = 1; }
-        for (int b = 0; b < 256; b++) if (cut[b]) reps[n_reps++] = (uint8_t)b;
+        for (int b = 0; b < 256; b++) {
+            n_cols += cut[b];
+            col[b] = (uint8_t)(n_cols - 1);
+        }
+        z.w = (size_t)n_cols;
     }
     n_buf = closure(&c, &zero, 1, 1, buf, &acc);
     if (intern(&z, a, buf, n_buf, acc) == KDFA_DEAD) goto out;
     z.flags[0] |= KDFA_BOUNDARY;
     for (size_t s = 0; s < z.n; s++) {
-        for (int k = 0; k < n_reps; k++) {
-            uint8_t b = reps[k];
-            int b_end = k + 1 < n_reps ? reps[k + 1] : 256;
-            size_t n_seeds = 0;
-            uint32_t target = KDFA_DEAD;
-            for (uint32_t i = 0; i < z.len[s]; i++) {
-                uint32_t st = z.sets[z.at[s] + i];
-                for (uint32_t j = c.first[st]; j < c.first[st + 1]; j++) {
-                    const edge *e = &a->e[c.order[j]];
-                    if (e->lo <= b && b <= e->hi) seeds[n_seeds++] = e->to;
-                }
+        /* the targets of the subset's edges, bucketed by the columns each edge covers: seeds[at_col[k] ..
+         * at_col[k + 1]) for column k */
+        size_t total = 0;
+        memset(at_col, 0, ((size_t)n_cols + 1) * sizeof *at_col);
+        for (uint32_t i = 0; i < z.len[s]; i++) {
+            uint32_t st = z.set[s][i];
+            for (uint32_t j = c.first[st]; j < c.first[st + 1]; j++) {
+                const edge *e = &a->e[c.order[j]];
+                for (int k = col[e->lo]; k <= col[e->hi]; k++) at_col[k + 1]++;
+                total += (size_t)(col[e->hi] - col[e->lo]) + 1;
             }
+        }
+        if (total > seeds_cap) {
+            size_t cap = total > 2 * seeds_cap ? total : 2 * seeds_cap;
+            uint32_t *v = realloc(seeds, cap * sizeof *v);
+            if (!v) { p->oom = 1; goto out; }
+            seeds = v;
+            seeds_cap = cap;
+        }
+        for (int k = 0; k < n_cols; k++) { at_col[k + 1] += at_col[k]; fill[k] = at_col[k]; }
+        for (uint32_t i = 0; i < z.len[s]; i++) {
+            uint32_t st = z.set[s][i];
+            for (uint32_t j = c.first[st]; j < c.first[st + 1]; j++) {
+                const edge *e = &a->e[c.order[j]];
+                for (int k = col[e->lo]; k <= col[e->hi]; k++) seeds[fill[k]++] = e->to;
+            }
+        }
+        for (int k = 0; k < n_cols; k++) {
+            size_t n_seeds = at_col[k + 1] - at_col[k];
+            uint32_t target = KDFA_DEAD;
             if (n_seeds) {
-                n_buf = closure(&c, seeds, n_seeds, 0, buf, &acc);
+                n_buf = closure(&c, seeds + at_col[k], n_seeds, 0, buf, &acc);
                 if (n_buf || acc) {
                     target = intern(&z, a, buf, n_buf, acc);
                     if (target == KDFA_DEAD) goto out;
                 }
             }
-            for (int x = b; x < b_end; x++) table[s * 256 + (size_t)x] = target;
+            table_row(&z, s)[k] = target;
         }
     }
-    d = kdfa_from_table((uint32_t)z.n, table, z.flags, a->enc, lo, hi, empty);
+    if (raw) {
+        if (!(raw->next = malloc(z.n * 256 * sizeof *raw->next))) { p->oom = 1; goto out; }
+        for (size_t s = 0; s < z.n; s++)
+            for (int b = 0; b < 256; b++) raw->next[s * 256 + (size_t)b] = table_row(&z, s)[col[b]];
+        raw->n = (uint32_t)z.n; raw->flags = z.flags;
+        z.flags = NULL;
+        goto out;
+    }
+    /* the table in one piece */
+    if (!(table = malloc(z.n * z.w * sizeof *table))) { p->oom = 1; goto out; }
+    for (size_t s = 0; s < z.n; s += ROW_CHUNK)
+        memcpy(table + s * z.w, z.rows[s / ROW_CHUNK], (z.n - s < ROW_CHUNK ? z.n - s : ROW_CHUNK) * z.w * sizeof *table);
+    d = kdfa_from_columns((uint32_t)z.n, (uint32_t)z.w, col, table, z.flags, a->enc, lo, hi, empty);
     if (!d && !*empty) p->oom = 1;
     else if (d && d->n > KDFA_MAX_STATES) {
         kdfa_free(d);
@@ -854,8 +956,11 @@ static kdfa *determinize(nfa *a, int32_t lo, int32_t hi, int *empty)
     }
 out:
     free(c.first); free(c.order); free(c.mark); free(c.stack);
-    free(buf); free(seeds); free(table);
-    free(z.sets); free(z.at); free(z.len); free(z.flags); free(z.hash);
+    free(buf); free(seeds);
+    free(table);
+    for (size_t i = 0; i < z.n_chunks; i++) free(z.chunk[i]);
+    for (size_t i = 0; i < SUBSET_MAX / ROW_CHUNK; i++) free(z.rows[i]);
+    free(z.chunk); free(z.set); free(z.len); free(z.flags); free(z.hash);
     return d;
 }
 
@@ -876,8 +981,8 @@ static size_t utf8_decode(const char *s, size_t len, uint32_t *out)
     return n;
 }
 
-kdfa *kregex_compile(const char *re, size_t len, int flags, int enc, int32_t lo, int32_t hi, int *empty, int *oom,
-                     char *msg, size_t mlen)
+static kdfa *compile(const char *re, size_t len, int flags, int enc, int32_t lo, int32_t hi, int *empty, int *oom,
+                     char *msg, size_t mlen, raw_table *raw)
 {
     parser p = {0};
     atree t = {0};
@@ -918,7 +1023,7 @@ kdfa *kregex_compile(const char *re, size_t len, int flags, int enc, int32_t lo,
                 a.s[post].out = acc;
                 a.s[post].out1 = more;
                 spell_any(&a, more, post);
-                if (!p.bad && !p.oom) d = determinize(&a, lo, hi, empty);
+                if (!p.bad && !p.oom) d = determinize(&a, lo, hi, empty, raw);
             }
         }
     }
@@ -932,6 +1037,22 @@ kdfa *kregex_compile(const char *re, size_t len, int flags, int enc, int32_t lo,
     free(a.e_from);
     free(p.cp);
     return d;
+}
+
+kdfa *kregex_compile(const char *re, size_t len, int flags, int enc, int32_t lo, int32_t hi, int *empty, int *oom,
+                     char *msg, size_t mlen)
+{
+    return compile(re, len, flags, enc, lo, hi, empty, oom, msg, mlen, NULL);
+}
+
+int kregex_table(const char *re, size_t len, int flags, int enc, uint32_t *n, uint32_t **next, uint8_t **fl, int *oom, char *msg, size_t mlen)
+{
+    raw_table raw = {0};
+    int empty;
+    compile(re, len, flags, enc, 0, 0, &empty, oom, msg, mlen, &raw);
+    if (!raw.next) { free(raw.flags); return -1; }
+    *n = raw.n; *next = raw.next; *fl = raw.flags;
+    return 0;
 }
 
 /* ---- formats -------------------------------------------------------------------------------- */

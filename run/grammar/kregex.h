@@ -26,6 +26,11 @@ enum { KREGEX_ICASE = 1 };        /* ASCII letters match either case (the format
  * or out of memory (*oom 1); *empty: no string of lo..hi characters matches (NULL, msg set). */
 kdfa *kregex_compile(const char *re, size_t len, int flags, int enc, int32_t lo, int32_t hi, int *empty, int *oom,
                      char *msg, size_t mlen);
+/* The automaton of re before it is minimized: the subset construction's full byte table as
+ * kdfa_from_table takes it (*n states, *next [*n * 256], *fl per state), for the tests that check
+ * the minimization against a reference.  0 (the caller frees *next and *fl), or -1 with msg as
+ * kregex_compile (refused; *oom: out of memory). */
+int kregex_table(const char *re, size_t len, int flags, int enc, uint32_t *n, uint32_t **next, uint8_t **fl, int *oom, char *msg, size_t mlen);
 /* A format's strings, as kregex_compile; NULL with *known = 0 for a format krun has no grammar for. */
 kdfa *kregex_format(const char *name, int enc, int32_t lo, int32_t hi, int *known, int *empty, int *oom, char *msg, size_t mlen);
 /* The formats krun knows, NULL-terminated (for messages and tests). */

@@ -13,6 +13,8 @@
  *  - refusals name what they refuse.
  * The formats against ajv-formats itself: tests/node/grammar.mjs. */
 #include "check.h"
+#include "kdfa_ref.h"
+#include "sanitized.h"
 #include "testrand.h"
 
 #include "run/grammar/kdfa.h"
@@ -20,8 +22,10 @@
 #include "run/grammar/kregex.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
+#include <dirent.h>
 #include <math.h>
 #include <pcre2.h>
+#include <stdio.h>
 #include <string.h>
 
 #define NO_MAX 0x7ffffffe
@@ -377,6 +381,319 @@ static void test_numbers(void)
           sizeof b / sizeof *b, yes);
 }
 
+/* ---- the minimization against the reference (kdfa_ref.h: the implementation before Hopcroft's) ---- */
+
+/* Everything a kdfa holds, equal (both NULL with the same *empty counts as equal). */
+static int same_kdfa(const kdfa *a, const kdfa *b)
+{
+    if (!a || !b) return a == b;
+    if (a->n != b->n || a->n_classes != b->n_classes || memcmp(a->cls, b->cls, 256) || a->enc != b->enc || a->lo != b->lo || a->hi != b->hi ||
+        a->words != b->words || !a->lens != !b->lens || !a->most != !b->most)
+        return 0;
+    return !memcmp(a->next, b->next, (size_t)a->n * a->n_classes * sizeof *a->next) && !memcmp(a->flags, b->flags, a->n) &&
+           !memcmp(a->first, b->first, (size_t)a->n * sizeof *a->first) &&
+           !memcmp(a->class_bytes, b->class_bytes, (size_t)a->n_classes * sizeof *a->class_bytes) &&
+           (!a->lens || !memcmp(a->lens, b->lens, (size_t)a->n * a->words * sizeof *a->lens)) &&
+           (!a->most || !memcmp(a->most, b->most, (size_t)a->n * sizeof *a->most));
+}
+
+/* a (NULL: *empty e1), built from the byte table next, against the reference's minimization of it; 1
+ * when they agree (a freed).  *built counts the automata built. */
+static int against_reference(kdfa *a, int e1, uint32_t n, const uint32_t *next, const uint8_t *flags, int enc, int32_t lo, int32_t hi, const char *what,
+                             long *built)
+{
+    int e2, ok;
+    kdfa *b = ref_kdfa_from_table(n, next, flags, enc, lo, hi, &e2);
+    ok = e1 == e2 && same_kdfa(a, b) && (a || e1);
+    if (!ok) printf("# %s (%u states, %d..%d): new %u states/%u classes (empty %d), reference %u/%u (empty %d)\n", what, n, lo, hi,
+                    a ? a->n : 0, a ? a->n_classes : 0, e1, b ? b->n : 0, b ? b->n_classes : 0, e2);
+    *built += a != NULL;
+    kdfa_free(a);
+    kdfa_free(b);
+    return ok;
+}
+
+static int minimize_both(uint32_t n, const uint32_t *next, const uint8_t *flags, int enc, int32_t lo, int32_t hi, const char *what, long *built)
+{
+    int e1;
+    kdfa *a = kdfa_from_table(n, next, flags, enc, lo, hi, &e1);
+    return against_reference(a, e1, n, next, flags, enc, lo, hi, what, built);
+}
+
+/* kregex_compile's automaton (its subset table in columns, kdfa_from_columns) against the reference's
+ * minimization of the same table spelled out byte by byte. */
+static int compile_both(const char *re, size_t len, int enc, int32_t lo, int32_t hi, uint32_t n, const uint32_t *next, const uint8_t *flags,
+                        const char *what, long *built)
+{
+    char msg[400];
+    int e1, oom;
+    kdfa *a = kregex_compile(re, len, 0, enc, lo, hi, &e1, &oom, msg, sizeof msg);
+    return against_reference(a, e1, n, next, flags, enc, lo, hi, what, built);
+}
+
+/* Random lengths: none, a maxLength, both, or a minLength alone. */
+static void random_bounds(int32_t *lo, int32_t *hi)
+{
+    switch (rnd() % 4) {
+    case 0: *lo = 0; *hi = NO_MAX; break;
+    case 1: *lo = 0; *hi = (int32_t)(rnd() % 12); break;
+    case 2: *lo = (int32_t)(rnd() % 6); *hi = *lo + (int32_t)(rnd() % 10); break;
+    default: *lo = (int32_t)(rnd() % 8); *hi = NO_MAX;
+    }
+}
+
+/* A random table of n states: each row runs of bytes to a state or nowhere.  With k > 0 the states
+ * are copies of k core states (state s copies s % k and goes where its core goes, to any copy), so
+ * that many are equivalent; chain: a line of states (the fixed point's and Moore's worst case). */
+static void random_table(uint32_t n, uint32_t k, int chain, uint32_t *next, uint8_t *flags)
+{
+    uint32_t *core = xmalloc((size_t)(k ? k : 1) * 256 * sizeof *core);
+    uint8_t *cflags = xmalloc(k ? k : 1);
+    int dead_pct = (int)(rnd() % 90);
+    for (uint32_t c = 0; c < (k ? k : n); c++) {
+        uint32_t *row = k ? core + (size_t)c * 256 : next + (size_t)c * 256;
+        uint32_t pool = k ? k : n, t = 0;
+        for (int b = 0; b < 256; b++) {
+            if (b == 0 || rnd() % 16 == 0) t = (int)(rnd() % 100) < dead_pct ? KDFA_DEAD : (uint32_t)(rnd() % pool);
+            if (chain) t = b == 'a' ? (c + 1 < pool ? c + 1 : KDFA_DEAD) : b == 'b' && rnd() % 4 == 0 ? (uint32_t)(rnd() % pool) : KDFA_DEAD;
+            row[b] = t;
+        }
+        (k ? cflags : flags)[c] = (uint8_t)(rnd() % 4);
+        if (chain) (k ? cflags : flags)[c] = (uint8_t)(KDFA_BOUNDARY | (c + 1 == pool || rnd() % 8 == 0 ? KDFA_ACCEPT : 0));
+    }
+    if (k)
+        for (uint32_t s = 0; s < n; s++) {
+            flags[s] = cflags[s % k];
+            for (int b = 0; b < 256; b++) {
+                uint32_t t = core[(size_t)(s % k) * 256 + b], copies = t == KDFA_DEAD ? 0 : (n - 1 - t) / k + 1;
+                next[(size_t)s * 256 + b] = t == KDFA_DEAD ? KDFA_DEAD : t + k * (uint32_t)(rnd() % copies);
+            }
+        }
+    free(core);
+    free(cflags);
+}
+
+/* The automaton d as a full table again, its states copied (each 1-3 times, the copies' transitions
+ * to any copy) and shuffled (the start stays 0), with unreachable and dead states among them: what
+ * minimizes back to d, but numbered nothing like it. */
+static uint32_t inflate(const kdfa *d, uint32_t **next_out, uint8_t **flags_out)
+{
+    uint32_t m = 0, *owner = xmalloc((size_t)d->n * 3 * sizeof *owner + 64 * sizeof *owner), *first_copy = xmalloc((size_t)d->n * 4 * sizeof *first_copy);
+    uint32_t *ncopies = xmalloc((size_t)d->n * sizeof *ncopies), *perm, *next;
+    uint8_t *flags;
+    uint32_t extra = (uint32_t)(rnd() % 5);
+    for (uint32_t s = 0; s < d->n; s++) {
+        ncopies[s] = 1 + (uint32_t)(rnd() % 3);
+        first_copy[s] = m;
+        for (uint32_t c = 0; c < ncopies[s]; c++) owner[m++] = s;
+    }
+    /* extra states: unreachable ones (KDFA_DEAD + 1) and a dead end reachable from a random state */
+    for (uint32_t e = 0; e < extra; e++) owner[m++] = KDFA_DEAD;
+    perm = xmalloc((size_t)m * sizeof *perm);
+    for (uint32_t i = 0; i < m; i++) perm[i] = i;
+    for (uint32_t i = m - 1; i > 1; i--) {   /* (0, the first copy of the start, stays 0) */
+        uint32_t j = 1 + (uint32_t)(rnd() % i), x = perm[i];
+        perm[i] = perm[j]; perm[j] = x;
+    }
+    next = xmalloc((size_t)m * 256 * sizeof *next);
+    flags = xmalloc(m);
+    for (uint32_t i = 0; i < m; i++) {
+        uint32_t s = owner[i], *row = next + (size_t)perm[i] * 256;
+        if (s == KDFA_DEAD) {
+            /* not accepting, going to itself or back into the automaton */
+            flags[perm[i]] = (uint8_t)(rnd() % 2 ? KDFA_BOUNDARY : 0);
+            for (int b = 0; b < 256; b++) row[b] = rnd() % 3 ? KDFA_DEAD : rnd() % 2 ? perm[i] : perm[rnd() % m];
+            continue;
+        }
+        flags[perm[i]] = d->flags[s];
+        for (int b = 0; b < 256; b++) {
+            uint32_t t = d->next[(size_t)s * d->n_classes + d->cls[b]];
+            row[b] = t == KDFA_DEAD ? KDFA_DEAD : perm[first_copy[t] + (uint32_t)(rnd() % ncopies[t])];
+        }
+    }
+    /* a live state's dead transitions: some to the dead extra states instead */
+    for (uint32_t i = 0; i < m && extra; i++)
+        if (owner[i] != KDFA_DEAD && rnd() % 4 == 0) {
+            uint32_t *row = next + (size_t)perm[i] * 256;
+            for (int b = 0; b < 256; b++)
+                if (row[b] == KDFA_DEAD && rnd() % 2) row[b] = perm[d->n ? m - 1 - (uint32_t)(rnd() % extra) : 0];
+        }
+    free(owner); free(first_copy); free(ncopies); free(perm);
+    *next_out = next;
+    *flags_out = flags;
+    return m;
+}
+
+/* The corpus of fuzz_regex (its seeds and regression inputs): FLAGS LO HI PATTERN [0xff ...]. */
+static int fuzz_corpus_patterns(const char *dir, long *tried, long *built, int *bad)
+{
+    DIR *dd = opendir(dir);
+    struct dirent *de;
+    if (!dd) return -1;
+    while ((de = readdir(dd))) {
+        char path[1024], *buf, msg[400];
+        size_t len;
+        uint32_t n, *next;
+        uint8_t *flags;
+        int oom;
+        if (de->d_name[0] == '.') continue;
+        snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+        if (!(buf = check_read_file(path, &len))) continue;
+        if (len >= 3) {
+            const char *re = buf + 3, *sep = memchr(re, 0xff, len - 3);
+            size_t rlen = sep ? (size_t)(sep - re) : len - 3;
+            int enc = buf[0] & 1, b = (buf[0] >> 1) & 3;
+            int32_t lo = (uint8_t)buf[1] % 16, hi = lo + (uint8_t)buf[2] % 64;
+            if (!kregex_table(re, rlen, 0, enc, &n, &next, &flags, &oom, msg, sizeof msg)) {
+                *bad += !minimize_both(n, next, flags, enc, b == 2 ? lo : 0, b ? hi : NO_MAX, path, built);
+                *bad += !minimize_both(n, next, flags, enc, 0, NO_MAX, path, built);
+                *bad += !compile_both(re, rlen, enc, b == 2 ? lo : 0, b ? hi : NO_MAX, n, next, flags, path, built);
+                (*tried) += 3;
+                free(next); free(flags);
+            }
+        }
+        free(buf);
+    }
+    closedir(dd);
+    return 0;
+}
+
+static void test_minimize_reference(void)
+{
+    /* patterns whose subset tables are large or full of equivalent states */
+    static const char *const more[] = {
+        "a.{6}b", "(a|b)*a(a|b)(a|b)(a|b)(a|b)(a|b)", "^(?:[0-9a-f]{2}:){5}[0-9a-f]{2}$", "x|xy|xyz|[^x]{3}", "^\\w{1,3}(?:-\\w{1,3}){0,3}$",
+        "^[\\u0080-\\u{10FFFF}]{2}$", "[\"\\\\\\n]{2}", "^(?:ab|ba)*$|^c", "\\d+\\.\\d*e[+-]?\\d+", "^.{0,40}$", "[^a-z]",
+    };
+    int bad = 0;
+    long tried = 0, built = 0, corpus = 0;
+    char msg[400];
+    /* every pattern of this file, and those above, each encoding and bounds */
+    for (size_t k = 0; k < sizeof CASES / sizeof *CASES + sizeof more / sizeof *more; k++) {
+        const char *re = k < sizeof CASES / sizeof *CASES ? CASES[k].re : more[k - sizeof CASES / sizeof *CASES];
+        for (int enc = 0; enc < 2; enc++) {
+            uint32_t n, *next;
+            uint8_t *flags;
+            int oom;
+            if (kregex_table(re, strlen(re), 0, enc, &n, &next, &flags, &oom, msg, sizeof msg)) { printf("# %s: %s\n", re, msg); bad++; continue; }
+            for (int b = 0; b < 4; b++) {
+                int32_t lo = b >= 2 ? 2 : 0, hi = b == 1 || b == 2 ? 7 : NO_MAX;
+                bad += !minimize_both(n, next, flags, enc, lo, hi, re, &built);
+                bad += !compile_both(re, strlen(re), enc, lo, hi, n, next, flags, re, &built);
+                tried += 2;
+            }
+            free(next); free(flags);
+        }
+    }
+    if (fuzz_corpus_patterns("tests/fuzz/corpus/regex", &corpus, &built, &bad) || fuzz_corpus_patterns("tests/fuzz/regress/regex", &corpus, &built, &bad))
+        SKIP("fuzz_regex's corpus against the reference (tests/fuzz/corpus/regex not found from %s)", ".");
+    tried += corpus;
+    /* every format, minimized, then inflated (copies, shuffled) and minimized again by both */
+    for (int i = 0; kregex_format_names[i]; i++)
+        for (int enc = 0; enc < 2; enc++) {
+            int known, empty, oom;
+            kdfa *d = kregex_format(kregex_format_names[i], enc, 0, NO_MAX, &known, &empty, &oom, msg, sizeof msg);
+            for (int r = 0; d && r < 3; r++) {
+                uint32_t *next;
+                uint8_t *flags;
+                uint32_t m = inflate(d, &next, &flags);
+                int32_t lo, hi;
+                random_bounds(&lo, &hi);
+                bad += !minimize_both(m, next, flags, enc, lo, hi, kregex_format_names[i], &built);
+                tried++;
+                free(next); free(flags);
+            }
+            kdfa_free(d);
+        }
+    /* random tables: plain, copies of a small core, chains; some given in columns (fewer under the
+     * sanitizers, where the reference's rounds are slow) */
+    for (int t = 0; t < (SANITIZED ? 600 : 3000); t++) {
+        int kind = t % 3;
+        uint32_t n = kind == 2 ? 2 + (uint32_t)(rnd() % 300) : 1 + (uint32_t)(rnd() % 80), k = kind == 1 ? 1 + (uint32_t)(rnd() % 8) : 0;
+        uint32_t *next = xmalloc((size_t)n * 256 * sizeof *next);
+        uint8_t *flags = xmalloc(n);
+        int32_t lo, hi;
+        random_table(n, k < n ? k : 0, kind == 2, next, flags);
+        random_bounds(&lo, &hi);
+        bad += !minimize_both(n, next, flags, (int)(rnd() % 2), lo, hi, kind == 2 ? "a random chain" : kind ? "random copies" : "a random table", &built);
+        tried++;
+        if (t % 2) {
+            /* the same rows read through a random column map of w columns: kdfa_from_columns */
+            uint32_t w = 1 + (uint32_t)(rnd() % 40), *cnext = xmalloc((size_t)n * w * sizeof *cnext);
+            uint8_t col[256];
+            int enc = (int)(rnd() % 2), e1;
+            kdfa *a;
+            for (int b = 0; b < 256; b++) col[b] = (uint8_t)(rnd() % w);
+            for (uint32_t s = 0; s < n; s++)
+                for (uint32_t c = 0; c < w; c++) cnext[(size_t)s * w + c] = next[(size_t)s * 256 + rnd() % 256];
+            for (uint32_t s = 0; s < n; s++)
+                for (int b = 0; b < 256; b++) next[(size_t)s * 256 + b] = cnext[(size_t)s * w + col[b]];
+            a = kdfa_from_columns(n, w, col, cnext, flags, enc, lo, hi, &e1);
+            bad += !against_reference(a, e1, n, next, flags, enc, lo, hi, "a random column table", &built);
+            tried++;
+            free(cnext);
+        }
+        free(next); free(flags);
+    }
+    /* intersections: each format and pattern with six others, and random automata with each other
+     * (fewer under the sanitizers: the reference allocates 16 MiB for each) */
+    {
+        kdfa *pool[64];
+        int n_pool = 0, n_pairs = 0;
+        for (int i = 0; kregex_format_names[i]; i++) {
+            int known, empty, oom;
+            pool[n_pool] = kregex_format(kregex_format_names[i], KDFA_JSON, 0, NO_MAX, &known, &empty, &oom, msg, sizeof msg);
+            n_pool += pool[n_pool] != NULL;
+        }
+        for (size_t k = 0; k < sizeof CASES / sizeof *CASES && n_pool < 64; k++) {
+            int empty, oom;
+            pool[n_pool] = kregex_compile(CASES[k].re, strlen(CASES[k].re), 0, KDFA_JSON, 0, NO_MAX, &empty, &oom, msg, sizeof msg);
+            n_pool += pool[n_pool] != NULL;
+        }
+        for (int t = 0; t < (SANITIZED ? 100 : 400); t++) {
+            uint32_t n = 1 + (uint32_t)(rnd() % 30);
+            uint32_t *next = xmalloc((size_t)n * 256 * sizeof *next);
+            uint8_t *flags = xmalloc(n);
+            int empty;
+            kdfa *r[2];
+            for (int j = 0; j < 2; j++) {
+                random_table(n, t % 2 && n > 4 ? 4 : 0, 0, next, flags);
+                r[j] = kdfa_from_table(n, next, flags, KDFA_JSON, 0, NO_MAX, &empty);
+            }
+            if (r[0] && r[1]) {
+                int32_t lo, hi;
+                int e1, e2, big1, big2;
+                kdfa *x, *y;
+                random_bounds(&lo, &hi);
+                x = kdfa_intersect(r[0], r[1], lo, hi, &e1, &big1);
+                y = ref_kdfa_intersect(r[0], r[1], lo, hi, &e2, &big2);
+                if (!same_kdfa(x, y) || e1 != e2 || big1 != big2) { bad++; printf("# random intersection %d differs from the reference\n", t); }
+                built += x != NULL;
+                n_pairs++;
+                kdfa_free(x); kdfa_free(y);
+            }
+            kdfa_free(r[0]); kdfa_free(r[1]);
+            free(next); free(flags);
+        }
+        for (int i = 0; i < n_pool; i++)
+            for (int r = 0; r < (SANITIZED ? 2 : 6); r++) {
+                int j = (i * 7 + r * 5) % n_pool;
+                int32_t lo = j % 3 ? 0 : 2, hi = i % 2 ? 40 : NO_MAX;
+                int e1, e2, big1, big2;
+                kdfa *x = kdfa_intersect(pool[i], pool[j], lo, hi, &e1, &big1), *y = ref_kdfa_intersect(pool[i], pool[j], lo, hi, &e2, &big2);
+                if (!same_kdfa(x, y) || e1 != e2 || big1 != big2) { bad++; printf("# intersection %d x %d differs from the reference\n", i, j); }
+                built += x != NULL;
+                n_pairs++;
+                kdfa_free(x); kdfa_free(y);
+            }
+        for (int i = 0; i < n_pool; i++) kdfa_free(pool[i]);
+        tried += n_pairs;
+        CHECK(!bad, "%d intersections (formats and patterns, random automata) built exactly as the reference builds them", n_pairs);
+    }
+    CHECK(!bad && built > tried / 3, "%ld tables (the patterns' and kregex_compile's, %ld of fuzz_regex's corpus, inflated formats, random ones, in bytes and in columns; "
+          "%ld not empty) minimized exactly as the reference does: same states, numbering, classes, transitions, flags, first bytes, length tables (%d differ)", tried, corpus, built, bad);
+}
+
 int main(void)
 {
     test_patterns();
@@ -385,5 +702,6 @@ int main(void)
     test_unicode_escapes();
     test_refusals();
     test_numbers();
+    test_minimize_reference();
     return check_exit();
 }
