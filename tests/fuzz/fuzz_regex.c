@@ -6,7 +6,8 @@
  *  - the first-byte set is exact: a byte is in it exactly when a step takes it;
  *  - no dead end: a state always allows a byte, or (raw text) may end;
  *  - a text that ends is one the pattern matches (PCRE2, where it reads the pattern as ECMAScript
- *    does: no \s or \v, no [] or [^]) with LO..HI characters.
+ *    does: no \s, \S or \v -- ECMAScript's white space is Unicode's, PCRE2's here ASCII's, and
+ *    [^\S] is \s -- no [] or [^]) with LO..HI characters.
  * The same bytes also bound a number (knum: the first bytes as two doubles and the kinds of bound),
  * walked the same way: the first-byte set exact, no dead end, and a number that ends is within its
  * bounds as strtod reads it. */
@@ -51,7 +52,7 @@ FUZZ_HARNESS_LOOP static size_t unjson(const char *p, size_t n, char *out)
 FUZZ_HARNESS_LOOP static int pcre_comparable(const char *re, size_t n)
 {
     for (size_t i = 0; i + 1 < n; i++) {
-        if (re[i] == '\\' && (re[i + 1] == 's' || re[i + 1] == 'v')) return 0;
+        if (re[i] == '\\' && (re[i + 1] == 's' || re[i + 1] == 'S' || re[i + 1] == 'v')) return 0;
         if (re[i] == '\\') i++;
         else if (re[i] == '[' && (re[i + 1] == ']' || (re[i + 1] == '^' && i + 2 < n && re[i + 2] == ']'))) return 0;
     }
