@@ -54,6 +54,7 @@ void kbuf_free(kbuf *b)
 void kbuf_drop(kbuf *b, size_t n)
 {
     if (n > b->n) n = b->n;
+    if (!n) return;                                 /* (p may be NULL: memmove must not see it) */
     memmove(b->p, b->p + n, b->n - n);
     b->n -= n;
     if (b->p) b->p[b->n] = 0;
