@@ -283,7 +283,8 @@ static void test_formats_and_intersection(void)
         kdfa *f = kregex_format("email", KDFA_JSON, 0, NO_MAX, &known, &empty, &oom, msg, sizeof msg);
         kdfa *p = kregex_compile("^[a-z.]+@", 9, 0, KDFA_JSON, 0, NO_MAX, &empty, &oom, msg, sizeof msg);
         int big;
-        kdfa *both = kdfa_intersect(f, p, 0, 12, &empty, &big);
+        /* (a format or pattern that failed to compile is a failed check, not a crash) */
+        kdfa *both = f && p ? kdfa_intersect(f, p, 0, 12, &empty, &big) : NULL;
         static const struct { const char *s; int want; } t[] = {{"a.b@c.de", 1}, {"a1@c.de", 0}, {"ab@cd", 0}, {"abcdefg@hi.jk", 0}, {"ab@c.de", 1}};
         int wrong = 0;
         for (size_t i = 0; both && i < sizeof t / sizeof *t; i++) wrong += dfa_accepts(both, t[i].s, strlen(t[i].s)) != t[i].want;
@@ -295,7 +296,9 @@ static void test_formats_and_intersection(void)
         char host[300];
         memset(host, 'a', 253);
         for (int i = 60; i < 253; i += 61) host[i] = '.';
-        CHECK(d && dfa_accepts(d, host, 253) && !dfa_accepts(d, host, 254 - 0 * (host[253] = 'a')), "hostname: 253 characters at most");
+        int at_most = d && dfa_accepts(d, host, 253);
+        host[253] = 'a';
+        CHECK(at_most && !dfa_accepts(d, host, 254), "hostname: 253 characters at most");
         kdfa_free(d);
     }
 }
