@@ -17,8 +17,7 @@ if ! command -v mpirun >/dev/null; then
     skip "several machines: no mpirun here (tests/deps.sh installs openmpi-bin and libopenmpi-dev)"
     finish; exit 0
 fi
-MPI=(mpirun --oversubscribe)
-[ "$(id -u)" = 0 ] && MPI+=(--allow-run-as-root)
+# (MPI: tests/cli/lib.sh)
 export KRUN_CLUSTER_TIMEOUT=5
 # rank 0's exit status (mpirun's own does not always carry it): run.sh RC CMD... under mpirun
 cat >"$T/run.sh" <<'SH'
@@ -218,7 +217,7 @@ done
 two() { # RC-FILE RANK0-ARGS... : mpirun, rank 0 in machine A's directory, rank 1 in B's
     local rcf=$1; shift
     "${MPI[@]}" -np 1 -wdir "$T/A/e" "$T/run.sh" "$rcf" "$BIN/krun" k.kpk --ids $IDS --gen $GEN "$@" : \
-        -np 1 -wdir "$T/B/e" "$BIN/krun" k.kpk --mem 16M
+        ${MPI_ENV[@]+"${MPI_ENV[@]}"} -np 1 -wdir "$T/B/e" "$BIN/krun" k.kpk --mem 16M
 }
 two "$T/rc" --dump-all-logits "$T/x.bin" --json "$T/x.json" --quiet --mem 16M --ctx 64 >/dev/null 2>"$T/err"
 cmp -s "$T/ref.bin" "$T/x.bin" && python3 - "$T/x.json" <<'PY' \
@@ -234,7 +233,7 @@ PY
 # its plan for 2 machines (--ranks 2, all members here) gives each machine only its own members:
 # the same placement, reads and sends as the plan under mpirun with the members really apart
 "${MPI[@]}" -np 1 -wdir "$T/A/e" "$BIN/krun" k.kpk --plan --mem 16M --ctx 64 --disk-mbps 262 --net-mbps 1000 --json "$T/p.json" : \
-    -np 1 -wdir "$T/B/e" "$BIN/krun" k.kpk --mem 16M >/dev/null 2>"$T/err"
+    ${MPI_ENV[@]+"${MPI_ENV[@]}"} -np 1 -wdir "$T/B/e" "$BIN/krun" k.kpk --mem 16M >/dev/null 2>"$T/err"
 "$BIN/krun" "$T/set/e/k.kpk" --plan --mem 16M --ctx 64 --ranks 2 --disk-mbps 262 --net-mbps 1000 --json "$T/q.json" >/dev/null 2>>"$T/err"
 python3 - "$T/p.json" "$T/q.json" <<'PY' \
     && ok "--plan --ranks 2 of a set laid out for 2 machines: each machine with its own members, as under mpirun (layers, expert bytes, sends)" \

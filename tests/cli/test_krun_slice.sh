@@ -110,8 +110,7 @@ fi
 
 # Several machines at full width (the rest is test_krun_cluster.sh): mpirun on this machine, the
 # experts computed by the other ranks, layer 1 on rank 1 (--stages 1,1), streaming budgets
-MPI=(mpirun --oversubscribe)
-[ "$(id -u)" = 0 ] && MPI+=(--allow-run-as-root)
+# (MPI: tests/cli/lib.sh)
 if ! command -v mpirun >/dev/null; then
     skip "slice over several ranks: no mpirun here (tests/deps.sh installs openmpi-bin and libopenmpi-dev)"
 elif "${MPI[@]}" -np 2 "$BIN/krun" "$T/sl.kpk" --ids 5 --gen 1 --quiet 2>&1 | grep -q 'built without MPI'; then
