@@ -16,7 +16,12 @@ static char *dump(json_t *o)
     return s;
 }
 
-char *ollama_error_json(const oai_error *e) { return dump(json_pack("{ss}", "error", e->message)); }
+/* (the message may quote the client's body, cut inside a character: sanitized, or there is no reply) */
+char *ollama_error_json(const oai_error *e)
+{
+    json_t *m = kjson_text(e->message, strlen(e->message));
+    return dump(m ? json_pack("{so}", "error", m) : NULL);
+}
 char *ollama_version_json(void) { return dump(json_pack("{ss}", "version", OLLAMA_API_VERSION)); }
 
 /* RFC 3339 with nanoseconds, UTC (Ollama's created_at). */

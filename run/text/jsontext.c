@@ -232,3 +232,13 @@ size_t kutf8_sanitize(const char *s, size_t n, kbuf *out)
     kbuf_add(out, s + run, n - run);
     return bad;
 }
+
+json_t *kjson_text(const char *s, size_t n)
+{
+    kbuf b = {0};
+    json_t *j;
+    kutf8_sanitize(s ? s : "", s ? n : 0, &b);
+    j = b.oom ? NULL : json_stringn(b.p ? b.p : "", b.n);
+    kbuf_free(&b);
+    return j;
+}

@@ -40,4 +40,9 @@ void kjson_py_float(double x, kbuf *out);
  * Returns the number of replacements. */
 size_t kutf8_sanitize(const char *s, size_t n, kbuf *out);
 
+/* A JSON string of bytes that may not be valid UTF-8 (a message quoting a client's body, model
+ * output cut inside a character): kutf8_sanitize's text, or NULL when out of memory.  (jansson's
+ * own json_string refuses such bytes with NULL, which reads as out of memory.) */
+json_t *kjson_text(const char *s, size_t n);
+
 #endif

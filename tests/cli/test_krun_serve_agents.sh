@@ -120,6 +120,12 @@ s=$(curl -s -o "$T/o.err" -w '%{http_code}' "$URL/api/chat" -H 'Authorization: B
 [ "$s" = 404 ] && python3 -c 'import json,sys; assert set(json.load(open(sys.argv[1]))) == {"error"}' "$T/o.err" && ok "/api/chat for another model: 404 {\"error\": ...} (Ollama's shape)" || notok "ollama 404: $s $(cat "$T/o.err")"
 s=$(curl -s -o "$T/o.err" -w '%{http_code}' "$URL/api/generate" -H 'Authorization: Bearer k-9' -d '{"model":"rt","prompt":"x","images":["aGk="]}')
 [ "$s" = 400 ] && grep -q 'images' "$T/o.err" && ok "/api/generate with images: 400 naming them" || notok "ollama images: $s $(cat "$T/o.err")"
+# a body that is not JSON, whose error message quotes it cut inside a character (found by fuzz_ollama:
+# the reply could not be built): 400 with Ollama's {"error"}, the bytes as U+FFFD
+printf '{"model":"rt","prompt":"x","format":{"OO\\\\\\\xce\xa3\xa3"}}' >"$T/o.bad"
+s=$(curl -s -o "$T/o.err" -w '%{http_code}' "$URL/api/generate" -H 'Authorization: Bearer k-9' --data-binary @"$T/o.bad")
+[ "$s" = 400 ] && python3 -c 'import json,sys; e = json.load(open(sys.argv[1]))["error"]; assert "not valid JSON" in e, e' "$T/o.err" \
+    && ok "/api/generate with a body not JSON, quoted cut inside a character: 400 {\"error\"}" || notok "ollama invalid utf-8 error: $s $(head -c 300 "$T/o.err")"
 s=$(curl -s -o "$T/o.err" -w '%{http_code}' "$URL/api/tags")
 [ "$s" = 401 ] && ok "/api/ needs the key like /v1/" || notok "/api/tags without key: $s"
 
